@@ -1,1 +1,3 @@
-//! placeholder
+//! Turns token ids into generated tokens: the model step, the sampler and the generation loop.
+
+pub mod sampler;

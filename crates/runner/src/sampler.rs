@@ -1,0 +1,1 @@
+//! Sampling: written by the sampler task.
