@@ -1,1 +1,77 @@
-//! placeholder
+//! Model architectures on candle, and loading their weights from GGUF or safetensors.
+//!
+//! Weights are immutable after loading; everything a sequence accumulates lives in a
+//! [`SequenceCache`] that the caller owns and passes to [`CausalLm::forward`]:
+//!
+//! ```no_run
+//! # fn main() -> spindle_models::Result<()> {
+//! let loaded = spindle_models::load_gguf(std::path::Path::new("model.gguf"))?;
+//! let mut cache = loaded.model.new_cache(2048);
+//! let logits = loaded.model.forward(&[1, 2, 3], &mut cache)?; // prefill
+//! let next = loaded.model.forward(&[4], &mut cache)?;        // one decode step
+//! # Ok(()) }
+//! ```
+
+mod cache;
+mod config;
+mod error;
+mod gemma3;
+mod layers;
+mod llama;
+mod weights;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+pub use cache::SequenceCache;
+use candle_core::quantized::gguf_file::Value;
+pub use config::{Architecture, TransformerConfig};
+pub use error::{ModelError, Result};
+use weights::{GgufWeights, SafetensorsWeights, WeightSource};
+
+/// A decoder-only language model that predicts the next token.
+pub trait CausalLm: Send + Sync {
+    fn config(&self) -> &TransformerConfig;
+
+    /// Runs `tokens` after the positions `cache` already holds and returns the logits
+    /// (vocabulary-sized) for the token that follows the last of them.
+    fn forward(&self, tokens: &[u32], cache: &mut SequenceCache) -> Result<Vec<f32>>;
+
+    /// An empty cache holding at most `context` positions (capped at the model's own limit).
+    fn new_cache(&self, context: usize) -> SequenceCache {
+        let cfg = self.config();
+        SequenceCache::new(cfg.num_hidden_layers, context.min(cfg.max_position_embeddings))
+    }
+}
+
+/// A loaded model, plus the GGUF header it came from (tokenizer and chat template live there).
+pub struct LoadedModel {
+    pub model: Box<dyn CausalLm>,
+    pub gguf_metadata: Option<HashMap<String, Value>>,
+}
+
+/// Loads a `.gguf` file.
+pub fn load_gguf(path: &Path) -> Result<LoadedModel> {
+    let gguf = GgufWeights::open(path)?;
+    let cfg = TransformerConfig::from_gguf(gguf.metadata())?;
+    let metadata = gguf.metadata().clone();
+    let model = build(cfg, &mut WeightSource::Gguf(gguf))?;
+    Ok(LoadedModel { model, gguf_metadata: Some(metadata) })
+}
+
+/// Loads a folder with `config.json` and `*.safetensors`.
+pub fn load_safetensors(dir: &Path) -> Result<LoadedModel> {
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|source| ModelError::Io { path: config_path, source })?;
+    let cfg = TransformerConfig::from_hf_json(&text)?;
+    let source = SafetensorsWeights::open(dir, cfg.architecture)?;
+    let model = build(cfg, &mut WeightSource::Safetensors(source))?;
+    Ok(LoadedModel { model, gguf_metadata: None })
+}
+
+fn build(cfg: TransformerConfig, weights: &mut WeightSource) -> Result<Box<dyn CausalLm>> {
+    Ok(match cfg.architecture {
+        Architecture::Llama | Architecture::Qwen2 => Box::new(llama::Llama::load(cfg, weights)?),
+        Architecture::Gemma3 => Box::new(gemma3::Gemma3::load(cfg, weights)?),
+    })
+}

@@ -1,0 +1,242 @@
+//! Architecture-independent hyper-parameters, read from a GGUF header or an HF `config.json`.
+//!
+//! Field names follow HF `config.json`; the GGUF keys they come from are the ones llama.cpp
+//! writes (`{arch}.block_count`, `{arch}.attention.head_count`, ...).
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value;
+use serde::Deserialize;
+
+use crate::error::{ModelError, Result};
+
+/// The model families this crate can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama / SmolLM2 / Mistral-style decoder.
+    Llama,
+    /// Qwen2 / Qwen2.5: Llama plus biases on q, k, v.
+    Qwen2,
+    /// Gemma 3: sandwich norms, q/k norms, interleaved sliding-window and global layers.
+    Gemma3,
+}
+
+impl Architecture {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "llama" | "LlamaForCausalLM" | "mistral" | "MistralForCausalLM" => Ok(Self::Llama),
+            "qwen2" | "Qwen2ForCausalLM" => Ok(Self::Qwen2),
+            "gemma3" | "gemma3_text" | "Gemma3ForCausalLM" => Ok(Self::Gemma3),
+            other => Err(ModelError::UnknownArchitecture(other.to_string())),
+        }
+    }
+}
+
+/// Hyper-parameters of a dense decoder-only transformer.
+#[derive(Clone, Debug, Deserialize)]
+pub struct TransformerConfig {
+    #[serde(skip, default = "default_arch")]
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    #[serde(alias = "rms_norm_eps", default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    /// Gemma 3: rotary base of the sliding-window layers.
+    #[serde(default = "default_local_rope_theta")]
+    pub rope_local_base_freq: f64,
+    /// Linear RoPE scaling factor (positions are divided by it), 1.0 when absent.
+    #[serde(skip, default = "one")]
+    pub rope_linear_factor: f64,
+    #[serde(default = "default_max_positions")]
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
+    /// Gemma 3: every n-th layer is global, the others slide.
+    #[serde(default = "default_sliding_pattern")]
+    pub sliding_window_pattern: usize,
+    /// Gemma 3: attention scores are scaled by `query_pre_attn_scalar^-0.5`.
+    #[serde(default)]
+    pub query_pre_attn_scalar: Option<f64>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+}
+
+fn default_arch() -> Architecture {
+    Architecture::Llama
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_rope_theta() -> f64 {
+    10_000.0
+}
+fn default_local_rope_theta() -> f64 {
+    10_000.0
+}
+fn one() -> f64 {
+    1.0
+}
+fn default_max_positions() -> usize {
+    4096
+}
+fn default_sliding_pattern() -> usize {
+    6
+}
+
+#[derive(Deserialize)]
+struct HfHeader {
+    #[serde(default)]
+    model_type: Option<String>,
+    #[serde(default)]
+    architectures: Vec<String>,
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
+}
+
+impl TransformerConfig {
+    pub fn num_kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+
+    /// Parses an HF `config.json`.
+    pub fn from_hf_json(text: &str) -> Result<Self> {
+        let bad = |e: serde_json::Error| ModelError::BadConfig(e.to_string());
+        let header: HfHeader = serde_json::from_str(text).map_err(bad)?;
+        let arch_name = header
+            .model_type
+            .or_else(|| header.architectures.first().cloned())
+            .ok_or_else(|| ModelError::BadConfig("config.json names no model_type".into()))?;
+        let mut cfg: Self = serde_json::from_str(text).map_err(bad)?;
+        cfg.architecture = Architecture::parse(&arch_name)?;
+        if let Some(scaling) = header.rope_scaling {
+            if scaling.get("rope_type").or(scaling.get("type")).and_then(|t| t.as_str()) == Some("linear") {
+                cfg.rope_linear_factor = scaling.get("factor").and_then(|f| f.as_f64()).unwrap_or(1.0);
+            }
+        }
+        cfg.validate()
+    }
+
+    /// Reads the `{arch}.*` keys of a GGUF header.
+    pub fn from_gguf(meta: &HashMap<String, Value>) -> Result<Self> {
+        let arch_name = meta_str(meta, "general.architecture")?;
+        let architecture = Architecture::parse(arch_name)?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let num_attention_heads = meta_usize(meta, &key("attention.head_count"))?;
+        let hidden_size = meta_usize(meta, &key("embedding_length"))?;
+        let vocab_size = match meta.get("tokenizer.ggml.tokens") {
+            Some(Value::Array(tokens)) => tokens.len(),
+            _ => meta_usize(meta, &key("vocab_size"))?,
+        };
+        let cfg = Self {
+            architecture,
+            vocab_size,
+            hidden_size,
+            intermediate_size: meta_usize(meta, &key("feed_forward_length"))?,
+            num_hidden_layers: meta_usize(meta, &key("block_count"))?,
+            num_attention_heads,
+            num_key_value_heads: meta_usize(meta, &key("attention.head_count_kv")).ok(),
+            head_dim: meta_usize(meta, &key("attention.key_length")).ok(),
+            rms_norm_eps: meta_f64(meta, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
+            rope_theta: meta_f64(meta, &key("rope.freq_base")).unwrap_or(10_000.0),
+            // llama.cpp hard-codes Gemma 3's local base too.
+            rope_local_base_freq: 10_000.0,
+            rope_linear_factor: match meta.get(&key("rope.scaling.type")) {
+                Some(Value::String(t)) if t == "linear" => meta_f64(meta, &key("rope.scaling.factor")).unwrap_or(1.0),
+                _ => 1.0,
+            },
+            max_position_embeddings: meta_usize(meta, &key("context_length")).unwrap_or(4096),
+            sliding_window: meta_usize(meta, &key("attention.sliding_window")).ok(),
+            sliding_window_pattern: 6,
+            query_pre_attn_scalar: None,
+            tie_word_embeddings: false,
+        };
+        cfg.validate()
+    }
+
+    fn validate(self) -> Result<Self> {
+        let bad = |m: String| Err(ModelError::BadConfig(m));
+        if self.num_attention_heads == 0 || self.num_kv_heads() == 0 {
+            return bad("attention head count is zero".into());
+        }
+        if self.num_attention_heads % self.num_kv_heads() != 0 {
+            return bad(format!(
+                "{} attention heads are not a multiple of {} key/value heads",
+                self.num_attention_heads,
+                self.num_kv_heads()
+            ));
+        }
+        if self.head_dim() % 2 != 0 {
+            return bad(format!("head dimension {} is odd", self.head_dim()));
+        }
+        Ok(self)
+    }
+}
+
+fn meta_str<'a>(meta: &'a HashMap<String, Value>, key: &str) -> Result<&'a str> {
+    match meta.get(key) {
+        Some(Value::String(s)) => Ok(s),
+        _ => Err(ModelError::MissingMetadata(key.to_string())),
+    }
+}
+
+fn meta_usize(meta: &HashMap<String, Value>, key: &str) -> Result<usize> {
+    let v = meta.get(key).ok_or_else(|| ModelError::MissingMetadata(key.to_string()))?;
+    let n = v.to_u64().or_else(|_| v.to_u32().map(u64::from)).or_else(|_| v.to_i32().map(|x| x.max(0) as u64));
+    n.map(|n| n as usize).map_err(|_| ModelError::MissingMetadata(format!("{key} (as an integer)")))
+}
+
+fn meta_f64(meta: &HashMap<String, Value>, key: &str) -> Result<f64> {
+    let v = meta.get(key).ok_or_else(|| ModelError::MissingMetadata(key.to_string()))?;
+    v.to_f32().map(f64::from).or_else(|_| v.to_f64()).map_err(|_| ModelError::MissingMetadata(key.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hf_config_reads_sizes_and_architecture() {
+        let cfg = TransformerConfig::from_hf_json(
+            r#"{"model_type":"qwen2","vocab_size":10,"hidden_size":8,"intermediate_size":16,
+            "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"rope_theta":1000000.0}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.architecture, Architecture::Qwen2);
+        assert_eq!(cfg.head_dim(), 2);
+        assert_eq!(cfg.num_kv_heads(), 2);
+        assert_eq!(cfg.rope_theta, 1e6);
+    }
+
+    #[test]
+    fn unknown_architecture_is_named() {
+        let err = TransformerConfig::from_hf_json(
+            r#"{"model_type":"rwkv","vocab_size":10,"hidden_size":8,"intermediate_size":16,
+            "num_hidden_layers":2,"num_attention_heads":4}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("'rwkv'"), "{err}");
+    }
+
+    #[test]
+    fn heads_must_divide() {
+        let err = TransformerConfig::from_hf_json(
+            r#"{"model_type":"llama","vocab_size":10,"hidden_size":12,"intermediate_size":16,
+            "num_hidden_layers":2,"num_attention_heads":3,"num_key_value_heads":2}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("not a multiple"), "{err}");
+    }
+}

@@ -1,0 +1,132 @@
+//! Gemma 3 text decoder. Mirrors HF `modeling_gemma3.py` (Gemma3TextModel).
+//!
+//! Differences from Llama: embeddings scaled by `sqrt(hidden)`; RMSNorm scales by `1 + w`;
+//! "sandwich" norms after attention and after the MLP; per-head RMSNorm on q and k; scores
+//! scaled by `query_pre_attn_scalar^-0.5`; GELU-tanh MLP; five sliding-window layers
+//! (local RoPE base) for each global layer (global RoPE base, optionally linearly scaled).
+
+use candle_core::Tensor;
+
+use crate::cache::SequenceCache;
+use crate::config::TransformerConfig;
+use crate::error::Result;
+use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
+use crate::weights::WeightSource;
+use crate::CausalLm;
+
+struct Layer {
+    input_norm: RmsNorm,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    pre_ffn_norm: RmsNorm,
+    mlp: GatedMlp,
+    post_ffn_norm: RmsNorm,
+    /// Some(window) on sliding-window layers, None on global ones.
+    window: Option<usize>,
+}
+
+pub struct Gemma3 {
+    cfg: TransformerConfig,
+    embed: Embedding,
+    embed_scale: f64,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    head: Linear,
+    local_rotary: Rotary,
+    global_rotary: Rotary,
+}
+
+impl Gemma3 {
+    pub fn load(cfg: TransformerConfig, w: &mut WeightSource) -> Result<Self> {
+        let eps = cfg.rms_norm_eps;
+        // HF checkpoints store `w` for a `1 + w` scale; llama.cpp's converter stores `1 + w`.
+        let from_hf = matches!(w, WeightSource::Safetensors(_));
+        let norm = |w: &mut WeightSource, name: String| -> Result<RmsNorm> {
+            let t = w.dense(&name)?;
+            if from_hf {
+                RmsNorm::new_offset_by_one(t, eps)
+            } else {
+                Ok(RmsNorm::new(t, eps))
+            }
+        };
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let b = format!("blk.{i}");
+            let global = (i + 1) % cfg.sliding_window_pattern == 0;
+            layers.push(Layer {
+                input_norm: norm(w, format!("{b}.attn_norm.weight"))?,
+                q: w.linear(&format!("{b}.attn_q"))?,
+                k: w.linear(&format!("{b}.attn_k"))?,
+                v: w.linear(&format!("{b}.attn_v"))?,
+                o: w.linear(&format!("{b}.attn_output"))?,
+                q_norm: norm(w, format!("{b}.attn_q_norm.weight"))?,
+                k_norm: norm(w, format!("{b}.attn_k_norm.weight"))?,
+                post_attn_norm: norm(w, format!("{b}.post_attention_norm.weight"))?,
+                pre_ffn_norm: norm(w, format!("{b}.ffn_norm.weight"))?,
+                mlp: GatedMlp::new(
+                    w.linear(&format!("{b}.ffn_gate"))?,
+                    w.linear(&format!("{b}.ffn_up"))?,
+                    w.linear(&format!("{b}.ffn_down"))?,
+                    Activation::GeluTanh,
+                ),
+                post_ffn_norm: norm(w, format!("{b}.post_ffw_norm.weight"))?,
+                window: if global { None } else { cfg.sliding_window },
+            });
+        }
+        let (embed, head) = w.embedding_and_head()?;
+        let norm = norm(w, "output_norm.weight".to_string())?;
+        let hd = cfg.head_dim();
+        Ok(Self {
+            embed_scale: (cfg.hidden_size as f64).sqrt(),
+            local_rotary: Rotary::new(hd, cfg.rope_local_base_freq, 1.0, RopeStyle::Halves),
+            global_rotary: Rotary::new(hd, cfg.rope_theta, cfg.rope_linear_factor, RopeStyle::Halves),
+            cfg,
+            embed,
+            layers,
+            norm,
+            head,
+        })
+    }
+
+    fn attention(&self, i: usize, x: &Tensor, cache: &mut SequenceCache) -> Result<Tensor> {
+        let l = &self.layers[i];
+        let (hd, start) = (self.cfg.head_dim(), cache.len());
+        // 1. project, split heads and normalise each head
+        let q = l.q_norm.forward(&layers::split_heads(&l.q.forward(x)?, self.cfg.num_attention_heads, hd)?)?;
+        let k = l.k_norm.forward(&layers::split_heads(&l.k.forward(x)?, self.cfg.num_kv_heads(), hd)?)?;
+        let v = layers::split_heads(&l.v.forward(x)?, self.cfg.num_kv_heads(), hd)?;
+        // 2. rotate with this layer's base, 3. extend the cache, 4. attend within the window
+        let rotary = if l.window.is_some() { &self.local_rotary } else { &self.global_rotary };
+        let q = rotary.apply(&q, start)?;
+        let k = rotary.apply(&k, start)?;
+        let (k, v) = cache.append(i, &k, &v)?;
+        let scale = self.cfg.query_pre_attn_scalar.unwrap_or(hd as f64).powf(-0.5);
+        let out = layers::causal_attention(&q, &k, &v, scale, l.window)?;
+        l.o.forward(&layers::merge_heads(&out)?)
+    }
+}
+
+impl CausalLm for Gemma3 {
+    fn config(&self) -> &TransformerConfig {
+        &self.cfg
+    }
+
+    fn forward(&self, tokens: &[u32], cache: &mut SequenceCache) -> Result<Vec<f32>> {
+        cache.check_room(tokens.len())?;
+        let mut x = (self.embed.forward(tokens)? * self.embed_scale)?;
+        for (i, l) in self.layers.iter().enumerate() {
+            let attn = self.attention(i, &l.input_norm.forward(&x)?, cache)?;
+            x = (&x + l.post_attn_norm.forward(&attn)?)?;
+            let mlp = l.mlp.forward(&l.pre_ffn_norm.forward(&x)?)?;
+            x = (&x + l.post_ffn_norm.forward(&mlp)?)?;
+        }
+        cache.advance(tokens.len());
+        let last = x.get(tokens.len() - 1)?.unsqueeze(0)?;
+        layers::last_row(&self.head.forward(&self.norm.forward(&last)?)?)
+    }
+}

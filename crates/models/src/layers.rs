@@ -1,0 +1,248 @@
+//! Building blocks shared by the dense architectures: linear layers over quantized or dense
+//! weights, RMSNorm, rotary embeddings, the gated MLP and causal attention.
+
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Device, Module, Tensor};
+
+use crate::error::Result;
+use crate::weights::Weight;
+
+/// `y = x Wᵀ + b`, with `W` kept in its stored quantization.
+pub struct Linear {
+    weight: QMatMul,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn new(weight: Weight, bias: Option<Tensor>) -> Result<Self> {
+        Ok(Self { weight: weight.into_qmatmul()?, bias })
+    }
+
+    /// x: (tokens, in) → (tokens, out)
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.weight.forward(x)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// Token embedding lookup that never dequantizes the whole table.
+pub struct Embedding {
+    table: Weight,
+}
+
+impl Embedding {
+    pub fn new(table: Weight) -> Result<Self> {
+        Ok(Self { table })
+    }
+
+    /// ids → (tokens, hidden)
+    pub fn forward(&self, ids: &[u32]) -> Result<Tensor> {
+        let ids = Tensor::new(ids, &Device::Cpu)?;
+        Ok(match &self.table {
+            Weight::Quantized(q) => q.embedding(&ids)?,
+            Weight::Dense(t) => t.index_select(&ids, 0)?,
+        })
+    }
+}
+
+/// Root-mean-square norm: `x / rms(x) * w`.
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    pub fn new(weight: Tensor, eps: f64) -> Self {
+        Self { weight, eps: eps as f32 }
+    }
+
+    /// Gemma stores `w` and scales by `1 + w`; GGUF files already hold `1 + w`.
+    pub fn new_offset_by_one(weight: Tensor, eps: f64) -> Result<Self> {
+        Ok(Self::new((weight + 1.0)?, eps))
+    }
+
+    /// Normalises over the last dimension.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps)?)
+    }
+}
+
+/// How rotary embedding pairs up the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs `(i, i + d/2)`: HF's `rotate_half`, llama.cpp's NEOX mode.
+    Halves,
+    /// Pairs `(2i, 2i+1)`: llama.cpp's normal mode, used by llama GGUFs whose q/k rows were
+    /// permuted by the converter.
+    Interleaved,
+}
+
+/// Rotary position embedding; cos/sin are computed for the positions of each call, so no
+/// table bounded by a maximum length is needed.
+pub struct Rotary {
+    inv_freq: Vec<f32>,
+    style: RopeStyle,
+}
+
+impl Rotary {
+    /// `linear_factor` divides positions (linear RoPE scaling).
+    pub fn new(head_dim: usize, theta: f64, linear_factor: f64, style: RopeStyle) -> Self {
+        let inv_freq = (0..head_dim / 2)
+            .map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64) / linear_factor) as f32)
+            .collect();
+        Self { inv_freq, style }
+    }
+
+    /// x: (1, heads, tokens, head_dim) at positions `start..start+tokens`.
+    pub fn apply(&self, x: &Tensor, start: usize) -> Result<Tensor> {
+        let tokens = x.dim(2)?;
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(tokens * half);
+        let mut sin = Vec::with_capacity(tokens * half);
+        for p in start..start + tokens {
+            for f in &self.inv_freq {
+                // f64 angle: positions beyond 2^24 would lose precision in f32.
+                let angle = p as f64 * *f as f64;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        let cos = Tensor::from_vec(cos, (tokens, half), &Device::Cpu)?;
+        let sin = Tensor::from_vec(sin, (tokens, half), &Device::Cpu)?;
+        let x = x.contiguous()?;
+        Ok(match self.style {
+            RopeStyle::Halves => candle_nn::rotary_emb::rope(&x, &cos, &sin)?,
+            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?,
+        })
+    }
+}
+
+/// The MLP's gate activation.
+#[derive(Clone, Copy, Debug)]
+pub enum Activation {
+    Silu,
+    /// GELU, tanh approximation (`gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// `down(act(gate(x)) * up(x))`
+pub struct GatedMlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+    act: Activation,
+}
+
+impl GatedMlp {
+    pub fn new(gate: Linear, up: Linear, down: Linear, act: Activation) -> Self {
+        Self { gate, up, down, act }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate = self.gate.forward(x)?;
+        let gate = match self.act {
+            Activation::Silu => candle_nn::ops::silu(&gate)?,
+            Activation::GeluTanh => gate.gelu()?,
+        };
+        self.down.forward(&(gate * self.up.forward(x)?)?)
+    }
+}
+
+/// Scaled dot-product attention of new queries against the cached keys.
+///
+/// q: (1, heads, new, d); k, v: (1, kv_heads, total, d) where the new tokens are the last
+/// `new` of `total`. Each query at absolute position `p` sees keys at positions
+/// `max(0, p - window + 1) ..= p`.
+pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, window: Option<usize>) -> Result<Tensor> {
+    let (_, heads, new, d) = q.dims4()?;
+    let (_, kv_heads, total, _) = k.dims4()?;
+    let group = heads / kv_heads;
+    // Group query heads by their key/value head: (kv_heads, group * new, d), so keys are
+    // used as they are, without being repeated per query head.
+    let q = q.reshape((kv_heads, group * new, d))?;
+    let k = k.squeeze(0)?.contiguous()?;
+    let v = v.squeeze(0)?.contiguous()?;
+    let scores = (q.matmul(&k.t()?)? * scale)?;
+    let scores = match attention_mask(new, total, window)? {
+        Some(mask) => scores.reshape((kv_heads, group, new, total))?.broadcast_add(&mask)?.reshape((kv_heads, group * new, total))?,
+        None => scores,
+    };
+    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+    Ok(probs.matmul(&v)?.reshape((1, heads, new, d))?)
+}
+
+/// Additive mask (new, total): 0 where visible, -inf where masked; None when nothing is masked.
+fn attention_mask(new: usize, total: usize, window: Option<usize>) -> Result<Option<Tensor>> {
+    let past = total - new;
+    let visible = |qi: usize, kj: usize| {
+        let qp = past + qi;
+        kj <= qp && window.is_none_or(|w| qp - kj < w)
+    };
+    let all_visible = (0..new).all(|qi| (0..total).all(|kj| visible(qi, kj)));
+    if all_visible {
+        return Ok(None);
+    }
+    let mask: Vec<f32> = (0..new)
+        .flat_map(|qi| (0..total).map(move |kj| if visible(qi, kj) { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    Ok(Some(Tensor::from_vec(mask, (new, total), &Device::Cpu)?))
+}
+
+/// Splits (tokens, heads*d) into (1, heads, tokens, d).
+pub fn split_heads(x: &Tensor, heads: usize, head_dim: usize) -> Result<Tensor> {
+    let tokens = x.dim(0)?;
+    Ok(x.reshape((1, tokens, heads, head_dim))?.transpose(1, 2)?)
+}
+
+/// Merges (1, heads, tokens, d) back into (tokens, heads*d).
+pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
+    let (_, heads, tokens, d) = x.dims4()?;
+    Ok(x.transpose(1, 2)?.reshape((tokens, heads * d))?)
+}
+
+/// The last row of (tokens, vocab) logits as an f32 vector.
+pub fn last_row(logits: &Tensor) -> Result<Vec<f32>> {
+    let last = logits.get(logits.dim(0)? - 1)?;
+    Ok(last.to_dtype(DType::F32)?.to_vec1()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_is_causal_and_windowed() {
+        let m = attention_mask(3, 3, None).unwrap().unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(m[0], [0.0, f32::NEG_INFINITY, f32::NEG_INFINITY]);
+        assert_eq!(m[2], [0.0, 0.0, 0.0]);
+        let m = attention_mask(1, 5, Some(2)).unwrap().unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(m[0], [f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0, 0.0]);
+        assert!(attention_mask(1, 5, None).unwrap().is_none());
+    }
+
+    #[test]
+    fn attention_of_one_key_returns_its_value() {
+        let q = Tensor::ones((1, 2, 1, 4), DType::F32, &Device::Cpu).unwrap();
+        let k = Tensor::ones((1, 1, 1, 4), DType::F32, &Device::Cpu).unwrap();
+        let v = Tensor::new(&[[[[1f32, 2., 3., 4.]]]], &Device::Cpu).unwrap();
+        let out = causal_attention(&q, &k, &v, 0.5, None).unwrap();
+        assert_eq!(out.flatten_all().unwrap().to_vec1::<f32>().unwrap(), [1., 2., 3., 4., 1., 2., 3., 4.]);
+    }
+
+    #[test]
+    fn rotary_styles_agree_on_position_zero_and_differ_after() {
+        let x = Tensor::arange(0f32, 8., &Device::Cpu).unwrap().reshape((1, 1, 1, 8)).unwrap();
+        for style in [RopeStyle::Halves, RopeStyle::Interleaved] {
+            let r = Rotary::new(8, 10_000.0, 1.0, style);
+            let same = r.apply(&x, 0).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(same, (0..8).map(|i| i as f32).collect::<Vec<_>>());
+        }
+        let a = Rotary::new(8, 10_000.0, 1.0, RopeStyle::Halves).apply(&x, 3).unwrap();
+        let b = Rotary::new(8, 10_000.0, 1.0, RopeStyle::Interleaved).apply(&x, 3).unwrap();
+        let diff = (a - b).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff > 1e-3);
+    }
+}

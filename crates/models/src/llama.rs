@@ -1,0 +1,106 @@
+//! Llama-family decoder (Llama 2/3, SmolLM2, Mistral) and Qwen2 / Qwen2.5, which adds biases to
+//! the q/k/v projections. Mirrors HF `modeling_llama.py` / `modeling_qwen2.py`.
+//!
+//! Per layer: `x += o(attn(rope(q(norm(x))), rope(k(..)), v(..)))`, then
+//! `x += down(silu(gate(norm(x))) * up(norm(x)))`.
+
+use candle_core::Tensor;
+
+use crate::cache::SequenceCache;
+use crate::config::{Architecture, TransformerConfig};
+use crate::error::Result;
+use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
+use crate::weights::WeightSource;
+use crate::CausalLm;
+
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+}
+
+struct Layer {
+    attn_norm: RmsNorm,
+    attn: Attention,
+    ffn_norm: RmsNorm,
+    mlp: GatedMlp,
+}
+
+pub struct Llama {
+    cfg: TransformerConfig,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    head: Linear,
+    rotary: Rotary,
+}
+
+impl Llama {
+    pub fn load(cfg: TransformerConfig, w: &mut WeightSource) -> Result<Self> {
+        // llama.cpp's converter permutes llama q/k rows for its interleaved rotary; Qwen2 and
+        // HF checkpoints keep HF's half-split layout.
+        let style = match (cfg.architecture, &w) {
+            (Architecture::Llama, WeightSource::Gguf(_)) => RopeStyle::Interleaved,
+            _ => RopeStyle::Halves,
+        };
+        let rotary = Rotary::new(cfg.head_dim(), cfg.rope_theta, cfg.rope_linear_factor, style);
+        let eps = cfg.rms_norm_eps;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let b = format!("blk.{i}");
+            layers.push(Layer {
+                attn_norm: RmsNorm::new(w.dense(&format!("{b}.attn_norm.weight"))?, eps),
+                attn: Attention {
+                    q: w.linear(&format!("{b}.attn_q"))?,
+                    k: w.linear(&format!("{b}.attn_k"))?,
+                    v: w.linear(&format!("{b}.attn_v"))?,
+                    o: w.linear(&format!("{b}.attn_output"))?,
+                },
+                ffn_norm: RmsNorm::new(w.dense(&format!("{b}.ffn_norm.weight"))?, eps),
+                mlp: GatedMlp::new(
+                    w.linear(&format!("{b}.ffn_gate"))?,
+                    w.linear(&format!("{b}.ffn_up"))?,
+                    w.linear(&format!("{b}.ffn_down"))?,
+                    Activation::Silu,
+                ),
+            });
+        }
+        let (embed, head) = w.embedding_and_head()?;
+        let norm = RmsNorm::new(w.dense("output_norm.weight")?, eps);
+        Ok(Self { cfg, embed, layers, norm, head, rotary })
+    }
+
+    fn attention(&self, i: usize, x: &Tensor, cache: &mut SequenceCache) -> Result<Tensor> {
+        let a = &self.layers[i].attn;
+        let (hd, start) = (self.cfg.head_dim(), cache.len());
+        // 1. project and split into heads: (1, heads, tokens, head_dim)
+        let q = layers::split_heads(&a.q.forward(x)?, self.cfg.num_attention_heads, hd)?;
+        let k = layers::split_heads(&a.k.forward(x)?, self.cfg.num_kv_heads(), hd)?;
+        let v = layers::split_heads(&a.v.forward(x)?, self.cfg.num_kv_heads(), hd)?;
+        // 2. rotate by absolute position, 3. extend the cache, 4. attend
+        let q = self.rotary.apply(&q, start)?;
+        let k = self.rotary.apply(&k, start)?;
+        let (k, v) = cache.append(i, &k, &v)?;
+        let out = layers::causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt(), None)?;
+        a.o.forward(&layers::merge_heads(&out)?)
+    }
+}
+
+impl CausalLm for Llama {
+    fn config(&self) -> &TransformerConfig {
+        &self.cfg
+    }
+
+    fn forward(&self, tokens: &[u32], cache: &mut SequenceCache) -> Result<Vec<f32>> {
+        cache.check_room(tokens.len())?;
+        let mut x = self.embed.forward(tokens)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = (&x + self.attention(i, &layer.attn_norm.forward(&x)?, cache)?)?;
+            x = (&x + layer.mlp.forward(&layer.ffn_norm.forward(&x)?)?)?;
+        }
+        cache.advance(tokens.len());
+        let last = x.get(tokens.len() - 1)?.unsqueeze(0)?;
+        layers::last_row(&self.head.forward(&self.norm.forward(&last)?)?)
+    }
+}

@@ -1,0 +1,194 @@
+//! Where weights come from: a GGUF file or a folder of safetensors.
+//!
+//! Architectures ask for tensors by llama.cpp's GGUF names (`blk.3.attn_q.weight`), the one
+//! naming scheme shared by every family; the safetensors source translates them to HF keys.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Tensor};
+
+use crate::config::Architecture;
+use crate::error::{ModelError, Result};
+use crate::layers::{Embedding, Linear};
+
+/// A weight that is either kept quantized (GGUF) or dense f32 (safetensors, or f16/f32 GGUF).
+pub enum Weight {
+    Quantized(Arc<QTensor>),
+    Dense(Tensor),
+}
+
+/// Opened model weights.
+pub enum WeightSource {
+    Gguf(GgufWeights),
+    Safetensors(SafetensorsWeights),
+}
+
+pub struct GgufWeights {
+    path: PathBuf,
+    file: File,
+    content: gguf_file::Content,
+}
+
+pub struct SafetensorsWeights {
+    tensors: MmapedSafetensors,
+    architecture: Architecture,
+    /// `model.` for text-only checkpoints, `model.language_model.` for multimodal wrappers.
+    prefix: String,
+}
+
+impl GgufWeights {
+    /// Reads the header of a GGUF file; tensor data is read on demand.
+    pub fn open(path: &Path) -> Result<Self> {
+        let mut file = File::open(path).map_err(|source| ModelError::Io { path: path.into(), source })?;
+        let content = gguf_file::Content::read(&mut file).map_err(|e| gguf_error(path, e))?;
+        Ok(Self { path: path.into(), file, content })
+    }
+
+    pub fn metadata(&self) -> &HashMap<String, gguf_file::Value> {
+        &self.content.metadata
+    }
+}
+
+/// Turns candle's GGUF parse errors into ones that name the problem.
+fn gguf_error(path: &Path, e: candle_core::Error) -> ModelError {
+    let reason = e.to_string();
+    if let Some(code) = reason.strip_prefix("unknown dtype for tensor ") {
+        return ModelError::UnsupportedQuant { name: path.display().to_string(), dtype: format!("ggml type {code}") };
+    }
+    ModelError::BadGguf { path: path.into(), reason }
+}
+
+impl SafetensorsWeights {
+    /// Memory-maps every `*.safetensors` file of a folder.
+    pub fn open(dir: &Path, architecture: Architecture) -> Result<Self> {
+        let entries = std::fs::read_dir(dir).map_err(|source| ModelError::Io { path: dir.into(), source })?;
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(ModelError::BadConfig(format!("no .safetensors files in {}", dir.display())));
+        }
+        // SAFETY: the files are mapped read-only and not modified while the model lives.
+        let tensors = unsafe { MmapedSafetensors::multi(&files) }?;
+        let prefix = if tensors.get("model.language_model.embed_tokens.weight").is_ok() {
+            "model.language_model."
+        } else {
+            "model."
+        };
+        Ok(Self { tensors, architecture, prefix: prefix.to_string() })
+    }
+
+    /// Translates a GGUF tensor name to the HF checkpoint key.
+    fn hf_name(&self, gguf: &str) -> String {
+        let p = &self.prefix;
+        if let Some(rest) = gguf.strip_prefix("blk.") {
+            let (layer, rest) = rest.split_once('.').unwrap_or((rest, ""));
+            let (base, suffix) = rest.rsplit_once('.').unwrap_or((rest, "weight"));
+            let hf = match (base, self.architecture) {
+                ("attn_norm", _) => "input_layernorm",
+                ("ffn_norm", Architecture::Gemma3) => "pre_feedforward_layernorm",
+                ("ffn_norm", _) => "post_attention_layernorm",
+                ("post_attention_norm", _) => "post_attention_layernorm",
+                ("post_ffw_norm", _) => "post_feedforward_layernorm",
+                ("attn_q", _) => "self_attn.q_proj",
+                ("attn_k", _) => "self_attn.k_proj",
+                ("attn_v", _) => "self_attn.v_proj",
+                ("attn_output", _) => "self_attn.o_proj",
+                ("attn_q_norm", _) => "self_attn.q_norm",
+                ("attn_k_norm", _) => "self_attn.k_norm",
+                ("ffn_gate", _) => "mlp.gate_proj",
+                ("ffn_up", _) => "mlp.up_proj",
+                ("ffn_down", _) => "mlp.down_proj",
+                (other, _) => other,
+            };
+            return format!("{p}layers.{layer}.{hf}.{suffix}");
+        }
+        match gguf {
+            "token_embd.weight" => format!("{p}embed_tokens.weight"),
+            "output_norm.weight" => format!("{p}norm.weight"),
+            "output.weight" => "lm_head.weight".to_string(),
+            other => other.to_string(),
+        }
+    }
+}
+
+impl WeightSource {
+    pub fn contains(&self, name: &str) -> bool {
+        match self {
+            Self::Gguf(g) => g.content.tensor_infos.contains_key(name),
+            Self::Safetensors(s) => s.tensors.get(&s.hf_name(name)).is_ok(),
+        }
+    }
+
+    /// Loads one tensor, quantized where the file stores it quantized.
+    pub fn weight(&mut self, name: &str) -> Result<Weight> {
+        match self {
+            Self::Gguf(g) => {
+                if !g.content.tensor_infos.contains_key(name) {
+                    return Err(ModelError::MissingTensor(name.to_string()));
+                }
+                let q = g.content.tensor(&mut g.file, name, &Device::Cpu).map_err(|e| gguf_error(&g.path, e))?;
+                match q.dtype() {
+                    GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Ok(Weight::Dense(q.dequantize(&Device::Cpu)?)),
+                    _ => Ok(Weight::Quantized(Arc::new(q))),
+                }
+            }
+            Self::Safetensors(s) => {
+                let hf = s.hf_name(name);
+                let t = s.tensors.load(&hf, &Device::Cpu).map_err(|_| ModelError::MissingTensor(hf))?;
+                Ok(Weight::Dense(t.to_dtype(DType::F32)?))
+            }
+        }
+    }
+
+    /// Loads a tensor as dense f32 (norms, biases).
+    pub fn dense(&mut self, name: &str) -> Result<Tensor> {
+        match self.weight(name)? {
+            Weight::Dense(t) => Ok(t),
+            Weight::Quantized(q) => Ok(q.dequantize(&Device::Cpu)?),
+        }
+    }
+
+    /// Loads `{name}.weight` and, when present, `{name}.bias` as a linear layer.
+    pub fn linear(&mut self, name: &str) -> Result<Linear> {
+        let weight = self.weight(&format!("{name}.weight"))?;
+        let bias_name = format!("{name}.bias");
+        let bias = if self.contains(&bias_name) { Some(self.dense(&bias_name)?) } else { None };
+        Linear::new(weight, bias)
+    }
+
+    /// The token embedding table, and the output projection (tied to it when the file has none).
+    pub fn embedding_and_head(&mut self) -> Result<(Embedding, Linear)> {
+        let table = self.weight("token_embd.weight")?;
+        let head = if self.contains("output.weight") {
+            self.linear("output")?
+        } else {
+            Linear::new(table.share(), None)?
+        };
+        Ok((Embedding::new(table)?, head))
+    }
+}
+
+impl Weight {
+    /// A second handle on the same data (quantized data is shared, dense tensors are ref-counted).
+    pub fn share(&self) -> Weight {
+        match self {
+            Self::Quantized(q) => Self::Quantized(q.clone()),
+            Self::Dense(t) => Self::Dense(t.clone()),
+        }
+    }
+
+    pub fn into_qmatmul(self) -> Result<QMatMul> {
+        Ok(match self {
+            Self::Quantized(q) => QMatMul::from_arc(q)?,
+            Self::Dense(t) => QMatMul::Tensor(t),
+        })
+    }
+}
