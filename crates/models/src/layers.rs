@@ -1,26 +1,43 @@
 //! Building blocks shared by the dense architectures: linear layers over quantized or dense
 //! weights, RMSNorm, rotary embeddings, the gated MLP and causal attention.
 
-use candle_core::quantized::QMatMul;
+use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Device, Module, Tensor};
 
 use crate::error::Result;
+use crate::q4_1::Q4_1Matrix;
 use crate::weights::Weight;
 
 /// `y = x Wᵀ + b`, with `W` kept in its stored quantization.
 pub struct Linear {
-    weight: QMatMul,
+    weight: LinearWeight,
     bias: Option<Tensor>,
+}
+
+enum LinearWeight {
+    Candle(QMatMul),
+    /// candle's Q4_1 dot product is scalar; ours is SIMD.
+    Q4_1(Q4_1Matrix),
 }
 
 impl Linear {
     pub fn new(weight: Weight, bias: Option<Tensor>) -> Result<Self> {
-        Ok(Self { weight: weight.into_qmatmul()?, bias })
+        let weight = match weight {
+            Weight::Quantized(q) if q.dtype() == GgmlDType::Q4_1 => {
+                let (rows, cols) = q.shape().dims2()?;
+                LinearWeight::Q4_1(Q4_1Matrix::new(rows, cols, q.data()?.into_owned())?)
+            }
+            other => LinearWeight::Candle(other.into_qmatmul()?),
+        };
+        Ok(Self { weight, bias })
     }
 
     /// x: (tokens, in) → (tokens, out)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.weight.forward(x)?;
+        let y = match &self.weight {
+            LinearWeight::Candle(w) => w.forward(x)?,
+            LinearWeight::Q4_1(w) => w.forward(x)?,
+        };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,

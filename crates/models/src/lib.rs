@@ -18,6 +18,7 @@ mod error;
 mod gemma3;
 mod layers;
 mod llama;
+mod q4_1;
 mod weights;
 
 use std::collections::HashMap;
