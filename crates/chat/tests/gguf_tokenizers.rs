@@ -1,0 +1,103 @@
+//! GGUF-built tokenizers against llama.cpp's tokenization of the same files
+//! (tests/data/reference/<model>.json, made by scripts/reference/make_fixtures.py).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use serde::Deserialize;
+use spindle_chat::{IncrementalDecoder, Tokenizer};
+
+#[derive(Deserialize)]
+struct Fixture {
+    gguf_file: String,
+    tokenization: Vec<Case>,
+    generations: Vec<Generation>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    text: String,
+    ids_no_special: Vec<u32>,
+    ids_with_special: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct Generation {
+    prompt: String,
+    prompt_ids: Vec<u32>,
+    greedy_ids: Vec<u32>,
+}
+
+fn load(model: &str) -> (Fixture, HashMap<String, Value>) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let fx: Fixture =
+        serde_json::from_str(&std::fs::read_to_string(root.join(format!("tests/data/reference/{model}.json"))).unwrap()).unwrap();
+    let home = std::env::var_os("SPINDLE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/spindle"));
+    let path = home.join("models").join(model).join(&fx.gguf_file);
+    let mut file = std::fs::File::open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; run `spindle pull {model}` first", path.display()));
+    let meta = Content::read(&mut file).unwrap().metadata;
+    (fx, meta)
+}
+
+fn check(model: &str) {
+    let (fx, meta) = load(model);
+    let tok = Tokenizer::from_gguf(&meta).unwrap();
+    for case in &fx.tokenization {
+        assert_eq!(tok.encode(&case.text, false).unwrap(), case.ids_no_special, "{model}: {:?}", case.text);
+        assert_eq!(tok.encode(&case.text, true).unwrap(), case.ids_with_special, "{model}: {:?} with BOS", case.text);
+    }
+    for g in &fx.generations {
+        assert_eq!(tok.encode(&g.prompt, true).unwrap(), g.prompt_ids, "{model}: {:?}", g.prompt);
+        // Streaming the prompt's and continuation's tokens one by one gives exactly the full decode,
+        // multi-byte characters included.
+        let ids: Vec<u32> = g.prompt_ids.iter().chain(&g.greedy_ids).copied().filter(|id| Some(*id) != tok.bos_token_id()).collect();
+        let mut dec = IncrementalDecoder::new();
+        let mut streamed: String = ids.iter().map(|id| dec.push(&tok, *id)).collect();
+        streamed.push_str(&dec.flush());
+        assert_eq!(streamed, tok.decode(&ids, false).unwrap(), "{model}");
+    }
+    assert!(!tok.eos_token_ids().is_empty());
+}
+
+#[test]
+fn smollm2_tokenizer_matches_llama_cpp() {
+    check("smollm2-135m");
+}
+
+#[test]
+fn qwen25_tokenizer_matches_llama_cpp() {
+    check("qwen2.5-coder-0.5b");
+}
+
+#[test]
+fn gemma3_tokenizer_matches_llama_cpp() {
+    check("gemma3-270m");
+}
+
+#[test]
+fn multibyte_character_split_across_tokens_is_emitted_once_whole() {
+    let (_, meta) = load("smollm2-135m");
+    let tok = Tokenizer::from_gguf(&meta).unwrap();
+    let ids = tok.encode("🚀", false).unwrap();
+    assert!(ids.len() > 1, "the emoji should take several byte-level tokens: {ids:?}");
+    let mut dec = IncrementalDecoder::new();
+    let pieces: Vec<String> = ids.iter().map(|id| dec.push(&tok, *id)).collect();
+    assert!(pieces[..pieces.len() - 1].iter().all(String::is_empty), "{pieces:?}");
+    assert_eq!(pieces.last().unwrap(), "🚀");
+    assert_eq!(tok.decode(&ids, false).unwrap(), "🚀");
+}
+
+#[test]
+fn special_tokens_are_single_ids_and_end_generation() {
+    let (_, meta) = load("qwen2.5-coder-0.5b");
+    let tok = Tokenizer::from_gguf(&meta).unwrap();
+    let ids = tok.encode("<|im_start|>user\nhi<|im_end|>", false).unwrap();
+    let end = tok.token_to_id("<|im_end|>").unwrap();
+    assert_eq!(ids.first(), tok.token_to_id("<|im_start|>").as_ref());
+    assert_eq!(ids.last(), Some(&end));
+    assert!(tok.eos_token_ids().contains(&end));
+}
