@@ -2,8 +2,8 @@
 //!
 //! candle 0.11 has SIMD dot products for Q4_0 and the k-quants but only a scalar one for Q4_1,
 //! which made it ~75% of SmolLM2's decode time. This follows ggml's scheme: activations are
-//! quantized per 32-value block to Q8_1 (scale `d` and `s = d·Σq`, both rounded through f16 as
-//! ggml stores them), and a block's dot product is `d₄·d₈·Σ(q₄·q₈) + m₄·s₈`.
+//! quantized per 32-value block to Q8_1 exactly as ggml's x86 code does (so results match
+//! llama.cpp), and a block's dot product is `d₄·d₈·Σ(q₄·q₈) + m₄·s₈`.
 //! Each output element is reduced in a fixed order, independent of how many rows `x` has.
 
 use candle_core::{Device, Tensor};
@@ -66,20 +66,21 @@ impl Q4_1Matrix {
     }
 }
 
+/// ggml's x86 `quantize_row_q8_1`: scale by `127 / amax`, round half to even, and store
+/// `s` from the unrounded scale.
 fn quantize_q8_1(x: &[f32]) -> Vec<Q8Block> {
     x.chunks(BLOCK)
         .map(|xs| {
             let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
             let d = amax / 127.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             let mut qs = [0i8; BLOCK];
             let mut sum = 0i32;
             for (q, v) in qs.iter_mut().zip(xs) {
-                *q = (v * id).round() as i8;
+                *q = (v * id).round_ties_even() as i8;
                 sum += *q as i32;
             }
-            let d = f16::from_f32(d).to_f32();
-            Q8Block { d, s: f16::from_f32(sum as f32 * d).to_f32(), qs }
+            Q8Block { d: f16::from_f32(d).to_f32(), s: f16::from_f32(d * sum as f32).to_f32(), qs }
         })
         .collect()
 }
