@@ -110,3 +110,33 @@ fn write_marker(home: &Path, entry: &CatalogueEntry, size: u64) -> Result<(), Hu
     let marker = marker_path(home, entry);
     fs::write(&marker, marker_text(entry.sha256, size)).map_err(HubError::io(marker))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{fake_entry, sha256_hex};
+
+    #[test]
+    fn marker_skips_rehash_until_the_file_changes() {
+        let home = tempfile::tempdir().unwrap();
+        let entry = fake_entry("m", "m.gguf", &sha256_hex(b"weights"), &[("p", "m")]);
+        assert_eq!(check(home.path(), entry).unwrap(), Cached::Missing);
+
+        fs::create_dir_all(model_dir(home.path(), entry)).unwrap();
+        let path = model_path(home.path(), entry);
+        fs::write(&path, b"weights").unwrap();
+        assert_eq!(
+            check(home.path(), entry).unwrap(),
+            Cached::Verified(path.clone())
+        );
+        let marker = fs::read_to_string(marker_path(home.path(), entry)).unwrap();
+        assert_eq!(marker, format!("{} 7\n", entry.sha256));
+
+        fs::write(&path, b"weights, truncated?").unwrap();
+        let actual = sha256_hex(b"weights, truncated?");
+        assert_eq!(
+            check(home.path(), entry).unwrap(),
+            Cached::Corrupt { path, actual }
+        );
+    }
+}

@@ -72,27 +72,10 @@ fn resolve_with(
     allow_download: bool,
     sources: &Sources,
 ) -> Result<ModelFiles, HubError> {
-    if let Ok(entry) = catalogue::lookup(spec) {
-        if allow_download {
-            return fetch::pull_entry(entry, home, sources).map(ModelFiles::Gguf);
-        }
-        return match cache::check(home, entry)? {
-            Cached::Verified(path) => Ok(ModelFiles::Gguf(path)),
-            Cached::Missing => Err(HubError::NotDownloaded {
-                name: entry.name.to_string(),
-                path: cache::model_path(home, entry),
-            }),
-            Cached::Corrupt { path, actual } => Err(HubError::ChecksumMismatch {
-                what: format!(
-                    "{} (run `spindle pull {}` to download it again)",
-                    path.display(),
-                    entry.name
-                ),
-                expected: entry.sha256.to_string(),
-                actual,
-            }),
-        };
-    }
+    let unknown = match catalogue::lookup(spec) {
+        Ok(entry) => return resolve_entry(entry, home, allow_download, sources),
+        Err(unknown) => unknown,
+    };
     let path = Path::new(spec);
     if path.exists() {
         return local::resolve_path(path);
@@ -100,7 +83,34 @@ fn resolve_with(
     if looks_like_path(spec) {
         return Err(HubError::PathNotFound(path.to_path_buf()));
     }
-    catalogue::lookup(spec).map(|_| unreachable!("lookup failed above"))
+    Err(unknown)
+}
+
+fn resolve_entry(
+    entry: &CatalogueEntry,
+    home: &Path,
+    allow_download: bool,
+    sources: &Sources,
+) -> Result<ModelFiles, HubError> {
+    if allow_download {
+        return fetch::pull_entry(entry, home, sources).map(ModelFiles::Gguf);
+    }
+    match cache::check(home, entry)? {
+        Cached::Verified(path) => Ok(ModelFiles::Gguf(path)),
+        Cached::Missing => Err(HubError::NotDownloaded {
+            name: entry.name.to_string(),
+            path: cache::model_path(home, entry),
+        }),
+        Cached::Corrupt { path, actual } => Err(HubError::ChecksumMismatch {
+            what: format!(
+                "{} (run `spindle pull {}` to download it again)",
+                path.display(),
+                entry.name
+            ),
+            expected: entry.sha256.to_string(),
+            actual,
+        }),
+    }
 }
 
 /// Whether a spec that is neither a catalogue name nor an existing path was meant as a path.
