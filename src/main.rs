@@ -1,1 +1,72 @@
-fn main() {}
+//! `spindle`: the command line. Subcommands wire the crates together; the logic lives there.
+
+mod bench;
+mod generate;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "spindle", version, about = "OpenAI-compatible LLM inference server")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Download a model into the cache ($SPINDLE_HOME, default ~/.cache/spindle).
+    Pull {
+        /// Catalogue name, e.g. smollm2-135m, qwen2.5-coder-0.5b, gemma3-270m.
+        name: Option<String>,
+        /// List the catalogue instead.
+        #[arg(long)]
+        list: bool,
+    },
+    /// Generate text from a prompt, printing it as it is produced.
+    Generate(generate::GenerateArgs),
+    /// Measure prefill and decode speed.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Pull { name, list } => pull(name, list),
+        Command::Generate(args) => generate::run(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn pull(name: Option<String>, list: bool) -> anyhow::Result<()> {
+    if list {
+        for entry in spindle_hub::catalogue() {
+            println!("{}", entry.name);
+        }
+        return Ok(());
+    }
+    let name = name.unwrap_or_else(|| spindle_hub::DEFAULT_MODEL.to_string());
+    let path = spindle_hub::pull(&name, &spindle_hub::spindle_home())?;
+    println!("{}", path.display());
+    Ok(())
+}
+
+/// Sets the number of CPU threads the tensor kernels use; must run before the first kernel.
+fn set_threads(threads: Option<usize>) {
+    if let Some(n) = threads {
+        // SAFETY: called at start-up, before any other thread exists.
+        std::env::set_var("RAYON_NUM_THREADS", n.max(1).to_string());
+    }
+}

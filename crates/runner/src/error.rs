@@ -1,0 +1,18 @@
+//! The runner's error type: what can fail between token ids and generated text.
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunnerError {
+    #[error(transparent)]
+    Model(#[from] spindle_models::ModelError),
+    #[error(transparent)]
+    Chat(#[from] spindle_chat::ChatError),
+    #[error(transparent)]
+    Sampling(#[from] crate::sampler::SamplingError),
+    #[error("cannot load model: {0}")]
+    Load(String),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+}
+
+pub type Result<T> = std::result::Result<T, RunnerError>;
