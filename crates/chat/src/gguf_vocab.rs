@@ -1,4 +1,4 @@
-//! Rebuilds an HF `tokenizer.json` from the `tokenizer.ggml.*` keys of a GGUF header, so one
+//! Rebuilds a Hugging Face tokenizer from the `tokenizer.ggml.*` keys of a GGUF header, so one
 //! tokenizer implementation (the `tokenizers` crate) serves both sources.
 //!
 //! Two vocabularies exist in GGUF files: `gpt2` (byte-level BPE with merges; the pre-tokenizer
@@ -9,158 +9,224 @@
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value;
-use serde_json::{json, Value as Json};
+use tokenizers::decoders::byte_fallback::ByteFallback;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::error::ChatError;
 
-/// llama.cpp token types.
+/// llama.cpp token types (`llama_token_type`).
+const TYPE_NORMAL: i32 = 1;
 const TYPE_CONTROL: i32 = 3;
 const TYPE_USER_DEFINED: i32 = 4;
 
 /// GPT-2's split, used by most gpt2-style vocabularies.
 const GPT2_SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const LLAMA3_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-/// What the GGUF header says about the vocabulary besides the tokenizer itself.
+/// The two vocabulary families a GGUF header can describe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VocabKind {
+    /// GPT-2 byte-level BPE: every byte is written as one printable character.
+    ByteLevel,
+    /// SentencePiece: `▁` for spaces, `<0xXX>` pieces for raw bytes.
+    SentencePiece,
+}
+
+/// A GGUF vocabulary: the tokenizer plus what the header says around it.
 pub struct GgufVocab {
-    pub tokenizer_json: Json,
+    pub tokenizer: tokenizers::Tokenizer,
+    pub kind: VocabKind,
     pub bos_id: Option<u32>,
     pub add_bos: bool,
+    pub eos_id: Option<u32>,
+    /// Every id that ends generation, `eos_id` included.
     pub eos_ids: Vec<u32>,
 }
 
+/// Reads the `tokenizer.ggml.*` keys.
 pub fn from_metadata(meta: &HashMap<String, Value>) -> Result<GgufVocab, ChatError> {
     let model = string(meta, "tokenizer.ggml.model")?;
     let tokens: Vec<String> = array(meta, "tokenizer.ggml.tokens")?
         .iter()
-        .map(|v| v.to_string().cloned().map_err(|e| ChatError::Gguf(e.to_string())))
+        .map(|v| v.to_string().cloned().map_err(|e| ChatError::Gguf(format!("tokenizer.ggml.tokens: {e}"))))
         .collect::<Result<_, _>>()?;
     let types: Vec<i32> = match meta.get("tokenizer.ggml.token_type") {
-        Some(Value::Array(a)) => a.iter().map(|v| v.to_i32().unwrap_or(1)).collect(),
-        _ => vec![1; tokens.len()],
+        Some(Value::Array(a)) => a.iter().map(|v| v.to_i32().unwrap_or(TYPE_NORMAL)).collect(),
+        _ => vec![TYPE_NORMAL; tokens.len()],
     };
-    let added: Vec<Json> = tokens
-        .iter()
-        .zip(&types)
-        .enumerate()
-        .filter(|(_, (_, t))| **t == TYPE_CONTROL || **t == TYPE_USER_DEFINED)
-        .map(|(id, (content, t))| {
-            json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
-                   "normalized": false, "special": *t == TYPE_CONTROL})
-        })
-        .collect();
-    let id = |key: &str| meta.get(key).and_then(|v| v.to_u32().ok());
+    let id = |key: &str| meta.get(key).and_then(|v| v.to_u32().ok()).filter(|&i| (i as usize) < tokens.len());
     let flag = |key: &str| meta.get(key).and_then(|v| v.to_bool().ok());
-    let tokenizer_json = match model {
-        "gpt2" => byte_level_bpe(meta, &tokens, added)?,
-        "llama" => sentencepiece_bpe(meta, &tokens, &types, added, flag("tokenizer.ggml.add_space_prefix").unwrap_or(true))?,
+    let (kind, mut tokenizer) = match model {
+        "gpt2" => (VocabKind::ByteLevel, byte_level_bpe(meta, &tokens)?),
+        "llama" => {
+            let unk = id("tokenizer.ggml.unknown_token_id").map(|i| tokens[i as usize].clone());
+            let add_space_prefix = flag("tokenizer.ggml.add_space_prefix").unwrap_or(true);
+            (VocabKind::SentencePiece, sentencepiece_bpe(meta, &tokens, unk, add_space_prefix)?)
+        }
         other => return Err(ChatError::Gguf(format!("unsupported tokenizer model '{other}' (supported: gpt2, llama)"))),
     };
-    let mut eos_ids: Vec<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"]
+    // Control and user-defined tokens are matched whole in the input, before any splitting,
+    // so "<|im_start|>" is one id; only control tokens count as special when decoding.
+    let added: Vec<AddedToken> = tokens
         .iter()
-        .filter_map(|k| id(k))
+        .zip(&types)
+        .filter(|(_, t)| **t == TYPE_CONTROL || **t == TYPE_USER_DEFINED)
+        .map(|(content, t)| AddedToken::from(content.clone(), *t == TYPE_CONTROL).normalized(false))
         .collect();
-    // Chat turns end with these even where the header names another eos.
-    for end in ["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>"] {
-        if let Some(pos) = tokens.iter().position(|t| t == end) {
-            eos_ids.push(pos as u32);
-        }
-    }
+    tokenizer.add_tokens(added)?;
+
+    let eos_id = id("tokenizer.ggml.eos_token_id");
+    let mut eos_ids: Vec<u32> =
+        [eos_id, id("tokenizer.ggml.eot_token_id"), id("tokenizer.ggml.eom_token_id")].into_iter().flatten().collect();
+    eos_ids.extend(crate::tokenizer::END_OF_TURN.iter().filter_map(|end| tokens.iter().position(|t| t == end)).map(|p| p as u32));
     eos_ids.sort_unstable();
     eos_ids.dedup();
     let bos_id = id("tokenizer.ggml.bos_token_id");
-    Ok(GgufVocab {
-        tokenizer_json,
-        bos_id,
-        add_bos: flag("tokenizer.ggml.add_bos_token").unwrap_or(model == "llama") && bos_id.is_some(),
-        eos_ids,
-    })
+    // llama.cpp adds BOS by default for SentencePiece vocabularies only.
+    let add_bos = flag("tokenizer.ggml.add_bos_token").unwrap_or(kind == VocabKind::SentencePiece) && bos_id.is_some();
+    Ok(GgufVocab { tokenizer, kind, bos_id, add_bos, eos_id, eos_ids })
 }
 
-fn byte_level_bpe(meta: &HashMap<String, Value>, tokens: &[String], added: Vec<Json>) -> Result<Json, ChatError> {
-    let merges: Vec<Json> = array(meta, "tokenizer.ggml.merges")?
+fn byte_level_bpe(meta: &HashMap<String, Value>, tokens: &[String]) -> Result<tokenizers::Tokenizer, ChatError> {
+    let merges: Vec<(String, String)> = array(meta, "tokenizer.ggml.merges")?
         .iter()
-        .filter_map(|v| v.to_string().ok().map(|s| Json::from(s.as_str())))
-        .collect();
-    let pre = meta.get("tokenizer.ggml.pre").and_then(|v| v.to_string().ok()).map(String::as_str).unwrap_or("default");
-    let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
-    let mut splits = match pre {
-        "qwen2" | "deepseek-r1-qwen" => vec![split(QWEN2_SPLIT)],
-        "llama3" | "llama-bpe" | "smaug-bpe" => vec![split(LLAMA3_SPLIT)],
-        "smollm" | "starcoder" | "refact" => vec![split(r"\p{N}"), split(GPT2_SPLIT)],
-        _ => vec![split(GPT2_SPLIT)],
+        .filter_map(|v| v.to_string().ok())
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(l, r)| (l.to_string(), r.to_string()))
+                .ok_or_else(|| ChatError::Gguf(format!("merge '{m}' is not two pieces")))
+        })
+        .collect::<Result<_, _>>()?;
+    let pre = match meta.get("tokenizer.ggml.pre") {
+        Some(Value::String(s)) => s.as_str(),
+        _ => "default",
     };
-    splits.push(json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}));
-    Ok(json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": splits},
-        "post_processor": null,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                  "vocab": vocab_map(tokens), "merges": merges}
-    }))
+    let split = |pattern: &str| -> Result<Split, ChatError> {
+        Ok(Split::new(SplitPattern::Regex(pattern.to_string()), SplitDelimiterBehavior::Isolated, false)?)
+    };
+    let splits = match pre {
+        "qwen2" | "deepseek-r1-qwen" => vec![split(QWEN2_SPLIT)?],
+        "llama3" | "llama-bpe" | "smaug-bpe" => vec![split(LLAMA3_SPLIT)?],
+        "smollm" | "starcoder" | "refact" => vec![split(r"\p{N}")?, split(GPT2_SPLIT)?],
+        _ => vec![split(GPT2_SPLIT)?],
+    };
+    let mut pre_tokenizers: Vec<_> = splits.into_iter().map(Into::into).collect();
+    pre_tokenizers.push(ByteLevel::new(false, false, false).into());
+    let model = BPE::builder()
+        .vocab_and_merges(vocab_map(tokens), merges)
+        // llama.cpp looks a whole pre-token up in the vocabulary first for llama-3 style vocabularies.
+        .ignore_merges(matches!(pre, "llama3" | "llama-bpe" | "smaug-bpe"))
+        .build()?;
+    let mut tokenizer = tokenizers::Tokenizer::new(model);
+    tokenizer.with_pre_tokenizer(Some(PreTokenizerSequence::new(pre_tokenizers)));
+    tokenizer.with_decoder(Some(ByteLevel::new(false, false, false)));
+    Ok(tokenizer)
 }
 
 fn sentencepiece_bpe(
     meta: &HashMap<String, Value>,
     tokens: &[String],
-    types: &[i32],
-    added: Vec<Json>,
+    unk: Option<String>,
     add_space_prefix: bool,
-) -> Result<Json, ChatError> {
+) -> Result<tokenizers::Tokenizer, ChatError> {
     let scores: Vec<f32> = array(meta, "tokenizer.ggml.scores")?.iter().map(|v| v.to_f32().unwrap_or(0.0)).collect();
     let ids: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
-    // A merge (left, right) exists where both halves and their join are ordinary pieces; it
-    // ranks by the joined piece's score, then by the halves' ids.
-    let mut merges: Vec<(f32, usize, usize, &str, &str)> = Vec::new();
+    // SentencePiece merges the adjacent pair whose joined piece scores highest. As BPE merges:
+    // (left, right) exists where both halves and their join are pieces; it ranks by the joined
+    // piece's score, then by the halves' ids.
+    let mut merges: Vec<(f32, usize, usize)> = Vec::new();
     for (id, piece) in tokens.iter().enumerate() {
-        if types.get(id) != Some(&1) {
-            continue;
-        }
         for (split, _) in piece.char_indices().skip(1) {
             let (l, r) = piece.split_at(split);
             if let (Some(&li), Some(&ri)) = (ids.get(l), ids.get(r)) {
-                merges.push((scores[id], li, ri, l, r));
+                merges.push((scores.get(id).copied().unwrap_or(0.0), li, ri));
             }
         }
     }
     merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    let merges: Vec<Json> = merges.into_iter().map(|(_, _, _, l, r)| json!([l, r])).collect();
-    let unk = meta.get("tokenizer.ggml.unknown_token_id").and_then(|v| v.to_u32().ok()).map(|i| tokens[i as usize].clone());
+    let merges = merges.into_iter().map(|(_, l, r)| (tokens[l].clone(), tokens[r].clone())).collect();
+    let mut builder = BPE::builder().vocab_and_merges(vocab_map(tokens), merges).byte_fallback(true).fuse_unk(true);
+    if let Some(unk) = unk {
+        builder = builder.unk_token(unk);
+    }
+    let mut tokenizer = tokenizers::Tokenizer::new(builder.build()?);
     let mut normalizers = Vec::new();
     if add_space_prefix {
-        normalizers.push(json!({"type": "Prepend", "prepend": "▁"}));
+        normalizers.push(Prepend::new("▁".to_string()).into());
     }
-    normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"}));
-    Ok(json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-        "normalizer": {"type": "Sequence", "normalizers": normalizers},
-        "pre_tokenizer": null, "post_processor": null,
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"}]},
-        "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
-                  "vocab": vocab_map(tokens), "merges": merges}
-    }))
+    normalizers.push(Replace::new(" ", "▁")?.into());
+    tokenizer.with_normalizer(Some(NormalizerSequence::new(normalizers)))?;
+    tokenizer.with_decoder(Some(DecoderSequence::new(vec![
+        Replace::new("▁", " ")?.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ])));
+    Ok(tokenizer)
 }
 
-fn vocab_map(tokens: &[String]) -> Json {
-    Json::Object(tokens.iter().enumerate().map(|(i, t)| (t.clone(), Json::from(i))).collect())
+fn vocab_map(tokens: &[String]) -> Vocab {
+    tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect()
 }
 
 fn string<'a>(meta: &'a HashMap<String, Value>, key: &str) -> Result<&'a str, ChatError> {
     match meta.get(key) {
         Some(Value::String(s)) => Ok(s),
-        _ => Err(ChatError::Gguf(format!("missing '{key}'"))),
+        _ => Err(ChatError::Gguf(format!("missing string '{key}'"))),
     }
 }
 
 fn array<'a>(meta: &'a HashMap<String, Value>, key: &str) -> Result<&'a Vec<Value>, ChatError> {
     match meta.get(key) {
         Some(Value::Array(a)) => Ok(a),
-        _ => Err(ChatError::Gguf(format!("missing '{key}'"))),
+        _ => Err(ChatError::Gguf(format!("missing array '{key}'"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(items: &[&str]) -> Value {
+        Value::Array(items.iter().map(|s| Value::String(s.to_string())).collect())
+    }
+
+    /// A six-piece SentencePiece vocabulary: "ab" outscores "bc", so "abc" splits as ab|c.
+    fn toy_spm() -> HashMap<String, Value> {
+        HashMap::from([
+            ("tokenizer.ggml.model".to_string(), Value::String("llama".into())),
+            ("tokenizer.ggml.tokens".to_string(), strings(&["<unk>", "<s>", "a", "b", "c", "ab", "bc", "<0x41>"])),
+            ("tokenizer.ggml.scores".to_string(), Value::Array([0., 0., -1., -1., -1., -2., -3., 0.].map(Value::F32).to_vec())),
+            ("tokenizer.ggml.token_type".to_string(), Value::Array([2, 3, 1, 1, 1, 1, 1, 6].map(Value::I32).to_vec())),
+            ("tokenizer.ggml.bos_token_id".to_string(), Value::U32(1)),
+            ("tokenizer.ggml.unknown_token_id".to_string(), Value::U32(0)),
+            ("tokenizer.ggml.add_space_prefix".to_string(), Value::Bool(false)),
+        ])
+    }
+
+    #[test]
+    fn sentencepiece_merges_follow_scores_and_bytes_fall_back() {
+        let vocab = from_metadata(&toy_spm()).unwrap();
+        assert_eq!(vocab.kind, VocabKind::SentencePiece);
+        assert!(vocab.add_bos, "SentencePiece vocabularies add BOS unless the header says otherwise");
+        let ids = vocab.tokenizer.encode_fast("abcA", false).unwrap().get_ids().to_vec();
+        assert_eq!(ids, [5, 4, 7]);
+    }
+
+    #[test]
+    fn unknown_tokenizer_model_is_named_in_the_error() {
+        let mut meta = toy_spm();
+        meta.insert("tokenizer.ggml.model".into(), Value::String("rwkv".into()));
+        let err = from_metadata(&meta).err().unwrap();
+        assert!(err.to_string().contains("rwkv"), "{err}");
     }
 }

@@ -5,6 +5,7 @@
 mod detokenize;
 mod error;
 mod gguf_vocab;
+mod jinja_compat;
 mod template;
 mod tokenizer;
 

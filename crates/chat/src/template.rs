@@ -1,20 +1,23 @@
 //! Chat templates, rendered with minijinja the way transformers' `apply_chat_template` renders
-//! them with Jinja2: `trim_blocks` and `lstrip_blocks` on, Python string methods available,
-//! `tojson` without HTML escaping, `raise_exception` and `strftime_now` defined.
+//! them with Jinja2: `trim_blocks` and `lstrip_blocks` on, no trailing newline kept, Python
+//! string methods (minijinja-contrib's pycompat), and transformers' `tojson`,
+//! `raise_exception` and `strftime_now` (see `jinja_compat`).
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::Value;
-use minijinja::{Environment, Error, ErrorKind};
+use minijinja::syntax::SyntaxConfig;
+use minijinja::Environment;
 use serde_json::Value as Json;
 
 use crate::error::ChatError;
-use crate::Tokenizer;
+use crate::{jinja_compat, Tokenizer};
 
 /// Used when a model ships no template.
-const CHATML: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+/// A compiled chat template plus the special-token strings it is rendered with.
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: Option<String>,
@@ -23,124 +26,82 @@ pub struct ChatTemplate {
 
 /// What a template is rendered with.
 pub struct TemplateInput<'a> {
+    /// OpenAI-style messages (`role`, `content`, `tool_calls`, ...), passed through as they are.
     pub messages: &'a [Json],
+    /// Tool definitions; `None` renders as Python's `None`.
     pub tools: Option<&'a [Json]>,
+    /// End with the opening of an assistant turn.
     pub add_generation_prompt: bool,
     /// Extra variables (`chat_template_kwargs`), e.g. `enable_thinking`.
     pub extra: &'a serde_json::Map<String, Json>,
 }
 
 impl ChatTemplate {
-    pub fn new(source: &str, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self, ChatError> {
+    /// Compiles `source`; a syntax error names the problem and its line.
+    pub fn new(source: &str, bos_token: Option<&str>, eos_token: Option<&str>) -> Result<Self, ChatError> {
         let mut env = Environment::new();
-        let syntax = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build()?;
-        env.set_syntax(syntax);
+        env.set_syntax(
+            SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .keep_trailing_newline(false)
+                .build()
+                .map_err(ChatError::from)?,
+        );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_filter("tojson", tojson);
-        env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
-            Err(Error::new(ErrorKind::InvalidOperation, msg))
-        });
-        env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
-        env.add_template_owned("chat", source.to_string())?;
-        Ok(Self { env, bos_token, eos_token })
+        jinja_compat::install(&mut env);
+        env.add_template_owned("chat_template", source.to_string())?;
+        Ok(Self { env, bos_token: bos_token.map(str::to_string), eos_token: eos_token.map(str::to_string) })
     }
 
+    /// The ChatML template, for models that ship none.
     pub fn chatml() -> Self {
         Self::new(CHATML, None, None).expect("the built-in ChatML template compiles")
     }
 
-    /// The template stored in a GGUF header, if any.
-    pub fn from_gguf(meta: &HashMap<String, Value>, tok: &Tokenizer) -> Result<Option<Self>, ChatError> {
-        match meta.get("tokenizer.chat_template") {
+    /// The template stored in a GGUF header (`tokenizer.chat_template`), if any.
+    pub fn from_gguf(metadata: &HashMap<String, Value>, tok: &Tokenizer) -> Result<Option<Self>, ChatError> {
+        match metadata.get("tokenizer.chat_template") {
             Some(Value::String(source)) => Ok(Some(Self::new(source, tok.bos_token(), tok.eos_token())?)),
             _ => Ok(None),
         }
     }
 
-    /// The template of a `tokenizer_config.json` (a string, or a list of named templates).
+    /// The `chat_template` of a `tokenizer_config.json`: a string, or a list of named templates
+    /// of which "default" is taken. `None` when the file or the key is absent.
     pub fn from_tokenizer_config(path: &Path, tok: &Tokenizer) -> Result<Option<Self>, ChatError> {
-        let Ok(text) = std::fs::read_to_string(path) else { return Ok(None) };
-        let config: Json = serde_json::from_str(&text).map_err(|e| ChatError::Template(format!("{}: {e}", path.display())))?;
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(ChatError::Io { path: path.to_path_buf(), source }),
+        };
+        let config: Json =
+            serde_json::from_str(&text).map_err(|e| ChatError::Template(format!("{}: {e}", path.display())))?;
         let source = match &config["chat_template"] {
-            Json::String(s) => Some(s.clone()),
-            Json::Array(list) => list
-                .iter()
-                .find(|t| t["name"] == "default")
-                .and_then(|t| t["template"].as_str().map(str::to_string)),
+            Json::String(s) => Some(s.as_str()),
+            Json::Array(list) => list.iter().find(|t| t["name"] == "default").and_then(|t| t["template"].as_str()),
             _ => None,
         };
-        source.map(|s| Self::new(&s, tok.bos_token(), tok.eos_token())).transpose()
+        source.map(|s| Self::new(s, tok.bos_token(), tok.eos_token())).transpose()
     }
 
+    /// Renders the prompt. Variables are those transformers passes: `messages`, `tools`,
+    /// `add_generation_prompt`, `bos_token`, `eos_token`, plus `extra`.
     pub fn render(&self, input: &TemplateInput) -> Result<String, ChatError> {
-        let mut ctx = input.extra.clone();
+        let mut ctx = serde_json::Map::new();
+        if let Some(bos) = &self.bos_token {
+            ctx.insert("bos_token".into(), Json::from(bos.as_str()));
+        }
+        if let Some(eos) = &self.eos_token {
+            ctx.insert("eos_token".into(), Json::from(eos.as_str()));
+        }
+        ctx.extend(input.extra.iter().map(|(k, v)| (k.clone(), v.clone())));
         ctx.insert("messages".into(), Json::from(input.messages.to_vec()));
+        ctx.insert("tools".into(), input.tools.map_or(Json::Null, |t| Json::from(t.to_vec())));
         ctx.insert("add_generation_prompt".into(), Json::from(input.add_generation_prompt));
-        if let Some(tools) = input.tools {
-            ctx.insert("tools".into(), Json::from(tools.to_vec()));
-        }
-        ctx.insert("bos_token".into(), Json::from(self.bos_token.clone().unwrap_or_default()));
-        ctx.insert("eos_token".into(), Json::from(self.eos_token.clone().unwrap_or_default()));
-        Ok(self.env.get_template("chat")?.render(minijinja::Value::from(minijinja::value::Serde(&ctx)))?)
+        let template = self.env.get_template("chat_template")?;
+        Ok(template.render(minijinja::value::Serde(&ctx))?)
     }
-}
-
-/// Jinja2's `tojson` as transformers configures it: no HTML escaping, optional `indent`.
-fn tojson(value: minijinja::Value, kwargs: minijinja::value::Kwargs) -> Result<String, Error> {
-    let indent: Option<usize> = kwargs.get("indent")?;
-    let _: Option<bool> = kwargs.get("ensure_ascii")?;
-    let _: Option<bool> = kwargs.get("sort_keys")?;
-    kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-    let text = match indent {
-        Some(n) => {
-            let indent = " ".repeat(n);
-            let fmt = serde_json::ser::PrettyFormatter::with_indent(indent.as_bytes());
-            let mut out = Vec::new();
-            let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
-            serde::Serialize::serialize(&json, &mut ser).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-            String::from_utf8(out).unwrap_or_default()
-        }
-        // Python's json.dumps separators: ", " and ": ".
-        None => python_json(&json),
-    };
-    Ok(text)
-}
-
-fn python_json(v: &Json) -> String {
-    match v {
-        Json::Array(items) => format!("[{}]", items.iter().map(python_json).collect::<Vec<_>>().join(", ")),
-        Json::Object(map) => format!(
-            "{{{}}}",
-            map.iter().map(|(k, v)| format!("{}: {}", Json::from(k.as_str()), python_json(v))).collect::<Vec<_>>().join(", ")
-        ),
-        other => other.to_string(),
-    }
-}
-
-/// `strftime_now` for the formats templates use (date only; the clock is UTC).
-fn strftime_now(fmt: &str) -> String {
-    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() / 86_400).unwrap_or(0) as i64;
-    let (y, m, d) = civil_from_days(days);
-    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
-    fmt.replace("%Y", &y.to_string())
-        .replace("%m", &format!("{m:02}"))
-        .replace("%d", &format!("{d:02}"))
-        .replace("%B", MONTHS[(m - 1) as usize])
-        .replace("%b", &MONTHS[(m - 1) as usize][..3])
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (Howard Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 #[cfg(test)]
@@ -148,46 +109,55 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn render(t: &ChatTemplate, messages: &[Json], gen: bool) -> String {
-        t.render(&TemplateInput { messages, tools: None, add_generation_prompt: gen, extra: &Default::default() }).unwrap()
+    fn render(t: &ChatTemplate, messages: &[Json], add_generation_prompt: bool) -> Result<String, ChatError> {
+        t.render(&TemplateInput { messages, tools: None, add_generation_prompt, extra: &Default::default() })
     }
 
     #[test]
     fn chatml_renders_roles_and_generation_prompt() {
         let msgs = [json!({"role": "system", "content": "Be brief."}), json!({"role": "user", "content": "Hi"})];
+        let t = ChatTemplate::chatml();
         assert_eq!(
-            render(&ChatTemplate::chatml(), &msgs, true),
+            render(&t, &msgs, true).unwrap(),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
-        assert!(!render(&ChatTemplate::chatml(), &msgs, false).ends_with("assistant\n"));
+        assert_eq!(render(&t, &msgs, false).unwrap(), "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
     }
 
     #[test]
-    fn tojson_does_not_escape_html_and_uses_python_separators() {
-        let t = ChatTemplate::new("{{ x | tojson }}", None, None).unwrap();
-        let extra = json!({"x": {"a": "<b>&'", "n": [1, 2]}}).as_object().unwrap().clone();
-        let out = t.render(&TemplateInput { messages: &[], tools: None, add_generation_prompt: false, extra: &extra }).unwrap();
-        assert_eq!(out, r#"{"a": "<b>&'", "n": [1, 2]}"#);
+    fn blocks_are_trimmed_like_transformers() {
+        let t = ChatTemplate::new("{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}\n", None, None)
+            .unwrap();
+        let msgs = [json!({"role": "user", "content": "a"}), json!({"role": "user", "content": "b"})];
+        assert_eq!(render(&t, &msgs, false).unwrap(), "[a]\n[b]\n");
     }
 
     #[test]
-    fn raise_exception_becomes_an_error_with_its_message() {
-        let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}", None, None).unwrap();
-        let err = t.render(&TemplateInput { messages: &[], tools: None, add_generation_prompt: false, extra: &Default::default() });
-        assert!(err.unwrap_err().to_string().contains("roles must alternate"));
-    }
-
-    #[test]
-    fn python_string_methods_and_kwargs_work() {
-        let t = ChatTemplate::new("{% if enable_thinking is defined and not enable_thinking %}off{% endif %}{{ 'a,b'.split(',') | length }}{{ ' x '.strip() }}", None, None).unwrap();
+    fn special_tokens_extra_kwargs_and_null_tools_are_visible() {
+        let t = ChatTemplate::new(
+            "{{ bos_token }}|{{ eos_token }}|{{ tools is none }}|{% if enable_thinking is false %}no-think{% endif %}|{{ 'a,b'.split(',') | length }}|{{ ' x '.strip() }}",
+            Some("<s>"),
+            Some("</s>"),
+        )
+        .unwrap();
         let extra = json!({"enable_thinking": false}).as_object().unwrap().clone();
         let out = t.render(&TemplateInput { messages: &[], tools: None, add_generation_prompt: false, extra: &extra }).unwrap();
-        assert_eq!(out, "off2x");
+        assert_eq!(out, "<s>|</s>|True|no-think|2|x");
     }
 
     #[test]
-    fn civil_dates() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(20_415), (2025, 11, 23));
+    fn compile_errors_name_the_problem() {
+        let err = ChatTemplate::new("{% for m in messages %}{{ m }", None, None).err().unwrap();
+        assert!(matches!(err, ChatError::Template(_)));
+        assert!(err.to_string().contains("syntax error"), "{err}");
+    }
+
+    #[test]
+    fn raise_exception_surfaces_as_a_render_error() {
+        let t = ChatTemplate::new("{% if messages[0].role != 'user' %}{{ raise_exception('first message must be from the user') }}{% endif %}", None, None)
+            .unwrap();
+        let err = render(&t, &[json!({"role": "assistant", "content": "x"})], false).unwrap_err();
+        assert!(err.to_string().contains("first message must be from the user"), "{err}");
+        assert!(render(&t, &[json!({"role": "user", "content": "x"})], false).is_ok());
     }
 }

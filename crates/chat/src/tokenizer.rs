@@ -1,140 +1,231 @@
 //! The tokenizer: the `tokenizers` crate plus what the model adds around it (BOS, the set of
-//! tokens that end generation, raw bytes per token).
+//! tokens that end generation, the raw bytes behind each token).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::str::FromStr;
 
 use candle_core::quantized::gguf_file::Value;
+use serde_json::Value as Json;
 
 use crate::error::ChatError;
-use crate::gguf_vocab;
+use crate::gguf_vocab::{self, VocabKind};
 
+/// Tokens that end a chat turn, and so end generation, wherever a vocabulary defines them.
+pub(crate) const END_OF_TURN: [&str; 5] = ["<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|endoftext|>"];
+
+/// A model's tokenizer, from a `tokenizer.json` or a GGUF header.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    kind: VocabKind,
+    /// Inverse of GPT-2's bytes-to-unicode table (byte-level vocabularies only).
+    byte_of_char: HashMap<char, u8>,
+    /// Ids of added tokens, whose text is literal rather than encoded.
+    added: HashSet<u32>,
     bos_id: Option<u32>,
+    /// Whether `encode` must prepend BOS itself (when no post-processor does).
     add_bos: bool,
     eos_ids: Vec<u32>,
-    /// Raw bytes of each token id, for byte-exact streaming and logprob `bytes`.
-    token_bytes: Vec<Vec<u8>>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
 }
 
 impl Tokenizer {
-    /// Built from the `tokenizer.ggml.*` keys of a GGUF header.
-    pub fn from_gguf(meta: &HashMap<String, Value>) -> Result<Self, ChatError> {
-        let vocab = gguf_vocab::from_metadata(meta)?;
-        let inner = tokenizers::Tokenizer::from_str(&vocab.tokenizer_json.to_string())?;
-        Ok(Self::new(inner, vocab.bos_id, vocab.add_bos, vocab.eos_ids))
-    }
-
-    /// A `tokenizer.json`, with BOS/EOS taken from a sibling `tokenizer_config.json` when present.
+    /// Loads `tokenizer.json`, taking BOS, EOS and `add_bos_token` from the sibling
+    /// `tokenizer_config.json`, `generation_config.json` and `config.json` where present.
     pub fn from_tokenizer_json(path: &Path) -> Result<Self, ChatError> {
-        let inner = tokenizers::Tokenizer::from_file(path)?;
-        let config = path.with_file_name("tokenizer_config.json");
-        let config: serde_json::Value = match std::fs::read_to_string(&config) {
-            Ok(text) => serde_json::from_str(&text).map_err(|e| ChatError::Tokenizer(format!("{}: {e}", config.display())))?,
-            Err(_) => serde_json::Value::Null,
-        };
-        let token_id = |key: &str| {
-            let v = &config[key];
-            let text = v.as_str().or_else(|| v["content"].as_str())?;
-            inner.token_to_id(text)
-        };
-        let bos_id = token_id("bos_token");
-        // tokenizer.json's post-processor adds BOS itself where the model wants it.
-        let mut eos_ids: Vec<u32> = token_id("eos_token").into_iter().collect();
-        for end in ["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>"] {
-            eos_ids.extend(inner.token_to_id(end));
-        }
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| ChatError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let tok_config = sibling_json(path, "tokenizer_config.json")?;
+        let gen_config = sibling_json(path, "generation_config.json")?;
+        let model_config = sibling_json(path, "config.json")?;
+
+        let token_of = |v: &Json| v.as_str().or_else(|| v["content"].as_str()).map(str::to_string);
+        let bos_token = token_of(&tok_config["bos_token"]);
+        let bos_id = bos_token
+            .as_deref()
+            .and_then(|t| inner.token_to_id(t))
+            .or_else(|| ids(&gen_config["bos_token_id"]).first().copied())
+            .or_else(|| ids(&model_config["bos_token_id"]).first().copied());
+        let eos_from_config = token_of(&tok_config["eos_token"]).and_then(|t| inner.token_to_id(&t));
+        let mut eos_ids: Vec<u32> = eos_from_config.into_iter().collect();
+        eos_ids.extend(ids(&gen_config["eos_token_id"]));
+        eos_ids.extend(ids(&model_config["eos_token_id"]));
+        let eos_id = eos_ids.first().copied();
+        eos_ids.extend(END_OF_TURN.iter().filter_map(|t| inner.token_to_id(t)));
         eos_ids.sort_unstable();
         eos_ids.dedup();
-        Ok(Self::new(inner, bos_id, false, eos_ids))
+
+        // Usually the post-processor adds BOS; the config flag matters only where it does not.
+        let post_adds_bos = bos_id.is_some_and(|bos| {
+            inner.encode_fast("", true).is_ok_and(|e| e.get_ids().contains(&bos))
+        });
+        let add_bos = tok_config["add_bos_token"].as_bool() == Some(true) && !post_adds_bos;
+        let byte_level =
+            inner.get_decoder().and_then(|d| serde_json::to_string(d).ok()).is_some_and(|d| d.contains("ByteLevel"));
+        let kind = if byte_level { VocabKind::ByteLevel } else { VocabKind::SentencePiece };
+        Ok(Self::new(inner, kind, bos_id, add_bos, eos_id, eos_ids))
     }
 
-    fn new(inner: tokenizers::Tokenizer, bos_id: Option<u32>, add_bos: bool, eos_ids: Vec<u32>) -> Self {
-        let size = inner.get_vocab_size(true);
-        let byte_level = serde_json::to_string(&inner.get_decoder()).is_ok_and(|d| d.contains("ByteLevel"));
-        let token_bytes = (0..size as u32).map(|id| raw_bytes(&inner, id, byte_level)).collect();
-        Self { inner, bos_id, add_bos, eos_ids, token_bytes }
+    /// Builds the tokenizer a GGUF header describes (`tokenizer.ggml.*`): byte-level BPE
+    /// (`gpt2`) or SentencePiece (`llama`).
+    pub fn from_gguf(metadata: &HashMap<String, Value>) -> Result<Self, ChatError> {
+        let v = gguf_vocab::from_metadata(metadata)?;
+        Ok(Self::new(v.tokenizer, v.kind, v.bos_id, v.add_bos, v.eos_id, v.eos_ids))
     }
 
-    /// Token ids of `text`; with `add_special_tokens`, BOS is prepended where the model uses one.
+    fn new(
+        inner: tokenizers::Tokenizer,
+        kind: VocabKind,
+        bos_id: Option<u32>,
+        add_bos: bool,
+        eos_id: Option<u32>,
+        eos_ids: Vec<u32>,
+    ) -> Self {
+        let added = inner.get_added_tokens_decoder().into_keys().collect();
+        let bos_token = bos_id.and_then(|id| inner.id_to_token(id));
+        let eos_token = eos_id.and_then(|id| inner.id_to_token(id));
+        Self { inner, kind, byte_of_char: byte_level_table(), added, bos_id, add_bos, eos_ids, bos_token, eos_token }
+    }
+
+    /// Token ids of `text`. Special-token text such as `<|im_start|>` always becomes its single
+    /// id; `add_special_tokens` adds BOS where the model adds it.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ChatError> {
         let mut ids = self.inner.encode_fast(text, add_special_tokens)?.get_ids().to_vec();
-        if add_special_tokens && self.add_bos {
-            if let Some(bos) = self.bos_id {
-                if ids.first() != Some(&bos) {
-                    ids.insert(0, bos);
-                }
-            }
+        if let (true, true, Some(bos)) = (add_special_tokens, self.add_bos, self.bos_id) {
+            ids.insert(0, bos);
         }
         Ok(ids)
     }
 
+    /// The text of `ids`; `skip_special_tokens` drops control tokens such as BOS.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ChatError> {
         Ok(self.inner.decode(ids, skip_special_tokens)?)
     }
 
-    /// The bytes token `id` stands for (empty for unknown ids).
-    pub fn token_bytes(&self, id: u32) -> &[u8] {
-        self.token_bytes.get(id as usize).map(Vec::as_slice).unwrap_or(&[])
+    /// The raw bytes token `id` stands for (empty for ids outside the vocabulary). A token may
+    /// hold part of a UTF-8 character, so this is bytes, not text.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(piece) = self.inner.id_to_token(id) else { return Vec::new() };
+        match self.kind {
+            VocabKind::ByteLevel if self.added.contains(&id) => piece.into_bytes(),
+            // As the ByteLevel decoder does, a char outside the table stands for itself.
+            VocabKind::ByteLevel => piece
+                .chars()
+                .flat_map(|c| match self.byte_of_char.get(&c) {
+                    Some(b) => vec![*b],
+                    None => c.to_string().into_bytes(),
+                })
+                .collect(),
+            VocabKind::SentencePiece => match byte_fallback(&piece) {
+                Some(b) if !self.added.contains(&id) => vec![b],
+                _ => piece.replace('▁', " ").into_bytes(),
+            },
+        }
     }
 
+    /// The vocabulary string of `id` as stored (e.g. `Ġhello` or `▁hello`), for logging.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The id of a vocabulary string, e.g. `<|im_end|>`.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
 
+    /// Number of ids, added tokens included.
     pub fn vocab_size(&self) -> usize {
-        self.token_bytes.len()
+        self.inner.get_vocab_size(true)
     }
 
+    /// The BOS id, whether or not `encode` adds it.
     pub fn bos_token_id(&self) -> Option<u32> {
         self.bos_id
     }
 
-    /// Every id that ends generation.
+    /// Every id that ends generation: EOS plus the end-of-turn tokens the vocabulary defines.
     pub fn eos_token_ids(&self) -> &[u32] {
         &self.eos_ids
     }
 
-    pub fn bos_token(&self) -> Option<String> {
-        self.bos_id.and_then(|id| self.inner.id_to_token(id))
+    /// The BOS string, as chat templates see it.
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
     }
 
-    pub fn eos_token(&self) -> Option<String> {
-        self.eos_ids.first().and_then(|id| self.inner.id_to_token(*id))
+    /// The model's primary EOS string, as chat templates see it.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
     }
 }
 
-/// Decoding a single token can't return partial UTF-8, so bytes are recovered from the
-/// vocabulary string: byte-level BPE maps each byte to one printable char, SentencePiece
-/// writes `<0xXX>` for raw bytes and `▁` for spaces.
-fn raw_bytes(tok: &tokenizers::Tokenizer, id: u32, byte_level: bool) -> Vec<u8> {
-    let Some(piece) = tok.id_to_token(id) else { return Vec::new() };
-    if let Some(added) = tok.get_added_tokens_decoder().get(&id) {
-        return added.content.as_bytes().to_vec();
-    }
-    if let Some(hex) = piece.strip_prefix("<0x").and_then(|s| s.strip_suffix('>')) {
-        if let Ok(b) = u8::from_str_radix(hex, 16) {
-            return vec![b];
-        }
-    }
-    if byte_level {
-        if let Some(bytes) = piece.chars().map(byte_level_char_to_byte).collect() {
-            return bytes;
-        }
-    }
-    piece.replace('▁', " ").into_bytes()
+/// `<0xAB>` is SentencePiece's piece for the raw byte 0xAB.
+fn byte_fallback(piece: &str) -> Option<u8> {
+    let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
+    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
 }
 
-/// Inverse of GPT-2's bytes_to_unicode table.
-fn byte_level_char_to_byte(c: char) -> Option<u8> {
-    let c = c as u32;
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-    if printable(c) {
-        return Some(c as u8);
+/// Inverse of GPT-2's `bytes_to_unicode`: printable bytes stand for themselves, the other 68
+/// were mapped in order to U+0100 onwards.
+fn byte_level_table() -> HashMap<char, u8> {
+    let printable = |b: u8| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+    let mut next = 256u32;
+    (0..=255u8)
+        .map(|b| {
+            if printable(b) {
+                (char::from(b), b)
+            } else {
+                next += 1;
+                (char::from_u32(next - 1).unwrap_or(char::REPLACEMENT_CHARACTER), b)
+            }
+        })
+        .collect()
+}
+
+/// A JSON file next to `path`, or `Null` when there is none.
+fn sibling_json(path: &Path, name: &str) -> Result<Json, ChatError> {
+    let file = path.with_file_name(name);
+    match std::fs::read_to_string(&file) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| ChatError::Tokenizer(format!("{}: {e}", file.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Json::Null),
+        Err(source) => Err(ChatError::Io { path: file, source }),
     }
-    // The other 68 bytes were mapped, in order, to 256, 257, ...
-    let n = c.checked_sub(256)?;
-    (0u32..=255).filter(|b| !printable(*b)).nth(n as usize).map(|b| b as u8)
+}
+
+/// Token ids written as one number or a list of numbers.
+fn ids(v: &Json) -> Vec<u32> {
+    match v {
+        Json::Array(items) => items.iter().filter_map(Json::as_u64).map(|i| i as u32).collect(),
+        other => other.as_u64().map(|i| i as u32).into_iter().collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_level_table_inverts_gpt2_mapping() {
+        let t = byte_level_table();
+        assert_eq!(t.len(), 256);
+        assert_eq!(t[&'Ġ'], b' ');
+        assert_eq!(t[&'Ċ'], b'\n');
+        assert_eq!(t[&'A'], b'A');
+        assert_eq!(t[&'\u{100}'], 0);
+    }
+
+    #[test]
+    fn byte_fallback_pieces_parse() {
+        assert_eq!(byte_fallback("<0x0A>"), Some(b'\n'));
+        assert_eq!(byte_fallback("<0xE6>"), Some(0xE6));
+        assert_eq!(byte_fallback("<0x0A"), None);
+        assert_eq!(byte_fallback("<0x123>"), None);
+    }
+
+    #[test]
+    fn ids_accept_number_or_list() {
+        assert_eq!(ids(&serde_json::json!(7)), [7]);
+        assert_eq!(ids(&serde_json::json!([1, 106])), [1, 106]);
+        assert!(ids(&Json::Null).is_empty());
+    }
 }

@@ -20,6 +20,7 @@ struct Case {
     text: String,
     ids_no_special: Vec<u32>,
     ids_with_special: Vec<u32>,
+    detokenized: String,
 }
 
 #[derive(Deserialize)]
@@ -49,6 +50,9 @@ fn check(model: &str) {
     for case in &fx.tokenization {
         assert_eq!(tok.encode(&case.text, false).unwrap(), case.ids_no_special, "{model}: {:?}", case.text);
         assert_eq!(tok.encode(&case.text, true).unwrap(), case.ids_with_special, "{model}: {:?} with BOS", case.text);
+        assert_eq!(tok.decode(&case.ids_no_special, false).unwrap(), case.detokenized, "{model}: decode {:?}", case.text);
+        let streamed: Vec<u8> = case.ids_no_special.iter().flat_map(|id| tok.token_bytes(*id)).collect();
+        assert_eq!(String::from_utf8_lossy(&streamed), case.detokenized, "{model}: token_bytes of {:?}", case.text);
     }
     for g in &fx.generations {
         assert_eq!(tok.encode(&g.prompt, true).unwrap(), g.prompt_ids, "{model}: {:?}", g.prompt);
