@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use candle_core::quantized::gguf_file::{Content, Value};
+mod common;
+
+use candle_core::quantized::gguf_file::Value;
 use serde::Deserialize;
 use spindle_chat::{IncrementalDecoder, Tokenizer};
 
@@ -32,15 +34,10 @@ struct Generation {
 
 fn load(model: &str) -> (Fixture, HashMap<String, Value>) {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let fx: Fixture =
-        serde_json::from_str(&std::fs::read_to_string(root.join(format!("tests/data/reference/{model}.json"))).unwrap()).unwrap();
-    let home = std::env::var_os("SPINDLE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/spindle"));
-    let path = home.join("models").join(model).join(&fx.gguf_file);
-    let mut file = std::fs::File::open(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}; run `spindle pull {model}` first", path.display()));
-    let meta = Content::read(&mut file).unwrap().metadata;
+    let path = root.join(format!("tests/data/reference/{model}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let fx: Fixture = serde_json::from_str(&text).unwrap();
+    let meta = common::gguf_metadata(model, &fx.gguf_file);
     (fx, meta)
 }
 
