@@ -102,3 +102,22 @@ fn special_tokens_are_single_ids_and_end_generation() {
     assert_eq!(ids.last(), Some(&end));
     assert!(tok.eos_token_ids().contains(&end));
 }
+
+#[test]
+fn end_of_generation_ids_and_template_strings() {
+    let expect = [
+        ("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf", &["<|im_end|>", "<|endoftext|>"][..], Some("<|im_start|>"), "<|im_end|>"),
+        ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", &["<|im_end|>", "<|endoftext|>"][..], Some("<|endoftext|>"), "<|im_end|>"),
+        ("gemma3-270m", "gemma-3-270m-q4_k_m.gguf", &["<eos>", "<end_of_turn>"][..], Some("<bos>"), "<eos>"),
+    ];
+    for (model, file, ends, bos, eos) in expect {
+        let tok = Tokenizer::from_gguf(&common::gguf_metadata(model, file)).unwrap();
+        for end in ends {
+            let id = tok.token_to_id(end).unwrap_or_else(|| panic!("{model}: no {end}"));
+            assert!(tok.eos_token_ids().contains(&id), "{model}: {end} should end generation");
+        }
+        assert_eq!(tok.bos_token(), bos, "{model}");
+        assert_eq!(tok.eos_token(), Some(eos), "{model}");
+        assert_eq!(tok.bos_token_id(), bos.and_then(|b| tok.token_to_id(b)), "{model}");
+    }
+}
