@@ -12,6 +12,7 @@ use candle_core::quantized::gguf_file::Value;
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -166,11 +167,12 @@ fn sentencepiece_bpe(
     }
     normalizers.push(Replace::new(" ", "▁")?.into());
     tokenizer.with_normalizer(Some(NormalizerSequence::new(normalizers)))?;
-    tokenizer.with_decoder(Some(DecoderSequence::new(vec![
-        Replace::new("▁", " ")?.into(),
-        ByteFallback::new().into(),
-        Fuse::new().into(),
-    ])));
+    let mut decoders = vec![Replace::new("▁", " ")?.into(), ByteFallback::new().into(), Fuse::new().into()];
+    if add_space_prefix {
+        // The space the normalizer prepended is not part of the text.
+        decoders.push(Strip::new(' ', 1, 0).into());
+    }
+    tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
     Ok(tokenizer)
 }
 
@@ -204,9 +206,9 @@ mod tests {
     fn toy_spm() -> HashMap<String, Value> {
         HashMap::from([
             ("tokenizer.ggml.model".to_string(), Value::String("llama".into())),
-            ("tokenizer.ggml.tokens".to_string(), strings(&["<unk>", "<s>", "a", "b", "c", "ab", "bc", "<0x41>"])),
-            ("tokenizer.ggml.scores".to_string(), Value::Array([0., 0., -1., -1., -1., -2., -3., 0.].map(Value::F32).to_vec())),
-            ("tokenizer.ggml.token_type".to_string(), Value::Array([2, 3, 1, 1, 1, 1, 1, 6].map(Value::I32).to_vec())),
+            ("tokenizer.ggml.tokens".to_string(), strings(&["<unk>", "<s>", "a", "b", "c", "ab", "bc", "<0x41>", "▁", "▁a"])),
+            ("tokenizer.ggml.scores".to_string(), Value::Array([0., 0., -1., -1., -1., -2., -3., 0., -1., -1.5].map(Value::F32).to_vec())),
+            ("tokenizer.ggml.token_type".to_string(), Value::Array([2, 3, 1, 1, 1, 1, 1, 6, 1, 1].map(Value::I32).to_vec())),
             ("tokenizer.ggml.bos_token_id".to_string(), Value::U32(1)),
             ("tokenizer.ggml.unknown_token_id".to_string(), Value::U32(0)),
             ("tokenizer.ggml.add_space_prefix".to_string(), Value::Bool(false)),
@@ -220,6 +222,16 @@ mod tests {
         assert!(vocab.add_bos, "SentencePiece vocabularies add BOS unless the header says otherwise");
         let ids = vocab.tokenizer.encode_fast("abcA", false).unwrap().get_ids().to_vec();
         assert_eq!(ids, [5, 4, 7]);
+    }
+
+    #[test]
+    fn space_prefix_is_added_per_segment_and_stripped_on_decode() {
+        let mut meta = toy_spm();
+        meta.insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(true));
+        let vocab = from_metadata(&meta).unwrap();
+        let ids = vocab.tokenizer.encode_fast("a ab", false).unwrap().get_ids().to_vec();
+        assert_eq!(ids, [9, 9, 3]);
+        assert_eq!(vocab.tokenizer.decode(&ids, false).unwrap(), "a ab");
     }
 
     #[test]
