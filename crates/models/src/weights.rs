@@ -56,9 +56,9 @@ impl GgufWeights {
 
 /// Turns candle's GGUF parse errors into ones that name the problem.
 fn gguf_error(path: &Path, e: candle_core::Error) -> ModelError {
-    let reason = e.to_string();
-    if let Some(code) = reason.strip_prefix("unknown dtype for tensor ") {
-        return ModelError::UnsupportedQuant { name: path.display().to_string(), dtype: format!("ggml type {code}") };
+    let reason = crate::error::first_line(&e);
+    if let Some(code) = reason.strip_prefix("unknown dtype for tensor ").and_then(|c| c.trim().parse().ok()) {
+        return ModelError::UnsupportedQuant { path: path.into(), code };
     }
     ModelError::BadGguf { path: path.into(), reason }
 }

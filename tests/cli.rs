@@ -1,0 +1,115 @@
+//! The `spindle` command on bad input: a clear one-line `error:` naming the problem and a
+//! non-zero exit, never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn smollm2() -> PathBuf {
+    let files = spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true)
+        .unwrap_or_else(|e| panic!("{e} (run `spindle pull smollm2-135m`)"));
+    match files {
+        spindle_hub::ModelFiles::Gguf(p) => p,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// Runs `spindle generate` and returns (success, stderr without log lines).
+fn generate(model: &Path, extra: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["generate", "--model"])
+        .arg(model)
+        .args(["--prompt", "Hello there, how are you today?", "--max-tokens", "4", "--temperature", "0"])
+        .args(extra)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn assert_clean_error(stderr: &str, needle: &str) {
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line: {stderr}");
+    assert!(lines[0].starts_with("error: ") && lines[0].contains(needle), "{needle:?} not in {stderr}");
+}
+
+fn patched_copy(dir: &Path, name: &str, patch: impl FnOnce(&mut Vec<u8>)) -> PathBuf {
+    let mut bytes = std::fs::read(smollm2()).unwrap();
+    patch(&mut bytes);
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> usize {
+    haystack.windows(needle.len()).position(|w| w == needle).expect("pattern in GGUF header")
+}
+
+#[test]
+fn a_good_model_generates() {
+    let (ok, stderr) = generate(&smollm2(), &[]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("prompt tokens: 8, generated tokens: 4"), "{stderr}");
+}
+
+#[test]
+fn missing_file_is_named() {
+    let (ok, stderr) = generate(Path::new("/nonexistent/model.gguf"), &[]);
+    assert!(!ok);
+    assert_clean_error(&stderr, "/nonexistent/model.gguf");
+}
+
+#[test]
+fn corrupt_file_is_not_gguf() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("junk.gguf");
+    std::fs::write(&path, b"this is not a model at all, just some text").unwrap();
+    let (ok, stderr) = generate(&path, &[]);
+    assert!(!ok);
+    assert_clean_error(&stderr, "not a valid GGUF file");
+}
+
+#[test]
+fn truncated_file_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = patched_copy(dir.path(), "cut.gguf", |b| b.truncate(b.len() / 2));
+    let (ok, stderr) = generate(&path, &[]);
+    assert!(!ok);
+    assert_clean_error(&stderr, "cut.gguf");
+}
+
+#[test]
+fn unknown_architecture_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = patched_copy(dir.path(), "arch.gguf", |b| {
+        // "general.architecture" = "llama" becomes "mamba" (same length).
+        let at = find(b, b"general.architecture") + "general.architecture".len() + 4 + 8;
+        b[at..at + 5].copy_from_slice(b"mamba");
+    });
+    let (ok, stderr) = generate(&path, &[]);
+    assert!(!ok);
+    assert_clean_error(&stderr, "unsupported architecture 'mamba'");
+}
+
+#[test]
+fn unsupported_quantization_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = patched_copy(dir.path(), "quant.gguf", |b| {
+        // Tensor info: name, u32 n_dims, n_dims × u64 dims, u32 ggml type (16 = IQ2_XXS).
+        let name = b"blk.0.attn_q.weight";
+        let at = find(b, name) + name.len();
+        let n_dims = u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+        let ty = at + 4 + 8 * n_dims;
+        b[ty..ty + 4].copy_from_slice(&16u32.to_le_bytes());
+    });
+    let (ok, stderr) = generate(&path, &[]);
+    assert!(!ok);
+    assert_clean_error(&stderr, "not supported");
+}
+
+#[test]
+fn prompt_longer_than_the_context_is_refused() {
+    let (ok, stderr) = generate(&smollm2(), &["--ctx-size", "4"]);
+    assert!(!ok);
+    assert_clean_error(&stderr, "context holds 4");
+}
