@@ -5,17 +5,13 @@
 //! a differing top-1 is accepted only at a near-tie of llama.cpp's own distribution (or where it
 //! reported no logprobs), and at least 90% of all steps must agree exactly.
 
+mod common;
+
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{DType, Device, Tensor};
-
-fn home() -> PathBuf {
-    std::env::var_os("SPINDLE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/spindle"))
-}
 
 /// GGUF tensor name to the HF checkpoint key (an independent copy of the mapping under test).
 fn hf_name(gguf: &str) -> String {
@@ -91,37 +87,11 @@ fn write_checkpoint(gguf: &Path, dir: &Path) {
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
 }
 
-fn argmax(logits: &[f32]) -> u32 {
-    (0..logits.len()).fold(0, |best, i| if logits[i] > logits[best] { i } else { best }) as u32
-}
-
 #[test]
 fn smollm2_as_an_hf_checkpoint_follows_llama_cpp() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let fx: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(root.join("tests/data/reference/smollm2-135m.json")).unwrap()).unwrap();
-    let gguf = home().join("models/smollm2-135m").join(fx["gguf_file"].as_str().unwrap());
-    assert!(gguf.is_file(), "{}: run `spindle pull smollm2-135m` first", gguf.display());
+    let fx = common::Fixture::smollm2();
     let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(&gguf, dir.path());
+    write_checkpoint(&fx.gguf, dir.path());
     let model = spindle_models::load_safetensors(dir.path()).unwrap().model;
-    let (mut steps, mut agree) = (0, 0);
-    for g in fx["generations"].as_array().unwrap() {
-        let ids = |v: &serde_json::Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
-        let mut cache = model.new_cache(2048);
-        let mut logits = model.forward(&ids(&g["prompt_ids"]), &mut cache).unwrap();
-        for (step, expected) in ids(&g["greedy_ids"]).into_iter().enumerate() {
-            let ours = argmax(&logits);
-            steps += 1;
-            agree += usize::from(ours == expected);
-            let top = &g["top_logprobs"][step];
-            if ours != expected && !top.is_null() {
-                let lp = |id: u32| top.as_array()?.iter().find(|p| p[0] == id).and_then(|p| p[1].as_f64());
-                let gap = lp(expected).zip(lp(ours)).map(|(a, b)| a - b);
-                assert!(gap.is_some_and(|g| g <= 0.15), "prompt {:?} step {step}: {ours} vs llama.cpp {expected} (gap {gap:?})", g["prompt"]);
-            }
-            logits = model.forward(&[expected], &mut cache).unwrap();
-        }
-    }
-    assert!(agree * 10 >= steps * 9, "only {agree} of {steps} steps agree with llama.cpp");
+    fx.assert_follows(model.as_ref(), 0.15, 0.9);
 }
