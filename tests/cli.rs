@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn smollm2() -> PathBuf {
-    let files = spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true)
-        .unwrap_or_else(|e| panic!("{e} (run `spindle pull smollm2-135m`)"));
+    // Pulled on first use; the lock keeps parallel tests from fetching it twice.
+    static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
+    let files = spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true).unwrap_or_else(|e| panic!("{e}"));
     match files {
         spindle_hub::ModelFiles::Gguf(p) => p,
         other => panic!("unexpected {other:?}"),

@@ -61,8 +61,12 @@ fn argmax(logits: &[f32]) -> u32 {
 fn check_model(name: &str) {
     let fx = fixture(name);
     assert_eq!(fx.model, name);
-    let files = spindle_hub::resolve(name, &spindle_hub::spindle_home(), true)
-        .unwrap_or_else(|e| panic!("{e} (run `spindle pull {name}`)"));
+    // Pulled on first use; the lock keeps parallel tests from fetching the same files.
+    static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let files = {
+        let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
+        spindle_hub::resolve(name, &spindle_hub::spindle_home(), true).unwrap_or_else(|e| panic!("{e}"))
+    };
     let bundle = ModelBundle::load(&files).unwrap();
     assert!(fx.generations.len() >= 3);
     for g in &fx.generations {

@@ -15,11 +15,16 @@ impl Fixture {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
         let text = std::fs::read_to_string(root.join("tests/data/reference/smollm2-135m.json")).unwrap();
         let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let home = std::env::var_os("SPINDLE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/spindle"));
-        let gguf = home.join("models/smollm2-135m").join(doc["gguf_file"].as_str().unwrap());
-        assert!(gguf.is_file(), "{}: run `spindle pull smollm2-135m` first", gguf.display());
+        // Pulled on first use; tests of one binary share a lock so it is fetched once.
+        static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let gguf = {
+            let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
+            match spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true) {
+                Ok(spindle_hub::ModelFiles::Gguf(p)) => p,
+                other => panic!("smollm2-135m: {other:?}"),
+            }
+        };
+        assert!(gguf.ends_with(doc["gguf_file"].as_str().unwrap()));
         Self { gguf, doc }
     }
 
