@@ -33,11 +33,15 @@ mod detokenize;
 mod error;
 mod gguf_vocab;
 mod jinja_compat;
+mod reasoning;
+mod stop;
 mod template;
 mod tokenizer;
 
 pub use detokenize::IncrementalDecoder;
 pub use error::ChatError;
+pub use reasoning::{prompt_ends_in_reasoning, ReasoningSplitter, Split};
+pub use stop::{StopMatcher, StopStep};
 pub use template::{ChatTemplate, TemplateInput};
 pub use tokenizer::Tokenizer;
 
