@@ -171,14 +171,14 @@ impl TransformerConfig {
         if self.num_attention_heads == 0 || self.num_kv_heads() == 0 {
             return bad("attention head count is zero".into());
         }
-        if self.num_attention_heads % self.num_kv_heads() != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_kv_heads()) {
             return bad(format!(
                 "{} attention heads are not a multiple of {} key/value heads",
                 self.num_attention_heads,
                 self.num_kv_heads()
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return bad(format!("head dimension {} is odd", self.head_dim()));
         }
         Ok(self)

@@ -53,7 +53,18 @@ pub struct LoadedModel {
 
 /// Loads a `.gguf` file.
 pub fn load_gguf(path: &Path) -> Result<LoadedModel> {
-    let gguf = GgufWeights::open(path)?;
+    open_gguf(path, false)
+}
+
+/// Loads a `.gguf` file with every weight dequantized to f32 and run as dense f32 matmuls:
+/// several times larger and slower, but free of activation quantization, so its logits can be
+/// compared tightly with an f32 reference (transformers) to check the model math itself.
+pub fn load_gguf_f32(path: &Path) -> Result<LoadedModel> {
+    open_gguf(path, true)
+}
+
+fn open_gguf(path: &Path, dequantize: bool) -> Result<LoadedModel> {
+    let gguf = GgufWeights::open(path, dequantize)?;
     let cfg = TransformerConfig::from_gguf(gguf.metadata())?;
     let metadata = gguf.metadata().clone();
     let model = build(cfg, &mut WeightSource::Gguf(gguf))?;

@@ -32,7 +32,7 @@ struct Q8Block {
 
 impl Q4_1Matrix {
     pub fn new(rows: usize, cols: usize, data: Vec<u8>) -> Result<Self> {
-        if cols % BLOCK != 0 || data.len() != rows * cols / BLOCK * BLOCK_BYTES {
+        if !cols.is_multiple_of(BLOCK) || data.len() != rows * cols / BLOCK * BLOCK_BYTES {
             return Err(ModelError::BadConfig(format!(
                 "Q4_1 tensor of {rows}x{cols} has {} bytes",
                 data.len()

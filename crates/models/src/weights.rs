@@ -32,6 +32,8 @@ pub struct GgufWeights {
     path: PathBuf,
     file: File,
     content: gguf_file::Content,
+    /// Dequantize every tensor to f32 on load (see [`crate::load_gguf_f32`]).
+    dequantize: bool,
 }
 
 pub struct SafetensorsWeights {
@@ -43,10 +45,10 @@ pub struct SafetensorsWeights {
 
 impl GgufWeights {
     /// Reads the header of a GGUF file; tensor data is read on demand.
-    pub fn open(path: &Path) -> Result<Self> {
+    pub fn open(path: &Path, dequantize: bool) -> Result<Self> {
         let mut file = File::open(path).map_err(|source| ModelError::Io { path: path.into(), source })?;
         let content = gguf_file::Content::read(&mut file).map_err(|e| gguf_error(path, e))?;
-        Ok(Self { path: path.into(), file, content })
+        Ok(Self { path: path.into(), file, content, dequantize })
     }
 
     pub fn metadata(&self) -> &HashMap<String, gguf_file::Value> {
@@ -136,6 +138,7 @@ impl WeightSource {
                 }
                 let q = g.content.tensor(&mut g.file, name, &Device::Cpu).map_err(|e| gguf_error(&g.path, e))?;
                 match q.dtype() {
+                    _ if g.dequantize => Ok(Weight::Dense(q.dequantize(&Device::Cpu)?)),
                     GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Ok(Weight::Dense(q.dequantize(&Device::Cpu)?)),
                     _ => Ok(Weight::Quantized(Arc::new(q))),
                 }
