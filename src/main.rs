@@ -2,6 +2,7 @@
 
 mod bench;
 mod generate;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -26,6 +27,8 @@ enum Command {
     },
     /// Generate text from a prompt, printing it as it is produced.
     Generate(generate::GenerateArgs),
+    /// Serve the OpenAI API (pulls the default model on first run).
+    Serve(serve::ServeArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
 }
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         Command::Pull { name, list } => pull(name, list),
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -20,6 +20,7 @@ const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['
 /// A compiled chat template plus the special-token strings it is rendered with.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -51,7 +52,17 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         jinja_compat::install(&mut env);
         env.add_template_owned("chat_template", source.to_string())?;
-        Ok(Self { env, bos_token: bos_token.map(str::to_string), eos_token: eos_token.map(str::to_string) })
+        Ok(Self {
+            env,
+            source: source.to_string(),
+            bos_token: bos_token.map(str::to_string),
+            eos_token: eos_token.map(str::to_string),
+        })
+    }
+
+    /// The template text, e.g. to see whether it knows `<think>` blocks.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The ChatML template, for models that ship none.

@@ -26,6 +26,8 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` or the context limit was reached.
     Length,
+    /// The request was cancelled while running.
+    Cancelled,
 }
 
 /// Counts and timings of one generation.

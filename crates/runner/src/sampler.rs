@@ -205,6 +205,17 @@ impl Sampler {
     /// # Panics
     /// If `logits` is empty: a model always has a vocabulary.
     pub fn sample(&mut self, logits: &[f32]) -> SampledToken {
+        self.choose(logits, None)
+    }
+
+    /// Records `id` as the next token whatever the distribution says (the engine closing a
+    /// reasoning block), reporting its logprobs like a sampled token. It consumes one random
+    /// number like [`Sampler::sample`], so the tokens after it do not depend on which it was.
+    pub fn force(&mut self, logits: &[f32], id: u32) -> SampledToken {
+        self.choose(logits, Some(id))
+    }
+
+    fn choose(&mut self, logits: &[f32], forced: Option<u32>) -> SampledToken {
         assert!(!logits.is_empty(), "cannot sample from an empty vocabulary");
         // Drawn first and unconditionally, so the stream never depends on the filters.
         let u: f64 = self.rng.random();
@@ -220,10 +231,13 @@ impl Sampler {
         // f32 exp is twice as fast as f64 and exact enough per term; the sum needs f64.
         let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
         let log_norm = f64::from(max) + sum.ln();
-        let logprob = |id: u32| (f64::from(logits[id as usize]) - log_norm) as f32;
+        // A forced id past the logits (a special token outside the LM head) is impossible.
+        let logprob = |id: u32| logits.get(id as usize).map_or(f32::NEG_INFINITY, |&l| (f64::from(l) - log_norm) as f32);
 
         let greedy = degenerate || self.params.temperature == 0.0 || self.params.top_k == 1;
-        let id = if greedy {
+        let id = if let Some(id) = forced {
+            id
+        } else if greedy {
             best
         } else {
             draw(&candidates(&self.params, &logits, max), u).unwrap_or(best)
@@ -760,5 +774,28 @@ mod tests {
                 ..SamplingParams::default()
             }
         );
+    }
+
+    #[test]
+    fn forcing_reports_the_forced_token_and_keeps_the_random_stream_in_step() {
+        let logits = logits_of(&[0.5, 0.3, 0.2]);
+        let p = params(|p| {
+            p.temperature = 1.0;
+            p.top_logprobs = Some(2);
+        });
+        let mut forced = Sampler::new(p.clone(), &[]);
+        let token = forced.force(&logits, 2);
+        assert_eq!(token.id, 2);
+        assert!((f64::from(token.logprob) - 0.2f64.ln()).abs() < 1e-6);
+        assert_eq!(token.top_logprobs.iter().map(|t| t.0).collect::<Vec<_>>(), vec![0, 1]);
+        // An id outside the logits is impossible, not a panic.
+        assert_eq!(forced.force(&logits, 99).logprob, f32::NEG_INFINITY);
+        // Two forced steps used two random numbers, as two sampled steps would.
+        let mut sampled = Sampler::new(p, &[]);
+        sampled.sample(&logits);
+        sampled.sample(&logits);
+        let after: Vec<u32> = (0..20).map(|_| forced.sample(&logits).id).collect();
+        let expected: Vec<u32> = (0..20).map(|_| sampled.sample(&logits).id).collect();
+        assert_eq!(after, expected);
     }
 }

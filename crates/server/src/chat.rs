@@ -1,0 +1,271 @@
+//! `POST /v1/chat/completions`: messages → template → tokens → engine, answered as one
+//! `chat.completion` or as a stream of `chat.completion.chunk`s built from the same outputs.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, Stream, StreamExt};
+use serde_json::{json, Map, Value};
+use spindle_api::{
+    ApiError, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
+    ChatCompletionRequest, ChatDelta, ChatMessage, ChoiceLogprobs, Role, Usage,
+};
+use spindle_chat::{prompt_ends_in_reasoning, TemplateInput};
+use spindle_runner::{ReasoningBudget, ReasoningMode, SequenceSummary, TextDelta};
+
+use crate::error::{parse_json, HttpError};
+use crate::generation::{Generation, Output, Plan};
+use crate::request::{check_model, fit_max_tokens, new_id, runner_sampling, usage};
+use crate::state::{unix_now, AppState};
+
+const THINK_OPEN: &str = "<think>";
+const THINK_CLOSE: &str = "</think>";
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, HttpError> {
+    let request: ChatCompletionRequest = parse_json(&body?)?;
+    request.validate()?;
+    check_model(&state, request.model.as_deref())?;
+    let plan = plan(&state, &request)?;
+    let id = new_id("chatcmpl");
+    let generation = Generation::start(&state, &id, plan)?;
+    let head = ResponseHead { id, created: unix_now(), model: state.config.model_id.clone() };
+    if request.stream {
+        let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        Ok(Sse::new(chunk_stream(generation, head, include_usage)).into_response())
+    } else {
+        Ok(Json(collect(generation, head).await?).into_response())
+    }
+}
+
+/// Renders the prompt and decides everything the engine needs.
+fn plan(state: &AppState, request: &ChatCompletionRequest) -> Result<Plan, ApiError> {
+    let bundle = &state.bundle;
+    let tools: Vec<Value> = request.tools.iter().map(|t| json!(t)).collect();
+    let (prompt, thinking) = render_prompt(state, &request.messages, &tools, &request.chat_template_kwargs)?;
+    // The template writes BOS itself where the model wants one.
+    let prompt_ids = bundle.tokenizer.encode(&prompt, false).map_err(|e| ApiError::internal(e.to_string()))?;
+    let max_tokens = fit_max_tokens(state, prompt_ids.len(), request.max_output_tokens())?;
+
+    let reasoning = if thinking && bundle.template.source().contains(THINK_OPEN) {
+        ReasoningMode::ThinkTags { starts_inside: prompt_ends_in_reasoning(&prompt, THINK_OPEN, THINK_CLOSE) }
+    } else {
+        ReasoningMode::Off
+    };
+    let reasoning_budget = match reasoning {
+        ReasoningMode::Off => None,
+        ReasoningMode::ThinkTags { .. } => Some(ReasoningBudget {
+            max_tokens: request
+                .thinking_budget
+                .or(request.max_reasoning_tokens)
+                .map(|n| n as usize)
+                .or(state.config.thinking_budget),
+            close_ids: bundle
+                .tokenizer
+                .encode(&format!("\n{THINK_CLOSE}\n\n"), false)
+                .map_err(|e| ApiError::internal(e.to_string()))?,
+        }),
+    };
+    Ok(Plan {
+        prompt_ids,
+        max_tokens,
+        sampling: runner_sampling(&request.sampling),
+        stop_strings: request.sampling.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
+        reasoning,
+        reasoning_budget,
+        logprobs: request.logprobs.then(|| request.top_logprobs.unwrap_or(0) as usize),
+    })
+}
+
+/// The prompt text for `messages`, and whether thinking is on: the server's template kwargs,
+/// then the request's, then `--no-thinking` where neither says.
+pub(crate) fn render_prompt(
+    state: &AppState,
+    messages: &[ChatMessage],
+    tools: &[Value],
+    request_kwargs: &Map<String, Value>,
+) -> Result<(String, bool), ApiError> {
+    let mut kwargs = state.config.chat_template_kwargs.clone();
+    kwargs.extend(request_kwargs.clone());
+    if !state.config.thinking_default {
+        kwargs.entry("enable_thinking").or_insert(Value::Bool(false));
+    }
+    let thinking = kwargs.get("enable_thinking") != Some(&Value::Bool(false));
+    let messages: Vec<Value> = messages.iter().map(template_message).collect();
+    let prompt = state
+        .bundle
+        .template
+        .render(&TemplateInput {
+            messages: &messages,
+            tools: (!tools.is_empty()).then_some(tools),
+            add_generation_prompt: true,
+            extra: &kwargs,
+        })
+        .map_err(|e| ApiError::bad_request(format!("the chat template failed: {e}"), Some("messages")))?;
+    Ok((prompt, thinking))
+}
+
+/// A message as chat templates expect it: `developer` read as `system`, content as one string,
+/// tool-call arguments as the JSON object they encode (templates serialise them with `tojson`).
+fn template_message(message: &ChatMessage) -> Value {
+    let role = if message.role == "developer" { "system" } else { message.role.as_str() };
+    let mut out = Map::new();
+    out.insert("role".into(), json!(role));
+    out.insert("content".into(), message.content.as_ref().map_or(Value::Null, |c| json!(c.text())));
+    if let Some(name) = &message.name {
+        out.insert("name".into(), json!(name));
+    }
+    if !message.tool_calls.is_empty() {
+        let calls: Vec<Value> = message
+            .tool_calls
+            .iter()
+            .map(|call| {
+                let arguments = serde_json::from_str::<Value>(&call.function.arguments)
+                    .unwrap_or_else(|_| json!(call.function.arguments));
+                json!({"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": arguments}})
+            })
+            .collect();
+        out.insert("tool_calls".into(), Value::Array(calls));
+    }
+    if let Some(id) = &message.tool_call_id {
+        out.insert("tool_call_id".into(), json!(id));
+    }
+    if let Some(reasoning) = &message.reasoning_content {
+        out.insert("reasoning_content".into(), json!(reasoning));
+    }
+    Value::Object(out)
+}
+
+/// The fields every chunk and completion of one response repeat.
+struct ResponseHead {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl ResponseHead {
+    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatCompletionChunk {
+        ChatCompletionChunk {
+            id: self.id.clone(),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: None,
+            choices,
+            usage,
+        }
+    }
+}
+
+fn delta_choice(text: TextDelta, logprobs: Option<ChoiceLogprobs>) -> ChatChunkChoice {
+    let non_empty = |s: String| (!s.is_empty()).then_some(s);
+    ChatChunkChoice {
+        index: 0,
+        delta: ChatDelta { content: non_empty(text.content), reasoning_content: non_empty(text.reasoning), ..Default::default() },
+        logprobs,
+        finish_reason: None,
+    }
+}
+
+fn sse_json(value: &impl serde::Serialize) -> Event {
+    Event::default().data(serde_json::to_string(value).expect("response types serialise"))
+}
+
+/// The streamed response: a role chunk, a chunk per token that released text (or has
+/// logprobs), the finish chunk, the usage chunk when asked for, and `[DONE]`. Dropping the
+/// stream (the client went away) drops the generation, which cancels it in the engine.
+fn chunk_stream(
+    generation: Generation,
+    head: ResponseHead,
+    include_usage: bool,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let first = head.chunk(
+        vec![ChatChunkChoice {
+            index: 0,
+            delta: ChatDelta { role: Some(Role::Assistant), content: Some(String::new()), ..Default::default() },
+            logprobs: None,
+            finish_reason: None,
+        }],
+        None,
+    );
+    let opening = stream::iter([Ok(sse_json(&first))]);
+    let body = stream::unfold(Some((generation, head)), move |state| async move {
+        let (mut generation, head) = state?;
+        let events = match generation.next().await? {
+            Output::Text { delta, logprob } => {
+                if delta.is_empty() && logprob.is_none() {
+                    vec![]
+                } else {
+                    let logprobs = logprob.map(|lp| ChoiceLogprobs { content: vec![lp] });
+                    vec![sse_json(&head.chunk(vec![delta_choice(delta, logprobs)], None))]
+                }
+            }
+            Output::Done(summary) => finish_events(&head, summary, include_usage),
+            Output::Failed(error) => vec![sse_json(&error.to_response_body()), Event::default().data("[DONE]")],
+        };
+        Some((stream::iter(events.into_iter().map(Ok)), Some((generation, head))))
+    })
+    .flatten();
+    opening.chain(body)
+}
+
+fn finish_events(head: &ResponseHead, summary: SequenceSummary, include_usage: bool) -> Vec<Event> {
+    let mut events = Vec::new();
+    let usage = usage(&summary);
+    if !summary.tail.is_empty() {
+        events.push(sse_json(&head.chunk(vec![delta_choice(summary.tail, None)], None)));
+    }
+    let mut last = delta_choice(TextDelta::default(), None);
+    last.finish_reason = Some(crate::request::finish_reason(summary.finish_reason));
+    events.push(sse_json(&head.chunk(vec![last], None)));
+    if include_usage {
+        events.push(sse_json(&head.chunk(vec![], Some(usage))));
+    }
+    events.push(Event::default().data("[DONE]"));
+    events
+}
+
+/// The non-streamed response: the same outputs, concatenated.
+async fn collect(mut generation: Generation, head: ResponseHead) -> Result<ChatCompletion, ApiError> {
+    let (mut content, mut reasoning, mut logprobs) = (String::new(), String::new(), Vec::new());
+    loop {
+        match generation.next().await {
+            Some(Output::Text { delta, logprob }) => {
+                content.push_str(&delta.content);
+                reasoning.push_str(&delta.reasoning);
+                logprobs.extend(logprob);
+            }
+            Some(Output::Done(summary)) => {
+                content.push_str(&summary.tail.content);
+                reasoning.push_str(&summary.tail.reasoning);
+                let logprobs_requested = generation.reports_logprobs();
+                return Ok(ChatCompletion {
+                    id: head.id,
+                    created: head.created,
+                    model: head.model,
+                    system_fingerprint: None,
+                    choices: vec![ChatChoice {
+                        index: 0,
+                        message: AssistantMessage {
+                            content: Some(content),
+                            reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+                            tool_calls: vec![],
+                        },
+                        logprobs: logprobs_requested.then_some(ChoiceLogprobs { content: logprobs }),
+                        finish_reason: crate::request::finish_reason(summary.finish_reason),
+                    }],
+                    usage: usage(&summary),
+                });
+            }
+            Some(Output::Failed(error)) => return Err(error),
+            None => return Err(ApiError::internal("the engine ended the request without a result")),
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! `POST /v1/completions`: the legacy text-in, text-out endpoint (no template, no reasoning
+//! split), streamed or whole, with the legacy logprobs shape.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, Stream, StreamExt};
+use spindle_api::{
+    ApiError, Completion, CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest,
+    LegacyTopLogprobs, Prompt, TokenLogprob, DEFAULT_COMPLETION_MAX_TOKENS,
+};
+use spindle_runner::{ReasoningMode, SequenceSummary};
+
+use crate::error::{parse_json, HttpError};
+use crate::generation::{Generation, Output, Plan};
+use crate::request::{check_model, finish_reason, fit_max_tokens, new_id, runner_sampling, usage};
+use crate::state::{unix_now, AppState};
+
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, HttpError> {
+    let request: CompletionRequest = parse_json(&body?)?;
+    request.validate()?;
+    check_model(&state, request.model.as_deref())?;
+    if request.echo && request.logprobs.is_some() {
+        return Err(ApiError::bad_request("echo together with logprobs is not supported", Some("echo")).into());
+    }
+    let tokenizer = &state.bundle.tokenizer;
+    let prompt_ids = match &request.prompt {
+        Prompt::TokenIds(ids) => ids.clone(),
+        prompt => {
+            let text = prompt.as_text().ok_or_else(|| ApiError::bad_request("prompt must hold exactly one text", Some("prompt")))?;
+            tokenizer.encode(text, true).map_err(|e| ApiError::internal(e.to_string()))?
+        }
+    };
+    if prompt_ids.is_empty() {
+        return Err(ApiError::bad_request("the prompt is empty", Some("prompt")).into());
+    }
+    if let Some(bad) = prompt_ids.iter().find(|&&id| id as usize >= tokenizer.vocab_size()) {
+        return Err(ApiError::bad_request(format!("token id {bad} is outside the vocabulary"), Some("prompt")).into());
+    }
+    let echo = if request.echo { tokenizer.decode(&prompt_ids, false).map_err(|e| ApiError::internal(e.to_string()))? } else { String::new() };
+    let max_tokens = fit_max_tokens(&state, prompt_ids.len(), Some(request.max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS)))?;
+    let plan = Plan {
+        prompt_ids,
+        max_tokens,
+        sampling: runner_sampling(&request.sampling),
+        stop_strings: request.sampling.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
+        reasoning: ReasoningMode::Off,
+        reasoning_budget: None,
+        logprobs: request.logprobs.map(|n| n as usize),
+    };
+    let id = new_id("cmpl");
+    let generation = Generation::start(&state, &id, plan)?;
+    let head = Head { id, created: unix_now(), model: state.config.model_id.clone() };
+    if request.stream {
+        let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        Ok(Sse::new(chunk_stream(generation, head, echo, include_usage)).into_response())
+    } else {
+        Ok(Json(collect(generation, head, echo).await?).into_response())
+    }
+}
+
+struct Head {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Head {
+    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<spindle_api::Usage>) -> Event {
+        let chunk = CompletionChunk {
+            id: self.id.clone(),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: None,
+            choices,
+            usage,
+        };
+        Event::default().data(serde_json::to_string(&chunk).expect("response types serialise"))
+    }
+}
+
+/// Accumulates the legacy logprobs arrays; `text_offset` counts characters of the output.
+#[derive(Default)]
+struct LegacyLogprobs {
+    logprobs: CompletionLogprobs,
+    offset: u32,
+}
+
+impl LegacyLogprobs {
+    fn push(&mut self, lp: TokenLogprob, text: &str) {
+        self.logprobs.text_offset.push(self.offset);
+        self.offset += text.chars().count() as u32;
+        self.logprobs.tokens.push(lp.token);
+        self.logprobs.token_logprobs.push(Some(lp.logprob));
+        let top = lp.top_logprobs.into_iter().map(|t| (t.token, t.logprob)).collect();
+        self.logprobs.top_logprobs.push(Some(LegacyTopLogprobs(top)));
+    }
+}
+
+fn choice(text: String, logprobs: Option<CompletionLogprobs>, summary: Option<&SequenceSummary>) -> CompletionChoice {
+    CompletionChoice { text, index: 0, logprobs, finish_reason: summary.map(|s| finish_reason(s.finish_reason)) }
+}
+
+fn chunk_stream(generation: Generation, head: Head, echo: String, include_usage: bool) -> impl Stream<Item = Result<Event, Infallible>> {
+    let opening = (!echo.is_empty()).then(|| Ok(head.chunk(vec![choice(echo, None, None)], None)));
+    let body = stream::unfold(Some((generation, head)), move |state| async move {
+        let (mut generation, head) = state?;
+        let events = match generation.next().await? {
+            Output::Text { delta, logprob } => {
+                let mut logprobs = None;
+                if let Some(lp) = logprob {
+                    let mut legacy = LegacyLogprobs::default();
+                    legacy.push(lp, &delta.content);
+                    logprobs = Some(legacy.logprobs);
+                }
+                if delta.content.is_empty() && logprobs.is_none() {
+                    vec![]
+                } else {
+                    vec![head.chunk(vec![choice(delta.content, logprobs, None)], None)]
+                }
+            }
+            Output::Done(summary) => {
+                let mut events = vec![head.chunk(vec![choice(summary.tail.content.clone(), None, Some(&summary))], None)];
+                if include_usage {
+                    events.push(head.chunk(vec![], Some(usage(&summary))));
+                }
+                events.push(Event::default().data("[DONE]"));
+                events
+            }
+            Output::Failed(error) => vec![
+                Event::default().data(serde_json::to_string(&error.to_response_body()).expect("serialises")),
+                Event::default().data("[DONE]"),
+            ],
+        };
+        Some((stream::iter(events.into_iter().map(Ok)), Some((generation, head))))
+    })
+    .flatten();
+    stream::iter(opening).chain(body)
+}
+
+async fn collect(mut generation: Generation, head: Head, echo: String) -> Result<Completion, ApiError> {
+    let mut text = echo;
+    let mut legacy = LegacyLogprobs::default();
+    loop {
+        match generation.next().await {
+            Some(Output::Text { delta, logprob }) => {
+                if let Some(lp) = logprob {
+                    legacy.push(lp, &delta.content);
+                }
+                text.push_str(&delta.content);
+            }
+            Some(Output::Done(summary)) => {
+                text.push_str(&summary.tail.content);
+                let logprobs = generation.reports_logprobs().then_some(legacy.logprobs);
+                return Ok(Completion {
+                    id: head.id,
+                    created: head.created,
+                    model: head.model,
+                    system_fingerprint: None,
+                    choices: vec![choice(text, logprobs, Some(&summary))],
+                    usage: usage(&summary),
+                });
+            }
+            Some(Output::Failed(error)) => return Err(error),
+            None => return Err(ApiError::internal("the engine ended the request without a result")),
+        }
+    }
+}

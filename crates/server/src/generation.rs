@@ -1,0 +1,130 @@
+//! One request's generation as the handlers see it: submitted to the engine, then read back as
+//! [`Output`]s with logprobs in the OpenAI shape and latency metrics recorded on the way.
+//! Streaming and non-streaming responses both read this same sequence.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use spindle_api::{ApiError, TokenLogprob, TopLogprob};
+use spindle_chat::Tokenizer;
+use spindle_runner::sampler::{SampledToken, SamplingParams};
+use spindle_runner::{ReasoningBudget, ReasoningMode, SequenceEvent, SequenceRequest, SequenceSummary, TextDelta};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::state::{AppState, Ticket};
+
+/// Everything the engine needs for one request, decided by the endpoint.
+pub struct Plan {
+    pub prompt_ids: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop_strings: Vec<String>,
+    pub reasoning: ReasoningMode,
+    pub reasoning_budget: Option<ReasoningBudget>,
+    /// Report logprobs (with this many alternatives).
+    pub logprobs: Option<usize>,
+}
+
+/// What a response is built from, in order: text pieces, then one end.
+pub enum Output {
+    Text { delta: TextDelta, logprob: Option<TokenLogprob> },
+    Done(SequenceSummary),
+    Failed(ApiError),
+}
+
+pub struct Generation {
+    state: Arc<AppState>,
+    events: UnboundedReceiver<SequenceEvent>,
+    logprobs: bool,
+    started: Instant,
+    last_token: Option<Instant>,
+    /// Held until the response is dropped: frees the request's slot and cancel entry.
+    _ticket: Ticket,
+}
+
+impl Generation {
+    /// Admits the request (429 when full) and hands it to the engine.
+    pub fn start(state: &Arc<AppState>, id: &str, plan: Plan) -> Result<Self, ApiError> {
+        let ticket = state.admit(id)?;
+        let (events, receiver) = unbounded_channel();
+        let mut sampling = plan.sampling;
+        sampling.top_logprobs = plan.logprobs;
+        let request = SequenceRequest {
+            prompt_ids: plan.prompt_ids,
+            max_tokens: plan.max_tokens,
+            sampling,
+            stop_ids: state.bundle.tokenizer.eos_token_ids().to_vec(),
+            stop_strings: plan.stop_strings,
+            reasoning: plan.reasoning,
+            reasoning_budget: plan.reasoning_budget,
+            context: state.config.ctx_size,
+            cancel: ticket.cancel.clone(),
+            events,
+        };
+        state.engine.submit(request).map_err(|e| ApiError::internal(e.to_string()))?;
+        Ok(Self {
+            state: state.clone(),
+            events: receiver,
+            logprobs: plan.logprobs.is_some(),
+            started: Instant::now(),
+            last_token: None,
+            _ticket: ticket,
+        })
+    }
+
+    /// Whether outputs carry logprobs (the request asked for them).
+    pub fn reports_logprobs(&self) -> bool {
+        self.logprobs
+    }
+
+    /// The next output; `None` after the end has been returned.
+    pub async fn next(&mut self) -> Option<Output> {
+        let event = self.events.recv().await;
+        let metrics = &self.state.metrics;
+        Some(match event? {
+            SequenceEvent::Token { token, text, .. } => {
+                let now = Instant::now();
+                match self.last_token.replace(now) {
+                    None => metrics.time_to_first_token.observe((now - self.started).as_secs_f64()),
+                    Some(previous) => metrics.inter_token_latency.observe((now - previous).as_secs_f64()),
+                }
+                let logprob = self.logprobs.then(|| token_logprob(&self.state.bundle.tokenizer, &token));
+                Output::Text { delta: text, logprob }
+            }
+            SequenceEvent::Finished(summary) => {
+                metrics.prompt_tokens.inc_by(summary.prompt_tokens as u64);
+                metrics.generated_tokens.inc_by(summary.completion_tokens as u64);
+                metrics.cached_prompt_tokens.inc_by(summary.cached_tokens as u64);
+                self.events.close();
+                Output::Done(summary)
+            }
+            SequenceEvent::Failed(message) => {
+                self.events.close();
+                Output::Failed(ApiError::internal(message))
+            }
+        })
+    }
+}
+
+/// A sampled token in the OpenAI logprobs shape: its text, bytes and the top alternatives.
+fn token_logprob(tok: &Tokenizer, token: &SampledToken) -> TokenLogprob {
+    let entry = |id: u32, logprob: f32| {
+        let bytes = tok.token_bytes(id);
+        // JSON has no -inf; OpenAI reports impossible tokens as -9999.
+        (String::from_utf8_lossy(&bytes).into_owned(), logprob.max(-9999.0), bytes)
+    };
+    let (text, logprob, bytes) = entry(token.id, token.logprob);
+    TokenLogprob {
+        token: text,
+        logprob,
+        bytes,
+        top_logprobs: token
+            .top_logprobs
+            .iter()
+            .map(|&(id, lp)| {
+                let (token, logprob, bytes) = entry(id, lp);
+                TopLogprob { token, logprob, bytes }
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,45 @@
+//! The OpenAI-compatible HTTP server: routes, authentication, CORS, body limits and metrics
+//! around the engine. Handlers never touch the model: they render and tokenize, hand the
+//! request to the engine thread, and turn what comes back into JSON or server-sent events.
+
+mod chat;
+mod completions;
+mod error;
+mod generation;
+mod metrics;
+mod request;
+mod routes;
+mod state;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use spindle_runner::{Engine, EngineConfig, ModelBundle};
+
+pub use routes::router;
+pub use state::{AppState, ServerConfig};
+
+/// Prompt tokens run per engine turn: long enough to keep prefill efficient, short enough that
+/// decoding sequences beside it keep a steady pace.
+const PREFILL_CHUNK: usize = 256;
+
+/// Starts the engine thread for `bundle` and the state the routes share.
+pub fn start(config: ServerConfig, bundle: ModelBundle) -> Arc<AppState> {
+    let bundle = Arc::new(bundle);
+    let engine = Engine::start(
+        bundle.clone(),
+        EngineConfig { max_active: config.max_concurrent, prefill_chunk: PREFILL_CHUNK },
+    );
+    Arc::new(AppState::new(config, bundle, engine))
+}
+
+/// Serves on `listener` until the process ends (or until `shutdown` resolves).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let address: SocketAddr = listener.local_addr()?;
+    tracing::info!(%address, model = %state.config.model_id, "serving the OpenAI API");
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+}

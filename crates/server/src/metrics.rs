@@ -1,0 +1,75 @@
+//! Prometheus metrics at `GET /metrics`: request counts, queue depth, token counters, and
+//! time-to-first-token / inter-token latency histograms.
+
+use std::sync::atomic::Ordering;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use spindle_runner::EngineLoad;
+
+type Labels = Vec<(&'static str, String)>;
+
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<Labels, Counter>,
+    pub prompt_tokens: Counter,
+    pub generated_tokens: Counter,
+    pub cached_prompt_tokens: Counter,
+    pub time_to_first_token: Histogram,
+    pub inter_token_latency: Histogram,
+    queue_depth: Gauge,
+    running: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("spindle");
+        let requests = Family::<Labels, Counter>::default();
+        let prompt_tokens = Counter::default();
+        let generated_tokens = Counter::default();
+        let cached_prompt_tokens = Counter::default();
+        // 1 ms .. ~33 s, doubling: covers a cached decode step and a cold 8k-token prefill.
+        let time_to_first_token = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let inter_token_latency = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let queue_depth = Gauge::default();
+        let running = Gauge::default();
+        registry.register("requests", "HTTP requests by endpoint and status", requests.clone());
+        registry.register("prompt_tokens", "Prompt tokens processed", prompt_tokens.clone());
+        registry.register("generated_tokens", "Tokens generated", generated_tokens.clone());
+        registry.register("cached_prompt_tokens", "Prompt tokens served from the prefix cache", cached_prompt_tokens.clone());
+        registry.register("time_to_first_token_seconds", "Time from request to first token", time_to_first_token.clone());
+        registry.register("inter_token_latency_seconds", "Time between consecutive tokens", inter_token_latency.clone());
+        registry.register("queue_depth", "Requests waiting for the engine", queue_depth.clone());
+        registry.register("running_requests", "Sequences the engine is running", running.clone());
+        Self {
+            registry,
+            requests,
+            prompt_tokens,
+            generated_tokens,
+            cached_prompt_tokens,
+            time_to_first_token,
+            inter_token_latency,
+            queue_depth,
+            running,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn count_request(&self, endpoint: &str, status: u16) {
+        self.requests.get_or_create(&vec![("endpoint", endpoint.to_string()), ("status", status.to_string())]).inc();
+    }
+
+    /// The text exposition format, with the engine's gauges read now.
+    pub fn render(&self, load: &EngineLoad) -> String {
+        self.queue_depth.set(load.waiting.load(Ordering::Relaxed) as i64);
+        self.running.set(load.active.load(Ordering::Relaxed) as i64);
+        let mut text = String::new();
+        encode(&mut text, &self.registry).expect("writing to a String cannot fail");
+        text
+    }
+}

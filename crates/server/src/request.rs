@@ -1,0 +1,73 @@
+//! Request handling shared by the generation endpoints: the model check, fitting the output
+//! into the context, sampling defaults, ids, and usage.
+
+use spindle_api::{ApiError, FinishReason, SamplingParams, Usage};
+use spindle_runner::sampler::SamplingParams as RunnerSampling;
+use spindle_runner::SequenceSummary;
+
+use crate::state::AppState;
+
+/// 404 for a model this server does not serve. An absent or empty name means the one it does.
+pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(name) if !name.is_empty() && name != state.config.model_id => Err(ApiError {
+            code: Some("model_not_found".into()),
+            ..ApiError::not_found(format!(
+                "the model `{name}` does not exist; this server serves `{}`",
+                state.config.model_id
+            ))
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The output limit: what the client asked for, capped by the room the prompt leaves in the
+/// context; a prompt that leaves no room is a 400 `context_length_exceeded`.
+pub fn fit_max_tokens(state: &AppState, prompt_tokens: usize, requested: Option<u32>) -> Result<usize, ApiError> {
+    let context = state.config.ctx_size.min(state.bundle.model.config().max_position_embeddings);
+    if prompt_tokens >= context {
+        return Err(ApiError::context_length_exceeded(format!(
+            "the prompt is {prompt_tokens} tokens but the context holds {context}; shorten the messages"
+        )));
+    }
+    let room = context - prompt_tokens;
+    Ok(requested.map_or(room, |n| (n as usize).min(room)))
+}
+
+/// OpenAI's defaults where the request is silent: temperature 1, no filters, no penalties.
+pub fn runner_sampling(p: &SamplingParams) -> RunnerSampling {
+    let defaults = RunnerSampling::default();
+    RunnerSampling {
+        temperature: p.temperature.unwrap_or(defaults.temperature),
+        // vLLM's -1 and OpenAI's absent both mean no limit.
+        top_k: p.top_k.map_or(0, |k| k.max(0) as usize),
+        top_p: p.top_p.unwrap_or(defaults.top_p),
+        min_p: p.min_p.unwrap_or(defaults.min_p),
+        repetition_penalty: p.repetition_penalty.unwrap_or(defaults.repetition_penalty),
+        presence_penalty: p.presence_penalty.unwrap_or(defaults.presence_penalty),
+        frequency_penalty: p.frequency_penalty.unwrap_or(defaults.frequency_penalty),
+        // The wire type is signed; its bits seed the RNG, so every value is usable.
+        seed: p.seed.map(|s| s as u64),
+        top_logprobs: None,
+    }
+}
+
+/// A response id such as `chatcmpl-3f2a…`.
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}-{:032x}", rand::random::<u128>())
+}
+
+pub fn finish_reason(reason: spindle_runner::FinishReason) -> FinishReason {
+    match reason {
+        // OpenAI has no "cancelled"; a cancelled request ended where it was told to.
+        spindle_runner::FinishReason::Stop | spindle_runner::FinishReason::Cancelled => FinishReason::Stop,
+        spindle_runner::FinishReason::Length => FinishReason::Length,
+    }
+}
+
+pub fn usage(summary: &SequenceSummary) -> Usage {
+    let mut usage = Usage::new(summary.prompt_tokens as u32, summary.completion_tokens as u32);
+    usage.prompt_tokens_details.cached_tokens = summary.cached_tokens as u32;
+    usage.completion_tokens_details.reasoning_tokens = summary.reasoning_tokens as u32;
+    usage
+}

@@ -1,0 +1,132 @@
+//! The route table, the layers around it (CORS, API key, body limit, request counting), and the
+//! small endpoints: models, health, metrics, tokenize, detokenize, cancel.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
+use axum::http::{header, Method};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use spindle_api::{
+    ApiError, DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
+};
+use tower_http::cors::CorsLayer;
+
+use crate::chat::{chat_completions, render_prompt};
+use crate::completions::completions;
+use crate::error::{parse_json, HttpError};
+use crate::request::check_model;
+use crate::state::AppState;
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let api = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/chat/completions/{id}/cancel", post(cancel))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/tokenize", post(tokenize))
+        .route("/v1/detokenize", post(detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    Router::new()
+        .merge(api)
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        // Browser-based clients send a preflight OPTIONS first; it needs no key.
+        .layer(CorsLayer::permissive())
+        .with_state(state)
+}
+
+async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let Some(key) = &state.config.api_key else { return next.run(request).await };
+    if request.method() == Method::OPTIONS {
+        return next.run(request).await;
+    }
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key.as_str()) {
+        next.run(request).await
+    } else {
+        HttpError(ApiError::unauthorized("a valid API key is required: send `Authorization: Bearer <key>`")).into_response()
+    }
+}
+
+async fn count_requests(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let endpoint = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let response = next.run(request).await;
+    state.metrics.count_request(&endpoint, response.status().as_u16());
+    response
+}
+
+async fn not_found(request: Request) -> HttpError {
+    HttpError(ApiError::not_found(format!("no route for {} {}", request.method(), request.uri().path())))
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(json!({"status": "ok", "model": state.config.model_id}))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let text = state.metrics.render(state.engine.load());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
+    Json(ModelList {
+        data: vec![ModelCard { id: state.config.model_id.clone(), created: state.started, owned_by: "spindle".into() }],
+    })
+}
+
+async fn tokenize(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<TokenizeResponse>, HttpError> {
+    let request: TokenizeRequest = parse_json(&body?)?;
+    request.validate()?;
+    check_model(&state, request.model.as_deref())?;
+    let tokenizer = &state.bundle.tokenizer;
+    let tokens = if let Some(messages) = &request.messages {
+        let (prompt, _) = render_prompt(&state, messages, &[], &Default::default())?;
+        // The template already wrote the special tokens it wants.
+        tokenizer.encode(&prompt, request.add_special_tokens.unwrap_or(false))
+    } else {
+        tokenizer.encode(request.prompt.as_deref().unwrap_or_default(), request.add_special_tokens.unwrap_or(true))
+    }
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(Json(TokenizeResponse { count: tokens.len(), tokens, max_model_len: state.config.ctx_size }))
+}
+
+async fn detokenize(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<DetokenizeResponse>, HttpError> {
+    let request: DetokenizeRequest = parse_json(&body?)?;
+    check_model(&state, request.model.as_deref())?;
+    let tokenizer = &state.bundle.tokenizer;
+    if let Some(bad) = request.tokens.iter().find(|&&id| id as usize >= tokenizer.vocab_size()) {
+        return Err(ApiError::bad_request(format!("token id {bad} is outside the vocabulary"), Some("tokens")).into());
+    }
+    let prompt = tokenizer.decode(&request.tokens, false).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(Json(DetokenizeResponse { prompt }))
+}
+
+async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<serde_json::Value>, HttpError> {
+    if state.cancel(&id) {
+        Ok(Json(json!({"id": id, "object": "chat.completion.cancelled", "cancelled": true})))
+    } else {
+        Err(ApiError::not_found(format!("no request `{id}` is in flight")).into())
+    }
+}

@@ -1,0 +1,102 @@
+//! What every handler shares: the configuration, the engine handle, the tokenizer and template
+//! (through the model bundle), the metrics, and the in-flight requests that can be cancelled.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Map, Value};
+use spindle_api::ApiError;
+use spindle_runner::{Engine, ModelBundle};
+
+use crate::metrics::Metrics;
+
+/// How the server was started.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The id clients use in `model` (and see in `/v1/models`).
+    pub model_id: String,
+    /// When set, every `/v1` request needs `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// Sequences generating at once.
+    pub max_concurrent: usize,
+    /// Requests allowed to wait beyond those; more get 429.
+    pub max_queue: usize,
+    /// Positions per sequence (prompt + completion).
+    pub ctx_size: usize,
+    /// `--no-thinking`: thinking is off unless a request turns it on.
+    pub thinking_default: bool,
+    /// Default reasoning-token budget when a request names none.
+    pub thinking_budget: Option<usize>,
+    /// Template variables applied to every request (a request's own kwargs win).
+    pub chat_template_kwargs: Map<String, Value>,
+    /// Largest request body accepted (413 above).
+    pub max_body_bytes: usize,
+}
+
+pub struct AppState {
+    pub config: ServerConfig,
+    pub bundle: Arc<ModelBundle>,
+    pub engine: Engine,
+    pub metrics: Metrics,
+    /// Unix time the server started; reported as the model's `created`.
+    pub started: u64,
+    in_flight: AtomicUsize,
+    cancels: Mutex<HashMap<String, Arc<AtomicBool>>>,
+}
+
+impl AppState {
+    pub fn new(config: ServerConfig, bundle: Arc<ModelBundle>, engine: Engine) -> Self {
+        Self {
+            config,
+            bundle,
+            engine,
+            metrics: Metrics::default(),
+            started: unix_now(),
+            in_flight: AtomicUsize::new(0),
+            cancels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Admits one more request, or 429 when running and waiting requests are at their limit.
+    /// The ticket keeps its place until dropped and makes the request cancellable by id.
+    pub fn admit(self: &Arc<Self>, id: &str) -> Result<Ticket, ApiError> {
+        let limit = self.config.max_concurrent + self.config.max_queue;
+        let admitted = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+            .is_ok();
+        if !admitted {
+            return Err(ApiError::rate_limited(format!(
+                "the server is at its limit of {limit} requests in flight; retry shortly"
+            )));
+        }
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.cancels.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), cancel.clone());
+        Ok(Ticket { state: self.clone(), id: id.to_string(), cancel })
+    }
+
+    /// Raises the cancel flag of request `id`; false when no such request is in flight.
+    pub fn cancel(&self, id: &str) -> bool {
+        let cancels = self.cancels.lock().unwrap_or_else(|e| e.into_inner());
+        cancels.get(id).map(|flag| flag.store(true, Ordering::Relaxed)).is_some()
+    }
+}
+
+/// A request's place in flight; dropping it (finished, failed or the client gone) frees it.
+pub struct Ticket {
+    state: Arc<AppState>,
+    id: String,
+    pub cancel: Arc<AtomicBool>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.state.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.state.cancels.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+    }
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,136 @@
+//! A real server on a loopback port with the real default model (SmolLM2-135M-Instruct, pulled
+//! into `$SPINDLE_HOME` on first use), one per configuration, shared by the tests of a binary.
+
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use serde_json::{json, Value};
+use spindle_server::ServerConfig;
+
+/// ChatML with the assistant turn opened inside a `<think>` block, as Qwen3's template does; it
+/// turns SmolLM2 into a "thinking" model so the reasoning path runs on a real model.
+pub const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}";
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Setup {
+    Default,
+    ApiKey,
+    /// One running request and no queue, so a second is refused.
+    Tiny,
+    Thinking,
+    SmallContext,
+}
+
+pub const API_KEY: &str = "sk-test-key";
+
+/// The base URL of a running server for `setup`, started on first use.
+pub fn server(setup: Setup) -> String {
+    static SERVERS: OnceLock<Mutex<HashMap<Setup, String>>> = OnceLock::new();
+    let mut servers = SERVERS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    servers.entry(setup).or_insert_with(|| start(setup)).clone()
+}
+
+fn start(setup: Setup) -> String {
+    let files = spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true).expect("pull smollm2-135m");
+    let mut bundle = spindle_runner::ModelBundle::load(&files).expect("load smollm2-135m");
+    let mut config = ServerConfig {
+        model_id: "smollm2-135m".into(),
+        api_key: None,
+        max_concurrent: 4,
+        max_queue: 16,
+        ctx_size: 2048,
+        thinking_default: true,
+        thinking_budget: None,
+        chat_template_kwargs: Default::default(),
+        max_body_bytes: 64 * 1024,
+    };
+    match setup {
+        Setup::Default => {}
+        Setup::ApiKey => config.api_key = Some(API_KEY.into()),
+        Setup::Tiny => (config.max_concurrent, config.max_queue) = (1, 0),
+        Setup::Thinking => {
+            bundle.template = spindle_chat::ChatTemplate::new(THINKING_TEMPLATE, None, Some("<|im_end|>")).unwrap();
+        }
+        Setup::SmallContext => config.ctx_size = 64,
+    }
+    let state = spindle_server::start(config, bundle);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(format!("http://{}", listener.local_addr().unwrap())).unwrap();
+            spindle_server::serve(listener, state, std::future::pending()).await.unwrap();
+        });
+    });
+    rx.recv().unwrap()
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(std::time::Duration::from_secs(120)).build().unwrap()
+}
+
+/// A greedy chat request for one user message.
+pub fn chat_body(user: &str, max_tokens: u32) -> Value {
+    json!({
+        "model": "smollm2-135m",
+        "messages": [{"role": "user", "content": user}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    })
+}
+
+pub async fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
+    let response = client().post(format!("{base}{path}")).json(body).send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+}
+
+/// The `data:` payloads of a server-sent-event response, `[DONE]` included.
+pub async fn post_stream(base: &str, path: &str, body: &Value) -> Vec<String> {
+    let response = client().post(format!("{base}{path}")).json(body).send().await.unwrap();
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    let content_type = response.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(content_type.starts_with("text/event-stream"), "{content_type}");
+    sse_data(&response.text().await.unwrap())
+}
+
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data:")).map(|d| d.trim_start().to_string()))
+        .collect()
+}
+
+/// Content, reasoning and finish reason of a streamed chat response, checking the framing:
+/// a role chunk first, `[DONE]` last, one finish reason.
+pub struct Streamed {
+    pub content: String,
+    pub reasoning: String,
+    pub finish_reason: String,
+    pub chunks: Vec<Value>,
+    pub usage: Option<Value>,
+}
+
+pub fn parse_chat_stream(data: &[String]) -> Streamed {
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let mut out = Streamed { content: String::new(), reasoning: String::new(), finish_reason: String::new(), chunks: chunks.clone(), usage: None };
+    for chunk in &chunks {
+        assert_eq!(chunk["object"], "chat.completion.chunk");
+        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
+            out.usage = Some(usage.clone());
+        }
+        let Some(choice) = chunk["choices"].get(0) else { continue };
+        out.content.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+        out.reasoning.push_str(choice["delta"]["reasoning_content"].as_str().unwrap_or(""));
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            assert!(out.finish_reason.is_empty(), "two finish reasons");
+            out.finish_reason = reason.to_string();
+        }
+    }
+    out
+}

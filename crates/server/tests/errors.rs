@@ -1,0 +1,153 @@
+//! Bad input gets the OpenAI error object with the right status, and never disturbs the
+//! server: every test ends by checking that a good request still works.
+
+mod common;
+
+use common::{chat_body, client, post, server, Setup, API_KEY};
+use serde_json::{json, Value};
+
+async fn raw(base: &str, path: &str, body: &str) -> (u16, Value) {
+    let response = client()
+        .post(format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}")))
+}
+
+fn assert_error(status: u16, body: &Value, expected_status: u16, needle: &str) {
+    assert_eq!(status, expected_status, "{body}");
+    let error = &body["error"];
+    assert!(error["message"].as_str().unwrap().contains(needle), "{needle:?} not in {body}");
+    assert!(error["type"].is_string(), "{body}");
+    assert!(error.get("param").is_some() && error.get("code").is_some(), "{body}");
+}
+
+async fn still_serves(base: &str) {
+    let (status, body) = post(base, "/v1/chat/completions", &chat_body("Hi", 2)).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test]
+async fn malformed_and_invalid_requests_are_400_naming_the_problem() {
+    let base = server(Setup::Default);
+    let cases: &[(&str, &str)] = &[
+        ("{\"messages\": [", "malformed JSON"),
+        ("{\"model\": \"smollm2-135m\"}", "messages"),
+        ("{\"messages\": []}", "messages must not be empty"),
+        ("{\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}", "wizard"),
+        ("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": \"hot\"}", "invalid"),
+        ("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": -3}", "invalid"),
+        ("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop"),
+        ("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": true, \"top_logprobs\": 21}", "top_logprobs"),
+        ("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": 3}", "temperature"),
+        ("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"n\": 2}", "n"),
+    ];
+    for (body, needle) in cases {
+        let (status, response) = raw(&base, "/v1/chat/completions", body).await;
+        assert_error(status, &response, 400, needle);
+    }
+    let (status, response) = raw(&base, "/v1/completions", "{\"prompt\": 5}").await;
+    assert_error(status, &response, 400, "invalid");
+    still_serves(&base).await;
+}
+
+#[tokio::test]
+async fn unknown_model_and_route_are_404() {
+    let base = server(Setup::Default);
+    let mut body = chat_body("Hi", 2);
+    body["model"] = json!("gpt-17");
+    let (status, response) = post(&base, "/v1/chat/completions", &body).await;
+    assert_error(status, &response, 404, "gpt-17");
+    assert_eq!(response["error"]["code"], "model_not_found");
+    let (status, response) = post(&base, "/v1/nothing-here", &json!({})).await;
+    assert_error(status, &response, 404, "/v1/nothing-here");
+}
+
+#[tokio::test]
+async fn a_prompt_longer_than_the_context_is_context_length_exceeded() {
+    let base = server(Setup::SmallContext);
+    let long = "word ".repeat(200);
+    let (status, response) = post(&base, "/v1/chat/completions", &chat_body(&long, 2)).await;
+    assert_error(status, &response, 400, "context");
+    assert_eq!(response["error"]["code"], "context_length_exceeded");
+    let (status, response) = post(&base, "/v1/completions", &json!({"prompt": long})).await;
+    assert_error(status, &response, 400, "context");
+    // max_tokens beyond the room left is clipped, not refused.
+    let (status, response) = post(&base, "/v1/chat/completions", &chat_body("Hi", 5000)).await;
+    assert_eq!(status, 200, "{response}");
+}
+
+#[tokio::test]
+async fn an_oversize_body_is_413() {
+    let base = server(Setup::Default);
+    let huge = chat_body(&"x".repeat(100 * 1024), 2);
+    let (status, response) = post(&base, "/v1/chat/completions", &huge).await;
+    assert_error(status, &response, 413, "larger");
+    still_serves(&base).await;
+}
+
+#[tokio::test]
+async fn the_api_key_is_required_when_set() {
+    let base = server(Setup::ApiKey);
+    let (status, response) = post(&base, "/v1/chat/completions", &chat_body("Hi", 2)).await;
+    assert_error(status, &response, 401, "API key");
+    let wrong = client()
+        .get(format!("{base}/v1/models"))
+        .bearer_auth("sk-wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let right = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(API_KEY)
+        .json(&chat_body("Hi", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(right.status(), 200);
+    // Health and the CORS preflight need no key.
+    assert_eq!(client().get(format!("{base}/health")).send().await.unwrap().status(), 200);
+    let preflight = client()
+        .request(reqwest::Method::OPTIONS, format!("{base}/v1/chat/completions"))
+        .header("origin", "http://localhost:3000")
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "authorization, content-type")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(preflight.status(), 200);
+    assert!(preflight.headers().contains_key("access-control-allow-origin"));
+}
+
+#[tokio::test]
+async fn a_full_queue_is_429_with_retry_after() {
+    let base = server(Setup::Tiny);
+    // Hold the only slot with a long streamed generation.
+    let mut body = chat_body("Write a long essay about the history of Rome.", 2000);
+    body["stream"] = json!(true);
+    let mut holder = client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(holder.status(), 200);
+    holder.chunk().await.unwrap().expect("first chunk");
+    let refused = client().post(format!("{base}/v1/chat/completions")).json(&chat_body("Hi", 2)).send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+    // Dropping the stream frees the slot.
+    drop(holder);
+    let mut status = 0;
+    for _ in 0..100 {
+        status = client().post(format!("{base}/v1/chat/completions")).json(&chat_body("Hi", 2)).send().await.unwrap().status().as_u16();
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, 200);
+}

@@ -1,0 +1,126 @@
+//! Reasoning on a real model: SmolLM2 behind a template that opens `<think>` in the prompt (as
+//! Qwen3's does), so the opening tag is never generated and the block must be closed by the
+//! model or by the engine's budget.
+
+mod common;
+
+use common::{chat_body, parse_chat_stream, post, post_stream, server, Setup};
+use serde_json::{json, Value};
+
+const QUESTION: &str = "What is the capital of Japan?";
+
+fn message(response: &Value) -> (String, String) {
+    let m = &response["choices"][0]["message"];
+    (m["content"].as_str().unwrap_or("").to_string(), m["reasoning_content"].as_str().unwrap_or("").to_string())
+}
+
+fn assert_no_tags(text: &str) {
+    assert!(!text.contains("<think>") && !text.contains("</think>"), "tag leaked: {text:?}");
+}
+
+/// Tokens of the close tag the engine forces.
+async fn close_tag_tokens(base: &str) -> u64 {
+    let (_, tokens) = post(base, "/v1/tokenize", &json!({"prompt": "\n</think>\n\n", "add_special_tokens": false})).await;
+    tokens["count"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn a_small_max_tokens_still_leaves_an_answer() {
+    let base = server(Setup::Thinking);
+    let close = close_tag_tokens(&base).await;
+    // SmolLM2 answers the question inside the block and ends there: the engine closes the block
+    // instead. The essay rambles on in the block until a quarter of max_tokens is left.
+    for question in [QUESTION, "Write a long essay about the history of Rome."] {
+        let (status, response) = post(&base, "/v1/chat/completions", &chat_body(question, 50)).await;
+        assert_eq!(status, 200, "{response}");
+        let (content, reasoning) = message(&response);
+        assert!(!reasoning.is_empty(), "{response}");
+        assert!(!content.trim().is_empty(), "thinking ate the whole budget: {response}");
+        assert_no_tags(&content);
+        assert_no_tags(&reasoning);
+        let usage = &response["usage"];
+        let reasoning_tokens = usage["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap();
+        assert!(reasoning_tokens > close && reasoning_tokens < usage["completion_tokens"].as_u64().unwrap());
+        // Content got at least a quarter of max_tokens to work with.
+        assert!(reasoning_tokens <= 50 - 50 / 4, "{usage}");
+    }
+}
+
+#[tokio::test]
+async fn the_thinking_budget_closes_the_block() {
+    let base = server(Setup::Thinking);
+    let close = close_tag_tokens(&base).await;
+    let (_, free) = post(&base, "/v1/chat/completions", &chat_body(QUESTION, 200)).await;
+    let unlimited = free["usage"]["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap();
+    for field in ["thinking_budget", "max_reasoning_tokens"] {
+        let mut body = chat_body(QUESTION, 200);
+        body[field] = json!(3);
+        let (_, response) = post(&base, "/v1/chat/completions", &body).await;
+        let (content, reasoning) = message(&response);
+        let reasoning_tokens = response["usage"]["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap();
+        // 3 budget tokens, then the forced close tag (the newlines after it are content).
+        assert!((4..=3 + close).contains(&reasoning_tokens), "{field}: {response}");
+        assert!(reasoning_tokens < unlimited, "{field}: the budget did not bind");
+        assert!(!reasoning.is_empty() && !content.trim().is_empty(), "{field}: {response}");
+        assert_no_tags(&content);
+    }
+}
+
+#[tokio::test]
+async fn streaming_splits_reasoning_the_same_way() {
+    let base = server(Setup::Thinking);
+    let mut body = chat_body(QUESTION, 60);
+    body["thinking_budget"] = json!(12);
+    let (_, whole) = post(&base, "/v1/chat/completions", &body).await;
+    body["stream"] = json!(true);
+    let streamed = parse_chat_stream(&post_stream(&base, "/v1/chat/completions", &body).await);
+    let (content, reasoning) = message(&whole);
+    assert_eq!(streamed.content, content);
+    assert_eq!(streamed.reasoning, reasoning);
+    // No chunk carries a tag, and none mixes the two kinds inside a tag.
+    for chunk in &streamed.chunks {
+        for field in ["content", "reasoning_content"] {
+            assert_no_tags(chunk["choices"].get(0).and_then(|c| c["delta"][field].as_str()).unwrap_or(""));
+        }
+    }
+}
+
+#[tokio::test]
+async fn enable_thinking_false_gives_content_only() {
+    let base = server(Setup::Thinking);
+    let mut body = chat_body(QUESTION, 30);
+    body["chat_template_kwargs"] = json!({"enable_thinking": false});
+    let (_, response) = post(&base, "/v1/chat/completions", &body).await;
+    let (content, reasoning) = message(&response);
+    assert!(reasoning.is_empty(), "{response}");
+    assert!(response["choices"][0]["message"].get("reasoning_content").is_none());
+    assert!(!content.is_empty());
+    assert_eq!(response["usage"]["completion_tokens_details"]["reasoning_tokens"], 0);
+}
+
+#[tokio::test]
+async fn a_stop_string_inside_reasoning_keeps_both_fields_clean() {
+    let base = server(Setup::Thinking);
+    let (_, free) = post(&base, "/v1/chat/completions", &chat_body(QUESTION, 50)).await;
+    let (_, reasoning) = message(&free);
+    let words: Vec<&str> = reasoning.split_whitespace().collect();
+    assert!(words.len() >= 3, "{free}");
+    let stop = words[2];
+    let mut body = chat_body(QUESTION, 50);
+    body["stop"] = json!([stop]);
+    for stream in [false, true] {
+        body["stream"] = json!(stream);
+        let (content, cut) = if stream {
+            let s = parse_chat_stream(&post_stream(&base, "/v1/chat/completions", &body).await);
+            assert_eq!(s.finish_reason, "stop");
+            (s.content, s.reasoning)
+        } else {
+            let (_, response) = post(&base, "/v1/chat/completions", &body).await;
+            assert_eq!(response["choices"][0]["finish_reason"], "stop");
+            message(&response)
+        };
+        assert_eq!(cut, reasoning[..reasoning.find(stop).unwrap()], "stream={stream}");
+        assert!(content.is_empty());
+        assert_no_tags(&cut);
+    }
+}

@@ -1,0 +1,96 @@
+//! `spindle serve`: load the model, start the engine thread, serve the OpenAI API.
+
+use anyhow::Context;
+use clap::Args;
+use spindle_runner::ModelBundle;
+use spindle_server::ServerConfig;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Catalogue name, .gguf file, or folder with config.json + safetensors + tokenizer.json.
+    #[arg(long, default_value = spindle_hub::DEFAULT_MODEL)]
+    model: String,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require `Authorization: Bearer <KEY>` on /v1 routes.
+    #[arg(long, env = "SPINDLE_API_KEY")]
+    api_key: Option<String>,
+    /// Requests generating at once; more wait in a queue.
+    #[arg(long, default_value_t = 4)]
+    max_concurrent: usize,
+    /// Requests allowed to wait; beyond that the server answers 429.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Context size per request in tokens (prompt + completion).
+    #[arg(long, default_value_t = 8192)]
+    ctx_size: usize,
+    /// Turn thinking off unless a request enables it (`chat_template_kwargs.enable_thinking`).
+    #[arg(long)]
+    no_thinking: bool,
+    /// Default reasoning-token budget per request.
+    #[arg(long)]
+    thinking_budget: Option<usize>,
+    /// Template variables for every request, as a JSON object.
+    #[arg(long)]
+    chat_template_kwargs: Option<String>,
+    /// A Jinja chat template file that replaces the model's own.
+    #[arg(long)]
+    chat_template: Option<std::path::PathBuf>,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 16 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// CPU threads for the kernels (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    crate::set_threads(args.threads);
+    let chat_template_kwargs = match &args.chat_template_kwargs {
+        Some(text) => serde_json::from_str(text).context("--chat-template-kwargs is not a JSON object")?,
+        None => serde_json::Map::new(),
+    };
+    let files = spindle_hub::resolve(&args.model, &spindle_hub::spindle_home(), true)?;
+    let mut bundle = ModelBundle::load(&files)?;
+    if let Some(path) = &args.chat_template {
+        let source = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        bundle.template = spindle_chat::ChatTemplate::new(&source, bundle.tokenizer.bos_token(), bundle.tokenizer.eos_token())?;
+    }
+    let config = ServerConfig {
+        model_id: model_id(&args.model),
+        api_key: args.api_key,
+        max_concurrent: args.max_concurrent.max(1),
+        max_queue: args.max_queue,
+        ctx_size: args.ctx_size,
+        thinking_default: !args.no_thinking,
+        thinking_budget: args.thinking_budget,
+        chat_template_kwargs,
+        max_body_bytes: args.max_body_bytes,
+    };
+    let state = spindle_server::start(config, bundle);
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+        eprintln!("listening on http://{}", listener.local_addr()?);
+        spindle_server::serve(listener, state, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+        Ok(())
+    })
+}
+
+/// The name clients use: the catalogue name, or a path's file or folder name.
+fn model_id(spec: &str) -> String {
+    let path = std::path::Path::new(spec);
+    if path.exists() {
+        if let Some(name) = path.file_stem().and_then(|n| n.to_str()) {
+            return name.to_string();
+        }
+    }
+    spec.to_string()
+}
