@@ -99,6 +99,18 @@ async fn enable_thinking_false_gives_content_only() {
 }
 
 #[tokio::test]
+async fn no_thinking_turns_it_off_unless_a_request_turns_it_on() {
+    let base = server(Setup::NoThinking);
+    let (_, off) = post(&base, "/v1/chat/completions", &chat_body(QUESTION, 30)).await;
+    assert!(message(&off).1.is_empty(), "{off}");
+    assert!(!message(&off).0.is_empty(), "{off}");
+    let mut body = chat_body(QUESTION, 30);
+    body["chat_template_kwargs"] = json!({"enable_thinking": true});
+    let (_, on) = post(&base, "/v1/chat/completions", &body).await;
+    assert!(!message(&on).1.is_empty(), "{on}");
+}
+
+#[tokio::test]
 async fn a_stop_string_inside_reasoning_keeps_both_fields_clean() {
     let base = server(Setup::Thinking);
     let (_, free) = post(&base, "/v1/chat/completions", &chat_body(QUESTION, 50)).await;

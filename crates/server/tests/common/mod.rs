@@ -20,6 +20,8 @@ pub enum Setup {
     /// One running request and no queue, so a second is refused.
     Tiny,
     Thinking,
+    /// The thinking template behind `--no-thinking`.
+    NoThinking,
     SmallContext,
 }
 
@@ -50,8 +52,9 @@ fn start(setup: Setup) -> String {
         Setup::Default => {}
         Setup::ApiKey => config.api_key = Some(API_KEY.into()),
         Setup::Tiny => (config.max_concurrent, config.max_queue) = (1, 0),
-        Setup::Thinking => {
+        Setup::Thinking | Setup::NoThinking => {
             bundle.template = spindle_chat::ChatTemplate::new(THINKING_TEMPLATE, None, Some("<|im_end|>")).unwrap();
+            config.thinking_default = setup == Setup::Thinking;
         }
         Setup::SmallContext => config.ctx_size = 64,
     }
