@@ -21,6 +21,7 @@ use spindle_runner::{ReasoningBudget, ReasoningMode, SequenceSummary, TextDelta}
 
 use crate::error::{parse_json, HttpError};
 use crate::generation::{Generation, Output, Plan};
+use crate::sse::{done_event, event_stream, json_event};
 use crate::request::{check_model, fit_max_tokens, new_id, runner_sampling, usage};
 use crate::state::{unix_now, AppState};
 
@@ -174,13 +175,8 @@ fn delta_choice(text: TextDelta, logprobs: Option<ChoiceLogprobs>) -> ChatChunkC
     }
 }
 
-fn sse_json(value: &impl serde::Serialize) -> Event {
-    Event::default().data(serde_json::to_string(value).expect("response types serialise"))
-}
-
 /// The streamed response: a role chunk, a chunk per token that released text (or has
-/// logprobs), the finish chunk, the usage chunk when asked for, and `[DONE]`. Dropping the
-/// stream (the client went away) drops the generation, which cancels it in the engine.
+/// logprobs), the finish chunk, the usage chunk when asked for, and `[DONE]`.
 fn chunk_stream(
     generation: Generation,
     head: ResponseHead,
@@ -195,77 +191,54 @@ fn chunk_stream(
         }],
         None,
     );
-    let opening = stream::iter([Ok(sse_json(&first))]);
-    let body = stream::unfold(Some((generation, head)), move |state| async move {
-        let (mut generation, head) = state?;
-        let events = match generation.next().await? {
-            Output::Text { delta, logprob } => {
-                if delta.is_empty() && logprob.is_none() {
-                    vec![]
-                } else {
-                    let logprobs = logprob.map(|lp| ChoiceLogprobs { content: vec![lp] });
-                    vec![sse_json(&head.chunk(vec![delta_choice(delta, logprobs)], None))]
-                }
-            }
-            Output::Done(summary) => finish_events(&head, summary, include_usage),
-            Output::Failed(error) => vec![sse_json(&error.to_response_body()), Event::default().data("[DONE]")],
-        };
-        Some((stream::iter(events.into_iter().map(Ok)), Some((generation, head))))
-    })
-    .flatten();
-    opening.chain(body)
+    let opening = stream::iter([Ok(json_event(&first))]);
+    opening.chain(event_stream(generation, move |output| match output {
+        Output::Text { delta, logprob } if !delta.is_empty() || logprob.is_some() => {
+            let logprobs = logprob.map(|lp| ChoiceLogprobs { content: vec![lp] });
+            vec![json_event(&head.chunk(vec![delta_choice(delta, logprobs)], None))]
+        }
+        Output::Done(summary) => finish_events(&head, summary, include_usage),
+        _ => vec![],
+    }))
 }
 
 fn finish_events(head: &ResponseHead, summary: SequenceSummary, include_usage: bool) -> Vec<Event> {
     let mut events = Vec::new();
     let usage = usage(&summary);
     if !summary.tail.is_empty() {
-        events.push(sse_json(&head.chunk(vec![delta_choice(summary.tail, None)], None)));
+        events.push(json_event(&head.chunk(vec![delta_choice(summary.tail, None)], None)));
     }
     let mut last = delta_choice(TextDelta::default(), None);
     last.finish_reason = Some(crate::request::finish_reason(summary.finish_reason));
-    events.push(sse_json(&head.chunk(vec![last], None)));
+    events.push(json_event(&head.chunk(vec![last], None)));
     if include_usage {
-        events.push(sse_json(&head.chunk(vec![], Some(usage))));
+        events.push(json_event(&head.chunk(vec![], Some(usage))));
     }
-    events.push(Event::default().data("[DONE]"));
+    events.push(done_event());
     events
 }
 
 /// The non-streamed response: the same outputs, concatenated.
-async fn collect(mut generation: Generation, head: ResponseHead) -> Result<ChatCompletion, ApiError> {
-    let (mut content, mut reasoning, mut logprobs) = (String::new(), String::new(), Vec::new());
-    loop {
-        match generation.next().await {
-            Some(Output::Text { delta, logprob }) => {
-                content.push_str(&delta.content);
-                reasoning.push_str(&delta.reasoning);
-                logprobs.extend(logprob);
-            }
-            Some(Output::Done(summary)) => {
-                content.push_str(&summary.tail.content);
-                reasoning.push_str(&summary.tail.reasoning);
-                let logprobs_requested = generation.reports_logprobs();
-                return Ok(ChatCompletion {
-                    id: head.id,
-                    created: head.created,
-                    model: head.model,
-                    system_fingerprint: None,
-                    choices: vec![ChatChoice {
-                        index: 0,
-                        message: AssistantMessage {
-                            content: Some(content),
-                            reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
-                            tool_calls: vec![],
-                        },
-                        logprobs: logprobs_requested.then_some(ChoiceLogprobs { content: logprobs }),
-                        finish_reason: crate::request::finish_reason(summary.finish_reason),
-                    }],
-                    usage: usage(&summary),
-                });
-            }
-            Some(Output::Failed(error)) => return Err(error),
-            None => return Err(ApiError::internal("the engine ended the request without a result")),
-        }
-    }
+async fn collect(generation: Generation, head: ResponseHead) -> Result<ChatCompletion, ApiError> {
+    let logprobs_requested = generation.reports_logprobs();
+    let whole = generation.collect().await?;
+    let reasoning = whole.text(|d| &d.reasoning);
+    let logprobs = whole.pieces.iter().filter_map(|(_, lp)| lp.clone()).collect();
+    Ok(ChatCompletion {
+        id: head.id,
+        created: head.created,
+        model: head.model,
+        system_fingerprint: None,
+        choices: vec![ChatChoice {
+            index: 0,
+            message: AssistantMessage {
+                content: Some(whole.text(|d| &d.content)),
+                reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+                tool_calls: vec![],
+            },
+            logprobs: logprobs_requested.then_some(ChoiceLogprobs { content: logprobs }),
+            finish_reason: crate::request::finish_reason(whole.summary.finish_reason),
+        }],
+        usage: usage(&whole.summary),
+    })
 }

@@ -19,6 +19,7 @@ use spindle_runner::{ReasoningMode, SequenceSummary};
 
 use crate::error::{parse_json, HttpError};
 use crate::generation::{Generation, Output, Plan};
+use crate::sse::{done_event, event_stream, json_event};
 use crate::request::{check_model, finish_reason, fit_max_tokens, new_id, runner_sampling, usage};
 use crate::state::{unix_now, AppState};
 
@@ -84,7 +85,7 @@ impl Head {
             choices,
             usage,
         };
-        Event::default().data(serde_json::to_string(&chunk).expect("response types serialise"))
+        json_event(&chunk)
     }
 }
 
@@ -112,66 +113,47 @@ fn choice(text: String, logprobs: Option<CompletionLogprobs>, summary: Option<&S
 
 fn chunk_stream(generation: Generation, head: Head, echo: String, include_usage: bool) -> impl Stream<Item = Result<Event, Infallible>> {
     let opening = (!echo.is_empty()).then(|| Ok(head.chunk(vec![choice(echo, None, None)], None)));
-    let body = stream::unfold(Some((generation, head)), move |state| async move {
-        let (mut generation, head) = state?;
-        let events = match generation.next().await? {
-            Output::Text { delta, logprob } => {
-                let mut logprobs = None;
-                if let Some(lp) = logprob {
-                    let mut legacy = LegacyLogprobs::default();
-                    legacy.push(lp, &delta.content);
-                    logprobs = Some(legacy.logprobs);
-                }
-                if delta.content.is_empty() && logprobs.is_none() {
-                    vec![]
-                } else {
-                    vec![head.chunk(vec![choice(delta.content, logprobs, None)], None)]
-                }
+    let body = event_stream(generation, move |output| match output {
+        Output::Text { delta, logprob } => {
+            let logprobs = logprob.map(|lp| {
+                let mut legacy = LegacyLogprobs::default();
+                legacy.push(lp, &delta.content);
+                legacy.logprobs
+            });
+            if delta.content.is_empty() && logprobs.is_none() {
+                vec![]
+            } else {
+                vec![head.chunk(vec![choice(delta.content, logprobs, None)], None)]
             }
-            Output::Done(summary) => {
-                let mut events = vec![head.chunk(vec![choice(summary.tail.content.clone(), None, Some(&summary))], None)];
-                if include_usage {
-                    events.push(head.chunk(vec![], Some(usage(&summary))));
-                }
-                events.push(Event::default().data("[DONE]"));
-                events
+        }
+        Output::Done(summary) => {
+            let mut events = vec![head.chunk(vec![choice(summary.tail.content.clone(), None, Some(&summary))], None)];
+            if include_usage {
+                events.push(head.chunk(vec![], Some(usage(&summary))));
             }
-            Output::Failed(error) => vec![
-                Event::default().data(serde_json::to_string(&error.to_response_body()).expect("serialises")),
-                Event::default().data("[DONE]"),
-            ],
-        };
-        Some((stream::iter(events.into_iter().map(Ok)), Some((generation, head))))
-    })
-    .flatten();
+            events.push(done_event());
+            events
+        }
+        Output::Failed(_) => vec![],
+    });
     stream::iter(opening).chain(body)
 }
 
-async fn collect(mut generation: Generation, head: Head, echo: String) -> Result<Completion, ApiError> {
-    let mut text = echo;
+async fn collect(generation: Generation, head: Head, echo: String) -> Result<Completion, ApiError> {
+    let logprobs_requested = generation.reports_logprobs();
+    let whole = generation.collect().await?;
     let mut legacy = LegacyLogprobs::default();
-    loop {
-        match generation.next().await {
-            Some(Output::Text { delta, logprob }) => {
-                if let Some(lp) = logprob {
-                    legacy.push(lp, &delta.content);
-                }
-                text.push_str(&delta.content);
-            }
-            Some(Output::Done(summary)) => {
-                text.push_str(&summary.tail.content);
-                let logprobs = generation.reports_logprobs().then_some(legacy.logprobs);
-                return Ok(Completion {
-                    id: head.id,
-                    created: head.created,
-                    model: head.model,
-                    system_fingerprint: None,
-                    choices: vec![choice(text, logprobs, Some(&summary))],
-                    usage: usage(&summary),
-                });
-            }
-            Some(Output::Failed(error)) => return Err(error),
-            None => return Err(ApiError::internal("the engine ended the request without a result")),
+    for (delta, logprob) in &whole.pieces {
+        if let Some(lp) = logprob {
+            legacy.push(lp.clone(), &delta.content);
         }
     }
+    Ok(Completion {
+        id: head.id,
+        created: head.created,
+        model: head.model,
+        system_fingerprint: None,
+        choices: vec![choice(echo + &whole.text(|d| &d.content), logprobs_requested.then_some(legacy.logprobs), Some(&whole.summary))],
+        usage: usage(&whole.summary),
+    })
 }

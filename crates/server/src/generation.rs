@@ -106,6 +106,35 @@ impl Generation {
     }
 }
 
+/// A whole generation, for a non-streamed response: each token's text and logprob in order,
+/// then the end (whose `tail` holds the text released last).
+pub struct Collected {
+    pub pieces: Vec<(TextDelta, Option<TokenLogprob>)>,
+    pub summary: SequenceSummary,
+}
+
+impl Collected {
+    /// All text of one kind, the tail included.
+    pub fn text(&self, kind: fn(&TextDelta) -> &str) -> String {
+        self.pieces.iter().map(|(delta, _)| kind(delta)).chain([kind(&self.summary.tail)]).collect()
+    }
+}
+
+impl Generation {
+    /// Reads the generation to its end.
+    pub async fn collect(mut self) -> Result<Collected, ApiError> {
+        let mut pieces = Vec::new();
+        loop {
+            match self.next().await {
+                Some(Output::Text { delta, logprob }) => pieces.push((delta, logprob)),
+                Some(Output::Done(summary)) => return Ok(Collected { pieces, summary }),
+                Some(Output::Failed(error)) => return Err(error),
+                None => return Err(ApiError::internal("the engine ended the request without a result")),
+            }
+        }
+    }
+}
+
 /// A sampled token in the OpenAI logprobs shape: its text, bytes and the top alternatives.
 fn token_logprob(tok: &Tokenizer, token: &SampledToken) -> TokenLogprob {
     let entry = |id: u32, logprob: f32| {

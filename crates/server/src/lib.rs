@@ -9,6 +9,7 @@ mod generation;
 mod metrics;
 mod request;
 mod routes;
+mod sse;
 mod state;
 
 use std::net::SocketAddr;
