@@ -14,6 +14,8 @@
 
 mod cache;
 mod config;
+#[allow(dead_code)] // wired into the Qwen3.5 / Qwen3-Next model next
+mod delta_rule;
 mod error;
 mod gemma3;
 mod layers;
