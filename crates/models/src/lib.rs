@@ -17,6 +17,8 @@ mod config;
 #[allow(dead_code)] // wired into the Qwen3.5 / Qwen3-Next model next
 mod delta_rule;
 mod error;
+#[allow(dead_code)] // wired into the Qwen3.5 / Qwen3-Next model next
+mod gated_deltanet;
 mod gemma3;
 mod layers;
 mod llama;

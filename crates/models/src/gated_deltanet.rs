@@ -1,0 +1,202 @@
+//! The Gated DeltaNet linear-attention layer of Qwen3-Next / Qwen3.5 (HF
+//! `Qwen3NextGatedDeltaNet`, `Qwen3_5MoeGatedDeltaNet`): input projections, a depthwise causal
+//! convolution over the last few positions, L2-normalised q/k, the gated delta rule, an
+//! RMS-norm gated by `silu(z)`, and the output projection.
+//!
+//! Its per-sequence state is a [`LinearAttentionState`]: the convolution window and the delta
+//! rule's matrices. It is a plain value: cloning it is a snapshot, and a sequence resumed from a
+//! snapshot continues exactly as the original would.
+
+use candle_core::{Device, Tensor};
+
+use crate::delta_rule::{self, DeltaHeads, DeltaInputs};
+use crate::error::Result;
+use crate::layers::Linear;
+
+/// Layer sizes, from the config.
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaNetShape {
+    pub heads: DeltaHeads,
+    pub conv_kernel: usize,
+    pub norm_eps: f64,
+}
+
+impl DeltaNetShape {
+    fn key_dim(&self) -> usize {
+        self.heads.k_heads * self.heads.k_dim
+    }
+
+    fn value_dim(&self) -> usize {
+        self.heads.v_heads * self.heads.v_dim
+    }
+
+    /// Channels through the convolution: q, k and v side by side.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+}
+
+/// One sequence's state in one linear-attention layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearAttentionState {
+    /// The last `conv_kernel - 1` convolution inputs, oldest first, `conv_channels` each.
+    pub conv: Vec<f32>,
+    /// The delta rule's `k_dim × v_dim` matrix per value head.
+    pub recurrent: Vec<f32>,
+}
+
+impl LinearAttentionState {
+    pub fn new(shape: &DeltaNetShape) -> Self {
+        Self {
+            conv: vec![0.0; (shape.conv_kernel - 1) * shape.conv_channels()],
+            recurrent: delta_rule::zero_state(&shape.heads),
+        }
+    }
+}
+
+/// The layer's weights, with the in-projections in the canonical split layout: q, k and v of
+/// all heads (`in_qkv`), then z, b and a.
+pub struct GatedDeltaNet {
+    pub shape: DeltaNetShape,
+    pub in_qkv: Linear,
+    pub in_z: Linear,
+    pub in_b: Linear,
+    pub in_a: Linear,
+    /// Depthwise convolution weights, `conv_channels × conv_kernel`.
+    pub conv_weight: Vec<f32>,
+    /// Per value head: `-exp(A_log)`, the decay rate.
+    pub neg_decay_rate: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    /// Weight of the gated RMS-norm over each head's output (`v_dim`).
+    pub norm_weight: Vec<f32>,
+    pub out: Linear,
+}
+
+impl GatedDeltaNet {
+    /// Runs `x` (tokens × hidden) after the positions `state` has seen, and moves the state on.
+    pub fn forward(&self, x: &Tensor, state: &mut LinearAttentionState) -> Result<Tensor> {
+        let s = &self.shape;
+        let tokens = x.dim(0)?;
+        let mut qkv = self.in_qkv.forward(x)?.to_vec2::<f32>()?.concat();
+        let z = self.in_z.forward(x)?.to_vec2::<f32>()?.concat();
+        let b = self.in_b.forward(x)?.to_vec2::<f32>()?.concat();
+        let a = self.in_a.forward(x)?.to_vec2::<f32>()?.concat();
+
+        causal_conv_silu(&mut qkv, &self.conv_weight, s.conv_channels(), s.conv_kernel, &mut state.conv);
+        let (key_dim, value_dim) = (s.key_dim(), s.value_dim());
+        let mut q = Vec::with_capacity(tokens * key_dim);
+        let mut k = Vec::with_capacity(tokens * key_dim);
+        let mut v = Vec::with_capacity(tokens * value_dim);
+        for row in qkv.chunks_exact(s.conv_channels()) {
+            q.extend_from_slice(&row[..key_dim]);
+            k.extend_from_slice(&row[key_dim..2 * key_dim]);
+            v.extend_from_slice(&row[2 * key_dim..]);
+        }
+        let scale = 1.0 / (s.heads.k_dim as f32).sqrt();
+        l2_normalize(&mut q, s.heads.k_dim, scale);
+        l2_normalize(&mut k, s.heads.k_dim, 1.0);
+        let v_heads = s.heads.v_heads;
+        let beta: Vec<f32> = b.iter().map(|&b| sigmoid(b)).collect();
+        let g: Vec<f32> = a
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| self.neg_decay_rate[i % v_heads] * softplus(a + self.dt_bias[i % v_heads]))
+            .collect();
+        let inputs = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
+        let mut core = if tokens == 1 {
+            delta_rule::recurrent(&s.heads, &inputs, &mut state.recurrent)
+        } else {
+            delta_rule::chunked(&s.heads, &inputs, &mut state.recurrent)
+        };
+        gated_rms_norm(&mut core, &z, &self.norm_weight, s.norm_eps as f32);
+        let core = Tensor::from_vec(core, (tokens, value_dim), &Device::Cpu)?;
+        self.out.forward(&core)
+    }
+}
+
+/// Depthwise causal convolution then SiLU, in place over `x` (tokens × channels), reading the
+/// positions before the first token from `window` and leaving the last `kernel - 1` inputs there.
+fn causal_conv_silu(x: &mut [f32], weight: &[f32], channels: usize, kernel: usize, window: &mut Vec<f32>) {
+    let history = kernel - 1;
+    let mut inputs = std::mem::take(window);
+    inputs.extend_from_slice(x);
+    let tokens = x.len() / channels;
+    for t in 0..tokens {
+        for c in 0..channels {
+            let taps = &weight[c * kernel..][..kernel];
+            let sum: f32 = (0..kernel).map(|i| taps[i] * inputs[(t + i) * channels + c]).sum();
+            x[t * channels + c] = sum * sigmoid(sum);
+        }
+    }
+    *window = inputs.split_off(inputs.len() - history * channels);
+}
+
+/// Scales each `dim`-sized row to unit L2 norm (eps 1e-6 inside the root, as FLA), times `scale`.
+fn l2_normalize(x: &mut [f32], dim: usize, scale: f32) {
+    for row in x.chunks_exact_mut(dim) {
+        let inv = scale / (row.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
+        row.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+/// Per head: RMS-normalise, scale by `weight`, multiply by `silu(z)`.
+fn gated_rms_norm(x: &mut [f32], z: &[f32], weight: &[f32], eps: f32) {
+    let dim = weight.len();
+    for (row, gate) in x.chunks_exact_mut(dim).zip(z.chunks_exact(dim)) {
+        let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / dim as f32 + eps).sqrt();
+        for ((v, &w), &g) in row.iter_mut().zip(weight).zip(gate) {
+            *v = *v * inv * w * g * sigmoid(g);
+        }
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `ln(1 + e^x)`, linear above 20 as torch's softplus.
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn convolution_streams_exactly_like_one_pass() {
+        let (channels, kernel) = (3, 4);
+        let weight: Vec<f32> = (0..channels * kernel).map(|i| (i as f32 * 0.37).sin()).collect();
+        let input: Vec<f32> = (0..10 * channels).map(|i| (i as f32 * 0.11).cos()).collect();
+        let mut whole = input.clone();
+        let mut window = vec![0.0; (kernel - 1) * channels];
+        causal_conv_silu(&mut whole, &weight, channels, kernel, &mut window);
+        let mut streamed = Vec::new();
+        let mut window2 = vec![0.0; (kernel - 1) * channels];
+        for piece in [&input[..channels], &input[channels..7 * channels], &input[7 * channels..]] {
+            let mut piece = piece.to_vec();
+            causal_conv_silu(&mut piece, &weight, channels, kernel, &mut window2);
+            streamed.extend(piece);
+        }
+        assert_eq!(whole, streamed);
+        assert_eq!(window, window2);
+        assert_eq!(window, input[7 * channels..].to_vec());
+        // The first output only sees the first input: silu(w[last tap] * x).
+        let first = weight[kernel - 1] * input[0];
+        assert!((whole[0] - first * sigmoid(first)).abs() < 1e-7);
+    }
+
+    #[test]
+    fn gated_norm_normalises_then_gates() {
+        let mut x = vec![3.0, 4.0];
+        gated_rms_norm(&mut x, &[0.0, 10.0], &[1.0, 2.0], 0.0);
+        // rms = sqrt(12.5); gate silu(0) = 0, silu(10) ≈ 10.
+        assert_eq!(x[0], 0.0);
+        let expected = 4.0 / 12.5f32.sqrt() * 2.0 * 10.0 * sigmoid(10.0);
+        assert!((x[1] - expected).abs() < 1e-5);
+    }
+}
