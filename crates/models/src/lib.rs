@@ -22,6 +22,8 @@ mod gated_deltanet;
 mod gemma3;
 mod layers;
 mod llama;
+#[allow(dead_code)] // wired into the Qwen3.5 / Qwen3-Next model next
+mod moe;
 mod q4_1;
 mod weights;
 
