@@ -19,6 +19,8 @@ pub enum Architecture {
     Qwen2,
     /// Gemma 3: sandwich norms, q/k norms, interleaved sliding-window and global layers.
     Gemma3,
+    /// Qwen3-Next / Qwen3.5 / Qwen3.6: Gated DeltaNet and gated attention layers, MoE.
+    Qwen3Next,
 }
 
 impl Architecture {
@@ -27,6 +29,7 @@ impl Architecture {
             "llama" | "LlamaForCausalLM" | "mistral" | "MistralForCausalLM" => Ok(Self::Llama),
             "qwen2" | "Qwen2ForCausalLM" => Ok(Self::Qwen2),
             "gemma3" | "gemma3_text" | "Gemma3ForCausalLM" => Ok(Self::Gemma3),
+            "qwen3_next" | "qwen3_5_moe" | "qwen3_5_moe_text" | "qwen3_5" | "qwen3_5_text" => Ok(Self::Qwen3Next),
             other => Err(ModelError::UnknownArchitecture(other.to_string())),
         }
     }

@@ -14,17 +14,15 @@
 
 mod cache;
 mod config;
-#[allow(dead_code)] // wired into the Qwen3.5 / Qwen3-Next model next
 mod delta_rule;
 mod error;
-#[allow(dead_code)] // wired into the Qwen3.5 / Qwen3-Next model next
 mod gated_deltanet;
 mod gemma3;
 mod layers;
 mod llama;
-#[allow(dead_code)] // wired into the Qwen3.5 / Qwen3-Next model next
 mod moe;
 mod q4_1;
+mod qwen3_next;
 mod weights;
 
 use std::collections::HashMap;
@@ -81,6 +79,11 @@ fn open_gguf(path: &Path, dequantize: bool) -> Result<LoadedModel> {
 pub fn load_safetensors(dir: &Path) -> Result<LoadedModel> {
     let config_path = dir.join("config.json");
     let text = std::fs::read_to_string(&config_path).map_err(|source| ModelError::Io { path: config_path, source })?;
+    if let Some(hybrid) = qwen3_next::HybridConfig::detect(&text)? {
+        let source = SafetensorsWeights::open(dir, Architecture::Qwen3Next)?;
+        let model = Box::new(qwen3_next::Qwen3Next::load_safetensors(hybrid, &source)?);
+        return Ok(LoadedModel { model, gguf_metadata: None });
+    }
     let cfg = TransformerConfig::from_hf_json(&text)?;
     let source = SafetensorsWeights::open(dir, cfg.architecture)?;
     let model = build(cfg, &mut WeightSource::Safetensors(source))?;
@@ -91,5 +94,8 @@ fn build(cfg: TransformerConfig, weights: &mut WeightSource) -> Result<Box<dyn C
     Ok(match cfg.architecture {
         Architecture::Llama | Architecture::Qwen2 => Box::new(llama::Llama::load(cfg, weights)?),
         Architecture::Gemma3 => Box::new(gemma3::Gemma3::load(cfg, weights)?),
+        Architecture::Qwen3Next => {
+            return Err(ModelError::BadConfig("Qwen3-Next / Qwen3.5 GGUF files are not supported yet".into()))
+        }
     })
 }

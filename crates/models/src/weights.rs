@@ -87,6 +87,21 @@ impl SafetensorsWeights {
         Ok(Self { tensors, architecture, prefix: prefix.to_string() })
     }
 
+    /// The checkpoint tensor `name` under the model prefix (`layers.0.…`), or at the top level
+    /// for names outside it (`lm_head.weight`), as dense f32.
+    pub fn model_tensor(&self, name: &str) -> Result<Tensor> {
+        let key = self.model_key(name).ok_or_else(|| ModelError::MissingTensor(format!("{}{name}", self.prefix)))?;
+        Ok(self.tensors.load(&key, &Device::Cpu)?.to_dtype(DType::F32)?)
+    }
+
+    pub fn has_model_tensor(&self, name: &str) -> bool {
+        self.model_key(name).is_some()
+    }
+
+    fn model_key(&self, name: &str) -> Option<String> {
+        [format!("{}{name}", self.prefix), name.to_string()].into_iter().find(|k| self.tensors.get(k).is_ok())
+    }
+
     /// Translates a GGUF tensor name to the HF checkpoint key.
     fn hf_name(&self, gguf: &str) -> String {
         let p = &self.prefix;

@@ -1,0 +1,189 @@
+//! Hyper-parameters of the hybrid models from HF `config.json`: `qwen3_next`, `qwen3_5_moe`
+//! (its `text_config`), `qwen3_5_moe_text`, `qwen3_5` and `qwen3_5_text`.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::delta_rule::DeltaHeads;
+use crate::error::{ModelError, Result};
+use crate::gated_deltanet::DeltaNetShape;
+
+/// Which token mixer a layer has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mixer {
+    Linear,
+    Full,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct HybridConfig {
+    #[serde(skip)]
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default = "default_max_positions")]
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+    #[serde(default)]
+    full_attention_interval: Option<usize>,
+    pub linear_conv_kernel_dim: usize,
+    pub linear_key_head_dim: usize,
+    pub linear_value_head_dim: usize,
+    pub linear_num_key_heads: usize,
+    pub linear_num_value_heads: usize,
+    #[serde(default)]
+    pub num_experts: usize,
+    #[serde(default)]
+    pub num_experts_per_tok: usize,
+    #[serde(default)]
+    pub moe_intermediate_size: usize,
+    #[serde(default)]
+    norm_topk_prob: Option<bool>,
+    /// Width of the dense MLP (layers without experts).
+    #[serde(default)]
+    pub intermediate_size: Option<usize>,
+    #[serde(default = "one")]
+    decoder_sparse_step: usize,
+    #[serde(default)]
+    mlp_only_layers: Vec<usize>,
+    #[serde(default)]
+    rope_parameters: Option<RopeParameters>,
+    #[serde(default)]
+    rope_theta: Option<f64>,
+    #[serde(default)]
+    partial_rotary_factor: Option<f64>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+struct RopeParameters {
+    #[serde(default)]
+    rope_theta: Option<f64>,
+    #[serde(default)]
+    partial_rotary_factor: Option<f64>,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_max_positions() -> usize {
+    32768
+}
+fn one() -> usize {
+    1
+}
+
+/// `model_type`s of the hybrid family.
+const MODEL_TYPES: [&str; 5] = ["qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_text"];
+
+impl HybridConfig {
+    /// The config when `config.json` describes a hybrid model, `None` for any other model.
+    pub fn detect(text: &str) -> Result<Option<Self>> {
+        let root: Value = serde_json::from_str(text).map_err(|e| ModelError::BadConfig(e.to_string()))?;
+        let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or_default();
+        if MODEL_TYPES.contains(&model_type) {
+            Self::from_hf_json(text).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Parses a `config.json`, descending into `text_config` for multimodal wrappers.
+    pub fn from_hf_json(text: &str) -> Result<Self> {
+        let bad = |e: serde_json::Error| ModelError::BadConfig(e.to_string());
+        let root: Value = serde_json::from_str(text).map_err(bad)?;
+        let body = root.get("text_config").unwrap_or(&root);
+        let mut cfg: Self = serde_json::from_value(body.clone()).map_err(bad)?;
+        cfg.model_type = body
+            .get("model_type")
+            .or(root.get("model_type"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        cfg.validate()
+    }
+
+    fn validate(self) -> Result<Self> {
+        let bad = |m: String| Err(ModelError::BadConfig(m));
+        if self.linear_num_value_heads % self.linear_num_key_heads != 0 {
+            return bad(format!(
+                "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
+                self.linear_num_value_heads, self.linear_num_key_heads
+            ));
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return bad("num_attention_heads is not a multiple of num_key_value_heads".into());
+        }
+        if self.layer_types().len() != self.num_hidden_layers {
+            return bad(format!("layer_types has {} entries for {} layers", self.layer_types().len(), self.num_hidden_layers));
+        }
+        if self.num_experts > 0 && (self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts) {
+            return bad(format!("num_experts_per_tok {} with {} experts", self.num_experts_per_tok, self.num_experts));
+        }
+        Ok(self)
+    }
+
+    /// Qwen3-Next stores the in-projections fused per key-head group (`in_proj_qkvz`,
+    /// `in_proj_ba`); Qwen3.5 stores them split.
+    pub fn fused_in_projections(&self) -> bool {
+        self.model_type == "qwen3_next"
+    }
+
+    /// Layer `i`'s mixer: `layer_types`, else every `full_attention_interval`-th layer (4 by
+    /// default) is full attention.
+    pub fn layer_types(&self) -> Vec<Mixer> {
+        match &self.layer_types {
+            Some(types) => types.iter().map(|t| if t == "full_attention" { Mixer::Full } else { Mixer::Linear }).collect(),
+            None => {
+                let interval = self.full_attention_interval.unwrap_or(4).max(1);
+                (0..self.num_hidden_layers).map(|i| if (i + 1) % interval == 0 { Mixer::Full } else { Mixer::Linear }).collect()
+            }
+        }
+    }
+
+    /// Whether layer `i` has routed experts (otherwise a dense MLP).
+    pub fn is_moe_layer(&self, i: usize) -> bool {
+        self.num_experts > 0 && !self.mlp_only_layers.contains(&i) && (i + 1) % self.decoder_sparse_step.max(1) == 0
+    }
+
+    /// Qwen3.5 always renormalises the top-k router weights; Qwen3-Next when configured.
+    pub fn normalize_top_k(&self) -> bool {
+        self.norm_topk_prob.unwrap_or(true)
+    }
+
+    pub fn rope_theta(&self) -> f64 {
+        self.rope_parameters.as_ref().and_then(|r| r.rope_theta).or(self.rope_theta).unwrap_or(10_000.0)
+    }
+
+    /// Dimensions of each head that rotate (the rest pass through).
+    pub fn rotary_dim(&self) -> usize {
+        let factor = self
+            .rope_parameters
+            .as_ref()
+            .and_then(|r| r.partial_rotary_factor)
+            .or(self.partial_rotary_factor)
+            .unwrap_or(0.25);
+        (self.head_dim as f64 * factor) as usize
+    }
+
+    pub fn delta_net_shape(&self) -> DeltaNetShape {
+        DeltaNetShape {
+            heads: DeltaHeads {
+                k_heads: self.linear_num_key_heads,
+                v_heads: self.linear_num_value_heads,
+                k_dim: self.linear_key_head_dim,
+                v_dim: self.linear_value_head_dim,
+            },
+            conv_kernel: self.linear_conv_kernel_dim,
+            norm_eps: self.rms_norm_eps,
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Qwen3-Next / Qwen3.5 / Qwen3.6 hybrid decoder (HF `modeling_qwen3_next.py`,
+//! `modeling_qwen3_5_moe.py`): layers mix tokens either with Gated DeltaNet linear attention or
+//! with gated full attention (typically three linear layers, then one full), and feed forward
+//! through a sparse MoE with a shared expert (or a dense MLP). Every norm outside the DeltaNet
+//! is zero-centred (`x·(1+w)`).
+//!
+//! Per layer: `x += mixer(norm(x))`, then `x += ffn(norm(x))`.
+
+mod attention;
+mod config;
+
+use candle_core::{Device, Tensor};
+
+use crate::cache::SequenceCache;
+use crate::config::{Architecture, TransformerConfig};
+use crate::error::Result;
+use crate::gated_deltanet::{GatedDeltaNet, LinearAttentionState};
+use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
+use crate::moe::{Expert, SparseMoe};
+use crate::weights::{SafetensorsWeights, Weight};
+use crate::CausalLm;
+use attention::GatedAttention;
+pub use config::{HybridConfig, Mixer};
+
+enum TokenMixer {
+    Linear(GatedDeltaNet),
+    Full(GatedAttention),
+}
+
+enum FeedForward {
+    Moe(SparseMoe),
+    Dense(GatedMlp),
+}
+
+impl FeedForward {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Moe(moe) => moe.forward(x),
+            Self::Dense(mlp) => mlp.forward(x),
+        }
+    }
+}
+
+struct Layer {
+    input_norm: RmsNorm,
+    mixer: TokenMixer,
+    post_attention_norm: RmsNorm,
+    ffn: FeedForward,
+}
+
+pub struct Qwen3Next {
+    /// The dense-model view of the sizes, for [`CausalLm::config`].
+    summary: TransformerConfig,
+    cfg: HybridConfig,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    head: Linear,
+    rotary: Rotary,
+}
+
+impl Qwen3Next {
+    pub fn load_safetensors(cfg: HybridConfig, w: &SafetensorsWeights) -> Result<Self> {
+        let eps = cfg.rms_norm_eps;
+        let norm = |name: &str| RmsNorm::new_offset_by_one(w.model_tensor(name)?, eps);
+        let linear = |name: &str| dense_linear(w.model_tensor(name)?);
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for (i, kind) in cfg.layer_types().into_iter().enumerate() {
+            let p = format!("layers.{i}");
+            let mixer = match kind {
+                Mixer::Linear => TokenMixer::Linear(load_delta_net(&cfg, w, &format!("{p}.linear_attn"))?),
+                Mixer::Full => TokenMixer::Full(GatedAttention {
+                    q_and_gate: linear(&format!("{p}.self_attn.q_proj.weight"))?,
+                    k: linear(&format!("{p}.self_attn.k_proj.weight"))?,
+                    v: linear(&format!("{p}.self_attn.v_proj.weight"))?,
+                    o: linear(&format!("{p}.self_attn.o_proj.weight"))?,
+                    q_norm: norm(&format!("{p}.self_attn.q_norm.weight"))?,
+                    k_norm: norm(&format!("{p}.self_attn.k_norm.weight"))?,
+                    heads: cfg.num_attention_heads,
+                    kv_heads: cfg.num_key_value_heads,
+                    head_dim: cfg.head_dim,
+                    rotary_dim: cfg.rotary_dim(),
+                }),
+            };
+            let ffn = if cfg.is_moe_layer(i) {
+                FeedForward::Moe(load_moe(&cfg, w, &format!("{p}.mlp"))?)
+            } else {
+                FeedForward::Dense(mlp(w, &format!("{p}.mlp"))?)
+            };
+            layers.push(Layer {
+                input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
+                mixer,
+                post_attention_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
+                ffn,
+            });
+        }
+        let table = w.model_tensor("embed_tokens.weight")?;
+        let head = if !cfg.tie_word_embeddings && w.has_model_tensor("lm_head.weight") {
+            linear("lm_head.weight")?
+        } else {
+            dense_linear(table.clone())?
+        };
+        let summary = TransformerConfig {
+            architecture: Architecture::Qwen3Next,
+            vocab_size: cfg.vocab_size,
+            hidden_size: cfg.hidden_size,
+            intermediate_size: cfg.intermediate_size.unwrap_or(cfg.moe_intermediate_size),
+            num_hidden_layers: cfg.num_hidden_layers,
+            num_attention_heads: cfg.num_attention_heads,
+            num_key_value_heads: Some(cfg.num_key_value_heads),
+            head_dim: Some(cfg.head_dim),
+            rms_norm_eps: eps,
+            rope_theta: cfg.rope_theta(),
+            rope_local_base_freq: cfg.rope_theta(),
+            rope_linear_factor: 1.0,
+            max_position_embeddings: cfg.max_position_embeddings,
+            sliding_window: None,
+            sliding_window_pattern: 1,
+            query_pre_attn_scalar: None,
+            tie_word_embeddings: cfg.tie_word_embeddings,
+        };
+        Ok(Self {
+            rotary: Rotary::new(cfg.rotary_dim(), cfg.rope_theta(), 1.0, RopeStyle::Halves),
+            embed: Embedding::new(Weight::Dense(table))?,
+            norm: norm("norm.weight")?,
+            head,
+            layers,
+            summary,
+            cfg,
+        })
+    }
+}
+
+impl CausalLm for Qwen3Next {
+    fn config(&self) -> &TransformerConfig {
+        &self.summary
+    }
+
+    fn forward(&self, tokens: &[u32], cache: &mut SequenceCache) -> Result<Vec<f32>> {
+        cache.check_room(tokens.len())?;
+        let mut x = self.embed.forward(tokens)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_norm.forward(&x)?;
+            let mixed = match &layer.mixer {
+                TokenMixer::Linear(net) => net.forward(&h, cache.linear_state(i)?)?,
+                TokenMixer::Full(attn) => attn.forward(&h, i, &self.rotary, cache)?,
+            };
+            x = (x + mixed)?;
+            x = (&x + layer.ffn.forward(&layer.post_attention_norm.forward(&x)?)?)?;
+        }
+        cache.advance(tokens.len());
+        let last = x.get(tokens.len() - 1)?.unsqueeze(0)?;
+        layers::last_row(&self.head.forward(&self.norm.forward(&last)?)?)
+    }
+
+    fn new_cache(&self, context: usize) -> SequenceCache {
+        let shape = self.cfg.delta_net_shape();
+        let states = self
+            .cfg
+            .layer_types()
+            .into_iter()
+            .map(|kind| (kind == Mixer::Linear).then(|| LinearAttentionState::new(&shape)))
+            .collect();
+        SequenceCache::hybrid(states, context.min(self.cfg.max_position_embeddings))
+    }
+}
+
+fn dense_linear(weight: Tensor) -> Result<Linear> {
+    Linear::new(Weight::Dense(weight), None)
+}
+
+fn mlp(w: &SafetensorsWeights, p: &str) -> Result<GatedMlp> {
+    let linear = |name: &str| dense_linear(w.model_tensor(&format!("{p}.{name}.weight"))?);
+    Ok(GatedMlp::new(linear("gate_proj")?, linear("up_proj")?, linear("down_proj")?, Activation::Silu))
+}
+
+fn load_moe(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result<SparseMoe> {
+    let mut experts = Vec::with_capacity(cfg.num_experts);
+    if w.has_model_tensor(&format!("{p}.experts.gate_up_proj")) {
+        // transformers ≥ 5: all experts in two 3-D tensors.
+        let gate_up = w.model_tensor(&format!("{p}.experts.gate_up_proj"))?;
+        let down = w.model_tensor(&format!("{p}.experts.down_proj"))?;
+        for e in 0..cfg.num_experts {
+            experts.push(Expert { gate_up: dense_linear(gate_up.get(e)?)?, down: dense_linear(down.get(e)?)? });
+        }
+    } else {
+        // Released checkpoints: one module per expert.
+        for e in 0..cfg.num_experts {
+            let t = |name: &str| w.model_tensor(&format!("{p}.experts.{e}.{name}.weight"));
+            let gate_up = Tensor::cat(&[t("gate_proj")?, t("up_proj")?], 0)?;
+            experts.push(Expert { gate_up: dense_linear(gate_up)?, down: dense_linear(t("down_proj")?)? });
+        }
+    }
+    Ok(SparseMoe {
+        router: dense_linear(w.model_tensor(&format!("{p}.gate.weight"))?)?,
+        experts,
+        top_k: cfg.num_experts_per_tok,
+        normalize_top_k: cfg.normalize_top_k(),
+        shared: mlp(w, &format!("{p}.shared_expert"))?,
+        shared_gate: dense_linear(w.model_tensor(&format!("{p}.shared_expert_gate.weight"))?)?,
+    })
+}
+
+fn load_delta_net(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result<GatedDeltaNet> {
+    let shape = cfg.delta_net_shape();
+    let t = |name: &str| w.model_tensor(&format!("{p}.{name}"));
+    let (in_qkv, in_z, in_b, in_a) = if cfg.fused_in_projections() {
+        split_fused_projections(cfg, &t("in_proj_qkvz.weight")?, &t("in_proj_ba.weight")?)?
+    } else {
+        (t("in_proj_qkv.weight")?, t("in_proj_z.weight")?, t("in_proj_b.weight")?, t("in_proj_a.weight")?)
+    };
+    let a_log: Vec<f32> = t("A_log")?.to_vec1()?;
+    Ok(GatedDeltaNet {
+        shape,
+        in_qkv: dense_linear(in_qkv)?,
+        in_z: dense_linear(in_z)?,
+        in_b: dense_linear(in_b)?,
+        in_a: dense_linear(in_a)?,
+        // (channels, 1, kernel) → channels × kernel
+        conv_weight: t("conv1d.weight")?.flatten_all()?.to_vec1()?,
+        neg_decay_rate: a_log.iter().map(|a| -a.exp()).collect(),
+        dt_bias: t("dt_bias")?.to_vec1()?,
+        norm_weight: t("norm.weight")?.to_vec1()?,
+        out: dense_linear(t("out_proj.weight")?)?,
+    })
+}
+
+/// Qwen3-Next's fused rows are grouped per key head: `[q, k, v…, z…]` and `[b…, a…]`, with
+/// `v_heads / k_heads` value heads per group. Regroup them into q of all heads, k of all
+/// heads, v of all heads (the convolution's channel order), and z, b, a.
+fn split_fused_projections(cfg: &HybridConfig, qkvz: &Tensor, ba: &Tensor) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+    let h = cfg.delta_net_shape().heads;
+    let per_group = h.v_heads / h.k_heads;
+    let (dk, vz) = (h.k_dim, per_group * h.v_dim);
+    let group = 2 * dk + 2 * vz;
+    let rows = |offset: usize, len: usize, stride: usize| -> Result<Tensor> {
+        let ids: Vec<u32> = (0..h.k_heads).flat_map(|g| (0..len).map(move |r| (g * stride + offset + r) as u32)).collect();
+        let n = ids.len();
+        Ok(Tensor::from_vec(ids, n, &Device::Cpu)?)
+    };
+    let q = qkvz.index_select(&rows(0, dk, group)?, 0)?;
+    let k = qkvz.index_select(&rows(dk, dk, group)?, 0)?;
+    let v = qkvz.index_select(&rows(2 * dk, vz, group)?, 0)?;
+    let z = qkvz.index_select(&rows(2 * dk + vz, vz, group)?, 0)?;
+    let b = ba.index_select(&rows(0, per_group, 2 * per_group)?, 0)?;
+    let a = ba.index_select(&rows(per_group, per_group, 2 * per_group)?, 0)?;
+    Ok((Tensor::cat(&[q, k, v], 0)?, z, b, a))
+}
