@@ -42,6 +42,12 @@ pub trait CausalLm: Send + Sync {
     /// (vocabulary-sized) for the token that follows the last of them.
     fn forward(&self, tokens: &[u32], cache: &mut SequenceCache) -> Result<Vec<f32>>;
 
+    /// Layers of the model's multi-token-prediction head (for speculative decoding); 0 when it
+    /// has none.
+    fn mtp_layers(&self) -> usize {
+        0
+    }
+
     /// An empty cache holding at most `context` positions (capped at the model's own limit).
     fn new_cache(&self, context: usize) -> SequenceCache {
         let cfg = self.config();

@@ -57,6 +57,7 @@ pub struct Qwen3Next {
     norm: RmsNorm,
     head: Linear,
     rotary: Rotary,
+    mtp: Option<MtpHead>,
 }
 
 impl Qwen3Next {
@@ -64,36 +65,13 @@ impl Qwen3Next {
         let eps = cfg.rms_norm_eps;
         let norm = |name: &str| RmsNorm::new_offset_by_one(w.model_tensor(name)?, eps);
         let linear = |name: &str| dense_linear(w.model_tensor(name)?);
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for (i, kind) in cfg.layer_types().into_iter().enumerate() {
-            let p = format!("layers.{i}");
-            let mixer = match kind {
-                Mixer::Linear => TokenMixer::Linear(load_delta_net(&cfg, w, &format!("{p}.linear_attn"))?),
-                Mixer::Full => TokenMixer::Full(GatedAttention {
-                    q_and_gate: linear(&format!("{p}.self_attn.q_proj.weight"))?,
-                    k: linear(&format!("{p}.self_attn.k_proj.weight"))?,
-                    v: linear(&format!("{p}.self_attn.v_proj.weight"))?,
-                    o: linear(&format!("{p}.self_attn.o_proj.weight"))?,
-                    q_norm: norm(&format!("{p}.self_attn.q_norm.weight"))?,
-                    k_norm: norm(&format!("{p}.self_attn.k_norm.weight"))?,
-                    heads: cfg.num_attention_heads,
-                    kv_heads: cfg.num_key_value_heads,
-                    head_dim: cfg.head_dim,
-                    rotary_dim: cfg.rotary_dim(),
-                }),
-            };
-            let ffn = if cfg.is_moe_layer(i) {
-                FeedForward::Moe(load_moe(&cfg, w, &format!("{p}.mlp"))?)
-            } else {
-                FeedForward::Dense(mlp(w, &format!("{p}.mlp"))?)
-            };
-            layers.push(Layer {
-                input_norm: norm(&format!("{p}.input_layernorm.weight"))?,
-                mixer,
-                post_attention_norm: norm(&format!("{p}.post_attention_layernorm.weight"))?,
-                ffn,
-            });
-        }
+        let layers = cfg
+            .layer_types()
+            .into_iter()
+            .enumerate()
+            .map(|(i, kind)| load_layer(&cfg, w, &format!("layers.{i}"), kind, cfg.is_moe_layer(i)))
+            .collect::<Result<Vec<_>>>()?;
+        let mtp = MtpHead::load_if_present(&cfg, w)?;
         let table = w.model_tensor("embed_tokens.weight")?;
         let head = if !cfg.tie_word_embeddings && w.has_model_tensor("lm_head.weight") {
             linear("lm_head.weight")?
@@ -125,9 +103,44 @@ impl Qwen3Next {
             norm: norm("norm.weight")?,
             head,
             layers,
+            mtp,
             summary,
             cfg,
         })
+    }
+}
+
+/// The multi-token-prediction head (`mtp.*`, Qwen3-Next / Qwen3.5): from the last hidden state
+/// and the next token's embedding it predicts the token after, through its own full-attention
+/// layer(s) and the shared LM head. Loaded now; speculative decoding will run it.
+#[allow(dead_code)] // read by speculative decoding, which comes with the batching issue
+struct MtpHead {
+    /// `hidden × 2·hidden`: joins the normed embedding and the normed hidden state.
+    fc: Linear,
+    embed_norm: RmsNorm,
+    hidden_norm: RmsNorm,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+}
+
+impl MtpHead {
+    fn load_if_present(cfg: &HybridConfig, w: &SafetensorsWeights) -> Result<Option<Self>> {
+        if !w.has_model_tensor("mtp.fc.weight") {
+            return Ok(None);
+        }
+        let norm = |name: &str| RmsNorm::new_offset_by_one(w.model_tensor(name)?, cfg.rms_norm_eps);
+        let mut layers = Vec::new();
+        while w.has_model_tensor(&format!("mtp.layers.{}.input_layernorm.weight", layers.len())) {
+            let p = format!("mtp.layers.{}", layers.len());
+            layers.push(load_layer(cfg, w, &p, Mixer::Full, cfg.num_experts > 0)?);
+        }
+        Ok(Some(Self {
+            fc: dense_linear(w.model_tensor("mtp.fc.weight")?)?,
+            embed_norm: norm("mtp.pre_fc_norm_embedding.weight")?,
+            hidden_norm: norm("mtp.pre_fc_norm_hidden.weight")?,
+            layers,
+            norm: norm("mtp.norm.weight")?,
+        }))
     }
 }
 
@@ -153,6 +166,10 @@ impl CausalLm for Qwen3Next {
         layers::last_row(&self.head.forward(&self.norm.forward(&last)?)?)
     }
 
+    fn mtp_layers(&self) -> usize {
+        self.mtp.as_ref().map_or(0, |m| m.layers.len())
+    }
+
     fn new_cache(&self, context: usize) -> SequenceCache {
         let shape = self.cfg.delta_net_shape();
         let states = self
@@ -163,6 +180,29 @@ impl CausalLm for Qwen3Next {
             .collect();
         SequenceCache::hybrid(states, context.min(self.cfg.max_position_embeddings))
     }
+}
+
+/// Decoder layer at `p` (`layers.3`, `mtp.layers.0`).
+fn load_layer(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str, kind: Mixer, moe: bool) -> Result<Layer> {
+    let norm = |name: &str| RmsNorm::new_offset_by_one(w.model_tensor(&format!("{p}.{name}.weight"))?, cfg.rms_norm_eps);
+    let linear = |name: &str| dense_linear(w.model_tensor(&format!("{p}.{name}.weight"))?);
+    let mixer = match kind {
+        Mixer::Linear => TokenMixer::Linear(load_delta_net(cfg, w, &format!("{p}.linear_attn"))?),
+        Mixer::Full => TokenMixer::Full(GatedAttention {
+            q_and_gate: linear("self_attn.q_proj")?,
+            k: linear("self_attn.k_proj")?,
+            v: linear("self_attn.v_proj")?,
+            o: linear("self_attn.o_proj")?,
+            q_norm: norm("self_attn.q_norm")?,
+            k_norm: norm("self_attn.k_norm")?,
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+            rotary_dim: cfg.rotary_dim(),
+        }),
+    };
+    let ffn = if moe { FeedForward::Moe(load_moe(cfg, w, &format!("{p}.mlp"))?) } else { FeedForward::Dense(mlp(w, &format!("{p}.mlp"))?) };
+    Ok(Layer { input_norm: norm("input_layernorm")?, mixer, post_attention_norm: norm("post_attention_layernorm")?, ffn })
 }
 
 fn dense_linear(weight: Tensor) -> Result<Linear> {
