@@ -68,7 +68,7 @@ impl SequenceCache {
         let mut copy = Self::hybrid(self.linear.clone(), self.limit);
         for (from, to) in self.layers.iter().zip(&mut copy.layers) {
             if let (Some(k), Some(v)) = (from.k()?, from.v()?) {
-                to.append(&k.copy()?, &v.copy()?)?;
+                to.append(&k.contiguous()?.copy()?, &v.contiguous()?.copy()?)?;
             }
         }
         copy.len = self.len;
