@@ -188,20 +188,20 @@ impl TransformerConfig {
     }
 }
 
-fn meta_str<'a>(meta: &'a HashMap<String, Value>, key: &str) -> Result<&'a str> {
+pub(crate) fn meta_str<'a>(meta: &'a HashMap<String, Value>, key: &str) -> Result<&'a str> {
     match meta.get(key) {
         Some(Value::String(s)) => Ok(s),
         _ => Err(ModelError::MissingMetadata(key.to_string())),
     }
 }
 
-fn meta_usize(meta: &HashMap<String, Value>, key: &str) -> Result<usize> {
+pub(crate) fn meta_usize(meta: &HashMap<String, Value>, key: &str) -> Result<usize> {
     let v = meta.get(key).ok_or_else(|| ModelError::MissingMetadata(key.to_string()))?;
     let n = v.to_u64().or_else(|_| v.to_u32().map(u64::from)).or_else(|_| v.to_i32().map(|x| x.max(0) as u64));
     n.map(|n| n as usize).map_err(|_| ModelError::MissingMetadata(format!("{key} (as an integer)")))
 }
 
-fn meta_f64(meta: &HashMap<String, Value>, key: &str) -> Result<f64> {
+pub(crate) fn meta_f64(meta: &HashMap<String, Value>, key: &str) -> Result<f64> {
     let v = meta.get(key).ok_or_else(|| ModelError::MissingMetadata(key.to_string()))?;
     v.to_f32().map(f64::from).or_else(|_| v.to_f64()).map_err(|_| ModelError::MissingMetadata(key.to_string()))
 }

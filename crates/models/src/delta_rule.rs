@@ -15,6 +15,10 @@ pub struct DeltaHeads {
     pub v_heads: usize,
     pub k_dim: usize,
     pub v_dim: usize,
+    /// How value heads map to key heads when there are more of them: HF checkpoints group
+    /// them (value head `j` reads key head `j / (v_heads / k_heads)`); llama.cpp's Qwen3.5 GGUFs
+    /// tile them (key head `j mod k_heads`).
+    pub tiled: bool,
 }
 
 impl DeltaHeads {
@@ -22,10 +26,13 @@ impl DeltaHeads {
         self.v_heads * self.k_dim * self.v_dim
     }
 
-    /// The key head a value head reads: each key head serves `v_heads / k_heads` consecutive
-    /// value heads.
+    /// The key head a value head reads.
     fn k_head_of(&self, v_head: usize) -> usize {
-        v_head / (self.v_heads / self.k_heads)
+        if self.tiled {
+            v_head % self.k_heads
+        } else {
+            v_head / (self.v_heads / self.k_heads)
+        }
     }
 }
 
@@ -50,7 +57,7 @@ pub fn zero_state(heads: &DeltaHeads) -> Vec<f32> {
 
 /// Runs `t` tokens one at a time, updating `state`; returns the outputs, `t × v_heads × v_dim`.
 pub fn recurrent(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<f32> {
-    let DeltaHeads { k_heads, v_heads, k_dim, v_dim } = *heads;
+    let DeltaHeads { k_heads, v_heads, k_dim, v_dim, .. } = *heads;
     let t = x.g.len() / v_heads;
     let mut out = vec![0.0; t * v_heads * v_dim];
     let mut delta = vec![0.0; v_dim];
@@ -99,7 +106,7 @@ pub fn chunked(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<f3
 /// rule's writes are `u = (I+L)⁻¹ (βv − β e^{c} k S₀)`; outputs read the decayed old state plus
 /// the chunk's own writes, and the state moves on by the whole chunk at once.
 fn chunk_head(heads: &DeltaHeads, x: &DeltaInputs, h: usize, start: usize, len: usize, state: &mut [f32], out: &mut [f32]) {
-    let DeltaHeads { k_heads, v_heads, k_dim, v_dim } = *heads;
+    let DeltaHeads { k_heads, v_heads, k_dim, v_dim, .. } = *heads;
     let kh = heads.k_head_of(h);
     let q = |i: usize| &x.q[((start + i) * k_heads + kh) * k_dim..][..k_dim];
     let k = |i: usize| &x.k[((start + i) * k_heads + kh) * k_dim..][..k_dim];
@@ -216,7 +223,7 @@ mod tests {
         a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
     }
 
-    const HEADS: DeltaHeads = DeltaHeads { k_heads: 2, v_heads: 4, k_dim: 16, v_dim: 8 };
+    const HEADS: DeltaHeads = DeltaHeads { k_heads: 2, v_heads: 4, k_dim: 16, v_dim: 8, tiled: false };
 
     #[test]
     fn chunked_and_recurrent_forms_agree_across_chunk_boundaries() {
@@ -229,6 +236,14 @@ mod tests {
             assert!(max_diff(&s1, &s2) < 1e-4, "t={t}: states differ by {}", max_diff(&s1, &s2));
             assert!(a.iter().any(|v| v.abs() > 1e-2), "t={t}: trivial outputs");
         }
+    }
+
+    #[test]
+    fn tiled_value_heads_read_key_heads_round_robin() {
+        let grouped = DeltaHeads { k_heads: 2, v_heads: 6, k_dim: 1, v_dim: 1, tiled: false };
+        let tiled = DeltaHeads { tiled: true, ..grouped };
+        assert_eq!((0..6).map(|h| grouped.k_head_of(h)).collect::<Vec<_>>(), vec![0, 0, 0, 1, 1, 1]);
+        assert_eq!((0..6).map(|h| tiled.k_head_of(h)).collect::<Vec<_>>(), vec![0, 1, 0, 1, 0, 1]);
     }
 
     #[test]
@@ -250,7 +265,7 @@ mod tests {
 
     #[test]
     fn a_single_token_follows_the_definition() {
-        let heads = DeltaHeads { k_heads: 1, v_heads: 1, k_dim: 2, v_dim: 1 };
+        let heads = DeltaHeads { k_heads: 1, v_heads: 1, k_dim: 2, v_dim: 1, tiled: false };
         let mut state = vec![1.0, 2.0]; // S = [[1], [2]]
         let x = Owned { q: vec![1.0, 0.0], k: vec![0.0, 1.0], v: vec![5.0], g: vec![(0.5f32).ln()], beta: vec![0.5] };
         let out = recurrent(&heads, &x.inputs(), &mut state);

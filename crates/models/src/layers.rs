@@ -56,6 +56,14 @@ impl Embedding {
     }
 
     /// ids → (tokens, hidden)
+    /// Rows of the table.
+    pub fn vocab_size(&self) -> Result<usize> {
+        Ok(match &self.table {
+            Weight::Quantized(q) => q.shape().dims()[0],
+            Weight::Dense(t) => t.dim(0)?,
+        })
+    }
+
     pub fn forward(&self, ids: &[u32]) -> Result<Tensor> {
         let ids = Tensor::new(ids, &Device::Cpu)?;
         Ok(match &self.table {

@@ -75,6 +75,12 @@ pub fn load_gguf_f32(path: &Path) -> Result<LoadedModel> {
 
 fn open_gguf(path: &Path, dequantize: bool) -> Result<LoadedModel> {
     let gguf = GgufWeights::open(path, dequantize)?;
+    let arch = gguf.metadata().get("general.architecture").and_then(|v| v.to_string().ok()).cloned();
+    if arch.is_some_and(|a| qwen3_next::GGUF_ARCHITECTURES.contains(&a.as_str())) {
+        let metadata = gguf.metadata().clone();
+        let model = Box::new(qwen3_next::Qwen3Next::load_gguf(&mut WeightSource::Gguf(gguf), &metadata)?);
+        return Ok(LoadedModel { model, gguf_metadata: Some(metadata) });
+    }
     let cfg = TransformerConfig::from_gguf(gguf.metadata())?;
     let metadata = gguf.metadata().clone();
     let model = build(cfg, &mut WeightSource::Gguf(gguf))?;
@@ -101,7 +107,9 @@ fn build(cfg: TransformerConfig, weights: &mut WeightSource) -> Result<Box<dyn C
         Architecture::Llama | Architecture::Qwen2 => Box::new(llama::Llama::load(cfg, weights)?),
         Architecture::Gemma3 => Box::new(gemma3::Gemma3::load(cfg, weights)?),
         Architecture::Qwen3Next => {
-            return Err(ModelError::BadConfig("Qwen3-Next / Qwen3.5 GGUF files are not supported yet".into()))
+            return Err(ModelError::BadConfig(
+                "hybrid Qwen GGUF files name their architecture qwen3next, qwen35moe or qwen35".into(),
+            ))
         }
     })
 }

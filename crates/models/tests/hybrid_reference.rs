@@ -8,11 +8,18 @@
 //! - the same sequence run token by token from the start (recurrent form only) and as a split
 //!   prefill, against the one-pass prefill (chunked form);
 //! - a snapshot of the cache taken after the prompt and resumed twice gives identical logits.
+//!
+//! The same checks run on the GGUF files llama.cpp's converter layout gives the same weights
+//! (tests/data/hybrid/<model>/model.gguf, F32), and a Q8_0 requantization of them must follow
+//! the F32 model closely (the quantized experts are byte slices of stacked tensors).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use candle_core::quantized::gguf_file::{self, Content};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::Device;
 use serde::Deserialize;
-use spindle_models::{load_safetensors, CausalLm};
+use spindle_models::{load_gguf, load_gguf_f32, load_safetensors, CausalLm};
 
 /// Largest |logit| difference allowed against transformers. Measured (2026-11-23): 3.0e-4
 /// (qwen3_5_moe), 1.4e-4 (qwen3_5), 1.1e-4 (qwen3_next); transformers' own f32 paths (cached
@@ -43,14 +50,29 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
-fn load(name: &str) -> (Box<dyn CausalLm>, Fixture) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid").join(name);
-    let fixture = serde_json::from_str(&std::fs::read_to_string(dir.join("fixture.json")).unwrap()).unwrap();
-    (load_safetensors(&dir).unwrap().model, fixture)
+#[derive(Clone, Copy, Debug)]
+enum Format {
+    Safetensors,
+    Gguf,
 }
 
-fn check_against_transformers(name: &str) {
-    let (model, fx) = load(name);
+fn dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid").join(name)
+}
+
+fn load(name: &str, format: Format) -> (Box<dyn CausalLm>, Fixture) {
+    let dir = dir(name);
+    let fixture = serde_json::from_str(&std::fs::read_to_string(dir.join("fixture.json")).unwrap()).unwrap();
+    let model = match format {
+        Format::Safetensors => load_safetensors(&dir),
+        Format::Gguf => load_gguf(&dir.join("model.gguf")),
+    };
+    (model.unwrap().model, fixture)
+}
+
+fn check_against_transformers(name: &str, format: Format) {
+    let (model, fx) = load(name, format);
+    let name = format!("{name} ({format:?})");
     let mut worst: f32 = 0.0;
     let mut check = |logits: &[f32], expected: &[f32], what: &str| {
         let d = max_diff(logits, expected);
@@ -81,7 +103,7 @@ fn check_against_transformers(name: &str) {
 /// The recurrent form (one token per call), a split prefill and the chunked form (one call)
 /// reach the same logits; a snapshot resumed twice continues identically.
 fn check_forms_and_snapshots(name: &str) {
-    let (model, fx) = load(name);
+    let (model, fx) = load(name, Format::Safetensors);
     let p = fx.prompts.iter().max_by_key(|p| p.ids.len()).unwrap();
     let whole = model.forward(&p.ids, &mut model.new_cache(256)).unwrap();
 
@@ -113,17 +135,62 @@ fn check_forms_and_snapshots(name: &str) {
 
 #[test]
 fn qwen3_5_moe_matches_transformers() {
-    check_against_transformers("qwen3_5_moe");
+    check_against_transformers("qwen3_5_moe", Format::Safetensors);
+    check_against_transformers("qwen3_5_moe", Format::Gguf);
 }
 
 #[test]
 fn qwen3_5_dense_matches_transformers() {
-    check_against_transformers("qwen3_5");
+    check_against_transformers("qwen3_5", Format::Safetensors);
+    check_against_transformers("qwen3_5", Format::Gguf);
 }
 
 #[test]
 fn qwen3_next_matches_transformers() {
-    check_against_transformers("qwen3_next");
+    check_against_transformers("qwen3_next", Format::Safetensors);
+    check_against_transformers("qwen3_next", Format::Gguf);
+}
+
+/// Every 2-D and 3-D weight requantized to Q8_0 (norms and vectors stay F32).
+fn requantize_q8_0(src: &Path, dst: &Path) {
+    let mut file = std::fs::File::open(src).unwrap();
+    let content = Content::read(&mut file).unwrap();
+    let tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|name| {
+            let q = content.tensor(&mut file, name, &Device::Cpu).unwrap();
+            let quantizable = q.shape().rank() >= 2 && q.shape().dims().last().unwrap().is_multiple_of(32);
+            let q = if quantizable { QTensor::quantize(&q.dequantize(&Device::Cpu).unwrap(), GgmlDType::Q8_0).unwrap() } else { q };
+            (name.clone(), q)
+        })
+        .collect();
+    let metadata: Vec<(&str, &gguf_file::Value)> = content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut std::fs::File::create(dst).unwrap(), &metadata, &tensors).unwrap();
+}
+
+/// The quantized path (Q8_0 weights, 8-bit activations, experts sliced out of the stacked
+/// tensors as bytes) against the same file's weights dequantized and run in f32. These tiny
+/// random models amplify rounding (Q8_0 weights alone move their logits by up to 1.8), so the
+/// bound is loose; the exact slicing is checked in the crate's unit tests.
+#[test]
+fn quantized_hybrid_gguf_follows_its_dequantized_weights() {
+    for name in ["qwen3_5_moe", "qwen3_next"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let q8 = tmp.path().join("q8_0.gguf");
+        requantize_q8_0(&dir(name).join("model.gguf"), &q8);
+        let quantized = load_gguf(&q8).unwrap().model;
+        let dequantized = load_gguf_f32(&q8).unwrap().model;
+        let (_, fx) = load(name, Format::Gguf);
+        for p in &fx.prompts {
+            let a = quantized.forward(&p.ids, &mut quantized.new_cache(256)).unwrap();
+            let b = dequantized.forward(&p.ids, &mut dequantized.new_cache(256)).unwrap();
+            // Measured (2026-11-23): at most 1.0.
+            let d = max_diff(&a, &b);
+            assert!(d < 2.0, "{name}: quantized path differs from the dequantized weights by {d}");
+        }
+    }
 }
 
 #[test]

@@ -1,9 +1,13 @@
 //! Hyper-parameters of the hybrid models from HF `config.json`: `qwen3_next`, `qwen3_5_moe`
 //! (its `text_config`), `qwen3_5_moe_text`, `qwen3_5` and `qwen3_5_text`.
 
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value as GgufValue;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::config::{meta_f64, meta_str, meta_usize};
 use crate::delta_rule::DeltaHeads;
 use crate::error::{ModelError, Result};
 use crate::gated_deltanet::DeltaNetShape;
@@ -61,6 +65,9 @@ pub struct HybridConfig {
     rope_theta: Option<f64>,
     #[serde(default)]
     partial_rotary_factor: Option<f64>,
+    /// Value heads in llama.cpp's tiled order (Qwen3.5 GGUFs); see [`DeltaHeads::tiled`].
+    #[serde(skip)]
+    pub tiled_value_heads: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -96,6 +103,56 @@ impl HybridConfig {
         }
     }
 
+    /// Reads the `{arch}.*` keys llama.cpp writes for `qwen3next`, `qwen35moe` and `qwen35`.
+    pub fn from_gguf(meta: &HashMap<String, GgufValue>, vocab_size: usize, tied: bool) -> Result<Self> {
+        let arch = meta_str(meta, "general.architecture")?;
+        let key = |k: &str| format!("{arch}.{k}");
+        let usize_of = |k: &str| meta_usize(meta, &key(k));
+        let head_dim = usize_of("attention.key_length")?;
+        let v_heads = usize_of("ssm.time_step_rank")?;
+        let layer_types = match meta.get(&key("attention.recurrent_layers")) {
+            Some(GgufValue::Array(flags)) => Some(
+                flags
+                    .iter()
+                    .map(|f| if matches!(f, GgufValue::Bool(true)) { "linear_attention" } else { "full_attention" }.to_string())
+                    .collect(),
+            ),
+            _ => None,
+        };
+        let cfg = Self {
+            model_type: arch.to_string(),
+            vocab_size,
+            hidden_size: usize_of("embedding_length")?,
+            num_hidden_layers: usize_of("block_count")?,
+            num_attention_heads: usize_of("attention.head_count")?,
+            num_key_value_heads: usize_of("attention.head_count_kv")?,
+            head_dim,
+            rms_norm_eps: meta_f64(meta, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
+            max_position_embeddings: usize_of("context_length").unwrap_or(default_max_positions()),
+            tie_word_embeddings: tied,
+            layer_types,
+            full_attention_interval: usize_of("full_attention_interval").ok(),
+            linear_conv_kernel_dim: usize_of("ssm.conv_kernel")?,
+            linear_key_head_dim: usize_of("ssm.state_size")?,
+            linear_value_head_dim: usize_of("ssm.inner_size")? / v_heads.max(1),
+            linear_num_key_heads: usize_of("ssm.group_count")?,
+            linear_num_value_heads: v_heads,
+            num_experts: usize_of("expert_count").unwrap_or(0),
+            num_experts_per_tok: usize_of("expert_used_count").unwrap_or(0),
+            moe_intermediate_size: usize_of("expert_feed_forward_length").unwrap_or(0),
+            // llama.cpp always renormalises the top-k weights of these architectures.
+            norm_topk_prob: Some(true),
+            intermediate_size: usize_of("feed_forward_length").ok(),
+            decoder_sparse_step: 1,
+            mlp_only_layers: Vec::new(),
+            rope_parameters: None,
+            rope_theta: meta_f64(meta, &key("rope.freq_base")).ok(),
+            partial_rotary_factor: Some(usize_of("rope.dimension_count")? as f64 / head_dim as f64),
+            tiled_value_heads: arch != "qwen3next",
+        };
+        cfg.validate()
+    }
+
     /// Parses a `config.json`, descending into `text_config` for multimodal wrappers.
     pub fn from_hf_json(text: &str) -> Result<Self> {
         let bad = |e: serde_json::Error| ModelError::BadConfig(e.to_string());
@@ -113,13 +170,13 @@ impl HybridConfig {
 
     fn validate(self) -> Result<Self> {
         let bad = |m: String| Err(ModelError::BadConfig(m));
-        if self.linear_num_value_heads % self.linear_num_key_heads != 0 {
+        if !self.linear_num_value_heads.is_multiple_of(self.linear_num_key_heads) {
             return bad(format!(
                 "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
                 self.linear_num_value_heads, self.linear_num_key_heads
             ));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return bad("num_attention_heads is not a multiple of num_key_value_heads".into());
         }
         if self.layer_types().len() != self.num_hidden_layers {
@@ -151,7 +208,7 @@ impl HybridConfig {
 
     /// Whether layer `i` has routed experts (otherwise a dense MLP).
     pub fn is_moe_layer(&self, i: usize) -> bool {
-        self.num_experts > 0 && !self.mlp_only_layers.contains(&i) && (i + 1) % self.decoder_sparse_step.max(1) == 0
+        self.num_experts > 0 && !self.mlp_only_layers.contains(&i) && (i + 1).is_multiple_of(self.decoder_sparse_step.max(1))
     }
 
     /// Qwen3.5 always renormalises the top-k router weights; Qwen3-Next when configured.
@@ -181,6 +238,7 @@ impl HybridConfig {
                 v_heads: self.linear_num_value_heads,
                 k_dim: self.linear_key_head_dim,
                 v_dim: self.linear_value_head_dim,
+                tiled: self.tiled_value_heads,
             },
             conv_kernel: self.linear_conv_kernel_dim,
             norm_eps: self.rms_norm_eps,

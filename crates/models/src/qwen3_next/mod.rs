@@ -8,6 +8,7 @@
 
 mod attention;
 mod config;
+mod gguf;
 
 use candle_core::{Device, Tensor};
 
@@ -21,6 +22,7 @@ use crate::weights::{SafetensorsWeights, Weight};
 use crate::CausalLm;
 use attention::GatedAttention;
 pub use config::{HybridConfig, Mixer};
+pub use gguf::ARCHITECTURES as GGUF_ARCHITECTURES;
 
 enum TokenMixer {
     Linear(GatedDeltaNet),
@@ -78,25 +80,6 @@ impl Qwen3Next {
         } else {
             dense_linear(table.clone())?
         };
-        let summary = TransformerConfig {
-            architecture: Architecture::Qwen3Next,
-            vocab_size: cfg.vocab_size,
-            hidden_size: cfg.hidden_size,
-            intermediate_size: cfg.intermediate_size.unwrap_or(cfg.moe_intermediate_size),
-            num_hidden_layers: cfg.num_hidden_layers,
-            num_attention_heads: cfg.num_attention_heads,
-            num_key_value_heads: Some(cfg.num_key_value_heads),
-            head_dim: Some(cfg.head_dim),
-            rms_norm_eps: eps,
-            rope_theta: cfg.rope_theta(),
-            rope_local_base_freq: cfg.rope_theta(),
-            rope_linear_factor: 1.0,
-            max_position_embeddings: cfg.max_position_embeddings,
-            sliding_window: None,
-            sliding_window_pattern: 1,
-            query_pre_attn_scalar: None,
-            tie_word_embeddings: cfg.tie_word_embeddings,
-        };
         Ok(Self {
             rotary: Rotary::new(cfg.rotary_dim(), cfg.rope_theta(), 1.0, RopeStyle::Halves),
             embed: Embedding::new(Weight::Dense(table))?,
@@ -104,7 +87,7 @@ impl Qwen3Next {
             head,
             layers,
             mtp,
-            summary,
+            summary: summary(&cfg),
             cfg,
         })
     }
@@ -179,6 +162,29 @@ impl CausalLm for Qwen3Next {
             .map(|kind| (kind == Mixer::Linear).then(|| LinearAttentionState::new(&shape)))
             .collect();
         SequenceCache::hybrid(states, context.min(self.cfg.max_position_embeddings))
+    }
+}
+
+/// The dense-model view of the sizes, for [`CausalLm::config`].
+fn summary(cfg: &HybridConfig) -> TransformerConfig {
+    TransformerConfig {
+        architecture: Architecture::Qwen3Next,
+        vocab_size: cfg.vocab_size,
+        hidden_size: cfg.hidden_size,
+        intermediate_size: cfg.intermediate_size.unwrap_or(cfg.moe_intermediate_size),
+        num_hidden_layers: cfg.num_hidden_layers,
+        num_attention_heads: cfg.num_attention_heads,
+        num_key_value_heads: Some(cfg.num_key_value_heads),
+        head_dim: Some(cfg.head_dim),
+        rms_norm_eps: cfg.rms_norm_eps,
+        rope_theta: cfg.rope_theta(),
+        rope_local_base_freq: cfg.rope_theta(),
+        rope_linear_factor: 1.0,
+        max_position_embeddings: cfg.max_position_embeddings,
+        sliding_window: None,
+        sliding_window_pattern: 1,
+        query_pre_attn_scalar: None,
+        tie_word_embeddings: cfg.tie_word_embeddings,
     }
 }
 

@@ -1,0 +1,136 @@
+//! Building the hybrid model from a llama.cpp GGUF (`qwen3next`, `qwen35moe`, `qwen35`), as its
+//! converter writes them (scripts/reference/hybrid/README.md lists every transformation): norm
+//! weights already hold `1 + w`, `ssm_a` holds `-exp(A_log)`, experts are stacked 3-D tensors with
+//! gate and up apart, Qwen3.5 files tile their value heads, and Qwen3-Next keeps `ssm_ba` grouped
+//! per key head. Quantized weights stay quantized.
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value;
+use candle_core::{Device, Tensor};
+
+use super::attention::GatedAttention;
+use super::{dense_linear, summary, FeedForward, HybridConfig, Layer, Mixer, Qwen3Next, TokenMixer};
+use crate::error::Result;
+use crate::gated_deltanet::GatedDeltaNet;
+use crate::layers::{Activation, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
+use crate::moe::{Expert, SparseMoe};
+use crate::weights::WeightSource;
+
+/// The GGUF `general.architecture` names of the family.
+pub const ARCHITECTURES: [&str; 3] = ["qwen3next", "qwen35moe", "qwen35"];
+
+impl Qwen3Next {
+    pub fn load_gguf(w: &mut WeightSource, meta: &HashMap<String, Value>) -> Result<Self> {
+        let (embed, head) = w.embedding_and_head()?;
+        let tied = !w.contains("output.weight");
+        let vocab = embed.vocab_size()?;
+        let cfg = HybridConfig::from_gguf(meta, vocab, tied)?;
+        let layers = cfg
+            .layer_types()
+            .into_iter()
+            .enumerate()
+            .map(|(i, kind)| layer(&cfg, w, i, kind))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            rotary: Rotary::new(cfg.rotary_dim(), cfg.rope_theta(), 1.0, RopeStyle::Halves),
+            norm: RmsNorm::new(w.dense("output_norm.weight")?, cfg.rms_norm_eps),
+            embed,
+            head,
+            layers,
+            mtp: None,
+            summary: summary(&cfg),
+            cfg,
+        })
+    }
+}
+
+fn layer(cfg: &HybridConfig, w: &mut WeightSource, i: usize, kind: Mixer) -> Result<Layer> {
+    let p = format!("blk.{i}");
+    let eps = cfg.rms_norm_eps;
+    let norm = |w: &mut WeightSource, name: &str| -> Result<RmsNorm> { Ok(RmsNorm::new(w.dense(&format!("{p}.{name}.weight"))?, eps)) };
+    let mixer = match kind {
+        Mixer::Full => TokenMixer::Full(GatedAttention {
+            q_and_gate: w.linear(&format!("{p}.attn_q"))?,
+            k: w.linear(&format!("{p}.attn_k"))?,
+            v: w.linear(&format!("{p}.attn_v"))?,
+            o: w.linear(&format!("{p}.attn_output"))?,
+            q_norm: norm(w, "attn_q_norm")?,
+            k_norm: norm(w, "attn_k_norm")?,
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+            rotary_dim: cfg.rotary_dim(),
+        }),
+        Mixer::Linear => TokenMixer::Linear(delta_net(cfg, w, &p)?),
+    };
+    let ffn = if cfg.is_moe_layer(i) {
+        FeedForward::Moe(moe(cfg, w, &p)?)
+    } else {
+        FeedForward::Dense(GatedMlp::new(
+            w.linear(&format!("{p}.ffn_gate"))?,
+            w.linear(&format!("{p}.ffn_up"))?,
+            w.linear(&format!("{p}.ffn_down"))?,
+            Activation::Silu,
+        ))
+    };
+    Ok(Layer { input_norm: norm(w, "attn_norm")?, mixer, post_attention_norm: norm(w, "post_attention_norm")?, ffn })
+}
+
+fn delta_net(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<GatedDeltaNet> {
+    let (in_b, in_a) = if w.contains(&format!("{p}.ssm_ba.weight")) {
+        // Qwen3-Next: rows grouped per key head, [b (r rows), a (r rows)] each.
+        let ba = w.dense(&format!("{p}.ssm_ba.weight"))?;
+        let h = cfg.delta_net_shape().heads;
+        let per_group = h.v_heads / h.k_heads;
+        let rows = |offset: usize| -> Result<Tensor> {
+            let ids: Vec<u32> =
+                (0..h.k_heads).flat_map(|g| (0..per_group).map(move |r| (g * 2 * per_group + offset + r) as u32)).collect();
+            let n = ids.len();
+            Ok(ba.index_select(&Tensor::from_vec(ids, n, &Device::Cpu)?, 0)?)
+        };
+        (dense_linear(rows(0)?)?, dense_linear(rows(per_group)?)?)
+    } else {
+        (w.linear(&format!("{p}.ssm_beta"))?, w.linear(&format!("{p}.ssm_alpha"))?)
+    };
+    let vector = |w: &mut WeightSource, name: &str| -> Result<Vec<f32>> { Ok(w.dense(&format!("{p}.{name}"))?.flatten_all()?.to_vec1()?) };
+    Ok(GatedDeltaNet {
+        shape: cfg.delta_net_shape(),
+        in_qkv: w.linear(&format!("{p}.attn_qkv"))?,
+        in_z: w.linear(&format!("{p}.attn_gate"))?,
+        in_b,
+        in_a,
+        conv_weight: vector(w, "ssm_conv1d.weight")?,
+        neg_decay_rate: vector(w, "ssm_a")?,
+        dt_bias: vector(w, "ssm_dt.bias")?,
+        norm_weight: vector(w, "ssm_norm.weight")?,
+        out: w.linear(&format!("{p}.ssm_out"))?,
+    })
+}
+
+fn moe(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<SparseMoe> {
+    let gate = w.weight(&format!("{p}.ffn_gate_exps.weight"))?;
+    let up = w.weight(&format!("{p}.ffn_up_exps.weight"))?;
+    let down = w.weight(&format!("{p}.ffn_down_exps.weight"))?;
+    let experts = (0..cfg.num_experts)
+        .map(|e| {
+            Ok(Expert {
+                gate_up: Linear::new(gate.expert(e)?.stack_rows(&up.expert(e)?)?, None)?,
+                down: Linear::new(down.expert(e)?, None)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(SparseMoe {
+        router: w.linear(&format!("{p}.ffn_gate_inp"))?,
+        experts,
+        top_k: cfg.num_experts_per_tok,
+        normalize_top_k: cfg.normalize_top_k(),
+        shared: GatedMlp::new(
+            w.linear(&format!("{p}.ffn_gate_shexp"))?,
+            w.linear(&format!("{p}.ffn_up_shexp"))?,
+            w.linear(&format!("{p}.ffn_down_shexp"))?,
+            Activation::Silu,
+        ),
+        shared_gate: w.linear(&format!("{p}.ffn_gate_inp_shexp"))?,
+    })
+}
