@@ -2,6 +2,7 @@
 
 mod bench;
 mod generate;
+mod random_hybrid;
 mod serve;
 
 use std::process::ExitCode;
