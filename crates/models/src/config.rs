@@ -103,6 +103,10 @@ struct HfHeader {
     architectures: Vec<String>,
     #[serde(default)]
     rope_scaling: Option<serde_json::Value>,
+    /// transformers ≥ 5 writes rotary settings here (per layer type for Gemma 3) instead of
+    /// `rope_theta` / `rope_scaling`.
+    #[serde(default)]
+    rope_parameters: Option<serde_json::Value>,
 }
 
 impl TransformerConfig {
@@ -124,9 +128,23 @@ impl TransformerConfig {
             .ok_or_else(|| ModelError::BadConfig("config.json names no model_type".into()))?;
         let mut cfg: Self = serde_json::from_str(text).map_err(bad)?;
         cfg.architecture = Architecture::parse(&arch_name)?;
-        if let Some(scaling) = header.rope_scaling {
-            if scaling.get("rope_type").or(scaling.get("type")).and_then(|t| t.as_str()) == Some("linear") {
-                cfg.rope_linear_factor = scaling.get("factor").and_then(|f| f.as_f64()).unwrap_or(1.0);
+        let linear_factor = |rope: &serde_json::Value| {
+            let kind = rope.get("rope_type").or(rope.get("type")).and_then(|t| t.as_str());
+            (kind == Some("linear")).then(|| rope.get("factor").and_then(|f| f.as_f64()).unwrap_or(1.0))
+        };
+        if let Some(factor) = header.rope_scaling.as_ref().and_then(linear_factor) {
+            cfg.rope_linear_factor = factor;
+        }
+        if let Some(params) = &header.rope_parameters {
+            let global = params.get("full_attention").unwrap_or(params);
+            if let Some(theta) = global.get("rope_theta").and_then(|t| t.as_f64()) {
+                cfg.rope_theta = theta;
+            }
+            if let Some(factor) = linear_factor(global) {
+                cfg.rope_linear_factor = factor;
+            }
+            if let Some(theta) = params.get("sliding_attention").and_then(|p| p.get("rope_theta")).and_then(|t| t.as_f64()) {
+                cfg.rope_local_base_freq = theta;
             }
         }
         cfg.validate()
@@ -221,6 +239,20 @@ mod tests {
         assert_eq!(cfg.head_dim(), 2);
         assert_eq!(cfg.num_kv_heads(), 2);
         assert_eq!(cfg.rope_theta, 1e6);
+    }
+
+    #[test]
+    fn transformers_5_rope_parameters_are_read() {
+        let base = r#""vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":2,"num_attention_heads":4"#;
+        let qwen = format!(r#"{{"model_type":"qwen2",{base},"rope_parameters":{{"rope_type":"default","rope_theta":1000000.0}}}}"#);
+        assert_eq!(TransformerConfig::from_hf_json(&qwen).unwrap().rope_theta, 1e6);
+        let gemma = format!(
+            r#"{{"model_type":"gemma3_text",{base},"rope_parameters":{{
+            "full_attention":{{"rope_type":"linear","factor":8.0,"rope_theta":1000000.0}},
+            "sliding_attention":{{"rope_type":"default","rope_theta":10000.0}}}}}}"#
+        );
+        let cfg = TransformerConfig::from_hf_json(&gemma).unwrap();
+        assert_eq!((cfg.rope_theta, cfg.rope_linear_factor, cfg.rope_local_base_freq), (1e6, 8.0, 1e4));
     }
 
     #[test]
