@@ -15,11 +15,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use candle_core::quantized::gguf_file::{self, Content};
-use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::Device;
+use candle_core::quantized::GgmlDType;
+use common::gguf_rewrite::rewrite_gguf;
 use common::{Reference, Tolerance, BF16_WEIGHTS, F16_WEIGHTS, SAME_WEIGHTS};
 use spindle_models::{load_gguf, load_gguf_f32};
 
@@ -31,40 +30,13 @@ const STEPS: usize = 12;
 const MATRICES: usize = 127;
 const K_QUANT_MATRICES: usize = 36;
 
-/// Writes `src` to `dst` with every matrix in `dtype`, or in F32 where its rows do not fit
-/// `dtype`'s blocks; returns how many are in `dtype`.
-fn rewrite(src: &Path, dst: &Path, dtype: GgmlDType) -> usize {
-    let mut file = std::fs::File::open(src).unwrap();
-    let content = Content::read(&mut file).unwrap();
-    let mut requantized = 0;
-    let tensors: Vec<(String, QTensor)> = content
-        .tensor_infos
-        .keys()
-        .map(|name| {
-            let q = content.tensor(&mut file, name, &Device::Cpu).unwrap();
-            let dims = q.shape().dims().to_vec();
-            if dims.len() != 2 {
-                return (name.clone(), q);
-            }
-            let fits = dims[1].is_multiple_of(dtype.block_size());
-            requantized += usize::from(fits);
-            let w = q.dequantize(&Device::Cpu).unwrap();
-            (name.clone(), QTensor::quantize(&w, if fits { dtype } else { GgmlDType::F32 }).unwrap())
-        })
-        .collect();
-    let metadata: Vec<(&str, &gguf_file::Value)> = content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    gguf_file::write(&mut std::fs::File::create(dst).unwrap(), &metadata, &tensors).unwrap();
-    requantized
-}
-
-/// transformers' run, shortened, and gemma3 rewritten (see [`rewrite`]) with `matrices` of
+/// transformers' run, shortened, and gemma3 rewritten (see [`rewrite_gguf`]) with `matrices` of
 /// its matrices in `dtype`, in a folder that lives as long as the returned guard.
 fn rewritten(dtype: GgmlDType, matrices: usize) -> (Reference, PathBuf, tempfile::TempDir) {
     let (reference, gguf) = Reference::transformers(MODEL);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("model.gguf");
-    assert_eq!(rewrite(&gguf, &path, dtype), matrices);
+    assert_eq!(rewrite_gguf(&gguf, &path, dtype), matrices);
     (reference.shortened(PROMPTS, STEPS), path, dir)
 }
 

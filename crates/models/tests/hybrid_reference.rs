@@ -13,10 +13,11 @@
 //! (tests/data/hybrid/<model>/model.gguf, F32), and a Q8_0 requantization of them must follow
 //! the F32 model closely (the quantized experts are byte slices of stacked tensors).
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use candle_core::quantized::gguf_file::{self, Content};
-use candle_core::quantized::{GgmlDType, QTensor};
+use std::path::PathBuf;
+
+use candle_core::quantized::GgmlDType;
 use candle_core::Device;
 use serde::Deserialize;
 use spindle_models::{load_gguf, load_gguf_f32, load_safetensors, CausalLm};
@@ -151,25 +152,6 @@ fn qwen3_next_matches_transformers() {
     check_against_transformers("qwen3_next", Format::Gguf);
 }
 
-/// Every 2-D and 3-D weight requantized to Q8_0 (norms and vectors stay F32).
-fn requantize_q8_0(src: &Path, dst: &Path) {
-    let mut file = std::fs::File::open(src).unwrap();
-    let content = Content::read(&mut file).unwrap();
-    let tensors: Vec<(String, QTensor)> = content
-        .tensor_infos
-        .keys()
-        .map(|name| {
-            let q = content.tensor(&mut file, name, &Device::Cpu).unwrap();
-            let quantizable = q.shape().rank() >= 2 && q.shape().dims().last().unwrap().is_multiple_of(32);
-            let q = if quantizable { QTensor::quantize(&q.dequantize(&Device::Cpu).unwrap(), GgmlDType::Q8_0).unwrap() } else { q };
-            (name.clone(), q)
-        })
-        .collect();
-    let metadata: Vec<(&str, &gguf_file::Value)> = content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    gguf_file::write(&mut std::fs::File::create(dst).unwrap(), &metadata, &tensors).unwrap();
-}
-
 /// The quantized path (Q8_0 weights, 8-bit activations, experts sliced out of the stacked
 /// tensors as bytes) against the same file's weights dequantized and run in f32. These tiny
 /// random models amplify rounding (Q8_0 weights alone move their logits by up to 1.8), so the
@@ -179,7 +161,7 @@ fn quantized_hybrid_gguf_follows_its_dequantized_weights() {
     for name in ["qwen3_5_moe", "qwen3_next"] {
         let tmp = tempfile::tempdir().unwrap();
         let q8 = tmp.path().join("q8_0.gguf");
-        requantize_q8_0(&dir(name).join("model.gguf"), &q8);
+        assert!(common::gguf_rewrite::rewrite_gguf(&dir(name).join("model.gguf"), &q8, GgmlDType::Q8_0) > 0);
         let quantized = load_gguf(&q8).unwrap().model;
         let dequantized = load_gguf_f32(&q8).unwrap().model;
         let (_, fx) = load(name, Format::Gguf);

@@ -6,6 +6,8 @@
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub mod gguf_rewrite;
+
 use std::cmp::Ordering;
 use std::path::PathBuf;
 
