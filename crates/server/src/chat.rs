@@ -22,8 +22,8 @@ use spindle_runner::{ReasoningBudget, ReasoningMode, SequenceSummary, TextDelta}
 use crate::error::{parse_json, HttpError};
 use crate::generation::{Generation, Output, Plan};
 use crate::sse::{done_event, event_stream, json_event};
-use crate::request::{check_model, fit_max_tokens, new_id, runner_sampling, usage};
-use crate::state::{unix_now, AppState};
+use crate::request::{check_model, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead};
+use crate::state::AppState;
 
 const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
@@ -36,9 +36,8 @@ pub async fn chat_completions(
     request.validate()?;
     check_model(&state, request.model.as_deref())?;
     let plan = plan(&state, &request)?;
-    let id = new_id("chatcmpl");
-    let generation = Generation::start(&state, &id, plan)?;
-    let head = ResponseHead { id, created: unix_now(), model: state.config.model_id.clone() };
+    let head = ResponseHead::new(&state, "chatcmpl");
+    let generation = Generation::start(&state, &head.id, plan)?;
     if request.stream {
         let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
         Ok(Sse::new(chunk_stream(generation, head, include_usage)).into_response())
@@ -79,7 +78,7 @@ fn plan(state: &AppState, request: &ChatCompletionRequest) -> Result<Plan, ApiEr
         prompt_ids,
         max_tokens,
         sampling: runner_sampling(&request.sampling),
-        stop_strings: request.sampling.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
+        stop_strings: stop_strings(&request.sampling),
         reasoning,
         reasoning_budget,
         logprobs: request.logprobs.then(|| request.top_logprobs.unwrap_or(0) as usize),
@@ -145,15 +144,8 @@ fn template_message(message: &ChatMessage) -> Value {
     Value::Object(out)
 }
 
-/// The fields every chunk and completion of one response repeat.
-struct ResponseHead {
-    id: String,
-    created: u64,
-    model: String,
-}
-
 impl ResponseHead {
-    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatCompletionChunk {
+    fn chat_chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatCompletionChunk {
         ChatCompletionChunk {
             id: self.id.clone(),
             created: self.created,
@@ -182,7 +174,7 @@ fn chunk_stream(
     head: ResponseHead,
     include_usage: bool,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    let first = head.chunk(
+    let first = head.chat_chunk(
         vec![ChatChunkChoice {
             index: 0,
             delta: ChatDelta { role: Some(Role::Assistant), content: Some(String::new()), ..Default::default() },
@@ -195,7 +187,7 @@ fn chunk_stream(
     opening.chain(event_stream(generation, move |output| match output {
         Output::Text { delta, logprob } if !delta.is_empty() || logprob.is_some() => {
             let logprobs = logprob.map(|lp| ChoiceLogprobs { content: vec![lp] });
-            vec![json_event(&head.chunk(vec![delta_choice(delta, logprobs)], None))]
+            vec![json_event(&head.chat_chunk(vec![delta_choice(delta, logprobs)], None))]
         }
         Output::Done(summary) => finish_events(&head, summary, include_usage),
         _ => vec![],
@@ -206,13 +198,13 @@ fn finish_events(head: &ResponseHead, summary: SequenceSummary, include_usage: b
     let mut events = Vec::new();
     let usage = usage(&summary);
     if !summary.tail.is_empty() {
-        events.push(json_event(&head.chunk(vec![delta_choice(summary.tail, None)], None)));
+        events.push(json_event(&head.chat_chunk(vec![delta_choice(summary.tail, None)], None)));
     }
     let mut last = delta_choice(TextDelta::default(), None);
     last.finish_reason = Some(crate::request::finish_reason(summary.finish_reason));
-    events.push(json_event(&head.chunk(vec![last], None)));
+    events.push(json_event(&head.chat_chunk(vec![last], None)));
     if include_usage {
-        events.push(json_event(&head.chunk(vec![], Some(usage))));
+        events.push(json_event(&head.chat_chunk(vec![], Some(usage))));
     }
     events.push(done_event());
     events

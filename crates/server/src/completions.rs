@@ -20,8 +20,8 @@ use spindle_runner::{ReasoningMode, SequenceSummary};
 use crate::error::{parse_json, HttpError};
 use crate::generation::{Generation, Output, Plan};
 use crate::sse::{done_event, event_stream, json_event};
-use crate::request::{check_model, finish_reason, fit_max_tokens, new_id, runner_sampling, usage};
-use crate::state::{unix_now, AppState};
+use crate::request::{check_model, finish_reason, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead};
+use crate::state::AppState;
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
@@ -53,14 +53,13 @@ pub async fn completions(
         prompt_ids,
         max_tokens,
         sampling: runner_sampling(&request.sampling),
-        stop_strings: request.sampling.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
+        stop_strings: stop_strings(&request.sampling),
         reasoning: ReasoningMode::Off,
         reasoning_budget: None,
         logprobs: request.logprobs.map(|n| n as usize),
     };
-    let id = new_id("cmpl");
-    let generation = Generation::start(&state, &id, plan)?;
-    let head = Head { id, created: unix_now(), model: state.config.model_id.clone() };
+    let head = ResponseHead::new(&state, "cmpl");
+    let generation = Generation::start(&state, &head.id, plan)?;
     if request.stream {
         let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
         Ok(Sse::new(chunk_stream(generation, head, echo, include_usage)).into_response())
@@ -69,14 +68,8 @@ pub async fn completions(
     }
 }
 
-struct Head {
-    id: String,
-    created: u64,
-    model: String,
-}
-
-impl Head {
-    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<spindle_api::Usage>) -> Event {
+impl ResponseHead {
+    fn completion_event(&self, choices: Vec<CompletionChoice>, usage: Option<spindle_api::Usage>) -> Event {
         let chunk = CompletionChunk {
             id: self.id.clone(),
             created: self.created,
@@ -111,8 +104,8 @@ fn choice(text: String, logprobs: Option<CompletionLogprobs>, summary: Option<&S
     CompletionChoice { text, index: 0, logprobs, finish_reason: summary.map(|s| finish_reason(s.finish_reason)) }
 }
 
-fn chunk_stream(generation: Generation, head: Head, echo: String, include_usage: bool) -> impl Stream<Item = Result<Event, Infallible>> {
-    let opening = (!echo.is_empty()).then(|| Ok(head.chunk(vec![choice(echo, None, None)], None)));
+fn chunk_stream(generation: Generation, head: ResponseHead, echo: String, include_usage: bool) -> impl Stream<Item = Result<Event, Infallible>> {
+    let opening = (!echo.is_empty()).then(|| Ok(head.completion_event(vec![choice(echo, None, None)], None)));
     let body = event_stream(generation, move |output| match output {
         Output::Text { delta, logprob } => {
             let logprobs = logprob.map(|lp| {
@@ -123,13 +116,13 @@ fn chunk_stream(generation: Generation, head: Head, echo: String, include_usage:
             if delta.content.is_empty() && logprobs.is_none() {
                 vec![]
             } else {
-                vec![head.chunk(vec![choice(delta.content, logprobs, None)], None)]
+                vec![head.completion_event(vec![choice(delta.content, logprobs, None)], None)]
             }
         }
         Output::Done(summary) => {
-            let mut events = vec![head.chunk(vec![choice(summary.tail.content.clone(), None, Some(&summary))], None)];
+            let mut events = vec![head.completion_event(vec![choice(summary.tail.content.clone(), None, Some(&summary))], None)];
             if include_usage {
-                events.push(head.chunk(vec![], Some(usage(&summary))));
+                events.push(head.completion_event(vec![], Some(usage(&summary))));
             }
             events.push(done_event());
             events
@@ -139,7 +132,7 @@ fn chunk_stream(generation: Generation, head: Head, echo: String, include_usage:
     stream::iter(opening).chain(body)
 }
 
-async fn collect(generation: Generation, head: Head, echo: String) -> Result<Completion, ApiError> {
+async fn collect(generation: Generation, head: ResponseHead, echo: String) -> Result<Completion, ApiError> {
     let logprobs_requested = generation.reports_logprobs();
     let whole = generation.collect().await?;
     let mut legacy = LegacyLogprobs::default();

@@ -5,7 +5,7 @@ use spindle_api::{ApiError, FinishReason, SamplingParams, Usage};
 use spindle_runner::sampler::SamplingParams as RunnerSampling;
 use spindle_runner::SequenceSummary;
 
-use crate::state::AppState;
+use crate::state::{unix_now, AppState};
 
 /// 404 for a model this server does not serve. An absent or empty name means the one it does.
 pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
@@ -52,9 +52,28 @@ pub fn runner_sampling(p: &SamplingParams) -> RunnerSampling {
     }
 }
 
-/// A response id such as `chatcmpl-3f2a…`.
-pub fn new_id(prefix: &str) -> String {
-    format!("{prefix}-{:032x}", rand::random::<u128>())
+/// The fields every chunk and completion of one response repeat.
+pub struct ResponseHead {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl ResponseHead {
+    /// A fresh id such as `chatcmpl-3f2a…` (`prefix` names the endpoint), stamped now, naming
+    /// the served model.
+    pub fn new(state: &AppState, prefix: &str) -> Self {
+        Self {
+            id: format!("{prefix}-{:032x}", rand::random::<u128>()),
+            created: unix_now(),
+            model: state.config.model_id.clone(),
+        }
+    }
+}
+
+/// The request's stop strings; none when it gives none.
+pub fn stop_strings(p: &SamplingParams) -> Vec<String> {
+    p.stop.clone().map(|s| s.into_vec()).unwrap_or_default()
 }
 
 pub fn finish_reason(reason: spindle_runner::FinishReason) -> FinishReason {
