@@ -1,37 +1,96 @@
 //! Per-sequence state, owned by the caller and passed into `forward`, so the weights stay
-//! immutable and shared between sequences: attention keys/values, and for linear-attention
-//! layers their recurrent state. Cloning a cache is a snapshot of the sequence.
+//! immutable and shared between sequences: the block table naming where the sequence's
+//! attention keys/values live in a [`PagedKv`], and for linear-attention layers their recurrent
+//! state.
+
+use std::sync::Arc;
 
 use candle_core::Tensor;
-use candle_nn::kv_cache::KvCache;
 
 use crate::error::{ModelError, Result};
 use crate::gated_deltanet::LinearAttentionState;
+use crate::paged_kv::{KvShape, PagedKv};
 
-/// Initial capacity of each layer's key/value buffers (they grow by this much when full).
-const INITIAL_CAPACITY: usize = 512;
+/// Positions per block of a cache that owns its storage alone.
+const STANDALONE_BLOCK: usize = 64;
 
-/// The keys and values of every processed token of one sequence, for every attention layer,
-/// and the state of every linear-attention layer.
+/// The recurrent state of every linear-attention layer (`None` for the others). A plain value:
+/// a clone is a snapshot the sequence can later resume from, exactly.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecurrentState(pub(crate) Vec<Option<LinearAttentionState>>);
+
+impl RecurrentState {
+    /// The state of a model without linear-attention layers.
+    pub fn none(layers: usize) -> Self {
+        Self(vec![None; layers])
+    }
+
+    /// True when the model has no recurrent layers (a snapshot is then unnecessary).
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.floats() * std::mem::size_of::<f32>()
+    }
+
+    fn floats(&self) -> usize {
+        self.0.iter().flatten().map(|s| s.conv.len() + s.recurrent.len()).sum()
+    }
+
+    /// All numbers, layer after layer (convolution window, then matrices), for the disk tier.
+    pub fn to_floats(&self) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.floats());
+        for state in self.0.iter().flatten() {
+            out.extend_from_slice(&state.conv);
+            out.extend_from_slice(&state.recurrent);
+        }
+        out
+    }
+
+    /// A state shaped like `self` holding `floats` (as [`to_floats`](Self::to_floats) wrote them).
+    pub fn with_floats(&self, floats: &[f32]) -> Result<Self> {
+        if floats.len() != self.floats() {
+            return Err(ModelError::BadConfig(format!("a recurrent state holds {} numbers, got {}", self.floats(), floats.len())));
+        }
+        let mut rest = floats;
+        let mut take = |n: usize| {
+            let (head, tail) = rest.split_at(n);
+            rest = tail;
+            head.to_vec()
+        };
+        let layers = self
+            .0
+            .iter()
+            .map(|s| s.as_ref().map(|s| LinearAttentionState { conv: take(s.conv.len()), recurrent: take(s.recurrent.len()) }))
+            .collect();
+        Ok(Self(layers))
+    }
+}
+
+/// Everything a sequence has processed: positions `0..len` in the blocks of its block table,
+/// and the recurrent state after position `len - 1`.
 pub struct SequenceCache {
-    layers: Vec<KvCache>,
-    /// `Some` for the linear-attention layers of a hybrid model.
-    linear: Vec<Option<LinearAttentionState>>,
+    kv: Arc<PagedKv>,
+    blocks: Vec<u32>,
+    recurrent: RecurrentState,
     len: usize,
     limit: usize,
 }
 
 impl SequenceCache {
-    /// An empty cache for `num_layers` layers that refuses to grow past `limit` positions.
-    pub fn new(num_layers: usize, limit: usize) -> Self {
-        Self::hybrid(vec![None; num_layers], limit)
+    /// A cache with storage of its own for `limit` positions (one sequence run by itself).
+    pub fn standalone(shapes: &[Option<KvShape>], recurrent: RecurrentState, limit: usize) -> Self {
+        let blocks = limit.div_ceil(STANDALONE_BLOCK).max(1);
+        let kv = Arc::new(PagedKv::new(shapes, blocks, STANDALONE_BLOCK));
+        Self { kv, blocks: (0..blocks as u32).collect(), recurrent, len: 0, limit }
     }
 
-    /// An empty cache for a model whose layer `i` is linear attention where `linear[i]` holds
-    /// its initial state, and softmax attention where it is `None`.
-    pub(crate) fn hybrid(linear: Vec<Option<LinearAttentionState>>, limit: usize) -> Self {
-        let layers = linear.iter().map(|_| KvCache::new(2, INITIAL_CAPACITY.min(limit.max(1)))).collect();
-        Self { layers, linear, len: 0, limit }
+    /// A cache that has processed positions `0..len`, whose keys/values are in `blocks` of the
+    /// shared storage `kv` and whose recurrent state is `recurrent`. Further blocks are added
+    /// with [`add_blocks`](Self::add_blocks) before the positions that need them are run.
+    pub fn resume(kv: Arc<PagedKv>, blocks: Vec<u32>, len: usize, recurrent: RecurrentState, limit: usize) -> Self {
+        Self { kv, blocks, recurrent, len, limit }
     }
 
     /// Positions already processed.
@@ -48,27 +107,57 @@ impl SequenceCache {
         self.limit
     }
 
+    pub fn blocks(&self) -> &[u32] {
+        &self.blocks
+    }
+
+    /// More blocks for the positions after those the table covers.
+    pub fn add_blocks(&mut self, blocks: &[u32]) {
+        self.blocks.extend_from_slice(blocks);
+    }
+
+    /// Blocks to add before `new_tokens` more positions can be run.
+    pub fn blocks_needed(&self, new_tokens: usize) -> usize {
+        (self.len + new_tokens).div_ceil(self.kv.block_size()).saturating_sub(self.blocks.len())
+    }
+
+    pub fn recurrent(&self) -> &RecurrentState {
+        &self.recurrent
+    }
+
+    pub fn storage(&self) -> &Arc<PagedKv> {
+        &self.kv
+    }
+
     /// Fails before any work is done when `new_tokens` more would not fit.
     pub fn check_room(&self, new_tokens: usize) -> Result<()> {
         let needed = self.len + new_tokens;
         if needed > self.limit {
             return Err(ModelError::ContextExceeded { needed, limit: self.limit });
         }
+        if self.blocks_needed(new_tokens) > 0 {
+            return Err(ModelError::BadConfig(format!("the block table covers fewer than the {needed} positions to run")));
+        }
         Ok(())
     }
 
-    /// Appends a layer's new keys/values (1, kv_heads, new, d) and returns all of them so far.
+    /// Stores a layer's new keys/values (1, kv_heads, new, d) after the processed positions and
+    /// returns the keys/values of all positions so far.
     pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        Ok(self.layers[layer].append(&k.contiguous()?, &v.contiguous()?)?)
+        let new = k.dim(2)?;
+        self.kv.write(layer, &self.blocks, self.len, k, v)?;
+        self.kv.gather(layer, &self.blocks, self.len + new)
     }
 
-    /// An independent copy: the sequence can go on from here while this copy stays as it is.
-    /// (candle's key/value buffers are written in place, so a shallow clone would share them.)
+    /// An independent standalone copy: the sequence can go on from here while this copy stays
+    /// as it is.
     pub fn snapshot(&self) -> Result<Self> {
-        let mut copy = Self::hybrid(self.linear.clone(), self.limit);
-        for (from, to) in self.layers.iter().zip(&mut copy.layers) {
-            if let (Some(k), Some(v)) = (from.k()?, from.v()?) {
-                to.append(&k.contiguous()?.copy()?, &v.contiguous()?.copy()?)?;
+        let shapes = self.kv.shapes();
+        let mut copy = Self::standalone(&shapes, self.recurrent.clone(), self.limit);
+        if self.len > 0 {
+            for layer in (0..shapes.len()).filter(|&l| shapes[l].is_some()) {
+                let (k, v) = self.kv.gather(layer, &self.blocks, self.len)?;
+                copy.kv.write(layer, &copy.blocks, 0, &k, &v)?;
             }
         }
         copy.len = self.len;
@@ -77,7 +166,7 @@ impl SequenceCache {
 
     /// The recurrent state of linear-attention layer `layer`.
     pub(crate) fn linear_state(&mut self, layer: usize) -> Result<&mut LinearAttentionState> {
-        self.linear[layer]
+        self.recurrent.0[layer]
             .as_mut()
             .ok_or_else(|| ModelError::BadConfig(format!("layer {layer} has no linear-attention state")))
     }

@@ -21,6 +21,7 @@ mod gemma3;
 mod layers;
 mod llama;
 mod moe;
+mod paged_kv;
 mod q4_1;
 mod qwen3_next;
 mod weights;
@@ -28,7 +29,8 @@ mod weights;
 use std::collections::HashMap;
 use std::path::Path;
 
-pub use cache::SequenceCache;
+pub use cache::{RecurrentState, SequenceCache};
+pub use paged_kv::{KvShape, PagedKv};
 use candle_core::quantized::gguf_file::Value;
 pub use config::{Architecture, TransformerConfig};
 pub use error::{ModelError, Result};
@@ -48,10 +50,23 @@ pub trait CausalLm: Send + Sync {
         0
     }
 
-    /// An empty cache holding at most `context` positions (capped at the model's own limit).
-    fn new_cache(&self, context: usize) -> SequenceCache {
+    /// The key/value shape of each layer; `None` for layers without softmax attention.
+    fn kv_shapes(&self) -> Vec<Option<KvShape>> {
         let cfg = self.config();
-        SequenceCache::new(cfg.num_hidden_layers, context.min(cfg.max_position_embeddings))
+        let shape = KvShape { kv_heads: cfg.num_kv_heads(), head_dim: cfg.head_dim() };
+        vec![Some(shape); cfg.num_hidden_layers]
+    }
+
+    /// The recurrent state before any token (empty for models without linear attention).
+    fn initial_recurrent_state(&self) -> RecurrentState {
+        RecurrentState::none(self.config().num_hidden_layers)
+    }
+
+    /// An empty cache with storage of its own for at most `context` positions (capped at the
+    /// model's own limit).
+    fn new_cache(&self, context: usize) -> SequenceCache {
+        let limit = context.min(self.config().max_position_embeddings);
+        SequenceCache::standalone(&self.kv_shapes(), self.initial_recurrent_state(), limit)
     }
 }
 

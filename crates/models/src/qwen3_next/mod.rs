@@ -12,7 +12,8 @@ mod gguf;
 
 use candle_core::{Device, Tensor};
 
-use crate::cache::SequenceCache;
+use crate::cache::{RecurrentState, SequenceCache};
+use crate::paged_kv::KvShape;
 use crate::config::{Architecture, TransformerConfig};
 use crate::error::Result;
 use crate::gated_deltanet::{GatedDeltaNet, LinearAttentionState};
@@ -153,7 +154,12 @@ impl CausalLm for Qwen3Next {
         self.mtp.as_ref().map_or(0, |m| m.layers.len())
     }
 
-    fn new_cache(&self, context: usize) -> SequenceCache {
+    fn kv_shapes(&self) -> Vec<Option<KvShape>> {
+        let shape = KvShape { kv_heads: self.cfg.num_key_value_heads, head_dim: self.cfg.head_dim };
+        self.cfg.layer_types().into_iter().map(|kind| (kind == Mixer::Full).then_some(shape)).collect()
+    }
+
+    fn initial_recurrent_state(&self) -> RecurrentState {
         let shape = self.cfg.delta_net_shape();
         let states = self
             .cfg
@@ -161,7 +167,7 @@ impl CausalLm for Qwen3Next {
             .into_iter()
             .map(|kind| (kind == Mixer::Linear).then(|| LinearAttentionState::new(&shape)))
             .collect();
-        SequenceCache::hybrid(states, context.min(self.cfg.max_position_embeddings))
+        RecurrentState(states)
     }
 }
 

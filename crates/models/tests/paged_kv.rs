@@ -1,0 +1,117 @@
+//! Paged keys/values: a sequence whose blocks are scattered through a shared pool, or that
+//! resumes from blocks another sequence wrote (copying the partly filled last one), computes
+//! bit for bit what a sequence with storage of its own computes, given the same prefill chunks.
+//! (Different chunks do change low bits, even for attention-only models: matmuls of different
+//! row counts round differently. So the prefix cache resumes a prompt only where its own chunking
+//! would have cut it anyway.)
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use spindle_models::{load_gguf, load_safetensors, CausalLm, PagedKv, SequenceCache};
+
+const BLOCK: usize = 16;
+
+fn smollm2() -> Box<dyn CausalLm> {
+    let path = match spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true).unwrap() {
+        spindle_hub::ModelFiles::Gguf(p) => p,
+        other => panic!("smollm2-135m resolved to {other:?}"),
+    };
+    load_gguf(&path).unwrap().model
+}
+
+fn tiny_hybrid() -> Box<dyn CausalLm> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe");
+    load_safetensors(&dir).unwrap().model
+}
+
+fn prompt(len: usize, seed: u32) -> Vec<u32> {
+    (0..len as u32).map(|i| (i * 7919 + seed * 104_729) % 500 + 10).collect()
+}
+
+/// Runs `tokens` in chunks ending at `cuts` (and at the end), adding blocks from `free` as
+/// positions need them; returns the logits after the last token.
+fn run_chunks(model: &dyn CausalLm, cache: &mut SequenceCache, tokens: &[u32], cuts: &[usize], free: &mut Vec<u32>) -> Vec<f32> {
+    let mut start = cache.len();
+    let mut logits = Vec::new();
+    let first = start;
+    for end in cuts.iter().copied().filter(|&c| c > first && c < tokens.len()).chain([tokens.len()]) {
+        let need = cache.blocks_needed(end - start);
+        let blocks: Vec<u32> = free.drain(..need).collect();
+        cache.add_blocks(&blocks);
+        logits = model.forward(&tokens[start..end], cache).unwrap();
+        start = end;
+    }
+    logits
+}
+
+fn alone(model: &dyn CausalLm, tokens: &[u32], cuts: &[usize]) -> Vec<f32> {
+    let mut cache = model.new_cache(512);
+    run_chunks(model, &mut cache, tokens, cuts, &mut Vec::new())
+}
+
+fn shared_pool(model: &dyn CausalLm) -> Arc<PagedKv> {
+    Arc::new(PagedKv::new(&model.kv_shapes(), 64, BLOCK))
+}
+
+/// Blocks handed out out of order, so no sequence's positions are contiguous in the pool.
+fn scrambled_free_list() -> Vec<u32> {
+    (0..64u32).map(|i| (i * 37 + 11) % 64).collect()
+}
+
+#[track_caller]
+fn assert_bits(a: &[f32], b: &[f32], what: &str) {
+    let differ = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+    assert!(a.len() == b.len() && differ == 0, "{what}: {differ} of {} logits differ", a.len());
+}
+
+/// Two sequences share a prompt prefix that ends mid-block; the second resumes from the
+/// first's blocks, copies the partial one, and both then diverge.
+fn check_shared_prefix(model: &dyn CausalLm, name: &str) {
+    let kv = shared_pool(model);
+    let mut free = scrambled_free_list();
+    let prefix = prompt(45, 1);
+    let first: Vec<u32> = prefix.iter().copied().chain(prompt(20, 2)).collect();
+    let second: Vec<u32> = prefix.iter().copied().chain(prompt(30, 3)).collect();
+    let cuts = [prefix.len()];
+
+    let mut a = SequenceCache::resume(kv.clone(), Vec::new(), 0, model.initial_recurrent_state(), 512);
+    run_chunks(model, &mut a, &first[..prefix.len()], &[], &mut free);
+    let at_prefix = a.recurrent().clone();
+    let a_logits = run_chunks(model, &mut a, &first, &cuts, &mut free);
+    assert_bits(&a_logits, &alone(model, &first, &cuts), &format!("{name}: scattered blocks"));
+
+    // The second sequence takes the first's full blocks and a copy of the partial one.
+    let full = prefix.len() / BLOCK;
+    let mut blocks = a.blocks()[..full].to_vec();
+    let copy = free.remove(0);
+    kv.copy_positions(a.blocks()[full], copy, prefix.len() % BLOCK).unwrap();
+    blocks.push(copy);
+    let mut b = SequenceCache::resume(kv.clone(), blocks, prefix.len(), at_prefix, 512);
+    let b_logits = run_chunks(model, &mut b, &second, &cuts, &mut free);
+    assert_bits(&b_logits, &alone(model, &second, &cuts), &format!("{name}: resumed from a shared prefix"));
+
+    // The first goes on decoding in its own blocks, undisturbed by the second.
+    let decoded: Vec<u32> = first.iter().copied().chain([42]).collect();
+    let a_next = run_chunks(model, &mut a, &decoded, &[], &mut free);
+    let expected = alone(model, &decoded, &[prefix.len(), first.len()]);
+    assert_bits(&a_next, &expected, &format!("{name}: the writer of the shared prefix decoding on"));
+}
+
+#[test]
+fn sequences_in_a_shared_pool_match_sequences_alone() {
+    check_shared_prefix(smollm2().as_ref(), "smollm2");
+    check_shared_prefix(tiny_hybrid().as_ref(), "qwen3_5_moe");
+}
+
+#[test]
+fn a_standalone_snapshot_continues_like_the_original() {
+    let model = smollm2();
+    let tokens = prompt(70, 5);
+    let mut cache = model.new_cache(256);
+    model.forward(&tokens[..50], &mut cache).unwrap();
+    let mut copy = cache.snapshot().unwrap();
+    let original = model.forward(&tokens[50..], &mut cache).unwrap();
+    let resumed = model.forward(&tokens[50..], &mut copy).unwrap();
+    assert_bits(&resumed, &original, "snapshot");
+}
