@@ -1,6 +1,7 @@
 //! `spindle`: the command line. Subcommands wire the crates together; the logic lives there.
 
 mod bench;
+mod bench_agent;
 mod generate;
 mod random_hybrid;
 mod serve;
@@ -32,6 +33,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Time the agent pattern (shared system prompt, new user text) and concurrent bursts
+    /// against a server.
+    BenchAgent(bench_agent::BenchAgentArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +48,7 @@ fn main() -> ExitCode {
         Command::Pull { name, list } => pull(name, list),
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::BenchAgent(args) => bench_agent::run(args),
         Command::Serve(args) => serve::run(args),
     };
     match result {

@@ -1,10 +1,13 @@
-//! A random-weight Qwen3.5-MoE GGUF with the per-layer shape of Qwen3.5-35B-A3B (hidden 2048,
-//! 256 experts × 512 with top-8 and a shared expert, 16 key / 32 value linear-attention heads of
-//! 128, 16 query / 2 key-value attention heads of 256), a few layers deep, for `spindle bench`:
-//! it measures the speed of that shape without the 20 GB download. Matrices are Q4_K like a
-//! Q4_K_M file; the file is written once under `$SPINDLE_HOME/bench/`.
+//! Random-weight Qwen3.5-MoE GGUFs of realistic per-layer shape, a few layers deep, for
+//! benchmarks: they measure the speed of a shape without the download. Matrices are Q4_K like a
+//! Q4_K_M file; each file is written once under `$SPINDLE_HOME/bench/`.
+//!
+//! Two shapes: [`HybridShape::QWEN35_35B_A3B`] (`spindle bench --hybrid-blocks`) and
+//! [`HybridShape::AGENT_BAR`] (`spindle bench-agent --hybrid`), which carries the default model's
+//! tokenizer and chat template so `spindle serve` can load it.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -14,30 +17,97 @@ use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const HIDDEN: usize = 2048;
-const VOCAB: usize = 32_768;
-const EXPERTS: usize = 256;
-const EXPERT_WIDTH: usize = 512;
-const HEADS: usize = 16;
-const KV_HEADS: usize = 2;
-const HEAD_DIM: usize = 256;
-const K_HEADS: usize = 16;
-const V_HEADS: usize = 32;
-const LINEAR_HEAD_DIM: usize = 128;
 const CONV_KERNEL: usize = 4;
 
-/// The file for `blocks` blocks of (3 linear-attention + 1 full-attention) layers.
+/// Where a shape's vocabulary comes from.
+#[derive(Clone, Copy)]
+enum Vocab {
+    /// This many ids and no tokenizer: enough for token-id benchmarks.
+    Size(usize),
+    /// The `tokenizer.*` keys (and so the vocabulary size) of the default model's GGUF.
+    DefaultModel,
+}
+
+/// The per-layer sizes of a Qwen3.5-MoE: hybrid blocks of 3 linear-attention layers and 1
+/// full-attention layer, every layer a sparse MoE with a shared expert.
+pub struct HybridShape {
+    /// Start of the file name under `$SPINDLE_HOME/bench`.
+    stem: &'static str,
+    hidden: usize,
+    experts: usize,
+    experts_used: usize,
+    expert_width: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    k_heads: usize,
+    v_heads: usize,
+    linear_head_dim: usize,
+    vocab: Vocab,
+}
+
+impl HybridShape {
+    /// Qwen3.5-35B-A3B: hidden 2048, 256 experts × 512 with top-8 and a shared expert, 16 key /
+    /// 32 value linear-attention heads of 128, 16 query / 2 key-value attention heads of 256.
+    pub const QWEN35_35B_A3B: Self = Self {
+        stem: "qwen35moe-shape-random",
+        hidden: 2048,
+        experts: 256,
+        experts_used: 8,
+        expert_width: 512,
+        heads: 16,
+        kv_heads: 2,
+        head_dim: 256,
+        k_heads: 16,
+        v_heads: 32,
+        linear_head_dim: 128,
+        vocab: Vocab::Size(32_768),
+    };
+
+    /// The llama-server comparison of the agent benchmark: hidden 1024 and 64 experts top-8,
+    /// the other sizes as 35B-A3B's (transformers' `Qwen3_5MoeTextConfig` defaults), with the
+    /// default model's tokenizer (vocabulary 49,152 for SmolLM2) in place of Qwen's 248k.
+    pub const AGENT_BAR: Self = Self {
+        stem: "qwen35moe-h1024-e64-random",
+        hidden: 1024,
+        experts: 64,
+        vocab: Vocab::DefaultModel,
+        ..Self::QWEN35_35B_A3B
+    };
+}
+
+/// The 35B-A3B-shaped file for `blocks` blocks of (3 linear-attention + 1 full-attention) layers.
 pub fn path(blocks: usize) -> anyhow::Result<PathBuf> {
+    shape_path(&HybridShape::QWEN35_35B_A3B, blocks)
+}
+
+/// The file of `shape` with `blocks` blocks, written on first use.
+pub fn shape_path(shape: &HybridShape, blocks: usize) -> anyhow::Result<PathBuf> {
     let dir = spindle_hub::spindle_home().join("bench");
-    let path = dir.join(format!("qwen35moe-shape-random-{blocks}x4.gguf"));
+    let path = dir.join(format!("{}-{blocks}x4.gguf", shape.stem));
     if !path.exists() {
         std::fs::create_dir_all(&dir)?;
+        let tokenizer = match shape.vocab {
+            Vocab::Size(_) => HashMap::new(),
+            Vocab::DefaultModel => default_model_tokenizer()?,
+        };
         eprintln!("writing {} (once)…", path.display());
         let partial = path.with_extension("partial");
-        write(&partial, blocks)?;
+        write(&partial, shape, blocks, tokenizer)?;
         std::fs::rename(&partial, &path)?;
     }
     Ok(path)
+}
+
+/// The `tokenizer.*` metadata of the default model's GGUF (pulled if missing).
+fn default_model_tokenizer() -> anyhow::Result<HashMap<String, Value>> {
+    let files = spindle_hub::resolve(spindle_hub::DEFAULT_MODEL, &spindle_hub::spindle_home(), true)?;
+    let spindle_hub::ModelFiles::Gguf(source) = files else {
+        anyhow::bail!("the default model is not a GGUF file; its tokenizer cannot be copied");
+    };
+    let mut file = std::fs::File::open(&source).with_context(|| format!("cannot open {}", source.display()))?;
+    let content = gguf_file::Content::read(&mut file)?;
+    Ok(content.metadata.into_iter().filter(|(k, _)| k.starts_with("tokenizer.")).collect())
 }
 
 struct Writer {
@@ -60,13 +130,13 @@ impl Writer {
     }
 
     /// `(experts, rows, cols)`, quantized one expert at a time to bound memory.
-    fn experts(&mut self, name: &str, rows: usize, cols: usize) -> anyhow::Result<()> {
+    fn experts(&mut self, name: &str, count: usize, rows: usize, cols: usize) -> anyhow::Result<()> {
         let mut bytes = Vec::new();
-        for _ in 0..EXPERTS {
+        for _ in 0..count {
             bytes.extend_from_slice(&QTensor::quantize(&self.random(rows, cols)?, GgmlDType::Q4K)?.data()?);
         }
         let storage = QStorage::from_data(Cow::Owned(bytes), &Device::Cpu, GgmlDType::Q4K)?;
-        self.tensors.push((name.into(), QTensor::new(storage, (EXPERTS, rows, cols))?));
+        self.tensors.push((name.into(), QTensor::new(storage, (count, rows, cols))?));
         Ok(())
     }
 
@@ -77,75 +147,98 @@ impl Writer {
     }
 }
 
-fn write(path: &Path, blocks: usize) -> anyhow::Result<()> {
-    let layers = 4 * blocks;
+fn write(path: &Path, shape: &HybridShape, blocks: usize, tokenizer: HashMap<String, Value>) -> anyhow::Result<()> {
+    let vocab = match shape.vocab {
+        Vocab::Size(n) => n,
+        Vocab::DefaultModel => match tokenizer.get("tokenizer.ggml.tokens") {
+            Some(Value::Array(tokens)) => tokens.len(),
+            _ => anyhow::bail!("the default model's GGUF lists no tokenizer.ggml.tokens"),
+        },
+    };
+    let hidden = shape.hidden;
     let mut w = Writer { rng: ChaCha8Rng::seed_from_u64(35), tensors: Vec::new() };
-    w.matrix("token_embd.weight", VOCAB, HIDDEN)?;
-    w.matrix("output.weight", VOCAB, HIDDEN)?;
-    w.vector("output_norm.weight", vec![1.0; HIDDEN])?;
-    let (key_dim, value_dim) = (K_HEADS * LINEAR_HEAD_DIM, V_HEADS * LINEAR_HEAD_DIM);
-    for i in 0..layers {
-        let p = format!("blk.{i}");
-        w.vector(&format!("{p}.attn_norm.weight"), vec![1.0; HIDDEN])?;
-        w.vector(&format!("{p}.post_attention_norm.weight"), vec![1.0; HIDDEN])?;
-        if (i + 1) % 4 == 0 {
-            w.matrix(&format!("{p}.attn_q.weight"), 2 * HEADS * HEAD_DIM, HIDDEN)?;
-            w.matrix(&format!("{p}.attn_k.weight"), KV_HEADS * HEAD_DIM, HIDDEN)?;
-            w.matrix(&format!("{p}.attn_v.weight"), KV_HEADS * HEAD_DIM, HIDDEN)?;
-            w.matrix(&format!("{p}.attn_output.weight"), HIDDEN, HEADS * HEAD_DIM)?;
-            w.vector(&format!("{p}.attn_q_norm.weight"), vec![1.0; HEAD_DIM])?;
-            w.vector(&format!("{p}.attn_k_norm.weight"), vec![1.0; HEAD_DIM])?;
-        } else {
-            let channels = 2 * key_dim + value_dim;
-            w.matrix(&format!("{p}.attn_qkv.weight"), channels, HIDDEN)?;
-            w.matrix(&format!("{p}.attn_gate.weight"), value_dim, HIDDEN)?;
-            w.matrix(&format!("{p}.ssm_beta.weight"), V_HEADS, HIDDEN)?;
-            w.matrix(&format!("{p}.ssm_alpha.weight"), V_HEADS, HIDDEN)?;
-            w.matrix(&format!("{p}.ssm_out.weight"), HIDDEN, value_dim)?;
-            let conv: Vec<f32> = (0..channels * CONV_KERNEL).map(|_| w.rng.random_range(-0.5..0.5)).collect();
-            w.vector(&format!("{p}.ssm_conv1d.weight"), conv)?;
-            w.vector(&format!("{p}.ssm_a"), (0..V_HEADS).map(|h| -0.1 - h as f32 * 0.05).collect())?;
-            w.vector(&format!("{p}.ssm_dt.bias"), vec![0.0; V_HEADS])?;
-            w.vector(&format!("{p}.ssm_norm.weight"), vec![1.0; LINEAR_HEAD_DIM])?;
-        }
-        w.matrix(&format!("{p}.ffn_gate_inp.weight"), EXPERTS, HIDDEN)?;
-        w.experts(&format!("{p}.ffn_gate_exps.weight"), EXPERT_WIDTH, HIDDEN)?;
-        w.experts(&format!("{p}.ffn_up_exps.weight"), EXPERT_WIDTH, HIDDEN)?;
-        w.experts(&format!("{p}.ffn_down_exps.weight"), HIDDEN, EXPERT_WIDTH)?;
-        w.matrix(&format!("{p}.ffn_gate_shexp.weight"), EXPERT_WIDTH, HIDDEN)?;
-        w.matrix(&format!("{p}.ffn_up_shexp.weight"), EXPERT_WIDTH, HIDDEN)?;
-        w.matrix(&format!("{p}.ffn_down_shexp.weight"), HIDDEN, EXPERT_WIDTH)?;
-        let shared_gate = Tensor::zeros((1, HIDDEN), candle_core::DType::F32, &Device::Cpu)?;
-        w.tensors.push((format!("{p}.ffn_gate_inp_shexp.weight"), QTensor::quantize(&shared_gate, GgmlDType::F32)?));
+    w.matrix("token_embd.weight", vocab, hidden)?;
+    w.matrix("output.weight", vocab, hidden)?;
+    w.vector("output_norm.weight", vec![1.0; hidden])?;
+    for i in 0..4 * blocks {
+        layer(&mut w, shape, i)?;
     }
-    let arch = "qwen35moe";
-    let u = |v: usize| Value::U32(v as u32);
-    let metadata: Vec<(String, Value)> = vec![
-        ("general.architecture".into(), Value::String(arch.into())),
-        (format!("{arch}.block_count"), u(layers)),
-        (format!("{arch}.context_length"), u(8192)),
-        (format!("{arch}.embedding_length"), u(HIDDEN)),
-        (format!("{arch}.attention.head_count"), u(HEADS)),
-        (format!("{arch}.attention.head_count_kv"), u(KV_HEADS)),
-        (format!("{arch}.attention.key_length"), u(HEAD_DIM)),
-        (format!("{arch}.attention.value_length"), u(HEAD_DIM)),
-        (format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
-        (format!("{arch}.rope.freq_base"), Value::F32(1e7)),
-        (format!("{arch}.rope.dimension_count"), u(HEAD_DIM / 4)),
-        (format!("{arch}.expert_count"), u(EXPERTS)),
-        (format!("{arch}.expert_used_count"), u(8)),
-        (format!("{arch}.expert_feed_forward_length"), u(EXPERT_WIDTH)),
-        (format!("{arch}.expert_shared_feed_forward_length"), u(EXPERT_WIDTH)),
-        (format!("{arch}.ssm.conv_kernel"), u(CONV_KERNEL)),
-        (format!("{arch}.ssm.state_size"), u(LINEAR_HEAD_DIM)),
-        (format!("{arch}.ssm.group_count"), u(K_HEADS)),
-        (format!("{arch}.ssm.time_step_rank"), u(V_HEADS)),
-        (format!("{arch}.ssm.inner_size"), u(value_dim)),
-        (format!("{arch}.full_attention_interval"), u(4)),
-    ];
+    let mut metadata = metadata(shape, 4 * blocks);
+    let mut tokenizer: Vec<(String, Value)> = tokenizer.into_iter().collect();
+    // Sorted, so the same inputs write the same bytes.
+    tokenizer.sort_by(|a, b| a.0.cmp(&b.0));
+    metadata.extend(tokenizer);
     let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensors: Vec<(&str, &QTensor)> = w.tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     gguf_file::write(&mut file, &metadata, &tensors)?;
     Ok(())
+}
+
+/// Layer `i`: full attention every 4th layer, linear attention otherwise; a sparse MoE always.
+fn layer(w: &mut Writer, s: &HybridShape, i: usize) -> anyhow::Result<()> {
+    let (hidden, width) = (s.hidden, s.expert_width);
+    let (key_dim, value_dim) = (s.k_heads * s.linear_head_dim, s.v_heads * s.linear_head_dim);
+    let p = format!("blk.{i}");
+    w.vector(&format!("{p}.attn_norm.weight"), vec![1.0; hidden])?;
+    w.vector(&format!("{p}.post_attention_norm.weight"), vec![1.0; hidden])?;
+    if (i + 1).is_multiple_of(4) {
+        w.matrix(&format!("{p}.attn_q.weight"), 2 * s.heads * s.head_dim, hidden)?;
+        w.matrix(&format!("{p}.attn_k.weight"), s.kv_heads * s.head_dim, hidden)?;
+        w.matrix(&format!("{p}.attn_v.weight"), s.kv_heads * s.head_dim, hidden)?;
+        w.matrix(&format!("{p}.attn_output.weight"), hidden, s.heads * s.head_dim)?;
+        w.vector(&format!("{p}.attn_q_norm.weight"), vec![1.0; s.head_dim])?;
+        w.vector(&format!("{p}.attn_k_norm.weight"), vec![1.0; s.head_dim])?;
+    } else {
+        let channels = 2 * key_dim + value_dim;
+        w.matrix(&format!("{p}.attn_qkv.weight"), channels, hidden)?;
+        w.matrix(&format!("{p}.attn_gate.weight"), value_dim, hidden)?;
+        w.matrix(&format!("{p}.ssm_beta.weight"), s.v_heads, hidden)?;
+        w.matrix(&format!("{p}.ssm_alpha.weight"), s.v_heads, hidden)?;
+        w.matrix(&format!("{p}.ssm_out.weight"), hidden, value_dim)?;
+        let conv: Vec<f32> = (0..channels * CONV_KERNEL).map(|_| w.rng.random_range(-0.5..0.5)).collect();
+        w.vector(&format!("{p}.ssm_conv1d.weight"), conv)?;
+        w.vector(&format!("{p}.ssm_a"), (0..s.v_heads).map(|h| -0.1 - h as f32 * 0.05).collect())?;
+        w.vector(&format!("{p}.ssm_dt.bias"), vec![0.0; s.v_heads])?;
+        w.vector(&format!("{p}.ssm_norm.weight"), vec![1.0; s.linear_head_dim])?;
+    }
+    w.matrix(&format!("{p}.ffn_gate_inp.weight"), s.experts, hidden)?;
+    w.experts(&format!("{p}.ffn_gate_exps.weight"), s.experts, width, hidden)?;
+    w.experts(&format!("{p}.ffn_up_exps.weight"), s.experts, width, hidden)?;
+    w.experts(&format!("{p}.ffn_down_exps.weight"), s.experts, hidden, width)?;
+    w.matrix(&format!("{p}.ffn_gate_shexp.weight"), width, hidden)?;
+    w.matrix(&format!("{p}.ffn_up_shexp.weight"), width, hidden)?;
+    w.matrix(&format!("{p}.ffn_down_shexp.weight"), hidden, width)?;
+    let shared_gate = Tensor::zeros((1, hidden), candle_core::DType::F32, &Device::Cpu)?;
+    w.tensors.push((format!("{p}.ffn_gate_inp_shexp.weight"), QTensor::quantize(&shared_gate, GgmlDType::F32)?));
+    Ok(())
+}
+
+/// The `qwen35moe.*` keys llama.cpp writes for this shape.
+fn metadata(s: &HybridShape, layers: usize) -> Vec<(String, Value)> {
+    let arch = "qwen35moe";
+    let u = |v: usize| Value::U32(v as u32);
+    vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        (format!("{arch}.block_count"), u(layers)),
+        (format!("{arch}.context_length"), u(8192)),
+        (format!("{arch}.embedding_length"), u(s.hidden)),
+        (format!("{arch}.attention.head_count"), u(s.heads)),
+        (format!("{arch}.attention.head_count_kv"), u(s.kv_heads)),
+        (format!("{arch}.attention.key_length"), u(s.head_dim)),
+        (format!("{arch}.attention.value_length"), u(s.head_dim)),
+        (format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+        (format!("{arch}.rope.freq_base"), Value::F32(1e7)),
+        (format!("{arch}.rope.dimension_count"), u(s.head_dim / 4)),
+        (format!("{arch}.expert_count"), u(s.experts)),
+        (format!("{arch}.expert_used_count"), u(s.experts_used)),
+        (format!("{arch}.expert_feed_forward_length"), u(s.expert_width)),
+        (format!("{arch}.expert_shared_feed_forward_length"), u(s.expert_width)),
+        (format!("{arch}.ssm.conv_kernel"), u(CONV_KERNEL)),
+        (format!("{arch}.ssm.state_size"), u(s.linear_head_dim)),
+        (format!("{arch}.ssm.group_count"), u(s.k_heads)),
+        (format!("{arch}.ssm.time_step_rank"), u(s.v_heads)),
+        (format!("{arch}.ssm.inner_size"), u(s.v_heads * s.linear_head_dim)),
+        (format!("{arch}.full_attention_interval"), u(4)),
+    ]
 }

@@ -1,0 +1,158 @@
+//! A small client for any OpenAI-compatible server: streamed chat calls that are timed, plus
+//! the optional endpoints the benchmark uses when the server has them (`/health`,
+//! `/v1/models`, vLLM-style `/v1/tokenize`).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use spindle_api::TokenizeResponse;
+
+use crate::error::BenchError;
+use crate::sse::{CallTracker, Measurement, SseDecoder};
+
+/// Longest a single call may take: a burst of 64 against a CPU server that recomputes every
+/// prompt can need many minutes for its last call.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Longest a readiness or metadata probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One server; cheap to clone (the connection pool is shared).
+#[derive(Clone, Debug)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    model: Option<String>,
+    api_key: Option<String>,
+}
+
+impl Client {
+    /// A client for the server at `base_url` (e.g. `http://127.0.0.1:8080`, with or without a
+    /// trailing `/` or `/v1`).
+    pub fn new(base_url: &str, api_key: Option<String>) -> Result<Self, BenchError> {
+        let base = base_url.trim_end_matches('/');
+        let base = base.strip_suffix("/v1").unwrap_or(base).to_string();
+        let http = reqwest::Client::builder().timeout(CALL_TIMEOUT).build()?;
+        Ok(Self { http, base, model: None, api_key })
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// The model named in requests; `None` leaves the field out.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let builder = self.http.request(method, format!("{}{path}", self.base));
+        match &self.api_key {
+            Some(key) => builder.bearer_auth(key),
+            None => builder,
+        }
+    }
+
+    /// Whether `GET /health` answers with a success status now.
+    pub async fn is_ready(&self) -> bool {
+        let probe = self.request(reqwest::Method::GET, "/health").timeout(PROBE_TIMEOUT).send().await;
+        probe.is_ok_and(|r| r.status().is_success())
+    }
+
+    /// Polls [`Client::is_ready`] until it holds or `timeout` passes.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), BenchError> {
+        let start = Instant::now();
+        while !self.is_ready().await {
+            if start.elapsed() > timeout {
+                return Err(BenchError::NotReady(timeout));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    }
+
+    /// Names the first model of `GET /v1/models` in later requests (servers such as vLLM
+    /// refuse a request for another name). Leaves the model unset when the listing fails.
+    pub async fn discover_model(&mut self) {
+        let listing = self.get_json("/v1/models").await;
+        self.model = listing.and_then(|v| v["data"][0]["id"].as_str().map(str::to_string));
+    }
+
+    async fn get_json(&self, path: &str) -> Option<Value> {
+        let response = self.request(reqwest::Method::GET, path).timeout(PROBE_TIMEOUT).send().await.ok()?;
+        response.error_for_status().ok()?.json().await.ok()
+    }
+
+    /// `body` with `"model"` set when a model is known (some servers reject `null`).
+    fn with_model(&self, mut body: Value) -> Value {
+        if let (Some(model), Some(map)) = (&self.model, body.as_object_mut()) {
+            map.insert("model".into(), Value::from(model.as_str()));
+        }
+        body
+    }
+
+    async fn tokenize(&self, body: Value) -> Option<Vec<u32>> {
+        let body = self.with_model(body);
+        let response = self.request(reqwest::Method::POST, "/v1/tokenize").json(&body).send().await.ok()?;
+        let answer: TokenizeResponse = response.error_for_status().ok()?.json().await.ok()?;
+        Some(answer.tokens)
+    }
+
+    /// Tokens in `text` alone, if the server has `/v1/tokenize`.
+    pub async fn count_tokens(&self, text: &str) -> Option<usize> {
+        self.tokenize(json!({"prompt": text, "add_special_tokens": false})).await.map(|t| t.len())
+    }
+
+    /// Tokens that two chat prompts with the same system message and the user messages `a` and
+    /// `b` have in common from the start, if the server has `/v1/tokenize` for messages: the
+    /// most any prefix cache could serve to a call with a new user message.
+    pub async fn shared_prefix_tokens(&self, system: &str, a: &str, b: &str) -> Option<usize> {
+        let body = |user: &str| json!({"messages": messages(system, user)});
+        let (x, y) = (self.tokenize(body(a)).await?, self.tokenize(body(b)).await?);
+        Some(x.iter().zip(&y).take_while(|(p, q)| p == q).count())
+    }
+
+    /// One streamed chat call (greedy, `max_tokens` at most), timed from sending the request.
+    pub async fn chat(&self, system: &str, user: &str, max_tokens: u32) -> Result<Measurement, BenchError> {
+        let body = self.with_model(json!({
+            "messages": messages(system, user),
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "temperature": 0,
+            "max_tokens": max_tokens,
+        }));
+        let start = Instant::now();
+        let mut response = self.request(reqwest::Method::POST, "/v1/chat/completions").json(&body).send().await?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            return Err(BenchError::Status { status: status.as_u16(), body });
+        }
+        let (mut decoder, mut tracker) = (SseDecoder::default(), CallTracker::default());
+        while let Some(bytes) = response.chunk().await? {
+            let at = start.elapsed();
+            for payload in decoder.push(&bytes) {
+                tracker.on_payload(&payload, at)?;
+            }
+        }
+        if let Some(payload) = decoder.finish() {
+            tracker.on_payload(&payload, start.elapsed())?;
+        }
+        tracker.finish(start.elapsed())
+    }
+}
+
+fn messages(system: &str, user: &str) -> Value {
+    json!([{"role": "system", "content": system}, {"role": "user", "content": user}])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_url_forms() {
+        for url in ["http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/"] {
+            assert_eq!(Client::new(url, None).unwrap().base_url(), "http://h:1", "{url}");
+        }
+    }
+}

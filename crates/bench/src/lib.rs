@@ -1,0 +1,42 @@
+//! Client-side benchmarks of the agent workload against any OpenAI-compatible server.
+//!
+//! Coding agents send a long, fixed system prompt (rules and tool definitions) with every
+//! call and change only the last user message. A server with a prefix cache answers such a
+//! call in the time of the new tokens; one without it re-reads the whole prompt each time.
+//! Two workloads show which:
+//!
+//! - **agent**: a cold call, the same call again, [`PREFIX_CALLS`] calls with the same system
+//!   prompt and new user text, and (when the caller can restart the server) one more after a
+//!   restart. The headline is `median(prefix)/cold` of the time to first token.
+//! - **burst**: N concurrent calls sharing a warmed system prompt: errors, latency
+//!   percentiles, how many calls re-read the whole prompt, and aggregate completion tokens/s
+//!   against one call alone.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), spindle_bench::BenchError> {
+//! use spindle_bench::{report, Client, Workload};
+//!
+//! let mut client = Client::new("http://127.0.0.1:8080", None)?;
+//! client.discover_model().await;
+//! let workload = Workload::prepare(&client, 42, 2150, 16).await;
+//! let phases = workload.agent(&client).await?;
+//! phases.iter().for_each(|p| println!("{}", report::phase_line(p)));
+//! report::ratio_lines(&phases).iter().for_each(|l| println!("{l}"));
+//! let run = workload.burst(&client, 0, 8).await?;
+//! println!("{}", report::burst_line(&run, workload.system_tokens.value()));
+//! # Ok(())
+//! # }
+//! ```
+
+mod client;
+mod error;
+pub mod prompt;
+pub mod report;
+mod sse;
+pub mod stats;
+mod workload;
+
+pub use client::Client;
+pub use error::BenchError;
+pub use sse::{parse_payload, CallTracker, ChunkInfo, Measurement, Payload, SseDecoder};
+pub use workload::{prefix_ratio, BurstRun, Phase, PhaseKind, TokenCount, Workload, PREFIX_CALLS, REREAD_SLACK_TOKENS};

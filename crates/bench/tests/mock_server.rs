@@ -1,0 +1,197 @@
+//! The client and both workloads against a scripted HTTP server on a local socket: request
+//! bodies as sent, streams read, timings bounded, errors counted.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use spindle_bench::{Client, PhaseKind, TokenCount, Workload};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Delay before the first content chunk of every chat stream.
+const FIRST_TOKEN_DELAY: Duration = Duration::from_millis(30);
+
+/// Serves until the test ends; records every chat request body.
+async fn start_mock() -> (String, Arc<Mutex<Vec<Value>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            tokio::spawn(answer(socket, log.clone()));
+        }
+    });
+    (url, seen)
+}
+
+async fn read_request(socket: &mut TcpStream) -> (String, Value) {
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        let n = socket.read(&mut buf).await.unwrap();
+        data.extend_from_slice(&buf[..n]);
+        if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&data[..head_end]).to_string();
+    let length = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap())
+        })
+        .unwrap_or(0);
+    while data.len() < head_end + length {
+        let n = socket.read(&mut buf).await.unwrap();
+        data.extend_from_slice(&buf[..n]);
+    }
+    let line = head.lines().next().unwrap().to_string();
+    let body = if length > 0 { serde_json::from_slice(&data[head_end..]).unwrap() } else { Value::Null };
+    (line, body)
+}
+
+async fn reply(socket: &mut TcpStream, status: &str, content_type: &str, body: &str) {
+    let head = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    socket.write_all(body.as_bytes()).await.unwrap();
+}
+
+/// Fake tokens: one per byte of each message's content, so shared prefixes are exact.
+fn fake_tokens(body: &Value) -> Vec<u32> {
+    match body.get("messages") {
+        Some(messages) => messages
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|m| m["content"].as_str().unwrap().bytes())
+            .map(u32::from)
+            .collect(),
+        // Three characters per token for raw text.
+        None => vec![0; body["prompt"].as_str().unwrap().len() / 3],
+    }
+}
+
+async fn answer(mut socket: TcpStream, seen: Arc<Mutex<Vec<Value>>>) {
+    let (line, body) = read_request(&mut socket).await;
+    match line.split(' ').nth(1).unwrap() {
+        "/health" => reply(&mut socket, "200 OK", "application/json", r#"{"status":"ok"}"#).await,
+        "/v1/models" => {
+            reply(&mut socket, "200 OK", "application/json", r#"{"object":"list","data":[{"id":"mock-1"}]}"#).await
+        }
+        "/v1/tokenize" => {
+            let tokens = fake_tokens(&body);
+            let text = json!({"tokens": tokens, "count": tokens.len(), "max_model_len": 8192}).to_string();
+            reply(&mut socket, "200 OK", "application/json", &text).await
+        }
+        "/v1/chat/completions" => {
+            seen.lock().unwrap().push(body.clone());
+            let user = body["messages"][1]["content"].as_str().unwrap();
+            if user.starts_with("Request 5:") {
+                return reply(
+                    &mut socket,
+                    "429 Too Many Requests",
+                    "application/json",
+                    r#"{"error":{"message":"queue full"}}"#,
+                )
+                .await;
+            }
+            stream_chat(&mut socket, user).await;
+        }
+        other => panic!("unexpected path {other}"),
+    }
+}
+
+/// Role chunk, a pause, two content chunks, the finish chunk, usage (cached tokens only for
+/// the prefix calls' users), `[DONE]`.
+async fn stream_chat(socket: &mut TcpStream, user: &str) {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let event = |v: Value| format!("data: {v}\n\n");
+    let chunk = |delta: Value, finish: Value| {
+        event(json!({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}))
+    };
+    socket.write_all(chunk(json!({"role": "assistant", "content": ""}), Value::Null).as_bytes()).await.unwrap();
+    socket.flush().await.unwrap();
+    tokio::time::sleep(FIRST_TOKEN_DELAY).await;
+    let cached = if user.starts_with("Request 0:") { 0 } else { 500 };
+    let rest = [
+        chunk(json!({"content": "Hel"}), Value::Null),
+        chunk(json!({"content": "lo"}), Value::Null),
+        chunk(json!({}), json!("length")),
+        event(json!({"choices": [], "usage": {"prompt_tokens": 600, "completion_tokens": 2, "total_tokens": 602,
+            "prompt_tokens_details": {"cached_tokens": cached}}})),
+        "data: [DONE]\n\n".to_string(),
+    ];
+    for text in rest {
+        socket.write_all(text.as_bytes()).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn agent_phases_against_the_mock() {
+    let (url, seen) = start_mock().await;
+    let mut client = Client::new(&format!("{url}/v1/"), None).unwrap();
+    assert!(client.is_ready().await);
+    client.discover_model().await;
+    assert_eq!(client.model(), Some("mock-1"));
+
+    let workload = Workload::prepare(&client, 9, 300, 16).await;
+    // Sized at the server's 3 characters per token; the shared prefix is the system prompt
+    // plus "Request " common to user messages 0 and 1.
+    assert!(workload.system.len() >= 900 && workload.system.len() < 1500, "{}", workload.system.len());
+    assert_eq!(workload.system_tokens, TokenCount::Counted(workload.system.len() + "Request ".len()));
+
+    let phases = workload.agent(&client).await.unwrap();
+    let kinds: Vec<PhaseKind> = phases.iter().map(|p| p.kind).collect();
+    assert_eq!(
+        kinds,
+        [PhaseKind::Cold, PhaseKind::Warm, PhaseKind::Prefix(1), PhaseKind::Prefix(2), PhaseKind::Prefix(3)]
+    );
+    for p in &phases {
+        let m = p.measurement;
+        assert!(m.ttft >= FIRST_TOKEN_DELAY && m.ttft <= m.latency, "{m:?}");
+        assert_eq!((m.prompt_tokens, m.completion_tokens), (600, 2));
+    }
+    let cached: Vec<u32> = phases.iter().map(|p| p.measurement.cached_tokens).collect();
+    assert_eq!(cached, [0, 0, 500, 500, 500]);
+
+    let bodies = seen.lock().unwrap().clone();
+    // The warm-up, then the five phases.
+    assert_eq!(bodies.len(), 6);
+    let cold = &bodies[1];
+    assert_eq!(cold["model"], "mock-1");
+    assert_eq!(cold["stream"], true);
+    assert_eq!(cold["stream_options"]["include_usage"], true);
+    assert_eq!(cold["temperature"], 0);
+    assert_eq!(cold["max_tokens"], 16);
+    assert_eq!(cold["messages"][0]["role"], "system");
+    assert_eq!(cold["messages"][0]["content"], workload.system.as_str());
+    assert_eq!(cold["messages"][1], bodies[2]["messages"][1], "warm repeats the cold call");
+    assert_ne!(bodies[2]["messages"][1], bodies[3]["messages"][1], "prefix calls bring new user text");
+}
+
+#[tokio::test]
+async fn burst_counts_errors_and_rereads() {
+    let (url, seen) = start_mock().await;
+    let client = Client::new(&url, None).unwrap();
+    let workload = Workload::prepare(&client, 9, 300, 16).await;
+    // Users 2..=5: "Request 5" is refused with 429.
+    let run = workload.burst(&client, 0, 4).await.unwrap();
+    assert_eq!(run.calls.len(), 4);
+    assert_eq!(run.errors(), [r#"status 429: {"error":{"message":"queue full"}}"#]);
+    // The mock reports 500 cached tokens: below a ~1,000-token system prompt.
+    assert_eq!(run.rereads(workload.system_tokens.value()), 3);
+    assert_eq!(run.rereads(500 + 64), 0);
+    assert_eq!(run.warm.cached_tokens, 0);
+    assert_eq!(run.single.cached_tokens, 500);
+    let bodies = seen.lock().unwrap().clone();
+    // A burst's system prompt has its own salt.
+    assert_ne!(bodies[0]["messages"][0]["content"], workload.system.as_str());
+    assert!(bodies.iter().all(|b| b["messages"][0] == bodies[0]["messages"][0]));
+}
