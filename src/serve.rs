@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Args;
-use spindle_runner::ModelBundle;
+use spindle_runner::{CacheConfig, ModelBundle};
 use spindle_server::ServerConfig;
 
 #[derive(Args)]
@@ -41,6 +41,13 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 16 * 1024 * 1024)]
     max_body_bytes: usize,
+    /// Memory for attention keys/values of running sequences and the prefix cache (e.g. 2GiB).
+    #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
+    kv_cache_memory: usize,
+    /// Memory for prefix-cache snapshots: recurrent states of hybrid models and end-of-prompt
+    /// logits.
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    snapshot_memory: usize,
     /// CPU threads for the kernels (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -68,6 +75,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         thinking_budget: args.thinking_budget,
         chat_template_kwargs,
         max_body_bytes: args.max_body_bytes,
+        cache: CacheConfig { kv_bytes: args.kv_cache_memory, snapshot_bytes: args.snapshot_memory, ..CacheConfig::default() },
     };
     let state = spindle_server::start(config, bundle);
     let runtime = tokio::runtime::Runtime::new()?;
@@ -93,4 +101,35 @@ fn model_id(spec: &str) -> String {
         }
     }
     spec.to_string()
+}
+
+/// A size in bytes: a number with an optional unit (K, M, G, KiB, MiB, GiB; K = 1024).
+fn parse_bytes(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().map_err(|_| format!("'{text}' is not a size such as 512MiB or 2GiB"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1u64,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => return Err(format!("unknown size unit '{other}' (use K, M or G)")),
+    };
+    Ok((number * scale as f64) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_take_binary_units() {
+        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1.5k"), Ok(1536));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert!(parse_bytes("lots").unwrap_err().contains("not a size"));
+        assert!(parse_bytes("3PB").unwrap_err().contains("unknown size unit"));
+    }
 }

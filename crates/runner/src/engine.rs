@@ -1,29 +1,36 @@
-//! The engine thread: the one owner of the model. Requests arrive over a channel; the thread
-//! runs every admitted sequence one step at a time in turn (a prefill chunk or one decode step),
-//! so a long prompt cannot stall the others' tokens and every sequence sees exactly the logits it
+//! The engine thread: the one owner of the model and of the KV storage. Requests arrive over a
+//! channel and wait in arrival order; the scheduler admits them while there is room and plans
+//! each step: one decode token for every running sequence, plus prefill chunks up to a token
+//! budget, so a long prompt cannot stall the others' tokens. Every sequence runs through the
+//! model on its own, with prefill chunks fixed by its prompt, so it sees exactly the logits it
 //! would see alone. Results leave as [`SequenceEvent`]s; a receiver that goes away, or a raised
-//! cancel flag, ends the sequence and frees its cache at its next turn.
+//! cancel flag, ends the sequence and frees its blocks at its next turn.
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
-use spindle_models::SequenceCache;
+use spindle_sched::{PrefillPlan, Scheduler, SchedulerConfig, SeqId};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::bundle::ModelBundle;
-use crate::output::{OutputPipeline, ReasoningMode, TextDelta};
-use crate::sampler::{SampledToken, Sampler, SamplingParams};
+use crate::output::{ReasoningMode, TextDelta};
+use crate::prefix_cache::{CacheConfig, PrefixCache};
+use crate::sampler::{SampledToken, SamplingParams};
+use crate::sequence::{Sequence, Step};
 use crate::FinishReason;
 
 /// Limits of the engine thread.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
-    /// Sequences stepped in turn; further requests wait in arrival order.
+    /// Sequences running at once; further requests wait in arrival order.
     pub max_active: usize,
-    /// Prompt tokens run per turn, so a long prefill shares the thread with decoding sequences.
+    /// Prompt positions per prefill chunk (besides the cuts at snapshot positions).
     pub prefill_chunk: usize,
+    /// Tokens one step may run: every decode token, then whole prefill chunks while they fit.
+    pub step_tokens: usize,
+    pub cache: CacheConfig,
 }
 
 /// Reasoning tokens get their own budget; the engine closes the block itself when it is spent.
@@ -38,6 +45,9 @@ pub struct ReasoningBudget {
 /// One generation to run.
 pub struct SequenceRequest {
     pub prompt_ids: Vec<u32>,
+    /// Prompt positions after which the prefix cache should keep a snapshot (ends of chat
+    /// messages); the end of the prompt is always one.
+    pub snapshot_positions: Vec<usize>,
     /// Tokens to generate at most; the caller has already fitted it into the context.
     pub max_tokens: usize,
     pub sampling: SamplingParams,
@@ -78,6 +88,9 @@ pub struct SequenceSummary {
 pub struct EngineLoad {
     pub waiting: AtomicUsize,
     pub active: AtomicUsize,
+    /// Prompt tokens taken from the prefix cache, and prompt tokens in all (counters).
+    pub cached_prompt_tokens: AtomicUsize,
+    pub prompt_tokens: AtomicUsize,
 }
 
 /// Handle to the engine thread; cloning shares the thread.
@@ -118,191 +131,129 @@ impl Engine {
     }
 }
 
+/// What the engine thread owns.
+struct EngineState<'a> {
+    bundle: &'a ModelBundle,
+    config: &'a EngineConfig,
+    load: &'a EngineLoad,
+    prefix: PrefixCache,
+    scheduler: Scheduler,
+    waiting: HashMap<SeqId, SequenceRequest>,
+    running: HashMap<SeqId, Sequence>,
+    next_id: u64,
+}
+
 fn run(bundle: &ModelBundle, config: &EngineConfig, inbox: &mpsc::Receiver<SequenceRequest>, load: &EngineLoad) {
-    let mut waiting = VecDeque::new();
-    let mut active: Vec<Sequence> = Vec::new();
+    let mut engine = EngineState {
+        bundle,
+        config,
+        load,
+        prefix: PrefixCache::new(bundle.model.as_ref(), &config.cache),
+        scheduler: Scheduler::new(SchedulerConfig { max_active: config.max_active.max(1), step_tokens: config.step_tokens }),
+        waiting: HashMap::new(),
+        running: HashMap::new(),
+        next_id: 0,
+    };
     loop {
-        if active.is_empty() && waiting.is_empty() {
+        if engine.waiting.is_empty() && engine.running.is_empty() {
             match inbox.recv() {
-                Ok(r) => waiting.push_back(r),
+                Ok(request) => engine.enqueue(request),
                 Err(_) => return,
             }
         }
-        waiting.extend(inbox.try_iter());
-        while active.len() < config.max_active.max(1) {
-            let Some(request) = waiting.pop_front() else { break };
-            active.push(Sequence::new(bundle, request));
+        for request in inbox.try_iter() {
+            engine.enqueue(request);
         }
-        load.waiting.store(waiting.len(), Ordering::Relaxed);
-        load.active.store(active.len(), Ordering::Relaxed);
-        active.retain_mut(|seq| {
-            // A panic in one sequence's step must not take the others down with the thread.
-            let step = std::panic::catch_unwind(AssertUnwindSafe(|| seq.step(bundle, config.prefill_chunk)));
-            match step {
-                Ok(Step::Continue) => true,
-                Ok(Step::Done) => false,
-                Err(panic) => {
-                    let message = panic.downcast_ref::<&str>().map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into());
-                    tracing::error!(%message, "a sequence step panicked");
-                    let _ = seq.request.events.send(SequenceEvent::Failed(format!("internal error: {message}")));
-                    false
-                }
-            }
-        });
+        engine.admit();
+        load.waiting.store(engine.waiting.len(), Ordering::Relaxed);
+        load.active.store(engine.running.len(), Ordering::Relaxed);
+        engine.step();
         // Before blocking for new work, so an idle engine reports itself idle.
-        load.active.store(active.len(), Ordering::Relaxed);
+        load.active.store(engine.running.len(), Ordering::Relaxed);
     }
 }
 
-enum Step {
-    Continue,
-    Done,
-}
-
-/// A running request: its cache, sampler and text state.
-struct Sequence {
-    request: SequenceRequest,
-    cache: SequenceCache,
-    sampler: Sampler,
-    output: OutputPipeline,
-    /// Prompt tokens already run through the model.
-    prefilled: usize,
-    /// Logits for the next token, once the prompt is in.
-    logits: Option<Vec<f32>>,
-    generated: usize,
-    reasoning_tokens: usize,
-    /// Close-tag tokens still to force, front first.
-    forcing: VecDeque<u32>,
-    /// The engine has forced the close tag (it does so at most once).
-    close_forced: bool,
-}
-
-impl Sequence {
-    fn new(bundle: &ModelBundle, request: SequenceRequest) -> Self {
-        let cache = bundle.model.new_cache(request.context);
-        let sampler = Sampler::new(request.sampling.clone(), &request.prompt_ids);
-        let output = OutputPipeline::new(&request.stop_strings, request.reasoning);
-        Self {
-            request,
-            cache,
-            sampler,
-            output,
-            prefilled: 0,
-            logits: None,
-            generated: 0,
-            reasoning_tokens: 0,
-            forcing: VecDeque::new(),
-            close_forced: false,
-        }
+impl EngineState<'_> {
+    fn enqueue(&mut self, request: SequenceRequest) {
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        self.waiting.insert(id, request);
+        self.scheduler.enqueue(id);
     }
 
-    fn step(&mut self, bundle: &ModelBundle, prefill_chunk: usize) -> Step {
-        if self.request.events.is_closed() {
-            return Step::Done;
+    /// Starts waiting requests in arrival order while the scheduler and the KV storage have
+    /// room; a prompt that could never fit fails at once instead of blocking the queue.
+    fn admit(&mut self) {
+        let mut failed = Vec::new();
+        let admitted = self.scheduler.admit(|id| {
+            let request = &self.waiting[&id];
+            let len = request.prompt_ids.len();
+            let plan = PrefillPlan::new(len, &request.snapshot_positions, self.config.prefill_chunk);
+            if self.prefix.blocks_for(len + 1) > self.prefix.total_blocks() {
+                let message = format!(
+                    "the prompt needs {} KV blocks but the cache holds {}; raise --kv-cache-memory",
+                    self.prefix.blocks_for(len + 1),
+                    self.prefix.total_blocks()
+                );
+                failed.push((id, message));
+                return true;
+            }
+            let Ok(mut started) = self.prefix.start(&request.prompt_ids, &plan, request.context) else { return false };
+            if self.prefix.reserve(&mut started.cache, len + 1 - started.cached).is_err() {
+                self.prefix.release(&started.cache);
+                return false;
+            }
+            let request = self.waiting.remove(&id).expect("waiting request");
+            self.load.prompt_tokens.fetch_add(len, Ordering::Relaxed);
+            self.load.cached_prompt_tokens.fetch_add(started.cached, Ordering::Relaxed);
+            self.running.insert(id, Sequence::new(request, plan, started));
+            true
+        });
+        for (id, message) in failed {
+            if let Some(request) = self.waiting.remove(&id) {
+                let _ = request.events.send(SequenceEvent::Failed(message));
+            }
+            self.scheduler.remove(id);
         }
-        if self.request.cancel.load(Ordering::Relaxed) {
-            return self.finish(FinishReason::Cancelled);
-        }
-        match self.advance(bundle, prefill_chunk) {
-            Ok(step) => step,
-            Err(message) => {
-                let _ = self.request.events.send(SequenceEvent::Failed(message));
-                Step::Done
+        for id in admitted {
+            if let Some(seq) = self.running.get(&id) {
+                self.scheduler.start(id, seq.remaining_chunks());
             }
         }
     }
 
-    fn advance(&mut self, bundle: &ModelBundle, prefill_chunk: usize) -> Result<Step, String> {
-        let model = bundle.model.as_ref();
-        let Some(logits) = self.logits.take() else {
-            let prompt = &self.request.prompt_ids;
-            let end = (self.prefilled + prefill_chunk.max(1)).min(prompt.len());
-            let logits = model.forward(&prompt[self.prefilled..end], &mut self.cache).map_err(|e| e.to_string())?;
-            self.prefilled = end;
-            if end == prompt.len() {
-                self.logits = Some(logits);
+    /// Runs one planned step: the prefill chunks, then one decode token per decoding sequence.
+    fn step(&mut self) {
+        let plan = self.scheduler.plan();
+        let work = plan.prefill.iter().map(|&(id, size)| (id, Some(size))).chain(plan.decode.iter().map(|&id| (id, None)));
+        for (id, prefill) in work {
+            let Some(seq) = self.running.get_mut(&id) else { continue };
+            let prefix = &mut self.prefix;
+            let bundle = self.bundle;
+            // A panic in one sequence's step must not take the others down with the thread.
+            let step = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                if let Some(step) = seq.abandoned() {
+                    return step;
+                }
+                match prefill {
+                    Some(size) => seq.prefill(bundle, prefix, size),
+                    None => seq.decode(bundle, prefix),
+                }
+            }));
+            let step = step.unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!(%message, "a sequence step panicked");
+                seq.fail(format!("internal error: {message}"))
+            });
+            if step == Step::Done {
+                let seq = self.running.remove(&id).expect("running sequence");
+                self.prefix.release(seq.cache());
+                self.scheduler.remove(id);
             }
-            return Ok(Step::Continue);
-        };
-        let reasoning = self.output.in_reasoning();
-        self.apply_reasoning_budget(reasoning);
-        let mut token = match self.forcing.pop_front() {
-            Some(id) => self.sampler.force(&logits, id),
-            None => self.sampler.sample(&logits),
-        };
-        // Ending inside an open reasoning block would leave the answer empty: close the block
-        // instead and let the model answer.
-        if reasoning && self.request.stop_ids.contains(&token.id) && self.start_closing_reasoning() {
-            let close = self.forcing.pop_front().expect("close_ids is not empty");
-            token = self.sampler.force(&logits, close);
         }
-        if self.request.stop_ids.contains(&token.id) {
-            return Ok(self.finish(FinishReason::Stop));
-        }
-        self.generated += 1;
-        self.reasoning_tokens += usize::from(reasoning);
-        let (text, stopped) = self.output.push(&bundle.tokenizer, token.id);
-        let id = token.id;
-        if self.request.events.send(SequenceEvent::Token { token, text, reasoning }).is_err() {
-            return Ok(Step::Done);
-        }
-        if stopped {
-            return Ok(self.finish_without_tail(FinishReason::Stop));
-        }
-        if self.generated >= self.request.max_tokens || self.cache.len() >= self.cache.limit() {
-            return Ok(self.finish(FinishReason::Length));
-        }
-        self.logits = Some(model.forward(&[id], &mut self.cache).map_err(|e| e.to_string())?);
-        Ok(Step::Continue)
-    }
-
-    /// Starts forcing the close tag when reasoning has used its budget, or when thinking on
-    /// would leave the answer less than a quarter of `max_tokens`.
-    fn apply_reasoning_budget(&mut self, reasoning: bool) {
-        let Some(budget) = &self.request.reasoning_budget else { return };
-        if !reasoning || self.close_forced || !self.forcing.is_empty() {
-            return;
-        }
-        let over_budget = budget.max_tokens.is_some_and(|max| self.reasoning_tokens >= max);
-        let left = self.request.max_tokens.saturating_sub(self.generated);
-        let content_room = self.request.max_tokens.div_ceil(4);
-        if over_budget || left <= content_room + budget.close_ids.len() {
-            self.start_closing_reasoning();
-        }
-    }
-
-    /// Queues the close-tag tokens, once per sequence; false when that already happened.
-    fn start_closing_reasoning(&mut self) -> bool {
-        let Some(budget) = &self.request.reasoning_budget else { return false };
-        if self.close_forced || budget.close_ids.is_empty() {
-            return false;
-        }
-        self.forcing.extend(budget.close_ids.iter().copied());
-        self.close_forced = true;
-        true
-    }
-
-    fn finish(&mut self, finish_reason: FinishReason) -> Step {
-        let (tail, stopped) = self.output.finish();
-        self.report(if stopped { FinishReason::Stop } else { finish_reason }, tail)
-    }
-
-    fn finish_without_tail(&mut self, finish_reason: FinishReason) -> Step {
-        self.report(finish_reason, TextDelta::default())
-    }
-
-    fn report(&mut self, finish_reason: FinishReason, tail: TextDelta) -> Step {
-        let summary = SequenceSummary {
-            finish_reason,
-            tail,
-            prompt_tokens: self.request.prompt_ids.len(),
-            completion_tokens: self.generated,
-            reasoning_tokens: self.reasoning_tokens,
-            cached_tokens: 0,
-        };
-        let _ = self.request.events.send(SequenceEvent::Finished(summary));
-        Step::Done
     }
 }

@@ -1,15 +1,18 @@
 //! Turns token ids into generated tokens: the model step, the sampler, the generation loop for
-//! one prompt, and the engine thread that runs many requests in turn.
+//! one prompt, the engine thread that runs many requests at once, and the prefix cache.
 
 mod bundle;
 mod engine;
 mod error;
 mod generate;
 mod output;
+mod prefix_cache;
 pub mod sampler;
+mod sequence;
 
 pub use bundle::ModelBundle;
 pub use engine::{Engine, EngineConfig, EngineLoad, EngineStopped, ReasoningBudget, SequenceEvent, SequenceRequest, SequenceSummary};
 pub use error::{Result, RunnerError};
 pub use generate::{generate, FinishReason, GenerationRequest, GenerationStats};
+pub use prefix_cache::CacheConfig;
 pub use output::{OutputPipeline, ReasoningMode, TextDelta};

@@ -15,9 +15,11 @@
 //!    tree keeps its own references until eviction.
 
 mod block_pool;
+mod prefill_plan;
 mod prefix_tree;
 mod scheduler;
 
 pub use block_pool::{BlockId, BlockPool, PoolExhausted};
+pub use prefill_plan::PrefillPlan;
 pub use prefix_tree::{CacheKind, Inserted, NodeId, NodeView, PrefixTree, ResumePoint, SnapshotId};
 pub use scheduler::{Scheduler, SchedulerConfig, SeqId, StepPlan};

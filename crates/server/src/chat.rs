@@ -50,13 +50,15 @@ pub async fn chat_completions(
 fn plan(state: &AppState, request: &ChatCompletionRequest) -> Result<Plan, ApiError> {
     let bundle = &state.bundle;
     let tools: Vec<Value> = request.tools.iter().map(|t| json!(t)).collect();
-    let (prompt, thinking) = render_prompt(state, &request.messages, &tools, &request.chat_template_kwargs)?;
+    let rendered = render_prompt(state, &request.messages, &tools, &request.chat_template_kwargs)?;
+    let (prompt, thinking) = (&rendered.text, rendered.thinking);
     // The template writes BOS itself where the model wants one.
-    let prompt_ids = bundle.tokenizer.encode(&prompt, false).map_err(|e| ApiError::internal(e.to_string()))?;
+    let prompt_ids = bundle.tokenizer.encode(prompt, false).map_err(|e| ApiError::internal(e.to_string()))?;
+    let snapshot_positions = token_positions(state, &rendered, &prompt_ids)?;
     let max_tokens = fit_max_tokens(state, prompt_ids.len(), request.max_output_tokens())?;
 
     let reasoning = if thinking && bundle.template.source().contains(THINK_OPEN) {
-        ReasoningMode::ThinkTags { starts_inside: prompt_ends_in_reasoning(&prompt, THINK_OPEN, THINK_CLOSE) }
+        ReasoningMode::ThinkTags { starts_inside: prompt_ends_in_reasoning(prompt, THINK_OPEN, THINK_CLOSE) }
     } else {
         ReasoningMode::Off
     };
@@ -76,6 +78,7 @@ fn plan(state: &AppState, request: &ChatCompletionRequest) -> Result<Plan, ApiEr
     };
     Ok(Plan {
         prompt_ids,
+        snapshot_positions,
         max_tokens,
         sampling: runner_sampling(&request.sampling),
         stop_strings: stop_strings(&request.sampling),
@@ -85,14 +88,37 @@ fn plan(state: &AppState, request: &ChatCompletionRequest) -> Result<Plan, ApiEr
     })
 }
 
-/// The prompt text for `messages`, and whether thinking is on: the server's template kwargs,
-/// then the request's, then `--no-thinking` where neither says.
+/// The token positions of the rendered prompt's message ends, where the text before one
+/// tokenizes to a prefix of the prompt's tokens (a token spanning the end has no such position).
+fn token_positions(state: &AppState, rendered: &RenderedPrompt, prompt_ids: &[u32]) -> Result<Vec<usize>, ApiError> {
+    let mut positions = Vec::new();
+    for &end in &rendered.message_ends {
+        let ids = state.bundle.tokenizer.encode(&rendered.text[..end], false).map_err(|e| ApiError::internal(e.to_string()))?;
+        if prompt_ids.starts_with(&ids) {
+            positions.push(ids.len());
+        }
+    }
+    Ok(positions)
+}
+
+/// A conversation rendered by the chat template.
+pub(crate) struct RenderedPrompt {
+    pub text: String,
+    /// Thinking is on: the server's template kwargs, then the request's, then `--no-thinking`
+    /// where neither says.
+    pub thinking: bool,
+    /// Byte offsets in `text` where chat messages end: after a leading system prompt (every
+    /// call of an agent shares it) and after the last message (where the next call of the same
+    /// conversation goes on). The prefix cache keeps snapshots there.
+    pub message_ends: Vec<usize>,
+}
+
 pub(crate) fn render_prompt(
     state: &AppState,
     messages: &[ChatMessage],
     tools: &[Value],
     request_kwargs: &Map<String, Value>,
-) -> Result<(String, bool), ApiError> {
+) -> Result<RenderedPrompt, ApiError> {
     let mut kwargs = state.config.chat_template_kwargs.clone();
     kwargs.extend(request_kwargs.clone());
     if !state.config.thinking_default {
@@ -100,17 +126,28 @@ pub(crate) fn render_prompt(
     }
     let thinking = kwargs.get("enable_thinking") != Some(&Value::Bool(false));
     let messages: Vec<Value> = messages.iter().map(template_message).collect();
-    let prompt = state
-        .bundle
-        .template
-        .render(&TemplateInput {
-            messages: &messages,
+    let render = |messages: &[Value], add_generation_prompt: bool| {
+        state.bundle.template.render(&TemplateInput {
+            messages,
             tools: (!tools.is_empty()).then_some(tools),
-            add_generation_prompt: true,
+            add_generation_prompt,
             extra: &kwargs,
         })
+    };
+    let text = render(&messages, true)
         .map_err(|e| ApiError::bad_request(format!("the chat template failed: {e}"), Some("messages")))?;
-    Ok((prompt, thinking))
+    let leading_system = messages.len() > 1 && messages[0]["role"] == "system";
+    let shorter = [leading_system.then_some(1), Some(messages.len())];
+    // A template may render a shorter conversation differently (or refuse it): such ends are
+    // not on the prompt's path and are skipped.
+    let message_ends = shorter
+        .into_iter()
+        .flatten()
+        .filter_map(|n| render(&messages[..n], false).ok())
+        .filter(|prefix| !prefix.is_empty() && prefix.len() < text.len() && text.starts_with(prefix.as_str()))
+        .map(|prefix| prefix.len())
+        .collect();
+    Ok(RenderedPrompt { text, thinking, message_ends })
 }
 
 /// A message as chat templates expect it: `developer` read as `system`, content as one string,

@@ -51,6 +51,7 @@ pub async fn completions(
     let max_tokens = fit_max_tokens(&state, prompt_ids.len(), Some(request.max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS)))?;
     let plan = Plan {
         prompt_ids,
+        snapshot_positions: Vec::new(),
         max_tokens,
         sampling: runner_sampling(&request.sampling),
         stop_strings: stop_strings(&request.sampling),

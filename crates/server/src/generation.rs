@@ -16,6 +16,8 @@ use crate::state::{AppState, Ticket};
 /// Everything the engine needs for one request, decided by the endpoint.
 pub struct Plan {
     pub prompt_ids: Vec<u32>,
+    /// Where the prefix cache should keep snapshots (ends of chat messages).
+    pub snapshot_positions: Vec<usize>,
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub stop_strings: Vec<String>,
@@ -51,6 +53,7 @@ impl Generation {
         sampling.top_logprobs = plan.logprobs;
         let request = SequenceRequest {
             prompt_ids: plan.prompt_ids,
+            snapshot_positions: plan.snapshot_positions,
             max_tokens: plan.max_tokens,
             sampling,
             stop_ids: state.bundle.tokenizer.eos_token_ids().to_vec(),

@@ -99,7 +99,7 @@ async fn tokenize(
     check_model(&state, request.model.as_deref())?;
     let tokenizer = &state.bundle.tokenizer;
     let tokens = if let Some(messages) = &request.messages {
-        let (prompt, _) = render_prompt(&state, messages, &[], &Default::default())?;
+        let prompt = render_prompt(&state, messages, &[], &Default::default())?.text;
         // The template already wrote the special tokens it wants.
         tokenizer.encode(&prompt, request.add_special_tokens.unwrap_or(false))
     } else {

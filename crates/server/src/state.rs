@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value};
 use spindle_api::ApiError;
-use spindle_runner::{Engine, ModelBundle};
+use spindle_runner::{CacheConfig, Engine, ModelBundle};
 
 use crate::metrics::Metrics;
 
@@ -32,6 +32,8 @@ pub struct ServerConfig {
     pub chat_template_kwargs: Map<String, Value>,
     /// Largest request body accepted (413 above).
     pub max_body_bytes: usize,
+    /// KV storage and prefix-cache sizes.
+    pub cache: CacheConfig,
 }
 
 pub struct AppState {

@@ -29,7 +29,8 @@ async fn non_streaming_response_has_the_openai_shape() {
     let completion = usage["completion_tokens"].as_u64().unwrap();
     assert!(completion > 0 && completion <= 24);
     assert_eq!(usage["total_tokens"].as_u64().unwrap(), usage["prompt_tokens"].as_u64().unwrap() + completion);
-    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 0);
+    // Other tests on this server may have cached the same prompt.
+    assert!(usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() <= usage["prompt_tokens"].as_u64().unwrap());
     let reason = choice["finish_reason"].as_str().unwrap();
     assert!(reason == "stop" || (reason == "length" && completion == 24), "{reason}");
 }
@@ -61,7 +62,11 @@ async fn streaming_gives_the_same_text_as_non_streaming() {
         let streamed = parse_chat_stream(&post_stream(&base, "/v1/chat/completions", &body).await);
         assert_eq!(streamed.content, content(&whole), "{sampling}");
         assert_eq!(streamed.finish_reason, whole["choices"][0]["finish_reason"]);
-        assert_eq!(streamed.usage.as_ref(), Some(&whole["usage"]));
+        // The second run of the same prompt starts from the prefix cache, and gives the same text.
+        let mut usage = streamed.usage.clone().unwrap();
+        assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], whole["usage"]["prompt_tokens"], "{sampling}");
+        usage["prompt_tokens_details"]["cached_tokens"] = whole["usage"]["prompt_tokens_details"]["cached_tokens"].clone();
+        assert_eq!(usage, whole["usage"]);
         // The usage chunk comes last and has no choices.
         let last = streamed.chunks.last().unwrap();
         assert_eq!(last["choices"].as_array().unwrap().len(), 0);

@@ -47,6 +47,7 @@ fn start(setup: Setup) -> String {
         thinking_budget: None,
         chat_template_kwargs: Default::default(),
         max_body_bytes: 64 * 1024,
+        cache: Default::default(),
     };
     match setup {
         Setup::Default => {}
