@@ -10,6 +10,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Each forward pass allocates and frees tensors of megabytes; glibc hands such blocks back to
+/// the OS and pays page faults and page zeroing to get them again, mimalloc keeps reusing them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "spindle", version, about = "OpenAI-compatible LLM inference server")]
 struct Cli {

@@ -8,6 +8,8 @@
 //! L2-normalised (and `q` scaled by `1/√k_dim`), decay `g ≤ 0` and write strength `β`:
 //! `S ← e^g S;  S ← S + k ⊗ β (v − Sᵀk);  o = Sᵀq`.
 
+use rayon::prelude::*;
+
 /// Head layout of one linear-attention layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeltaHeads {
@@ -89,13 +91,25 @@ pub fn recurrent(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<
 /// Runs `t` tokens in chunks of [`CHUNK`], updating `state`; the same result as [`recurrent`]
 /// up to rounding, with most of the work in dense chunk-sized products.
 pub fn chunked(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<f32> {
-    let v_heads = heads.v_heads;
+    let DeltaHeads { v_heads, k_dim, v_dim, .. } = *heads;
     let t = x.g.len() / v_heads;
-    let mut out = vec![0.0; t * v_heads * heads.v_dim];
-    for start in (0..t).step_by(CHUNK) {
-        let len = CHUNK.min(t - start);
-        for h in 0..v_heads {
-            chunk_head(heads, x, h, start, len, state, &mut out);
+    // Heads are independent: each runs on its own thread with its own state and a head-major
+    // output, interleaved token-major afterwards (the same arithmetic whatever the split).
+    let per_head: Vec<Vec<f32>> = state
+        .par_chunks_mut(k_dim * v_dim)
+        .enumerate()
+        .map(|(h, head_state)| {
+            let mut head_out = vec![0.0; t * v_dim];
+            for start in (0..t).step_by(CHUNK) {
+                chunk_head(heads, x, h, start, CHUNK.min(t - start), head_state, &mut head_out);
+            }
+            head_out
+        })
+        .collect();
+    let mut out = vec![0.0; t * v_heads * v_dim];
+    for (h, head_out) in per_head.iter().enumerate() {
+        for (pos, row) in head_out.chunks_exact(v_dim).enumerate() {
+            out[(pos * v_heads + h) * v_dim..][..v_dim].copy_from_slice(row);
         }
     }
     out
@@ -105,7 +119,8 @@ pub fn chunked(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<f3
 /// log decay and `L` the strictly lower matrix `L_ij = β_i (k_i·k_j) e^{c_i−c_j}`, the delta
 /// rule's writes are `u = (I+L)⁻¹ (βv − β e^{c} k S₀)`; outputs read the decayed old state plus
 /// the chunk's own writes, and the state moves on by the whole chunk at once.
-fn chunk_head(heads: &DeltaHeads, x: &DeltaInputs, h: usize, start: usize, len: usize, state: &mut [f32], out: &mut [f32]) {
+/// `s0` is the head's state; `out` its outputs, `t × v_dim`.
+fn chunk_head(heads: &DeltaHeads, x: &DeltaInputs, h: usize, start: usize, len: usize, s0: &mut [f32], out: &mut [f32]) {
     let DeltaHeads { k_heads, v_heads, k_dim, v_dim, .. } = *heads;
     let kh = heads.k_head_of(h);
     let q = |i: usize| &x.q[((start + i) * k_heads + kh) * k_dim..][..k_dim];
@@ -119,7 +134,6 @@ fn chunk_head(heads: &DeltaHeads, x: &DeltaInputs, h: usize, start: usize, len: 
         acc += x.g[(start + i) * v_heads + h];
         *c = acc;
     }
-    let s0 = &mut state[h * k_dim * v_dim..][..k_dim * v_dim];
     // u_i = β_i (v_i − e^{c_i} S₀ᵀ k_i) − Σ_{j<i} L_ij u_j, by forward substitution.
     let mut u = vec![0.0f32; len * v_dim];
     for i in 0..len {
@@ -138,7 +152,7 @@ fn chunk_head(heads: &DeltaHeads, x: &DeltaInputs, h: usize, start: usize, len: 
     }
     // o_i = e^{c_i} S₀ᵀ q_i + Σ_{j≤i} (q_i·k_j) e^{c_i−c_j} u_j
     for i in 0..len {
-        let o = &mut out[((start + i) * v_heads + h) * v_dim..][..v_dim];
+        let o = &mut out[(start + i) * v_dim..][..v_dim];
         let read = cum[i].exp();
         for (row, &qd) in s0.chunks_exact(v_dim).zip(q(i)) {
             o.iter_mut().zip(row).for_each(|(o, &e)| *o += read * qd * e);

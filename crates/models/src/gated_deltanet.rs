@@ -73,16 +73,34 @@ pub struct GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
-    /// Runs `x` (tokens × hidden) after the positions `state` has seen, and moves the state on.
-    pub fn forward(&self, x: &Tensor, state: &mut LinearAttentionState) -> Result<Tensor> {
+    /// Runs the batch's rows `x` (tokens × hidden), sequence `s` being rows `rows[s]` and
+    /// continuing from `states[s]`, which move on. Projections run over all rows at once; the
+    /// convolution and the delta rule per sequence.
+    pub fn forward(&self, x: &Tensor, rows: &[(usize, usize)], states: &mut [&mut LinearAttentionState]) -> Result<Tensor> {
         let s = &self.shape;
-        let tokens = x.dim(0)?;
-        let mut qkv = self.in_qkv.forward(x)?.to_vec2::<f32>()?.concat();
+        let qkv_all = self.in_qkv.forward(x)?.to_vec2::<f32>()?.concat();
         let z = self.in_z.forward(x)?.to_vec2::<f32>()?.concat();
-        let b = self.in_b.forward(x)?.to_vec2::<f32>()?.concat();
-        let a = self.in_a.forward(x)?.to_vec2::<f32>()?.concat();
+        let b_all = self.in_b.forward(x)?.to_vec2::<f32>()?.concat();
+        let a_all = self.in_a.forward(x)?.to_vec2::<f32>()?.concat();
+        let (channels, value_dim, v_heads) = (s.conv_channels(), s.value_dim(), s.heads.v_heads);
+        let mut core = Vec::with_capacity(z.len());
+        for (&(first, n), state) in rows.iter().zip(states.iter_mut()) {
+            let mut qkv = qkv_all[first * channels..(first + n) * channels].to_vec();
+            let b = &b_all[first * v_heads..(first + n) * v_heads];
+            let a = &a_all[first * v_heads..(first + n) * v_heads];
+            core.extend(self.mix(&mut qkv, b, a, state));
+        }
+        gated_rms_norm(&mut core, &z, &self.norm_weight, s.norm_eps as f32);
+        let core = Tensor::from_vec(core, (x.dim(0)?, value_dim), &Device::Cpu)?;
+        self.out.forward(&core)
+    }
 
-        causal_conv_silu(&mut qkv, &self.conv_weight, s.conv_channels(), s.conv_kernel, &mut state.conv);
+    /// One sequence's convolution and delta rule over its projected rows; returns the rule's
+    /// outputs (tokens × value_dim) and moves `state` on.
+    fn mix(&self, qkv: &mut [f32], b: &[f32], a: &[f32], state: &mut LinearAttentionState) -> Vec<f32> {
+        let s = &self.shape;
+        let tokens = b.len() / s.heads.v_heads;
+        causal_conv_silu(qkv, &self.conv_weight, s.conv_channels(), s.conv_kernel, &mut state.conv);
         let (key_dim, value_dim) = (s.key_dim(), s.value_dim());
         let mut q = Vec::with_capacity(tokens * key_dim);
         let mut k = Vec::with_capacity(tokens * key_dim);
@@ -103,14 +121,11 @@ impl GatedDeltaNet {
             .map(|(i, &a)| self.neg_decay_rate[i % v_heads] * softplus(a + self.dt_bias[i % v_heads]))
             .collect();
         let inputs = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
-        let mut core = if tokens == 1 {
+        if tokens == 1 {
             delta_rule::recurrent(&s.heads, &inputs, &mut state.recurrent)
         } else {
             delta_rule::chunked(&s.heads, &inputs, &mut state.recurrent)
-        };
-        gated_rms_norm(&mut core, &z, &self.norm_weight, s.norm_eps as f32);
-        let core = Tensor::from_vec(core, (tokens, value_dim), &Device::Cpu)?;
-        self.out.forward(&core)
+        }
     }
 }
 

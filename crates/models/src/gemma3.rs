@@ -7,12 +7,11 @@
 
 use candle_core::Tensor;
 
-use crate::cache::SequenceCache;
 use crate::config::TransformerConfig;
 use crate::error::Result;
 use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
 use crate::weights::WeightSource;
-use crate::CausalLm;
+use crate::{row_ranges, BatchEntry, CausalLm};
 
 struct Layer {
     input_norm: RmsNorm,
@@ -93,21 +92,29 @@ impl Gemma3 {
         })
     }
 
-    fn attention(&self, i: usize, x: &Tensor, cache: &mut SequenceCache) -> Result<Tensor> {
+    /// Attention of layer `i` for the batch's rows `x`: projections over all rows, then each
+    /// sequence normalises, rotates, extends its cache and attends on its own.
+    fn attention(&self, i: usize, x: &Tensor, batch: &mut [BatchEntry<'_>], rows: &[(usize, usize)]) -> Result<Tensor> {
         let l = &self.layers[i];
-        let (hd, start) = (self.cfg.head_dim(), cache.len());
-        // 1. project, split heads and normalise each head
-        let q = l.q_norm.forward(&layers::split_heads(&l.q.forward(x)?, self.cfg.num_attention_heads, hd)?)?;
-        let k = l.k_norm.forward(&layers::split_heads(&l.k.forward(x)?, self.cfg.num_kv_heads(), hd)?)?;
-        let v = layers::split_heads(&l.v.forward(x)?, self.cfg.num_kv_heads(), hd)?;
-        // 2. rotate with this layer's base, 3. extend the cache, 4. attend within the window
+        let hd = self.cfg.head_dim();
+        let (q_all, k_all, v_all) = (l.q.forward(x)?, l.k.forward(x)?, l.v.forward(x)?);
         let rotary = if l.window.is_some() { &self.local_rotary } else { &self.global_rotary };
-        let q = rotary.apply(&q, start)?;
-        let k = rotary.apply(&k, start)?;
-        let (k, v) = cache.append(i, &k, &v)?;
         let scale = self.cfg.query_pre_attn_scalar.unwrap_or(hd as f64).powf(-0.5);
-        let out = layers::causal_attention(&q, &k, &v, scale, l.window)?;
-        l.o.forward(&layers::merge_heads(&out)?)
+        let mut outs = Vec::with_capacity(batch.len());
+        for (entry, &(first, n)) in batch.iter_mut().zip(rows) {
+            let start = entry.cache.len();
+            // 1. split heads and normalise each head
+            let q = l.q_norm.forward(&layers::split_heads(&q_all.narrow(0, first, n)?, self.cfg.num_attention_heads, hd)?)?;
+            let k = l.k_norm.forward(&layers::split_heads(&k_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?)?;
+            let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
+            // 2. rotate with this layer's base, 3. extend the cache, 4. attend within the window
+            let q = rotary.apply(&q, start)?;
+            let k = rotary.apply(&k, start)?;
+            let (k, v) = entry.cache.append(i, &k, &v)?;
+            let out = layers::causal_attention(&q, &k, &v, scale, l.window)?;
+            outs.push(layers::merge_heads(&out)?);
+        }
+        l.o.forward(&Tensor::cat(&outs, 0)?)
     }
 }
 
@@ -116,17 +123,22 @@ impl CausalLm for Gemma3 {
         &self.cfg
     }
 
-    fn forward(&self, tokens: &[u32], cache: &mut SequenceCache) -> Result<Vec<f32>> {
-        cache.check_room(tokens.len())?;
-        let mut x = (self.embed.forward(tokens)? * self.embed_scale)?;
+    fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>> {
+        for entry in batch.iter() {
+            entry.cache.check_room(entry.tokens.len())?;
+        }
+        let rows = row_ranges(batch);
+        let ids: Vec<u32> = batch.iter().flat_map(|e| e.tokens.iter().copied()).collect();
+        let mut x = (self.embed.forward(&ids)? * self.embed_scale)?;
         for (i, l) in self.layers.iter().enumerate() {
-            let attn = self.attention(i, &l.input_norm.forward(&x)?, cache)?;
+            let attn = self.attention(i, &l.input_norm.forward(&x)?, batch, &rows)?;
             x = (&x + l.post_attn_norm.forward(&attn)?)?;
             let mlp = l.mlp.forward(&l.pre_ffn_norm.forward(&x)?)?;
             x = (&x + l.post_ffn_norm.forward(&mlp)?)?;
         }
-        cache.advance(tokens.len());
-        let last = x.get(tokens.len() - 1)?.unsqueeze(0)?;
-        layers::last_row(&self.head.forward(&self.norm.forward(&last)?)?)
+        for entry in batch.iter_mut() {
+            entry.cache.advance(entry.tokens.len());
+        }
+        layers::logits_of_last_rows(&x, &rows, &self.norm, &self.head)
     }
 }

@@ -35,6 +35,13 @@ impl Linear {
     /// x: (tokens, in) → (tokens, out)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
+            // candle takes another kernel for a single row of some types (Q6_K on x86, most on
+            // ARM), which rounds differently; a second row keeps one kernel for every row count,
+            // so a sequence's results do not depend on how many rows share its batch.
+            LinearWeight::Candle(w @ QMatMul::QTensor(_)) if x.dim(0)? == 1 => {
+                w.forward(&Tensor::cat(&[x, x], 0)?)?.narrow(0, 0, 1)?
+            }
+            LinearWeight::Candle(w @ (QMatMul::Tensor(_) | QMatMul::TensorF16(_))) => dense_in_fixed_blocks(w, x)?,
             LinearWeight::Candle(w) => w.forward(x)?,
             LinearWeight::Q4_1(w) => w.forward(x)?,
         };
@@ -43,6 +50,22 @@ impl Linear {
             None => y,
         })
     }
+}
+
+/// Rows per dense matrix product: float GEMMs pick their blocking (and so their rounding) by
+/// the row count, so dense weights always see exactly this many rows.
+const DENSE_ROWS: usize = 8;
+
+/// `x Wᵀ` for float weights, computed `DENSE_ROWS` rows at a time (the last block padded with
+/// zero rows), so a row's result does not depend on how many rows came with it.
+fn dense_in_fixed_blocks(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
+    let rows = x.dim(0)?;
+    let padded = rows.div_ceil(DENSE_ROWS) * DENSE_ROWS;
+    let x = if padded > rows { Tensor::cat(&[x, &x.zeros_like()?.narrow(0, 0, 1)?.repeat((padded - rows, 1))?], 0)? } else { x.clone() };
+    let blocks = (0..padded / DENSE_ROWS)
+        .map(|b| w.forward(&x.narrow(0, b * DENSE_ROWS, DENSE_ROWS)?))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(Tensor::cat(&blocks, 0)?.narrow(0, 0, rows)?)
 }
 
 /// Token embedding lookup that never dequantizes the whole table.
@@ -228,10 +251,13 @@ pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
     Ok(x.transpose(1, 2)?.reshape((tokens, heads * d))?)
 }
 
-/// The last row of (tokens, vocab) logits as an f32 vector.
-pub fn last_row(logits: &Tensor) -> Result<Vec<f32>> {
-    let last = logits.get(logits.dim(0)? - 1)?;
-    Ok(last.to_dtype(DType::F32)?.to_vec1()?)
+/// For each sequence's rows `(first, len)` of the hidden states `x`, the logits after its last
+/// row: final norm and LM head run on those rows together.
+pub fn logits_of_last_rows(x: &Tensor, rows: &[(usize, usize)], norm: &RmsNorm, head: &Linear) -> Result<Vec<Vec<f32>>> {
+    let last: Vec<u32> = rows.iter().map(|&(first, len)| (first + len - 1) as u32).collect();
+    let last = x.index_select(&Tensor::new(last.as_slice(), &Device::Cpu)?, 0)?;
+    let logits = head.forward(&norm.forward(&last)?)?;
+    Ok(logits.to_dtype(DType::F32)?.to_vec2()?)
 }
 
 #[cfg(test)]

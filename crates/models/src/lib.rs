@@ -42,7 +42,15 @@ pub trait CausalLm: Send + Sync {
 
     /// Runs `tokens` after the positions `cache` already holds and returns the logits
     /// (vocabulary-sized) for the token that follows the last of them.
-    fn forward(&self, tokens: &[u32], cache: &mut SequenceCache) -> Result<Vec<f32>>;
+    fn forward(&self, tokens: &[u32], cache: &mut SequenceCache) -> Result<Vec<f32>> {
+        let mut logits = self.forward_batch(&mut [BatchEntry { tokens, cache }])?;
+        Ok(logits.pop().expect("one entry, one result"))
+    }
+
+    /// Runs several sequences in one pass: the row-wise work (projections, experts, norms) on
+    /// all their tokens together, attention and recurrences per sequence. Every kernel reduces
+    /// each row in a fixed order, so each sequence's logits are bitwise what it gets alone.
+    fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>>;
 
     /// Layers of the model's multi-token-prediction head (for speculative decoding); 0 when it
     /// has none.
@@ -68,6 +76,25 @@ pub trait CausalLm: Send + Sync {
         let limit = context.min(self.config().max_position_embeddings);
         SequenceCache::standalone(&self.kv_shapes(), self.initial_recurrent_state(), limit)
     }
+}
+
+/// One sequence's share of a batched forward pass: its new tokens and its cache.
+pub struct BatchEntry<'a> {
+    pub tokens: &'a [u32],
+    pub cache: &'a mut SequenceCache,
+}
+
+/// Where each entry's rows lie in the batch's concatenated rows.
+pub(crate) fn row_ranges(batch: &[BatchEntry<'_>]) -> Vec<(usize, usize)> {
+    let mut start = 0;
+    batch
+        .iter()
+        .map(|e| {
+            let range = (start, e.tokens.len());
+            start += e.tokens.len();
+            range
+        })
+        .collect()
 }
 
 /// A loaded model, plus the GGUF header it came from (tokenizer and chat template live there).

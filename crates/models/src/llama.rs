@@ -6,12 +6,11 @@
 
 use candle_core::Tensor;
 
-use crate::cache::SequenceCache;
 use crate::config::{Architecture, TransformerConfig};
 use crate::error::Result;
 use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
 use crate::weights::WeightSource;
-use crate::CausalLm;
+use crate::{row_ranges, BatchEntry, CausalLm};
 
 struct Attention {
     q: Linear,
@@ -71,19 +70,27 @@ impl Llama {
         Ok(Self { cfg, embed, layers, norm, head, rotary })
     }
 
-    fn attention(&self, i: usize, x: &Tensor, cache: &mut SequenceCache) -> Result<Tensor> {
+    /// Attention of layer `i` for the batch's rows `x`: projections over all rows, then each
+    /// sequence rotates, extends its cache and attends on its own.
+    fn attention(&self, i: usize, x: &Tensor, batch: &mut [BatchEntry<'_>], rows: &[(usize, usize)]) -> Result<Tensor> {
         let a = &self.layers[i].attn;
-        let (hd, start) = (self.cfg.head_dim(), cache.len());
-        // 1. project and split into heads: (1, heads, tokens, head_dim)
-        let q = layers::split_heads(&a.q.forward(x)?, self.cfg.num_attention_heads, hd)?;
-        let k = layers::split_heads(&a.k.forward(x)?, self.cfg.num_kv_heads(), hd)?;
-        let v = layers::split_heads(&a.v.forward(x)?, self.cfg.num_kv_heads(), hd)?;
-        // 2. rotate by absolute position, 3. extend the cache, 4. attend
-        let q = self.rotary.apply(&q, start)?;
-        let k = self.rotary.apply(&k, start)?;
-        let (k, v) = cache.append(i, &k, &v)?;
-        let out = layers::causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt(), None)?;
-        a.o.forward(&layers::merge_heads(&out)?)
+        let hd = self.cfg.head_dim();
+        let (q_all, k_all, v_all) = (a.q.forward(x)?, a.k.forward(x)?, a.v.forward(x)?);
+        let mut outs = Vec::with_capacity(batch.len());
+        for (entry, &(first, n)) in batch.iter_mut().zip(rows) {
+            let start = entry.cache.len();
+            // 1. split into heads: (1, heads, tokens, head_dim)
+            let q = layers::split_heads(&q_all.narrow(0, first, n)?, self.cfg.num_attention_heads, hd)?;
+            let k = layers::split_heads(&k_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
+            let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
+            // 2. rotate by absolute position, 3. extend the cache, 4. attend
+            let q = self.rotary.apply(&q, start)?;
+            let k = self.rotary.apply(&k, start)?;
+            let (k, v) = entry.cache.append(i, &k, &v)?;
+            let out = layers::causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt(), None)?;
+            outs.push(layers::merge_heads(&out)?);
+        }
+        a.o.forward(&Tensor::cat(&outs, 0)?)
     }
 }
 
@@ -92,15 +99,20 @@ impl CausalLm for Llama {
         &self.cfg
     }
 
-    fn forward(&self, tokens: &[u32], cache: &mut SequenceCache) -> Result<Vec<f32>> {
-        cache.check_room(tokens.len())?;
-        let mut x = self.embed.forward(tokens)?;
+    fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>> {
+        for entry in batch.iter() {
+            entry.cache.check_room(entry.tokens.len())?;
+        }
+        let rows = row_ranges(batch);
+        let ids: Vec<u32> = batch.iter().flat_map(|e| e.tokens.iter().copied()).collect();
+        let mut x = self.embed.forward(&ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            x = (&x + self.attention(i, &layer.attn_norm.forward(&x)?, cache)?)?;
+            x = (&x + self.attention(i, &layer.attn_norm.forward(&x)?, batch, &rows)?)?;
             x = (&x + layer.mlp.forward(&layer.ffn_norm.forward(&x)?)?)?;
         }
-        cache.advance(tokens.len());
-        let last = x.get(tokens.len() - 1)?.unsqueeze(0)?;
-        layers::last_row(&self.head.forward(&self.norm.forward(&last)?)?)
+        for entry in batch.iter_mut() {
+            entry.cache.advance(entry.tokens.len());
+        }
+        layers::logits_of_last_rows(&x, &rows, &self.norm, &self.head)
     }
 }

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use spindle_models::{load_gguf, load_safetensors, CausalLm, PagedKv, SequenceCache};
+use spindle_models::{load_gguf, load_safetensors, BatchEntry, CausalLm, PagedKv, SequenceCache};
 
 const BLOCK: usize = 16;
 
@@ -23,6 +23,11 @@ fn smollm2() -> Box<dyn CausalLm> {
 fn tiny_hybrid() -> Box<dyn CausalLm> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe");
     load_safetensors(&dir).unwrap().model
+}
+
+fn tiny_hybrid_gguf() -> Box<dyn CausalLm> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe/model.gguf");
+    load_gguf(&path).unwrap().model
 }
 
 fn prompt(len: usize, seed: u32) -> Vec<u32> {
@@ -114,4 +119,41 @@ fn a_standalone_snapshot_continues_like_the_original() {
     let original = model.forward(&tokens[50..], &mut cache).unwrap();
     let resumed = model.forward(&tokens[50..], &mut copy).unwrap();
     assert_bits(&resumed, &original, "snapshot");
+}
+
+/// Several sequences decoding together — at different lengths, some still prefilling — get the
+/// very logits each gets alone.
+fn check_batch_invariance(model: &dyn CausalLm, name: &str) {
+    let prompts: Vec<Vec<u32>> = (0..5).map(|i| prompt(9 + 13 * i, 10 + i as u32)).collect();
+    let next: Vec<u32> = (0..5).map(|i| 20 + 3 * i).collect();
+    // Alone: each prompt, then one decode step.
+    let alone: Vec<(Vec<f32>, Vec<f32>)> = prompts
+        .iter()
+        .zip(&next)
+        .map(|(p, &t)| {
+            let mut cache = model.new_cache(256);
+            let after_prompt = model.forward(p, &mut cache).unwrap();
+            (after_prompt, model.forward(&[t], &mut cache).unwrap())
+        })
+        .collect();
+    // Together: all prompts in one pass, then all decode steps in one pass.
+    let mut caches: Vec<SequenceCache> = prompts.iter().map(|_| model.new_cache(256)).collect();
+    let mut batch: Vec<BatchEntry> =
+        prompts.iter().zip(caches.iter_mut()).map(|(p, cache)| BatchEntry { tokens: p, cache }).collect();
+    let after_prompts = model.forward_batch(&mut batch).unwrap();
+    let steps: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+    let mut batch: Vec<BatchEntry> =
+        steps.iter().zip(caches.iter_mut()).map(|(t, cache)| BatchEntry { tokens: t, cache }).collect();
+    let after_steps = model.forward_batch(&mut batch).unwrap();
+    for (i, (prompt_logits, step_logits)) in alone.iter().enumerate() {
+        assert_bits(&after_prompts[i], prompt_logits, &format!("{name}: sequence {i}'s prompt in a batch of 5"));
+        assert_bits(&after_steps[i], step_logits, &format!("{name}: sequence {i}'s decode step in a batch of 5"));
+    }
+}
+
+#[test]
+fn sequences_batched_together_match_sequences_alone() {
+    check_batch_invariance(smollm2().as_ref(), "smollm2");
+    check_batch_invariance(tiny_hybrid_gguf().as_ref(), "qwen3_5_moe (GGUF)");
+    check_batch_invariance(tiny_hybrid().as_ref(), "qwen3_5_moe (f32 safetensors)");
 }

@@ -11,6 +11,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
+use spindle_models::BatchEntry;
 use spindle_sched::{PrefillPlan, Scheduler, SchedulerConfig, SeqId};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -18,7 +19,7 @@ use crate::bundle::ModelBundle;
 use crate::output::{ReasoningMode, TextDelta};
 use crate::prefix_cache::{CacheConfig, PrefixCache};
 use crate::sampler::{SampledToken, SamplingParams};
-use crate::sequence::{Sequence, Step};
+use crate::sequence::{Ended, Sequence};
 use crate::FinishReason;
 
 /// Limits of the engine thread.
@@ -148,7 +149,7 @@ fn run(bundle: &ModelBundle, config: &EngineConfig, inbox: &mpsc::Receiver<Seque
         bundle,
         config,
         load,
-        prefix: PrefixCache::new(bundle.model.as_ref(), &config.cache),
+        prefix: PrefixCache::new(bundle, &config.cache),
         scheduler: Scheduler::new(SchedulerConfig { max_active: config.max_active.max(1), step_tokens: config.step_tokens }),
         waiting: HashMap::new(),
         running: HashMap::new(),
@@ -222,38 +223,94 @@ impl EngineState<'_> {
         }
     }
 
-    /// Runs one planned step: the prefill chunks, then one decode token per decoding sequence.
+    /// Runs one planned step: every planned prefill chunk and decode token goes through the
+    /// model in one batched pass.
     fn step(&mut self) {
         let plan = self.scheduler.plan();
         let work = plan.prefill.iter().map(|&(id, size)| (id, Some(size))).chain(plan.decode.iter().map(|&id| (id, None)));
+        let mut jobs: Vec<Job> = Vec::new();
         for (id, prefill) in work {
-            let Some(seq) = self.running.get_mut(&id) else { continue };
+            let Some(mut seq) = self.running.remove(&id) else { continue };
             let prefix = &mut self.prefix;
             let bundle = self.bundle;
-            // A panic in one sequence's step must not take the others down with the thread.
-            let step = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let begun = guarded(&mut seq, |seq| {
                 if let Some(step) = seq.abandoned() {
-                    return step;
+                    return Err(step);
                 }
                 match prefill {
-                    Some(size) => seq.prefill(bundle, prefix, size),
-                    None => seq.decode(bundle, prefix),
+                    Some(size) => seq.begin_prefill(prefix, size),
+                    None => seq.begin_decode(bundle, prefix).map(|token| vec![token]),
                 }
-            }));
-            let step = step.unwrap_or_else(|panic| {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                tracing::error!(%message, "a sequence step panicked");
-                seq.fail(format!("internal error: {message}"))
             });
-            if step == Step::Done {
-                let seq = self.running.remove(&id).expect("running sequence");
-                self.prefix.release(seq.cache());
-                self.scheduler.remove(id);
+            match begun {
+                Ok(tokens) => jobs.push(Job { id, seq, tokens, prefill: prefill.is_some() }),
+                Err(_) => self.end(id, seq),
             }
         }
+        if jobs.is_empty() {
+            return;
+        }
+        let ran = {
+            let mut batch: Vec<BatchEntry> =
+                jobs.iter_mut().map(|job| BatchEntry { tokens: &job.tokens, cache: job.seq.cache_mut() }).collect();
+            let model = self.bundle.model.as_ref();
+            std::panic::catch_unwind(AssertUnwindSafe(|| model.forward_batch(&mut batch)))
+        };
+        let logits = match ran {
+            Ok(Ok(logits)) => logits,
+            // The caches of a failed pass are in an unknown state: every sequence in it ends.
+            Ok(Err(e)) => return self.fail_all(jobs, e.to_string()),
+            Err(panic) => return self.fail_all(jobs, format!("internal error: {}", panic_message(&panic))),
+        };
+        for (mut job, logits) in jobs.into_iter().zip(logits) {
+            if job.prefill {
+                job.seq.end_prefill(&mut self.prefix, logits);
+            } else {
+                job.seq.end_decode(logits);
+            }
+            self.running.insert(job.id, job.seq);
+        }
     }
+
+    fn fail_all(&mut self, jobs: Vec<Job>, message: String) {
+        tracing::error!(%message, sequences = jobs.len(), "a model step failed");
+        for mut job in jobs {
+            job.seq.fail(message.clone());
+            self.end(job.id, job.seq);
+        }
+    }
+
+    /// Frees an ended sequence's blocks and its place in the scheduler.
+    fn end(&mut self, id: SeqId, seq: Sequence) {
+        self.prefix.release(seq.cache());
+        self.scheduler.remove(id);
+    }
+}
+
+/// One sequence's part of a step: the tokens it runs.
+struct Job {
+    id: SeqId,
+    seq: Sequence,
+    tokens: Vec<u32>,
+    prefill: bool,
+}
+
+/// Runs `f` on `seq`, turning a panic into a failure of that sequence alone.
+fn guarded<T>(seq: &mut Sequence, f: impl FnOnce(&mut Sequence) -> Result<T, Ended>) -> Result<T, Ended> {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| f(seq))) {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = panic_message(&panic);
+            tracing::error!(%message, "a sequence step panicked");
+            Err(seq.fail(format!("internal error: {message}")))
+        }
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }

@@ -1,5 +1,6 @@
 //! One running request: its cache, prefill plan, sampler and text state. The engine decides
-//! when it runs; this decides what a prefill chunk or a decode step does to it.
+//! when it runs and runs the model; this decides what goes into a step (a prefill chunk, or
+//! the token sampled from the last logits) and what comes out of it (snapshots, logits).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -14,12 +15,9 @@ use crate::prefix_cache::{PrefixCache, Started};
 use crate::sampler::Sampler;
 use crate::FinishReason;
 
-/// Whether a sequence goes on after a step.
+/// The sequence is over (its end, if any, has been reported).
 #[derive(Debug, PartialEq, Eq)]
-pub enum Step {
-    Continue,
-    Done,
-}
+pub struct Ended;
 
 pub struct Sequence {
     pub request: SequenceRequest,
@@ -71,9 +69,9 @@ impl Sequence {
     }
 
     /// Ends the sequence early when its client went away or cancelled.
-    pub fn abandoned(&mut self) -> Option<Step> {
+    pub fn abandoned(&mut self) -> Option<Ended> {
         if self.request.events.is_closed() {
-            return Some(Step::Done);
+            return Some(Ended);
         }
         if self.request.cancel.load(Ordering::Relaxed) {
             return Some(self.finish(FinishReason::Cancelled));
@@ -82,35 +80,42 @@ impl Sequence {
     }
 
     /// Reports a failure; the sequence is over.
-    pub fn fail(&mut self, message: String) -> Step {
+    pub fn fail(&mut self, message: String) -> Ended {
         let _ = self.request.events.send(SequenceEvent::Failed(message));
-        Step::Done
+        Ended
     }
 
-    /// Runs the next `size` prompt tokens, keeping a snapshot where the plan asks for one.
-    pub fn prefill(&mut self, bundle: &ModelBundle, prefix: &mut PrefixCache, size: usize) -> Step {
-        let (start, end) = (self.cache.len(), self.cache.len() + size);
+    pub fn cache_mut(&mut self) -> &mut SequenceCache {
+        &mut self.cache
+    }
+
+    /// Readies the next `size` prompt tokens to run: their blocks are reserved.
+    pub fn begin_prefill(&mut self, prefix: &mut PrefixCache, size: usize) -> Result<Vec<u32>, Ended> {
+        let start = self.cache.len();
         if let Err(e) = prefix.reserve(&mut self.cache, size) {
-            return self.fail(format!("the KV cache is full ({e}); raise --kv-cache-memory"));
+            return Err(self.fail(format!("the KV cache is full ({e}); raise --kv-cache-memory")));
         }
-        let logits = match bundle.model.forward(&self.request.prompt_ids[start..end], &mut self.cache) {
-            Ok(logits) => logits,
-            Err(e) => return self.fail(e.to_string()),
-        };
+        Ok(self.request.prompt_ids[start..start + size].to_vec())
+    }
+
+    /// After a prefill chunk ran: keeps a snapshot where the plan asks for one, and the logits
+    /// once the whole prompt is in.
+    pub fn end_prefill(&mut self, prefix: &mut PrefixCache, logits: Vec<f32>) {
+        let end = self.cache.len();
+        let at_end = end == self.request.prompt_ids.len();
         if let Some(key) = self.plan.key(end) {
-            let at_end = end == self.request.prompt_ids.len();
             prefix.store(&self.request.prompt_ids[..end], &self.cache, key, at_end.then_some(logits.as_slice()));
         }
-        if end == self.request.prompt_ids.len() {
+        if at_end {
             self.logits = Some(logits);
         }
-        Step::Continue
     }
 
-    /// Samples one token from the pending logits, reports it, and runs it through the model.
-    pub fn decode(&mut self, bundle: &ModelBundle, prefix: &mut PrefixCache) -> Step {
+    /// Samples one token from the pending logits and reports it; returns it when it must run
+    /// through the model next, or how the sequence ended.
+    pub fn begin_decode(&mut self, bundle: &ModelBundle, prefix: &mut PrefixCache) -> Result<u32, Ended> {
         let Some(logits) = self.logits.take() else {
-            return self.fail("internal error: decode before the prompt was in".into());
+            return Err(self.fail("internal error: decode before the prompt was in".into()));
         };
         let reasoning = self.output.in_reasoning();
         self.apply_reasoning_budget(reasoning);
@@ -125,30 +130,31 @@ impl Sequence {
             token = self.sampler.force(&logits, close);
         }
         if self.request.stop_ids.contains(&token.id) {
-            return self.finish(FinishReason::Stop);
+            return Err(self.finish(FinishReason::Stop));
         }
         self.generated += 1;
         self.reasoning_tokens += usize::from(reasoning);
         let (text, stopped) = self.output.push(&bundle.tokenizer, token.id);
         let id = token.id;
         if self.request.events.send(SequenceEvent::Token { token, text, reasoning }).is_err() {
-            return Step::Done;
+            return Err(Ended);
         }
         if stopped {
-            return self.report(FinishReason::Stop, TextDelta::default());
+            return Err(self.report(FinishReason::Stop, TextDelta::default()));
         }
         if self.generated >= self.request.max_tokens || self.cache.len() >= self.cache.limit() {
-            return self.finish(FinishReason::Length);
+            return Err(self.finish(FinishReason::Length));
         }
         if prefix.reserve(&mut self.cache, 1).is_err() {
             tracing::warn!("the KV cache is full: a sequence ends early; raise --kv-cache-memory");
-            return self.finish(FinishReason::Length);
+            return Err(self.finish(FinishReason::Length));
         }
-        match bundle.model.forward(&[id], &mut self.cache) {
-            Ok(logits) => self.logits = Some(logits),
-            Err(e) => return self.fail(e.to_string()),
-        }
-        Step::Continue
+        Ok(id)
+    }
+
+    /// After a decode step ran: the logits for the next token.
+    pub fn end_decode(&mut self, logits: Vec<f32>) {
+        self.logits = Some(logits);
     }
 
     /// Starts forcing the close tag when reasoning has used its budget, or when thinking on
@@ -177,12 +183,12 @@ impl Sequence {
         true
     }
 
-    fn finish(&mut self, finish_reason: FinishReason) -> Step {
+    fn finish(&mut self, finish_reason: FinishReason) -> Ended {
         let (tail, stopped) = self.output.finish();
         self.report(if stopped { FinishReason::Stop } else { finish_reason }, tail)
     }
 
-    fn report(&mut self, finish_reason: FinishReason, tail: TextDelta) -> Step {
+    fn report(&mut self, finish_reason: FinishReason, tail: TextDelta) -> Ended {
         let summary = SequenceSummary {
             finish_reason,
             tail,
@@ -192,6 +198,6 @@ impl Sequence {
             cached_tokens: self.cached,
         };
         let _ = self.request.events.send(SequenceEvent::Finished(summary));
-        Step::Done
+        Ended
     }
 }

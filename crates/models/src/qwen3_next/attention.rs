@@ -5,7 +5,7 @@
 
 use candle_core::{Tensor, D};
 
-use crate::cache::SequenceCache;
+use crate::BatchEntry;
 use crate::error::Result;
 use crate::layers::{self, Linear, RmsNorm, Rotary};
 
@@ -24,23 +24,29 @@ pub struct GatedAttention {
 }
 
 impl GatedAttention {
-    /// `x`: tokens × hidden, at the positions after those `cache` holds; appends to layer `layer`.
-    pub fn forward(&self, x: &Tensor, layer: usize, rotary: &Rotary, cache: &mut SequenceCache) -> Result<Tensor> {
-        let (tokens, hd, start) = (x.dim(0)?, self.head_dim, cache.len());
+    /// The batch's rows `x` (tokens × hidden), sequence `s` being rows `rows[s]` after the
+    /// positions its cache holds; projections over all rows, attention per sequence.
+    pub fn forward(&self, x: &Tensor, layer: usize, rotary: &Rotary, batch: &mut [BatchEntry<'_>], rows: &[(usize, usize)]) -> Result<Tensor> {
+        let (tokens, hd) = (x.dim(0)?, self.head_dim);
         let q_and_gate = self.q_and_gate.forward(x)?.reshape((tokens, self.heads, 2 * hd))?;
-        let q = q_and_gate.narrow(2, 0, hd)?;
         let gate = q_and_gate.narrow(2, hd, hd)?.reshape((tokens, self.heads * hd))?;
-        let k = self.k.forward(x)?.reshape((tokens, self.kv_heads, hd))?;
-        let v = self.v.forward(x)?;
-        // Norm per head, then (1, heads, tokens, head_dim).
-        let q = self.q_norm.forward(&q)?.transpose(0, 1)?.unsqueeze(0)?;
-        let k = self.k_norm.forward(&k)?.transpose(0, 1)?.unsqueeze(0)?;
-        let v = layers::split_heads(&v, self.kv_heads, hd)?;
-        let q = self.rotate(&q, rotary, start)?;
-        let k = self.rotate(&k, rotary, start)?;
-        let (k, v) = cache.append(layer, &k, &v)?;
-        let out = layers::causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt(), None)?;
-        let out = (layers::merge_heads(&out)? * candle_nn::ops::sigmoid(&gate)?)?;
+        let q_all = q_and_gate.narrow(2, 0, hd)?;
+        let k_all = self.k.forward(x)?.reshape((tokens, self.kv_heads, hd))?;
+        let v_all = self.v.forward(x)?;
+        let mut outs = Vec::with_capacity(batch.len());
+        for (entry, &(first, n)) in batch.iter_mut().zip(rows) {
+            let start = entry.cache.len();
+            // Norm per head, then (1, heads, tokens, head_dim).
+            let q = self.q_norm.forward(&q_all.narrow(0, first, n)?)?.transpose(0, 1)?.unsqueeze(0)?;
+            let k = self.k_norm.forward(&k_all.narrow(0, first, n)?)?.transpose(0, 1)?.unsqueeze(0)?;
+            let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.kv_heads, hd)?;
+            let q = self.rotate(&q, rotary, start)?;
+            let k = self.rotate(&k, rotary, start)?;
+            let (k, v) = entry.cache.append(layer, &k, &v)?;
+            let out = layers::causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt(), None)?;
+            outs.push(layers::merge_heads(&out)?);
+        }
+        let out = (Tensor::cat(&outs, 0)? * candle_nn::ops::sigmoid(&gate)?)?;
         self.o.forward(&out)
     }
 

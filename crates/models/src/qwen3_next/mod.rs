@@ -12,15 +12,15 @@ mod gguf;
 
 use candle_core::{Device, Tensor};
 
-use crate::cache::{RecurrentState, SequenceCache};
-use crate::paged_kv::KvShape;
+use crate::cache::RecurrentState;
 use crate::config::{Architecture, TransformerConfig};
 use crate::error::Result;
 use crate::gated_deltanet::{GatedDeltaNet, LinearAttentionState};
 use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
 use crate::moe::{Expert, SparseMoe};
+use crate::paged_kv::KvShape;
 use crate::weights::{SafetensorsWeights, Weight};
-use crate::CausalLm;
+use crate::{row_ranges, BatchEntry, CausalLm};
 use attention::GatedAttention;
 pub use config::{HybridConfig, Mixer};
 pub use gguf::ARCHITECTURES as GGUF_ARCHITECTURES;
@@ -133,21 +133,29 @@ impl CausalLm for Qwen3Next {
         &self.summary
     }
 
-    fn forward(&self, tokens: &[u32], cache: &mut SequenceCache) -> Result<Vec<f32>> {
-        cache.check_room(tokens.len())?;
-        let mut x = self.embed.forward(tokens)?;
+    fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>> {
+        for entry in batch.iter() {
+            entry.cache.check_room(entry.tokens.len())?;
+        }
+        let rows = row_ranges(batch);
+        let ids: Vec<u32> = batch.iter().flat_map(|e| e.tokens.iter().copied()).collect();
+        let mut x = self.embed.forward(&ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_norm.forward(&x)?;
             let mixed = match &layer.mixer {
-                TokenMixer::Linear(net) => net.forward(&h, cache.linear_state(i)?)?,
-                TokenMixer::Full(attn) => attn.forward(&h, i, &self.rotary, cache)?,
+                TokenMixer::Linear(net) => {
+                    let mut states = batch.iter_mut().map(|e| e.cache.linear_state(i)).collect::<Result<Vec<_>>>()?;
+                    net.forward(&h, &rows, &mut states)?
+                }
+                TokenMixer::Full(attn) => attn.forward(&h, i, &self.rotary, batch, &rows)?,
             };
             x = (x + mixed)?;
             x = (&x + layer.ffn.forward(&layer.post_attention_norm.forward(&x)?)?)?;
         }
-        cache.advance(tokens.len());
-        let last = x.get(tokens.len() - 1)?.unsqueeze(0)?;
-        layers::last_row(&self.head.forward(&self.norm.forward(&last)?)?)
+        for entry in batch.iter_mut() {
+            entry.cache.advance(entry.tokens.len());
+        }
+        layers::logits_of_last_rows(&x, &rows, &self.norm, &self.head)
     }
 
     fn mtp_layers(&self) -> usize {
