@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Args;
-use spindle_runner::{CacheConfig, ModelBundle};
+use spindle_runner::{CacheConfig, DiskConfig, ModelBundle};
 use spindle_server::ServerConfig;
 
 #[derive(Args)]
@@ -48,6 +48,13 @@ pub struct ServeArgs {
     /// logits.
     #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
     snapshot_memory: usize,
+    /// Also keep prefix-cache snapshots in this folder (a subfolder per model), so a restarted
+    /// server resumes prompts it has seen instead of prefilling them again.
+    #[arg(long)]
+    prefix_cache_dir: Option<std::path::PathBuf>,
+    /// Disk space for those snapshots per model; the least recently used go first.
+    #[arg(long, default_value = "8GiB", value_parser = parse_bytes)]
+    prefix_cache_disk_size: usize,
     /// CPU threads for the kernels (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -59,6 +66,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(text) => serde_json::from_str(text).context("--chat-template-kwargs is not a JSON object")?,
         None => serde_json::Map::new(),
     };
+    if let Some(dir) = &args.prefix_cache_dir {
+        // Fail at once on a folder that cannot be used, not later in the engine thread's log.
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create --prefix-cache-dir {}", dir.display()))?;
+    }
     let files = spindle_hub::resolve(&args.model, &spindle_hub::spindle_home(), true)?;
     let mut bundle = ModelBundle::load(&files)?;
     if let Some(path) = &args.chat_template {
@@ -75,7 +86,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         thinking_budget: args.thinking_budget,
         chat_template_kwargs,
         max_body_bytes: args.max_body_bytes,
-        cache: CacheConfig { kv_bytes: args.kv_cache_memory, snapshot_bytes: args.snapshot_memory, ..CacheConfig::default() },
+        cache: CacheConfig {
+            kv_bytes: args.kv_cache_memory,
+            snapshot_bytes: args.snapshot_memory,
+            disk: args.prefix_cache_dir.map(|dir| DiskConfig { dir, bytes: args.prefix_cache_disk_size }),
+            ..CacheConfig::default()
+        },
     };
     let state = spindle_server::start(config, bundle);
     let runtime = tokio::runtime::Runtime::new()?;

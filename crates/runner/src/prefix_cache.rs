@@ -5,12 +5,19 @@
 //! A later prompt with the same tokens and the same chunking up to such a position starts from
 //! it: the tree's blocks are shared, the partly filled last block is copied, and only the rest
 //! is prefilled.
+//!
+//! With a disk tier every snapshot kept in memory is also written to disk, and a prompt whose
+//! deepest usable snapshot is only on disk (after a restart, or after eviction) loads it into the
+//! tree first and then resumes from it like from any other.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use spindle_models::{CausalLm, PagedKv, RecurrentState, SequenceCache};
-use spindle_sched::{BlockId, BlockPool, CacheKind, PoolExhausted, PrefillPlan, PrefixTree, SnapshotId};
+use spindle_models::{PagedKv, RecurrentState, SequenceCache};
+use spindle_sched::{BlockId, BlockPool, CacheKind, PoolExhausted, PrefillPlan, PrefixTree, ResumePoint, SnapshotId};
+
+use crate::bundle::ModelBundle;
+use crate::disk_tier::{self, DiskConfig, DiskTier, Layout, StoredSnapshot};
 
 /// Sizes of the KV storage and of the snapshot store.
 #[derive(Clone, Debug)]
@@ -21,11 +28,13 @@ pub struct CacheConfig {
     pub snapshot_bytes: usize,
     /// Positions per block.
     pub block_size: usize,
+    /// Also keep snapshots on disk, across restarts.
+    pub disk: Option<DiskConfig>,
 }
 
 impl Default for CacheConfig {
     fn default() -> Self {
-        Self { kv_bytes: 1 << 30, snapshot_bytes: 1 << 30, block_size: 16 }
+        Self { kv_bytes: 1 << 30, snapshot_bytes: 1 << 30, block_size: 16, disk: None }
     }
 }
 
@@ -54,22 +63,38 @@ pub struct PrefixCache {
     snapshots: HashMap<SnapshotId, Snapshot>,
     next_snapshot: u64,
     initial: RecurrentState,
+    disk: Option<DiskTier>,
 }
 
 impl PrefixCache {
-    pub fn new(model: &dyn CausalLm, config: &CacheConfig) -> Self {
-        let shapes = model.kv_shapes();
+    pub fn new(bundle: &ModelBundle, config: &CacheConfig) -> Self {
+        let shapes = bundle.model.kv_shapes();
         let block_bytes = PagedKv::block_bytes(&shapes, config.block_size).max(1);
         let blocks = (config.kv_bytes / block_bytes).max(1);
-        let initial = model.initial_recurrent_state();
+        let initial = bundle.model.initial_recurrent_state();
         let kind = if initial.is_empty() { CacheKind::AttentionOnly } else { CacheKind::Hybrid };
+        let kv = Arc::new(PagedKv::new(&shapes, blocks, config.block_size));
+        let disk = config.disk.as_ref().and_then(|disk| {
+            let layout = Layout {
+                fingerprint: bundle.fingerprint.clone(),
+                build: disk_tier::build_id(),
+                block_size: config.block_size,
+                block_floats: kv.block_floats(),
+                recurrent_floats: initial.bytes() / std::mem::size_of::<f32>(),
+            };
+            // The memory tier works without it; a server should not refuse to start over it.
+            DiskTier::open(disk, layout)
+                .inspect_err(|e| tracing::error!(dir = %disk.dir.display(), error = %e, "the prefix cache's disk tier is off"))
+                .ok()
+        });
         Self {
-            kv: Arc::new(PagedKv::new(&shapes, blocks, config.block_size)),
+            kv,
             pool: BlockPool::new(blocks, config.block_size),
             tree: PrefixTree::new(config.block_size, kind, config.snapshot_bytes),
             snapshots: HashMap::new(),
             next_snapshot: 0,
             initial,
+            disk,
         }
     }
 
@@ -92,37 +117,86 @@ impl PrefixCache {
         self.pool.free_blocks() >= blocks
     }
 
-    /// A cache for `prompt`, resumed from the deepest snapshot `plan` can continue exactly.
+    /// A cache for `prompt`, resumed from the deepest snapshot `plan` can continue exactly, in
+    /// memory or on disk.
     pub fn start(&mut self, prompt: &[u32], plan: &PrefillPlan, limit: usize) -> Result<Started, PoolExhausted> {
-        for point in self.tree.lookup(prompt) {
-            let Some(snapshot) = point.snapshot.and_then(|id| self.snapshots.get(&id)) else { continue };
-            if plan.key(point.position) != Some(snapshot.key) || (point.position == prompt.len() && snapshot.logits.is_none()) {
-                continue;
-            }
-            let (recurrent, logits) = (snapshot.recurrent.clone(), snapshot.logits.clone());
-            let mut blocks = point.blocks.clone();
-            if let Some(partial) = point.partial {
-                // Others may write past the cached positions of this block: take a copy.
-                self.pool.share(&blocks);
-                let copy = match self.allocate(1) {
-                    Ok(copy) => copy[0],
-                    Err(e) => {
-                        self.pool.release(&blocks);
-                        return Err(e);
-                    }
-                };
-                self.kv.copy_positions(partial.0, copy.0, point.position % self.pool.block_size()).expect("pool blocks");
-                blocks.push(copy);
-            } else {
-                self.pool.share(&blocks);
-            }
-            let ids = blocks.iter().map(|b| b.0).collect();
-            let cache = SequenceCache::resume(self.kv.clone(), ids, point.position, recurrent, limit);
-            let logits = logits.filter(|_| point.position == prompt.len());
-            return Ok(Started { cache, cached: point.position, logits });
+        if self.disk.is_some() {
+            let in_memory = self.resume_point(prompt, plan).map_or(0, |point| point.position);
+            self.import_deeper(prompt, plan, in_memory);
         }
-        let cache = SequenceCache::resume(self.kv.clone(), Vec::new(), 0, self.initial.clone(), limit);
-        Ok(Started { cache, cached: 0, logits: None })
+        let Some(point) = self.resume_point(prompt, plan) else {
+            let cache = SequenceCache::resume(self.kv.clone(), Vec::new(), 0, self.initial.clone(), limit);
+            return Ok(Started { cache, cached: 0, logits: None });
+        };
+        let snapshot = &self.snapshots[&point.snapshot.expect("resume points carry a snapshot")];
+        let (recurrent, logits) = (snapshot.recurrent.clone(), snapshot.logits.clone());
+        let mut blocks = point.blocks.clone();
+        if let Some(partial) = point.partial {
+            // Others may write past the cached positions of this block: take a copy.
+            self.pool.share(&blocks);
+            let copy = match self.allocate(1) {
+                Ok(copy) => copy[0],
+                Err(e) => {
+                    self.pool.release(&blocks);
+                    return Err(e);
+                }
+            };
+            self.kv.copy_positions(partial.0, copy.0, point.position % self.pool.block_size()).expect("pool blocks");
+            blocks.push(copy);
+        } else {
+            self.pool.share(&blocks);
+        }
+        let ids = blocks.iter().map(|b| b.0).collect();
+        let cache = SequenceCache::resume(self.kv.clone(), ids, point.position, recurrent, limit);
+        let logits = logits.filter(|_| point.position == prompt.len());
+        Ok(Started { cache, cached: point.position, logits })
+    }
+
+    /// The deepest point of the tree that `plan` continues exactly: a snapshot written under the
+    /// same chunking, holding the logits if it is the end of the prompt.
+    fn resume_point(&mut self, prompt: &[u32], plan: &PrefillPlan) -> Option<ResumePoint> {
+        self.tree.lookup(prompt).into_iter().find(|point| {
+            let Some(snapshot) = point.snapshot.and_then(|id| self.snapshots.get(&id)) else { return false };
+            plan.key(point.position) == Some(snapshot.key) && (point.position < prompt.len() || snapshot.logits.is_some())
+        })
+    }
+
+    /// Loads into the tree the deepest snapshot of `plan` past position `known` that the disk
+    /// holds, if any.
+    fn import_deeper(&mut self, prompt: &[u32], plan: &PrefillPlan, known: usize) {
+        let Some(disk) = &self.disk else { return };
+        let found = plan.snapshots().iter().rev().filter(|&&p| p > known && p <= prompt.len()).find_map(|&p| {
+            let stored = disk.load(&prompt[..p], plan.key(p)?)?;
+            (p < prompt.len() || stored.logits.is_some()).then_some(stored)
+        });
+        if let Some(stored) = found {
+            self.import(stored);
+        }
+    }
+
+    /// Copies a snapshot from disk into fresh blocks and the tree. On failure nothing is left
+    /// allocated.
+    fn import(&mut self, stored: StoredSnapshot) {
+        let recurrent = match self.initial.with_floats(&stored.recurrent) {
+            Ok(recurrent) => recurrent,
+            Err(e) => {
+                tracing::warn!(error = %e, "a prefix-cache file does not fit the model");
+                return;
+            }
+        };
+        // No room without evicting running work: prefill instead.
+        let Ok(blocks) = self.allocate(stored.blocks.len()) else { return };
+        for (block, data) in blocks.iter().zip(&stored.blocks) {
+            if let Err(e) = self.kv.write_block(block.0, data) {
+                tracing::warn!(error = %e, "a prefix-cache file does not fit the model");
+                self.pool.release(&blocks);
+                return;
+            }
+        }
+        let snapshot = Snapshot { key: stored.key, recurrent, logits: stored.logits };
+        self.insert(&stored.tokens, &blocks, snapshot);
+        // The tree holds its own references to what it kept.
+        self.pool.release(&blocks);
     }
 
     /// Adds the blocks `cache` needs for `new_tokens` more positions, evicting cached prefixes
@@ -141,21 +215,38 @@ impl PrefixCache {
         self.pool.allocate(n)
     }
 
-    /// Keeps the prefix `tokens` (all `cache` has processed) with a snapshot of its state.
+    /// Keeps the prefix `tokens` (all `cache` has processed) with a snapshot of its state, in
+    /// memory and, when the memory tier took it, on disk.
     pub fn store(&mut self, tokens: &[u32], cache: &SequenceCache, key: u64, logits: Option<&[f32]>) {
         debug_assert_eq!(tokens.len(), cache.len());
+        let snapshot = Snapshot { key, recurrent: cache.recurrent().clone(), logits: logits.map(<[f32]>::to_vec) };
+        let blocks: Vec<BlockId> = cache.blocks()[..self.pool.blocks_for(tokens.len())].iter().map(|&b| BlockId(b)).collect();
+        let Some(id) = self.insert(tokens, &blocks, snapshot) else { return };
+        let Some(disk) = &self.disk else { return };
+        let snapshot = &self.snapshots[&id];
+        disk.save(StoredSnapshot {
+            tokens: tokens.to_vec(),
+            key,
+            blocks: blocks.iter().map(|b| self.kv.read_block(b.0).expect("pool blocks")).collect(),
+            recurrent: snapshot.recurrent.to_floats(),
+            logits: snapshot.logits.clone(),
+        });
+    }
+
+    /// Offers the tree `blocks` holding `tokens` and a snapshot after them; the snapshot's id if
+    /// the tree kept it.
+    fn insert(&mut self, tokens: &[u32], blocks: &[BlockId], snapshot: Snapshot) -> Option<SnapshotId> {
         let id = SnapshotId(self.next_snapshot);
         self.next_snapshot += 1;
-        let snapshot = Snapshot { key, recurrent: cache.recurrent().clone(), logits: logits.map(<[f32]>::to_vec) };
         let bytes = snapshot.recurrent.bytes() + snapshot.logits.as_ref().map_or(0, |l| l.len() * 4);
-        let blocks: Vec<BlockId> = cache.blocks()[..self.pool.blocks_for(tokens.len())].iter().map(|&b| BlockId(b)).collect();
-        let inserted = self.tree.insert(tokens, &blocks, Some((id, bytes)), &mut self.pool);
-        if inserted.snapshot_stored {
-            self.snapshots.insert(id, snapshot);
-        }
+        let inserted = self.tree.insert(tokens, blocks, Some((id, bytes)), &mut self.pool);
         for dropped in inserted.dropped_snapshots {
             self.snapshots.remove(&dropped);
         }
+        inserted.snapshot_stored.then(|| {
+            self.snapshots.insert(id, snapshot);
+            id
+        })
     }
 
     /// Gives back a finished sequence's blocks (those the tree also holds stay cached).

@@ -32,7 +32,7 @@ pub struct ServerConfig {
     pub chat_template_kwargs: Map<String, Value>,
     /// Largest request body accepted (413 above).
     pub max_body_bytes: usize,
-    /// KV storage and prefix-cache sizes.
+    /// KV storage and prefix-cache sizes, and the prefix cache's folder on disk if any.
     pub cache: CacheConfig,
 }
 
