@@ -5,7 +5,11 @@
 //! row counts round differently. So the prefix cache resumes a prompt only where its own chunking
 //! would have cut it anyway.)
 
+mod common;
+
 use std::path::PathBuf;
+
+use candle_core::quantized::GgmlDType;
 use std::sync::Arc;
 
 use spindle_models::{load_gguf, load_safetensors, BatchEntry, CausalLm, PagedKv, SequenceCache};
@@ -155,5 +159,11 @@ fn check_batch_invariance(model: &dyn CausalLm, name: &str) {
 fn sequences_batched_together_match_sequences_alone() {
     check_batch_invariance(smollm2().as_ref(), "smollm2");
     check_batch_invariance(tiny_hybrid_gguf().as_ref(), "qwen3_5_moe (GGUF)");
+    // Quantized weights take candle's repacked kernels, which tile rows.
+    let tmp = tempfile::tempdir().unwrap();
+    let q8 = tmp.path().join("q8_0.gguf");
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe/model.gguf");
+    assert!(common::gguf_rewrite::rewrite_gguf(&source, &q8, GgmlDType::Q8_0) > 0);
+    check_batch_invariance(load_gguf(&q8).unwrap().model.as_ref(), "qwen3_5_moe (Q8_0 GGUF)");
     check_batch_invariance(tiny_hybrid().as_ref(), "qwen3_5_moe (f32 safetensors)");
 }

@@ -89,9 +89,6 @@ pub struct SequenceSummary {
 pub struct EngineLoad {
     pub waiting: AtomicUsize,
     pub active: AtomicUsize,
-    /// Prompt tokens taken from the prefix cache, and prompt tokens in all (counters).
-    pub cached_prompt_tokens: AtomicUsize,
-    pub prompt_tokens: AtomicUsize,
 }
 
 /// Handle to the engine thread; cloning shares the thread.
@@ -205,8 +202,6 @@ impl EngineState<'_> {
                 return false;
             }
             let request = self.waiting.remove(&id).expect("waiting request");
-            self.load.prompt_tokens.fetch_add(len, Ordering::Relaxed);
-            self.load.cached_prompt_tokens.fetch_add(started.cached, Ordering::Relaxed);
             self.running.insert(id, Sequence::new(request, plan, started));
             true
         });
