@@ -133,7 +133,6 @@ impl Engine {
 struct EngineState<'a> {
     bundle: &'a ModelBundle,
     config: &'a EngineConfig,
-    load: &'a EngineLoad,
     prefix: PrefixCache,
     scheduler: Scheduler,
     waiting: HashMap<SeqId, SequenceRequest>,
@@ -145,7 +144,6 @@ fn run(bundle: &ModelBundle, config: &EngineConfig, inbox: &mpsc::Receiver<Seque
     let mut engine = EngineState {
         bundle,
         config,
-        load,
         prefix: PrefixCache::new(bundle, &config.cache),
         scheduler: Scheduler::new(SchedulerConfig { max_active: config.max_active.max(1), step_tokens: config.step_tokens }),
         waiting: HashMap::new(),
