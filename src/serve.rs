@@ -17,8 +17,8 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer <KEY>` on /v1 routes.
     #[arg(long, env = "SPINDLE_API_KEY")]
     api_key: Option<String>,
-    /// Requests generating at once; more wait in a queue.
-    #[arg(long, default_value_t = 4)]
+    /// Requests generating at once, batched into each model step; more wait in a queue.
+    #[arg(long, default_value_t = 16)]
     max_concurrent: usize,
     /// Requests allowed to wait; beyond that the server answers 429.
     #[arg(long, default_value_t = 64)]
