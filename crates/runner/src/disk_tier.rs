@@ -247,6 +247,14 @@ fn encode(layout: &Layout, s: &StoredSnapshot) -> Vec<u8> {
     out
 }
 
+/// Whether the snapshot file at `path` has logits, by its header alone (false when that cannot
+/// be read: the file is better replaced).
+fn holds_logits(path: &std::path::Path) -> bool {
+    let mut head = Vec::new();
+    let read = fs::File::open(path).and_then(|file| file.take(64 << 10).read_to_end(&mut head));
+    read.is_ok() && Header::read(&mut Cursor { bytes: &head, at: 0 }).is_ok_and(|h| h.logits.is_some())
+}
+
 /// Reads a file's fields in order; running out of bytes means the file was cut short.
 struct Cursor<'a> {
     bytes: &'a [u8],
@@ -389,7 +397,9 @@ impl Writer {
 
     fn write(&self, snapshot: &StoredSnapshot) -> io::Result<()> {
         let path = self.dir.join(file_name(&snapshot.tokens, snapshot.key));
-        if path.exists() {
+        // The same prefix under the same chunking holds the same bits; only logits can be new
+        // (the memory tier added them to a snapshot that had none).
+        if path.exists() && (snapshot.logits.is_none() || holds_logits(&path)) {
             return Ok(());
         }
         let bytes = encode(&self.layout, snapshot);
@@ -499,7 +509,23 @@ mod tests {
         let first = snapshot(&[9, 8, 7], 1, 1.0, true);
         save(root.path(), &first);
         save(root.path(), &snapshot(&[9, 8, 7], 1, 5.0, true));
+        save(root.path(), &snapshot(&[9, 8, 7], 1, 6.0, false));
         assert_eq!(open(root.path(), layout("m")).load(&[9, 8, 7], 1), Some(first));
+    }
+
+    #[test]
+    fn a_file_without_logits_is_replaced_by_one_with() {
+        let root = tempfile::tempdir().unwrap();
+        let without = snapshot(&[9, 8, 7], 1, 1.0, false);
+        let path = save(root.path(), &without);
+        assert!(!holds_logits(&path));
+        save(root.path(), &snapshot(&[9, 8, 7], 1, 5.0, false));
+        assert_eq!(open(root.path(), layout("m")).load(&[9, 8, 7], 1), Some(without));
+        let with = snapshot(&[9, 8, 7], 1, 1.0, true);
+        save(root.path(), &with);
+        assert!(holds_logits(&path));
+        assert_eq!(open(root.path(), layout("m")).load(&[9, 8, 7], 1), Some(with));
+        assert_eq!(snapshot_files(path.parent().unwrap()), 1);
     }
 
     /// Saves a snapshot, spoils its file with `spoil`, and checks that decoding names the

@@ -4,7 +4,9 @@
 //! recurrent state there (hybrid models) and, at the end of a prompt, the logits that follow.
 //! A later prompt with the same tokens and the same chunking up to such a position starts from
 //! it: the tree's blocks are shared, the partly filled last block is copied, and only the rest
-//! is prefilled.
+//! is prefilled. Every block goes into the tree under the chunking key of the prompt that
+//! computed it ([`PrefillPlan::block_key`]), since other cuts round differently: a prompt only
+//! ever resumes on blocks it would have computed bit for bit itself.
 //!
 //! With a disk tier every snapshot kept in memory is also written to disk, and a prompt whose
 //! deepest usable snapshot is only on disk (after a restart, or after eviction) loads it into the
@@ -45,6 +47,13 @@ struct Snapshot {
     recurrent: RecurrentState,
     /// The logits for the next token, kept at the end of a prompt.
     logits: Option<Vec<f32>>,
+}
+
+impl Snapshot {
+    /// What it counts against the snapshot budget.
+    fn bytes(&self) -> usize {
+        self.recurrent.bytes() + self.logits.as_ref().map_or(0, |l| l.len() * std::mem::size_of::<f32>())
+    }
 }
 
 /// A new sequence's cache, and how much of its prompt the prefix cache covered.
@@ -155,7 +164,7 @@ impl PrefixCache {
     /// The deepest point of the tree that `plan` continues exactly: a snapshot written under the
     /// same chunking, holding the logits if it is the end of the prompt.
     fn resume_point(&mut self, prompt: &[u32], plan: &PrefillPlan) -> Option<ResumePoint> {
-        self.tree.lookup(prompt).into_iter().find(|point| {
+        self.tree.lookup(prompt, |end| plan.block_key(end)).into_iter().find(|point| {
             let Some(snapshot) = point.snapshot.and_then(|id| self.snapshots.get(&id)) else { return false };
             plan.key(point.position) == Some(snapshot.key) && (point.position < prompt.len() || snapshot.logits.is_some())
         })
@@ -170,13 +179,15 @@ impl PrefixCache {
             (p < prompt.len() || stored.logits.is_some()).then_some(stored)
         });
         if let Some(stored) = found {
-            self.import(stored);
+            self.import(stored, plan);
         }
     }
 
-    /// Copies a snapshot from disk into fresh blocks and the tree. On failure nothing is left
-    /// allocated.
-    fn import(&mut self, stored: StoredSnapshot) {
+    /// Copies a snapshot from disk into fresh blocks and the tree, under the block keys of
+    /// `plan` (whose key at the snapshot's position is the file's: it cuts the prefix alike). On
+    /// failure nothing is left allocated.
+    fn import(&mut self, stored: StoredSnapshot, plan: &PrefillPlan) {
+        debug_assert_eq!(plan.key(stored.tokens.len()), Some(stored.key), "loaded under the plan's key");
         let recurrent = match self.initial.with_floats(&stored.recurrent) {
             Ok(recurrent) => recurrent,
             Err(e) => {
@@ -194,7 +205,8 @@ impl PrefixCache {
             }
         }
         let snapshot = Snapshot { key: stored.key, recurrent, logits: stored.logits };
-        self.insert(&stored.tokens, &blocks, snapshot);
+        let keys = plan.block_keys(stored.tokens.len(), self.pool.block_size());
+        self.insert(&stored.tokens, &keys, &blocks, snapshot);
         // The tree holds its own references to what it kept.
         self.pool.release(&blocks);
     }
@@ -215,13 +227,15 @@ impl PrefixCache {
         self.pool.allocate(n)
     }
 
-    /// Keeps the prefix `tokens` (all `cache` has processed) with a snapshot of its state, in
-    /// memory and, when the memory tier took it, on disk.
-    pub fn store(&mut self, tokens: &[u32], cache: &SequenceCache, key: u64, logits: Option<&[f32]>) {
+    /// Keeps the prefix `tokens` (all `cache` has processed, a snapshot position of `plan`) with
+    /// a snapshot of its state, in memory and, when the memory tier took it, on disk.
+    pub fn store(&mut self, tokens: &[u32], cache: &SequenceCache, plan: &PrefillPlan, logits: Option<&[f32]>) {
         debug_assert_eq!(tokens.len(), cache.len());
+        let key = plan.key(tokens.len()).expect("snapshots are stored at snapshot positions");
         let snapshot = Snapshot { key, recurrent: cache.recurrent().clone(), logits: logits.map(<[f32]>::to_vec) };
         let blocks: Vec<BlockId> = cache.blocks()[..self.pool.blocks_for(tokens.len())].iter().map(|&b| BlockId(b)).collect();
-        let Some(id) = self.insert(tokens, &blocks, snapshot) else { return };
+        let keys = plan.block_keys(tokens.len(), self.pool.block_size());
+        let Some(id) = self.insert(tokens, &keys, &blocks, snapshot) else { return };
         let Some(disk) = &self.disk else { return };
         let snapshot = &self.snapshots[&id];
         disk.save(StoredSnapshot {
@@ -233,20 +247,31 @@ impl PrefixCache {
         });
     }
 
-    /// Offers the tree `blocks` holding `tokens` and a snapshot after them; the snapshot's id if
-    /// the tree kept it.
-    fn insert(&mut self, tokens: &[u32], blocks: &[BlockId], snapshot: Snapshot) -> Option<SnapshotId> {
+    /// Offers the tree `blocks` holding `tokens`, computed under the chunking `keys`, and a
+    /// snapshot after them. Returns the id of the snapshot that changed: the new one if the
+    /// tree kept it, or the one already there if it lacked the new one's logits and took them.
+    fn insert(&mut self, tokens: &[u32], keys: &[u64], blocks: &[BlockId], snapshot: Snapshot) -> Option<SnapshotId> {
         let id = SnapshotId(self.next_snapshot);
         self.next_snapshot += 1;
-        let bytes = snapshot.recurrent.bytes() + snapshot.logits.as_ref().map_or(0, |l| l.len() * 4);
-        let inserted = self.tree.insert(tokens, blocks, Some((id, bytes)), &mut self.pool);
+        let inserted = self.tree.insert(tokens, keys, blocks, Some((id, snapshot.bytes())), &mut self.pool);
         for dropped in inserted.dropped_snapshots {
             self.snapshots.remove(&dropped);
         }
-        inserted.snapshot_stored.then(|| {
+        if inserted.snapshot_stored {
             self.snapshots.insert(id, snapshot);
-            id
-        })
+            return Some(id);
+        }
+        // A longer prompt left a snapshot here without logits (its prompt went on): the same
+        // state under the same chunking, so the logits of this one, which ends here, complete it.
+        let existing = inserted.existing?;
+        let old = self.snapshots.get(&existing)?;
+        let logits = snapshot.logits.filter(|_| old.logits.is_none() && old.key == snapshot.key)?;
+        let bytes = old.bytes() + logits.len() * std::mem::size_of::<f32>();
+        for dropped in self.tree.resize_snapshot(existing, bytes, &mut self.pool)? {
+            self.snapshots.remove(&dropped);
+        }
+        self.snapshots.get_mut(&existing).expect("the tree kept it").logits = Some(logits);
+        Some(existing)
     }
 
     /// Gives back a finished sequence's blocks (those the tree also holds stay cached).

@@ -103,8 +103,8 @@ impl Sequence {
     pub fn end_prefill(&mut self, prefix: &mut PrefixCache, logits: Vec<f32>) {
         let end = self.cache.len();
         let at_end = end == self.request.prompt_ids.len();
-        if let Some(key) = self.plan.key(end) {
-            prefix.store(&self.request.prompt_ids[..end], &self.cache, key, at_end.then_some(logits.as_slice()));
+        if self.plan.snapshots().contains(&end) {
+            prefix.store(&self.request.prompt_ids[..end], &self.cache, &self.plan, at_end.then_some(logits.as_slice()));
         }
         if at_end {
             self.logits = Some(logits);

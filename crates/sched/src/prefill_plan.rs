@@ -73,6 +73,31 @@ impl PrefillPlan {
         }
         Some(hash.finish())
     }
+
+    /// Names the cuts that determined the keys and values of positions `0..block_end`: the chunk
+    /// size and every cut up to and including the end of the chunk that computed position
+    /// `block_end - 1` (which may lie past `block_end`). Blocks of two prompts with the same
+    /// tokens hold the same bits exactly when their keys are equal too.
+    ///
+    /// For a full block `block_end` is its end; for the last, partly filled block of a prefix it
+    /// is the prefix's length.
+    pub fn block_key(&self, block_end: usize) -> u64 {
+        let mut hash = Fnv::new();
+        hash.write(self.chunk as u64);
+        for &end in &self.ends {
+            hash.write(end as u64);
+            if end >= block_end {
+                break;
+            }
+        }
+        hash.finish()
+    }
+
+    /// [`Self::block_key`] of each block of `0..len` (`len.div_ceil(block_size)` keys), the last
+    /// ending at `len`.
+    pub fn block_keys(&self, len: usize, block_size: usize) -> Vec<u64> {
+        (1..=len.div_ceil(block_size)).map(|i| self.block_key((i * block_size).min(len))).collect()
+    }
 }
 
 /// 64-bit FNV-1a: stable across builds and platforms, so keys can also name files on disk.
@@ -140,5 +165,45 @@ mod tests {
         // The end of the prompt is a snapshot position.
         assert!(a.key(400).is_some());
         assert_ne!(a.key(390), a.key(400));
+    }
+
+    #[test]
+    fn block_keys_name_the_cuts_up_to_the_chunk_that_computed_the_block() {
+        // Cuts 150, 256 | 400, 500 and 150, 256 | 470, 512, 600: equal up to 256.
+        let a = PrefillPlan::new(500, &[150, 400], 256);
+        let b = PrefillPlan::new(600, &[150, 470], 256);
+        // Blocks computed by the chunks 0..150 and 150..256 share their keys.
+        for end in [16, 144, 150, 160, 256] {
+            assert_eq!(a.block_key(end), b.block_key(end), "block ending at {end}");
+        }
+        // The block ending at 272 was computed by 256..400 in one, by 256..470 in the other.
+        assert_ne!(a.block_key(272), b.block_key(272));
+        assert_ne!(a.block_key(400), b.block_key(400));
+
+        // An extra cut inside the chunk that computed the block: another key, even for a block
+        // that ends before that cut.
+        let c = PrefillPlan::new(500, &[100, 150, 400], 256);
+        assert_ne!(a.block_key(96), c.block_key(96));
+        assert_ne!(a.block_key(144), c.block_key(144));
+        // A cut after that chunk does not matter.
+        let d = PrefillPlan::new(500, &[150, 200, 400], 256);
+        assert_eq!(a.block_key(144), d.block_key(144));
+        assert_eq!(a.block_key(150), d.block_key(150));
+        assert_ne!(a.block_key(160), d.block_key(160));
+
+        // The chunk that computed the block may end after it: a cut between the block's end and
+        // the chunk's end matters, as does the end of a shorter prompt.
+        let short = PrefillPlan::new(40, &[], 32);
+        let long = PrefillPlan::new(50, &[], 32);
+        assert_eq!(short.block_key(16), long.block_key(16));
+        assert_eq!(short.block_key(32), long.block_key(32));
+        assert_ne!(short.block_key(40), long.block_key(48));
+        let cut = PrefillPlan::new(50, &[25], 32);
+        assert_ne!(long.block_key(16), cut.block_key(16), "chunk 0..32 against 0..25");
+        // Another chunk size, the same cuts so far: still another key.
+        assert_ne!(PrefillPlan::new(20, &[], 32).block_key(16), PrefillPlan::new(20, &[], 64).block_key(16));
+
+        assert_eq!(a.block_keys(150, 16), (1..=10).map(|i| a.block_key((i * 16).min(150))).collect::<Vec<_>>());
+        assert_eq!(a.block_keys(0, 16), Vec::<u64>::new());
     }
 }

@@ -12,13 +12,20 @@
 //!                   (block 1)        (block 1 again: see below)
 //! ```
 //!
+//! Every node also carries a chunking key ([`crate::PrefillPlan::block_key`]): the keys and
+//! values of a block depend on how the prompt that computed it was cut into prefill chunks, so
+//! two blocks are the same only when their tokens and their keys are equal. A lookup follows a
+//! node only under the key the looking prompt would compute the block with; a prompt cut
+//! otherwise adds a sibling with the same tokens and its own blocks.
+//!
 //! Invariants (checked by [`PrefixTree::check_invariants`]):
 //! - A node covers positions `start..start + tokens.len()`, `start` a multiple of `block_size`,
 //!   `1 <= tokens.len() <= block_size`. Only full nodes (`tokens.len() == block_size`) have
 //!   children, and a child starts where its parent ends.
-//! - Siblings never hold identical tokens (insert follows such a child instead of adding one), but
-//!   may share leading tokens: a partial node can be a prefix of a full sibling, and partial
-//!   siblings can have different lengths. Matching therefore compares whole token runs.
+//! - Siblings never hold identical tokens under equal keys (insert follows such a child instead
+//!   of adding one), but may share leading tokens: a partial node can be a prefix of a full
+//!   sibling, and partial siblings can have different lengths. Matching therefore compares whole
+//!   token runs.
 //! - The tree holds one pool reference per node on that node's block. Two nodes may name the same
 //!   block: a sequence's last block is adopted as a partial node, the sequence keeps writing into
 //!   it, and later the same block is adopted again as the full node.
@@ -75,6 +82,8 @@ pub struct Inserted {
     /// False when the final node already had a snapshot or the new one alone exceeds the
     /// budget; the caller then drops its payload.
     pub snapshot_stored: bool,
+    /// When the offered snapshot was not stored: the one the final node already holds.
+    pub existing: Option<SnapshotId>,
     /// Older snapshots dropped to stay within the budget; the runner frees their payloads.
     pub dropped_snapshots: Vec<SnapshotId>,
 }
@@ -86,6 +95,8 @@ pub struct NodeView<'a> {
     pub parent: Option<NodeId>,
     pub start: usize,
     pub tokens: &'a [u32],
+    /// The chunking key the block was computed under.
+    pub key: u64,
     pub block: BlockId,
     pub snapshot: Option<SnapshotId>,
     pub last_used: u64,
@@ -95,6 +106,7 @@ struct Node {
     parent: Option<NodeId>,
     start: usize,
     tokens: Vec<u32>,
+    key: u64,
     block: BlockId,
     snapshot: Option<Snapshot>,
     last_used: u64,
@@ -151,7 +163,13 @@ impl PrefixTree {
     /// Places where `tokens` can resume, deepest first, all at positions `1..=tokens.len()`:
     /// every snapshot on the matched path and, in attention-only mode, the longest token match.
     /// Touches the nodes on the paths of the returned points.
-    pub fn lookup(&mut self, tokens: &[u32]) -> Vec<ResumePoint> {
+    ///
+    /// `key_at(end)` is the chunking key under which the prompt computes positions `0..end`
+    /// ([`crate::PrefillPlan::block_key`]); it is asked for the end of each block and for the
+    /// ends of partial nodes. A node ending at `end` is followed only when it holds that key. The
+    /// longest token match considers only nodes holding the key of the prompt's own block there
+    /// (ending at the block's end, or at the prompt's end within it).
+    pub fn lookup(&mut self, tokens: &[u32], key_at: impl Fn(usize) -> u64) -> Vec<ResumePoint> {
         self.clock += 1;
         let bs = self.block_size;
         let mut full_path: Vec<NodeId> = Vec::new();
@@ -163,16 +181,16 @@ impl PrefixTree {
             let siblings = self.children(full_path.last().copied());
             for &id in siblings {
                 let node = self.node(id);
-                if node.tokens.len() < bs && rest.starts_with(&node.tokens) {
+                let position = base + node.tokens.len();
+                if node.tokens.len() < bs && rest.starts_with(&node.tokens) && node.key == key_at(position) {
                     if let Some(s) = node.snapshot {
-                        let position = base + node.tokens.len();
                         found.push(Found { depth, tail: Some(id), position, snapshot: Some(s.id) });
                     }
                 }
             }
             let full_match = siblings.iter().copied().find(|&id| {
                 let node = self.node(id);
-                node.tokens.len() == bs && rest.starts_with(&node.tokens)
+                node.tokens.len() == bs && rest.starts_with(&node.tokens) && node.key == key_at(base + bs)
             });
             if let Some(id) = full_match {
                 full_path.push(id);
@@ -183,7 +201,9 @@ impl PrefixTree {
                 continue;
             }
             if self.kind == CacheKind::AttentionOnly {
-                let longest = self.longest_match(siblings, rest, depth);
+                // The key of the prompt's own block here (none past the end of the prompt).
+                let key = (!rest.is_empty()).then(|| key_at(base + rest.len().min(bs)));
+                let longest = self.longest_match(siblings, rest, depth, key);
                 // A snapshot point at the same position already carries these positions.
                 if longest.position > 0 && found.iter().all(|f| f.position != longest.position) {
                     found.push(longest);
@@ -196,31 +216,38 @@ impl PrefixTree {
     }
 
     /// Records that positions `0..tokens.len()` of a sequence are held in `blocks`
-    /// (`blocks.len() == tokens.len().div_ceil(block_size)`), and offers a snapshot taken at
-    /// `tokens.len()`. Blocks already cached under identical tokens are kept; the others are
-    /// adopted (the tree takes its own reference).
+    /// (`blocks.len() == tokens.len().div_ceil(block_size)`), computed under the chunking keys
+    /// `keys` (one per block, the last for the block ending at `tokens.len()`), and offers a
+    /// snapshot taken at `tokens.len()`. Blocks already cached under identical tokens and key
+    /// are kept; the others are adopted (the tree takes its own reference).
     pub fn insert(
         &mut self,
         tokens: &[u32],
+        keys: &[u64],
         blocks: &[BlockId],
         snapshot: Option<(SnapshotId, usize)>,
         pool: &mut BlockPool,
     ) -> Inserted {
         let bs = self.block_size;
         assert_eq!(blocks.len(), tokens.len().div_ceil(bs), "one block per {bs} positions");
+        assert_eq!(keys.len(), blocks.len(), "one key per block");
         debug_assert_eq!(pool.block_size(), bs, "the tree and the pool agree on block size");
         self.clock += 1;
         let mut last = None;
-        for (index, (run, &block)) in tokens.chunks(bs).zip(blocks).enumerate() {
-            let existing = self.children(last).iter().copied().find(|&id| self.node(id).tokens == run);
-            let id = existing.unwrap_or_else(|| self.add_node(last, index * bs, run, block, pool));
+        for (index, ((run, &block), &key)) in tokens.chunks(bs).zip(blocks).zip(keys).enumerate() {
+            let existing = self.children(last).iter().copied().find(|&id| {
+                let node = self.node(id);
+                node.tokens == run && node.key == key
+            });
+            let id = existing.unwrap_or_else(|| self.add_node(last, index * bs, run, key, block, pool));
             self.node_mut(id).last_used = self.clock;
             last = Some(id);
         }
-        let mut inserted = Inserted { snapshot_stored: false, dropped_snapshots: Vec::new() };
+        let mut inserted = Inserted { snapshot_stored: false, existing: None, dropped_snapshots: Vec::new() };
         let Some(last) = last else { return inserted };
         if let Some((id, bytes)) = snapshot {
-            if self.node(last).snapshot.is_none() && bytes <= self.snapshot_budget_bytes {
+            inserted.existing = self.node(last).snapshot.map(|s| s.id);
+            if inserted.existing.is_none() && bytes <= self.snapshot_budget_bytes {
                 self.node_mut(last).snapshot = Some(Snapshot { id, bytes });
                 self.snapshot_bytes += bytes;
                 inserted.snapshot_stored = true;
@@ -229,6 +256,20 @@ impl PrefixTree {
         }
         self.prune_useless(Some(last), pool);
         inserted
+    }
+
+    /// Changes the size of the held snapshot `id` (its payload grew or shrank), dropping least
+    /// recently used others to stay within the budget; returns those, or `None` (and changes
+    /// nothing) when `id` is not held or `bytes` alone exceed the budget.
+    pub fn resize_snapshot(&mut self, id: SnapshotId, bytes: usize, pool: &mut BlockPool) -> Option<Vec<SnapshotId>> {
+        if bytes > self.snapshot_budget_bytes {
+            return None;
+        }
+        let node = self.live_ids().find(|&n| self.node(n).snapshot.is_some_and(|s| s.id == id))?;
+        let snapshot = self.node_mut(node).snapshot.as_mut().expect("found by its snapshot");
+        let old = std::mem::replace(&mut snapshot.bytes, bytes);
+        self.snapshot_bytes = self.snapshot_bytes - old + bytes;
+        Some(self.enforce_snapshot_budget(node, pool))
     }
 
     /// Drops least recently used leaves (then lowest id) until `pool.free_blocks() >= needed` or
@@ -273,6 +314,7 @@ impl PrefixTree {
                 parent: node.parent,
                 start: node.start,
                 tokens: &node.tokens,
+                key: node.key,
                 block: node.block,
                 snapshot: node.snapshot.map(|s| s.id),
                 last_used: node.last_used,
@@ -319,7 +361,9 @@ impl PrefixTree {
             let siblings = self.children(parent);
             for (i, &a) in siblings.iter().enumerate() {
                 for &b in &siblings[i + 1..] {
-                    assert_ne!(self.node(a).tokens, self.node(b).tokens, "siblings {a:?} and {b:?}");
+                    let (a_node, b_node) = (self.node(a), self.node(b));
+                    let same = a_node.tokens == b_node.tokens && a_node.key == b_node.key;
+                    assert!(!same, "siblings {a:?} and {b:?} hold the same tokens under the same key");
                 }
             }
         }
@@ -331,12 +375,13 @@ impl PrefixTree {
         assert!(bytes <= self.snapshot_budget_bytes, "snapshots exceed their budget");
     }
 
-    /// Among `siblings`, the node sharing the most leading tokens with `rest` (lowest id on a
-    /// tie); without one, the end of the full path.
-    fn longest_match(&self, siblings: &[NodeId], rest: &[u32], depth: usize) -> Found {
+    /// Among `siblings` holding `key`, the node sharing the most leading tokens with `rest`
+    /// (lowest id on a tie); without one, the end of the full path.
+    fn longest_match(&self, siblings: &[NodeId], rest: &[u32], depth: usize, key: Option<u64>) -> Found {
         let base = depth * self.block_size;
         let best = siblings
             .iter()
+            .filter(|&&id| Some(self.node(id).key) == key)
             .map(|&id| (common_prefix_len(&self.node(id).tokens, rest), id))
             .filter(|&(matched, _)| matched > 0)
             .max_by_key(|&(matched, id)| (matched, Reverse(id)));
@@ -415,6 +460,7 @@ impl PrefixTree {
         parent: Option<NodeId>,
         start: usize,
         tokens: &[u32],
+        key: u64,
         block: BlockId,
         pool: &mut BlockPool,
     ) -> NodeId {
@@ -424,6 +470,7 @@ impl PrefixTree {
             parent,
             start,
             tokens: tokens.to_vec(),
+            key,
             block,
             snapshot: None,
             last_used: self.clock,
