@@ -4,6 +4,7 @@
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Device, Module, Tensor};
 
+use crate::dense::DenseMatrix;
 use crate::error::Result;
 use crate::q4_1::Q4_1Matrix;
 use crate::weights::Weight;
@@ -18,6 +19,8 @@ enum LinearWeight {
     Candle(QMatMul),
     /// candle's Q4_1 dot product is scalar; ours is SIMD.
     Q4_1(Q4_1Matrix),
+    /// Float weights, with a reduction order that does not depend on the row count.
+    Dense(DenseMatrix),
 }
 
 impl Linear {
@@ -27,6 +30,7 @@ impl Linear {
                 let (rows, cols) = q.shape().dims2()?;
                 LinearWeight::Q4_1(Q4_1Matrix::new(rows, cols, q.data()?.into_owned())?)
             }
+            Weight::Dense(t) => LinearWeight::Dense(DenseMatrix::new(&t)?),
             other => LinearWeight::Candle(other.into_qmatmul()?),
         };
         Ok(Self { weight, bias })
@@ -41,7 +45,7 @@ impl Linear {
             LinearWeight::Candle(w @ QMatMul::QTensor(_)) if x.dim(0)? == 1 => {
                 w.forward(&Tensor::cat(&[x, x], 0)?)?.narrow(0, 0, 1)?
             }
-            LinearWeight::Candle(w @ (QMatMul::Tensor(_) | QMatMul::TensorF16(_))) => dense_in_fixed_blocks(w, x)?,
+            LinearWeight::Dense(w) => w.forward(x)?,
             LinearWeight::Candle(w) => w.forward(x)?,
             LinearWeight::Q4_1(w) => w.forward(x)?,
         };
@@ -50,22 +54,6 @@ impl Linear {
             None => y,
         })
     }
-}
-
-/// Rows per dense matrix product: float GEMMs pick their blocking (and so their rounding) by
-/// the row count, so dense weights always see exactly this many rows.
-const DENSE_ROWS: usize = 8;
-
-/// `x Wᵀ` for float weights, computed `DENSE_ROWS` rows at a time (the last block padded with
-/// zero rows), so a row's result does not depend on how many rows came with it.
-fn dense_in_fixed_blocks(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
-    let rows = x.dim(0)?;
-    let padded = rows.div_ceil(DENSE_ROWS) * DENSE_ROWS;
-    let x = if padded > rows { Tensor::cat(&[x, &x.zeros_like()?.narrow(0, 0, 1)?.repeat((padded - rows, 1))?], 0)? } else { x.clone() };
-    let blocks = (0..padded / DENSE_ROWS)
-        .map(|b| w.forward(&x.narrow(0, b * DENSE_ROWS, DENSE_ROWS)?))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(Tensor::cat(&blocks, 0)?.narrow(0, 0, rows)?)
 }
 
 /// Token embedding lookup that never dequantizes the whole table.

@@ -15,6 +15,7 @@
 mod cache;
 mod config;
 mod delta_rule;
+mod dense;
 mod error;
 mod gated_deltanet;
 mod gemma3;

@@ -1,0 +1,90 @@
+//! Matrix products against float weights, one output at a time: each output is a dot product
+//! reduced in the same fixed order however many rows `x` has, so a sequence's results do not
+//! depend on what else shares its batch. (A GEMM picks its blocking, and so its rounding, from
+//! the matrix sizes.) Float weights serve the reference paths, safetensors checkpoints and small
+//! matrices such as MoE routers; quantized weights take the quantized kernels.
+
+use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
+
+use crate::error::Result;
+
+/// Independent partial sums per dot product: enough for the compiler to vectorize the loop.
+const LANES: usize = 16;
+
+/// A float matrix of `rows` outputs × `cols` inputs, kept as f32.
+pub struct DenseMatrix {
+    rows: usize,
+    cols: usize,
+    data: Vec<f32>,
+}
+
+impl DenseMatrix {
+    pub fn new(weight: &Tensor) -> Result<Self> {
+        let (rows, cols) = weight.dims2()?;
+        let data = weight.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        Ok(Self { rows, cols, data })
+    }
+
+    /// x: (tokens, cols) → (tokens, rows)
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (tokens, cols) = x.dims2()?;
+        if cols != self.cols {
+            return Err(candle_core::Error::ShapeMismatchBinaryOp {
+                lhs: x.shape().clone(),
+                rhs: (self.rows, self.cols).into(),
+                op: "dense matmul",
+            }
+            .into());
+        }
+        let x: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        // (rows, tokens) while computing, so each task owns one weight row's outputs.
+        let mut out_t = vec![0f32; self.rows * tokens];
+        out_t.par_chunks_mut(tokens).zip(self.data.par_chunks(cols)).for_each(|(out, w)| {
+            for (o, row) in out.iter_mut().zip(x.chunks_exact(cols)) {
+                *o = dot(w, row);
+            }
+        });
+        Ok(Tensor::from_vec(out_t, (self.rows, tokens), &Device::Cpu)?.t()?.contiguous()?)
+    }
+}
+
+/// `a · b` with `LANES` running sums (lane `i` takes elements `i, i + LANES, ...`), added up
+/// in lane order at the end, then the tail in order.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let (a_body, a_tail) = a.split_at(a.len() - a.len() % LANES);
+    let (b_body, b_tail) = b.split_at(a_body.len());
+    for (xa, xb) in a_body.chunks_exact(LANES).zip(b_body.chunks_exact(LANES)) {
+        for i in 0..LANES {
+            lanes[i] += xa[i] * xb[i];
+        }
+    }
+    let mut sum = lanes.iter().sum::<f32>();
+    for (x, y) in a_tail.iter().zip(b_tail) {
+        sum += x * y;
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_a_plain_product_and_ignores_the_row_count() {
+        let (rows, cols) = (5, 37);
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
+        let x: Vec<f32> = (0..4 * cols).map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0).collect();
+        let matrix = DenseMatrix::new(&Tensor::from_vec(w.clone(), (rows, cols), &Device::Cpu).unwrap()).unwrap();
+        let all = matrix.forward(&Tensor::from_vec(x.clone(), (4, cols), &Device::Cpu).unwrap()).unwrap();
+        let all: Vec<Vec<f32>> = all.to_vec2().unwrap();
+        for (t, row) in x.chunks(cols).enumerate() {
+            // Exact small values: every order of summation gives the same result.
+            let expected: Vec<f32> = w.chunks(cols).map(|wr| wr.iter().zip(row).map(|(a, b)| a * b).sum()).collect();
+            assert_eq!(all[t], expected);
+            let alone = matrix.forward(&Tensor::from_vec(row.to_vec(), (1, cols), &Device::Cpu).unwrap()).unwrap();
+            assert_eq!(alone.to_vec2::<f32>().unwrap()[0], all[t], "row {t} alone");
+        }
+    }
+}
