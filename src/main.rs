@@ -80,8 +80,15 @@ fn pull(name: Option<String>, list: bool) -> anyhow::Result<()> {
 
 /// Sets the number of CPU threads the tensor kernels use; must run before the first kernel.
 fn set_threads(threads: Option<usize>) {
+    // SAFETY (both): called at start-up, before any other thread exists.
     if let Some(n) = threads {
-        // SAFETY: called at start-up, before any other thread exists.
         std::env::set_var("RAYON_NUM_THREADS", n.max(1).to_string());
+    }
+    // candle's own pool waits for its workers by spinning: when another process takes a core,
+    // each of the thousands of small products a step runs stalls (decode fell from ~35 to ~2
+    // tokens/s at load 4 on 2 cores). candle then runs on the calling thread, and our rayon
+    // pool, which sleeps when idle, spreads the work instead (experts, heads, weight rows).
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
 }

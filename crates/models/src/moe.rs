@@ -5,6 +5,7 @@
 //! a sigmoid gate.
 
 use candle_core::{Device, Tensor};
+use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::layers::{GatedMlp, Linear};
@@ -75,25 +76,37 @@ impl SparseMoe {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let logits = self.router.forward(x)?.to_vec2::<f32>()?;
         let routing = Routing::from_logits(&logits, self.top_k, self.normalize_top_k);
+        // Experts run in parallel; their outputs are added in expert order, so the sum is the
+        // same whatever thread finished first.
+        let outputs = self
+            .experts
+            .par_iter()
+            .zip(routing.by_expert(self.experts.len()))
+            .filter(|(_, (ids, _))| !ids.is_empty())
+            .map(|(expert, (ids, weights))| expert_output(expert, x, ids, weights))
+            .collect::<Result<Vec<_>>>()?;
         let mut out = x.zeros_like()?;
-        for (expert, (ids, weights)) in self.experts.iter().zip(routing.by_expert(self.experts.len())) {
-            if ids.is_empty() {
-                continue;
-            }
-            let n = ids.len();
-            let ids = Tensor::from_vec(ids, n, &Device::Cpu)?;
-            let rows = x.index_select(&ids, 0)?;
-            let gate_up = expert.gate_up.forward(&rows)?;
-            let half = gate_up.dim(1)? / 2;
-            let hidden = (candle_nn::ops::silu(&gate_up.narrow(1, 0, half)?)? * gate_up.narrow(1, half, half)?)?;
-            let y = expert.down.forward(&hidden)?;
-            let weights = Tensor::from_vec(weights, (n, 1), &Device::Cpu)?.to_dtype(y.dtype())?;
-            out = out.index_add(&ids, &y.broadcast_mul(&weights)?, 0)?;
+        for (ids, y) in outputs {
+            out = out.index_add(&ids, &y, 0)?;
         }
         let gate = candle_nn::ops::sigmoid(&self.shared_gate.forward(x)?)?;
         let shared = self.shared.forward(x)?.broadcast_mul(&gate)?;
         Ok((out + shared)?)
     }
+}
+
+/// One expert on the rows `ids` of `x`, scaled by each row's routing weight; returns the row
+/// indices (as a tensor) and the weighted outputs.
+fn expert_output(expert: &Expert, x: &Tensor, ids: Vec<u32>, weights: Vec<f32>) -> Result<(Tensor, Tensor)> {
+    let n = ids.len();
+    let ids = Tensor::from_vec(ids, n, &Device::Cpu)?;
+    let rows = x.index_select(&ids, 0)?;
+    let gate_up = expert.gate_up.forward(&rows)?;
+    let half = gate_up.dim(1)? / 2;
+    let hidden = (candle_nn::ops::silu(&gate_up.narrow(1, 0, half)?)? * gate_up.narrow(1, half, half)?)?;
+    let y = expert.down.forward(&hidden)?;
+    let weights = Tensor::from_vec(weights, (n, 1), &Device::Cpu)?.to_dtype(y.dtype())?;
+    Ok((ids, y.broadcast_mul(&weights)?))
 }
 
 #[cfg(test)]
