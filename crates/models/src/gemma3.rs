@@ -11,7 +11,7 @@ use crate::config::TransformerConfig;
 use crate::error::Result;
 use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
 use crate::weights::WeightSource;
-use crate::{row_ranges, BatchEntry, CausalLm};
+use crate::{advance_all, batch_rows, BatchEntry, CausalLm};
 
 struct Layer {
     input_norm: RmsNorm,
@@ -124,11 +124,7 @@ impl CausalLm for Gemma3 {
     }
 
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>> {
-        for entry in batch.iter() {
-            entry.cache.check_room(entry.tokens.len())?;
-        }
-        let rows = row_ranges(batch);
-        let ids: Vec<u32> = batch.iter().flat_map(|e| e.tokens.iter().copied()).collect();
+        let (rows, ids) = batch_rows(batch)?;
         let mut x = (self.embed.forward(&ids)? * self.embed_scale)?;
         for (i, l) in self.layers.iter().enumerate() {
             let attn = self.attention(i, &l.input_norm.forward(&x)?, batch, &rows)?;
@@ -136,9 +132,7 @@ impl CausalLm for Gemma3 {
             let mlp = l.mlp.forward(&l.pre_ffn_norm.forward(&x)?)?;
             x = (&x + l.post_ffn_norm.forward(&mlp)?)?;
         }
-        for entry in batch.iter_mut() {
-            entry.cache.advance(entry.tokens.len());
-        }
+        advance_all(batch);
         layers::logits_of_last_rows(&x, &rows, &self.norm, &self.head)
     }
 }

@@ -85,17 +85,28 @@ pub struct BatchEntry<'a> {
     pub cache: &'a mut SequenceCache,
 }
 
-/// Where each entry's rows lie in the batch's concatenated rows.
-pub(crate) fn row_ranges(batch: &[BatchEntry<'_>]) -> Vec<(usize, usize)> {
-    let mut start = 0;
-    batch
-        .iter()
-        .map(|e| {
-            let range = (start, e.tokens.len());
-            start += e.tokens.len();
-            range
-        })
-        .collect()
+/// `(first row, rows)` of one entry in a batch's concatenated rows.
+pub(crate) type RowRange = (usize, usize);
+
+/// The start of every batched forward pass: checks each entry has room (before any work, so a
+/// refusal changes no cache), and returns where each entry's rows lie in the concatenated rows
+/// and all the tokens in that order.
+pub(crate) fn batch_rows(batch: &[BatchEntry<'_>]) -> Result<(Vec<RowRange>, Vec<u32>)> {
+    let mut rows = Vec::with_capacity(batch.len());
+    let mut ids = Vec::new();
+    for entry in batch {
+        entry.cache.check_room(entry.tokens.len())?;
+        rows.push((ids.len(), entry.tokens.len()));
+        ids.extend_from_slice(entry.tokens);
+    }
+    Ok((rows, ids))
+}
+
+/// The end of every batched forward pass: each cache now holds its entry's tokens.
+pub(crate) fn advance_all(batch: &mut [BatchEntry<'_>]) {
+    for entry in batch {
+        entry.cache.advance(entry.tokens.len());
+    }
 }
 
 /// A loaded model, plus the GGUF header it came from (tokenizer and chat template live there).

@@ -10,7 +10,7 @@ use crate::config::{Architecture, TransformerConfig};
 use crate::error::Result;
 use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
 use crate::weights::WeightSource;
-use crate::{row_ranges, BatchEntry, CausalLm};
+use crate::{advance_all, batch_rows, BatchEntry, CausalLm};
 
 struct Attention {
     q: Linear,
@@ -100,19 +100,13 @@ impl CausalLm for Llama {
     }
 
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>> {
-        for entry in batch.iter() {
-            entry.cache.check_room(entry.tokens.len())?;
-        }
-        let rows = row_ranges(batch);
-        let ids: Vec<u32> = batch.iter().flat_map(|e| e.tokens.iter().copied()).collect();
+        let (rows, ids) = batch_rows(batch)?;
         let mut x = self.embed.forward(&ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
             x = (&x + self.attention(i, &layer.attn_norm.forward(&x)?, batch, &rows)?)?;
             x = (&x + layer.mlp.forward(&layer.ffn_norm.forward(&x)?)?)?;
         }
-        for entry in batch.iter_mut() {
-            entry.cache.advance(entry.tokens.len());
-        }
+        advance_all(batch);
         layers::logits_of_last_rows(&x, &rows, &self.norm, &self.head)
     }
 }

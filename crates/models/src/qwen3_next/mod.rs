@@ -20,7 +20,7 @@ use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, Rope
 use crate::moe::{Expert, SparseMoe};
 use crate::paged_kv::KvShape;
 use crate::weights::{SafetensorsWeights, Weight};
-use crate::{row_ranges, BatchEntry, CausalLm};
+use crate::{advance_all, batch_rows, BatchEntry, CausalLm};
 use attention::GatedAttention;
 pub use config::{HybridConfig, Mixer};
 pub use gguf::ARCHITECTURES as GGUF_ARCHITECTURES;
@@ -134,11 +134,7 @@ impl CausalLm for Qwen3Next {
     }
 
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>> {
-        for entry in batch.iter() {
-            entry.cache.check_room(entry.tokens.len())?;
-        }
-        let rows = row_ranges(batch);
-        let ids: Vec<u32> = batch.iter().flat_map(|e| e.tokens.iter().copied()).collect();
+        let (rows, ids) = batch_rows(batch)?;
         let mut x = self.embed.forward(&ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_norm.forward(&x)?;
@@ -152,9 +148,7 @@ impl CausalLm for Qwen3Next {
             x = (x + mixed)?;
             x = (&x + layer.ffn.forward(&layer.post_attention_norm.forward(&x)?)?)?;
         }
-        for entry in batch.iter_mut() {
-            entry.cache.advance(entry.tokens.len());
-        }
+        advance_all(batch);
         layers::logits_of_last_rows(&x, &rows, &self.norm, &self.head)
     }
 
