@@ -185,17 +185,21 @@ impl EngineState<'_> {
             let request = &self.waiting[&id];
             let len = request.prompt_ids.len();
             let plan = PrefillPlan::new(len, &request.snapshot_positions, self.config.prefill_chunk);
-            if self.prefix.blocks_for(len + 1) > self.prefix.total_blocks() {
+            // Room for the prompt and every token it may generate is taken now: a sequence that
+            // found the pool full halfway would have to stop early or be recomputed, which
+            // rounds differently.
+            let positions = (len + request.max_tokens).min(request.context.max(len + 1));
+            if self.prefix.blocks_for(positions) > self.prefix.total_blocks() {
                 let message = format!(
-                    "the prompt needs {} KV blocks but the cache holds {}; raise --kv-cache-memory",
-                    self.prefix.blocks_for(len + 1),
+                    "the prompt and max_tokens need {} KV blocks but the cache holds {}; lower max_tokens or raise --kv-cache-memory",
+                    self.prefix.blocks_for(positions),
                     self.prefix.total_blocks()
                 );
                 failed.push((id, message));
                 return true;
             }
             let Ok(mut started) = self.prefix.start(&request.prompt_ids, &plan, request.context) else { return false };
-            if self.prefix.reserve(&mut started.cache, len + 1 - started.cached).is_err() {
+            if self.prefix.reserve(&mut started.cache, positions - started.cached).is_err() {
                 self.prefix.release(&started.cache);
                 return false;
             }

@@ -445,9 +445,6 @@ fn eviction_under_a_tiny_cap_keeps_outputs_exact_on_the_hybrid_model() {
 /// Sequences that need blocks beyond those reserved at admission, four at a time in a pool too
 /// small for all of them: each must still give its whole cold output.
 #[test]
-#[ignore = "known bug: a decode step that finds the pool full ends the sequence early with \
-            finish reason Length (`Sequence::begin_decode`), since admission reserves only prompt + 1 \
-            positions; remove this once admission reserves room for max_tokens (or preempts)"]
 fn sequences_are_not_cut_short_when_the_pool_runs_out() {
     let model = hybrid();
     let requests = eviction_requests(&hybrid_prompts(), |_| 24);
