@@ -4,103 +4,19 @@
 //! a cold one. Runs on the real default model (SmolLM2-135M, pulled on first use) and on the tiny
 //! hybrid fixture, with a small prefill chunk so that short prompts have several cuts.
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock};
+mod common;
 
-use spindle_hub::ModelFiles;
-use spindle_runner::sampler::SamplingParams;
-use spindle_runner::{
-    model_fingerprint, CacheConfig, DiskConfig, Engine, EngineConfig, ModelBundle, ReasoningMode, SequenceEvent, SequenceRequest,
-};
+use std::sync::Arc;
 
-const PREFILL_CHUNK: usize = 32;
-const BLOCK_SIZE: usize = 16;
+use common::{engine, greedy, hybrid, smollm2, Output, PREFILL_CHUNK};
+use spindle_runner::{Engine, ModelBundle};
+
 /// The shared prefix: a multiple of neither the block size nor the chunk.
 const SHARED: usize = 25;
 
-fn smollm2_files() -> ModelFiles {
-    spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn smollm2() -> Arc<ModelBundle> {
-    static BUNDLE: OnceLock<Arc<ModelBundle>> = OnceLock::new();
-    BUNDLE.get_or_init(|| Arc::new(ModelBundle::load(&smollm2_files()).unwrap())).clone()
-}
-
-/// The tiny Qwen3.5-MoE hybrid (vocabulary of 512) with SmolLM2's tokenizer to print its ids.
-fn hybrid() -> Arc<ModelBundle> {
-    static BUNDLE: OnceLock<Arc<ModelBundle>> = OnceLock::new();
-    BUNDLE
-        .get_or_init(|| {
-            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe");
-            let model = spindle_models::load_safetensors(&dir).unwrap().model;
-            let ModelBundle { tokenizer, template, .. } = ModelBundle::load(&smollm2_files()).unwrap();
-            let fingerprint = model_fingerprint(&ModelFiles::Safetensors { dir }).unwrap();
-            Arc::new(ModelBundle { model, tokenizer, template, fingerprint })
-        })
-        .clone()
-}
-
-fn engine(bundle: &Arc<ModelBundle>, disk: Option<&Path>) -> Engine {
-    let cache = CacheConfig {
-        kv_bytes: 64 << 20,
-        snapshot_bytes: 64 << 20,
-        block_size: BLOCK_SIZE,
-        disk: disk.map(|dir| DiskConfig { dir: dir.to_path_buf(), bytes: 1 << 30 }),
-    };
-    let config = EngineConfig { max_active: 2, prefill_chunk: PREFILL_CHUNK, step_tokens: 2 * PREFILL_CHUNK, cache };
-    Engine::start(bundle.clone(), config)
-}
-
-/// What a client sees of a greedy generation, floats as bits so equality means identical bytes.
-#[derive(Clone, Debug, PartialEq)]
-struct Output {
-    tokens: Vec<Token>,
-    text: String,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-struct Token {
-    id: u32,
-    logprob: u32,
-    top_logprobs: Vec<(u32, u32)>,
-}
-
-/// Runs one greedy request to the end; the output and the prompt positions taken from the cache.
-fn run(engine: &Engine, prompt: &[u32], snapshots: &[usize]) -> (Output, usize) {
-    let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
-    engine
-        .submit(SequenceRequest {
-            prompt_ids: prompt.to_vec(),
-            snapshot_positions: snapshots.to_vec(),
-            max_tokens: 12,
-            sampling: SamplingParams { temperature: 0.0, top_logprobs: Some(3), ..SamplingParams::default() },
-            stop_ids: Vec::new(),
-            stop_strings: Vec::new(),
-            reasoning: ReasoningMode::Off,
-            reasoning_budget: None,
-            context: 256,
-            cancel: Arc::new(AtomicBool::new(false)),
-            events,
-        })
-        .unwrap();
-    let mut output = Output { tokens: Vec::new(), text: String::new() };
-    loop {
-        match inbox.blocking_recv().expect("the engine ends every sequence with an event") {
-            SequenceEvent::Token { token, text, .. } => {
-                let top_logprobs = token.top_logprobs.iter().map(|&(id, lp)| (id, lp.to_bits())).collect();
-                output.tokens.push(Token { id: token.id, logprob: token.logprob.to_bits(), top_logprobs });
-                output.text += &text.content;
-            }
-            SequenceEvent::Finished(summary) => {
-                output.text += &summary.tail.content;
-                assert_eq!(summary.completion_tokens, output.tokens.len());
-                return (output, summary.cached_tokens);
-            }
-            SequenceEvent::Failed(message) => panic!("the sequence failed: {message}"),
-        }
-    }
+/// One greedy request run to its end: its output and the prompt positions taken from the cache.
+fn greedy_run(engine: &Engine, prompt: &[u32], snapshots: &[usize]) -> (Output, usize) {
+    common::run(engine, prompt, snapshots, greedy(), 256)
 }
 
 /// A shared prefix of [`SHARED`] tokens and three continuations, as SmolLM2 ids.
@@ -136,20 +52,20 @@ fn hybrid_prompts() -> [Vec<u32>; 4] {
 /// first; then `b` and `c` (a snapshot at the end of the shared prefix: their first chunk is
 /// `0..25`) must give exactly what they give on a fresh engine.
 fn a_prefix_computed_under_other_cuts_is_not_reused(bundle: &Arc<ModelBundle>, [_, a, b, c]: [Vec<u32>; 4]) {
-    let cold = |prompt: &[u32], snapshots: &[usize]| run(&engine(bundle, None), prompt, snapshots);
+    let cold = |prompt: &[u32], snapshots: &[usize]| greedy_run(&engine(bundle, None), prompt, snapshots);
     let (cold_a, _) = cold(&a, &[]);
     let (cold_b, _) = cold(&b, &[SHARED]);
     let (cold_c, _) = cold(&c, &[SHARED]);
 
     let warm = engine(bundle, None);
-    assert_eq!(run(&warm, &a, &[]), (cold_a.clone(), 0));
+    assert_eq!(greedy_run(&warm, &a, &[]), (cold_a.clone(), 0));
     // No snapshot at 25 yet: `b` prefills all of it, and leaves one.
-    assert_eq!(run(&warm, &b, &[SHARED]), (cold_b.clone(), 0));
+    assert_eq!(greedy_run(&warm, &b, &[SHARED]), (cold_b.clone(), 0));
     // `c` resumes there, on `b`'s blocks, not on `a`'s blocks of the same tokens.
-    assert_eq!(run(&warm, &c, &[SHARED]), (cold_c, SHARED), "resumed from the shared prefix");
+    assert_eq!(greedy_run(&warm, &c, &[SHARED]), (cold_c, SHARED), "resumed from the shared prefix");
     // Whole prompts from the cache, and decoding on their blocks.
-    assert_eq!(run(&warm, &b, &[SHARED]), (cold_b, b.len()));
-    assert_eq!(run(&warm, &a, &[]), (cold_a, a.len()));
+    assert_eq!(greedy_run(&warm, &b, &[SHARED]), (cold_b, b.len()));
+    assert_eq!(greedy_run(&warm, &a, &[]), (cold_a, a.len()));
 }
 
 #[test]
@@ -166,18 +82,18 @@ fn blocks_of_a_prompt_cut_elsewhere_are_not_reused_by_a_hybrid_model() {
 /// added to that snapshot, in memory and on disk, so that it is served from the cache next time.
 fn a_prompt_ending_at_a_logits_less_snapshot_keeps_its_logits(bundle: &Arc<ModelBundle>, [shared, long, ..]: [Vec<u32>; 4]) {
     let root = tempfile::tempdir().unwrap();
-    let (cold_short, _) = run(&engine(bundle, None), &shared, &[]);
-    let (cold_long, _) = run(&engine(bundle, None), &long, &[SHARED]);
+    let (cold_short, _) = greedy_run(&engine(bundle, None), &shared, &[]);
+    let (cold_long, _) = greedy_run(&engine(bundle, None), &long, &[SHARED]);
 
     let warm = engine(bundle, Some(root.path()));
-    assert_eq!(run(&warm, &long, &[SHARED]), (cold_long, 0));
+    assert_eq!(greedy_run(&warm, &long, &[SHARED]), (cold_long, 0));
     // The snapshot at 25 has no logits: the short prompt computes them...
-    assert_eq!(run(&warm, &shared, &[]), (cold_short.clone(), 0));
+    assert_eq!(greedy_run(&warm, &shared, &[]), (cold_short.clone(), 0));
     // ... and keeps them.
-    assert_eq!(run(&warm, &shared, &[]), (cold_short.clone(), SHARED));
+    assert_eq!(greedy_run(&warm, &shared, &[]), (cold_short.clone(), SHARED));
     drop(warm);
     // The file at 25 was rewritten with them.
-    assert_eq!(run(&engine(bundle, Some(root.path())), &shared, &[]), (cold_short, SHARED));
+    assert_eq!(greedy_run(&engine(bundle, Some(root.path())), &shared, &[]), (cold_short, SHARED));
 }
 
 #[test]

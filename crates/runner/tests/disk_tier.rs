@@ -4,112 +4,14 @@
 //! the real default model (SmolLM2-135M, pulled on first use) and on the tiny hybrid fixture, whose
 //! recurrent state has to survive the disk too.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use spindle_hub::ModelFiles;
-use spindle_runner::sampler::SamplingParams;
-use spindle_runner::{
-    model_fingerprint, CacheConfig, DiskConfig, Engine, EngineConfig, ModelBundle, ReasoningMode, SequenceEvent, SequenceRequest,
-};
-
-/// Small enough that the prompts below span several chunks and blocks.
-const PREFILL_CHUNK: usize = 32;
-const BLOCK_SIZE: usize = 16;
-
-fn smollm2_files() -> ModelFiles {
-    spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn smollm2() -> Arc<ModelBundle> {
-    static BUNDLE: OnceLock<Arc<ModelBundle>> = OnceLock::new();
-    BUNDLE.get_or_init(|| Arc::new(ModelBundle::load(&smollm2_files()).unwrap())).clone()
-}
-
-/// The tiny Qwen3.5-MoE hybrid (vocabulary of 512) with SmolLM2's tokenizer to print its ids.
-fn hybrid() -> Arc<ModelBundle> {
-    static BUNDLE: OnceLock<Arc<ModelBundle>> = OnceLock::new();
-    BUNDLE
-        .get_or_init(|| {
-            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe");
-            let model = spindle_models::load_safetensors(&dir).unwrap().model;
-            let ModelBundle { tokenizer, template, .. } = ModelBundle::load(&smollm2_files()).unwrap();
-            let fingerprint = model_fingerprint(&ModelFiles::Safetensors { dir }).unwrap();
-            Arc::new(ModelBundle { model, tokenizer, template, fingerprint })
-        })
-        .clone()
-}
-
-fn engine(bundle: &Arc<ModelBundle>, disk: Option<&Path>) -> Engine {
-    let cache = CacheConfig {
-        kv_bytes: 64 << 20,
-        snapshot_bytes: 64 << 20,
-        block_size: BLOCK_SIZE,
-        disk: disk.map(|dir| DiskConfig { dir: dir.to_path_buf(), bytes: 1 << 30 }),
-    };
-    let config = EngineConfig { max_active: 2, prefill_chunk: PREFILL_CHUNK, step_tokens: 2 * PREFILL_CHUNK, cache };
-    Engine::start(bundle.clone(), config)
-}
-
-fn greedy() -> SamplingParams {
-    SamplingParams { temperature: 0.0, top_logprobs: Some(3), ..SamplingParams::default() }
-}
-
-fn seeded() -> SamplingParams {
-    SamplingParams { temperature: 0.9, seed: Some(7), top_logprobs: Some(3), ..SamplingParams::default() }
-}
-
-/// What a client sees of a generation, floats as bits so equality means identical bytes.
-#[derive(Clone, Debug, PartialEq)]
-struct Output {
-    tokens: Vec<Token>,
-    text: String,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-struct Token {
-    id: u32,
-    logprob: u32,
-    top_logprobs: Vec<(u32, u32)>,
-}
-
-/// Runs one request to the end; the output and the prompt positions taken from the cache.
-fn run(engine: &Engine, prompt: &[u32], snapshots: &[usize], sampling: SamplingParams, context: usize) -> (Output, usize) {
-    let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
-    engine
-        .submit(SequenceRequest {
-            prompt_ids: prompt.to_vec(),
-            snapshot_positions: snapshots.to_vec(),
-            max_tokens: 12,
-            sampling,
-            stop_ids: Vec::new(),
-            stop_strings: Vec::new(),
-            reasoning: ReasoningMode::Off,
-            reasoning_budget: None,
-            context,
-            cancel: Arc::new(AtomicBool::new(false)),
-            events,
-        })
-        .unwrap();
-    let mut output = Output { tokens: Vec::new(), text: String::new() };
-    loop {
-        match inbox.blocking_recv().expect("the engine ends every sequence with an event") {
-            SequenceEvent::Token { token, text, .. } => {
-                let top_logprobs = token.top_logprobs.iter().map(|&(id, lp)| (id, lp.to_bits())).collect();
-                output.tokens.push(Token { id: token.id, logprob: token.logprob.to_bits(), top_logprobs });
-                output.text += &text.content;
-            }
-            SequenceEvent::Finished(summary) => {
-                output.text += &summary.tail.content;
-                assert_eq!(summary.completion_tokens, output.tokens.len());
-                return (output, summary.cached_tokens);
-            }
-            SequenceEvent::Failed(message) => panic!("the sequence failed: {message}"),
-        }
-    }
-}
+use common::{engine, greedy, hybrid, run, seeded, smollm2, smollm2_files};
+use spindle_runner::ModelBundle;
 
 /// The snapshot files of `bundle`'s model under `root`.
 fn snapshot_files(root: &Path, bundle: &ModelBundle) -> Vec<PathBuf> {
