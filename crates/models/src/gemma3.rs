@@ -6,6 +6,7 @@
 //! (local RoPE base) for each global layer (global RoPE base, optionally linearly scaled).
 
 use candle_core::Tensor;
+use rayon::prelude::*;
 
 use crate::config::TransformerConfig;
 use crate::error::Result;
@@ -100,20 +101,24 @@ impl Gemma3 {
         let (q_all, k_all, v_all) = (l.q.forward(x)?, l.k.forward(x)?, l.v.forward(x)?);
         let rotary = if l.window.is_some() { &self.local_rotary } else { &self.global_rotary };
         let scale = self.cfg.query_pre_attn_scalar.unwrap_or(hd as f64).powf(-0.5);
-        let mut outs = Vec::with_capacity(batch.len());
-        for (entry, &(first, n)) in batch.iter_mut().zip(rows) {
-            let start = entry.cache.len();
-            // 1. split heads and normalise each head
-            let q = l.q_norm.forward(&layers::split_heads(&q_all.narrow(0, first, n)?, self.cfg.num_attention_heads, hd)?)?;
-            let k = l.k_norm.forward(&layers::split_heads(&k_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?)?;
-            let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
-            // 2. rotate with this layer's base, 3. extend the cache, 4. attend within the window
-            let q = rotary.apply(&q, start)?;
-            let k = rotary.apply(&k, start)?;
-            let (k, v) = entry.cache.append(i, &k, &v)?;
-            let out = layers::causal_attention(&q, &k, &v, scale, l.window)?;
-            outs.push(layers::merge_heads(&out)?);
-        }
+        // Sequences attend to their own caches: in parallel.
+        let outs = batch
+            .par_iter_mut()
+            .zip(rows)
+            .map(|(entry, &(first, n))| -> Result<Tensor> {
+                let start = entry.cache.len();
+                // 1. split heads and normalise each head
+                let q = l.q_norm.forward(&layers::split_heads(&q_all.narrow(0, first, n)?, self.cfg.num_attention_heads, hd)?)?;
+                let k = l.k_norm.forward(&layers::split_heads(&k_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?)?;
+                let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
+                // 2. rotate with this layer's base, 3. extend the cache, 4. attend within the window
+                let q = rotary.apply(&q, start)?;
+                let k = rotary.apply(&k, start)?;
+                let (k, v) = entry.cache.append(i, &k, &v)?;
+                let out = layers::causal_attention(&q, &k, &v, scale, l.window)?;
+                layers::merge_heads(&out)
+            })
+            .collect::<Result<Vec<_>>>()?;
         l.o.forward(&Tensor::cat(&outs, 0)?)
     }
 }

@@ -5,6 +5,7 @@
 //! `x += down(silu(gate(norm(x))) * up(norm(x)))`.
 
 use candle_core::Tensor;
+use rayon::prelude::*;
 
 use crate::config::{Architecture, TransformerConfig};
 use crate::error::Result;
@@ -76,20 +77,24 @@ impl Llama {
         let a = &self.layers[i].attn;
         let hd = self.cfg.head_dim();
         let (q_all, k_all, v_all) = (a.q.forward(x)?, a.k.forward(x)?, a.v.forward(x)?);
-        let mut outs = Vec::with_capacity(batch.len());
-        for (entry, &(first, n)) in batch.iter_mut().zip(rows) {
-            let start = entry.cache.len();
-            // 1. split into heads: (1, heads, tokens, head_dim)
-            let q = layers::split_heads(&q_all.narrow(0, first, n)?, self.cfg.num_attention_heads, hd)?;
-            let k = layers::split_heads(&k_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
-            let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
-            // 2. rotate by absolute position, 3. extend the cache, 4. attend
-            let q = self.rotary.apply(&q, start)?;
-            let k = self.rotary.apply(&k, start)?;
-            let (k, v) = entry.cache.append(i, &k, &v)?;
-            let out = layers::causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt(), None)?;
-            outs.push(layers::merge_heads(&out)?);
-        }
+        // Sequences attend to their own caches: in parallel.
+        let outs = batch
+            .par_iter_mut()
+            .zip(rows)
+            .map(|(entry, &(first, n))| -> Result<Tensor> {
+                let start = entry.cache.len();
+                // 1. split into heads: (1, heads, tokens, head_dim)
+                let q = layers::split_heads(&q_all.narrow(0, first, n)?, self.cfg.num_attention_heads, hd)?;
+                let k = layers::split_heads(&k_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
+                let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
+                // 2. rotate by absolute position, 3. extend the cache, 4. attend
+                let q = self.rotary.apply(&q, start)?;
+                let k = self.rotary.apply(&k, start)?;
+                let (k, v) = entry.cache.append(i, &k, &v)?;
+                let out = layers::causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt(), None)?;
+                layers::merge_heads(&out)
+            })
+            .collect::<Result<Vec<_>>>()?;
         a.o.forward(&Tensor::cat(&outs, 0)?)
     }
 }

@@ -6,8 +6,9 @@
 //! Layout per attention layer: block after block, each `kv_heads × block_size × head_dim` f32, so
 //! gathering a sequence's keys head by head copies whole runs of `block_size × head_dim` floats.
 //! The storage is allocated zeroed, which the OS commits lazily: an unused pool costs no memory.
+//! Sequences of one batch attend in parallel: many may read a layer at once, one writes.
 
-use std::sync::Mutex;
+use std::sync::RwLock;
 
 use candle_core::{Device, Tensor};
 
@@ -37,8 +38,8 @@ pub struct PagedKv {
 
 struct LayerStore {
     shape: KvShape,
-    keys: Mutex<Vec<f32>>,
-    values: Mutex<Vec<f32>>,
+    keys: RwLock<Vec<f32>>,
+    values: RwLock<Vec<f32>>,
 }
 
 impl PagedKv {
@@ -50,7 +51,7 @@ impl PagedKv {
             .map(|shape| {
                 shape.map(|shape| {
                     let floats = blocks * block_size * shape.floats();
-                    LayerStore { shape, keys: Mutex::new(vec![0.0; floats]), values: Mutex::new(vec![0.0; floats]) }
+                    LayerStore { shape, keys: RwLock::new(vec![0.0; floats]), values: RwLock::new(vec![0.0; floats]) }
                 })
             })
             .collect();
@@ -108,7 +109,7 @@ impl PagedKv {
         self.check_blocks(table)?;
         for (tensor, storage) in [(k, &store.keys), (v, &store.values)] {
             let src = tensor.flatten_all()?.to_vec1::<f32>()?;
-            let mut dst = storage.lock().expect("KV storage lock");
+            let mut dst = storage.write().expect("KV storage lock");
             for head in 0..heads {
                 for i in 0..new {
                     let pos = start + i;
@@ -127,8 +128,8 @@ impl PagedKv {
         let store = self.layer(layer)?;
         let KvShape { kv_heads, head_dim } = store.shape;
         self.check_blocks(table)?;
-        let gather = |storage: &Mutex<Vec<f32>>| -> Result<Tensor> {
-            let src = storage.lock().expect("KV storage lock");
+        let gather = |storage: &RwLock<Vec<f32>>| -> Result<Tensor> {
+            let src = storage.read().expect("KV storage lock");
             let mut out = Vec::with_capacity(kv_heads * len * head_dim);
             for head in 0..kv_heads {
                 let mut pos = 0;
@@ -153,7 +154,7 @@ impl PagedKv {
         self.check_blocks(&[from, to])?;
         for store in self.layers.iter().flatten() {
             for storage in [&store.keys, &store.values] {
-                let mut data = storage.lock().expect("KV storage lock");
+                let mut data = storage.write().expect("KV storage lock");
                 for head in 0..store.shape.kv_heads {
                     let src = self.offset(store.shape, from, head, 0);
                     let dst = self.offset(store.shape, to, head, 0);
@@ -172,7 +173,7 @@ impl PagedKv {
             let floats = store.shape.floats() * self.block_size;
             let at = self.offset(store.shape, block, 0, 0);
             for storage in [&store.keys, &store.values] {
-                out.extend_from_slice(&storage.lock().expect("KV storage lock")[at..at + floats]);
+                out.extend_from_slice(&storage.read().expect("KV storage lock")[at..at + floats]);
             }
         }
         Ok(out)
@@ -194,7 +195,7 @@ impl PagedKv {
             let floats = store.shape.floats() * self.block_size;
             let at = self.offset(store.shape, block, 0, 0);
             for storage in [&store.keys, &store.values] {
-                storage.lock().expect("KV storage lock")[at..at + floats].copy_from_slice(&data[from..from + floats]);
+                storage.write().expect("KV storage lock")[at..at + floats].copy_from_slice(&data[from..from + floats]);
                 from += floats;
             }
         }

@@ -4,6 +4,7 @@
 //! by `sigmoid(gate)` before the output projection.
 
 use candle_core::{Tensor, D};
+use rayon::prelude::*;
 
 use crate::BatchEntry;
 use crate::error::Result;
@@ -33,19 +34,23 @@ impl GatedAttention {
         let q_all = q_and_gate.narrow(2, 0, hd)?;
         let k_all = self.k.forward(x)?.reshape((tokens, self.kv_heads, hd))?;
         let v_all = self.v.forward(x)?;
-        let mut outs = Vec::with_capacity(batch.len());
-        for (entry, &(first, n)) in batch.iter_mut().zip(rows) {
-            let start = entry.cache.len();
-            // Norm per head, then (1, heads, tokens, head_dim).
-            let q = self.q_norm.forward(&q_all.narrow(0, first, n)?)?.transpose(0, 1)?.unsqueeze(0)?;
-            let k = self.k_norm.forward(&k_all.narrow(0, first, n)?)?.transpose(0, 1)?.unsqueeze(0)?;
-            let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.kv_heads, hd)?;
-            let q = self.rotate(&q, rotary, start)?;
-            let k = self.rotate(&k, rotary, start)?;
-            let (k, v) = entry.cache.append(layer, &k, &v)?;
-            let out = layers::causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt(), None)?;
-            outs.push(layers::merge_heads(&out)?);
-        }
+        // Sequences attend to their own caches: in parallel.
+        let outs = batch
+            .par_iter_mut()
+            .zip(rows)
+            .map(|(entry, &(first, n))| -> Result<Tensor> {
+                let start = entry.cache.len();
+                // Norm per head, then (1, heads, tokens, head_dim).
+                let q = self.q_norm.forward(&q_all.narrow(0, first, n)?)?.transpose(0, 1)?.unsqueeze(0)?;
+                let k = self.k_norm.forward(&k_all.narrow(0, first, n)?)?.transpose(0, 1)?.unsqueeze(0)?;
+                let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.kv_heads, hd)?;
+                let q = self.rotate(&q, rotary, start)?;
+                let k = self.rotate(&k, rotary, start)?;
+                let (k, v) = entry.cache.append(layer, &k, &v)?;
+                let out = layers::causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt(), None)?;
+                layers::merge_heads(&out)
+            })
+            .collect::<Result<Vec<_>>>()?;
         let out = (Tensor::cat(&outs, 0)? * candle_nn::ops::sigmoid(&gate)?)?;
         self.o.forward(&out)
     }
