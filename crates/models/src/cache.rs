@@ -125,10 +125,6 @@ impl SequenceCache {
         &self.recurrent
     }
 
-    pub fn storage(&self) -> &Arc<PagedKv> {
-        &self.kv
-    }
-
     /// Fails before any work is done when `new_tokens` more would not fit.
     pub fn check_room(&self, new_tokens: usize) -> Result<()> {
         let needed = self.len + new_tokens;

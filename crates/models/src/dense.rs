@@ -28,25 +28,38 @@ impl DenseMatrix {
 
     /// x: (tokens, cols) → (tokens, rows)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (tokens, cols) = x.dims2()?;
-        if cols != self.cols {
-            return Err(candle_core::Error::ShapeMismatchBinaryOp {
-                lhs: x.shape().clone(),
-                rhs: (self.rows, self.cols).into(),
-                op: "dense matmul",
-            }
-            .into());
-        }
+        check_cols(x, self.rows, self.cols, "dense matmul")?;
         let x: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-        // (rows, tokens) while computing, so each task owns one weight row's outputs.
-        let mut out_t = vec![0f32; self.rows * tokens];
-        out_t.par_chunks_mut(tokens).zip(self.data.par_chunks(cols)).for_each(|(out, w)| {
-            for (o, row) in out.iter_mut().zip(x.chunks_exact(cols)) {
-                *o = dot(w, row);
-            }
-        });
-        Ok(Tensor::from_vec(out_t, (self.rows, tokens), &Device::Cpu)?.t()?.contiguous()?)
+        let x_rows: Vec<&[f32]> = x.chunks_exact(self.cols).collect();
+        each_output(self.data.par_chunks(self.cols), &x_rows, self.rows, |w, x| dot(w, x))
     }
+}
+
+/// Fails unless `x` is (tokens, `cols`) for a `rows × cols` matrix.
+pub(crate) fn check_cols(x: &Tensor, rows: usize, cols: usize, op: &'static str) -> Result<()> {
+    if x.dims2()?.1 != cols {
+        return Err(candle_core::Error::ShapeMismatchBinaryOp { lhs: x.shape().clone(), rhs: (rows, cols).into(), op }.into());
+    }
+    Ok(())
+}
+
+/// The (tokens, rows) product whose output `(t, r)` is `dot(weight row r, x row t)`: weight rows
+/// run in parallel, each over every row of `x` in turn, so no output depends on the row count.
+pub(crate) fn each_output<W, X>(weight_rows: W, x_rows: &[X], rows: usize, dot: impl Fn(W::Item, &X) -> f32 + Sync) -> Result<Tensor>
+where
+    W: IndexedParallelIterator,
+    W::Item: Copy,
+    X: Sync,
+{
+    let tokens = x_rows.len();
+    // (rows, tokens) while computing, so each task owns one weight row's outputs.
+    let mut out_t = vec![0f32; rows * tokens];
+    out_t.par_chunks_mut(tokens.max(1)).zip(weight_rows).for_each(|(out, w)| {
+        for (o, x) in out.iter_mut().zip(x_rows) {
+            *o = dot(w, x);
+        }
+    });
+    Ok(Tensor::from_vec(out_t, (rows, tokens), &Device::Cpu)?.t()?.contiguous()?)
 }
 
 /// `a · b` with `LANES` running sums (lane `i` takes elements `i, i + LANES, ...`), added up

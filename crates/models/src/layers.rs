@@ -30,8 +30,8 @@ impl Linear {
                 let (rows, cols) = q.shape().dims2()?;
                 LinearWeight::Q4_1(Q4_1Matrix::new(rows, cols, q.data()?.into_owned())?)
             }
+            Weight::Quantized(q) => LinearWeight::Candle(QMatMul::from_arc(q)?),
             Weight::Dense(t) => LinearWeight::Dense(DenseMatrix::new(&t)?),
-            other => LinearWeight::Candle(other.into_qmatmul()?),
         };
         Ok(Self { weight, bias })
     }

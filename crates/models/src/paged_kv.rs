@@ -72,10 +72,6 @@ impl PagedKv {
         self.block_size
     }
 
-    pub fn blocks(&self) -> usize {
-        self.blocks
-    }
-
     fn layer(&self, layer: usize) -> Result<&LayerStore> {
         self.layers
             .get(layer)

@@ -6,10 +6,11 @@
 //! llama.cpp), and a block's dot product is `d₄·d₈·Σ(q₄·q₈) + m₄·s₈`.
 //! Each output element is reduced in a fixed order, independent of how many rows `x` has.
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use half::f16;
 use rayon::prelude::*;
 
+use crate::dense::{check_cols, each_output};
 use crate::error::{ModelError, Result};
 
 const BLOCK: usize = 32;
@@ -43,26 +44,11 @@ impl Q4_1Matrix {
 
     /// x: (tokens, cols) → (tokens, rows)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (tokens, cols) = x.dims2()?;
-        if cols != self.cols {
-            return Err(candle_core::Error::ShapeMismatchBinaryOp {
-                lhs: x.shape().clone(),
-                rhs: (self.rows, self.cols).into(),
-                op: "q4_1 matmul",
-            }
-            .into());
-        }
+        check_cols(x, self.rows, self.cols, "q4_1 matmul")?;
         let x: Vec<f32> = x.contiguous()?.flatten_all()?.to_vec1()?;
-        let quantized: Vec<Vec<Q8Block>> = x.chunks(cols).map(quantize_q8_1).collect();
-        let row_bytes = cols / BLOCK * BLOCK_BYTES;
-        // out is (rows, tokens) while computing so each task writes one contiguous weight row's outputs.
-        let mut out_t = vec![0f32; self.rows * tokens];
-        out_t.par_chunks_mut(tokens).zip(self.data.par_chunks(row_bytes)).for_each(|(out, w)| {
-            for (o, xq) in out.iter_mut().zip(&quantized) {
-                *o = dot_row(w, xq);
-            }
-        });
-        Ok(Tensor::from_vec(out_t, (self.rows, tokens), &Device::Cpu)?.t()?.contiguous()?)
+        let quantized: Vec<Vec<Q8Block>> = x.chunks(self.cols).map(quantize_q8_1).collect();
+        let row_bytes = self.cols / BLOCK * BLOCK_BYTES;
+        each_output(self.data.par_chunks(row_bytes), &quantized, self.rows, |w, x| dot_row(w, x))
     }
 }
 
@@ -148,6 +134,7 @@ mod avx2 {
 mod tests {
     use super::*;
     use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::Device;
 
     fn sample(n: usize, seed: u32) -> Vec<f32> {
         (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0) - 1.0).collect()

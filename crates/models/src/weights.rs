@@ -9,7 +9,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QStorage, QTensor};
+use candle_core::quantized::{gguf_file, GgmlDType, QStorage, QTensor};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
@@ -239,13 +239,6 @@ impl Weight {
             Self::Quantized(q) => Self::Quantized(q.clone()),
             Self::Dense(t) => Self::Dense(t.clone()),
         }
-    }
-
-    pub fn into_qmatmul(self) -> Result<QMatMul> {
-        Ok(match self {
-            Self::Quantized(q) => QMatMul::from_arc(q)?,
-            Self::Dense(t) => QMatMul::Tensor(t),
-        })
     }
 }
 
