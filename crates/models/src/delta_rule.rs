@@ -10,6 +10,8 @@
 
 use rayon::prelude::*;
 
+use crate::small_matmul::product_add;
+
 /// Head layout of one linear-attention layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeltaHeads {
@@ -118,59 +120,70 @@ pub fn chunked(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<f3
 /// One value head over tokens `start..start+len`. Within the chunk, with `c_i` the cumulative
 /// log decay and `L` the strictly lower matrix `L_ij = β_i (k_i·k_j) e^{c_i−c_j}`, the delta
 /// rule's writes are `u = (I+L)⁻¹ (βv − β e^{c} k S₀)`; outputs read the decayed old state plus
-/// the chunk's own writes, and the state moves on by the whole chunk at once.
+/// the chunk's own writes, and the state moves on by the whole chunk at once. The products run
+/// through [`product_add`], so they are vectorised and round the same on every CPU.
 /// `s0` is the head's state; `out` its outputs, `t × v_dim`.
 fn chunk_head(heads: &DeltaHeads, x: &DeltaInputs, h: usize, start: usize, len: usize, s0: &mut [f32], out: &mut [f32]) {
     let DeltaHeads { k_heads, v_heads, k_dim, v_dim, .. } = *heads;
     let kh = heads.k_head_of(h);
-    let q = |i: usize| &x.q[((start + i) * k_heads + kh) * k_dim..][..k_dim];
-    let k = |i: usize| &x.k[((start + i) * k_heads + kh) * k_dim..][..k_dim];
-    let v = |i: usize| &x.v[((start + i) * v_heads + h) * v_dim..][..v_dim];
-    let beta = |i: usize| x.beta[(start + i) * v_heads + h];
-    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    // This head's rows of the chunk, contiguous.
+    let rows = |m: &[f32], width: usize, n_heads: usize, head: usize| -> Vec<f32> {
+        (0..len).flat_map(|i| m[((start + i) * n_heads + head) * width..][..width].iter().copied()).collect()
+    };
+    let (q, k, v) = (rows(x.q, k_dim, k_heads, kh), rows(x.k, k_dim, k_heads, kh), rows(x.v, v_dim, v_heads, h));
+    let beta: Vec<f32> = (0..len).map(|i| x.beta[(start + i) * v_heads + h]).collect();
     let mut cum = vec![0.0f32; len];
     let mut acc = 0.0;
     for (i, c) in cum.iter_mut().enumerate() {
         acc += x.g[(start + i) * v_heads + h];
         *c = acc;
     }
-    // u_i = β_i (v_i − e^{c_i} S₀ᵀ k_i) − Σ_{j<i} L_ij u_j, by forward substitution.
+    let mut k_t = vec![0.0f32; k_dim * len];
+    for (i, row) in k.chunks_exact(k_dim).enumerate() {
+        row.iter().enumerate().for_each(|(d, &e)| k_t[d * len + i] = e);
+    }
+    // Dot products within the chunk (k_i·k_j, q_i·k_j) and reads of the old state (S₀ᵀk_i, S₀ᵀq_i).
+    let product = |a: &[f32], b: &[f32], cols: usize| {
+        let mut c = vec![0.0f32; len * cols];
+        product_add(&mut c, &matrix_entries(a, k_dim), b, len, k_dim, cols);
+        c
+    };
+    let (kk, qk) = (product(&k, &k_t, len), product(&q, &k_t, len));
+    let (ks, qs) = (product(&k, s0, v_dim), product(&q, s0, v_dim));
+    // u_i = β_i (v_i − e^{c_i} S₀ᵀk_i) − Σ_{j<i} L_ij u_j, by forward substitution.
     let mut u = vec![0.0f32; len * v_dim];
     for i in 0..len {
+        let read = cum[i].exp();
         let (done, rest) = u.split_at_mut(i * v_dim);
         let ui = &mut rest[..v_dim];
-        ui.copy_from_slice(v(i));
-        let read = cum[i].exp();
-        for (row, &kd) in s0.chunks_exact(v_dim).zip(k(i)) {
-            ui.iter_mut().zip(row).for_each(|(u, &e)| *u -= read * kd * e);
+        for (c, o) in ui.iter_mut().enumerate() {
+            *o = beta[i] * (v[i * v_dim + c] - read * ks[i * v_dim + c]);
         }
-        ui.iter_mut().for_each(|u| *u *= beta(i));
-        for j in 0..i {
-            let l = beta(i) * dot(k(i), k(j)) * (cum[i] - cum[j]).exp();
-            ui.iter_mut().zip(&done[j * v_dim..][..v_dim]).for_each(|(u, &uj)| *u -= l * uj);
-        }
+        let minus_l: Vec<f32> = (0..i).map(|j| -beta[i] * kk[i * len + j] * (cum[i] - cum[j]).exp()).collect();
+        product_add(ui, &|_, j| minus_l[j], done, 1, i, v_dim);
     }
-    // o_i = e^{c_i} S₀ᵀ q_i + Σ_{j≤i} (q_i·k_j) e^{c_i−c_j} u_j
-    for i in 0..len {
-        let o = &mut out[(start + i) * v_dim..][..v_dim];
+    // o_i = e^{c_i} S₀ᵀq_i + Σ_{j≤i} (q_i·k_j) e^{c_i−c_j} u_j
+    let o = &mut out[start * v_dim..][..len * v_dim];
+    for (i, row) in o.chunks_exact_mut(v_dim).enumerate() {
         let read = cum[i].exp();
-        for (row, &qd) in s0.chunks_exact(v_dim).zip(q(i)) {
-            o.iter_mut().zip(row).for_each(|(o, &e)| *o += read * qd * e);
-        }
-        for j in 0..=i {
-            let a = dot(q(i), k(j)) * (cum[i] - cum[j]).exp();
-            o.iter_mut().zip(&u[j * v_dim..][..v_dim]).for_each(|(o, &uj)| *o += a * uj);
-        }
+        row.iter_mut().zip(&qs[i * v_dim..][..v_dim]).for_each(|(o, &e)| *o = read * e);
     }
+    let attend: Vec<f32> =
+        (0..len * len).map(|ij| if ij % len <= ij / len { qk[ij] * (cum[ij / len] - cum[ij % len]).exp() } else { 0.0 }).collect();
+    product_add(o, &|i, j| attend[i * len + j], &u, len, len, v_dim);
     // S = e^{c_last} S₀ + Σ_j e^{c_last−c_j} k_j ⊗ u_j
     let last = cum[len - 1];
     s0.iter_mut().for_each(|e| *e *= last.exp());
-    for j in 0..len {
+    for (j, row) in u.chunks_exact_mut(v_dim).enumerate() {
         let w = (last - cum[j]).exp();
-        for (row, &kd) in s0.chunks_exact_mut(v_dim).zip(k(j)) {
-            row.iter_mut().zip(&u[j * v_dim..][..v_dim]).for_each(|(e, &uj)| *e += w * kd * uj);
-        }
+        row.iter_mut().for_each(|e| *e *= w);
     }
+    product_add(s0, &|d, j| k_t[d * len + j], &u, k_dim, len, v_dim);
+}
+
+/// Entry `(i, j)` of the row-major matrix `m` with rows of `width`.
+fn matrix_entries(m: &[f32], width: usize) -> impl Fn(usize, usize) -> f32 + '_ {
+    move |i, j| m[i * width + j]
 }
 
 #[cfg(test)]
@@ -250,6 +263,19 @@ mod tests {
             assert!(max_diff(&s1, &s2) < 1e-4, "t={t}: states differ by {}", max_diff(&s1, &s2));
             assert!(a.iter().any(|v| v.abs() > 1e-2), "t={t}: trivial outputs");
         }
+    }
+
+    #[test]
+    fn wide_heads_agree_too() {
+        // Widths that fill whole register tiles and leave partial ones.
+        let heads = DeltaHeads { k_heads: 1, v_heads: 2, k_dim: 48, v_dim: 40, tiled: false };
+        let t = CHUNK + 9;
+        let x = random(&heads, t, 5);
+        let (mut s1, mut s2) = (zero_state(&heads), zero_state(&heads));
+        let a = recurrent(&heads, &x.inputs(), &mut s1);
+        let b = chunked(&heads, &x.inputs(), &mut s2);
+        assert!(max_diff(&a, &b) < 1e-4, "outputs differ by {}", max_diff(&a, &b));
+        assert!(max_diff(&s1, &s2) < 1e-4, "states differ by {}", max_diff(&s1, &s2));
     }
 
     #[test]

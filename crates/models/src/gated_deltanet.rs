@@ -12,6 +12,7 @@ use candle_core::{Device, Tensor};
 use crate::delta_rule::{self, DeltaHeads, DeltaInputs};
 use crate::error::Result;
 use crate::layers::Linear;
+use crate::projections::Projections;
 
 /// Layer sizes, from the config.
 #[derive(Clone, Copy, Debug)]
@@ -55,13 +56,10 @@ impl LinearAttentionState {
 }
 
 /// The layer's weights, with the in-projections in the canonical split layout: q, k and v of
-/// all heads (`in_qkv`), then z, b and a.
+/// all heads, then z, b and a.
 pub struct GatedDeltaNet {
     pub shape: DeltaNetShape,
-    pub in_qkv: Linear,
-    pub in_z: Linear,
-    pub in_b: Linear,
-    pub in_a: Linear,
+    pub in_proj: Projections,
     /// Depthwise convolution weights, `conv_channels × conv_kernel`.
     pub conv_weight: Vec<f32>,
     /// Per value head: `-exp(A_log)`, the decay rate.
@@ -78,10 +76,14 @@ impl GatedDeltaNet {
     /// convolution and the delta rule per sequence.
     pub fn forward(&self, x: &Tensor, rows: &[(usize, usize)], states: &mut [&mut LinearAttentionState]) -> Result<Tensor> {
         let s = &self.shape;
-        let qkv_all = self.in_qkv.forward(x)?.to_vec2::<f32>()?.concat();
-        let z = self.in_z.forward(x)?.to_vec2::<f32>()?.concat();
-        let b_all = self.in_b.forward(x)?.to_vec2::<f32>()?.concat();
-        let a_all = self.in_a.forward(x)?.to_vec2::<f32>()?.concat();
+        let [qkv_all, z, b_all, a_all]: [Vec<f32>; 4] = self
+            .in_proj
+            .forward(x)?
+            .iter()
+            .map(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))
+            .collect::<Result<Vec<_>>>()?
+            .try_into()
+            .expect("four in-projections");
         let (channels, value_dim, v_heads) = (s.conv_channels(), s.value_dim(), s.heads.v_heads);
         let mut core = Vec::with_capacity(z.len());
         for (&(first, n), state) in rows.iter().zip(states.iter_mut()) {

@@ -69,11 +69,11 @@ impl Gemma3 {
                 post_attn_norm: norm(w, format!("{b}.post_attention_norm.weight"))?,
                 pre_ffn_norm: norm(w, format!("{b}.ffn_norm.weight"))?,
                 mlp: GatedMlp::new(
-                    w.linear(&format!("{b}.ffn_gate"))?,
-                    w.linear(&format!("{b}.ffn_up"))?,
+                    w.weight(&format!("{b}.ffn_gate.weight"))?,
+                    w.weight(&format!("{b}.ffn_up.weight"))?,
                     w.linear(&format!("{b}.ffn_down"))?,
                     Activation::GeluTanh,
-                ),
+                )?,
                 post_ffn_norm: norm(w, format!("{b}.post_ffw_norm.weight"))?,
                 window: if global { None } else { cfg.sliding_window },
             });

@@ -1,12 +1,14 @@
 //! Building blocks shared by the dense architectures: linear layers over quantized or dense
 //! weights, RMSNorm, rotary embeddings, the gated MLP and causal attention.
 
-use candle_core::quantized::{GgmlDType, QMatMul};
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::quantized::GgmlDType;
+use candle_core::{DType, Device, Tensor};
 
 use crate::dense::DenseMatrix;
 use crate::error::Result;
+use crate::projections::Projections;
 use crate::q4_1::Q4_1Matrix;
+use crate::quantized::QuantizedMatrix;
 use crate::weights::Weight;
 
 /// `y = x Wᵀ + b`, with `W` kept in its stored quantization.
@@ -16,7 +18,7 @@ pub struct Linear {
 }
 
 enum LinearWeight {
-    Candle(QMatMul),
+    Candle(QuantizedMatrix),
     /// candle's Q4_1 dot product is scalar; ours is SIMD.
     Q4_1(Q4_1Matrix),
     /// Float weights, with a reduction order that does not depend on the row count.
@@ -30,7 +32,7 @@ impl Linear {
                 let (rows, cols) = q.shape().dims2()?;
                 LinearWeight::Q4_1(Q4_1Matrix::new(rows, cols, q.data()?.into_owned())?)
             }
-            Weight::Quantized(q) => LinearWeight::Candle(QMatMul::from_arc(q)?),
+            Weight::Quantized(q) => LinearWeight::Candle(QuantizedMatrix::new(q, rayon::current_num_threads())?),
             Weight::Dense(t) => LinearWeight::Dense(DenseMatrix::new(&t)?),
         };
         Ok(Self { weight, bias })
@@ -39,12 +41,6 @@ impl Linear {
     /// x: (tokens, in) → (tokens, out)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
-            // candle takes another kernel for a single row of some types (Q6_K on x86, most on
-            // ARM), which rounds differently; a second row keeps one kernel for every row count,
-            // so a sequence's results do not depend on how many rows share its batch.
-            LinearWeight::Candle(w @ QMatMul::QTensor(_)) if x.dim(0)? == 1 => {
-                w.forward(&Tensor::cat(&[x, x], 0)?)?.narrow(0, 0, 1)?
-            }
             LinearWeight::Dense(w) => w.forward(x)?,
             LinearWeight::Candle(w) => w.forward(x)?,
             LinearWeight::Q4_1(w) => w.forward(x)?,
@@ -166,24 +162,23 @@ pub enum Activation {
 
 /// `down(act(gate(x)) * up(x))`
 pub struct GatedMlp {
-    gate: Linear,
-    up: Linear,
+    gate_up: Projections,
     down: Linear,
     act: Activation,
 }
 
 impl GatedMlp {
-    pub fn new(gate: Linear, up: Linear, down: Linear, act: Activation) -> Self {
-        Self { gate, up, down, act }
+    pub fn new(gate: Weight, up: Weight, down: Linear, act: Activation) -> Result<Self> {
+        Ok(Self { gate_up: Projections::new(vec![gate, up])?, down, act })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gate = self.gate.forward(x)?;
+        let [gate, up]: [Tensor; 2] = self.gate_up.forward(x)?.try_into().expect("two projections");
         let gate = match self.act {
             Activation::Silu => candle_nn::ops::silu(&gate)?,
             Activation::GeluTanh => gate.gelu()?,
         };
-        self.down.forward(&(gate * self.up.forward(x)?)?)
+        self.down.forward(&(gate * up)?)
     }
 }
 

@@ -23,7 +23,10 @@ mod layers;
 mod llama;
 mod moe;
 mod paged_kv;
+mod projections;
 mod q4_1;
+mod quantized;
+mod small_matmul;
 mod qwen3_next;
 mod weights;
 

@@ -59,11 +59,11 @@ impl Llama {
                 },
                 ffn_norm: RmsNorm::new(w.dense(&format!("{b}.ffn_norm.weight"))?, eps),
                 mlp: GatedMlp::new(
-                    w.linear(&format!("{b}.ffn_gate"))?,
-                    w.linear(&format!("{b}.ffn_up"))?,
+                    w.weight(&format!("{b}.ffn_gate.weight"))?,
+                    w.weight(&format!("{b}.ffn_up.weight"))?,
                     w.linear(&format!("{b}.ffn_down"))?,
                     Activation::Silu,
-                ),
+                )?,
             });
         }
         let (embed, head) = w.embedding_and_head()?;

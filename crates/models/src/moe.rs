@@ -72,41 +72,50 @@ impl Routing {
 }
 
 impl SparseMoe {
-    /// `x`: tokens × hidden.
+    /// `x`: tokens × hidden, f32.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let logits = self.router.forward(x)?.to_vec2::<f32>()?;
         let routing = Routing::from_logits(&logits, self.top_k, self.normalize_top_k);
-        // Experts run in parallel; their outputs are added in expert order, so the sum is the
-        // same whatever thread finished first.
-        let outputs = self
-            .experts
-            .par_iter()
-            .zip(routing.by_expert(self.experts.len()))
-            .filter(|(_, (ids, _))| !ids.is_empty())
-            .map(|(expert, (ids, weights))| expert_output(expert, x, ids, weights))
-            .collect::<Result<Vec<_>>>()?;
-        let mut out = x.zeros_like()?;
-        for (ids, y) in outputs {
-            out = out.index_add(&ids, &y, 0)?;
+        // The routed experts run in parallel with each other and with the shared expert.
+        let (routed, shared) = rayon::join(
+            || {
+                self.experts
+                    .par_iter()
+                    .zip(routing.by_expert(self.experts.len()))
+                    .filter(|(_, (ids, _))| !ids.is_empty())
+                    .map(|(expert, (ids, weights))| expert_output(expert, x, ids, weights))
+                    .collect::<Result<Vec<_>>>()
+            },
+            || -> Result<Vec<f32>> {
+                let gate = candle_nn::ops::sigmoid(&self.shared_gate.forward(x)?)?;
+                Ok(self.shared.forward(x)?.broadcast_mul(&gate)?.flatten_all()?.to_vec1()?)
+            },
+        );
+        // Outputs are added in expert order, then the shared expert's, so the sum is the same
+        // whatever thread finished first.
+        let (tokens, hidden) = x.dims2()?;
+        let mut out = vec![0f32; tokens * hidden];
+        for (ids, y) in routed? {
+            for (&token, row) in ids.iter().zip(y.chunks_exact(hidden)) {
+                out[token as usize * hidden..][..hidden].iter_mut().zip(row).for_each(|(o, v)| *o += v);
+            }
         }
-        let gate = candle_nn::ops::sigmoid(&self.shared_gate.forward(x)?)?;
-        let shared = self.shared.forward(x)?.broadcast_mul(&gate)?;
-        Ok((out + shared)?)
+        out.iter_mut().zip(shared?).for_each(|(o, s)| *o += s);
+        Ok(Tensor::from_vec(out, (tokens, hidden), &Device::Cpu)?)
     }
 }
 
 /// One expert on the rows `ids` of `x`, scaled by each row's routing weight; returns the row
-/// indices (as a tensor) and the weighted outputs.
-fn expert_output(expert: &Expert, x: &Tensor, ids: Vec<u32>, weights: Vec<f32>) -> Result<(Tensor, Tensor)> {
+/// indices and the weighted outputs (`ids.len() × hidden`).
+fn expert_output(expert: &Expert, x: &Tensor, ids: Vec<u32>, weights: Vec<f32>) -> Result<(Vec<u32>, Vec<f32>)> {
     let n = ids.len();
-    let ids = Tensor::from_vec(ids, n, &Device::Cpu)?;
-    let rows = x.index_select(&ids, 0)?;
+    let rows = x.index_select(&Tensor::new(ids.as_slice(), &Device::Cpu)?, 0)?;
     let gate_up = expert.gate_up.forward(&rows)?;
     let half = gate_up.dim(1)? / 2;
     let hidden = (candle_nn::ops::silu(&gate_up.narrow(1, 0, half)?)? * gate_up.narrow(1, half, half)?)?;
     let y = expert.down.forward(&hidden)?;
-    let weights = Tensor::from_vec(weights, (n, 1), &Device::Cpu)?.to_dtype(y.dtype())?;
-    Ok((ids, y.broadcast_mul(&weights)?))
+    let weights = Tensor::from_vec(weights, (n, 1), &Device::Cpu)?;
+    Ok((ids, y.broadcast_mul(&weights)?.flatten_all()?.to_vec1()?))
 }
 
 #[cfg(test)]

@@ -212,6 +212,22 @@ impl Weight {
         })
     }
 
+    /// The quantization of a quantized weight, `None` for a dense one.
+    pub fn storage_type(&self) -> Option<GgmlDType> {
+        match self {
+            Self::Quantized(q) => Some(q.dtype()),
+            Self::Dense(_) => None,
+        }
+    }
+
+    /// Output rows of a matrix.
+    pub fn rows(&self) -> Result<usize> {
+        Ok(match self {
+            Self::Quantized(q) => q.shape().dims2()?.0,
+            Self::Dense(t) => t.dims2()?.0,
+        })
+    }
+
     /// The rows of `self`, then those of `below` (same width and storage type).
     pub fn stack_rows(&self, below: &Weight) -> Result<Weight> {
         Ok(match (self, below) {

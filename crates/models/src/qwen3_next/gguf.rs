@@ -10,12 +10,13 @@ use candle_core::quantized::gguf_file::Value;
 use candle_core::{Device, Tensor};
 
 use super::attention::GatedAttention;
-use super::{dense_linear, summary, FeedForward, HybridConfig, Layer, Mixer, Qwen3Next, TokenMixer};
+use super::{summary, FeedForward, HybridConfig, Layer, Mixer, Qwen3Next, TokenMixer};
 use crate::error::Result;
 use crate::gated_deltanet::GatedDeltaNet;
 use crate::layers::{Activation, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
 use crate::moe::{Expert, SparseMoe};
-use crate::weights::WeightSource;
+use crate::projections::Projections;
+use crate::weights::{Weight, WeightSource};
 
 /// The GGUF `general.architecture` names of the family.
 pub const ARCHITECTURES: [&str; 3] = ["qwen3next", "qwen35moe", "qwen35"];
@@ -68,11 +69,11 @@ fn layer(cfg: &HybridConfig, w: &mut WeightSource, i: usize, kind: Mixer) -> Res
         FeedForward::Moe(moe(cfg, w, &p)?)
     } else {
         FeedForward::Dense(GatedMlp::new(
-            w.linear(&format!("{p}.ffn_gate"))?,
-            w.linear(&format!("{p}.ffn_up"))?,
+            w.weight(&format!("{p}.ffn_gate.weight"))?,
+            w.weight(&format!("{p}.ffn_up.weight"))?,
             w.linear(&format!("{p}.ffn_down"))?,
             Activation::Silu,
-        ))
+        )?)
     };
     Ok(Layer { input_norm: norm(w, "attn_norm")?, mixer, post_attention_norm: norm(w, "post_attention_norm")?, ffn })
 }
@@ -89,17 +90,14 @@ fn delta_net(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<GatedD
             let n = ids.len();
             Ok(ba.index_select(&Tensor::from_vec(ids, n, &Device::Cpu)?, 0)?)
         };
-        (dense_linear(rows(0)?)?, dense_linear(rows(per_group)?)?)
+        (Weight::Dense(rows(0)?), Weight::Dense(rows(per_group)?))
     } else {
-        (w.linear(&format!("{p}.ssm_beta"))?, w.linear(&format!("{p}.ssm_alpha"))?)
+        (w.weight(&format!("{p}.ssm_beta.weight"))?, w.weight(&format!("{p}.ssm_alpha.weight"))?)
     };
     let vector = |w: &mut WeightSource, name: &str| -> Result<Vec<f32>> { Ok(w.dense(&format!("{p}.{name}"))?.flatten_all()?.to_vec1()?) };
     Ok(GatedDeltaNet {
         shape: cfg.delta_net_shape(),
-        in_qkv: w.linear(&format!("{p}.attn_qkv"))?,
-        in_z: w.linear(&format!("{p}.attn_gate"))?,
-        in_b,
-        in_a,
+        in_proj: Projections::new(vec![w.weight(&format!("{p}.attn_qkv.weight"))?, w.weight(&format!("{p}.attn_gate.weight"))?, in_b, in_a])?,
         conv_weight: vector(w, "ssm_conv1d.weight")?,
         neg_decay_rate: vector(w, "ssm_a")?,
         dt_bias: vector(w, "ssm_dt.bias")?,
@@ -126,11 +124,11 @@ fn moe(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<SparseMoe> {
         top_k: cfg.num_experts_per_tok,
         normalize_top_k: cfg.normalize_top_k(),
         shared: GatedMlp::new(
-            w.linear(&format!("{p}.ffn_gate_shexp"))?,
-            w.linear(&format!("{p}.ffn_up_shexp"))?,
+            w.weight(&format!("{p}.ffn_gate_shexp.weight"))?,
+            w.weight(&format!("{p}.ffn_up_shexp.weight"))?,
             w.linear(&format!("{p}.ffn_down_shexp"))?,
             Activation::Silu,
-        ),
+        )?,
         shared_gate: w.linear(&format!("{p}.ffn_gate_inp_shexp"))?,
     })
 }

@@ -19,6 +19,7 @@ use crate::gated_deltanet::{GatedDeltaNet, LinearAttentionState};
 use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
 use crate::moe::{Expert, SparseMoe};
 use crate::paged_kv::KvShape;
+use crate::projections::Projections;
 use crate::weights::{SafetensorsWeights, Weight};
 use crate::{advance_all, batch_rows, BatchEntry, CausalLm};
 use attention::GatedAttention;
@@ -225,7 +226,8 @@ fn dense_linear(weight: Tensor) -> Result<Linear> {
 
 fn mlp(w: &SafetensorsWeights, p: &str) -> Result<GatedMlp> {
     let linear = |name: &str| dense_linear(w.model_tensor(&format!("{p}.{name}.weight"))?);
-    Ok(GatedMlp::new(linear("gate_proj")?, linear("up_proj")?, linear("down_proj")?, Activation::Silu))
+    let weight = |name: &str| -> Result<Weight> { Ok(Weight::Dense(w.model_tensor(&format!("{p}.{name}.weight"))?)) };
+    GatedMlp::new(weight("gate_proj")?, weight("up_proj")?, linear("down_proj")?, Activation::Silu)
 }
 
 fn load_moe(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result<SparseMoe> {
@@ -266,10 +268,7 @@ fn load_delta_net(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result
     let a_log: Vec<f32> = t("A_log")?.to_vec1()?;
     Ok(GatedDeltaNet {
         shape,
-        in_qkv: dense_linear(in_qkv)?,
-        in_z: dense_linear(in_z)?,
-        in_b: dense_linear(in_b)?,
-        in_a: dense_linear(in_a)?,
+        in_proj: Projections::new([in_qkv, in_z, in_b, in_a].map(Weight::Dense).into())?,
         // (channels, 1, kernel) → channels × kernel
         conv_weight: t("conv1d.weight")?.flatten_all()?.to_vec1()?,
         neg_decay_rate: a_log.iter().map(|a| -a.exp()).collect(),
