@@ -62,17 +62,15 @@ pub fn zero_state(heads: &DeltaHeads) -> Vec<f32> {
 /// Runs `t` tokens one at a time, updating `state`; returns the outputs, `t × v_heads × v_dim`.
 pub fn recurrent(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<f32> {
     let DeltaHeads { k_heads, v_heads, k_dim, v_dim, .. } = *heads;
-    let t = x.g.len() / v_heads;
-    let mut out = vec![0.0; t * v_heads * v_dim];
-    let mut delta = vec![0.0; v_dim];
-    for pos in 0..t {
-        for h in 0..v_heads {
-            let kh = heads.k_head_of(h);
+    let kh_of = |h| heads.k_head_of(h);
+    each_head(heads, x.g.len() / v_heads, state, |h, s, out| {
+        let kh = kh_of(h);
+        let mut delta = vec![0.0; v_dim];
+        for (pos, o) in out.chunks_exact_mut(v_dim).enumerate() {
             let q = &x.q[(pos * k_heads + kh) * k_dim..][..k_dim];
             let k = &x.k[(pos * k_heads + kh) * k_dim..][..k_dim];
             let v = &x.v[(pos * v_heads + h) * v_dim..][..v_dim];
             let (decay, beta) = (x.g[pos * v_heads + h].exp(), x.beta[pos * v_heads + h]);
-            let s = &mut state[h * k_dim * v_dim..][..k_dim * v_dim];
             s.iter_mut().for_each(|e| *e *= decay);
             // delta = β (v − Sᵀk)
             delta.copy_from_slice(v);
@@ -80,31 +78,36 @@ pub fn recurrent(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<
                 delta.iter_mut().zip(row).for_each(|(d, &e)| *d -= e * kd);
             }
             delta.iter_mut().for_each(|d| *d *= beta);
-            let o = &mut out[(pos * v_heads + h) * v_dim..][..v_dim];
             for ((row, &kd), &qd) in s.chunks_exact_mut(v_dim).zip(k).zip(q) {
                 row.iter_mut().zip(&delta).for_each(|(e, &d)| *e += kd * d);
                 o.iter_mut().zip(row.iter()).for_each(|(o, &e)| *o += e * qd);
             }
         }
-    }
-    out
+    })
 }
 
 /// Runs `t` tokens in chunks of [`CHUNK`], updating `state`; the same result as [`recurrent`]
 /// up to rounding, with most of the work in dense chunk-sized products.
 pub fn chunked(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<f32> {
+    let t = x.g.len() / heads.v_heads;
+    each_head(heads, t, state, |h, s, out| {
+        for start in (0..t).step_by(CHUNK) {
+            chunk_head(heads, x, h, start, CHUNK.min(t - start), s, out);
+        }
+    })
+}
+
+/// Runs `head(h, state of h, outputs of h)` for every value head in parallel (heads are
+/// independent; each has its own state and a head-major `t × v_dim` output), then interleaves
+/// the outputs token-major: the same arithmetic whatever the split.
+fn each_head(heads: &DeltaHeads, t: usize, state: &mut [f32], head: impl Fn(usize, &mut [f32], &mut [f32]) + Sync) -> Vec<f32> {
     let DeltaHeads { v_heads, k_dim, v_dim, .. } = *heads;
-    let t = x.g.len() / v_heads;
-    // Heads are independent: each runs on its own thread with its own state and a head-major
-    // output, interleaved token-major afterwards (the same arithmetic whatever the split).
     let per_head: Vec<Vec<f32>> = state
         .par_chunks_mut(k_dim * v_dim)
         .enumerate()
         .map(|(h, head_state)| {
             let mut head_out = vec![0.0; t * v_dim];
-            for start in (0..t).step_by(CHUNK) {
-                chunk_head(heads, x, h, start, CHUNK.min(t - start), head_state, &mut head_out);
-            }
+            head(h, head_state, &mut head_out);
             head_out
         })
         .collect();

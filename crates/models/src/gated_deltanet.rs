@@ -8,6 +8,7 @@
 //! snapshot continues exactly as the original would.
 
 use candle_core::{Device, Tensor};
+use rayon::prelude::*;
 
 use crate::delta_rule::{self, DeltaHeads, DeltaInputs};
 use crate::error::Result;
@@ -85,13 +86,18 @@ impl GatedDeltaNet {
             .try_into()
             .expect("four in-projections");
         let (channels, value_dim, v_heads) = (s.conv_channels(), s.value_dim(), s.heads.v_heads);
-        let mut core = Vec::with_capacity(z.len());
-        for (&(first, n), state) in rows.iter().zip(states.iter_mut()) {
-            let mut qkv = qkv_all[first * channels..(first + n) * channels].to_vec();
-            let b = &b_all[first * v_heads..(first + n) * v_heads];
-            let a = &a_all[first * v_heads..(first + n) * v_heads];
-            core.extend(self.mix(&mut qkv, b, a, state));
-        }
+        // Sequences are independent: each runs on its own thread (and splits further inside).
+        let per_sequence: Vec<Vec<f32>> = rows
+            .par_iter()
+            .zip(states.par_iter_mut())
+            .map(|(&(first, n), state)| {
+                let mut qkv = qkv_all[first * channels..(first + n) * channels].to_vec();
+                let b = &b_all[first * v_heads..(first + n) * v_heads];
+                let a = &a_all[first * v_heads..(first + n) * v_heads];
+                self.mix(&mut qkv, b, a, state)
+            })
+            .collect();
+        let mut core = per_sequence.concat();
         gated_rms_norm(&mut core, &z, &self.norm_weight, s.norm_eps as f32);
         let core = Tensor::from_vec(core, (x.dim(0)?, value_dim), &Device::Cpu)?;
         self.out.forward(&core)
@@ -133,38 +139,38 @@ impl GatedDeltaNet {
 
 /// Depthwise causal convolution then SiLU, in place over `x` (tokens × channels), reading the
 /// positions before the first token from `window` and leaving the last `kernel - 1` inputs there.
+/// Tokens run in parallel: each reads only the unmodified inputs.
 fn causal_conv_silu(x: &mut [f32], weight: &[f32], channels: usize, kernel: usize, window: &mut Vec<f32>) {
     let history = kernel - 1;
     let mut inputs = std::mem::take(window);
     inputs.extend_from_slice(x);
-    let tokens = x.len() / channels;
-    for t in 0..tokens {
-        for c in 0..channels {
+    x.par_chunks_mut(channels).enumerate().for_each(|(t, out)| {
+        for (c, o) in out.iter_mut().enumerate() {
             let taps = &weight[c * kernel..][..kernel];
             let sum: f32 = (0..kernel).map(|i| taps[i] * inputs[(t + i) * channels + c]).sum();
-            x[t * channels + c] = sum * sigmoid(sum);
+            *o = sum * sigmoid(sum);
         }
-    }
+    });
     *window = inputs.split_off(inputs.len() - history * channels);
 }
 
 /// Scales each `dim`-sized row to unit L2 norm (eps 1e-6 inside the root, as FLA), times `scale`.
 fn l2_normalize(x: &mut [f32], dim: usize, scale: f32) {
-    for row in x.chunks_exact_mut(dim) {
+    x.par_chunks_mut(dim).for_each(|row| {
         let inv = scale / (row.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
         row.iter_mut().for_each(|v| *v *= inv);
-    }
+    });
 }
 
 /// Per head: RMS-normalise, scale by `weight`, multiply by `silu(z)`.
 fn gated_rms_norm(x: &mut [f32], z: &[f32], weight: &[f32], eps: f32) {
     let dim = weight.len();
-    for (row, gate) in x.chunks_exact_mut(dim).zip(z.chunks_exact(dim)) {
+    x.par_chunks_mut(dim).zip(z.par_chunks(dim)).for_each(|(row, gate)| {
         let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / dim as f32 + eps).sqrt();
         for ((v, &w), &g) in row.iter_mut().zip(weight).zip(gate) {
             *v = *v * inv * w * g * sigmoid(g);
         }
-    }
+    });
 }
 
 fn sigmoid(x: f32) -> f32 {
