@@ -128,6 +128,8 @@ struct ServerProcess {
     port: u16,
     args: Vec<String>,
     log: PathBuf,
+    /// The disk tier folder made for this run, removed at the end.
+    cache_dir: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -153,9 +155,16 @@ impl ServerProcess {
         if !extra.iter().any(|a| a == "--max-queue" || a.starts_with("--max-queue=")) {
             serve.extend(["--max-queue".to_string(), biggest.max(64).to_string()]);
         }
+        // The restart phase is there to measure the disk tier: a started server gets one in a
+        // fresh folder unless the caller names its own.
+        let cache_dir = (!extra.iter().any(|a| a.starts_with("--prefix-cache-dir")))
+            .then(|| std::env::temp_dir().join(format!("spindle-bench-agent-{port}-cache")));
+        if let Some(dir) = &cache_dir {
+            serve.extend(["--prefix-cache-dir".to_string(), dir.display().to_string()]);
+        }
         serve.extend(extra);
         let log = std::env::temp_dir().join(format!("spindle-bench-agent-{port}.log"));
-        Ok(Self { port, args: serve, log, child: None })
+        Ok(Self { port, args: serve, log, cache_dir, child: None })
     }
 
     fn url(&self) -> String {
@@ -231,6 +240,9 @@ impl Drop for ServerProcess {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if let Some(dir) = &self.cache_dir {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }

@@ -2,10 +2,10 @@
 //!
 //! Every output is its initial value plus `a(i, 0)·b[0][col]`, then `a(i, 1)·b[1][col]`, … each
 //! step one fused multiply-add, whatever tile the output falls in. So the results do not depend
-//! on the matrix sizes or on the CPU: machines with AVX2 and FMA run a vectorised copy of the
-//! same code, the others `f32::mul_add` in software, bit for bit the same.
+//! on the matrix sizes or on the CPU: machines with AVX-512 or AVX2 and FMA run vectorised copies
+//! of the same code, the others `f32::mul_add` in software, bit for bit the same.
 
-/// Outputs per register tile: rows × columns (8 AVX2 registers of accumulators).
+/// Outputs per register tile: rows × columns (8 AVX2 or 4 AVX-512 registers of accumulators).
 const TILE_ROWS: usize = 4;
 const TILE_COLS: usize = 16;
 
@@ -14,10 +14,21 @@ const TILE_COLS: usize = 16;
 pub fn product_add(c: &mut [f32], a: &(impl Fn(usize, usize) -> f32 + ?Sized), b: &[f32], rows: usize, depth: usize, cols: usize) {
     assert!(c.len() >= rows * cols && b.len() >= depth * cols, "product_add: operands too short");
     #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has the feature (AVX-512F includes FMA).
+        return unsafe { product_add_avx512(c, a, b, rows, depth, cols) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has both features.
         return unsafe { product_add_avx2(c, a, b, rows, depth, cols) };
     }
+    product_add_portable(c, a, b, rows, depth, cols);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn product_add_avx512(c: &mut [f32], a: &(impl Fn(usize, usize) -> f32 + ?Sized), b: &[f32], rows: usize, depth: usize, cols: usize) {
     product_add_portable(c, a, b, rows, depth, cols);
 }
 
@@ -109,10 +120,18 @@ mod tests {
         let (rows, depth, cols) = (7, 33, 40);
         let a: Vec<f32> = (0..rows * depth).map(|i| (i as f32 * 0.731).sin()).collect();
         let b: Vec<f32> = (0..depth * cols).map(|i| (i as f32 * 0.377).cos()).collect();
+        let entry = |i: usize, d: usize| a[i * depth + d];
         let (mut fast, mut portable) = (vec![0.1f32; rows * cols], vec![0.1f32; rows * cols]);
-        product_add(&mut fast, &|i, d| a[i * depth + d], &b, rows, depth, cols);
-        product_add_portable(&mut portable, &|i, d| a[i * depth + d], &b, rows, depth, cols);
+        product_add(&mut fast, &entry, &b, rows, depth, cols);
+        product_add_portable(&mut portable, &entry, &b, rows, depth, cols);
         assert!(fast.iter().zip(&portable).all(|(x, y)| x.to_bits() == y.to_bits()));
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            let mut avx2 = vec![0.1f32; rows * cols];
+            // SAFETY: the CPU has both features.
+            unsafe { product_add_avx2(&mut avx2, &entry, &b, rows, depth, cols) };
+            assert!(avx2.iter().zip(&portable).all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
         // A row alone (another tile shape) gives the same bits as within the block.
         let mut alone = vec![0.1f32; cols];
         product_add(&mut alone, &|_, d| a[5 * depth + d], &b, 1, depth, cols);
