@@ -387,6 +387,7 @@ struct Writer {
 
 impl Writer {
     fn run(self, inbox: mpsc::Receiver<StoredSnapshot>) {
+        yield_to_inference();
         for snapshot in inbox {
             if let Err(e) = self.write(&snapshot) {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "cannot write a prefix-cache file");
@@ -438,6 +439,17 @@ impl Writer {
             total -= len;
         }
         Ok(())
+    }
+}
+
+/// Lowers the calling thread's scheduling priority: hashing and writing tens of megabytes per
+/// snapshot is background work and should not take a core from the model when cores are few.
+fn yield_to_inference() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscalls on the calling thread (on Linux `setpriority` with who = 0 and
+    // PRIO_PROCESS applies to the calling thread only).
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 15);
     }
 }
 
