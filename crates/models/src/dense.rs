@@ -51,14 +51,22 @@ where
     W::Item: Copy,
     X: Sync,
 {
-    let tokens = x_rows.len();
-    // (rows, tokens) while computing, so each task owns one weight row's outputs.
-    let mut out_t = vec![0f32; rows * tokens];
-    out_t.par_chunks_mut(tokens.max(1)).zip(weight_rows).for_each(|(out, w)| {
+    each_row(weight_rows, x_rows.len(), rows, |w, out| {
         for (o, x) in out.iter_mut().zip(x_rows) {
             *o = dot(w, x);
         }
-    });
+    })
+}
+
+/// The (tokens, rows) product where `outputs(weight row r, out)` fills `out[t]` with output
+/// `(t, r)` for every token: weight rows run in parallel, one task each.
+pub(crate) fn each_row<W>(weight_rows: W, tokens: usize, rows: usize, outputs: impl Fn(W::Item, &mut [f32]) + Sync) -> Result<Tensor>
+where
+    W: IndexedParallelIterator,
+{
+    // (rows, tokens) while computing, so each task owns one weight row's outputs.
+    let mut out_t = vec![0f32; rows * tokens];
+    out_t.par_chunks_mut(tokens.max(1)).zip(weight_rows).for_each(|(out, w)| outputs(w, out));
     Ok(Tensor::from_vec(out_t, (rows, tokens), &Device::Cpu)?.t()?.contiguous()?)
 }
 

@@ -10,7 +10,7 @@ use candle_core::Tensor;
 use half::f16;
 use rayon::prelude::*;
 
-use crate::dense::{check_cols, each_output};
+use crate::dense::{check_cols, each_row};
 use crate::error::{ModelError, Result};
 
 const BLOCK: usize = 32;
@@ -25,6 +25,7 @@ pub struct Q4_1Matrix {
 }
 
 /// One block of Q8_1-quantized activations.
+#[derive(Clone)]
 struct Q8Block {
     d: f32,
     s: f32,
@@ -48,7 +49,7 @@ impl Q4_1Matrix {
         let x: Vec<f32> = x.contiguous()?.flatten_all()?.to_vec1()?;
         let quantized: Vec<Vec<Q8Block>> = x.chunks(self.cols).map(quantize_q8_1).collect();
         let row_bytes = self.cols / BLOCK * BLOCK_BYTES;
-        each_output(self.data.par_chunks(row_bytes), &quantized, self.rows, |w, x| dot_row(w, x))
+        each_row(self.data.par_chunks(row_bytes), quantized.len(), self.rows, |w, out| dot_rows(w, &quantized, out))
     }
 }
 
@@ -71,13 +72,25 @@ fn quantize_q8_1(x: &[f32]) -> Vec<Q8Block> {
         .collect()
 }
 
-fn dot_row(w: &[u8], x: &[Q8Block]) -> f32 {
+/// `out[t]` = the weight row `w` · token `t`'s activations, for every token.
+fn dot_rows(w: &[u8], xs: &[Vec<Q8Block>], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("f16c") {
+        // Tokens in groups: each weight block is unpacked once per group, and each token's
+        // sum runs through the same steps in the same order as alone.
+        let mut groups = xs.chunks(avx2::GROUP).zip(out.chunks_mut(avx2::GROUP));
         // SAFETY: the CPU supports the features the function is compiled for.
-        return unsafe { avx2::dot_row(w, x) };
+        groups.try_for_each(|(x, o)| unsafe { avx2::dot_row_group(w, x, o) }).expect("groups fit");
+        return;
     }
-    dot_row_scalar(w, x)
+    out.iter_mut().zip(xs).for_each(|(o, x)| *o = dot_row_scalar(w, x));
+}
+
+#[cfg(test)]
+fn dot_row(w: &[u8], x: &[Q8Block]) -> f32 {
+    let mut out = [0f32];
+    dot_rows(w, std::slice::from_ref(&x.to_vec()), &mut out);
+    out[0]
 }
 
 fn block_scales(b: &[u8]) -> (f32, f32) {
@@ -102,31 +115,46 @@ fn dot_row_scalar(w: &[u8], x: &[Q8Block]) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{block_scales, Q8Block, BLOCK_BYTES};
+    use super::{Q8Block, BLOCK_BYTES};
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_row(w: &[u8], x: &[Q8Block]) -> f32 {
+    /// Tokens per pass over a weight row.
+    pub const GROUP: usize = 4;
+
+    /// `out[t]` = `w` · `xs[t]` for up to [`GROUP`] tokens; `Err` for a bigger group.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_row_group(w: &[u8], xs: &[Vec<Q8Block>], out: &mut [f32]) -> Result<(), ()> {
+        if xs.len() > GROUP || out.len() != xs.len() {
+            return Err(());
+        }
         let low_nibbles = _mm_set1_epi8(0x0F);
         let ones = _mm256_set1_epi16(1);
-        let mut acc = _mm256_setzero_ps();
-        let mut mins = 0f32;
-        for (b, xb) in w.chunks_exact(BLOCK_BYTES).zip(x) {
-            let (d, m) = block_scales(b);
+        let mut acc = [_mm256_setzero_ps(); GROUP];
+        let mut mins = [0f32; GROUP];
+        for (i, b) in w.chunks_exact(BLOCK_BYTES).enumerate() {
+            // The block's f16 scale and minimum, converted exactly.
+            let scales = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+            let (d, m) = (_mm_cvtss_f32(scales), _mm_cvtss_f32(_mm_movehdup_ps(scales)));
             let packed = _mm_loadu_si128(b.as_ptr().add(4) as *const __m128i);
             let lo = _mm_and_si128(packed, low_nibbles);
             let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibbles);
             // Values 0..15 come from the low nibbles, 16..31 from the high ones.
             let q4 = _mm256_set_m128i(hi, lo);
-            let q8 = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
-            let pairs = _mm256_maddubs_epi16(q4, q8);
-            let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), sums, acc);
-            mins += m * xb.s;
+            for (t, x) in xs.iter().enumerate() {
+                let xb = &x[i];
+                let q8 = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+                let pairs = _mm256_maddubs_epi16(q4, q8);
+                let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), sums, acc[t]);
+                mins[t] += m * xb.s;
+            }
         }
-        let half = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
-        let one = _mm_add_ss(quad, _mm_movehdup_ps(quad));
-        _mm_cvtss_f32(one) + mins
+        for (t, o) in out.iter_mut().enumerate() {
+            let half = _mm_add_ps(_mm256_castps256_ps128(acc[t]), _mm256_extractf128_ps(acc[t], 1));
+            let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
+            let one = _mm_add_ss(quad, _mm_movehdup_ps(quad));
+            *o = _mm_cvtss_f32(one) + mins[t];
+        }
+        Ok(())
     }
 }
 
@@ -172,10 +200,12 @@ mod tests {
         let row = &data[..cols / BLOCK * BLOCK_BYTES];
         assert!((dot_row(row, &xq) - dot_row_scalar(row, &xq)).abs() < 1e-3);
         let m = Q4_1Matrix::new(rows, cols, data).unwrap();
-        let alone = m.forward(&Tensor::from_vec(x.clone(), (1, cols), &Device::Cpu).unwrap()).unwrap();
-        let mut batch = sample(cols, 99);
-        batch.extend_from_slice(&x);
-        let among = m.forward(&Tensor::from_vec(batch, (2, cols), &Device::Cpu).unwrap()).unwrap();
-        assert_eq!(alone.get(0).unwrap().to_vec1::<f32>().unwrap(), among.get(1).unwrap().to_vec1::<f32>().unwrap());
+        // Six tokens run as a group of four and a group of two; each must equal itself alone.
+        let batch: Vec<f32> = (0..6).flat_map(|t| sample(cols, 99 + t)).collect();
+        let among = m.forward(&Tensor::from_vec(batch.clone(), (6, cols), &Device::Cpu).unwrap()).unwrap();
+        for (t, x) in batch.chunks(cols).enumerate() {
+            let alone = m.forward(&Tensor::from_vec(x.to_vec(), (1, cols), &Device::Cpu).unwrap()).unwrap();
+            assert_eq!(alone.get(0).unwrap().to_vec1::<f32>().unwrap(), among.get(t).unwrap().to_vec1::<f32>().unwrap(), "token {t}");
+        }
     }
 }
