@@ -10,17 +10,11 @@ use rayon::prelude::*;
 use crate::error::Result;
 use crate::layers::{GatedMlp, Linear};
 
-/// One routed expert: `down(silu(gate(x)) * up(x))` with gate and up fused into one projection.
-pub struct Expert {
-    /// `2 × intermediate` rows: the gate rows, then the up rows.
-    pub gate_up: Linear,
-    pub down: Linear,
-}
-
 pub struct SparseMoe {
     /// `num_experts × hidden`.
     pub router: Linear,
-    pub experts: Vec<Expert>,
+    /// Routed experts: each `down(silu(gate(x)) * up(x))`.
+    pub experts: Vec<GatedMlp>,
     pub top_k: usize,
     pub normalize_top_k: bool,
     pub shared: GatedMlp,
@@ -107,13 +101,10 @@ impl SparseMoe {
 
 /// One expert on the rows `ids` of `x`, scaled by each row's routing weight; returns the row
 /// indices and the weighted outputs (`ids.len() × hidden`).
-fn expert_output(expert: &Expert, x: &Tensor, ids: Vec<u32>, weights: Vec<f32>) -> Result<(Vec<u32>, Vec<f32>)> {
+fn expert_output(expert: &GatedMlp, x: &Tensor, ids: Vec<u32>, weights: Vec<f32>) -> Result<(Vec<u32>, Vec<f32>)> {
     let n = ids.len();
     let rows = x.index_select(&Tensor::new(ids.as_slice(), &Device::Cpu)?, 0)?;
-    let gate_up = expert.gate_up.forward(&rows)?;
-    let half = gate_up.dim(1)? / 2;
-    let hidden = (candle_nn::ops::silu(&gate_up.narrow(1, 0, half)?)? * gate_up.narrow(1, half, half)?)?;
-    let y = expert.down.forward(&hidden)?;
+    let y = expert.forward(&rows)?;
     let weights = Tensor::from_vec(weights, (n, 1), &Device::Cpu)?;
     Ok((ids, y.broadcast_mul(&weights)?.flatten_all()?.to_vec1()?))
 }

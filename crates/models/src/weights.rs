@@ -238,10 +238,17 @@ impl Weight {
                 let storage = QStorage::from_data(Cow::Owned(bytes), &Device::Cpu, a.dtype())?;
                 Self::Quantized(Arc::new(QTensor::new(storage, (ra + rb, cols))?))
             }
-            (a, b) => Self::Dense(Tensor::cat(&[&a.to_dense()?, &b.to_dense()?], 0)?),
+            (a, b) => {
+                return Err(ModelError::BadConfig(format!(
+                    "cannot stack {:?} rows under {:?} rows (None: dense)",
+                    b.storage_type(),
+                    a.storage_type()
+                )))
+            }
         })
     }
 
+    #[cfg(test)]
     fn to_dense(&self) -> Result<Tensor> {
         Ok(match self {
             Self::Dense(t) => t.clone(),
@@ -283,5 +290,7 @@ mod tests {
         let dense_stack = Weight::Dense(stack);
         assert_eq!(dense(&dense_stack.expert(1).unwrap()), dense(&Weight::Dense(Tensor::from_vec(
             dense(&dense_stack)[256..512].to_vec(), (4, 64), &Device::Cpu).unwrap())));
+        // Mixed storage types are never stacked (they would have to be dequantized).
+        assert!(dense_stack.expert(1).unwrap().stack_rows(&q.expert(0).unwrap()).is_err());
     }
 }

@@ -14,7 +14,7 @@ use super::{summary, FeedForward, HybridConfig, Layer, Mixer, Qwen3Next, TokenMi
 use crate::error::Result;
 use crate::gated_deltanet::GatedDeltaNet;
 use crate::layers::{Activation, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
-use crate::moe::{Expert, SparseMoe};
+use crate::moe::SparseMoe;
 use crate::projections::Projections;
 use crate::weights::{Weight, WeightSource};
 
@@ -112,10 +112,7 @@ fn moe(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<SparseMoe> {
     let down = w.weight(&format!("{p}.ffn_down_exps.weight"))?;
     let experts = (0..cfg.num_experts)
         .map(|e| {
-            Ok(Expert {
-                gate_up: Linear::new(gate.expert(e)?.stack_rows(&up.expert(e)?)?, None)?,
-                down: Linear::new(down.expert(e)?, None)?,
-            })
+            GatedMlp::new(gate.expert(e)?, up.expert(e)?, Linear::new(down.expert(e)?, None)?, Activation::Silu)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(SparseMoe {

@@ -17,7 +17,7 @@ use crate::config::{Architecture, TransformerConfig};
 use crate::error::Result;
 use crate::gated_deltanet::{GatedDeltaNet, LinearAttentionState};
 use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
-use crate::moe::{Expert, SparseMoe};
+use crate::moe::SparseMoe;
 use crate::paged_kv::KvShape;
 use crate::projections::Projections;
 use crate::weights::{SafetensorsWeights, Weight};
@@ -237,14 +237,16 @@ fn load_moe(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result<Spars
         let gate_up = w.model_tensor(&format!("{p}.experts.gate_up_proj"))?;
         let down = w.model_tensor(&format!("{p}.experts.down_proj"))?;
         for e in 0..cfg.num_experts {
-            experts.push(Expert { gate_up: dense_linear(gate_up.get(e)?)?, down: dense_linear(down.get(e)?)? });
+            let (both, width) = (gate_up.get(e)?, gate_up.dim(1)? / 2);
+            let (gate, up) = (Weight::Dense(both.narrow(0, 0, width)?), Weight::Dense(both.narrow(0, width, width)?));
+            experts.push(GatedMlp::new(gate, up, dense_linear(down.get(e)?)?, Activation::Silu)?);
         }
     } else {
         // Released checkpoints: one module per expert.
         for e in 0..cfg.num_experts {
             let t = |name: &str| w.model_tensor(&format!("{p}.experts.{e}.{name}.weight"));
-            let gate_up = Tensor::cat(&[t("gate_proj")?, t("up_proj")?], 0)?;
-            experts.push(Expert { gate_up: dense_linear(gate_up)?, down: dense_linear(t("down_proj")?)? });
+            let (gate, up) = (Weight::Dense(t("gate_proj")?), Weight::Dense(t("up_proj")?));
+            experts.push(GatedMlp::new(gate, up, dense_linear(t("down_proj")?)?, Activation::Silu)?);
         }
     }
     Ok(SparseMoe {
