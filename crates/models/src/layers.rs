@@ -8,6 +8,7 @@ use crate::dense::DenseMatrix;
 use crate::error::Result;
 use crate::projections::Projections;
 use crate::q4_1::Q4_1Matrix;
+use crate::q4_k::Q4KMatrix;
 use crate::quantized::QuantizedMatrix;
 use crate::weights::Weight;
 
@@ -21,6 +22,8 @@ enum LinearWeight {
     Candle(QuantizedMatrix),
     /// candle's Q4_1 dot product is scalar; ours is SIMD.
     Q4_1(Q4_1Matrix),
+    /// Ours on CPUs with AVX-512 VNNI: ~1.27× candle's kernel per core.
+    Q4K(Q4KMatrix),
     /// Float weights, with a reduction order that does not depend on the row count.
     Dense(DenseMatrix),
 }
@@ -31,6 +34,14 @@ impl Linear {
             Weight::Quantized(q) if q.dtype() == GgmlDType::Q4_1 => {
                 let (rows, cols) = q.shape().dims2()?;
                 LinearWeight::Q4_1(Q4_1Matrix::new(rows, cols, q.data()?.into_owned())?)
+            }
+            Weight::Quantized(q) if q.dtype() == GgmlDType::Q4K && Q4KMatrix::supported() && {
+                let (rows, cols) = q.shape().dims2()?;
+                Q4KMatrix::fits(rows, cols)
+            } =>
+            {
+                let (rows, cols) = q.shape().dims2()?;
+                LinearWeight::Q4K(Q4KMatrix::new(rows, cols, &q.data()?)?)
             }
             Weight::Quantized(q) => LinearWeight::Candle(QuantizedMatrix::new(q, rayon::current_num_threads())?),
             Weight::Dense(t) => LinearWeight::Dense(DenseMatrix::new(&t)?),
@@ -44,6 +55,7 @@ impl Linear {
             LinearWeight::Dense(w) => w.forward(x)?,
             LinearWeight::Candle(w) => w.forward(x)?,
             LinearWeight::Q4_1(w) => w.forward(x)?,
+            LinearWeight::Q4K(w) => w.forward(x)?,
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,

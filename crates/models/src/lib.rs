@@ -25,6 +25,7 @@ mod moe;
 mod paged_kv;
 mod projections;
 mod q4_1;
+mod q4_k;
 mod quantized;
 mod small_matmul;
 mod qwen3_next;

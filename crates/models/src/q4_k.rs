@@ -1,0 +1,459 @@
+//! Q4_K weights × 8-bit activations with AVX-512 VNNI, for CPUs that have it (others keep
+//! candle's kernels).
+//!
+//! candle applies every 32-value sub-block's scale and minimum in float, per token: two fused
+//! multiply-adds in one dependency chain per sub-block, which left its VNNI kernel waiting on
+//! them when few tokens share a pass (decode, and every MoE expert). Here a block's eight sub-block
+//! sums are scaled in integers (exact), the minima come from one word dot product, and float
+//! arithmetic runs once per 256-value block: `acc += d·dₓ·Σ sc·Σqa − dmin·dₓ·Σ m·Σa`.
+//!
+//! Each output is reduced block by block in the same order whatever tokens share its pass, and
+//! the integer parts are exact, so a token's results do not depend on its batch. The portable
+//! [`dot_reference`] performs the same operations and gives the same bits (tested).
+
+use candle_core::{Device, Tensor};
+use half::f16;
+use rayon::prelude::*;
+
+use crate::dense::check_cols;
+use crate::error::{ModelError, Result};
+
+/// Values per Q4_K block (one scale and one minimum of its own, 8 sub-blocks of 32).
+const BLOCK: usize = 256;
+const BLOCK_BYTES: usize = 144;
+/// Weight rows per tile: one AVX-512 register of 32-bit sums.
+const TILE_ROWS: usize = 16;
+/// Tokens sharing one pass over a tile.
+const GROUP: usize = 4;
+/// Smaller matrices run on the calling thread: handing them to the pool costs more than it
+/// saves (and MoE experts already run in parallel with each other).
+const PARALLEL_MIN_WEIGHTS: usize = 1 << 21;
+/// Inputs quantized in parallel from this many values (a prefill chunk, not a decode step).
+const PARALLEL_MIN_VALUES: usize = 1 << 17;
+
+/// One block of 16 weight rows, laid out for `vpdpbusd`: 64 bytes hold 4 consecutive quants of
+/// each row (low nibbles: sub-block `2p`, high nibbles: sub-block `2p + 1`).
+#[repr(C, align(64))]
+#[derive(Clone)]
+struct TileBlock {
+    /// `[(p · 8 + g) · 64 + row · 4 + j]` = byte `32p + 4g + j` of the row's GGUF quants.
+    quants: [u8; BLOCK / 2 * TILE_ROWS],
+    /// Sub-block scales (6 bits), one lane per row.
+    scales: [[i32; TILE_ROWS]; 8],
+    /// Sub-block minima (6 bits) of sub-blocks `2q` (low half) and `2q + 1` (high half).
+    min_pairs: [[i32; TILE_ROWS]; 4],
+    d: [f32; TILE_ROWS],
+    dmin: [f32; TILE_ROWS],
+}
+
+/// Activations quantized to 8 bits per 256-value block, one token after another.
+pub struct Activations {
+    cols: usize,
+    /// Per block: the step between quantization levels.
+    d: Vec<f32>,
+    quants: Vec<i8>,
+    /// Per block and sub-block pair: the sums of the two sub-blocks' quants as an i16 pair.
+    pair_sums: Vec<i32>,
+}
+
+impl Activations {
+    /// `x` is `(tokens, cols)` row-major; `cols` a multiple of 256. Symmetric rounding to
+    /// the nearest level (ties to even) of `amax / 127`.
+    pub fn quantize(x: &[f32], cols: usize) -> Self {
+        let blocks = x.len() / BLOCK;
+        let mut out = Self { cols, d: vec![0.0; blocks], quants: vec![0; x.len()], pair_sums: vec![0; blocks * 4] };
+        let quantize = |(((xs, qs), d), sums): BlockSlices| *d = quantize_block(xs, qs, sums);
+        if x.len() >= PARALLEL_MIN_VALUES {
+            let blocks = x.par_chunks(BLOCK).zip(out.quants.par_chunks_mut(BLOCK)).zip(out.d.par_iter_mut());
+            blocks.zip(out.pair_sums.par_chunks_mut(4)).with_min_len(16).for_each(quantize);
+        } else {
+            let blocks = x.chunks(BLOCK).zip(out.quants.chunks_mut(BLOCK)).zip(out.d.iter_mut());
+            blocks.zip(out.pair_sums.chunks_mut(4)).for_each(quantize);
+        }
+        out
+    }
+
+    fn tokens(&self) -> usize {
+        self.quants.len() / self.cols.max(1)
+    }
+}
+
+/// Quantizes one block into `qs` and the sums of its sub-block pairs; returns its step.
+fn quantize_block(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if Q4KMatrix::supported() {
+        // SAFETY: the CPU has the features the function is compiled for.
+        return unsafe { vnni::quantize_block(xs, qs, pair_sums) };
+    }
+    quantize_block_reference(xs, qs, pair_sums)
+}
+
+fn quantize_block_reference(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
+    let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    for (q, v) in qs.iter_mut().zip(xs) {
+        *q = (v * inverse).round_ties_even() as i8;
+    }
+    for (pair, sums) in qs.chunks_exact(64).zip(pair_sums) {
+        let sum = |s: &[i8]| s.iter().map(|&q| q as i32).sum::<i32>();
+        *sums = (sum(&pair[..32]) & 0xFFFF) | (sum(&pair[32..]) << 16);
+    }
+    if amax > 0.0 { 1.0 / inverse } else { 0.0 }
+}
+
+/// One block's input, quants, step and pair sums.
+type BlockSlices<'a> = (((&'a [f32], &'a mut [i8]), &'a mut f32), &'a mut [i32]);
+
+/// A Q4_K matrix of `rows` outputs × `cols` inputs, repacked into 16-row tiles.
+pub struct Q4KMatrix {
+    rows: usize,
+    cols: usize,
+    /// `[tile · blocks_per_row + block]`
+    tiles: Vec<TileBlock>,
+}
+
+impl Q4KMatrix {
+    /// Whether this CPU runs the kernel.
+    pub fn supported() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// Whether a `rows × cols` matrix fits the tiling.
+    pub fn fits(rows: usize, cols: usize) -> bool {
+        rows.is_multiple_of(TILE_ROWS) && cols.is_multiple_of(BLOCK) && rows > 0 && cols > 0
+    }
+
+    /// `data` in GGUF's Q4_K layout.
+    pub fn new(rows: usize, cols: usize, data: &[u8]) -> Result<Self> {
+        let blocks = cols / BLOCK;
+        if !Self::fits(rows, cols) || data.len() != rows * blocks * BLOCK_BYTES {
+            return Err(ModelError::BadConfig(format!("Q4_K tensor of {rows}x{cols} with {} bytes does not tile", data.len())));
+        }
+        let row_bytes = blocks * BLOCK_BYTES;
+        let tiles = (0..rows / TILE_ROWS)
+            .flat_map(|t| (0..blocks).map(move |b| (t, b)))
+            .map(|(t, b)| {
+                let gguf_block = |r: usize| {
+                    let at = (t * TILE_ROWS + r) * row_bytes + b * BLOCK_BYTES;
+                    &data[at..at + BLOCK_BYTES]
+                };
+                pack_tile_block(gguf_block)
+            })
+            .collect();
+        Ok(Self { rows, cols, tiles })
+    }
+
+    /// x: (tokens, cols) → (tokens, rows)
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        check_cols(x, self.rows, self.cols, "q4_k matmul")?;
+        let x: Vec<f32> = x.contiguous()?.flatten_all()?.to_vec1()?;
+        self.forward_quantized(&Activations::quantize(&x, self.cols))
+    }
+
+    /// The product with activations already quantized (shared by several matrices).
+    pub fn forward_quantized(&self, acts: &Activations) -> Result<Tensor> {
+        if acts.cols != self.cols {
+            return Err(ModelError::BadConfig(format!("q4_k matmul: {} activation columns for {}", acts.cols, self.cols)));
+        }
+        let tokens = acts.tokens();
+        let blocks = self.cols / BLOCK;
+        let mut out = vec![0f32; tokens * self.rows];
+        let target = Output(out.as_mut_ptr());
+        let tile_outputs = |tile: usize| {
+            let target = &target;
+            for first in (0..tokens).step_by(GROUP) {
+                let group = GROUP.min(tokens - first);
+                let mut sums = [[0f32; TILE_ROWS]; GROUP];
+                tile_dot(&self.tiles[tile * blocks..(tile + 1) * blocks], acts, first, group, &mut sums);
+                for (t, row_sums) in sums[..group].iter().enumerate() {
+                    // SAFETY: in bounds, and only this tile's task writes these 16 columns.
+                    unsafe { std::ptr::copy_nonoverlapping(row_sums.as_ptr(), target.0.add((first + t) * self.rows + tile * TILE_ROWS), TILE_ROWS) };
+                }
+            }
+        };
+        let tiles = self.rows / TILE_ROWS;
+        if self.rows * self.cols >= PARALLEL_MIN_WEIGHTS {
+            (0..tiles).into_par_iter().for_each(tile_outputs);
+        } else {
+            (0..tiles).for_each(tile_outputs);
+        }
+        Ok(Tensor::from_vec(out, (tokens, self.rows), &Device::Cpu)?)
+    }
+}
+
+/// The output buffer, written by tile tasks in disjoint column ranges.
+struct Output(*mut f32);
+// SAFETY: tasks write disjoint elements, and the buffer outlives them (the scope of the loop).
+unsafe impl Sync for Output {}
+
+/// The 6-bit scale and minimum of sub-block `j` from a Q4_K block's 12 packed bytes.
+fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+fn pack_tile_block<'a>(gguf_block: impl Fn(usize) -> &'a [u8]) -> TileBlock {
+    let mut tile = TileBlock {
+        quants: [0; BLOCK / 2 * TILE_ROWS],
+        scales: [[0; TILE_ROWS]; 8],
+        min_pairs: [[0; TILE_ROWS]; 4],
+        d: [0.0; TILE_ROWS],
+        dmin: [0.0; TILE_ROWS],
+    };
+    for r in 0..TILE_ROWS {
+        let blk = gguf_block(r);
+        tile.d[r] = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+        tile.dmin[r] = f16::from_le_bytes([blk[2], blk[3]]).to_f32();
+        let (packed_scales, quants) = (&blk[4..16], &blk[16..]);
+        let mut mins = [0i32; 8];
+        for (s, min) in mins.iter_mut().enumerate() {
+            let (sc, m) = scale_min(s, packed_scales);
+            tile.scales[s][r] = sc as i32;
+            *min = m as i32;
+        }
+        for q in 0..4 {
+            tile.min_pairs[q][r] = mins[2 * q] | (mins[2 * q + 1] << 16);
+        }
+        for p in 0..4 {
+            for g in 0..8 {
+                for j in 0..4 {
+                    tile.quants[(p * 8 + g) * 64 + r * 4 + j] = quants[32 * p + 4 * g + j];
+                }
+            }
+        }
+    }
+    tile
+}
+
+/// `sums[t][r]` = row `r` of `tile` · token `first + t`, for `group` tokens.
+fn tile_dot(tile: &[TileBlock], acts: &Activations, first: usize, group: usize, sums: &mut [[f32; TILE_ROWS]; GROUP]) {
+    #[cfg(target_arch = "x86_64")]
+    if Q4KMatrix::supported() {
+        // SAFETY: the CPU has the features the kernel is compiled for.
+        unsafe {
+            match group {
+                1 => vnni::tile_dot::<1>(tile, acts, first, sums),
+                2 => vnni::tile_dot::<2>(tile, acts, first, sums),
+                3 => vnni::tile_dot::<3>(tile, acts, first, sums),
+                _ => vnni::tile_dot::<4>(tile, acts, first, sums),
+            }
+        }
+        return;
+    }
+    for (t, row_sums) in sums[..group].iter_mut().enumerate() {
+        for (r, v) in row_sums.iter_mut().enumerate() {
+            *v = dot_reference(tile, acts, first + t, r);
+        }
+    }
+}
+
+/// Row `r` of `tile` · token `token`, in the kernel's operations and order.
+fn dot_reference(tile: &[TileBlock], acts: &Activations, token: usize, r: usize) -> f32 {
+    let blocks = acts.cols / BLOCK;
+    let mut acc = 0f32;
+    for (b, tb) in tile.iter().enumerate() {
+        let block = token * blocks + b;
+        let qs = &acts.quants[block * BLOCK..(block + 1) * BLOCK];
+        let mut scaled = 0i32;
+        for p in 0..4 {
+            let (mut lo, mut hi) = (0i32, 0i32);
+            for g in 0..8 {
+                for j in 0..4 {
+                    let w = tb.quants[(p * 8 + g) * 64 + r * 4 + j];
+                    lo += (w & 0x0F) as i32 * qs[64 * p + 4 * g + j] as i32;
+                    hi += (w >> 4) as i32 * qs[64 * p + 32 + 4 * g + j] as i32;
+                }
+            }
+            scaled = scaled.wrapping_add(lo.wrapping_mul(tb.scales[2 * p][r]));
+            scaled = scaled.wrapping_add(hi.wrapping_mul(tb.scales[2 * p + 1][r]));
+        }
+        let mut min_sum = 0i32;
+        for q in 0..4 {
+            let (mins, sums) = (tb.min_pairs[q][r], acts.pair_sums[block * 4 + q]);
+            min_sum += (mins as i16 as i32) * (sums as i16 as i32) + ((mins >> 16) as i16 as i32) * ((sums >> 16) as i16 as i32);
+        }
+        let dx = acts.d[block];
+        acc = (scaled as f32).mul_add(tb.d[r] * dx, acc);
+        acc = (-(min_sum as f32)).mul_add(tb.dmin[r] * dx, acc);
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use std::arch::x86_64::*;
+
+    use super::{Activations, TileBlock, BLOCK, GROUP, TILE_ROWS};
+
+    /// [`super::quantize_block_reference`], 16 values at a time (`vcvtps2dq` rounds to
+    /// nearest even, as `round_ties_even`).
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn quantize_block(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
+        assert!(xs.len() == BLOCK && qs.len() == BLOCK && pair_sums.len() == 4);
+        let mut amax = _mm512_setzero_ps();
+        for i in 0..BLOCK / 16 {
+            amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xs.as_ptr().add(16 * i))));
+        }
+        let amax = _mm512_reduce_max_ps(amax);
+        let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let scale = _mm512_set1_ps(inverse);
+        for (half, sums) in pair_sums.iter_mut().enumerate() {
+            let mut sub_sums = [0i32; 2];
+            for (sub, sum) in sub_sums.iter_mut().enumerate() {
+                let mut acc = _mm512_setzero_si512();
+                for j in 0..2 {
+                    let at = half * 64 + sub * 32 + j * 16;
+                    let q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs.as_ptr().add(at)), scale));
+                    _mm_storeu_si128(qs.as_mut_ptr().add(at) as *mut __m128i, _mm512_cvtsepi32_epi8(q));
+                    acc = _mm512_add_epi32(acc, q);
+                }
+                *sum = _mm512_reduce_add_epi32(acc);
+            }
+            *sums = (sub_sums[0] & 0xFFFF) | (sub_sums[1] << 16);
+        }
+        if amax > 0.0 { 1.0 / inverse } else { 0.0 }
+    }
+
+    /// [`super::dot_reference`] for 16 rows and `M` tokens from `first`: each 64-byte load
+    /// of quants is unpacked once for all `M` tokens.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn tile_dot<const M: usize>(tile: &[TileBlock], acts: &Activations, first: usize, sums: &mut [[f32; TILE_ROWS]; GROUP]) {
+        let blocks = acts.cols / BLOCK;
+        let low_nibbles = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); M];
+        for (b, tb) in tile.iter().enumerate() {
+            let mut scaled = [_mm512_setzero_si512(); M];
+            for p in 0..4 {
+                let mut lo = [_mm512_setzero_si512(); M];
+                let mut hi = [_mm512_setzero_si512(); M];
+                for g in 0..8 {
+                    let w = _mm512_load_si512(tb.quants.as_ptr().add((p * 8 + g) * 64) as *const _);
+                    let w_lo = _mm512_and_si512(w, low_nibbles);
+                    let w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low_nibbles);
+                    for m in 0..M {
+                        let qs = acts.quants.as_ptr().add(((first + m) * blocks + b) * BLOCK + 64 * p + 4 * g);
+                        let a_lo = _mm512_set1_epi32((qs as *const i32).read_unaligned());
+                        let a_hi = _mm512_set1_epi32((qs.add(32) as *const i32).read_unaligned());
+                        lo[m] = _mm512_dpbusd_epi32(lo[m], w_lo, a_lo);
+                        hi[m] = _mm512_dpbusd_epi32(hi[m], w_hi, a_hi);
+                    }
+                }
+                let sc_lo = _mm512_load_si512(tb.scales[2 * p].as_ptr() as *const _);
+                let sc_hi = _mm512_load_si512(tb.scales[2 * p + 1].as_ptr() as *const _);
+                for m in 0..M {
+                    scaled[m] = _mm512_add_epi32(scaled[m], _mm512_mullo_epi32(lo[m], sc_lo));
+                    scaled[m] = _mm512_add_epi32(scaled[m], _mm512_mullo_epi32(hi[m], sc_hi));
+                }
+            }
+            let d = _mm512_load_ps(tb.d.as_ptr());
+            let dmin = _mm512_load_ps(tb.dmin.as_ptr());
+            for m in 0..M {
+                let block = (first + m) * blocks + b;
+                let mut min_sum = _mm512_setzero_si512();
+                for q in 0..4 {
+                    let mins = _mm512_load_si512(tb.min_pairs[q].as_ptr() as *const _);
+                    min_sum = _mm512_dpwssd_epi32(min_sum, mins, _mm512_set1_epi32(acts.pair_sums[block * 4 + q]));
+                }
+                let dx = _mm512_set1_ps(acts.d[block]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(scaled[m]), _mm512_mul_ps(d, dx), acc[m]);
+                acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum), _mm512_mul_ps(dmin, dx), acc[m]);
+            }
+        }
+        for m in 0..M {
+            _mm512_storeu_ps(sums[m].as_mut_ptr(), acc[m]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::{GgmlDType, QTensor};
+
+    fn sample(n: usize, seed: u32) -> Vec<f32> {
+        (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0) - 1.0).collect()
+    }
+
+    fn quantized(rows: usize, cols: usize, seed: u32) -> QTensor {
+        let w = Tensor::from_vec(sample(rows * cols, seed), (rows, cols), &Device::Cpu).unwrap();
+        QTensor::quantize(&w, GgmlDType::Q4K).unwrap()
+    }
+
+    #[test]
+    fn matches_the_dequantized_product_within_activation_rounding() {
+        let (rows, cols, tokens) = (32, 512, 3);
+        let q = quantized(rows, cols, 7);
+        let ours = Q4KMatrix::new(rows, cols, &q.data().unwrap()).unwrap();
+        let dense = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+        let x = sample(tokens * cols, 3);
+        let got = ours.forward(&Tensor::from_vec(x.clone(), (tokens, cols), &Device::Cpu).unwrap()).unwrap().to_vec2::<f32>().unwrap();
+        for (t, xs) in x.chunks(cols).enumerate() {
+            for (r, w) in dense.iter().enumerate() {
+                let exact: f32 = w.iter().zip(xs).map(|(a, b)| a * b).sum();
+                // Each activation moves by at most half a level (amax/254 of its block).
+                let bound = w.iter().zip(xs.chunks(BLOCK).flat_map(|b| {
+                    let amax = b.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    std::iter::repeat_n(amax / 254.0, BLOCK)
+                }));
+                let bound = bound.map(|(w, e)| w.abs() * e).sum::<f32>() * 1.01 + 1e-4;
+                assert!((exact - got[t][r]).abs() <= bound, "({t}, {r}): {exact} vs {} (bound {bound})", got[t][r]);
+            }
+        }
+    }
+
+    #[test]
+    fn kernel_equals_the_reference_bit_for_bit_and_tokens_do_not_depend_on_their_batch() {
+        let (rows, cols) = (48, 768);
+        let q = quantized(rows, cols, 11);
+        let m = Q4KMatrix::new(rows, cols, &q.data().unwrap()).unwrap();
+        // Seven tokens run as a group of four and one of three; extreme values too.
+        let mut batch: Vec<f32> = (0..7).flat_map(|t| sample(cols, 99 + t)).collect();
+        batch[5] = 1e4;
+        batch[cols + 300..cols + 556].fill(0.0);
+        let acts = Activations::quantize(&batch, cols);
+        let among = m.forward(&Tensor::from_vec(batch.clone(), (7, cols), &Device::Cpu).unwrap()).unwrap().to_vec2::<f32>().unwrap();
+        let blocks = cols / BLOCK;
+        for (t, x) in batch.chunks(cols).enumerate() {
+            let alone = m.forward(&Tensor::from_vec(x.to_vec(), (1, cols), &Device::Cpu).unwrap()).unwrap();
+            assert_eq!(alone.get(0).unwrap().to_vec1::<f32>().unwrap(), among[t], "token {t}");
+            for (r, got) in among[t].iter().enumerate() {
+                let reference = dot_reference(&m.tiles[(r / TILE_ROWS) * blocks..][..blocks], &acts, t, r % TILE_ROWS);
+                assert_eq!(reference.to_bits(), got.to_bits(), "token {t}, row {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn simd_quantization_equals_the_reference() {
+        let mut x = sample(BLOCK * 3, 5);
+        x[7] = -3.5;
+        x[BLOCK..2 * BLOCK].fill(0.0);
+        x[2 * BLOCK + 9] = f32::MIN_POSITIVE;
+        for xs in x.chunks(BLOCK) {
+            let (mut qa, mut qb, mut sa, mut sb) = ([0i8; BLOCK], [0i8; BLOCK], [0i32; 4], [0i32; 4]);
+            let da = quantize_block(xs, &mut qa, &mut sa);
+            let db = quantize_block_reference(xs, &mut qb, &mut sb);
+            assert_eq!((da.to_bits(), qa, sa), (db.to_bits(), qb, sb));
+        }
+    }
+
+    #[test]
+    fn shapes_that_do_not_tile_are_refused() {
+        assert!(!Q4KMatrix::fits(24, 256));
+        assert!(!Q4KMatrix::fits(16, 320));
+        assert!(Q4KMatrix::new(16, 256, &[0; 10]).is_err());
+        let q = quantized(16, 256, 1);
+        let m = Q4KMatrix::new(16, 256, &q.data().unwrap()).unwrap();
+        assert!(m.forward(&Tensor::zeros((2, 512), candle_core::DType::F32, &Device::Cpu).unwrap()).is_err());
+    }
+}
