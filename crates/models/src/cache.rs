@@ -5,10 +5,11 @@
 
 use std::sync::Arc;
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 
 use crate::error::{ModelError, Result};
 use crate::gated_deltanet::LinearAttentionState;
+use crate::paged_attention::{self, Visibility};
 use crate::paged_kv::{KvShape, PagedKv};
 
 /// Positions per block of a cache that owns its storage alone.
@@ -137,12 +138,16 @@ impl SequenceCache {
         Ok(())
     }
 
-    /// Stores a layer's new keys/values (1, kv_heads, new, d) after the processed positions and
-    /// returns the keys/values of all positions so far.
-    pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let new = k.dim(2)?;
+    /// Stores a layer's new keys/values `(1, kv_heads, new, d)` after the processed positions and
+    /// returns the causal attention `(1, heads, new, d)` of the queries `q` `(1, heads, new, d)`
+    /// over all positions so far (within `window` of each query, if given).
+    pub fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, window: Option<usize>) -> Result<Tensor> {
+        let (_, heads, new, d) = q.dims4()?;
         self.kv.write(layer, &self.blocks, self.len, k, v)?;
-        self.kv.gather(layer, &self.blocks, self.len + new)
+        let q = q.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        let visibility = Visibility { past: self.len, window };
+        let out = self.kv.with_head_runs(layer, &self.blocks, self.len + new, |runs| paged_attention::attend(runs, &q, heads, new, d, scale, visibility))??;
+        Ok(Tensor::from_vec(out, (1, heads, new, d), &Device::Cpu)?)
     }
 
     /// An independent standalone copy: the sequence can go on from here while this copy stays

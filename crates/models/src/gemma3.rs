@@ -114,8 +114,7 @@ impl Gemma3 {
                 // 2. rotate with this layer's base, 3. extend the cache, 4. attend within the window
                 let q = rotary.apply(&q, start)?;
                 let k = rotary.apply(&k, start)?;
-                let (k, v) = entry.cache.append(i, &k, &v)?;
-                let out = layers::causal_attention(&q, &k, &v, scale, l.window)?;
+                let out = entry.cache.attend(i, &q, &k, &v, scale as f32, l.window)?;
                 layers::merge_heads(&out)
             })
             .collect::<Result<Vec<_>>>()?;

@@ -1,5 +1,6 @@
 //! Building blocks shared by the dense architectures: linear layers over quantized or dense
-//! weights, RMSNorm, rotary embeddings, the gated MLP and causal attention.
+//! weights, RMSNorm, rotary embeddings, the gated MLP (attention reads the paged cache:
+//! `paged_attention`).
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
@@ -194,46 +195,6 @@ impl GatedMlp {
     }
 }
 
-/// Scaled dot-product attention of new queries against the cached keys.
-///
-/// q: (1, heads, new, d); k, v: (1, kv_heads, total, d) where the new tokens are the last
-/// `new` of `total`. Each query at absolute position `p` sees keys at positions
-/// `max(0, p - window + 1) ..= p`.
-pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, window: Option<usize>) -> Result<Tensor> {
-    let (_, heads, new, d) = q.dims4()?;
-    let (_, kv_heads, total, _) = k.dims4()?;
-    let group = heads / kv_heads;
-    // Group query heads by their key/value head: (kv_heads, group * new, d), so keys are
-    // used as they are, without being repeated per query head.
-    let q = q.reshape((kv_heads, group * new, d))?;
-    let k = k.squeeze(0)?.contiguous()?;
-    let v = v.squeeze(0)?.contiguous()?;
-    let scores = (q.matmul(&k.t()?)? * scale)?;
-    let scores = match attention_mask(new, total, window)? {
-        Some(mask) => scores.reshape((kv_heads, group, new, total))?.broadcast_add(&mask)?.reshape((kv_heads, group * new, total))?,
-        None => scores,
-    };
-    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-    Ok(probs.matmul(&v)?.reshape((1, heads, new, d))?)
-}
-
-/// Additive mask (new, total): 0 where visible, -inf where masked; None when nothing is masked.
-fn attention_mask(new: usize, total: usize, window: Option<usize>) -> Result<Option<Tensor>> {
-    let past = total - new;
-    let visible = |qi: usize, kj: usize| {
-        let qp = past + qi;
-        kj <= qp && window.is_none_or(|w| qp - kj < w)
-    };
-    let all_visible = (0..new).all(|qi| (0..total).all(|kj| visible(qi, kj)));
-    if all_visible {
-        return Ok(None);
-    }
-    let mask: Vec<f32> = (0..new)
-        .flat_map(|qi| (0..total).map(move |kj| if visible(qi, kj) { 0.0 } else { f32::NEG_INFINITY }))
-        .collect();
-    Ok(Some(Tensor::from_vec(mask, (new, total), &Device::Cpu)?))
-}
-
 /// Splits (tokens, heads*d) into (1, heads, tokens, d).
 pub fn split_heads(x: &Tensor, heads: usize, head_dim: usize) -> Result<Tensor> {
     let tokens = x.dim(0)?;
@@ -258,25 +219,6 @@ pub fn logits_of_last_rows(x: &Tensor, rows: &[(usize, usize)], norm: &RmsNorm, 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mask_is_causal_and_windowed() {
-        let m = attention_mask(3, 3, None).unwrap().unwrap().to_vec2::<f32>().unwrap();
-        assert_eq!(m[0], [0.0, f32::NEG_INFINITY, f32::NEG_INFINITY]);
-        assert_eq!(m[2], [0.0, 0.0, 0.0]);
-        let m = attention_mask(1, 5, Some(2)).unwrap().unwrap().to_vec2::<f32>().unwrap();
-        assert_eq!(m[0], [f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0, 0.0]);
-        assert!(attention_mask(1, 5, None).unwrap().is_none());
-    }
-
-    #[test]
-    fn attention_of_one_key_returns_its_value() {
-        let q = Tensor::ones((1, 2, 1, 4), DType::F32, &Device::Cpu).unwrap();
-        let k = Tensor::ones((1, 1, 1, 4), DType::F32, &Device::Cpu).unwrap();
-        let v = Tensor::new(&[[[[1f32, 2., 3., 4.]]]], &Device::Cpu).unwrap();
-        let out = causal_attention(&q, &k, &v, 0.5, None).unwrap();
-        assert_eq!(out.flatten_all().unwrap().to_vec1::<f32>().unwrap(), [1., 2., 3., 4., 1., 2., 3., 4.]);
-    }
 
     #[test]
     fn rotary_styles_agree_on_position_zero_and_differ_after() {

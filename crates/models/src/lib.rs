@@ -22,6 +22,7 @@ mod gemma3;
 mod layers;
 mod llama;
 mod moe;
+mod paged_attention;
 mod paged_kv;
 mod projections;
 mod q4_1;

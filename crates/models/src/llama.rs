@@ -90,8 +90,7 @@ impl Llama {
                 // 2. rotate by absolute position, 3. extend the cache, 4. attend
                 let q = self.rotary.apply(&q, start)?;
                 let k = self.rotary.apply(&k, start)?;
-                let (k, v) = entry.cache.append(i, &k, &v)?;
-                let out = layers::causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt(), None)?;
+                let out = entry.cache.attend(i, &q, &k, &v, 1.0 / (hd as f32).sqrt(), None)?;
                 layers::merge_heads(&out)
             })
             .collect::<Result<Vec<_>>>()?;

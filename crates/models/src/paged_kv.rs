@@ -4,7 +4,8 @@
 //! pool); this module only stores and moves the numbers.
 //!
 //! Layout per attention layer: block after block, each `kv_heads × block_size × head_dim` f32, so
-//! gathering a sequence's keys head by head copies whole runs of `block_size × head_dim` floats.
+//! a sequence's keys of one head are runs of `block_size × head_dim` floats, which attention reads
+//! in place.
 //! The storage is allocated zeroed, which the OS commits lazily: an unused pool costs no memory.
 //! Sequences of one batch attend in parallel: many may read a layer at once, one writes.
 
@@ -13,6 +14,7 @@ use std::sync::RwLock;
 use candle_core::{Device, Tensor};
 
 use crate::error::{ModelError, Result};
+use crate::paged_attention::HeadRuns;
 
 /// Key/value sizes of one attention layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,6 +118,30 @@ impl PagedKv {
             }
         }
         Ok(())
+    }
+
+    /// Calls `f` with the keys and values of positions `0..len` of the sequence whose blocks are
+    /// `table`, per key/value head, read where they are stored.
+    pub(crate) fn with_head_runs<R>(&self, layer: usize, table: &[u32], len: usize, f: impl FnOnce(&[HeadRuns<'_>]) -> R) -> Result<R> {
+        let store = self.layer(layer)?;
+        self.check_blocks(table)?;
+        if len.div_ceil(self.block_size) > table.len() {
+            return Err(ModelError::BadConfig(format!("positions up to {len} need more blocks than the {} given", table.len())));
+        }
+        let (keys, values) = (store.keys.read().expect("KV storage lock"), store.values.read().expect("KV storage lock"));
+        let d = store.shape.head_dim;
+        let heads: Vec<HeadRuns> = (0..store.shape.kv_heads)
+            .map(|head| HeadRuns {
+                runs: (0..len.div_ceil(self.block_size))
+                    .map(|i| {
+                        let n = (len - i * self.block_size).min(self.block_size);
+                        let at = self.offset(store.shape, table[i], head, 0);
+                        (&keys[at..at + n * d], &values[at..at + n * d])
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(f(&heads))
     }
 
     /// Keys and values `(1, kv_heads, len, head_dim)` of positions `0..len` of the sequence whose

@@ -46,8 +46,7 @@ impl GatedAttention {
                 let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.kv_heads, hd)?;
                 let q = self.rotate(&q, rotary, start)?;
                 let k = self.rotate(&k, rotary, start)?;
-                let (k, v) = entry.cache.append(layer, &k, &v)?;
-                let out = layers::causal_attention(&q, &k, &v, 1.0 / (hd as f64).sqrt(), None)?;
+                let out = entry.cache.attend(layer, &q, &k, &v, 1.0 / (hd as f32).sqrt(), None)?;
                 layers::merge_heads(&out)
             })
             .collect::<Result<Vec<_>>>()?;
