@@ -25,10 +25,10 @@
 use std::fs;
 use std::io::{self, Read};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
 
@@ -40,6 +40,8 @@ const TMP_EXT: &str = "tmp";
 /// Snapshot bytes waiting for the writer beyond which new saves are dropped: a slow disk must
 /// not make copies of the KV pile up in memory.
 const MAX_PENDING_BYTES: usize = 512 << 20;
+/// How often a waiting writer looks whether the engine went idle.
+const IDLE_POLL: Duration = Duration::from_millis(5);
 
 /// Where the disk tier lives and how large it may grow.
 #[derive(Clone, Debug)]
@@ -93,6 +95,8 @@ pub(crate) struct DiskTier {
     dir: PathBuf,
     layout: Layout,
     pending: Arc<AtomicUsize>,
+    /// Set while the engine runs sequences: the writer waits (see [`DiskTier::set_busy`]).
+    busy: Arc<AtomicBool>,
     /// `None` only while dropping: closing the channel ends the writer.
     jobs: Option<mpsc::Sender<StoredSnapshot>>,
     writer: Option<JoinHandle<()>>,
@@ -112,10 +116,18 @@ impl DiskTier {
         }
         let (jobs, inbox) = mpsc::channel();
         let pending = Arc::new(AtomicUsize::new(0));
-        let writer = Writer { dir: dir.clone(), layout: layout.clone(), cap: config.bytes, pending: pending.clone() };
+        let busy = Arc::new(AtomicBool::new(false));
+        let writer = Writer { dir: dir.clone(), layout: layout.clone(), cap: config.bytes, pending: pending.clone(), busy: busy.clone() };
         let writer = std::thread::Builder::new().name("spindle-disk-cache".into()).spawn(move || writer.run(inbox));
         let writer = writer?;
-        Ok(Self { dir, layout, pending, jobs: Some(jobs), writer: Some(writer) })
+        Ok(Self { dir, layout, pending, busy, jobs: Some(jobs), writer: Some(writer) })
+    }
+
+    /// While busy, queued snapshots wait: encoding and writing tens of megabytes beside a
+    /// batch took its memory bandwidth and cores (a burst of 8 decoded at 100 instead of 62 ms
+    /// a step). An agent's turn leaves gaps between calls; a full queue drops new snapshots.
+    pub fn set_busy(&self, busy: bool) {
+        self.busy.store(busy, Ordering::Release);
     }
 
     /// Queues `snapshot` for writing and returns at once; dropped when the writer is too far
@@ -169,6 +181,7 @@ impl DiskTier {
 impl Drop for DiskTier {
     /// Waits for queued snapshots to be written, so a clean shutdown loses none.
     fn drop(&mut self) {
+        self.busy.store(false, Ordering::Release);
         self.jobs.take();
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
@@ -383,12 +396,16 @@ struct Writer {
     layout: Layout,
     cap: usize,
     pending: Arc<AtomicUsize>,
+    busy: Arc<AtomicBool>,
 }
 
 impl Writer {
     fn run(self, inbox: mpsc::Receiver<StoredSnapshot>) {
         yield_to_inference();
         for snapshot in inbox {
+            while self.busy.load(Ordering::Acquire) {
+                std::thread::sleep(IDLE_POLL);
+            }
             if let Err(e) = self.write(&snapshot) {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "cannot write a prefix-cache file");
             }

@@ -96,6 +96,21 @@ pub struct EngineLoad {
 pub struct Engine {
     requests: mpsc::Sender<SequenceRequest>,
     load: Arc<EngineLoad>,
+    /// Declared last, so dropped after `requests`: see [`JoinOnDrop`].
+    _thread: Arc<JoinOnDrop>,
+}
+
+/// The engine thread, joined when the last handle goes: its channel is closed by then (the
+/// handles' senders were dropped first), so the thread ends, and with it the prefix cache's
+/// queued disk writes are done. A clean shutdown loses none.
+struct JoinOnDrop(Option<std::thread::JoinHandle<()>>);
+
+impl Drop for JoinOnDrop {
+    fn drop(&mut self) {
+        if let Some(thread) = self.0.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// The engine thread has stopped (it only does when its handle is dropped or it panicked).
@@ -109,11 +124,11 @@ impl Engine {
         let (requests, inbox) = mpsc::channel();
         let load = Arc::new(EngineLoad::default());
         let thread_load = load.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("spindle-engine".into())
             .spawn(move || run(&bundle, &config, &inbox, &thread_load))
             .expect("spawning the engine thread");
-        Self { requests, load }
+        Self { requests, load, _thread: Arc::new(JoinOnDrop(Some(thread))) }
     }
 
     pub fn submit(&self, request: SequenceRequest) -> Result<(), EngineStopped> {
@@ -163,9 +178,11 @@ fn run(bundle: &ModelBundle, config: &EngineConfig, inbox: &mpsc::Receiver<Seque
         engine.admit();
         load.waiting.store(engine.waiting.len(), Ordering::Relaxed);
         load.active.store(engine.running.len(), Ordering::Relaxed);
+        engine.prefix.set_busy(!engine.running.is_empty());
         engine.step();
         // Before blocking for new work, so an idle engine reports itself idle.
         load.active.store(engine.running.len(), Ordering::Relaxed);
+        engine.prefix.set_busy(!engine.running.is_empty());
     }
 }
 

@@ -274,6 +274,13 @@ impl PrefixCache {
         Some(existing)
     }
 
+    /// Whether sequences are running: the disk tier writes only in between.
+    pub fn set_busy(&self, busy: bool) {
+        if let Some(disk) = &self.disk {
+            disk.set_busy(busy);
+        }
+    }
+
     /// Gives back a finished sequence's blocks (those the tree also holds stay cached).
     pub fn release(&mut self, cache: &SequenceCache) {
         let blocks: Vec<BlockId> = cache.blocks().iter().map(|&b| BlockId(b)).collect();
