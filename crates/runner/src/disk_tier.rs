@@ -533,6 +533,30 @@ mod tests {
     }
 
     #[test]
+    fn snapshots_wait_while_the_engine_is_busy_and_a_drop_writes_them() {
+        let root = tempfile::tempdir().unwrap();
+        let (first, second) = (snapshot(&[4, 5, 6], 3, 0.5, true), snapshot(&[4, 5], 4, 0.25, false));
+        let tier = open(root.path(), layout("m"));
+        let path = |s: &StoredSnapshot| tier.dir.join(file_name(&s.tokens, s.key));
+        tier.set_busy(true);
+        tier.save(first.clone());
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!path(&first).exists(), "written while busy");
+        tier.set_busy(false);
+        let written = (0..500).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            path(&first).exists()
+        });
+        assert!(written, "not written once idle");
+        // Still busy at shutdown: the queue is written anyway.
+        tier.set_busy(true);
+        tier.save(second.clone());
+        let second_path = path(&second);
+        drop(tier);
+        assert!(second_path.exists());
+    }
+
+    #[test]
     fn an_existing_file_is_not_rewritten() {
         let root = tempfile::tempdir().unwrap();
         let first = snapshot(&[9, 8, 7], 1, 1.0, true);
