@@ -215,7 +215,8 @@ mod avx512 {
     /// [`super::fold_lanes`] of one register.
     #[target_feature(enable = "avx512f")]
     unsafe fn fold(x: __m512) -> f32 {
-        let x8 = _mm256_add_ps(_mm512_castps512_ps256(x), _mm512_extractf32x8_ps(x, 1));
+        let high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+        let x8 = _mm256_add_ps(_mm512_castps512_ps256(x), high);
         let x4 = _mm_add_ps(_mm256_castps256_ps128(x8), _mm256_extractf128_ps(x8, 1));
         let x2 = _mm_add_ps(x4, _mm_movehl_ps(x4, x4));
         _mm_cvtss_f32(_mm_add_ss(x2, _mm_movehdup_ps(x2)))

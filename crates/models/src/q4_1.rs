@@ -64,12 +64,20 @@ fn quantize_q8_1(x: &[f32]) -> Vec<Q8Block> {
             let mut qs = [0i8; BLOCK];
             let mut sum = 0i32;
             for (q, v) in qs.iter_mut().zip(xs) {
-                *q = (v * id).round_ties_even() as i8;
+                *q = round_small(v * id) as i8;
                 sum += *q as i32;
             }
             Q8Block { d: f16::from_f32(d).to_f32(), s: f16::from_f32(d * sum as f32).to_f32(), qs }
         })
         .collect()
+}
+
+/// `x.round_ties_even()` for `|x| < 2²²`, in two additions that vectorize (the library call
+/// does not): adding 1.5·2²³ leaves no fraction bits, so the sum rounds to an integer, ties to
+/// even.
+fn round_small(x: f32) -> f32 {
+    const SHIFT: f32 = 12_582_912.0;
+    (x + SHIFT) - SHIFT
 }
 
 /// `out[t]` = the weight row `w` · token `t`'s activations, for every token.
@@ -187,6 +195,17 @@ mod tests {
                 let bound = w.iter().map(|v| v.abs()).sum::<f32>() * amax / 254.0 * 1.01 + 1e-3;
                 assert!((exact - got[t][r]).abs() <= bound, "{exact} vs {} (bound {bound})", got[t][r]);
             }
+        }
+    }
+
+    #[test]
+    fn small_rounding_is_round_ties_even() {
+        for x in [0.5f32, 1.5, 2.5, -0.5, -2.5, 126.5, -127.0, 3.49999, 0.0, -0.0, 1e-30] {
+            assert_eq!(round_small(x), x.round_ties_even(), "{x}");
+        }
+        for i in -300_000..300_000 {
+            let x = i as f32 * 0.000_431;
+            assert_eq!(round_small(x), x.round_ties_even(), "{x}");
         }
     }
 
