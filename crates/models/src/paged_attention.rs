@@ -202,8 +202,9 @@ mod avx512 {
                         }
                     }
                     for (i, a) in acc.iter().enumerate().take(queries.len() - r0) {
-                        for (t, a) in a.iter().enumerate().take(n - k0) {
-                            probs[(r0 + i) * keys + j0 + k0 + t] = fold(*a) * scale;
+                        let sums = fold4(a);
+                        for (t, sum) in sums.iter().enumerate().take(n - k0) {
+                            probs[(r0 + i) * keys + j0 + k0 + t] = sum * scale;
                         }
                     }
                 }
@@ -212,14 +213,21 @@ mod avx512 {
         }
     }
 
-    /// [`super::fold_lanes`] of one register.
+    /// [`super::fold_lanes`] of four registers at once: each step adds the same lane pairs
+    /// (8, 4, 2, then 1 apart), with the registers' halves and quarters side by side.
     #[target_feature(enable = "avx512f")]
-    unsafe fn fold(x: __m512) -> f32 {
-        let high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
-        let x8 = _mm256_add_ps(_mm512_castps512_ps256(x), high);
-        let x4 = _mm_add_ps(_mm256_castps256_ps128(x8), _mm256_extractf128_ps(x8, 1));
-        let x2 = _mm_add_ps(x4, _mm_movehl_ps(x4, x4));
-        _mm_cvtss_f32(_mm_add_ss(x2, _mm_movehdup_ps(x2)))
+    unsafe fn fold4(x: &[__m512; 4]) -> [f32; 4] {
+        // [a0..7 + a8..15 | b0..7 + b8..15], likewise c and d (128-bit quarters: 0,1 + 2,3).
+        let ab = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0b01_00_01_00), _mm512_shuffle_f32x4(x[0], x[1], 0b11_10_11_10));
+        let cd = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0b01_00_01_00), _mm512_shuffle_f32x4(x[2], x[3], 0b11_10_11_10));
+        // One quarter each: lanes l + l+4 of a, b, c, d.
+        let abcd = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0b10_00_10_00), _mm512_shuffle_f32x4(ab, cd, 0b11_01_11_01));
+        // Within each quarter: l + l+2, then l + l+1.
+        let twos = _mm512_add_ps(abcd, _mm512_permute_ps(abcd, 0b01_00_11_10));
+        let ones = _mm512_add_ps(twos, _mm512_permute_ps(twos, 0b10_11_00_01));
+        let mut lanes = [0f32; 16];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), ones);
+        [lanes[0], lanes[4], lanes[8], lanes[12]]
     }
 
     /// [`super::outputs_portable`] for `d` a multiple of 16, up to [`MAX_ROWS`] rows.
