@@ -22,6 +22,9 @@ pub struct HeadRuns<'a> {
     pub runs: Vec<(&'a [f32], &'a [f32])>,
 }
 
+/// Key and value runs `(positions × d each)` in position order.
+type HeadRunsSlice<'a> = &'a [(&'a [f32], &'a [f32])];
+
 /// Which keys query rows see.
 #[derive(Clone, Copy)]
 pub struct Visibility {
@@ -87,19 +90,33 @@ fn visible_runs<'a>(head: &HeadRuns<'a>, d: usize, first: usize, end: usize) -> 
 
 /// The outputs (`rows × d`) of query rows that all see the keys of `runs`.
 fn attend_rows(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if d.is_multiple_of(LANES) && std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has the features the copy is compiled for.
+            return unsafe { avx512::attend_rows(runs, queries, d, scale) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: as above.
+            return unsafe { attend_rows_fma(runs, queries, d, scale) };
+        }
+    }
+    attend_rows_portable(runs, queries, d, scale)
+}
+
+/// The portable copy compiled with hardware fused multiply-add (without it `mul_add` is a
+/// library call).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_rows_fma(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
+    attend_rows_portable(runs, queries, d, scale)
+}
+
+#[inline(always)]
+fn attend_rows_portable(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
     let keys: usize = runs.iter().map(|(k, _)| k.len() / d).sum();
     let mut probs = vec![0f32; queries.len() * keys];
     let mut out = vec![0f32; queries.len() * d];
-    #[cfg(target_arch = "x86_64")]
-    if d.is_multiple_of(LANES) && std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has the features the copy is compiled for.
-        unsafe {
-            avx512::scores(runs, queries, d, scale, &mut probs, keys);
-            probs.chunks_exact_mut(keys).for_each(softmax);
-            avx512::outputs(runs, &probs, keys, d, &mut out);
-        }
-        return out;
-    }
     scores_portable(runs, queries, d, scale, &mut probs, keys);
     probs.chunks_exact_mut(keys.max(1)).for_each(softmax);
     outputs_portable(runs, &probs, keys, d, &mut out);
@@ -107,6 +124,7 @@ fn attend_rows(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize, scale: f
 }
 
 /// `probs[r · keys + j]` = `scale · (query r · key j)`.
+#[inline(always)]
 fn scores_portable(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize, scale: f32, probs: &mut [f32], keys: usize) {
     let mut j = 0;
     for &(ks, _) in runs {
@@ -120,6 +138,7 @@ fn scores_portable(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize, scal
 }
 
 /// `out[r]` = `Σ_j probs[r · keys + j] · value j`, in key order.
+#[inline(always)]
 fn outputs_portable(runs: &[(&[f32], &[f32])], probs: &[f32], keys: usize, d: usize, out: &mut [f32]) {
     let mut j = 0;
     for &(_, vs) in runs {
@@ -135,6 +154,7 @@ fn outputs_portable(runs: &[(&[f32], &[f32])], probs: &[f32], keys: usize, d: us
 
 /// 16 running fused sums (lane `l` takes elements `l, l + 16, ...`) added pairwise 8, 4, 2
 /// and 1 lanes apart, then the tail in order.
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; LANES];
     let body = a.len() - a.len() % LANES;
@@ -150,6 +170,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     sum
 }
 
+#[inline(always)]
 fn fold_lanes(mut lanes: [f32; LANES]) -> f32 {
     for apart in [8, 4, 2, 1] {
         for l in 0..apart {
@@ -160,23 +181,50 @@ fn fold_lanes(mut lanes: [f32; LANES]) -> f32 {
 }
 
 /// In place, terms added in order.
+#[inline(always)]
 fn softmax(scores: &mut [f32]) {
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
+    scores.iter_mut().for_each(|s| *s = exp_nonpositive(*s - max));
+    let sum: f32 = scores.iter().sum();
+    scores.iter_mut().for_each(|s| *s /= sum);
+}
+
+/// `eˣ` for `x ≤ 0` within 2 ulp, in plain arithmetic the compiler vectorizes (the library's
+/// `expf` is a call per score): `x = n·ln 2 + r` with `|r| ≤ ln 2 / 2`, a degree-6 Taylor
+/// polynomial for `eʳ`, and `2ⁿ` put into the exponent bits. Below −87 the result is 0.
+#[inline(always)]
+fn exp_nonpositive(x: f32) -> f32 {
+    const SHIFT: f32 = 12_582_912.0; // 1.5·2²³: adding it rounds to an integer
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let clamped = x.max(-87.0);
+    let n = clamped.mul_add(std::f32::consts::LOG2_E, SHIFT) - SHIFT;
+    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, clamped));
+    let mut p: f32 = 1.0 / 720.0;
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = p.mul_add(r, c);
     }
-    for s in scores.iter_mut() {
-        *s /= sum;
-    }
+    let scale = f32::from_bits(((n as i32 + 127).max(0) as u32) << 23);
+    if x < -87.0 { 0.0 } else { p * scale }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{LANES, MAX_ROWS};
+    use super::{softmax, HeadRunsSlice, LANES, MAX_ROWS};
+
+    /// [`super::attend_rows_portable`] with AVX-512 scores and outputs.
+    #[target_feature(enable = "avx512f,fma")]
+    pub unsafe fn attend_rows(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
+        let keys: usize = runs.iter().map(|(k, _)| k.len() / d).sum();
+        let mut probs = vec![0f32; queries.len() * keys];
+        let mut out = vec![0f32; queries.len() * d];
+        scores(runs, queries, d, scale, &mut probs, keys);
+        probs.chunks_exact_mut(keys.max(1)).for_each(softmax);
+        outputs(runs, &probs, keys, d, &mut out);
+        out
+    }
 
     /// [`super::scores_portable`] for `d` a multiple of 16: tiles of 4 queries × 4 keys.
     #[target_feature(enable = "avx512f")]
@@ -354,6 +402,19 @@ mod tests {
                 assert_eq!(&alone[h * d..][..d], &together[(h * new + i) * d..][..d], "head {h} query {i}");
             }
         }
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp_down_to_the_smallest_normal() {
+        for i in 0..=870_000 {
+            let x = -(i as f32) * 1e-4;
+            let (got, want) = (exp_nonpositive(x) as f64, (x as f64).exp());
+            let ulp = (f32::EPSILON as f64) * want.max(f32::MIN_POSITIVE as f64);
+            assert!((got - want).abs() <= 2.0 * ulp, "exp({x}) = {got}, not {want}");
+        }
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive(-200.0), 0.0);
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
     }
 
     #[test]
