@@ -89,7 +89,7 @@ fn visible_runs<'a>(head: &HeadRuns<'a>, d: usize, first: usize, end: usize) -> 
 }
 
 /// The outputs (`rows × d`) of query rows that all see the keys of `runs`.
-fn attend_rows(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
+fn attend_rows(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     {
         if d.is_multiple_of(LANES) && std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
@@ -108,12 +108,12 @@ fn attend_rows(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize, scale: f
 /// library call).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_rows_fma(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
+unsafe fn attend_rows_fma(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
     attend_rows_portable(runs, queries, d, scale)
 }
 
 #[inline(always)]
-fn attend_rows_portable(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
+fn attend_rows_portable(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
     let keys: usize = runs.iter().map(|(k, _)| k.len() / d).sum();
     let mut probs = vec![0f32; queries.len() * keys];
     let mut out = vec![0f32; queries.len() * d];
@@ -125,7 +125,7 @@ fn attend_rows_portable(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize,
 
 /// `probs[r · keys + j]` = `scale · (query r · key j)`.
 #[inline(always)]
-fn scores_portable(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize, scale: f32, probs: &mut [f32], keys: usize) {
+fn scores_portable(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32, probs: &mut [f32], keys: usize) {
     let mut j = 0;
     for &(ks, _) in runs {
         for k in ks.chunks_exact(d) {
@@ -139,7 +139,7 @@ fn scores_portable(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize, scal
 
 /// `out[r]` = `Σ_j probs[r · keys + j] · value j`, in key order.
 #[inline(always)]
-fn outputs_portable(runs: &[(&[f32], &[f32])], probs: &[f32], keys: usize, d: usize, out: &mut [f32]) {
+fn outputs_portable(runs: HeadRunsSlice<'_>, probs: &[f32], keys: usize, d: usize, out: &mut [f32]) {
     let mut j = 0;
     for &(_, vs) in runs {
         for v in vs.chunks_exact(d) {
@@ -228,7 +228,7 @@ mod avx512 {
 
     /// [`super::scores_portable`] for `d` a multiple of 16: tiles of 4 queries × 4 keys.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn scores(runs: &[(&[f32], &[f32])], queries: &[&[f32]], d: usize, scale: f32, probs: &mut [f32], keys: usize) {
+    pub unsafe fn scores(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32, probs: &mut [f32], keys: usize) {
         let mut j0 = 0;
         for &(ks, _) in runs {
             let n = ks.len() / d;
@@ -280,7 +280,7 @@ mod avx512 {
 
     /// [`super::outputs_portable`] for `d` a multiple of 16, up to [`MAX_ROWS`] rows.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn outputs(runs: &[(&[f32], &[f32])], probs: &[f32], keys: usize, d: usize, out: &mut [f32]) {
+    pub unsafe fn outputs(runs: HeadRunsSlice<'_>, probs: &[f32], keys: usize, d: usize, out: &mut [f32]) {
         match out.len() / d {
             1 => outputs_of::<1>(runs, probs, keys, d, out),
             2 => outputs_of::<2>(runs, probs, keys, d, out),
@@ -299,7 +299,7 @@ mod avx512 {
     /// `ROWS` rows' accumulators in registers, 32 output floats at a time (then 16), so each
     /// broadcast probability serves two products.
     #[target_feature(enable = "avx512f")]
-    unsafe fn outputs_of<const ROWS: usize>(runs: &[(&[f32], &[f32])], probs: &[f32], keys: usize, d: usize, out: &mut [f32]) {
+    unsafe fn outputs_of<const ROWS: usize>(runs: HeadRunsSlice<'_>, probs: &[f32], keys: usize, d: usize, out: &mut [f32]) {
         assert!(probs.len() >= ROWS * keys && out.len() == ROWS * d);
         let pairs = d / (2 * LANES) * 2 * LANES;
         for c in (0..pairs).step_by(2 * LANES) {

@@ -38,12 +38,13 @@ const PARALLEL_MIN_VALUES: usize = 1 << 17;
 struct TileBlock {
     /// `[(p · 8 + g) · 64 + row · 4 + j]` = byte `32p + 4g + j` of the row's GGUF quants.
     quants: [u8; BLOCK / 2 * TILE_ROWS],
-    /// Sub-block scales (6 bits), one lane per row.
-    scales: [[i32; TILE_ROWS]; 8],
+    /// Sub-block scales (6 bits), one per row; widened to 32 bits where used.
+    scales: [[u8; TILE_ROWS]; 8],
     /// Sub-block minima (6 bits) of sub-blocks `2q` (low half) and `2q + 1` (high half).
     min_pairs: [[i32; TILE_ROWS]; 4],
-    d: [f32; TILE_ROWS],
-    dmin: [f32; TILE_ROWS],
+    /// As stored (f16): the tile is read from memory once per token group, so bytes count.
+    d: [f16; TILE_ROWS],
+    dmin: [f16; TILE_ROWS],
 }
 
 /// Activations quantized to 8 bits per 256-value block, one token after another.
@@ -207,18 +208,18 @@ fn pack_tile_block<'a>(gguf_block: impl Fn(usize) -> &'a [u8]) -> TileBlock {
         quants: [0; BLOCK / 2 * TILE_ROWS],
         scales: [[0; TILE_ROWS]; 8],
         min_pairs: [[0; TILE_ROWS]; 4],
-        d: [0.0; TILE_ROWS],
-        dmin: [0.0; TILE_ROWS],
+        d: [f16::ZERO; TILE_ROWS],
+        dmin: [f16::ZERO; TILE_ROWS],
     };
     for r in 0..TILE_ROWS {
         let blk = gguf_block(r);
-        tile.d[r] = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-        tile.dmin[r] = f16::from_le_bytes([blk[2], blk[3]]).to_f32();
+        tile.d[r] = f16::from_le_bytes([blk[0], blk[1]]);
+        tile.dmin[r] = f16::from_le_bytes([blk[2], blk[3]]);
         let (packed_scales, quants) = (&blk[4..16], &blk[16..]);
         let mut mins = [0i32; 8];
         for (s, min) in mins.iter_mut().enumerate() {
             let (sc, m) = scale_min(s, packed_scales);
-            tile.scales[s][r] = sc as i32;
+            tile.scales[s][r] = sc;
             *min = m as i32;
         }
         for q in 0..4 {
@@ -274,8 +275,8 @@ fn dot_reference(tile: &[TileBlock], acts: &Activations, token: usize, r: usize)
                     hi += (w >> 4) as i32 * qs[64 * p + 32 + 4 * g + j] as i32;
                 }
             }
-            scaled = scaled.wrapping_add(lo.wrapping_mul(tb.scales[2 * p][r]));
-            scaled = scaled.wrapping_add(hi.wrapping_mul(tb.scales[2 * p + 1][r]));
+            scaled = scaled.wrapping_add(lo.wrapping_mul(tb.scales[2 * p][r] as i32));
+            scaled = scaled.wrapping_add(hi.wrapping_mul(tb.scales[2 * p + 1][r] as i32));
         }
         let mut min_sum = 0i32;
         for q in 0..4 {
@@ -283,8 +284,8 @@ fn dot_reference(tile: &[TileBlock], acts: &Activations, token: usize, r: usize)
             min_sum += (mins as i16 as i32) * (sums as i16 as i32) + ((mins >> 16) as i16 as i32) * ((sums >> 16) as i16 as i32);
         }
         let dx = acts.d[block];
-        acc = (scaled as f32).mul_add(tb.d[r] * dx, acc);
-        acc = (-(min_sum as f32)).mul_add(tb.dmin[r] * dx, acc);
+        acc = (scaled as f32).mul_add(tb.d[r].to_f32() * dx, acc);
+        acc = (-(min_sum as f32)).mul_add(tb.dmin[r].to_f32() * dx, acc);
     }
     acc
 }
@@ -348,15 +349,15 @@ mod vnni {
                         hi[m] = _mm512_dpbusd_epi32(hi[m], w_hi, a_hi);
                     }
                 }
-                let sc_lo = _mm512_load_si512(tb.scales[2 * p].as_ptr() as *const _);
-                let sc_hi = _mm512_load_si512(tb.scales[2 * p + 1].as_ptr() as *const _);
+                let sc_lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(tb.scales[2 * p].as_ptr() as *const _));
+                let sc_hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(tb.scales[2 * p + 1].as_ptr() as *const _));
                 for m in 0..M {
                     scaled[m] = _mm512_add_epi32(scaled[m], _mm512_mullo_epi32(lo[m], sc_lo));
                     scaled[m] = _mm512_add_epi32(scaled[m], _mm512_mullo_epi32(hi[m], sc_hi));
                 }
             }
-            let d = _mm512_load_ps(tb.d.as_ptr());
-            let dmin = _mm512_load_ps(tb.dmin.as_ptr());
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(tb.d.as_ptr() as *const _));
+            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(tb.dmin.as_ptr() as *const _));
             for m in 0..M {
                 let block = (first + m) * blocks + b;
                 let mut min_sum = _mm512_setzero_si512();
