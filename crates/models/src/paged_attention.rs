@@ -114,12 +114,31 @@ unsafe fn attend_rows_fma(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize,
 
 #[inline(always)]
 fn attend_rows_portable(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
+    three_passes(
+        runs,
+        queries.len(),
+        d,
+        |probs, keys| scores_portable(runs, queries, d, scale, probs, keys),
+        |probs, keys, out| outputs_portable(runs, probs, keys, d, out),
+    )
+}
+
+/// Scores (`scores(probs, keys)`), a softmax per row, then the outputs
+/// (`outputs(probs, keys, out)`) of `rows` query rows.
+#[inline(always)]
+fn three_passes(
+    runs: HeadRunsSlice<'_>,
+    rows: usize,
+    d: usize,
+    scores: impl FnOnce(&mut [f32], usize),
+    outputs: impl FnOnce(&[f32], usize, &mut [f32]),
+) -> Vec<f32> {
     let keys: usize = runs.iter().map(|(k, _)| k.len() / d).sum();
-    let mut probs = vec![0f32; queries.len() * keys];
-    let mut out = vec![0f32; queries.len() * d];
-    scores_portable(runs, queries, d, scale, &mut probs, keys);
+    let mut probs = vec![0f32; rows * keys];
+    let mut out = vec![0f32; rows * d];
+    scores(&mut probs, keys);
     probs.chunks_exact_mut(keys.max(1)).for_each(softmax);
-    outputs_portable(runs, &probs, keys, d, &mut out);
+    outputs(&probs, keys, &mut out);
     out
 }
 
@@ -212,18 +231,19 @@ fn exp_nonpositive(x: f32) -> f32 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{softmax, HeadRunsSlice, LANES, MAX_ROWS};
+    use super::{three_passes, HeadRunsSlice, LANES, MAX_ROWS};
 
     /// [`super::attend_rows_portable`] with AVX-512 scores and outputs.
     #[target_feature(enable = "avx512f,fma")]
     pub unsafe fn attend_rows(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
-        let keys: usize = runs.iter().map(|(k, _)| k.len() / d).sum();
-        let mut probs = vec![0f32; queries.len() * keys];
-        let mut out = vec![0f32; queries.len() * d];
-        scores(runs, queries, d, scale, &mut probs, keys);
-        probs.chunks_exact_mut(keys.max(1)).for_each(softmax);
-        outputs(runs, &probs, keys, d, &mut out);
-        out
+        three_passes(
+            runs,
+            queries.len(),
+            d,
+            // SAFETY: the caller checked the features these copies are compiled for.
+            |probs, keys| unsafe { scores(runs, queries, d, scale, probs, keys) },
+            |probs, keys, out| unsafe { outputs(runs, probs, keys, d, out) },
+        )
     }
 
     /// [`super::scores_portable`] for `d` a multiple of 16: tiles of 4 queries × 4 keys.
