@@ -16,10 +16,11 @@ use clap::{Parser, Subcommand};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Transparent huge pages cost more than they save here: the allocator asks for them on its
-/// large regions, so every fresh or purged 2 MiB of a KV gather or recurrent-state copy is
-/// zeroed whole on first touch (a fifth of a cached call's time). Weights read no slower on 4 KiB
-/// pages (`spindle bench`: the same prefill and decode speed).
+/// large regions, so every fresh or purged 2 MiB of a step's buffers or a recurrent-state copy
+/// is zeroed whole on first touch (a fifth of a cached call's time). Weights read no slower on
+/// 4 KiB pages (`spindle bench`: the same prefill and decode speed).
 fn use_small_pages() {
+    #[cfg(target_os = "linux")]
     // SAFETY: PR_SET_THP_DISABLE takes plain integers and only sets a flag of this process.
     if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
         tracing::debug!(error = %std::io::Error::last_os_error(), "transparent huge pages stay on");
