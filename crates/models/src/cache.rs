@@ -146,7 +146,7 @@ impl SequenceCache {
         self.kv.write(layer, &self.blocks, self.len, k, v)?;
         let q = q.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let visibility = Visibility { past: self.len, window };
-        let out = self.kv.with_head_runs(layer, &self.blocks, self.len + new, |runs| paged_attention::attend(runs, &q, heads, new, d, scale, visibility))??;
+        let out = self.kv.with_head_runs(layer, &self.blocks, self.len + new, |runs| paged_attention::attend(runs, &q, heads, new, d, scale, visibility))?;
         Ok(Tensor::from_vec(out, (1, heads, new, d), &Device::Cpu)?)
     }
 

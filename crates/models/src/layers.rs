@@ -32,19 +32,16 @@ enum LinearWeight {
 impl Linear {
     pub fn new(weight: Weight, bias: Option<Tensor>) -> Result<Self> {
         let weight = match weight {
-            Weight::Quantized(q) if q.dtype() == GgmlDType::Q4_1 => {
+            Weight::Quantized(q) => {
                 let (rows, cols) = q.shape().dims2()?;
-                LinearWeight::Q4_1(Q4_1Matrix::new(rows, cols, q.data()?.into_owned())?)
+                match q.dtype() {
+                    GgmlDType::Q4_1 => LinearWeight::Q4_1(Q4_1Matrix::new(rows, cols, q.data()?.into_owned())?),
+                    GgmlDType::Q4K if Q4KMatrix::supported() && Q4KMatrix::fits(rows, cols) => {
+                        LinearWeight::Q4K(Q4KMatrix::new(rows, cols, &q.data()?)?)
+                    }
+                    _ => LinearWeight::Candle(QuantizedMatrix::new(q, rayon::current_num_threads())?),
+                }
             }
-            Weight::Quantized(q) if q.dtype() == GgmlDType::Q4K && Q4KMatrix::supported() && {
-                let (rows, cols) = q.shape().dims2()?;
-                Q4KMatrix::fits(rows, cols)
-            } =>
-            {
-                let (rows, cols) = q.shape().dims2()?;
-                LinearWeight::Q4K(Q4KMatrix::new(rows, cols, &q.data()?)?)
-            }
-            Weight::Quantized(q) => LinearWeight::Candle(QuantizedMatrix::new(q, rayon::current_num_threads())?),
             Weight::Dense(t) => LinearWeight::Dense(DenseMatrix::new(&t)?),
         };
         Ok(Self { weight, bias })

@@ -10,7 +10,6 @@
 
 use rayon::prelude::*;
 
-use crate::error::Result;
 
 /// Query rows per pass at most (accumulators held in registers).
 const MAX_ROWS: usize = 8;
@@ -45,7 +44,7 @@ impl Visibility {
 
 /// `q`: `(heads, new, d)`, heads sharing key/value head `h` being `h·group .. (h+1)·group`.
 /// Returns `(heads, new, d)`.
-pub fn attend(heads: &[HeadRuns<'_>], q: &[f32], query_heads: usize, new: usize, d: usize, scale: f32, visibility: Visibility) -> Result<Vec<f32>> {
+pub fn attend(heads: &[HeadRuns<'_>], q: &[f32], query_heads: usize, new: usize, d: usize, scale: f32, visibility: Visibility) -> Vec<f32> {
     let group = query_heads / heads.len().max(1);
     // One task per key/value head and position: a prefill's new positions spread over the
     // cores, a decode step's heads too.
@@ -70,7 +69,7 @@ pub fn attend(heads: &[HeadRuns<'_>], q: &[f32], query_heads: usize, new: usize,
             out[(head * new + i) * d..][..d].copy_from_slice(o);
         }
     }
-    Ok(out)
+    out
 }
 
 /// The parts of `head`'s runs holding positions `first..end`.
@@ -391,7 +390,7 @@ mod tests {
         let heads: Vec<HeadRuns> = (0..kv_heads).map(|h| runs(&keys[h], &values[h], d, 5)).collect();
         let q = sample(kv_heads * group * new * d, 3);
         for window in [None, Some(4)] {
-            let out = attend(&heads, &q, kv_heads * group, new, d, 0.3, Visibility { past, window }).unwrap();
+            let out = attend(&heads, &q, kv_heads * group, new, d, 0.3, Visibility { past, window });
             for head in 0..kv_heads * group {
                 for i in 0..new {
                     let range = Visibility { past, window }.range(i);
@@ -412,12 +411,12 @@ mod tests {
         let (keys, values) = (sample(total * d, 1), sample(total * d, 2));
         let q = sample(group * new * d, 3);
         let visibility = Visibility { past, window: None };
-        let together = attend(&[runs(&keys, &values, d, 16)], &q, group, new, d, 0.125, visibility).unwrap();
+        let together = attend(&[runs(&keys, &values, d, 16)], &q, group, new, d, 0.125, visibility);
         // Each query alone, as a decode step would run it, over other block boundaries.
         for i in 0..new {
             let qi: Vec<f32> = (0..group).flat_map(|h| q[(h * new + i) * d..][..d].to_vec()).collect();
             let seen = past + i + 1;
-            let alone = attend(&[runs(&keys[..seen * d], &values[..seen * d], d, 7)], &qi, group, 1, d, 0.125, Visibility { past: past + i, window: None }).unwrap();
+            let alone = attend(&[runs(&keys[..seen * d], &values[..seen * d], d, 7)], &qi, group, 1, d, 0.125, Visibility { past: past + i, window: None });
             for h in 0..group {
                 assert_eq!(&alone[h * d..][..d], &together[(h * new + i) * d..][..d], "head {h} query {i}");
             }
