@@ -18,6 +18,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 const CONV_KERNEL: usize = 4;
+/// Bumped whenever the written bytes change, so a file from an older writer is not reused.
+/// Revision 2: the convolution as a (channels, kernel) matrix and the rope sections, as
+/// llama.cpp's converter writes them, so llama-server loads the same file.
+const FILE_REVISION: u32 = 2;
 
 /// Where a shape's vocabulary comes from.
 #[derive(Clone, Copy)]
@@ -84,7 +88,7 @@ pub fn path(blocks: usize) -> anyhow::Result<PathBuf> {
 /// The file of `shape` with `blocks` blocks, written on first use.
 pub fn shape_path(shape: &HybridShape, blocks: usize) -> anyhow::Result<PathBuf> {
     let dir = spindle_hub::spindle_home().join("bench");
-    let path = dir.join(format!("{}-{blocks}x4.gguf", shape.stem));
+    let path = dir.join(format!("{}-{blocks}x4-r{FILE_REVISION}.gguf", shape.stem));
     if !path.exists() {
         std::fs::create_dir_all(&dir)?;
         let tokenizer = match shape.vocab {
@@ -197,7 +201,8 @@ fn layer(w: &mut Writer, s: &HybridShape, i: usize) -> anyhow::Result<()> {
         w.matrix(&format!("{p}.ssm_alpha.weight"), s.v_heads, hidden)?;
         w.matrix(&format!("{p}.ssm_out.weight"), hidden, value_dim)?;
         let conv: Vec<f32> = (0..channels * CONV_KERNEL).map(|_| w.rng.random_range(-0.5..0.5)).collect();
-        w.vector(&format!("{p}.ssm_conv1d.weight"), conv)?;
+        let conv = Tensor::from_vec(conv, (channels, CONV_KERNEL), &Device::Cpu)?;
+        w.tensors.push((format!("{p}.ssm_conv1d.weight"), QTensor::quantize(&conv, GgmlDType::F32)?));
         w.vector(&format!("{p}.ssm_a"), (0..s.v_heads).map(|h| -0.1 - h as f32 * 0.05).collect())?;
         w.vector(&format!("{p}.ssm_dt.bias"), vec![0.0; s.v_heads])?;
         w.vector(&format!("{p}.ssm_norm.weight"), vec![1.0; s.linear_head_dim])?;
@@ -230,6 +235,8 @@ fn metadata(s: &HybridShape, layers: usize) -> Vec<(String, Value)> {
         (format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
         (format!("{arch}.rope.freq_base"), Value::F32(1e7)),
         (format!("{arch}.rope.dimension_count"), u(s.head_dim / 4)),
+        // Qwen3.5's multimodal rope sections; text positions make them plain rope.
+        (format!("{arch}.rope.dimension_sections"), Value::Array([11, 11, 10, 0].map(Value::I32).to_vec())),
         (format!("{arch}.expert_count"), u(s.experts)),
         (format!("{arch}.expert_used_count"), u(s.experts_used)),
         (format!("{arch}.expert_feed_forward_length"), u(s.expert_width)),

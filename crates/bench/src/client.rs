@@ -1,6 +1,6 @@
 //! A small client for any OpenAI-compatible server: streamed chat calls that are timed, plus
 //! the optional endpoints the benchmark uses when the server has them (`/health`,
-//! `/v1/models`, vLLM-style `/v1/tokenize`).
+//! `/v1/models`, vLLM-style `/v1/tokenize` or llama-server's `/tokenize`).
 
 use std::time::{Duration, Instant};
 
@@ -31,7 +31,9 @@ impl Client {
     pub fn new(base_url: &str, api_key: Option<String>) -> Result<Self, BenchError> {
         let base = base_url.trim_end_matches('/');
         let base = base.strip_suffix("/v1").unwrap_or(base).to_string();
-        let http = reqwest::Client::builder().timeout(CALL_TIMEOUT).build()?;
+        // A fresh connection per call: some servers (llama-server) close idle keep-alive
+        // connections, and a pooled one that closed fails the next call.
+        let http = reqwest::Client::builder().timeout(CALL_TIMEOUT).pool_max_idle_per_host(0).build()?;
         Ok(Self { http, base, model: None, api_key })
     }
 
@@ -97,9 +99,15 @@ impl Client {
         Some(answer.tokens)
     }
 
-    /// Tokens in `text` alone, if the server has `/v1/tokenize`.
+    /// Tokens in `text` alone, if the server has `/v1/tokenize` or llama-server's `/tokenize`.
     pub async fn count_tokens(&self, text: &str) -> Option<usize> {
-        self.tokenize(json!({"prompt": text, "add_special_tokens": false})).await.map(|t| t.len())
+        if let Some(tokens) = self.tokenize(json!({"prompt": text, "add_special_tokens": false})).await {
+            return Some(tokens.len());
+        }
+        let body = json!({"content": text, "add_special": false});
+        let response = self.request(reqwest::Method::POST, "/tokenize").json(&body).send().await.ok()?;
+        let answer: Value = response.error_for_status().ok()?.json().await.ok()?;
+        answer["tokens"].as_array().map(Vec::len)
     }
 
     /// Tokens that two chat prompts with the same system message and the user messages `a` and
