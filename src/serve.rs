@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Args;
 use spindle_runner::{CacheConfig, DiskConfig, ModelBundle};
+use spindle_chat::ToolCallFormat;
 use spindle_server::ServerConfig;
 
 #[derive(Args)]
@@ -58,6 +59,30 @@ pub struct ServeArgs {
     /// CPU threads for the kernels (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Tool-call syntax to parse and enforce: qwen3_xml, hermes or llama3_json (default: the
+    /// one the chat template uses, else hermes).
+    #[arg(long, value_parser = parse_tool_call_parser)]
+    tool_call_parser: Option<ToolCallFormat>,
+    /// JSON schema every answer follows unless a request sets `response_format`: the schema
+    /// itself, or @FILE.
+    #[arg(long)]
+    guided_json: Option<String>,
+}
+
+fn parse_tool_call_parser(name: &str) -> Result<ToolCallFormat, String> {
+    ToolCallFormat::from_name(name)
+        .ok_or_else(|| format!("unknown tool-call parser `{name}`; expected one of {}", ToolCallFormat::NAMES.join(", ")))
+}
+
+/// The `--guided-json` schema, read from the file when given as @FILE.
+fn guided_json(arg: &str) -> anyhow::Result<serde_json::Value> {
+    let text = match arg.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path).with_context(|| format!("cannot read --guided-json file {path}"))?,
+        None => arg.to_string(),
+    };
+    let schema: serde_json::Value = serde_json::from_str(&text).context("--guided-json is not JSON")?;
+    anyhow::ensure!(schema.is_object(), "--guided-json must be a JSON schema object");
+    Ok(schema)
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -66,6 +91,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(text) => serde_json::from_str(text).context("--chat-template-kwargs is not a JSON object")?,
         None => serde_json::Map::new(),
     };
+    let guided_json = args.guided_json.as_deref().map(guided_json).transpose()?;
     if let Some(dir) = &args.prefix_cache_dir {
         // Fail at once on a folder that cannot be used, not later in the engine thread's log.
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create --prefix-cache-dir {}", dir.display()))?;
@@ -92,8 +118,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             disk: args.prefix_cache_dir.map(|dir| DiskConfig { dir, bytes: args.prefix_cache_disk_size }),
             ..CacheConfig::default()
         },
+        tool_call_parser: args.tool_call_parser,
+        guided_json,
     };
     let state = spindle_server::start(config, bundle);
+    if let Some(schema) = &state.config.guided_json {
+        // A schema that can't be enforced fails here, not on every request.
+        let grammars = state.grammars().map_err(anyhow::Error::msg)?;
+        grammars
+            .compile(spindle_constrain::grammar::json_schema(schema))
+            .map_err(|e| anyhow::anyhow!("--guided-json can't be enforced: {e}"))?;
+    }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))

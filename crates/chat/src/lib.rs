@@ -1,6 +1,7 @@
 //! Text side of the engine: tokenizers (from `tokenizer.json` or a GGUF header), chat
 //! templates rendered with minijinja the way transformers renders them with Jinja2, and
-//! incremental detokenization that never splits a UTF-8 character.
+//! incremental detokenization that never splits a UTF-8 character. Generated answers are
+//! read back for tool calls in the format the model writes them (`ToolCallParser`).
 //!
 //! A request goes through it like this:
 //!
@@ -37,6 +38,7 @@ mod reasoning;
 mod stop;
 mod template;
 mod tokenizer;
+mod tool_calls;
 
 pub use detokenize::IncrementalDecoder;
 pub use error::ChatError;
@@ -44,6 +46,9 @@ pub use reasoning::{prompt_ends_in_reasoning, ReasoningSplitter, Split};
 pub use stop::{StopMatcher, StopStep};
 pub use template::{ChatTemplate, TemplateInput};
 pub use tokenizer::Tokenizer;
+pub use tool_calls::{
+    parse_message, ParsedCall, ParsedMessage, ToolCallFormat, ToolCallParser, ToolEvent, ToolSchema,
+};
 
 #[cfg(test)]
 mod tests {

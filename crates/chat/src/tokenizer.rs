@@ -21,6 +21,8 @@ pub struct Tokenizer {
     byte_of_char: HashMap<char, u8>,
     /// Ids of added tokens, whose text is literal rather than encoded.
     added: HashSet<u32>,
+    /// Added tokens marked special (control tokens such as `<|im_end|>`).
+    special: HashSet<u32>,
     bos_id: Option<u32>,
     /// Whether `encode` must prepend BOS itself (when no post-processor does).
     add_bos: bool,
@@ -81,10 +83,12 @@ impl Tokenizer {
         eos_id: Option<u32>,
         eos_ids: Vec<u32>,
     ) -> Self {
-        let added = inner.get_added_tokens_decoder().into_keys().collect();
+        let added_tokens = inner.get_added_tokens_decoder();
+        let special = added_tokens.iter().filter(|(_, t)| t.special).map(|(id, _)| *id).collect();
+        let added = added_tokens.into_keys().collect();
         let bos_token = bos_id.and_then(|id| inner.id_to_token(id));
         let eos_token = eos_id.and_then(|id| inner.id_to_token(id));
-        Self { inner, kind, byte_of_char: byte_level_table(), added, bos_id, add_bos, eos_ids, bos_token, eos_token }
+        Self { inner, kind, byte_of_char: byte_level_table(), added, special, bos_id, add_bos, eos_ids, bos_token, eos_token }
     }
 
     /// Token ids of `text`. Special-token text such as `<|im_start|>` always becomes its single
@@ -121,6 +125,12 @@ impl Tokenizer {
                 _ => piece.replace('▁', " ").into_bytes(),
             },
         }
+    }
+
+    /// Whether `id` is a control token (`<|im_end|>`, BOS), as opposed to text: a grammar
+    /// can ask for it by name but never spells it out.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special.contains(&id)
     }
 
     /// The vocabulary string of `id` as stored (e.g. `Ġhello` or `▁hello`), for logging.

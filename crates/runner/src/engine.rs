@@ -11,6 +11,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
+use spindle_constrain::Constraint;
 use spindle_models::BatchEntry;
 use spindle_sched::{PrefillPlan, Scheduler, SchedulerConfig, SeqId};
 use tokio::sync::mpsc::UnboundedSender;
@@ -62,6 +63,8 @@ pub struct SequenceRequest {
     pub context: usize,
     pub cancel: Arc<AtomicBool>,
     pub events: UnboundedSender<SequenceEvent>,
+    /// The grammar the answer must follow (after any reasoning), if any.
+    pub constraint: Option<Constraint>,
 }
 
 /// What the engine reports about a sequence, in order: tokens, then one `Finished` or `Failed`.

@@ -114,14 +114,28 @@ impl Sequence {
     /// Samples one token from the pending logits and reports it; returns it when it must run
     /// through the model next, or how the sequence ended.
     pub fn begin_decode(&mut self, bundle: &ModelBundle, prefix: &mut PrefixCache) -> Result<u32, Ended> {
-        let Some(logits) = self.logits.take() else {
+        let Some(mut logits) = self.logits.take() else {
             return Err(self.fail("internal error: decode before the prompt was in".into()));
         };
         let reasoning = self.output.in_reasoning();
         self.apply_reasoning_budget(reasoning);
         let mut token = match self.forcing.pop_front() {
             Some(id) => self.sampler.force(&logits, id),
-            None => self.sampler.sample(&logits),
+            // Reasoning stays free; the grammar governs what comes after it.
+            None => match self.request.constraint.as_mut().filter(|_| !reasoning) {
+                Some(constraint) => {
+                    let sampler = &mut self.sampler;
+                    let constrained = constraint
+                        .mask(&mut logits)
+                        .map(|()| sampler.sample(&logits))
+                        .and_then(|token| constraint.advance(token.id).map(|()| token));
+                    match constrained {
+                        Ok(token) => token,
+                        Err(e) => return Err(self.fail(e.to_string())),
+                    }
+                }
+                None => self.sampler.sample(&logits),
+            },
         };
         // Ending inside an open reasoning block would leave the answer empty: close the block
         // instead and let the model answer.

@@ -140,6 +140,7 @@ fn submit(engine: &Engine, model: &Model, request: &Request) -> UnboundedReceive
             context: 4096,
             cancel: Arc::new(AtomicBool::new(false)),
             events,
+            constraint: None,
         })
         .unwrap();
     receiver

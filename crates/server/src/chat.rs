@@ -14,16 +14,20 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Map, Value};
 use spindle_api::{
     ApiError, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-    ChatCompletionRequest, ChatDelta, ChatMessage, ChoiceLogprobs, Role, Usage,
+    ChatCompletionRequest, ChatDelta, ChatMessage, ChoiceLogprobs, FinishReason as ApiFinishReason, Role, ToolCallDelta,
+    Usage,
 };
 use spindle_chat::{prompt_ends_in_reasoning, TemplateInput};
-use spindle_runner::{ReasoningBudget, ReasoningMode, SequenceSummary, TextDelta};
+use spindle_constrain::Constraint;
+use spindle_runner::{FinishReason, ReasoningBudget, ReasoningMode, SequenceSummary, TextDelta};
 
 use crate::error::{parse_json, HttpError};
 use crate::generation::{Generation, Output, Plan};
 use crate::sse::{done_event, event_stream, json_event};
 use crate::request::{check_model, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead};
 use crate::state::AppState;
+use crate::structured::answer_shape;
+use crate::tool_output::{assemble_calls, ToolCallStage};
 
 const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
@@ -35,19 +39,21 @@ pub async fn chat_completions(
     let request: ChatCompletionRequest = parse_json(&body?)?;
     request.validate()?;
     check_model(&state, request.model.as_deref())?;
-    let plan = plan(&state, &request)?;
+    let shape = answer_shape(&state, &request)?;
+    let plan = plan(&state, &request, shape.constraint)?;
     let head = ResponseHead::new(&state, "chatcmpl");
+    let tools = shape.tool_calls.as_ref().map(|parsing| ToolCallStage::new(parsing, &head.id));
     let generation = Generation::start(&state, &head.id, plan)?;
     if request.stream {
         let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok(Sse::new(chunk_stream(generation, head, include_usage)).into_response())
+        Ok(Sse::new(chunk_stream(generation, head, include_usage, tools)).into_response())
     } else {
-        Ok(Json(collect(generation, head).await?).into_response())
+        Ok(Json(collect(generation, head, tools).await?).into_response())
     }
 }
 
 /// Renders the prompt and decides everything the engine needs.
-fn plan(state: &AppState, request: &ChatCompletionRequest) -> Result<Plan, ApiError> {
+fn plan(state: &AppState, request: &ChatCompletionRequest, constraint: Option<Constraint>) -> Result<Plan, ApiError> {
     let bundle = &state.bundle;
     let tools: Vec<Value> = request.tools.iter().map(|t| json!(t)).collect();
     let rendered = render_prompt(state, &request.messages, &tools, &request.chat_template_kwargs)?;
@@ -85,6 +91,7 @@ fn plan(state: &AppState, request: &ChatCompletionRequest) -> Result<Plan, ApiEr
         reasoning,
         reasoning_budget,
         logprobs: request.logprobs.then(|| request.top_logprobs.unwrap_or(0) as usize),
+        constraint,
     })
 }
 
@@ -194,13 +201,49 @@ impl ResponseHead {
     }
 }
 
-fn delta_choice(text: TextDelta, logprobs: Option<ChoiceLogprobs>) -> ChatChunkChoice {
+fn delta_choice(text: TextDelta, tool_calls: Vec<ToolCallDelta>, logprobs: Option<ChoiceLogprobs>) -> ChatChunkChoice {
     let non_empty = |s: String| (!s.is_empty()).then_some(s);
     ChatChunkChoice {
         index: 0,
-        delta: ChatDelta { content: non_empty(text.content), reasoning_content: non_empty(text.reasoning), ..Default::default() },
+        delta: ChatDelta {
+            content: non_empty(text.content),
+            reasoning_content: non_empty(text.reasoning),
+            tool_calls,
+            ..Default::default()
+        },
         logprobs,
         finish_reason: None,
+    }
+}
+
+/// Routes a delta's content through the tool-call stage, when the request has one.
+fn staged(tools: &mut Option<ToolCallStage>, mut text: TextDelta) -> (TextDelta, Vec<ToolCallDelta>) {
+    match tools {
+        Some(stage) => {
+            let staged = stage.push(&text.content);
+            text.content = staged.content;
+            (text, staged.tool_calls)
+        }
+        None => (text, Vec::new()),
+    }
+}
+
+/// The end of the answer: the text released last, and what the tool-call stage held back.
+fn staged_tail(tools: &mut Option<ToolCallStage>, tail: TextDelta) -> (TextDelta, Vec<ToolCallDelta>) {
+    let (mut text, mut calls) = staged(tools, tail);
+    if let Some(stage) = tools {
+        let rest = stage.finish();
+        text.content.push_str(&rest.content);
+        calls.extend(rest.tool_calls);
+    }
+    (text, calls)
+}
+
+/// `tool_calls` when the model stopped after calling a tool (call it after the stage's end).
+fn chat_finish_reason(reason: FinishReason, tools: &Option<ToolCallStage>) -> ApiFinishReason {
+    match (reason, tools) {
+        (FinishReason::Stop, Some(stage)) if stage.called() => ApiFinishReason::ToolCalls,
+        (reason, _) => crate::request::finish_reason(reason),
     }
 }
 
@@ -210,6 +253,7 @@ fn chunk_stream(
     generation: Generation,
     head: ResponseHead,
     include_usage: bool,
+    mut tools: Option<ToolCallStage>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let first = head.chat_chunk(
         vec![ChatChunkChoice {
@@ -222,23 +266,34 @@ fn chunk_stream(
     );
     let opening = stream::iter([Ok(json_event(&first))]);
     opening.chain(event_stream(generation, move |output| match output {
-        Output::Text { delta, logprob } if !delta.is_empty() || logprob.is_some() => {
+        Output::Text { delta, logprob } => {
+            let (delta, calls) = staged(&mut tools, delta);
+            if delta.is_empty() && calls.is_empty() && logprob.is_none() {
+                return vec![];
+            }
             let logprobs = logprob.map(|lp| ChoiceLogprobs { content: vec![lp] });
-            vec![json_event(&head.chat_chunk(vec![delta_choice(delta, logprobs)], None))]
+            vec![json_event(&head.chat_chunk(vec![delta_choice(delta, calls, logprobs)], None))]
         }
-        Output::Done(summary) => finish_events(&head, summary, include_usage),
-        _ => vec![],
+        Output::Done(summary) => finish_events(&head, summary, include_usage, &mut tools),
+        Output::Failed(_) => vec![],
     }))
 }
 
-fn finish_events(head: &ResponseHead, summary: SequenceSummary, include_usage: bool) -> Vec<Event> {
+fn finish_events(
+    head: &ResponseHead,
+    summary: SequenceSummary,
+    include_usage: bool,
+    tools: &mut Option<ToolCallStage>,
+) -> Vec<Event> {
     let mut events = Vec::new();
     let usage = usage(&summary);
-    if !summary.tail.is_empty() {
-        events.push(json_event(&head.chat_chunk(vec![delta_choice(summary.tail, None)], None)));
+    let (tail, calls) = staged_tail(tools, summary.tail);
+    let finish_reason = chat_finish_reason(summary.finish_reason, tools);
+    if !tail.is_empty() || !calls.is_empty() {
+        events.push(json_event(&head.chat_chunk(vec![delta_choice(tail, calls, None)], None)));
     }
-    let mut last = delta_choice(TextDelta::default(), None);
-    last.finish_reason = Some(crate::request::finish_reason(summary.finish_reason));
+    let mut last = delta_choice(TextDelta::default(), Vec::new(), None);
+    last.finish_reason = Some(finish_reason);
     events.push(json_event(&head.chat_chunk(vec![last], None)));
     if include_usage {
         events.push(json_event(&head.chat_chunk(vec![], Some(usage))));
@@ -248,11 +303,23 @@ fn finish_events(head: &ResponseHead, summary: SequenceSummary, include_usage: b
 }
 
 /// The non-streamed response: the same outputs, concatenated.
-async fn collect(generation: Generation, head: ResponseHead) -> Result<ChatCompletion, ApiError> {
+async fn collect(generation: Generation, head: ResponseHead, mut tools: Option<ToolCallStage>) -> Result<ChatCompletion, ApiError> {
     let logprobs_requested = generation.reports_logprobs();
     let whole = generation.collect().await?;
     let reasoning = whole.text(|d| &d.reasoning);
     let logprobs = whole.pieces.iter().filter_map(|(_, lp)| lp.clone()).collect();
+    let mut content = String::new();
+    let mut deltas = Vec::new();
+    for (delta, _) in &whole.pieces {
+        let (text, calls) = staged(&mut tools, delta.clone());
+        content.push_str(&text.content);
+        deltas.extend(calls);
+    }
+    let (tail, calls) = staged_tail(&mut tools, whole.summary.tail.clone());
+    content.push_str(&tail.content);
+    deltas.extend(calls);
+    let tool_calls = assemble_calls(deltas);
+    let finish_reason = chat_finish_reason(whole.summary.finish_reason, &tools);
     Ok(ChatCompletion {
         id: head.id,
         created: head.created,
@@ -261,12 +328,13 @@ async fn collect(generation: Generation, head: ResponseHead) -> Result<ChatCompl
         choices: vec![ChatChoice {
             index: 0,
             message: AssistantMessage {
-                content: Some(whole.text(|d| &d.content)),
+                // OpenAI sends `null` content for a message that only calls tools.
+                content: (!(content.is_empty() && !tool_calls.is_empty())).then_some(content),
                 reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
-                tool_calls: vec![],
+                tool_calls,
             },
             logprobs: logprobs_requested.then_some(ChoiceLogprobs { content: logprobs }),
-            finish_reason: crate::request::finish_reason(whole.summary.finish_reason),
+            finish_reason,
         }],
         usage: usage(&whole.summary),
     })

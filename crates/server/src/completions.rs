@@ -58,6 +58,7 @@ pub async fn completions(
         reasoning: ReasoningMode::Off,
         reasoning_budget: None,
         logprobs: request.logprobs.map(|n| n as usize),
+        constraint: None,
     };
     let head = ResponseHead::new(&state, "cmpl");
     let generation = Generation::start(&state, &head.id, plan)?;

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use spindle_api::{ApiError, TokenLogprob, TopLogprob};
 use spindle_chat::Tokenizer;
+use spindle_constrain::Constraint;
 use spindle_runner::sampler::{SampledToken, SamplingParams};
 use spindle_runner::{ReasoningBudget, ReasoningMode, SequenceEvent, SequenceRequest, SequenceSummary, TextDelta};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -25,6 +26,8 @@ pub struct Plan {
     pub reasoning_budget: Option<ReasoningBudget>,
     /// Report logprobs (with this many alternatives).
     pub logprobs: Option<usize>,
+    /// The grammar the answer must follow.
+    pub constraint: Option<Constraint>,
 }
 
 /// What a response is built from, in order: text pieces, then one end.
@@ -63,6 +66,7 @@ impl Generation {
             context: state.config.ctx_size,
             cancel: ticket.cancel.clone(),
             events,
+            constraint: plan.constraint,
         };
         state.engine.submit(request).map_err(|e| ApiError::internal(e.to_string()))?;
         Ok(Self {

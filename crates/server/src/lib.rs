@@ -11,6 +11,8 @@ mod request;
 mod routes;
 mod sse;
 mod state;
+mod structured;
+mod tool_output;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -3,10 +3,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::{Map, Value};
 use spindle_api::ApiError;
+use spindle_chat::ToolCallFormat;
+use spindle_constrain::Grammars;
 use spindle_runner::{CacheConfig, Engine, ModelBundle};
 
 use crate::metrics::Metrics;
@@ -34,6 +36,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// KV storage and prefix-cache sizes, and the prefix cache's folder on disk if any.
     pub cache: CacheConfig,
+    /// `--tool-call-parser`: the tool-call syntax, when not the one the chat template uses.
+    pub tool_call_parser: Option<ToolCallFormat>,
+    /// `--guided-json`: the schema every answer follows unless a request sets `response_format`.
+    pub guided_json: Option<Value>,
 }
 
 pub struct AppState {
@@ -45,6 +51,8 @@ pub struct AppState {
     pub started: u64,
     in_flight: AtomicUsize,
     cancels: Mutex<HashMap<String, Arc<AtomicBool>>>,
+    /// Built on the first constrained request: a large vocabulary takes a moment.
+    grammars: OnceLock<Result<Grammars, String>>,
 }
 
 impl AppState {
@@ -57,7 +65,23 @@ impl AppState {
             started: unix_now(),
             in_flight: AtomicUsize::new(0),
             cancels: Mutex::new(HashMap::new()),
+            grammars: OnceLock::new(),
         }
+    }
+
+    /// The grammar compiler for the model's vocabulary.
+    pub fn grammars(&self) -> Result<&Grammars, String> {
+        let grammars = self.grammars.get_or_init(|| Grammars::new(&self.bundle.tokenizer).map_err(|e| e.to_string()));
+        grammars.as_ref().map_err(Clone::clone)
+    }
+
+    /// The tool-call syntax: `--tool-call-parser`, else the chat template's, else Hermes
+    /// (the most common one).
+    pub fn tool_call_format(&self) -> ToolCallFormat {
+        self.config
+            .tool_call_parser
+            .or_else(|| ToolCallFormat::detect(self.bundle.template.source()))
+            .unwrap_or(ToolCallFormat::Hermes)
     }
 
     /// Admits one more request, or 429 when running and waiting requests are at their limit.

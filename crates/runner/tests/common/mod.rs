@@ -91,6 +91,7 @@ pub fn run(engine: &Engine, prompt: &[u32], snapshots: &[usize], sampling: Sampl
             context,
             cancel: Arc::new(AtomicBool::new(false)),
             events,
+            constraint: None,
         })
         .unwrap();
     let mut output = Output { tokens: Vec::new(), text: String::new() };

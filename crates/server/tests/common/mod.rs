@@ -23,6 +23,8 @@ pub enum Setup {
     /// The thinking template behind `--no-thinking`.
     NoThinking,
     SmallContext,
+    /// Qwen2.5-Coder-0.5B-Instruct (Hermes tool calls), 16 requests at once.
+    Qwen,
 }
 
 pub const API_KEY: &str = "sk-test-key";
@@ -35,10 +37,11 @@ pub fn server(setup: Setup) -> String {
 }
 
 fn start(setup: Setup) -> String {
-    let files = spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true).expect("pull smollm2-135m");
-    let mut bundle = spindle_runner::ModelBundle::load(&files).expect("load smollm2-135m");
+    let model = if setup == Setup::Qwen { "qwen2.5-coder-0.5b" } else { "smollm2-135m" };
+    let files = spindle_hub::resolve(model, &spindle_hub::spindle_home(), true).expect("pull the test model");
+    let mut bundle = spindle_runner::ModelBundle::load(&files).expect("load the test model");
     let mut config = ServerConfig {
-        model_id: "smollm2-135m".into(),
+        model_id: model.into(),
         api_key: None,
         max_concurrent: 4,
         max_queue: 16,
@@ -48,6 +51,8 @@ fn start(setup: Setup) -> String {
         chat_template_kwargs: Default::default(),
         max_body_bytes: 64 * 1024,
         cache: Default::default(),
+        tool_call_parser: None,
+        guided_json: None,
     };
     match setup {
         Setup::Default => {}
@@ -58,6 +63,7 @@ fn start(setup: Setup) -> String {
             config.thinking_default = setup == Setup::Thinking;
         }
         Setup::SmallContext => config.ctx_size = 64,
+        Setup::Qwen => (config.max_concurrent, config.max_body_bytes) = (16, 1024 * 1024),
     }
     let state = spindle_server::start(config, bundle);
     let (tx, rx) = std::sync::mpsc::channel();

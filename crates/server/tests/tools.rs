@@ -1,0 +1,241 @@
+//! Tool calling and structured output on a real model (Qwen2.5-Coder-0.5B, Hermes tool calls):
+//! what the grammar enforces must hold on every run, streamed or not.
+
+mod common;
+
+use common::{parse_chat_stream, post, post_stream, server, Setup};
+use futures_util::future::join_all;
+use serde_json::{json, Value};
+
+const MODEL: &str = "qwen2.5-coder-0.5b";
+
+fn person_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+            "remote": {"type": "boolean"}
+        },
+        "required": ["name", "age", "languages", "remote"],
+        "additionalProperties": false
+    })
+}
+
+/// Checks a parsed answer against [`person_schema`].
+fn assert_person(value: &Value, text: &str) {
+    let object = value.as_object().unwrap_or_else(|| panic!("not an object: {text}"));
+    assert_eq!(object.len(), 4, "{text}");
+    assert!(object["name"].is_string(), "{text}");
+    assert!(object["age"].is_i64() || object["age"].is_u64(), "{text}");
+    let languages = object["languages"].as_array().unwrap_or_else(|| panic!("{text}"));
+    assert!(languages.len() <= 3 && languages.iter().all(Value::is_string), "{text}");
+    assert!(object["remote"].is_boolean(), "{text}");
+}
+
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer", "description": "forecast days"},
+                    "unit": {"anyOf": [{"enum": ["celsius", "fahrenheit"]}, {"type": "null"}]}
+                },
+                "required": ["city", "days"]
+            },
+            "strict": true
+        }},
+        {"type": "function", "function": {
+            "name": "get_time",
+            "description": "Current time in a timezone",
+            "parameters": {"type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"]}
+        }}
+    ])
+}
+
+fn assert_call_valid(call: &Value) {
+    let name = call["function"]["name"].as_str().unwrap();
+    let text = call["function"]["arguments"].as_str().unwrap();
+    let args: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    match name {
+        "get_weather" => {
+            assert!(args["city"].is_string(), "{text}");
+            assert!(args["days"].is_i64() || args["days"].is_u64(), "{text}");
+            assert!(args.get("unit").is_none_or(|u| u.is_null() || u == "celsius" || u == "fahrenheit"), "{text}");
+        }
+        "get_time" => assert!(args["timezone"].is_string(), "{text}"),
+        other => panic!("unknown tool {other}"),
+    }
+    assert!(call["id"].as_str().is_some_and(|id| id.starts_with("call_")), "{call}");
+    assert_eq!(call["type"], "function");
+}
+
+#[tokio::test]
+async fn strict_json_schema_answers_always_parse_and_validate() {
+    let base = server(Setup::Qwen);
+    let runs = (0..50).map(|seed| {
+        let base = base.clone();
+        async move {
+            let body = json!({
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "Describe a software developer as JSON."}],
+                "max_tokens": 160,
+                "temperature": 0.9,
+                "seed": seed,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "person", "strict": true, "schema": person_schema()}},
+            });
+            post(&base, "/v1/chat/completions", &body).await
+        }
+    });
+    let answers = join_all(runs).await;
+    for (seed, (status, answer)) in answers.iter().enumerate() {
+        assert_eq!(*status, 200, "seed {seed}: {answer}");
+        let choice = &answer["choices"][0];
+        let text = choice["message"]["content"].as_str().unwrap();
+        assert_eq!(choice["finish_reason"], "stop", "seed {seed} ran out of tokens: {text}");
+        let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
+        assert_person(&value, text);
+    }
+}
+
+#[tokio::test]
+async fn json_object_answers_are_objects() {
+    let base = server(Setup::Qwen);
+    for seed in 0..3 {
+        let body = json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Give me a recipe."}],
+            "max_tokens": 200, "temperature": 0.7, "seed": seed,
+            "response_format": {"type": "json_object"},
+        });
+        let (status, answer) = post(&base, "/v1/chat/completions", &body).await;
+        assert_eq!(status, 200, "{answer}");
+        let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
+        if answer["choices"][0]["finish_reason"] == "stop" {
+            assert!(serde_json::from_str::<Value>(text).unwrap_or_else(|e| panic!("{e}: {text}")).is_object());
+        } else {
+            assert!(text.starts_with('{'), "{text}");
+        }
+    }
+}
+
+fn tool_request(tool_choice: Value, seed: u64, stream: bool) -> Value {
+    json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What's the weather in Paris for the next 3 days, and what time is it in Tokyo?"}],
+        "tools": weather_tools(),
+        "tool_choice": tool_choice,
+        "max_tokens": 200,
+        "temperature": 0.8,
+        "seed": seed,
+        "stream": stream,
+    })
+}
+
+#[tokio::test]
+async fn required_and_named_tool_choice_always_give_valid_calls() {
+    let base = server(Setup::Qwen);
+    let named = json!({"type": "function", "function": {"name": "get_time"}});
+    let requests = (0..6).map(|seed| tool_request(json!("required"), seed, false)).chain((0..4).map(|seed| tool_request(named.clone(), seed, false)));
+    let answers = join_all(requests.map(|body| {
+        let base = base.clone();
+        async move { (body["tool_choice"].clone(), post(&base, "/v1/chat/completions", &body).await) }
+    }))
+    .await;
+    for (choice, (status, answer)) in answers {
+        assert_eq!(status, 200, "{answer}");
+        let message = &answer["choices"][0]["message"];
+        assert_eq!(answer["choices"][0]["finish_reason"], "tool_calls", "{answer}");
+        let calls = message["tool_calls"].as_array().unwrap();
+        assert!(!calls.is_empty(), "{answer}");
+        calls.iter().for_each(assert_call_valid);
+        if choice.is_object() {
+            assert_eq!(calls.len(), 1, "{answer}");
+            assert_eq!(calls[0]["function"]["name"], "get_time", "{answer}");
+        }
+    }
+}
+
+/// Tool-call pieces of a stream, folded the way OpenAI clients fold them.
+fn streamed_calls(chunks: &[Value]) -> Vec<Value> {
+    let mut calls: Vec<Value> = Vec::new();
+    for chunk in chunks {
+        for piece in chunk["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            let index = piece["index"].as_u64().unwrap() as usize;
+            if index == calls.len() {
+                assert!(piece["id"].is_string() && piece["type"] == "function" && piece["function"]["name"].is_string(), "{piece}");
+                calls.push(json!({"id": piece["id"], "type": "function", "function": {"name": piece["function"]["name"], "arguments": ""}}));
+            } else {
+                assert!(piece.get("id").is_none() && piece["function"].get("name").is_none(), "name sent twice: {piece}");
+            }
+            let arguments = format!("{}{}", calls[index]["function"]["arguments"].as_str().unwrap(), piece["function"]["arguments"].as_str().unwrap_or(""));
+            calls[index]["function"]["arguments"] = json!(arguments);
+        }
+    }
+    calls
+}
+
+#[tokio::test]
+async fn streamed_calls_reassemble_to_the_same_valid_calls() {
+    let base = server(Setup::Qwen);
+    for seed in 0..3 {
+        let data = post_stream(&base, "/v1/chat/completions", &tool_request(json!("required"), seed, true)).await;
+        let streamed = parse_chat_stream(&data);
+        assert_eq!(streamed.finish_reason, "tool_calls");
+        let calls = streamed_calls(&streamed.chunks);
+        assert!(!calls.is_empty());
+        calls.iter().for_each(assert_call_valid);
+        let (_, whole) = post(&base, "/v1/chat/completions", &tool_request(json!("required"), seed, false)).await;
+        assert_eq!(whole["choices"][0]["message"]["tool_calls"], json!(calls), "streamed and whole calls differ");
+    }
+}
+
+#[tokio::test]
+async fn a_tool_round_trip_ends_in_a_text_answer() {
+    let base = server(Setup::Qwen);
+    let (_, first) = post(&base, "/v1/chat/completions", &tool_request(json!({"type": "function", "function": {"name": "get_weather"}}), 1, false)).await;
+    let call = first["choices"][0]["message"]["tool_calls"][0].clone();
+    assert_call_valid(&call);
+    let body = json!({
+        "model": MODEL,
+        "messages": [
+            {"role": "user", "content": "What's the weather in Paris for the next 3 days?"},
+            {"role": "assistant", "content": null, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "{\"forecast\": [\"sunny\", \"rain\", \"sunny\"], \"celsius\": 21}"},
+        ],
+        "tools": weather_tools(),
+        "tool_choice": "none",
+        "max_tokens": 60,
+        "temperature": 0,
+    });
+    let (status, answer) = post(&base, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let message = &answer["choices"][0]["message"];
+    assert!(message.get("tool_calls").is_none_or(|c| c.as_array().is_some_and(Vec::is_empty)), "{answer}");
+    assert!(message["content"].as_str().is_some_and(|c| !c.trim().is_empty() && !c.contains("<tool_call>")), "{answer}");
+}
+
+#[tokio::test]
+async fn bad_tool_and_format_requests_are_400s_naming_the_field() {
+    let base = server(Setup::Qwen);
+    let cases = [
+        (json!({"tools": weather_tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice"),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (json!({"tools": weather_tools(), "tool_choice": "sometimes"}), "tool_choice"),
+        (json!({"response_format": {"type": "yaml"}}), "response_format"),
+        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}), "response_format"),
+        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "decimal"}}}}), "response_format"),
+    ];
+    for (extra, param) in cases {
+        let mut body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, answer) = post(&base, "/v1/chat/completions", &body).await;
+        assert_eq!(status, 400, "{body} → {answer}");
+        assert_eq!(answer["error"]["param"], param, "{answer}");
+    }
+}
