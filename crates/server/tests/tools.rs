@@ -76,6 +76,7 @@ fn assert_call_valid(call: &Value) {
 }
 
 #[tokio::test]
+#[ignore = "minutes on 2 cores with the other server tests beside it; run with --ignored (issue 6 in progress)"]
 async fn strict_json_schema_answers_always_parse_and_validate() {
     let base = server(Setup::Qwen);
     let runs = (0..50).map(|seed| {
@@ -104,6 +105,7 @@ async fn strict_json_schema_answers_always_parse_and_validate() {
 }
 
 #[tokio::test]
+#[ignore = "minutes on 2 cores with the other server tests beside it; run with --ignored (issue 6 in progress)"]
 async fn json_object_answers_are_objects() {
     let base = server(Setup::Qwen);
     for seed in 0..3 {
@@ -138,6 +140,7 @@ fn tool_request(tool_choice: Value, seed: u64, stream: bool) -> Value {
 }
 
 #[tokio::test]
+#[ignore = "minutes on 2 cores with the other server tests beside it; run with --ignored (issue 6 in progress)"]
 async fn required_and_named_tool_choice_always_give_valid_calls() {
     let base = server(Setup::Qwen);
     let named = json!({"type": "function", "function": {"name": "get_time"}});
@@ -181,6 +184,7 @@ fn streamed_calls(chunks: &[Value]) -> Vec<Value> {
 }
 
 #[tokio::test]
+#[ignore = "minutes on 2 cores with the other server tests beside it; run with --ignored (issue 6 in progress)"]
 async fn streamed_calls_reassemble_to_the_same_valid_calls() {
     let base = server(Setup::Qwen);
     for seed in 0..3 {
