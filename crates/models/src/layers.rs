@@ -7,8 +7,8 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::dense::DenseMatrix;
 use crate::error::Result;
+use crate::legacy_quants::{BlockFormat, BlockMatrix};
 use crate::projections::Projections;
-use crate::q4_1::Q4_1Matrix;
 use crate::q4_k::Q4KMatrix;
 use crate::quantized::QuantizedMatrix;
 use crate::weights::Weight;
@@ -21,8 +21,8 @@ pub struct Linear {
 
 enum LinearWeight {
     Candle(QuantizedMatrix),
-    /// candle's Q4_1 dot product is scalar; ours is SIMD.
-    Q4_1(Q4_1Matrix),
+    /// candle's Q4_1 / Q5_0 / Q5_1 dot products are scalar; ours are SIMD.
+    Block(BlockMatrix),
     /// Ours on CPUs with AVX-512 VNNI: ~1.27× candle's kernel per core.
     Q4K(Q4KMatrix),
     /// Float weights, with a reduction order that does not depend on the row count.
@@ -35,7 +35,9 @@ impl Linear {
             Weight::Quantized(q) => {
                 let (rows, cols) = q.shape().dims2()?;
                 match q.dtype() {
-                    GgmlDType::Q4_1 => LinearWeight::Q4_1(Q4_1Matrix::new(rows, cols, q.data()?.into_owned())?),
+                    dtype if let Some(format) = BlockFormat::of(dtype) => {
+                        LinearWeight::Block(BlockMatrix::new(format, rows, cols, q.data()?.into_owned())?)
+                    }
                     GgmlDType::Q4K if Q4KMatrix::supported() && Q4KMatrix::fits(rows, cols) => {
                         LinearWeight::Q4K(Q4KMatrix::new(rows, cols, &q.data()?)?)
                     }
@@ -52,7 +54,7 @@ impl Linear {
         let y = match &self.weight {
             LinearWeight::Dense(w) => w.forward(x)?,
             LinearWeight::Candle(w) => w.forward(x)?,
-            LinearWeight::Q4_1(w) => w.forward(x)?,
+            LinearWeight::Block(w) => w.forward(x)?,
             LinearWeight::Q4K(w) => w.forward(x)?,
         };
         Ok(match &self.bias {

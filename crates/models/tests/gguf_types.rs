@@ -99,6 +99,11 @@ fn q5_0_fast_path_follows_f32_path() {
 }
 
 #[test]
+fn q5_1_fast_path_follows_f32_path() {
+    fast_path_follows_f32_path(GgmlDType::Q5_1, MATRICES, EIGHT_BIT_ACTIVATIONS);
+}
+
+#[test]
 fn q8_0_fast_path_follows_f32_path() {
     fast_path_follows_f32_path(GgmlDType::Q8_0, MATRICES, EIGHT_BIT_ACTIVATIONS);
 }
