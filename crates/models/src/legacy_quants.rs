@@ -39,6 +39,7 @@ impl BlockFormat {
         }
     }
 
+    #[inline(always)]
     fn block_bytes(self) -> usize {
         match self {
             Self::Q4_1 => 20,
@@ -48,11 +49,13 @@ impl BlockFormat {
     }
 
     /// Where the packed nibbles start.
+    #[inline(always)]
     fn nibbles_at(self) -> usize {
         self.block_bytes() - BLOCK / 2
     }
 
     /// The high (fifth) bits of the 32 values, bit `i` for value `i`.
+    #[inline(always)]
     fn high_bits(self, b: &[u8]) -> u32 {
         match self {
             Self::Q4_1 => 0,
@@ -71,6 +74,7 @@ impl BlockFormat {
     }
 
     /// Subtracted from every quant: Q5_0 is symmetric around 16.
+    #[inline(always)]
     fn offset(self) -> u8 {
         if self == Self::Q5_0 { 16 } else { 0 }
     }

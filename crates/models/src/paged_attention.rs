@@ -111,34 +111,40 @@ unsafe fn attend_rows_fma(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize,
     attend_rows_portable(runs, queries, d, scale)
 }
 
+// No closures on this path: a closure is compiled on its own, without the caller's `fma`, and
+// then each `mul_add` in it is a library call (it was ~19% of a prefill).
 #[inline(always)]
 fn attend_rows_portable(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
-    three_passes(
-        runs,
-        queries.len(),
-        d,
-        |probs, keys| scores_portable(runs, queries, d, scale, probs, keys),
-        |probs, keys, out| outputs_portable(runs, probs, keys, d, out),
-    )
+    let mut passes = Passes::new(runs, queries.len(), d);
+    scores_portable(runs, queries, d, scale, &mut passes.probs, passes.keys);
+    passes.softmax();
+    outputs_portable(runs, &passes.probs, passes.keys, d, &mut passes.out);
+    passes.out
 }
 
-/// Scores (`scores(probs, keys)`), a softmax per row, then the outputs
-/// (`outputs(probs, keys, out)`) of `rows` query rows.
-#[inline(always)]
-fn three_passes(
-    runs: HeadRunsSlice<'_>,
-    rows: usize,
-    d: usize,
-    scores: impl FnOnce(&mut [f32], usize),
-    outputs: impl FnOnce(&[f32], usize, &mut [f32]),
-) -> Vec<f32> {
-    let keys: usize = runs.iter().map(|(k, _)| k.len() / d).sum();
-    let mut probs = vec![0f32; rows * keys];
-    let mut out = vec![0f32; rows * d];
-    scores(&mut probs, keys);
-    probs.chunks_exact_mut(keys.max(1)).for_each(softmax);
-    outputs(&probs, keys, &mut out);
-    out
+/// The buffers of attention's three passes over `rows` query rows: scores, a softmax per
+/// row, then the outputs.
+struct Passes {
+    keys: usize,
+    /// `rows × keys`
+    probs: Vec<f32>,
+    /// `rows × d`
+    out: Vec<f32>,
+}
+
+impl Passes {
+    #[inline(always)]
+    fn new(runs: HeadRunsSlice<'_>, rows: usize, d: usize) -> Self {
+        let keys: usize = runs.iter().map(|(k, _)| k.len() / d).sum();
+        Self { keys, probs: vec![0f32; rows * keys], out: vec![0f32; rows * d] }
+    }
+
+    #[inline(always)]
+    fn softmax(&mut self) {
+        for row in self.probs.chunks_exact_mut(self.keys.max(1)) {
+            softmax(row);
+        }
+    }
 }
 
 /// `probs[r · keys + j]` = `scale · (query r · key j)`.
@@ -163,7 +169,9 @@ fn outputs_portable(runs: HeadRunsSlice<'_>, probs: &[f32], keys: usize, d: usiz
         for v in vs.chunks_exact(d) {
             for (r, o) in out.chunks_exact_mut(d).enumerate() {
                 let p = probs[r * keys + j];
-                o.iter_mut().zip(v).for_each(|(o, x)| *o = p.mul_add(*x, *o));
+                for (o, x) in o.iter_mut().zip(v) {
+                    *o = p.mul_add(*x, *o);
+                }
             }
             j += 1;
         }
@@ -201,10 +209,18 @@ fn fold_lanes(mut lanes: [f32; LANES]) -> f32 {
 /// In place, terms added in order.
 #[inline(always)]
 fn softmax(scores: &mut [f32]) {
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    scores.iter_mut().for_each(|s| *s = exp_nonpositive(*s - max));
-    let sum: f32 = scores.iter().sum();
-    scores.iter_mut().for_each(|s| *s /= sum);
+    let mut max = f32::NEG_INFINITY;
+    for &s in scores.iter() {
+        max = max.max(s);
+    }
+    let mut sum = 0f32;
+    for s in scores.iter_mut() {
+        *s = exp_nonpositive(*s - max);
+        sum += *s;
+    }
+    for s in scores.iter_mut() {
+        *s /= sum;
+    }
 }
 
 /// `eˣ` for `x ≤ 0` within 2 ulp, in plain arithmetic the compiler vectorizes (the library's
@@ -230,19 +246,17 @@ fn exp_nonpositive(x: f32) -> f32 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{three_passes, HeadRunsSlice, LANES, MAX_ROWS};
+    use super::{HeadRunsSlice, Passes, LANES, MAX_ROWS};
 
     /// [`super::attend_rows_portable`] with AVX-512 scores and outputs.
     #[target_feature(enable = "avx512f,fma")]
     pub unsafe fn attend_rows(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
-        three_passes(
-            runs,
-            queries.len(),
-            d,
-            // SAFETY: the caller checked the features these copies are compiled for.
-            |probs, keys| unsafe { scores(runs, queries, d, scale, probs, keys) },
-            |probs, keys, out| unsafe { outputs(runs, probs, keys, d, out) },
-        )
+        let mut passes = Passes::new(runs, queries.len(), d);
+        // SAFETY: the caller checked the features these copies are compiled for.
+        unsafe { scores(runs, queries, d, scale, &mut passes.probs, passes.keys) };
+        passes.softmax();
+        unsafe { outputs(runs, &passes.probs, passes.keys, d, &mut passes.out) };
+        passes.out
     }
 
     /// [`super::scores_portable`] for `d` a multiple of 16: tiles of 4 queries × 4 keys.

@@ -305,17 +305,18 @@ fn finish_events(
 /// The non-streamed response: the same outputs, concatenated.
 async fn collect(generation: Generation, head: ResponseHead, mut tools: Option<ToolCallStage>) -> Result<ChatCompletion, ApiError> {
     let logprobs_requested = generation.reports_logprobs();
-    let whole = generation.collect().await?;
+    let mut whole = generation.collect().await?;
     let reasoning = whole.text(|d| &d.reasoning);
-    let logprobs = whole.pieces.iter().filter_map(|(_, lp)| lp.clone()).collect();
+    let mut logprobs = Vec::new();
     let mut content = String::new();
     let mut deltas = Vec::new();
-    for (delta, _) in &whole.pieces {
-        let (text, calls) = staged(&mut tools, delta.clone());
+    for (delta, logprob) in std::mem::take(&mut whole.pieces) {
+        logprobs.extend(logprob);
+        let (text, calls) = staged(&mut tools, delta);
         content.push_str(&text.content);
         deltas.extend(calls);
     }
-    let (tail, calls) = staged_tail(&mut tools, whole.summary.tail.clone());
+    let (tail, calls) = staged_tail(&mut tools, std::mem::take(&mut whole.summary.tail));
     content.push_str(&tail.content);
     deltas.extend(calls);
     let tool_calls = assemble_calls(deltas);

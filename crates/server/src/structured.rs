@@ -42,7 +42,8 @@ pub fn answer_shape(state: &AppState, request: &ChatCompletionRequest) -> Result
         })
         .collect();
     let parallel = request.parallel_tool_calls != Some(false);
-    let document = response_grammar(state, request.response_format.as_ref())?;
+    let schema = response_schema(state, request.response_format.as_ref())?;
+    let document = schema.as_ref().map(grammar::json_schema);
     let strict = request.tools.iter().any(|t| t.function.strict == Some(true));
     let grammar = match &choice {
         Choice::None => document,
@@ -51,10 +52,10 @@ pub fn answer_shape(state: &AppState, request: &ChatCompletionRequest) -> Result
             let named: Vec<ToolRule> = rules.iter().filter(|r| &r.name == name).cloned().collect();
             Some(grammar::tool_calls(format, &named, CallMode::Required, false))
         }
-        Choice::Auto => match document {
+        Choice::Auto => match &schema {
             // A JSON answer or calls: the two start differently, so the model picks by its
             // first token and the grammar holds it to that choice.
-            Some(_) => Some(grammar::tool_calls_or_json(format, &rules, parallel, &document_schema(state, request)?)),
+            Some(schema) => Some(grammar::tool_calls_or_json(format, &rules, parallel, schema)),
             None if strict => Some(grammar::tool_calls(format, &rules, CallMode::Optional, parallel)),
             None => None,
         },
@@ -111,17 +112,8 @@ fn tool_choice(request: &ChatCompletionRequest) -> Result<Choice, ApiError> {
     }
 }
 
-/// The grammar of `response_format` (or of the server's `--guided-json` when the request has
-/// none); `None` for free text.
-fn response_grammar(state: &AppState, format: Option<&Value>) -> Result<Option<TopLevelGrammar>, ApiError> {
-    Ok(response_schema(state, format)?.map(|schema| grammar::json_schema(&schema)))
-}
-
-fn document_schema(state: &AppState, request: &ChatCompletionRequest) -> Result<Value, ApiError> {
-    Ok(response_schema(state, request.response_format.as_ref())?.unwrap_or_else(|| json!({"type": "object"})))
-}
-
-/// The JSON schema the answer must follow, if any.
+/// The JSON schema the answer must follow, if any: `response_format`'s, or the server's
+/// `--guided-json` when the request has none; `None` for free text.
 fn response_schema(state: &AppState, format: Option<&Value>) -> Result<Option<Value>, ApiError> {
     let bad = |message: &str| ApiError::bad_request(message.to_string(), Some("response_format"));
     let Some(format) = format.filter(|f| !f.is_null()) else {

@@ -76,7 +76,6 @@ fn assert_call_valid(call: &Value) {
 }
 
 #[tokio::test]
-#[ignore = "minutes on 2 cores with the other server tests beside it; run with --ignored (issue 6 in progress)"]
 async fn strict_json_schema_answers_always_parse_and_validate() {
     let base = server(Setup::Qwen);
     let runs = (0..50).map(|seed| {
@@ -105,7 +104,6 @@ async fn strict_json_schema_answers_always_parse_and_validate() {
 }
 
 #[tokio::test]
-#[ignore = "minutes on 2 cores with the other server tests beside it; run with --ignored (issue 6 in progress)"]
 async fn json_object_answers_are_objects() {
     let base = server(Setup::Qwen);
     for seed in 0..3 {
@@ -126,36 +124,43 @@ async fn json_object_answers_are_objects() {
     }
 }
 
-fn tool_request(tool_choice: Value, seed: u64, stream: bool) -> Value {
+/// A request whose model may stop after its first call only when `parallel`.
+fn tool_request(tool_choice: Value, seed: u64, stream: bool, parallel: bool) -> Value {
     json!({
         "model": MODEL,
         "messages": [{"role": "user", "content": "What's the weather in Paris for the next 3 days, and what time is it in Tokyo?"}],
         "tools": weather_tools(),
         "tool_choice": tool_choice,
-        "max_tokens": 200,
+        "max_tokens": 120,
         "temperature": 0.8,
         "seed": seed,
         "stream": stream,
+        "parallel_tool_calls": parallel,
     })
 }
 
 #[tokio::test]
-#[ignore = "minutes on 2 cores with the other server tests beside it; run with --ignored (issue 6 in progress)"]
 async fn required_and_named_tool_choice_always_give_valid_calls() {
     let base = server(Setup::Qwen);
     let named = json!({"type": "function", "function": {"name": "get_time"}});
-    let requests = (0..6).map(|seed| tool_request(json!("required"), seed, false)).chain((0..4).map(|seed| tool_request(named.clone(), seed, false)));
+    let requests = (0..6)
+        .map(|seed| tool_request(json!("required"), seed, false, seed < 2))
+        .chain((0..4).map(|seed| tool_request(named.clone(), seed, false, true)));
     let answers = join_all(requests.map(|body| {
         let base = base.clone();
-        async move { (body["tool_choice"].clone(), post(&base, "/v1/chat/completions", &body).await) }
+        async move { (body.clone(), post(&base, "/v1/chat/completions", &body).await) }
     }))
     .await;
-    for (choice, (status, answer)) in answers {
+    for (body, (status, answer)) in answers {
         assert_eq!(status, 200, "{answer}");
-        let message = &answer["choices"][0]["message"];
-        assert_eq!(answer["choices"][0]["finish_reason"], "tool_calls", "{answer}");
+        let (message, finish) = (&answer["choices"][0]["message"], &answer["choices"][0]["finish_reason"]);
+        // Parallel calls end when the model stops calling, which a small model at temperature
+        // 0.8 may put off past max_tokens; every call it finished must still be valid.
+        let open_ended = body["tool_choice"] == "required" && body["parallel_tool_calls"] == true;
+        assert!(finish == "tool_calls" || (open_ended && finish == "length"), "{answer}");
         let calls = message["tool_calls"].as_array().unwrap();
         assert!(!calls.is_empty(), "{answer}");
+        let choice = &body["tool_choice"];
         calls.iter().for_each(assert_call_valid);
         if choice.is_object() {
             assert_eq!(calls.len(), 1, "{answer}");
@@ -184,25 +189,28 @@ fn streamed_calls(chunks: &[Value]) -> Vec<Value> {
 }
 
 #[tokio::test]
-#[ignore = "minutes on 2 cores with the other server tests beside it; run with --ignored (issue 6 in progress)"]
 async fn streamed_calls_reassemble_to_the_same_valid_calls() {
     let base = server(Setup::Qwen);
     for seed in 0..3 {
-        let data = post_stream(&base, "/v1/chat/completions", &tool_request(json!("required"), seed, true)).await;
+        let data = post_stream(&base, "/v1/chat/completions", &tool_request(json!("required"), seed, true, false)).await;
         let streamed = parse_chat_stream(&data);
         assert_eq!(streamed.finish_reason, "tool_calls");
         let calls = streamed_calls(&streamed.chunks);
         assert!(!calls.is_empty());
         calls.iter().for_each(assert_call_valid);
-        let (_, whole) = post(&base, "/v1/chat/completions", &tool_request(json!("required"), seed, false)).await;
-        assert_eq!(whole["choices"][0]["message"]["tool_calls"], json!(calls), "streamed and whole calls differ");
+        let (_, whole) = post(&base, "/v1/chat/completions", &tool_request(json!("required"), seed, false, false)).await;
+        // Ids name each response's own calls; everything else must match.
+        let without_ids = |calls: &[Value]| calls.iter().map(|c| c["function"].clone()).collect::<Vec<_>>();
+        let whole_calls = whole["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(without_ids(whole_calls), without_ids(&calls), "streamed and whole calls differ");
+        assert!(whole_calls.iter().chain(&calls).all(|c| c["id"].as_str().is_some_and(|id| id.starts_with("call_"))));
     }
 }
 
 #[tokio::test]
 async fn a_tool_round_trip_ends_in_a_text_answer() {
     let base = server(Setup::Qwen);
-    let (_, first) = post(&base, "/v1/chat/completions", &tool_request(json!({"type": "function", "function": {"name": "get_weather"}}), 1, false)).await;
+    let (_, first) = post(&base, "/v1/chat/completions", &tool_request(json!({"type": "function", "function": {"name": "get_weather"}}), 1, false, true)).await;
     let call = first["choices"][0]["message"]["tool_calls"][0].clone();
     assert_call_valid(&call);
     let body = json!({
