@@ -157,13 +157,15 @@ pub(crate) fn render_prompt(
     Ok(RenderedPrompt { text, thinking, message_ends })
 }
 
-/// A message as chat templates expect it: `developer` read as `system`, content as one string,
-/// tool-call arguments as the JSON object they encode (templates serialise them with `tojson`).
+/// A message as chat templates expect it: `developer` read as `system`, content as one string
+/// (`null`, which clients send beside tool calls, as empty: templates concatenate and search
+/// it), tool-call arguments as the JSON object they encode (templates serialise them with
+/// `tojson`).
 fn template_message(message: &ChatMessage) -> Value {
     let role = if message.role == "developer" { "system" } else { message.role.as_str() };
     let mut out = Map::new();
     out.insert("role".into(), json!(role));
-    out.insert("content".into(), message.content.as_ref().map_or(Value::Null, |c| json!(c.text())));
+    out.insert("content".into(), json!(message.content.as_ref().map(|c| c.text()).unwrap_or_default()));
     if let Some(name) = &message.name {
         out.insert("name".into(), json!(name));
     }
@@ -330,7 +332,7 @@ async fn collect(generation: Generation, head: ResponseHead, mut tools: Option<T
             index: 0,
             message: AssistantMessage {
                 // OpenAI sends `null` content for a message that only calls tools.
-                content: (!(content.is_empty() && !tool_calls.is_empty())).then_some(content),
+                content: (!content.is_empty() || tool_calls.is_empty()).then_some(content),
                 reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
                 tool_calls,
             },

@@ -136,3 +136,27 @@ async fn a_stop_string_inside_reasoning_keeps_both_fields_clean() {
         assert_no_tags(&cut);
     }
 }
+
+#[tokio::test]
+async fn response_format_binds_the_answer_and_leaves_reasoning_free() {
+    let base = server(Setup::Thinking);
+    let schema = json!({
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["name", "age"],
+        "additionalProperties": false,
+    });
+    let mut body = chat_body("Tell me about a cat named Tom.", 120);
+    body["thinking_budget"] = json!(12);
+    body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "cat", "strict": true, "schema": schema}});
+    let (status, response) = post(&base, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{response}");
+    let (content, reasoning) = message(&response);
+    // Held to the schema from its first token, reasoning could only be JSON and could never
+    // close its block; free, it is the model's prose.
+    assert!(!reasoning.trim().is_empty() && !reasoning.trim_start().starts_with('{'), "{response}");
+    assert_no_tags(&reasoning);
+    let answer: Value = serde_json::from_str(&content).unwrap_or_else(|e| panic!("{e}: {response}"));
+    assert!(answer["name"].is_string() && answer["age"].is_u64() && answer.as_object().unwrap().len() == 2, "{answer}");
+    assert_eq!(response["choices"][0]["finish_reason"], "stop", "{response}");
+}

@@ -251,3 +251,21 @@ async fn bad_tool_and_format_requests_are_400s_naming_the_field() {
         assert_eq!(answer["error"]["param"], param, "{answer}");
     }
 }
+
+#[tokio::test]
+async fn a_null_content_beside_tool_calls_renders_as_empty_text() {
+    // A template that prints `content` as is: OpenAI clients send `null` on messages that only
+    // call tools, and templates that test or concatenate it must see a string.
+    let base = server(Setup::Thinking);
+    let messages = json!([
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]);
+    let (status, tokens) = post(&base, "/v1/tokenize", &json!({"messages": messages})).await;
+    assert_eq!(status, 200, "{tokens}");
+    let (status, text) = post(&base, "/v1/detokenize", &json!({"tokens": tokens["tokens"]})).await;
+    assert_eq!(status, 200, "{text}");
+    let prompt = text["prompt"].as_str().unwrap();
+    assert!(prompt.contains("<|im_start|>assistant\n<|im_end|>"), "{prompt}");
+}

@@ -42,6 +42,22 @@ WEATHER_TOOL = {"type": "function", "function": {
 SEARCH_TOOL = {"type": "function", "function": {
     "name": "search", "description": "Search the web", "parameters": {"type": "object", "properties": {
         "q": {"type": "string"}}, "required": ["q"]}}}
+# Nullable and typed parameters, the schemas that crash some servers' templates.
+SCHEDULE_TOOL = {"type": "function", "function": {
+    "name": "schedule", "description": "Schedule a meeting",
+    "parameters": {"type": "object", "properties": {
+        "title": {"type": "string"},
+        "room": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+        "minutes": {"type": ["integer", "null"]},
+        "attendees": {"type": "array", "items": {"type": "string"}},
+        "priority": {"enum": ["low", "high", None]}}, "required": ["title"]}}}
+NULLABLE_TURNS = [
+    {"role": "user", "content": "Book a 30 minute sync, any room."},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "s1", "type": "function", "function": {"name": "schedule", "arguments": {
+            "title": "sync", "room": None, "minutes": 30, "attendees": ["ana", "bo"], "priority": None}}}]},
+    {"role": "tool", "tool_call_id": "s1", "content": "booked"},
+]
 TOOL_TURNS = [
     {"role": "user", "content": "Weather in Zürich & Genève?"},
     {"role": "assistant", "content": "", "tool_calls": [
@@ -65,6 +81,8 @@ CASES = [
         {"role": "assistant", "content": "Searching.", "tool_calls": [
             {"type": "function", "function": {"name": "search", "arguments": {"q": "<b>rust</b> & 'cargo'"}}}]}],
      [SEARCH_TOOL], False, {}),
+    ("qwen2.5-coder-0.5b", "nullable_parameters", NULLABLE_TURNS, [SCHEDULE_TOOL], True, {}),
+    ("qwen3", "nullable_parameters", NULLABLE_TURNS, [SCHEDULE_TOOL], True, {}),
     ("qwen3", "tools_and_tool_calls_thinking_off", [{"role": "system", "content": "You are a weather bot."}] + TOOL_TURNS,
      [WEATHER_TOOL], True, {"enable_thinking": False}),
     ("qwen3", "thinking_off", [{"role": "user", "content": "Hi"}], None, True, {"enable_thinking": False}),
