@@ -115,3 +115,25 @@ fn prompt_longer_than_the_context_is_refused() {
     assert!(!ok);
     assert_clean_error(&stderr, "context holds 4");
 }
+
+/// Runs `spindle serve` with `extra`, expecting it to refuse to start.
+fn serve_refuses(extra: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["serve", "--model"])
+        .arg(smollm2())
+        .args(["--port", "0"])
+        .args(extra)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "serve started with {extra:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_bad_guided_json_schema_stops_the_server_at_start() {
+    assert_clean_error(&serve_refuses(&["--guided-json", "[1, 2]"]), "--guided-json must be a JSON schema object");
+    assert_clean_error(&serve_refuses(&["--guided-json", "{not json"]), "--guided-json is not JSON");
+    assert_clean_error(&serve_refuses(&["--guided-json", "@/nonexistent/schema.json"]), "/nonexistent/schema.json");
+    assert_clean_error(&serve_refuses(&["--guided-json", r#"{"type": "decimal"}"#]), "--guided-json can't be enforced");
+}

@@ -1,9 +1,10 @@
-//! Tool calling and structured output on a real model (Qwen2.5-Coder-0.5B, Hermes tool calls):
-//! what the grammar enforces must hold on every run, streamed or not.
+//! Tool calling and structured output on real models (Qwen2.5-Coder-0.5B with Hermes tool calls;
+//! SmolLM2 for template rendering and `--guided-json`): what the grammar enforces must hold on
+//! every run, streamed or not.
 
 mod common;
 
-use common::{parse_chat_stream, post, post_stream, server, Setup};
+use common::{chat_body, parse_chat_stream, post, post_stream, server, Setup};
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 
@@ -268,4 +269,21 @@ async fn a_null_content_beside_tool_calls_renders_as_empty_text() {
     assert_eq!(status, 200, "{text}");
     let prompt = text["prompt"].as_str().unwrap();
     assert!(prompt.contains("<|im_start|>assistant\n<|im_end|>"), "{prompt}");
+}
+
+#[tokio::test]
+async fn guided_json_shapes_answers_unless_the_request_asks_for_text() {
+    let base = server(Setup::GuidedJson);
+    let (status, answer) = post(&base, "/v1/chat/completions", &chat_body("What is the capital of France?", 60)).await;
+    assert_eq!(status, 200, "{answer}");
+    let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    assert!(value["answer"].is_string() && value["sure"].is_boolean() && value.as_object().unwrap().len() == 2, "{value}");
+    // A request's own response_format wins: text stays free.
+    let mut body = chat_body("What is the capital of France?", 60);
+    body["response_format"] = json!({"type": "text"});
+    let (status, answer) = post(&base, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(serde_json::from_str::<Value>(text).is_err(), "{answer}");
 }

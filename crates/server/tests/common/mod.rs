@@ -25,9 +25,21 @@ pub enum Setup {
     SmallContext,
     /// Qwen2.5-Coder-0.5B-Instruct (Hermes tool calls), 16 requests at once, 64 waiting.
     Qwen,
+    /// `--guided-json` [`GUIDED_SCHEMA`]: every answer without `response_format` follows it.
+    GuidedJson,
 }
 
 pub const API_KEY: &str = "sk-test-key";
+
+/// The server-wide schema of [`Setup::GuidedJson`].
+pub fn guided_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 40}, "sure": {"type": "boolean"}},
+        "required": ["answer", "sure"],
+        "additionalProperties": false,
+    })
+}
 
 /// The base URL of a running server for `setup`, started on first use.
 pub fn server(setup: Setup) -> String {
@@ -63,6 +75,7 @@ fn start(setup: Setup) -> String {
             config.thinking_default = setup == Setup::Thinking;
         }
         Setup::SmallContext => config.ctx_size = 64,
+        Setup::GuidedJson => config.guided_json = Some(guided_schema()),
         Setup::Qwen => (config.max_concurrent, config.max_queue, config.max_body_bytes) = (16, 64, 1024 * 1024),
     }
     let state = spindle_server::start(config, bundle);
