@@ -40,6 +40,9 @@ pub use paged_kv::{KvShape, PagedKv};
 use candle_core::quantized::gguf_file::Value;
 pub use config::{Architecture, TransformerConfig};
 pub use error::{ModelError, Result};
+// The matrix kernels, public for the benchmarks that weigh them against each other.
+pub use legacy_quants::{BlockFormat, BlockMatrix};
+pub use quantized::QuantizedMatrix;
 use weights::{GgufWeights, SafetensorsWeights, WeightSource};
 
 /// A decoder-only language model that predicts the next token.
