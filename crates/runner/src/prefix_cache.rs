@@ -137,8 +137,11 @@ impl PrefixCache {
             let cache = SequenceCache::resume(self.kv.clone(), Vec::new(), 0, self.initial.clone(), limit);
             return Ok(Started { cache, cached: 0, logits: None });
         };
-        let snapshot = &self.snapshots[&point.snapshot.expect("resume points carry a snapshot")];
-        let (recurrent, logits) = (snapshot.recurrent.clone(), snapshot.logits.clone());
+        let (recurrent, logits) = match point.snapshot {
+            Some(id) => (self.snapshots[&id].recurrent.clone(), self.snapshots[&id].logits.clone()),
+            // A cut without a snapshot: attention only, and short of the prompt's end.
+            None => (self.initial.clone(), None),
+        };
         let mut blocks = point.blocks.clone();
         if let Some(partial) = point.partial {
             // Others may write past the cached positions of this block: take a copy.
@@ -162,12 +165,40 @@ impl PrefixCache {
     }
 
     /// The deepest point of the tree that `plan` continues exactly: a snapshot written under the
-    /// same chunking, holding the logits if it is the end of the prompt.
+    /// same chunking, holding the logits if it is the end of the prompt; or, for a model without
+    /// recurrent state, the last of the plan's cuts within the longest cached match.
     fn resume_point(&mut self, prompt: &[u32], plan: &PrefillPlan) -> Option<ResumePoint> {
-        self.tree.lookup(prompt, |end| plan.block_key(end)).into_iter().find(|point| {
+        let points = self.tree.lookup(prompt, |end| plan.block_key(end));
+        let at_snapshot = points.iter().find(|point| {
             let Some(snapshot) = point.snapshot.and_then(|id| self.snapshots.get(&id)) else { return false };
             plan.key(point.position) == Some(snapshot.key) && (point.position < prompt.len() || snapshot.logits.is_some())
-        })
+        });
+        let at_cut = match self.tree.kind() {
+            // Every point's blocks matched under this plan's keys; the first is the deepest.
+            CacheKind::AttentionOnly => points.first().and_then(|deepest| self.cut_within(deepest, plan)),
+            CacheKind::Hybrid => None,
+        };
+        match (at_snapshot, at_cut) {
+            (Some(snapshot), Some(cut)) if cut.position > snapshot.position => Some(cut),
+            (Some(snapshot), _) => Some(snapshot.clone()),
+            (None, cut) => cut,
+        }
+    }
+
+    /// `longest` cut back to the last cut of `plan` within it and before the prompt's end
+    /// (which would need the logits). Attention keys and values are all a resume needs, and the
+    /// lookup matched every block there under `plan`'s chunking keys, so they are the bits a
+    /// cold prefill computes; the prompt then goes on with its own next chunk.
+    fn cut_within(&self, longest: &ResumePoint, plan: &PrefillPlan) -> Option<ResumePoint> {
+        let position = plan.last_cut_before(longest.position.min(plan.len().saturating_sub(1)) + 1)?;
+        let bs = self.pool.block_size();
+        let full = position / bs;
+        let partial = match position % bs {
+            0 => None,
+            _ if full < longest.blocks.len() => Some(longest.blocks[full]),
+            _ => longest.partial,
+        };
+        Some(ResumePoint { position, blocks: longest.blocks[..full].to_vec(), partial, snapshot: None })
     }
 
     /// Loads into the tree the deepest snapshot of `plan` past position `known` that the disk

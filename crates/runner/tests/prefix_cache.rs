@@ -323,6 +323,26 @@ fn cache_hits_give_the_cold_output_on_the_hybrid_model() {
     check_cold_vs_cached(hybrid(), &prompts, Some(7), 24);
 }
 
+/// Two prompts without snapshot positions that share a long run of tokens and then differ (a
+/// changed suffix anywhere, not at a message end): on the dense model the second resumes at its
+/// last chunk cut within the shared run and gives its cold output; the hybrid model has no
+/// recurrent state there to resume from and prefills it all.
+#[test]
+fn a_changed_suffix_resumes_at_the_last_chunk_cut_on_an_attention_only_model() {
+    let (model, hybrid_model) = (dense(), hybrid());
+    let shared = ids(3 * CHUNK + 7, 3);
+    for (model, expected) in [(model, 3 * CHUNK), (hybrid_model, 0)] {
+        let engine = engine(model, 2, roomy(model));
+        let request = |tail: u32| Request { prompt: [shared.clone(), ids(9, tail)].concat(), snapshots: Vec::new(), seed: Some(5), max_tokens: 6 };
+        let (first, second) = (request(40), request(41));
+        assert_ne!(first.prompt[shared.len()], second.prompt[shared.len()], "the prompts must differ right after the shared run");
+        assert_eq!(run_one(&engine, model, &first).cached, 0);
+        let run = run_one(&engine, model, &second);
+        assert_eq!(run.cached, expected, "{}: cached tokens after a changed suffix", model.name);
+        assert_matches_cold(model, &run, &second, "a prompt resumed at a chunk cut");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Concurrent requests on a cached system prompt.
 

@@ -40,6 +40,11 @@ impl PrefillPlan {
         self.len() == 0
     }
 
+    /// The last cut before `p` (a position [`Self::chunks_after`] can resume from), if any.
+    pub fn last_cut_before(&self, p: usize) -> Option<usize> {
+        self.ends.iter().rev().copied().find(|&end| end < p)
+    }
+
     /// Positions after which a snapshot is kept, ascending (the last is the prompt length).
     pub fn snapshots(&self) -> &[usize] {
         &self.snapshots
@@ -132,6 +137,15 @@ mod tests {
         assert_eq!(plan.chunks_after(590), vec![10]);
         assert_eq!(plan.chunks_after(600), Vec::<usize>::new());
         assert_eq!(plan.len(), 600);
+    }
+
+    #[test]
+    fn the_last_cut_before_a_position() {
+        let plan = PrefillPlan::new(600, &[150], 256);
+        assert_eq!(plan.last_cut_before(150), None);
+        assert_eq!(plan.last_cut_before(151), Some(150));
+        assert_eq!(plan.last_cut_before(300), Some(256));
+        assert_eq!(plan.last_cut_before(601), Some(600));
     }
 
     #[test]
