@@ -147,13 +147,29 @@ pub(crate) fn render_prompt(
     let shorter = [leading_system.then_some(1), Some(messages.len())];
     // A template may render a shorter conversation differently (or refuse it): such ends are
     // not on the prompt's path and are skipped.
-    let message_ends = shorter
+    let mut message_ends: Vec<usize> = shorter
         .into_iter()
         .flatten()
         .filter_map(|n| render(&messages[..n], false).ok())
         .filter(|prefix| !prefix.is_empty() && prefix.len() < text.len() && text.starts_with(prefix.as_str()))
         .map(|prefix| prefix.len())
         .collect();
+    if !leading_system && !tools.is_empty() {
+        // No system message, but the template writes its own preamble (the tools, a default
+        // system prompt) that every call of an agent shares: it ends where a different first
+        // message would begin to render differently.
+        let mut other = messages.clone();
+        other[0]["content"] = json!("\u{1}");
+        if let Ok(variant) = render(&other, true) {
+            let mut shared = text.bytes().zip(variant.bytes()).take_while(|(a, b)| a == b).count();
+            while !text.is_char_boundary(shared) {
+                shared -= 1;
+            }
+            if shared > 0 && shared < text.len() {
+                message_ends.insert(0, shared);
+            }
+        }
+    }
     Ok(RenderedPrompt { text, thinking, message_ends })
 }
 

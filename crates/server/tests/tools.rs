@@ -287,3 +287,27 @@ async fn guided_json_shapes_answers_unless_the_request_asks_for_text() {
     let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(serde_json::from_str::<Value>(text).is_err(), "{answer}");
 }
+
+#[tokio::test]
+async fn calls_without_a_system_message_share_the_templates_tools_preamble() {
+    let base = server(Setup::Qwen);
+    // Qwen2.5's template writes a system turn of its own around the tools: with this third tool
+    // it is well past one 256-token prefill chunk and short of two.
+    let mut tools = weather_tools();
+    let notes = "Plans a trip: takes the cities in visiting order and returns trains, times and prices. ".repeat(6);
+    tools.as_array_mut().unwrap().push(json!({"type": "function", "function": {
+        "name": "plan_trip", "description": notes,
+        "parameters": {"type": "object", "properties": {"cities": {"type": "array", "items": {"type": "string"}}}, "required": ["cities"]}}}));
+    let call = |user: &str| json!({"model": MODEL, "messages": [{"role": "user", "content": user}], "tools": tools, "max_tokens": 1});
+    let cached = |answer: &Value| answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let (_, first) = post(&base, "/v1/chat/completions", &call("Plan a trip from Lyon to Turin.")).await;
+    assert_eq!(cached(&first), 0, "{first}");
+    let mut resumed = Vec::new();
+    for user in ["What's the weather in Oslo?", "What time is it in Lima?"] {
+        let (status, answer) = post(&base, "/v1/chat/completions", &call(user)).await;
+        assert_eq!(status, 200, "{answer}");
+        resumed.push(cached(&answer));
+    }
+    // Both resume where the user turn begins: past the last chunk cut (256), at one position.
+    assert!(resumed[0] > 256 && resumed[0] < 512 && resumed[0] == resumed[1], "{resumed:?}");
+}
