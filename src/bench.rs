@@ -1,11 +1,15 @@
 //! `spindle bench`: prefill and decode speed of one or more models, as medians over repeats.
+//! Every run goes through the engine `serve` runs, a fresh one each time, so no run resumes
+//! from another's prefix cache: prefill is the prompt's tokens over the time to the first
+//! token, decode the tokens after the first over the time they took.
 //! With `--hybrid-blocks N` it also measures a random-weight model with Qwen3.5-35B-A3B's
 //! per-layer shape, and prints its speed relative to the first model measured in the same run.
 
+use std::sync::Arc;
+
 use clap::Args;
-use spindle_models::CausalLm;
 use spindle_runner::sampler::SamplingParams;
-use spindle_runner::{GenerationRequest, GenerationStats, ModelBundle};
+use spindle_runner::{single_sequence_cache, Engine, EngineConfig, Generation, GenerationStats, ModelBundle};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -41,9 +45,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut baseline: Option<(String, Speeds)> = None;
     for name in &args.models {
         let files = spindle_hub::resolve(name, &spindle_hub::spindle_home(), true)?;
-        let bundle = ModelBundle::load(&files)?;
+        let bundle = Arc::new(ModelBundle::load(&files)?);
         let prompt = bench_prompt(&bundle, args.prompt_tokens)?;
-        let speeds = report(name, bundle.model.as_ref(), &prompt, &args)?;
+        let speeds = report(name, &bundle, &prompt, &args)?;
         baseline.get_or_insert((name.clone(), speeds));
     }
     if args.hybrid_blocks > 0 {
@@ -52,8 +56,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let vocab = model.config().vocab_size as u32;
         // Random weights: any fixed token sequence serves.
         let prompt: Vec<u32> = (0..args.prompt_tokens as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        let bundle = Arc::new(with_default_tokenizer(model)?);
         let name = format!("qwen3.5-moe shape, {} layers", 4 * args.hybrid_blocks);
-        let speeds = report(&name, model.as_ref(), &prompt, &args)?;
+        let speeds = report(&name, &bundle, &prompt, &args)?;
         if let Some((base, b)) = &baseline {
             println!("{name} / {base}: prefill {:.2}x, decode {:.2}x", speeds.prefill / b.prefill, speeds.decode / b.decode);
         }
@@ -61,12 +66,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn report(name: &str, model: &dyn CausalLm, prompt: &[u32], args: &BenchArgs) -> anyhow::Result<Speeds> {
-    let runs = (0..args.repeats.max(1)).map(|_| measure(model, prompt, args.decode_tokens)).collect::<anyhow::Result<Vec<_>>>()?;
+fn report(name: &str, bundle: &Arc<ModelBundle>, prompt: &[u32], args: &BenchArgs) -> anyhow::Result<Speeds> {
+    let runs = (0..args.repeats.max(1)).map(|_| measure(bundle, prompt, args.decode_tokens)).collect::<anyhow::Result<Vec<_>>>()?;
     let (prefill, prefill_text) = summary(runs.iter().map(GenerationStats::prefill_tokens_per_second).collect());
     let (decode, decode_text) = summary(runs.iter().map(GenerationStats::decode_tokens_per_second).collect());
     println!("{name:<34} {prefill_text:>28} {decode_text:>28}");
     Ok(Speeds { prefill, decode })
+}
+
+/// The random-weight model has no tokenizer; the engine turns its tokens into text with the
+/// default model's (whose vocabulary covers the random model's ids).
+fn with_default_tokenizer(model: Box<dyn spindle_models::CausalLm>) -> anyhow::Result<ModelBundle> {
+    let files = spindle_hub::resolve(spindle_hub::DEFAULT_MODEL, &spindle_hub::spindle_home(), true)?;
+    let ModelBundle { tokenizer, template, .. } = ModelBundle::load(&files)?;
+    anyhow::ensure!(model.config().vocab_size <= tokenizer.vocab_size(), "the default model's tokenizer lacks the random model's ids");
+    Ok(ModelBundle { model, tokenizer, template, fingerprint: "random-weights".into() })
 }
 
 /// Natural text cut to exactly `len` tokens.
@@ -77,16 +91,21 @@ fn bench_prompt(bundle: &ModelBundle, len: usize) -> anyhow::Result<Vec<u32>> {
     Ok(ids)
 }
 
-fn measure(model: &dyn CausalLm, prompt: &[u32], decode_tokens: usize) -> anyhow::Result<GenerationStats> {
-    let request = GenerationRequest {
-        prompt_ids: prompt,
+/// One run on a fresh engine (an empty prefix cache), at the settings `serve` uses.
+fn measure(bundle: &Arc<ModelBundle>, prompt: &[u32], decode_tokens: usize) -> anyhow::Result<GenerationStats> {
+    let context = prompt.len() + decode_tokens + 1;
+    let engine = Engine::start(bundle.clone(), EngineConfig::new(1, single_sequence_cache(bundle, context)));
+    let request = Generation {
+        prompt_ids: prompt.to_vec(),
         max_tokens: decode_tokens,
         sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
         // No stop ids: always decode the full count so runs are comparable.
-        stop_ids: &[],
-        context: prompt.len() + decode_tokens + 1,
+        stop_ids: Vec::new(),
+        context,
     };
-    Ok(spindle_runner::generate(model, &request, |_| {})?)
+    let stats = engine.generate(request, |_, _| {})?;
+    anyhow::ensure!(stats.summary.cached_tokens == 0, "a benchmark run resumed from the prefix cache");
+    Ok(stats)
 }
 
 /// The median and its `med [min-max]` text.

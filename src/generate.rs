@@ -1,12 +1,14 @@
-//! `spindle generate`: one prompt, streamed to stdout, then a line of statistics.
+//! `spindle generate`: one prompt through the serving engine, streamed to stdout, then a line of
+//! statistics.
 
 use std::io::Write;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use spindle_chat::{IncrementalDecoder, TemplateInput};
+use spindle_chat::TemplateInput;
 use spindle_runner::sampler::SamplingParams;
-use spindle_runner::{GenerationRequest, ModelBundle};
+use spindle_runner::{single_sequence_cache, Engine, EngineConfig, Generation, ModelBundle};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -79,27 +81,26 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let sampling = args.sampling.params();
     sampling.validate()?;
     let files = spindle_hub::resolve(&args.model, &spindle_hub::spindle_home(), true)?;
-    let bundle = ModelBundle::load(&files)?;
-    let prompt_ids = prompt_ids(&bundle, &args)?;
-    let request = GenerationRequest {
-        prompt_ids: &prompt_ids,
+    let bundle = Arc::new(ModelBundle::load(&files)?);
+    let request = Generation {
+        prompt_ids: prompt_ids(&bundle, &args)?,
         max_tokens: args.max_tokens,
         sampling,
-        stop_ids: bundle.tokenizer.eos_token_ids(),
+        stop_ids: bundle.tokenizer.eos_token_ids().to_vec(),
         context: args.ctx_size,
     };
-    let mut decoder = IncrementalDecoder::new();
+    // The engine `serve` runs, for this one sequence.
+    let engine = Engine::start(bundle.clone(), EngineConfig::new(1, single_sequence_cache(&bundle, args.ctx_size)));
     let mut out = std::io::stdout().lock();
-    let stats = spindle_runner::generate(bundle.model.as_ref(), &request, |token| {
-        let text = decoder.push(&bundle.tokenizer, token.id);
+    let stats = engine.generate(request, |_, text| {
         // A closed stdout (e.g. `| head`) must not abort generation with a panic.
         let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
     })?;
-    let _ = writeln!(out, "{}", decoder.flush());
+    let _ = writeln!(out, "{}", stats.summary.tail.content);
     eprintln!(
         "prompt tokens: {}, generated tokens: {}, prefill: {:.1} tok/s, decode: {:.1} tok/s",
-        stats.prompt_tokens,
-        stats.generated_tokens,
+        stats.summary.prompt_tokens,
+        stats.summary.completion_tokens,
         stats.prefill_tokens_per_second(),
         stats.decode_tokens_per_second()
     );

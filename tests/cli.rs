@@ -137,3 +137,26 @@ fn a_bad_guided_json_schema_stops_the_server_at_start() {
     assert_clean_error(&serve_refuses(&["--guided-json", "@/nonexistent/schema.json"]), "/nonexistent/schema.json");
     assert_clean_error(&serve_refuses(&["--guided-json", r#"{"type": "decimal"}"#]), "--guided-json can't be enforced");
 }
+
+#[test]
+fn bench_prints_prefill_and_decode_speeds() {
+    let model = smollm2();
+    let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["bench", "--models"])
+        .arg(&model)
+        .args(["--prompt-tokens", "16", "--decode-tokens", "4", "--repeats", "2", "--threads", "1"])
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    // One row: the model, then prefill and decode tokens/s as `median [min-max]`.
+    let row = stdout.lines().find(|l| l.starts_with(model.to_str().unwrap())).unwrap_or_else(|| panic!("no row for the model: {stdout}"));
+    let numbers: Vec<f64> =
+        row[model.as_os_str().len()..].split(|c: char| " []-".contains(c)).filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
+    assert_eq!(numbers.len(), 6, "{row}");
+    for figure in numbers.chunks(3) {
+        let (median, min, max) = (figure[0], figure[1], figure[2]);
+        assert!(min > 0.0 && min <= median && median <= max, "{row}");
+    }
+}

@@ -6,7 +6,8 @@
 //! same top-1 at every one of the 24 steps of every prompt and log-probabilities of the
 //! reference's top-5 tokens within [`common::SAME_WEIGHTS`].
 //!
-//! The quantized fast path is checked against llama.cpp in crates/runner/tests/reference.rs.
+//! crates/runner/tests/reference.rs runs this comparison again through the serving engine, and
+//! the quantized fast path against llama.cpp.
 
 mod common;
 

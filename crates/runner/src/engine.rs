@@ -21,7 +21,6 @@ use crate::output::{ReasoningMode, TextDelta};
 use crate::prefix_cache::{CacheConfig, PrefixCache};
 use crate::sampler::{SampledToken, SamplingParams};
 use crate::sequence::{Ended, Sequence};
-use crate::FinishReason;
 
 /// Limits of the engine thread.
 #[derive(Clone, Debug)]
@@ -33,6 +32,20 @@ pub struct EngineConfig {
     /// Tokens one step may run: every decode token, then whole prefill chunks while they fit.
     pub step_tokens: usize,
     pub cache: CacheConfig,
+}
+
+impl EngineConfig {
+    /// Prompt tokens per prefill chunk: long enough to keep prefill efficient, short enough that
+    /// decoding sequences beside it keep a steady pace.
+    pub const PREFILL_CHUNK: usize = 256;
+    /// Tokens per step: every decode token, then prefill chunks while they fit.
+    pub const STEP_TOKENS: usize = 2 * Self::PREFILL_CHUNK;
+
+    /// The step settings `spindle serve` runs with, for `max_active` sequences over `cache`.
+    /// `generate`, `bench` and the reference tests use them too, so they run what serving runs.
+    pub fn new(max_active: usize, cache: CacheConfig) -> Self {
+        Self { max_active, prefill_chunk: Self::PREFILL_CHUNK, step_tokens: Self::STEP_TOKENS, cache }
+    }
 }
 
 /// Reasoning tokens get their own budget; the engine closes the block itself when it is spent.
@@ -73,6 +86,17 @@ pub enum SequenceEvent {
     Token { token: SampledToken, text: TextDelta, reasoning: bool },
     Finished(SequenceSummary),
     Failed(String),
+}
+
+/// Why a sequence ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence token was sampled, or a stop string was produced.
+    Stop,
+    /// `max_tokens` or the context limit was reached.
+    Length,
+    /// The request was cancelled while running.
+    Cancelled,
 }
 
 /// Counts reported when a sequence ends.

@@ -13,6 +13,11 @@ pub enum RunnerError {
     Load(String),
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error(transparent)]
+    EngineStopped(#[from] crate::engine::EngineStopped),
+    /// The engine ended the sequence with this message.
+    #[error("generation failed: {0}")]
+    Failed(String),
 }
 
 pub type Result<T> = std::result::Result<T, RunnerError>;

@@ -22,25 +22,10 @@ use spindle_runner::{Engine, EngineConfig, ModelBundle};
 pub use routes::router;
 pub use state::{AppState, ServerConfig};
 
-/// Prompt tokens per prefill chunk: long enough to keep prefill efficient, short enough that
-/// decoding sequences beside it keep a steady pace.
-const PREFILL_CHUNK: usize = 256;
-
-/// Tokens per engine step: every decode token, then prefill chunks while they fit.
-const STEP_TOKENS: usize = 2 * PREFILL_CHUNK;
-
 /// Starts the engine thread for `bundle` and the state the routes share.
 pub fn start(config: ServerConfig, bundle: ModelBundle) -> Arc<AppState> {
     let bundle = Arc::new(bundle);
-    let engine = Engine::start(
-        bundle.clone(),
-        EngineConfig {
-            max_active: config.max_concurrent,
-            prefill_chunk: PREFILL_CHUNK,
-            step_tokens: STEP_TOKENS,
-            cache: config.cache.clone(),
-        },
-    );
+    let engine = Engine::start(bundle.clone(), EngineConfig::new(config.max_concurrent, config.cache.clone()));
     Arc::new(AppState::new(config, bundle, engine))
 }
 

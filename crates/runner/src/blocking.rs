@@ -1,0 +1,109 @@
+//! One plain generation driven from blocking code (`spindle generate`, `spindle bench`, the
+//! reference tests): submitted to the [`Engine`] exactly like a server request, so it runs the
+//! scheduler, prefill chunking, paged KV, sampler and prefix cache that serving runs, followed
+//! to its end and timed.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use spindle_models::{ModelError, PagedKv};
+
+use crate::bundle::ModelBundle;
+use crate::engine::{Engine, EngineStopped, SequenceEvent, SequenceRequest, SequenceSummary};
+use crate::error::{Result, RunnerError};
+use crate::output::ReasoningMode;
+use crate::prefix_cache::CacheConfig;
+use crate::sampler::{SampledToken, SamplingParams};
+
+/// Raw generation: no chat parsing, stop strings, reasoning split or grammar.
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Token ids that end generation (not emitted).
+    pub stop_ids: Vec<u32>,
+    /// Positions the sequence may use in all (prompt + generated).
+    pub context: usize,
+}
+
+/// How a generation ended, and how long its two phases took.
+#[derive(Clone, Debug)]
+pub struct GenerationStats {
+    pub summary: SequenceSummary,
+    /// Submission to the first token: the prefill of the uncached prompt, and one sampling.
+    pub time_to_first_token: Duration,
+    /// First token to the end: one model step and one sampling per later token.
+    pub decode_time: Duration,
+}
+
+impl GenerationStats {
+    /// Prompt tokens computed (those the prefix cache did not cover) per second to the first token.
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        let computed = self.summary.prompt_tokens - self.summary.cached_tokens;
+        computed as f64 / self.time_to_first_token.as_secs_f64().max(1e-9)
+    }
+
+    /// Tokens per second after the first (which the prefill produced).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        self.summary.completion_tokens.saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// A cache with room for one sequence of `positions` and nothing more: what a single
+/// generation needs, without the server's default gigabyte.
+pub fn single_sequence_cache(bundle: &ModelBundle, positions: usize) -> CacheConfig {
+    let defaults = CacheConfig::default();
+    let block_bytes = PagedKv::block_bytes(&bundle.model.kv_shapes(), defaults.block_size);
+    CacheConfig { kv_bytes: block_bytes * positions.div_ceil(defaults.block_size).max(1), ..defaults }
+}
+
+impl Engine {
+    /// Runs `request` to its end, handing each token and the text it completes to `on_token` as
+    /// it arrives. Blocks the calling thread, which must not be an async runtime's.
+    pub fn generate(&self, request: Generation, mut on_token: impl FnMut(&SampledToken, &str)) -> Result<GenerationStats> {
+        if request.prompt_ids.is_empty() {
+            return Err(RunnerError::EmptyPrompt);
+        }
+        if request.prompt_ids.len() >= request.context {
+            let needed = request.prompt_ids.len() + 1;
+            return Err(ModelError::ContextExceeded { needed, limit: request.context }.into());
+        }
+        request.sampling.validate()?;
+        let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
+        let submitted = Instant::now();
+        self.submit(SequenceRequest {
+            prompt_ids: request.prompt_ids,
+            snapshot_positions: Vec::new(),
+            max_tokens: request.max_tokens,
+            sampling: request.sampling,
+            stop_ids: request.stop_ids,
+            stop_strings: Vec::new(),
+            reasoning: ReasoningMode::Off,
+            reasoning_budget: None,
+            context: request.context,
+            cancel: Arc::new(AtomicBool::new(false)),
+            events,
+            constraint: None,
+        })?;
+        let mut first_token: Option<Instant> = None;
+        loop {
+            // The engine ends every sequence with an event; a closed channel means it died.
+            match inbox.blocking_recv().ok_or(EngineStopped)? {
+                SequenceEvent::Token { token, text, .. } => {
+                    first_token.get_or_insert_with(Instant::now);
+                    on_token(&token, &text.content);
+                }
+                SequenceEvent::Finished(summary) => {
+                    let ended = Instant::now();
+                    let first = first_token.unwrap_or(ended);
+                    return Ok(GenerationStats { summary, time_to_first_token: first - submitted, decode_time: ended - first });
+                }
+                SequenceEvent::Failed(message) => return Err(RunnerError::Failed(message)),
+                // Progress reports carry nothing a plain generation needs.
+                #[allow(unreachable_patterns)]
+                _ => {}
+            }
+        }
+    }
+}
