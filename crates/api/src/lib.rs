@@ -37,6 +37,7 @@ mod chat;
 mod common;
 mod completions;
 mod error;
+mod responses;
 mod sampling;
 mod tokenize;
 mod validate;
@@ -55,5 +56,10 @@ pub use completions::{
     DEFAULT_COMPLETION_MAX_TOKENS,
 };
 pub use error::{ApiError, ErrorBody, ErrorKind, ErrorResponse};
+pub use responses::{
+    IncompleteDetails, InputItem, InputTokensDetails, ItemStatus, OutputItem, OutputPart, OutputTokensDetails,
+    ReasoningOptions, ReasoningPart, Response, ResponseDeleted, ResponseError, ResponseEvent, ResponseInput,
+    ResponseStatus, ResponseUsage, ResponsesRequest, StreamEvent, SummaryPart, TextOptions,
+};
 pub use sampling::{SamplingParams, StopSequences, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS};
 pub use tokenize::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};

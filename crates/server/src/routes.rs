@@ -21,6 +21,7 @@ use crate::chat::{chat_completions, render_prompt};
 use crate::completions::completions;
 use crate::error::{parse_json, HttpError};
 use crate::request::check_model;
+use crate::responses::{create_response, delete_response, retrieve_response};
 use crate::state::AppState;
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -31,6 +32,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/tokenize", post(tokenize))
         .route("/v1/detokenize", post(detokenize))
+        .route("/v1/responses", post(create_response))
+        .route("/v1/responses/{id}", get(retrieve_response).delete(delete_response))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     Router::new()
         .merge(api)

@@ -12,6 +12,7 @@ use spindle_constrain::Grammars;
 use spindle_runner::{CacheConfig, Engine, ModelBundle};
 
 use crate::metrics::Metrics;
+use crate::response_store::ResponseStore;
 
 /// How the server was started.
 #[derive(Clone, Debug)]
@@ -47,6 +48,8 @@ pub struct AppState {
     pub bundle: Arc<ModelBundle>,
     pub engine: Engine,
     pub metrics: Metrics,
+    /// Finished Responses API responses kept for `GET` and `previous_response_id`.
+    pub responses: ResponseStore,
     /// Unix time the server started; reported as the model's `created`.
     pub started: u64,
     in_flight: AtomicUsize,
@@ -62,6 +65,7 @@ impl AppState {
             bundle,
             engine,
             metrics: Metrics::default(),
+            responses: ResponseStore::default(),
             started: unix_now(),
             in_flight: AtomicUsize::new(0),
             cancels: Mutex::new(HashMap::new()),

@@ -1,0 +1,254 @@
+//! A Responses request read as the chat request the pipeline runs: `instructions` and input
+//! items become chat messages, flat and namespaced function tools become chat tools,
+//! `reasoning.effort` a thinking switch and budget, `text.format` a `response_format`.
+
+use std::collections::HashMap;
+
+use serde_json::{json, Value};
+use spindle_api::{
+    ApiError, ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDefinition, InputItem, MessageContent,
+    ResponsesRequest, Tool, ToolCall, ToolType,
+};
+
+/// What the model sees as one flat function name, and the namespace tool it came from.
+#[derive(Default)]
+pub struct ToolNames {
+    /// Combined name → (namespace, the member function's name).
+    namespaced: HashMap<String, (String, String)>,
+}
+
+impl ToolNames {
+    /// The `(name, namespace)` a call of `model_name` is reported under.
+    pub fn split(&self, model_name: &str) -> (String, Option<String>) {
+        match self.namespaced.get(model_name) {
+            Some((namespace, name)) => (name.clone(), Some(namespace.clone())),
+            None => (model_name.to_string(), None),
+        }
+    }
+}
+
+/// The name the model sees for `name` inside namespace `namespace`, joined as Codex flattens
+/// its own namespaced tools (`mcp__server__` + `tool` → `mcp__server__tool`).
+fn combined_name(namespace: &str, name: &str) -> String {
+    format!("{}__{}", namespace.trim_end_matches('_'), name.trim_start_matches('_'))
+}
+
+/// The chat request for `request`, whose conversation is `items` (a stored conversation, if
+/// continued, then the request's own input).
+pub fn chat_request(request: &ResponsesRequest, items: &[InputItem]) -> Result<(ChatCompletionRequest, ToolNames), ApiError> {
+    let (tools, names) = chat_tools(&request.tools)?;
+    let mut chat_template_kwargs = request.chat_template_kwargs.clone();
+    let mut thinking_budget = None;
+    if let Some(effort) = request.reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
+        match reasoning_budget(effort, request.max_output_tokens)? {
+            Thinking::Off => {
+                chat_template_kwargs.insert("enable_thinking".into(), Value::Bool(false));
+            }
+            Thinking::On(budget) => thinking_budget = budget,
+        }
+    }
+    let chat = ChatCompletionRequest {
+        model: request.model.clone(),
+        messages: chat_messages(request.instructions.as_deref(), items)?,
+        max_completion_tokens: request.max_output_tokens,
+        sampling: request.sampling.clone(),
+        tools,
+        tool_choice: tool_choice(request.tool_choice.as_ref())?,
+        parallel_tool_calls: request.parallel_tool_calls,
+        response_format: response_format(request)?,
+        chat_template_kwargs,
+        thinking_budget,
+        user: request.user.clone(),
+        ..Default::default()
+    };
+    Ok((chat, names))
+}
+
+/// Function tools as chat tools; each member of a namespace under its combined name. Tools of
+/// every other type are OpenAI's hosted tools (or Codex's freeform ones) and are skipped.
+fn chat_tools(tools: &[Value]) -> Result<(Vec<Tool>, ToolNames), ApiError> {
+    let mut chat = Vec::new();
+    let mut names = ToolNames::default();
+    for (i, tool) in tools.iter().enumerate() {
+        match tool["type"].as_str() {
+            Some("function") => chat.push(function_tool(tool, None, &format!("tools[{i}]"))?),
+            Some("namespace") => {
+                let namespace = tool["name"]
+                    .as_str()
+                    .ok_or_else(|| ApiError::bad_request(format!("tools[{i}].name is missing"), Some(format!("tools[{i}].name").as_str())))?;
+                let members = tool["tools"].as_array().map(Vec::as_slice).unwrap_or_default();
+                for (j, member) in members.iter().enumerate().filter(|(_, m)| m["type"] == "function") {
+                    let function = function_tool(member, Some(namespace), &format!("tools[{i}].tools[{j}]"))?;
+                    let member_name = member["name"].as_str().unwrap_or_default().to_string();
+                    names.namespaced.insert(function.function.name.clone(), (namespace.to_string(), member_name));
+                    chat.push(function);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((chat, names))
+}
+
+/// A flat `{type: "function", name, description, parameters, strict}` tool as a chat tool.
+fn function_tool(tool: &Value, namespace: Option<&str>, param: &str) -> Result<Tool, ApiError> {
+    let name = tool["name"]
+        .as_str()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::bad_request(format!("{param}.name is missing"), Some(format!("{param}.name").as_str())))?;
+    let optional = |key: &str| tool.get(key).filter(|v| !v.is_null()).cloned();
+    Ok(Tool {
+        kind: ToolType::Function,
+        function: FunctionDefinition {
+            name: namespace.map_or_else(|| name.to_string(), |ns| combined_name(ns, name)),
+            description: optional("description").and_then(|d| d.as_str().map(str::to_string)),
+            parameters: optional("parameters"),
+            strict: optional("strict").and_then(|s| s.as_bool()),
+        },
+    })
+}
+
+/// `tool_choice` in the chat shape: strings as they are, a named function nested under
+/// `function` (a namespace folded into the name as the model sees it).
+fn tool_choice(choice: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    let Some(choice) = choice.filter(|c| !c.is_null()) else { return Ok(None) };
+    if choice.is_string() {
+        return Ok(Some(choice.clone()));
+    }
+    match (choice["type"].as_str(), choice["name"].as_str()) {
+        (Some("function"), Some(name)) => {
+            let name = choice["namespace"].as_str().map_or_else(|| name.to_string(), |ns| combined_name(ns, name));
+            Ok(Some(json!({"type": "function", "function": {"name": name}})))
+        }
+        (Some("function"), None) => Err(ApiError::bad_request("tool_choice.name is missing", Some("tool_choice.name"))),
+        _ => Err(ApiError::bad_request(
+            format!("tool_choice {choice} is not supported; expected none, auto, required or {{\"type\": \"function\", \"name\": ...}}"),
+            Some("tool_choice"),
+        )),
+    }
+}
+
+/// `reasoning.effort`, resolved.
+enum Thinking {
+    Off,
+    /// Thinking on, with at most this many reasoning tokens (`None`: the server's budget).
+    On(Option<u32>),
+}
+
+/// `none` and `minimal` turn thinking off. `low`, `medium` and `high` leave 1/4, 1/2 and 3/4
+/// of `max_output_tokens` to reasoning (1024, 4096 and 16384 tokens without a limit); `xhigh`
+/// only the server's budget (the answer always keeps a quarter of the output).
+fn reasoning_budget(effort: &str, max_output_tokens: Option<u32>) -> Result<Thinking, ApiError> {
+    let share = |quarters: u32, default: u32| Thinking::On(Some(max_output_tokens.map_or(default, |n| (n * quarters / 4).max(1))));
+    Ok(match effort {
+        "none" | "minimal" => Thinking::Off,
+        "low" => share(1, 1024),
+        "medium" => share(2, 4096),
+        "high" => share(3, 16384),
+        "xhigh" => Thinking::On(None),
+        other => {
+            return Err(ApiError::bad_request(
+                format!("unknown reasoning.effort `{other}`; expected none, minimal, low, medium, high or xhigh"),
+                Some("reasoning.effort"),
+            ))
+        }
+    })
+}
+
+/// `text.format` as the chat `response_format`.
+fn response_format(request: &ResponsesRequest) -> Result<Option<Value>, ApiError> {
+    let Some(format) = request.text.as_ref().and_then(|t| t.format.as_ref()).filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    let bad = |message: String, param: &str| ApiError::bad_request(message, Some(param));
+    match format["type"].as_str() {
+        Some("text") => Ok(Some(json!({"type": "text"}))),
+        Some("json_object") => Ok(Some(json!({"type": "json_object"}))),
+        Some("json_schema") => match &format["schema"] {
+            schema @ Value::Object(_) => Ok(Some(json!({"type": "json_schema", "json_schema": {
+                "name": format["name"], "schema": schema, "strict": format["strict"],
+            }}))),
+            _ => Err(bad("text.format json_schema needs a `schema` object".into(), "text.format.schema")),
+        },
+        Some(other) => {
+            Err(bad(format!("unknown text.format type `{other}`; expected text, json_object or json_schema"), "text.format.type"))
+        }
+        None => Err(bad("text.format needs a type".into(), "text.format.type")),
+    }
+}
+
+/// The conversation as chat messages: `instructions` and the leading system / developer
+/// messages as one system message (templates want a single one, first); consecutive function
+/// calls, and the reasoning and text before them, as one assistant message.
+fn chat_messages(instructions: Option<&str>, items: &[InputItem]) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut system: Vec<&str> = instructions.into_iter().collect();
+    let mut rest = items;
+    while let [InputItem::Message { role, content }, tail @ ..] = rest {
+        if role != "system" && role != "developer" {
+            break;
+        }
+        system.push(content);
+        rest = tail;
+    }
+    let mut messages = Vec::new();
+    if !system.is_empty() {
+        messages.push(message("system", system.join("\n\n")));
+    }
+    // Reasoning waits for the assistant message of the same turn.
+    let mut reasoning: Option<String> = None;
+    for item in rest {
+        match item {
+            InputItem::Reasoning { text } => reasoning = Some(text.clone()),
+            InputItem::Message { role, content } if role == "assistant" => {
+                let mut m = message("assistant", content.clone());
+                m.reasoning_content = reasoning.take();
+                messages.push(m);
+            }
+            InputItem::Message { role, content } => {
+                reasoning = None;
+                messages.push(message(role, content.clone()));
+            }
+            InputItem::FunctionCall { call_id, name, namespace, arguments } => {
+                let call = ToolCall {
+                    id: call_id.clone(),
+                    kind: ToolType::Function,
+                    function: FunctionCall {
+                        name: namespace.as_deref().map_or_else(|| name.clone(), |ns| combined_name(ns, name)),
+                        arguments: arguments.clone(),
+                    },
+                };
+                match messages.last_mut() {
+                    Some(last) if last.role == "assistant" && reasoning.is_none() => last.tool_calls.push(call),
+                    _ => {
+                        let mut m = message("assistant", String::new());
+                        m.content = None;
+                        m.reasoning_content = reasoning.take();
+                        m.tool_calls.push(call);
+                        messages.push(m);
+                    }
+                }
+            }
+            InputItem::FunctionCallOutput { call_id, output } => {
+                reasoning = None;
+                let mut m = message("tool", output.clone());
+                m.tool_call_id = Some(call_id.clone());
+                messages.push(m);
+            }
+        }
+    }
+    if messages.is_empty() {
+        return Err(ApiError::bad_request("input must not be empty", Some("input")));
+    }
+    Ok(messages)
+}
+
+fn message(role: &str, content: String) -> ChatMessage {
+    ChatMessage {
+        role: role.to_string(),
+        content: Some(MessageContent::Text(content)),
+        name: None,
+        tool_calls: Vec::new(),
+        tool_call_id: None,
+        reasoning_content: None,
+    }
+}
