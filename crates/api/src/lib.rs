@@ -33,6 +33,8 @@
 //! assert!(event.starts_with(r#"{"object":"chat.completion.chunk","id":"chatcmpl-1""#));
 //! ```
 
+/// Anthropic's Messages API, in its own namespace (its `Message`, `ErrorResponse`… are not OpenAI's).
+pub mod anthropic;
 mod chat;
 mod common;
 mod completions;

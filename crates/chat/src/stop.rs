@@ -14,7 +14,8 @@ pub struct StopMatcher {
     /// Text received but not yet released: always a (possibly empty) tail that a stop string
     /// could still start in.
     pending: String,
-    stopped: bool,
+    /// The stop string that ended the text, once one has.
+    matched: Option<String>,
 }
 
 /// What one [`StopMatcher::push`] releases.
@@ -36,14 +37,14 @@ impl StopMatcher {
     /// Adds newly generated `text`; returns what can be released and whether a stop matched.
     /// After a stop, returns empty text and `stopped` forever.
     pub fn push(&mut self, text: &str) -> StopStep {
-        if self.stopped {
+        if self.stopped() {
             return StopStep { text: String::new(), stopped: true };
         }
         self.pending.push_str(text);
         let hold = partial_match_start(&self.pending, &self.stops);
         match self.earliest_stop() {
             // A stop is complete and no stop starting before it can still complete.
-            Some(at) if at <= hold => StopStep { text: self.stop_at(at), stopped: true },
+            Some((at, stop)) if at <= hold => StopStep { text: self.stop_at(at, stop), stopped: true },
             _ => StopStep { text: self.pending.drain(..hold).collect(), stopped: false },
         }
     }
@@ -52,7 +53,7 @@ impl StopMatcher {
     /// a stop string if one completed while a longer one was still possible.
     pub fn finish(&mut self) -> String {
         match self.earliest_stop() {
-            Some(at) => self.stop_at(at),
+            Some((at, stop)) => self.stop_at(at, stop),
             None => std::mem::take(&mut self.pending),
         }
     }
@@ -60,17 +61,26 @@ impl StopMatcher {
     /// Whether a stop string has matched (in a push or in [`finish`](Self::finish)); the
     /// caller reports `finish_reason: "stop"` then.
     pub fn stopped(&self) -> bool {
-        self.stopped
+        self.matched.is_some()
     }
 
-    /// Byte offset in `pending` of the earliest-starting complete stop string.
-    fn earliest_stop(&self) -> Option<usize> {
-        self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min()
+    /// The stop string that matched (Anthropic's `stop_sequence` reports it).
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
-    /// Stops: returns the pending text before `at` and drops the rest.
-    fn stop_at(&mut self, at: usize) -> String {
-        self.stopped = true;
+    /// Byte offset in `pending` of the earliest-starting complete stop string, and which one.
+    /// Of several starting there the shortest, the one that completes first however the text
+    /// is cut into pieces.
+    fn earliest_stop(&self) -> Option<(usize, usize)> {
+        (0..self.stops.len())
+            .filter_map(|i| self.pending.find(self.stops[i].as_str()).map(|at| (at, i)))
+            .min_by_key(|&(at, i)| (at, self.stops[i].len()))
+    }
+
+    /// Stops at stop string `stop`: returns the pending text before `at` and drops the rest.
+    fn stop_at(&mut self, at: usize, stop: usize) -> String {
+        self.matched = Some(self.stops[stop].clone());
         self.pending.truncate(at);
         std::mem::take(&mut self.pending)
     }
@@ -155,6 +165,22 @@ mod tests {
         assert_eq!(m.push("more"), step("", true));
         assert_eq!(m.finish(), "");
         assert!(m.stopped());
+    }
+
+    #[test]
+    fn the_matched_stop_is_the_earliest_then_shortest_however_the_text_is_cut() {
+        for (stops, text, expected) in
+            [(&["END", "x"][..], "abENDx", Some("END")), (&["abc", "ab"][..], "zabcd", Some("ab")), (&["q"][..], "ab", None)]
+        {
+            for pieces in all_splits(text) {
+                let mut m = matcher(stops);
+                for piece in &pieces {
+                    m.push(piece);
+                }
+                m.finish();
+                assert_eq!(m.matched(), expected, "{stops:?} on {pieces:?}");
+            }
+        }
     }
 
     #[test]

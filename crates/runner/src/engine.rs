@@ -108,6 +108,8 @@ pub struct SequenceSummary {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub reasoning_tokens: usize,
+    /// The request's stop string that ended the text (`finish_reason` is then `Stop`).
+    pub stop_sequence: Option<String>,
     pub cached_tokens: usize,
 }
 

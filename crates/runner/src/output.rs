@@ -70,6 +70,11 @@ impl OutputPipeline {
         (delta, self.stops.stopped())
     }
 
+    /// The stop string that ended the output, if one did.
+    pub fn stop_sequence(&self) -> Option<&str> {
+        self.stops.matched()
+    }
+
     /// Whether the text so far is inside an open reasoning block.
     pub fn in_reasoning(&self) -> bool {
         self.splitter.as_ref().is_some_and(ReasoningSplitter::in_reasoning)

@@ -215,3 +215,4 @@ impl Sequence {
         Ended
     }
 }
+            stop_sequence: self.output.stop_sequence().map(str::to_owned),

@@ -1,5 +1,5 @@
-//! The one place where failures become HTTP responses: every error leaves as the OpenAI error
-//! JSON with its status (and `Retry-After` on 429).
+//! The one place where failures become HTTP responses: every error leaves with its status (and
+//! `Retry-After` on 429), as the OpenAI error JSON (Anthropic's on the Messages routes).
 
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -33,13 +33,18 @@ impl From<BytesRejection> for HttpError {
 
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut response = (status, Json(self.0.to_response_body())).into_response();
-        if status == StatusCode::TOO_MANY_REQUESTS {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
-        }
-        response
+        error_response(&self.0, Json(self.0.to_response_body()))
     }
+}
+
+/// `error`'s status (and `Retry-After` on 429) around `body`, the error in a protocol's shape.
+pub fn error_response(error: &ApiError, body: impl IntoResponse) -> Response {
+    let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, body).into_response();
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
+    }
+    response
 }
 
 /// Parses a JSON body into `T`, naming what is wrong (bad syntax, a missing field, a field of

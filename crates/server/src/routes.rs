@@ -20,6 +20,7 @@ use tower_http::cors::CorsLayer;
 use crate::chat::{chat_completions, render_prompt};
 use crate::completions::completions;
 use crate::error::{parse_json, HttpError};
+use crate::messages::{count_tokens, error_for_path, messages};
 use crate::request::check_model;
 use crate::responses::{create_response, delete_response, retrieve_response};
 use crate::state::AppState;
@@ -32,12 +33,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/tokenize", post(tokenize))
         .route("/v1/detokenize", post(detokenize))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/responses", post(create_response))
         .route("/v1/responses/{id}", get(retrieve_response).delete(delete_response))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     Router::new()
         .merge(api)
         .route("/health", get(health))
+        // Claude Code probes `HEAD /` before it starts.
+        .route("/", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), count_requests))
@@ -52,15 +57,15 @@ async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, n
     if request.method() == Method::OPTIONS {
         return next.run(request).await;
     }
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) {
+    let headers = request.headers();
+    let bearer = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    // Anthropic's clients send the key as `x-api-key`.
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    if bearer == Some(key.as_str()) || x_api_key == Some(key.as_str()) {
         next.run(request).await
     } else {
-        HttpError(ApiError::unauthorized("a valid API key is required: send `Authorization: Bearer <key>`")).into_response()
+        let error = ApiError::unauthorized("a valid API key is required: send `Authorization: Bearer <key>` or `x-api-key: <key>`");
+        error_for_path(request.uri().path(), error)
     }
 }
 
@@ -74,8 +79,9 @@ async fn count_requests(State(state): State<Arc<AppState>>, request: Request, ne
     response
 }
 
-async fn not_found(request: Request) -> HttpError {
-    HttpError(ApiError::not_found(format!("no route for {} {}", request.method(), request.uri().path())))
+async fn not_found(request: Request) -> Response {
+    let path = request.uri().path();
+    error_for_path(path, ApiError::not_found(format!("no route for {} {path}", request.method())))
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
