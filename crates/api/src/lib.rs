@@ -39,6 +39,7 @@ mod chat;
 mod common;
 mod completions;
 mod error;
+mod response_object;
 mod responses;
 mod sampling;
 mod tokenize;
@@ -58,10 +59,10 @@ pub use completions::{
     DEFAULT_COMPLETION_MAX_TOKENS,
 };
 pub use error::{ApiError, ErrorBody, ErrorKind, ErrorResponse};
-pub use responses::{
-    IncompleteDetails, InputItem, InputTokensDetails, ItemStatus, OutputItem, OutputPart, OutputTokensDetails,
-    ReasoningOptions, ReasoningPart, Response, ResponseDeleted, ResponseError, ResponseEvent, ResponseInput,
-    ResponseStatus, ResponseUsage, ResponsesRequest, StreamEvent, SummaryPart, TextOptions,
+pub use response_object::{
+    IncompleteDetails, InputTokensDetails, ItemStatus, OutputItem, OutputPart, OutputTokensDetails, ReasoningPart,
+    Response, ResponseDeleted, ResponseError, ResponseEvent, ResponseStatus, ResponseUsage, StreamEvent, SummaryPart,
 };
+pub use responses::{InputItem, ReasoningOptions, ResponseInput, ResponsesRequest, TextOptions};
 pub use sampling::{SamplingParams, StopSequences, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS};
 pub use tokenize::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};

@@ -252,3 +252,103 @@ fn message(role: &str, content: String) -> ChatMessage {
         reasoning_content: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(body: Value) -> (ChatCompletionRequest, ToolNames) {
+        let request: ResponsesRequest = serde_json::from_value(body).unwrap();
+        chat_request(&request, &request.input_items().unwrap()).unwrap()
+    }
+
+    /// Each message as (role, content, reasoning, tool call names, tool_call_id).
+    fn shape(chat: &ChatCompletionRequest) -> Vec<Value> {
+        chat.messages
+            .iter()
+            .map(|m| {
+                let calls: Vec<&str> = m.tool_calls.iter().map(|c| c.function.name.as_str()).collect();
+                json!([m.role, m.content.as_ref().map(|c| c.text().into_owned()), m.reasoning_content, calls, m.tool_call_id])
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_turn_of_reasoning_text_and_calls_is_one_assistant_message() {
+        let (chat, _) = read(json!({
+            "instructions": "Be useful.",
+            "input": [
+                {"role": "developer", "content": "Sandbox: read-only."},
+                {"role": "user", "content": "Look around."},
+                {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "ls first"}]},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Listing."}]},
+                {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "read", "namespace": "mcp__fs__", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
+                {"type": "function_call_output", "call_id": "c2", "output": "hello"},
+                {"type": "function_call", "call_id": "c3", "name": "shell", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c3", "output": "done"},
+                {"role": "developer", "content": "Later note."},
+            ],
+        }));
+        assert_eq!(
+            shape(&chat),
+            vec![
+                json!(["system", "Be useful.\n\nSandbox: read-only.", null, [], null]),
+                json!(["user", "Look around.", null, [], null]),
+                json!(["assistant", "Listing.", "ls first", ["shell", "mcp__fs__read"], null]),
+                json!(["tool", "a.txt", null, [], "c1"]),
+                json!(["tool", "hello", null, [], "c2"]),
+                json!(["assistant", null, null, ["shell"], null]),
+                json!(["tool", "done", null, [], "c3"]),
+                json!(["developer", "Later note.", null, [], null]),
+            ]
+        );
+    }
+
+    #[test]
+    fn namespace_members_are_offered_under_combined_names_and_split_back() {
+        let (chat, names) = read(json!({
+            "input": "hi",
+            "tools": [
+                {"type": "function", "name": "shell", "parameters": {"type": "object"}},
+                {"type": "namespace", "name": "mcp__fs__", "description": "Files", "tools": [
+                    {"type": "function", "name": "read", "description": "Read a file", "strict": true},
+                    {"type": "custom", "name": "patch"},
+                ]},
+                {"type": "web_search"},
+                {"type": "custom", "name": "apply_patch"},
+            ],
+            "tool_choice": {"type": "function", "name": "read", "namespace": "mcp__fs__"},
+        }));
+        let offered: Vec<(&str, Option<bool>)> = chat.tools.iter().map(|t| (t.function.name.as_str(), t.function.strict)).collect();
+        assert_eq!(offered, vec![("shell", None), ("mcp__fs__read", Some(true))]);
+        assert_eq!(chat.tool_choice, Some(json!({"type": "function", "function": {"name": "mcp__fs__read"}})));
+        assert_eq!(names.split("mcp__fs__read"), ("read".to_string(), Some("mcp__fs__".to_string())));
+        assert_eq!(names.split("shell"), ("shell".to_string(), None));
+    }
+
+    #[test]
+    fn reasoning_effort_sets_thinking_and_its_budget() {
+        let effort = |effort: &str, max: Option<u32>| {
+            let (chat, _) = read(json!({"input": "hi", "reasoning": {"effort": effort}, "max_output_tokens": max}));
+            (chat.chat_template_kwargs.get("enable_thinking").cloned(), chat.thinking_budget)
+        };
+        assert_eq!(effort("none", Some(100)), (Some(json!(false)), None));
+        assert_eq!(effort("minimal", None), (Some(json!(false)), None));
+        assert_eq!(effort("low", Some(100)), (None, Some(25)));
+        assert_eq!(effort("medium", Some(100)), (None, Some(50)));
+        assert_eq!(effort("high", Some(100)), (None, Some(75)));
+        assert_eq!(effort("medium", None), (None, Some(4096)));
+        assert_eq!(effort("xhigh", Some(100)), (None, None));
+    }
+
+    #[test]
+    fn text_format_becomes_the_response_format() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+        let (chat, _) = read(json!({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": schema, "strict": true}}}));
+        assert_eq!(chat.response_format, Some(json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}})));
+        let (chat, _) = read(json!({"input": "hi", "text": {"format": {"type": "json_object"}}}));
+        assert_eq!(chat.response_format, Some(json!({"type": "json_object"})));
+    }
+}

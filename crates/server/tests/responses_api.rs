@@ -195,6 +195,17 @@ async fn a_stream_sends_reasoning_then_text_as_typed_events_and_matches_the_whol
 }
 
 #[tokio::test]
+async fn reasoning_effort_none_turns_thinking_off() {
+    let base = server(Setup::Thinking);
+    let body = json!({"input": "What is the capital of Japan?", "reasoning": {"effort": "none"}, "max_output_tokens": 24, "temperature": 0});
+    let response = create(&base, &body).await;
+    let kinds: Vec<&Value> = response["output"].as_array().unwrap().iter().map(|item| &item["type"]).collect();
+    assert_eq!(kinds, [&json!("message")], "{response}");
+    assert_eq!(response["usage"]["output_tokens_details"]["reasoning_tokens"], 0);
+    assert_eq!(response["reasoning"]["effort"], "none");
+}
+
+#[tokio::test]
 async fn the_output_limit_leaves_an_incomplete_response() {
     let base = server(Setup::Default);
     let body = json!({"input": "Write a long story about a dragon.", "max_output_tokens": 3, "temperature": 0});
