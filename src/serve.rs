@@ -24,9 +24,10 @@ pub struct ServeArgs {
     /// Requests allowed to wait; beyond that the server answers 429.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
-    /// Context size per request in tokens (prompt + completion).
-    #[arg(long, default_value_t = 8192)]
-    ctx_size: usize,
+    /// Context size per request in tokens (prompt + completion); default: the length the model
+    /// was trained for, capped by what --kv-cache-memory holds.
+    #[arg(long)]
+    ctx_size: Option<usize>,
     /// Turn thinking off unless a request enables it (`chat_template_kwargs.enable_thinking`).
     #[arg(long)]
     no_thinking: bool,
@@ -102,22 +103,36 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let source = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         bundle.template = spindle_chat::ChatTemplate::new(&source, bundle.tokenizer.bos_token(), bundle.tokenizer.eos_token())?;
     }
+    let cache = CacheConfig {
+        kv_bytes: args.kv_cache_memory,
+        snapshot_bytes: args.snapshot_memory,
+        disk: args.prefix_cache_dir.map(|dir| DiskConfig { dir, bytes: args.prefix_cache_disk_size }),
+        ..CacheConfig::default()
+    };
+    let trained = bundle.model.config().max_position_embeddings;
+    let kv_tokens = cache.kv_tokens(&bundle);
+    let ctx_size = args.ctx_size.unwrap_or(trained.min(kv_tokens));
+    eprintln!(
+        "model {} ({:?}): context {ctx_size} tokens (trained for {trained}); KV cache {} holds {kv_tokens} tokens, {:.1} KiB per token",
+        model_id(&args.model),
+        bundle.model.config().architecture,
+        human_bytes(args.kv_cache_memory),
+        args.kv_cache_memory as f64 / kv_tokens as f64 / 1024.0,
+    );
+    if ctx_size > kv_tokens {
+        eprintln!("warning: --ctx-size {ctx_size} is more than the KV cache holds ({kv_tokens}); raise --kv-cache-memory");
+    }
     let config = ServerConfig {
         model_id: model_id(&args.model),
         api_key: args.api_key,
         max_concurrent: args.max_concurrent.max(1),
         max_queue: args.max_queue,
-        ctx_size: args.ctx_size,
+        ctx_size,
         thinking_default: !args.no_thinking,
         thinking_budget: args.thinking_budget,
         chat_template_kwargs,
         max_body_bytes: args.max_body_bytes,
-        cache: CacheConfig {
-            kv_bytes: args.kv_cache_memory,
-            snapshot_bytes: args.snapshot_memory,
-            disk: args.prefix_cache_dir.map(|dir| DiskConfig { dir, bytes: args.prefix_cache_disk_size }),
-            ..CacheConfig::default()
-        },
+        cache,
         tool_call_parser: args.tool_call_parser,
         guided_json,
     };
@@ -143,7 +158,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-/// The name clients use: the catalogue name, or a path's file or folder name.
+/// The name clients use: the catalogue name, or a path's file or folder name, or a hub id's
+/// last part. Never with a `/`: agents' model settings reject one.
 fn model_id(spec: &str) -> String {
     let path = std::path::Path::new(spec);
     if path.exists() {
@@ -151,7 +167,19 @@ fn model_id(spec: &str) -> String {
             return name.to_string();
         }
     }
-    spec.to_string()
+    spec.trim_end_matches('/').rsplit('/').next().unwrap_or(spec).to_string()
+}
+
+/// `bytes` in the largest binary unit that keeps it at least 1 (e.g. 2.0 GiB).
+fn human_bytes(bytes: usize) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", units[unit])
 }
 
 /// A size in bytes: a number with an optional unit (K, M, G, KiB, MiB, GiB; K = 1024).
@@ -182,5 +210,18 @@ mod tests {
         assert_eq!(parse_bytes("4096"), Ok(4096));
         assert!(parse_bytes("lots").unwrap_err().contains("not a size"));
         assert!(parse_bytes("3PB").unwrap_err().contains("unknown size unit"));
+    }
+
+    #[test]
+    fn model_ids_have_no_slash() {
+        assert_eq!(super::model_id("Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF"), "Qwen2.5-Coder-0.5B-Instruct-GGUF");
+        assert_eq!(super::model_id("smollm2-135m"), "smollm2-135m");
+    }
+
+    #[test]
+    fn sizes_print_in_the_largest_unit() {
+        assert_eq!(super::human_bytes(2 << 30), "2.0 GiB");
+        assert_eq!(super::human_bytes(1536), "1.5 KiB");
+        assert_eq!(super::human_bytes(100), "100.0 B");
     }
 }

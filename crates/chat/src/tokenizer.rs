@@ -101,6 +101,13 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// [`Self::encode`] without special tokens added, and the byte span in `text` of each token
+    /// (tokens of one multi-byte character share its span).
+    pub fn encode_with_spans(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>), ChatError> {
+        let encoding = self.inner.encode(text, false)?;
+        Ok((encoding.get_ids().to_vec(), encoding.get_offsets().to_vec()))
+    }
+
     /// The text of `ids`; `skip_special_tokens` drops control tokens such as BOS.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ChatError> {
         Ok(self.inner.decode(ids, skip_special_tokens)?)

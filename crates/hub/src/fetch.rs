@@ -23,6 +23,16 @@ pub(crate) fn pull_entry(
     home: &Path,
     sources: &Sources,
 ) -> Result<PathBuf, HubError> {
+    if let Cached::Verified(path) = cache::check(home, entry)? {
+        return Ok(path);
+    }
+    let dir = cache::model_dir(home, entry);
+    fs::create_dir_all(&dir).map_err(HubError::io(&dir))?;
+    // Another process or thread may be pulling the same model (test binaries run in parallel):
+    // wait for it, then look again, so no two write the same partial file.
+    let lock_path = dir.join(".pull.lock");
+    let lock = fs::File::create(&lock_path).map_err(HubError::io(&lock_path))?;
+    lock.lock().map_err(HubError::io(&lock_path))?;
     match cache::check(home, entry)? {
         Cached::Verified(path) => return Ok(path),
         Cached::Corrupt { path, actual } => {
@@ -35,8 +45,6 @@ pub(crate) fn pull_entry(
         }
         Cached::Missing => {}
     }
-    let dir = cache::model_dir(home, entry);
-    fs::create_dir_all(&dir).map_err(HubError::io(&dir))?;
     let agent = download::agent();
 
     let mut errors = Vec::new();

@@ -100,9 +100,7 @@ impl Engine {
                     return Ok(GenerationStats { summary, time_to_first_token: first - submitted, decode_time: ended - first });
                 }
                 SequenceEvent::Failed(message) => return Err(RunnerError::Failed(message)),
-                // Progress reports carry nothing a plain generation needs.
-                #[allow(unreachable_patterns)]
-                _ => {}
+                SequenceEvent::Prefilled { .. } => {}
             }
         }
     }

@@ -80,9 +80,12 @@ pub struct SequenceRequest {
     pub constraint: Option<Constraint>,
 }
 
-/// What the engine reports about a sequence, in order: tokens, then one `Finished` or `Failed`.
+/// What the engine reports about a sequence, in order: prompt progress, tokens, then one
+/// `Finished` or `Failed`.
 #[derive(Debug)]
 pub enum SequenceEvent {
+    /// A prefill chunk ran: `read` of the prompt's `total` positions are in the cache.
+    Prefilled { read: usize, total: usize },
     Token { token: SampledToken, text: TextDelta, reasoning: bool },
     Finished(SequenceSummary),
     Failed(String),
@@ -105,11 +108,11 @@ pub struct SequenceSummary {
     pub finish_reason: FinishReason,
     /// Text that was held back (a possible stop-string or tag prefix) and is now released.
     pub tail: TextDelta,
+    /// The request's stop string that ended the text (`finish_reason` is then `Stop`).
+    pub stop_sequence: Option<String>,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub reasoning_tokens: usize,
-    /// The request's stop string that ended the text (`finish_reason` is then `Stop`).
-    pub stop_sequence: Option<String>,
     pub cached_tokens: usize,
 }
 
@@ -277,7 +280,7 @@ impl EngineState<'_> {
             let prefix = &mut self.prefix;
             let bundle = self.bundle;
             let begun = guarded(&mut seq, |seq| {
-                if let Some(step) = seq.abandoned() {
+                if let Some(step) = seq.abandoned(prefix) {
                     return Err(step);
                 }
                 match prefill {

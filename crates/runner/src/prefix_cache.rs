@@ -40,6 +40,19 @@ impl Default for CacheConfig {
     }
 }
 
+impl CacheConfig {
+    /// Key/value blocks `kv_bytes` holds for `bundle`'s model (at least one).
+    pub fn kv_blocks(&self, bundle: &ModelBundle) -> usize {
+        let block_bytes = PagedKv::block_bytes(&bundle.model.kv_shapes(), self.block_size).max(1);
+        (self.kv_bytes / block_bytes).max(1)
+    }
+
+    /// Positions whose keys and values fit in `kv_bytes`, over all sequences together.
+    pub fn kv_tokens(&self, bundle: &ModelBundle) -> usize {
+        self.kv_blocks(bundle) * self.block_size
+    }
+}
+
 /// What a position's snapshot holds besides the blocks before it.
 struct Snapshot {
     /// The chunking that led here ([`PrefillPlan::key`]).
@@ -78,8 +91,7 @@ pub struct PrefixCache {
 impl PrefixCache {
     pub fn new(bundle: &ModelBundle, config: &CacheConfig) -> Self {
         let shapes = bundle.model.kv_shapes();
-        let block_bytes = PagedKv::block_bytes(&shapes, config.block_size).max(1);
-        let blocks = (config.kv_bytes / block_bytes).max(1);
+        let blocks = config.kv_blocks(bundle);
         let initial = bundle.model.initial_recurrent_state();
         let kind = if initial.is_empty() { CacheKind::AttentionOnly } else { CacheKind::Hybrid };
         let kv = Arc::new(PagedKv::new(&shapes, blocks, config.block_size));
@@ -258,11 +270,11 @@ impl PrefixCache {
         self.pool.allocate(n)
     }
 
-    /// Keeps the prefix `tokens` (all `cache` has processed, a snapshot position of `plan`) with
+    /// Keeps the prefix `tokens` (all `cache` has processed, a cut of `plan`) with
     /// a snapshot of its state, in memory and, when the memory tier took it, on disk.
     pub fn store(&mut self, tokens: &[u32], cache: &SequenceCache, plan: &PrefillPlan, logits: Option<&[f32]>) {
         debug_assert_eq!(tokens.len(), cache.len());
-        let key = plan.key(tokens.len()).expect("snapshots are stored at snapshot positions");
+        let key = plan.key(tokens.len()).expect("snapshots are stored at cuts");
         let snapshot = Snapshot { key, recurrent: cache.recurrent().clone(), logits: logits.map(<[f32]>::to_vec) };
         let blocks: Vec<BlockId> = cache.blocks()[..self.pool.blocks_for(tokens.len())].iter().map(|&b| BlockId(b)).collect();
         let keys = plan.block_keys(tokens.len(), self.pool.block_size());

@@ -68,15 +68,31 @@ impl Sequence {
         self.plan.chunks_after(self.cache.len())
     }
 
-    /// Ends the sequence early when its client went away or cancelled.
-    pub fn abandoned(&mut self) -> Option<Ended> {
+    /// Ends the sequence early when its client went away or cancelled, keeping what it read of
+    /// its prompt.
+    pub fn abandoned(&mut self, prefix: &mut PrefixCache) -> Option<Ended> {
         if self.request.events.is_closed() {
+            self.keep_read_prompt(prefix);
             return Some(Ended);
         }
         if self.request.cancel.load(Ordering::Relaxed) {
+            self.keep_read_prompt(prefix);
             return Some(self.finish(FinishReason::Cancelled));
         }
         None
+    }
+
+    /// Puts the part of the prompt a dropped request had read into the prefix cache, as if it
+    /// were a finished prompt: a client that gave up and sends the request again resumes there
+    /// instead of paying for the same chunks twice. It ends at a chunk cut of its own plan, so
+    /// the retry (same plan) continues it bit for bit.
+    fn keep_read_prompt(&self, prefix: &mut PrefixCache) {
+        let read = self.cache.len();
+        let in_progress = self.logits.is_none() && read > self.cached && read < self.request.prompt_ids.len();
+        // Snapshot positions were stored as they were reached.
+        if in_progress && !self.plan.snapshots().contains(&read) {
+            prefix.store(&self.request.prompt_ids[..read], &self.cache, &self.plan, None);
+        }
     }
 
     /// Reports a failure; the sequence is over.
@@ -109,6 +125,7 @@ impl Sequence {
         if at_end {
             self.logits = Some(logits);
         }
+        let _ = self.request.events.send(SequenceEvent::Prefilled { read: end, total: self.request.prompt_ids.len() });
     }
 
     /// Samples one token from the pending logits and reports it; returns it when it must run
@@ -206,6 +223,7 @@ impl Sequence {
         let summary = SequenceSummary {
             finish_reason,
             tail,
+            stop_sequence: self.output.stop_sequence().map(str::to_owned),
             prompt_tokens: self.request.prompt_ids.len(),
             completion_tokens: self.generated,
             reasoning_tokens: self.reasoning_tokens,
@@ -215,4 +233,3 @@ impl Sequence {
         Ended
     }
 }
-            stop_sequence: self.output.stop_sequence().map(str::to_owned),

@@ -181,6 +181,7 @@ fn collect(receiver: &mut UnboundedReceiver<SequenceEvent>, request: &Request) -
                 let out = Generated { ids, logprobs, top_logprobs, text, finish: summary.finish_reason };
                 return Ok(Run { out, cached: summary.cached_tokens });
             }
+            SequenceEvent::Prefilled { .. } => {}
             SequenceEvent::Failed(message) => return Err(message),
         }
     }

@@ -65,17 +65,20 @@ impl PrefillPlan {
     }
 
     /// Names how this plan cuts positions `0..p` (`p` included as a cut); `None` when `p` is
-    /// not a snapshot position of this plan. Equal keys at equal token prefixes mean a snapshot
-    /// written by one prompt at `p` continues the other exactly.
+    /// not a cut of this plan. Equal keys at equal token prefixes mean a snapshot written by one
+    /// prompt at `p` continues the other exactly. The cuts before `p` are the chunk multiples
+    /// and the snapshot positions before it, so those name them; at a snapshot position this is
+    /// the hash of the snapshot positions up to it, also when a chunk multiple falls there.
     pub fn key(&self, p: usize) -> Option<u64> {
-        if !self.snapshots.contains(&p) {
+        if !self.ends.contains(&p) {
             return None;
         }
         let mut hash = Fnv::new();
         hash.write(self.chunk as u64);
-        for &s in self.snapshots.iter().take_while(|&&s| s <= p) {
+        for &s in self.snapshots.iter().take_while(|&&s| s < p) {
             hash.write(s as u64);
         }
+        hash.write(p as u64);
         Some(hash.finish())
     }
 
@@ -173,9 +176,14 @@ mod tests {
         assert_ne!(a.key(150), c.key(150));
         // Another chunk size cuts differently too.
         assert_ne!(a.key(150), PrefillPlan::new(400, &[150], 128).key(150));
-        // Positions that are not snapshot positions have no key.
-        assert_eq!(a.key(256), None);
+        // Positions that are not cuts have no key.
         assert_eq!(a.key(151), None);
+        assert_eq!(a.key(300), None);
+        // A chunk cut has one (a dropped prefill keeps its state there), the same as a plan's
+        // that asks for a snapshot at that cut, and another than a plan's that cut before it.
+        assert!(a.key(256).is_some());
+        assert_eq!(a.key(256), PrefillPlan::new(300, &[150, 256], 256).key(256));
+        assert_ne!(a.key(256), PrefillPlan::new(300, &[100, 150], 256).key(256));
         // The end of the prompt is a snapshot position.
         assert!(a.key(400).is_some());
         assert_ne!(a.key(390), a.key(400));

@@ -37,19 +37,38 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, HttpError> {
     let request: ChatCompletionRequest = parse_json(&body?)?;
-    request.validate()?;
-    check_model(&state, request.model.as_deref())?;
-    let shape = answer_shape(&state, &request)?;
-    let plan = plan(&state, &request, shape.constraint)?;
-    let head = ResponseHead::new(&state, "chatcmpl");
-    let tools = shape.tool_calls.as_ref().map(|parsing| ToolCallStage::new(parsing, &head.id));
-    let generation = Generation::start(&state, &head.id, plan)?;
+    let ChatStart { generation, head, tools, .. } = start_chat(&state, &request, "chatcmpl")?;
     if request.stream {
         let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
         Ok(Sse::new(chunk_stream(generation, head, include_usage, tools)).into_response())
     } else {
         Ok(Json(collect(generation, head, tools).await?).into_response())
     }
+}
+
+/// A chat request handed to the engine: what every protocol adapter (Chat Completions,
+/// Messages, Responses) reads its response from.
+pub(crate) struct ChatStart {
+    pub generation: Generation,
+    pub head: ResponseHead,
+    /// The tool-call parser, when the request offers tools (and `tool_choice` is not `none`).
+    pub tools: Option<ToolCallStage>,
+    /// Tokens in the rendered prompt (known before any is read).
+    pub prompt_tokens: usize,
+}
+
+/// Validates `request` (in the OpenAI chat shape), renders and tokenizes it, resolves its
+/// answer shape and submits it; `id_prefix` names the protocol in the response id.
+pub(crate) fn start_chat(state: &Arc<AppState>, request: &ChatCompletionRequest, id_prefix: &str) -> Result<ChatStart, ApiError> {
+    request.validate()?;
+    check_model(state, request.model.as_deref())?;
+    let shape = answer_shape(state, request)?;
+    let plan = plan(state, request, shape.constraint)?;
+    let prompt_tokens = plan.prompt_ids.len();
+    let head = ResponseHead::new(state, id_prefix);
+    let tools = shape.tool_calls.as_ref().map(|parsing| ToolCallStage::new(parsing, &head.id));
+    let generation = Generation::start(state, &head.id, plan)?;
+    Ok(ChatStart { generation, head, tools, prompt_tokens })
 }
 
 /// Renders the prompt and decides everything the engine needs.
@@ -59,8 +78,8 @@ fn plan(state: &AppState, request: &ChatCompletionRequest, constraint: Option<Co
     let rendered = render_prompt(state, &request.messages, &tools, &request.chat_template_kwargs)?;
     let (prompt, thinking) = (&rendered.text, rendered.thinking);
     // The template writes BOS itself where the model wants one.
-    let prompt_ids = bundle.tokenizer.encode(prompt, false).map_err(|e| ApiError::internal(e.to_string()))?;
-    let snapshot_positions = token_positions(state, &rendered, &prompt_ids)?;
+    let (prompt_ids, spans) = bundle.tokenizer.encode_with_spans(prompt).map_err(|e| ApiError::internal(e.to_string()))?;
+    let snapshot_positions = token_positions(&rendered.message_ends, &spans);
     let max_tokens = fit_max_tokens(state, prompt_ids.len(), request.max_output_tokens())?;
 
     let reasoning = if thinking && bundle.template.source().contains(THINK_OPEN) {
@@ -95,17 +114,18 @@ fn plan(state: &AppState, request: &ChatCompletionRequest, constraint: Option<Co
     })
 }
 
-/// The token positions of the rendered prompt's message ends, where the text before one
-/// tokenizes to a prefix of the prompt's tokens (a token spanning the end has no such position).
-fn token_positions(state: &AppState, rendered: &RenderedPrompt, prompt_ids: &[u32]) -> Result<Vec<usize>, ApiError> {
-    let mut positions = Vec::new();
-    for &end in &rendered.message_ends {
-        let ids = state.bundle.tokenizer.encode(&rendered.text[..end], false).map_err(|e| ApiError::internal(e.to_string()))?;
-        if prompt_ids.starts_with(&ids) {
-            positions.push(ids.len());
-        }
-    }
-    Ok(positions)
+/// The token positions of the byte offsets `ends` in a prompt whose tokens cover `spans`: the
+/// count of tokens before each, where a token ends exactly there and none straddles it (an end
+/// inside a token has no position).
+fn token_positions(ends: &[usize], spans: &[(usize, usize)]) -> Vec<usize> {
+    ends.iter()
+        .filter_map(|&end| {
+            let position = spans.partition_point(|&(_, token_end)| token_end <= end);
+            let ends_here = position > 0 && spans[position - 1].1 == end;
+            let straddled = spans.get(position).is_some_and(|&(start, _)| start < end);
+            (ends_here && !straddled).then_some(position)
+        })
+        .collect()
 }
 
 /// A conversation rendered by the chat template.
@@ -114,9 +134,11 @@ pub(crate) struct RenderedPrompt {
     /// Thinking is on: the server's template kwargs, then the request's, then `--no-thinking`
     /// where neither says.
     pub thinking: bool,
-    /// Byte offsets in `text` where chat messages end: after a leading system prompt (every
-    /// call of an agent shares it) and after the last message (where the next call of the same
-    /// conversation goes on). The prefix cache keeps snapshots there.
+    /// Byte offsets in `text` where the prefix cache keeps snapshots: the end of every message,
+    /// and before each assistant message the end of the prompt that asked for it (with the
+    /// generation prompt), so the next call of a growing conversation resumes where the last
+    /// one's prompt ended. Every call of a conversation cuts its prefill at the same offsets,
+    /// which is what lets one call continue the state another computed.
     pub message_ends: Vec<usize>,
 }
 
@@ -144,13 +166,18 @@ pub(crate) fn render_prompt(
     let text = render(&messages, true)
         .map_err(|e| ApiError::bad_request(format!("the chat template failed: {e}"), Some("messages")))?;
     let leading_system = messages.len() > 1 && messages[0]["role"] == "system";
-    let shorter = [leading_system.then_some(1), Some(messages.len())];
-    // A template may render a shorter conversation differently (or refuse it): such ends are
-    // not on the prompt's path and are skipped.
-    let mut message_ends: Vec<usize> = shorter
+    let mut prefixes = Vec::new();
+    for n in 1..=messages.len() {
+        if messages[n - 1]["role"] == "assistant" {
+            prefixes.push(render(&messages[..n - 1], true));
+        }
+        prefixes.push(render(&messages[..n], false));
+    }
+    // A template may render a shorter conversation differently (Qwen3 drops earlier reasoning)
+    // or refuse it: such ends are not on the prompt's path and are skipped.
+    let mut message_ends: Vec<usize> = prefixes
         .into_iter()
-        .flatten()
-        .filter_map(|n| render(&messages[..n], false).ok())
+        .filter_map(Result::ok)
         .filter(|prefix| !prefix.is_empty() && prefix.len() < text.len() && text.starts_with(prefix.as_str()))
         .map(|prefix| prefix.len())
         .collect();
@@ -166,10 +193,12 @@ pub(crate) fn render_prompt(
                 shared -= 1;
             }
             if shared > 0 && shared < text.len() {
-                message_ends.insert(0, shared);
+                message_ends.push(shared);
             }
         }
     }
+    message_ends.sort_unstable();
+    message_ends.dedup();
     Ok(RenderedPrompt { text, thinking, message_ends })
 }
 
@@ -235,7 +264,7 @@ fn delta_choice(text: TextDelta, tool_calls: Vec<ToolCallDelta>, logprobs: Optio
 }
 
 /// Routes a delta's content through the tool-call stage, when the request has one.
-fn staged(tools: &mut Option<ToolCallStage>, mut text: TextDelta) -> (TextDelta, Vec<ToolCallDelta>) {
+pub(crate) fn staged(tools: &mut Option<ToolCallStage>, mut text: TextDelta) -> (TextDelta, Vec<ToolCallDelta>) {
     match tools {
         Some(stage) => {
             let staged = stage.push(&text.content);
@@ -247,7 +276,7 @@ fn staged(tools: &mut Option<ToolCallStage>, mut text: TextDelta) -> (TextDelta,
 }
 
 /// The end of the answer: the text released last, and what the tool-call stage held back.
-fn staged_tail(tools: &mut Option<ToolCallStage>, tail: TextDelta) -> (TextDelta, Vec<ToolCallDelta>) {
+pub(crate) fn staged_tail(tools: &mut Option<ToolCallStage>, tail: TextDelta) -> (TextDelta, Vec<ToolCallDelta>) {
     let (mut text, mut calls) = staged(tools, tail);
     if let Some(stage) = tools {
         let rest = stage.finish();
@@ -258,7 +287,7 @@ fn staged_tail(tools: &mut Option<ToolCallStage>, tail: TextDelta) -> (TextDelta
 }
 
 /// `tool_calls` when the model stopped after calling a tool (call it after the stage's end).
-fn chat_finish_reason(reason: FinishReason, tools: &Option<ToolCallStage>) -> ApiFinishReason {
+pub(crate) fn chat_finish_reason(reason: FinishReason, tools: &Option<ToolCallStage>) -> ApiFinishReason {
     match (reason, tools) {
         (FinishReason::Stop, Some(stage)) if stage.called() => ApiFinishReason::ToolCalls,
         (reason, _) => crate::request::finish_reason(reason),
@@ -357,4 +386,19 @@ async fn collect(generation: Generation, head: ResponseHead, mut tools: Option<T
         }],
         usage: usage(&whole.summary),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_positions;
+
+    #[test]
+    fn offsets_map_to_the_tokens_before_them_unless_inside_a_token() {
+        // "ab|cd|e" as tokens "ab", "cd", "e"; a multi-byte character split in two tokens shares
+        // its span ("é" at 5..7).
+        let spans = [(0, 2), (2, 4), (4, 5), (5, 7), (5, 7)];
+        assert_eq!(token_positions(&[2, 4, 5, 7], &spans), vec![1, 2, 3, 5]);
+        // Inside "cd", inside the split character, and at the start: no position.
+        assert_eq!(token_positions(&[3, 6, 0], &spans), Vec::<usize>::new());
+    }
 }

@@ -37,12 +37,19 @@ pub enum Output {
     Failed(ApiError),
 }
 
+/// How often the log tells how far a long prompt has been read.
+const PROGRESS_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub struct Generation {
     state: Arc<AppState>,
     events: UnboundedReceiver<SequenceEvent>,
     logprobs: bool,
     started: Instant,
+    first_token: Option<Instant>,
+    last_progress_log: Instant,
     last_token: Option<Instant>,
+    /// The response id, for the log line.
+    id: String,
     /// Held until the response is dropped: frees the request's slot and cancel entry.
     _ticket: Ticket,
 }
@@ -74,7 +81,10 @@ impl Generation {
             events: receiver,
             logprobs: plan.logprobs.is_some(),
             started: Instant::now(),
+            first_token: None,
+            last_progress_log: Instant::now(),
             last_token: None,
+            id: id.to_string(),
             _ticket: ticket,
         })
     }
@@ -86,30 +96,75 @@ impl Generation {
 
     /// The next output; `None` after the end has been returned.
     pub async fn next(&mut self) -> Option<Output> {
-        let event = self.events.recv().await;
-        let metrics = &self.state.metrics;
-        Some(match event? {
-            SequenceEvent::Token { token, text, .. } => {
-                let now = Instant::now();
-                match self.last_token.replace(now) {
-                    None => metrics.time_to_first_token.observe((now - self.started).as_secs_f64()),
-                    Some(previous) => metrics.inter_token_latency.observe((now - previous).as_secs_f64()),
+        loop {
+            let metrics = &self.state.metrics;
+            let output = match self.events.recv().await? {
+                SequenceEvent::Prefilled { read, total } => {
+                    self.log_progress(read, total);
+                    continue;
                 }
-                let logprob = self.logprobs.then(|| token_logprob(&self.state.bundle.tokenizer, &token));
-                Output::Text { delta: text, logprob }
-            }
-            SequenceEvent::Finished(summary) => {
-                metrics.prompt_tokens.inc_by(summary.prompt_tokens as u64);
-                metrics.generated_tokens.inc_by(summary.completion_tokens as u64);
-                metrics.cached_prompt_tokens.inc_by(summary.cached_tokens as u64);
-                self.events.close();
-                Output::Done(summary)
-            }
-            SequenceEvent::Failed(message) => {
-                self.events.close();
-                Output::Failed(ApiError::internal(message))
-            }
-        })
+                SequenceEvent::Token { token, text, .. } => {
+                    let now = Instant::now();
+                    match self.last_token.replace(now) {
+                        None => {
+                            self.first_token = Some(now);
+                            metrics.time_to_first_token.observe((now - self.started).as_secs_f64())
+                        }
+                        Some(previous) => metrics.inter_token_latency.observe((now - previous).as_secs_f64()),
+                    }
+                    let logprob = self.logprobs.then(|| token_logprob(&self.state.bundle.tokenizer, &token));
+                    Output::Text { delta: text, logprob }
+                }
+                SequenceEvent::Finished(summary) => {
+                    metrics.prompt_tokens.inc_by(summary.prompt_tokens as u64);
+                    metrics.generated_tokens.inc_by(summary.completion_tokens as u64);
+                    metrics.cached_prompt_tokens.inc_by(summary.cached_tokens as u64);
+                    self.log(&summary);
+                    self.events.close();
+                    Output::Done(summary)
+                }
+                SequenceEvent::Failed(message) => {
+                    self.events.close();
+                    Output::Failed(ApiError::internal(message))
+                }
+            };
+            return Some(output);
+        }
+    }
+}
+
+impl Generation {
+    /// A log line every few seconds while a long prompt is read.
+    fn log_progress(&mut self, read: usize, total: usize) {
+        let now = Instant::now();
+        if read < total && now - self.last_progress_log >= PROGRESS_LOG_INTERVAL {
+            self.last_progress_log = now;
+            let seconds = (now - self.started).as_secs_f64();
+            tracing::info!(id = %self.id, read, total, seconds = format_args!("{seconds:.1}"), "reading the prompt");
+        }
+    }
+
+    /// One line per request, as llama-server's operators expect: tokens read, reused and
+    /// generated, and the speed of each phase (prefill from submission to the first token, so
+    /// it includes any wait in the queue).
+    fn log(&self, summary: &SequenceSummary) {
+        let now = Instant::now();
+        let first = self.first_token.unwrap_or(now);
+        let prefill_s = (first - self.started).as_secs_f64();
+        let decode_s = (self.last_token.unwrap_or(first) - first).as_secs_f64();
+        let read = summary.prompt_tokens - summary.cached_tokens.min(summary.prompt_tokens);
+        let per_second = |tokens: usize, seconds: f64| if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 };
+        tracing::info!(
+            id = %self.id,
+            prompt = summary.prompt_tokens,
+            cached = summary.cached_tokens,
+            generated = summary.completion_tokens,
+            prefill_tok_s = format_args!("{:.1}", per_second(read, prefill_s)),
+            decode_tok_s = format_args!("{:.1}", per_second(summary.completion_tokens.saturating_sub(1), decode_s)),
+            total_s = format_args!("{:.2}", (now - self.started).as_secs_f64()),
+            finish = ?summary.finish_reason,
+            "request done"
+        );
     }
 }
 

@@ -107,6 +107,7 @@ pub fn run(engine: &Engine, prompt: &[u32], snapshots: &[usize], sampling: Sampl
                 assert_eq!(summary.completion_tokens, output.tokens.len());
                 return (output, summary.cached_tokens);
             }
+            SequenceEvent::Prefilled { .. } => {}
             SequenceEvent::Failed(message) => panic!("the sequence failed: {message}"),
         }
     }

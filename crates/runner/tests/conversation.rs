@@ -1,0 +1,53 @@
+//! A growing conversation, as coding agents send it: each call is the previous prompt, the
+//! model's reply and a new message. Given the snapshot positions the server asks for (the end
+//! of every earlier message and of every earlier prompt), each call resumes exactly where the
+//! previous call's prompt ended, and its output is bitwise the one a cold engine gives.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{engine, greedy, hybrid, run, smollm2};
+use spindle_runner::ModelBundle;
+
+const TURNS: usize = 10;
+
+/// Deterministic ids below `vocab` (the hybrid fixture's vocabulary is 512).
+fn message(turn: usize, len: usize, vocab: u32) -> Vec<u32> {
+    (0..len as u32).map(|i| (i * 31 + turn as u32 * 97 + 11) % (vocab - 2) + 1).collect()
+}
+
+fn check_growing_conversation(bundle: &Arc<ModelBundle>, vocab: u32) {
+    let warm = engine(bundle, None);
+    let mut prompt = message(0, 70, vocab);
+    let mut snapshots: Vec<usize> = vec![40];
+    let mut previous_len = None;
+    for turn in 0..TURNS {
+        let (output, cached) = run(&warm, &prompt, &snapshots, greedy(), 4096);
+        if let Some(previous) = previous_len {
+            assert_eq!(cached, previous, "turn {turn} resumes where the previous prompt ended");
+        }
+        let cold = engine(bundle, None);
+        let (expected, cold_cached) = run(&cold, &prompt, &snapshots, greedy(), 4096);
+        assert_eq!(cold_cached, 0);
+        assert_eq!(output, expected, "turn {turn} gives the cold output");
+
+        // The next call: this prompt, the reply (ended by a message end), a tool result.
+        previous_len = Some(prompt.len());
+        snapshots.push(prompt.len());
+        prompt.extend(output.tokens.iter().map(|t| t.id));
+        prompt.push(2);
+        snapshots.push(prompt.len());
+        prompt.extend(message(turn + 1, 23 + 7 * turn, vocab));
+    }
+}
+
+#[test]
+fn each_turn_resumes_at_the_previous_prompt_on_the_dense_model() {
+    check_growing_conversation(&smollm2(), 49152);
+}
+
+#[test]
+fn each_turn_resumes_at_the_previous_prompt_on_the_hybrid_model() {
+    check_growing_conversation(&hybrid(), 512);
+}
