@@ -177,28 +177,19 @@ fn response_format(request: &ResponsesRequest) -> Result<Option<Value>, ApiError
     }
 }
 
-/// The conversation as chat messages: `instructions` and the leading system / developer
-/// messages as one system message (templates want a single one, first); consecutive function
-/// calls, and the reasoning and text before them, as one assistant message.
+/// The conversation as chat messages: `instructions` and every system / developer message as
+/// one leading system message (rendered in place, a second system message breaks templates,
+/// Qwen's among them); consecutive function calls, and the reasoning and text before them, as
+/// one assistant message.
 fn chat_messages(instructions: Option<&str>, items: &[InputItem]) -> Result<Vec<ChatMessage>, ApiError> {
     let mut system: Vec<&str> = instructions.into_iter().collect();
-    let mut rest = items;
-    while let [InputItem::Message { role, content }, tail @ ..] = rest {
-        if role != "system" && role != "developer" {
-            break;
-        }
-        system.push(content);
-        rest = tail;
-    }
     let mut messages = Vec::new();
-    if !system.is_empty() {
-        messages.push(message("system", system.join("\n\n")));
-    }
     // Reasoning waits for the assistant message of the same turn.
     let mut reasoning: Option<String> = None;
-    for item in rest {
+    for item in items {
         match item {
             InputItem::Reasoning { text } => reasoning = Some(text.clone()),
+            InputItem::Message { role, content } if role == "system" || role == "developer" => system.push(content),
             InputItem::Message { role, content } if role == "assistant" => {
                 let mut m = message("assistant", content.clone());
                 m.reasoning_content = reasoning.take();
@@ -235,6 +226,9 @@ fn chat_messages(instructions: Option<&str>, items: &[InputItem]) -> Result<Vec<
                 messages.push(m);
             }
         }
+    }
+    if !system.is_empty() {
+        messages.insert(0, message("system", system.join("\n\n")));
     }
     if messages.is_empty() {
         return Err(ApiError::bad_request("input must not be empty", Some("input")));
@@ -294,14 +288,13 @@ mod tests {
         assert_eq!(
             shape(&chat),
             vec![
-                json!(["system", "Be useful.\n\nSandbox: read-only.", null, [], null]),
+                json!(["system", "Be useful.\n\nSandbox: read-only.\n\nLater note.", null, [], null]),
                 json!(["user", "Look around.", null, [], null]),
                 json!(["assistant", "Listing.", "ls first", ["shell", "mcp__fs__read"], null]),
                 json!(["tool", "a.txt", null, [], "c1"]),
                 json!(["tool", "hello", null, [], "c2"]),
                 json!(["assistant", null, null, ["shell"], null]),
                 json!(["tool", "done", null, [], "c3"]),
-                json!(["developer", "Later note.", null, [], null]),
             ]
         );
     }
