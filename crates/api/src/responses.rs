@@ -99,7 +99,10 @@ pub struct TextOptions {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum InputItem {
     /// Role `system`, `developer`, `user` or `assistant`; content parts joined by newlines.
-    Message { role: String, content: String },
+    Message {
+        role: String,
+        content: String,
+    },
     FunctionCall {
         call_id: String,
         name: String,
@@ -109,9 +112,14 @@ pub enum InputItem {
         /// JSON text, as the model wrote it.
         arguments: String,
     },
-    FunctionCallOutput { call_id: String, output: String },
+    FunctionCallOutput {
+        call_id: String,
+        output: String,
+    },
     /// An earlier turn's reasoning text.
-    Reasoning { text: String },
+    Reasoning {
+        text: String,
+    },
 }
 
 /// Item types of OpenAI's hosted tools: Spindle offers none of those tools, so items of these
@@ -198,7 +206,8 @@ fn read_item(item: &Value, param: &str) -> Result<Option<InputItem>, ApiError> {
         }
         "reasoning" => {
             let reasoning: WireReasoning = from_item(item, param)?;
-            let texts = |parts: &[WirePart]| parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("\n");
+            let texts =
+                |parts: &[WirePart]| parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("\n");
             let content = texts(&reasoning.content);
             let text = if content.is_empty() { texts(&reasoning.summary) } else { content };
             Ok((!text.is_empty()).then_some(InputItem::Reasoning { text }))
@@ -281,7 +290,10 @@ impl WireContent {
             if !["input_text", "output_text", "text"].contains(&part.kind.as_str()) {
                 let param = format!("{param}.type");
                 return Err(bad(
-                    format!("{param}: content parts of type `{}` are not supported; only input_text and output_text", part.kind),
+                    format!(
+                        "{param}: content parts of type `{}` are not supported; only input_text and output_text",
+                        part.kind
+                    ),
                     &param,
                 ));
             }
@@ -290,4 +302,3 @@ impl WireContent {
         Ok(texts.join("\n"))
     }
 }
-

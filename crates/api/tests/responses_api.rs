@@ -73,10 +73,16 @@ fn a_bad_item_is_a_400_naming_it() {
         (json!([{"type": "bogus"}]), "input[0].type"),
         (json!([{"content": "no role"}]), "input[0]"),
         (json!([{"role": "user", "content": "ok"}, {"role": "tool", "content": "x"}]), "input[1].role"),
-        (json!([{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]), "input[0].content[0].type"),
+        (
+            json!([{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]),
+            "input[0].content[0].type",
+        ),
         (json!([{"role": "user", "content": [{"type": "input_text"}]}]), "input[0].content[0].text"),
         (json!([{"type": "function_call", "name": "f", "arguments": "{}"}]), "input[0]"),
-        (json!([{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_file"}]}]), "input[0].output[0].type"),
+        (
+            json!([{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_file"}]}]),
+            "input[0].output[0].type",
+        ),
     ];
     for (input, param) in cases {
         let error = request(json!({"input": input})).input_items().unwrap_err();
@@ -96,7 +102,10 @@ fn output_items_and_events_serialize_to_openais_shapes() {
         arguments: "{\"cmd\":\"ls\"}".into(),
         status: ItemStatus::Completed,
     };
-    let event = StreamEvent { sequence_number: 7, event: ResponseEvent::OutputItemDone { output_index: 2, item: call.clone() } };
+    let event = StreamEvent {
+        sequence_number: 7,
+        event: ResponseEvent::OutputItemDone { output_index: 2, item: call.clone() },
+    };
     assert_eq!(
         serde_json::to_value(&event).unwrap(),
         json!({"sequence_number": 7, "type": "response.output_item.done", "output_index": 2, "item": {
@@ -127,7 +136,12 @@ fn output_items_and_events_serialize_to_openais_shapes() {
         vec![
             InputItem::Reasoning { text: "hmm".into() },
             InputItem::Message { role: "assistant".into(), content: "Hi".into() },
-            InputItem::FunctionCall { call_id: "call_1".into(), name: "shell".into(), namespace: None, arguments: "{\"cmd\":\"ls\"}".into() },
+            InputItem::FunctionCall {
+                call_id: "call_1".into(),
+                name: "shell".into(),
+                namespace: None,
+                arguments: "{\"cmd\":\"ls\"}".into()
+            },
         ]
     );
 }

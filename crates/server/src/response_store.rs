@@ -126,7 +126,9 @@ mod tests {
         for id in ["resp_1", "resp_2", "resp_3"] {
             by_count.insert(response(id, "x"), user("q"));
         }
-        assert!(by_count.get("resp_1").is_none() && by_count.get("resp_2").is_some() && by_count.get("resp_3").is_some());
+        assert!(
+            by_count.get("resp_1").is_none() && by_count.get("resp_2").is_some() && by_count.get("resp_3").is_some()
+        );
 
         let probe = ResponseStore::default();
         probe.insert(response("resp_0", "x"), user("q"));

@@ -75,7 +75,9 @@ fn previous_not_found(id: &str) -> ApiError {
     ApiError {
         code: Some("previous_response_not_found".into()),
         param: Some("previous_response_id".into()),
-        ..ApiError::not_found(format!("previous response `{id}` is not stored here (expired, or sent with `store: false`)"))
+        ..ApiError::not_found(format!(
+            "previous response `{id}` is not stored here (expired, or sent with `store: false`)"
+        ))
     }
 }
 
@@ -142,14 +144,19 @@ fn event_stream(
 }
 
 /// The whole response: the same events, run to the end and only the result kept.
-async fn collect(mut generation: Generation, mut assembler: Assembler, keep: Option<Keep>) -> Result<ResponseObject, ApiError> {
+async fn collect(
+    mut generation: Generation,
+    mut assembler: Assembler,
+    keep: Option<Keep>,
+) -> Result<ResponseObject, ApiError> {
     while let Some(output) = generation.next().await {
         if let Output::Failed(error) = output {
             return Err(error);
         }
         assembler.push(output);
     }
-    let response = assembler.finished().ok_or_else(|| ApiError::internal("the engine ended the request without a result"))?;
+    let response =
+        assembler.finished().ok_or_else(|| ApiError::internal("the engine ended the request without a result"))?;
     Keep::store(keep, response);
     Ok(response.clone())
 }

@@ -35,7 +35,10 @@ fn combined_name(namespace: &str, name: &str) -> String {
 
 /// The chat request for `request`, whose conversation is `items` (a stored conversation, if
 /// continued, then the request's own input).
-pub fn chat_request(request: &ResponsesRequest, items: &[InputItem]) -> Result<(ChatCompletionRequest, ToolNames), ApiError> {
+pub fn chat_request(
+    request: &ResponsesRequest,
+    items: &[InputItem],
+) -> Result<(ChatCompletionRequest, ToolNames), ApiError> {
     let (tools, names) = chat_tools(&request.tools)?;
     let mut chat_template_kwargs = request.chat_template_kwargs.clone();
     let mut thinking_budget = None;
@@ -73,9 +76,12 @@ fn chat_tools(tools: &[Value]) -> Result<(Vec<Tool>, ToolNames), ApiError> {
         match tool["type"].as_str() {
             Some("function") => chat.push(function_tool(tool, None, &format!("tools[{i}]"))?),
             Some("namespace") => {
-                let namespace = tool["name"]
-                    .as_str()
-                    .ok_or_else(|| ApiError::bad_request(format!("tools[{i}].name is missing"), Some(format!("tools[{i}].name").as_str())))?;
+                let namespace = tool["name"].as_str().ok_or_else(|| {
+                    ApiError::bad_request(
+                        format!("tools[{i}].name is missing"),
+                        Some(format!("tools[{i}].name").as_str()),
+                    )
+                })?;
                 let members = tool["tools"].as_array().map(Vec::as_slice).unwrap_or_default();
                 for (j, member) in members.iter().enumerate().filter(|(_, m)| m["type"] == "function") {
                     let function = function_tool(member, Some(namespace), &format!("tools[{i}].tools[{j}]"))?;
@@ -92,10 +98,9 @@ fn chat_tools(tools: &[Value]) -> Result<(Vec<Tool>, ToolNames), ApiError> {
 
 /// A flat `{type: "function", name, description, parameters, strict}` tool as a chat tool.
 fn function_tool(tool: &Value, namespace: Option<&str>, param: &str) -> Result<Tool, ApiError> {
-    let name = tool["name"]
-        .as_str()
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| ApiError::bad_request(format!("{param}.name is missing"), Some(format!("{param}.name").as_str())))?;
+    let name = tool["name"].as_str().filter(|n| !n.is_empty()).ok_or_else(|| {
+        ApiError::bad_request(format!("{param}.name is missing"), Some(format!("{param}.name").as_str()))
+    })?;
     let optional = |key: &str| tool.get(key).filter(|v| !v.is_null()).cloned();
     Ok(Tool {
         kind: ToolType::Function,
@@ -139,7 +144,9 @@ enum Thinking {
 /// of `max_output_tokens` to reasoning (1024, 4096 and 16384 tokens without a limit); `xhigh`
 /// only the server's budget (the answer always keeps a quarter of the output).
 fn reasoning_budget(effort: &str, max_output_tokens: Option<u32>) -> Result<Thinking, ApiError> {
-    let share = |quarters: u32, default: u32| Thinking::On(Some(max_output_tokens.map_or(default, |n| (n * quarters / 4).max(1))));
+    let share = |quarters: u32, default: u32| {
+        Thinking::On(Some(max_output_tokens.map_or(default, |n| (n * quarters / 4).max(1))))
+    };
     Ok(match effort {
         "none" | "minimal" => Thinking::Off,
         "low" => share(1, 1024),
@@ -170,9 +177,10 @@ fn response_format(request: &ResponsesRequest) -> Result<Option<Value>, ApiError
             }}))),
             _ => Err(bad("text.format json_schema needs a `schema` object".into(), "text.format.schema")),
         },
-        Some(other) => {
-            Err(bad(format!("unknown text.format type `{other}`; expected text, json_object or json_schema"), "text.format.type"))
-        }
+        Some(other) => Err(bad(
+            format!("unknown text.format type `{other}`; expected text, json_object or json_schema"),
+            "text.format.type",
+        )),
         None => Err(bad("text.format needs a type".into(), "text.format.type")),
     }
 }
@@ -262,7 +270,13 @@ mod tests {
             .iter()
             .map(|m| {
                 let calls: Vec<&str> = m.tool_calls.iter().map(|c| c.function.name.as_str()).collect();
-                json!([m.role, m.content.as_ref().map(|c| c.text().into_owned()), m.reasoning_content, calls, m.tool_call_id])
+                json!([
+                    m.role,
+                    m.content.as_ref().map(|c| c.text().into_owned()),
+                    m.reasoning_content,
+                    calls,
+                    m.tool_call_id
+                ])
             })
             .collect()
     }
@@ -314,7 +328,8 @@ mod tests {
             ],
             "tool_choice": {"type": "function", "name": "read", "namespace": "mcp__fs__"},
         }));
-        let offered: Vec<(&str, Option<bool>)> = chat.tools.iter().map(|t| (t.function.name.as_str(), t.function.strict)).collect();
+        let offered: Vec<(&str, Option<bool>)> =
+            chat.tools.iter().map(|t| (t.function.name.as_str(), t.function.strict)).collect();
         assert_eq!(offered, vec![("shell", None), ("mcp__fs__read", Some(true))]);
         assert_eq!(chat.tool_choice, Some(json!({"type": "function", "function": {"name": "mcp__fs__read"}})));
         assert_eq!(names.split("mcp__fs__read"), ("read".to_string(), Some("mcp__fs__".to_string())));
@@ -339,8 +354,13 @@ mod tests {
     #[test]
     fn text_format_becomes_the_response_format() {
         let schema = json!({"type": "object", "properties": {"a": {"type": "string"}}});
-        let (chat, _) = read(json!({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": schema, "strict": true}}}));
-        assert_eq!(chat.response_format, Some(json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}})));
+        let (chat, _) = read(
+            json!({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": schema, "strict": true}}}),
+        );
+        assert_eq!(
+            chat.response_format,
+            Some(json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}))
+        );
         let (chat, _) = read(json!({"input": "hi", "text": {"format": {"type": "json_object"}}}));
         assert_eq!(chat.response_format, Some(json!({"type": "json_object"})));
     }

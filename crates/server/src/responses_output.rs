@@ -40,7 +40,16 @@ pub struct Assembler {
 impl Assembler {
     pub fn new(response: ResponseObject, tools: Option<ToolCallStage>, names: ToolNames) -> Self {
         let id_suffix = response.id.trim_start_matches("resp_").to_string();
-        Self { response, id_suffix, next_sequence: 0, tools, names, open: None, held_space: String::new(), finished: false }
+        Self {
+            response,
+            id_suffix,
+            next_sequence: 0,
+            tools,
+            names,
+            open: None,
+            held_space: String::new(),
+            finished: false,
+        }
     }
 
     /// `response.created` and `response.in_progress`.
@@ -95,15 +104,24 @@ impl Assembler {
         if !matches!(self.open, Some(Open::Reasoning { .. })) {
             self.close(events, ItemStatus::Completed);
             let id = format!("rs_{}_{}", self.id_suffix, self.output_index());
-            let item = OutputItem::Reasoning { id: id.clone(), summary: vec![], content: vec![], status: ItemStatus::InProgress };
+            let item = OutputItem::Reasoning {
+                id: id.clone(),
+                summary: vec![],
+                content: vec![],
+                status: ItemStatus::InProgress,
+            };
             self.emit(events, ResponseEvent::OutputItemAdded { output_index: self.output_index(), item });
             self.open = Some(Open::Reasoning { id, text: String::new() });
         }
         let Some(Open::Reasoning { id, text }) = &mut self.open else { unreachable!("opened above") };
         text.push_str(delta);
         let item_id = id.clone();
-        let event =
-            ResponseEvent::ReasoningTextDelta { item_id, output_index: self.output_index(), content_index: 0, delta: delta.into() };
+        let event = ResponseEvent::ReasoningTextDelta {
+            item_id,
+            output_index: self.output_index(),
+            content_index: 0,
+            delta: delta.into(),
+        };
         self.emit(events, event);
     }
 
@@ -118,10 +136,18 @@ impl Assembler {
             self.close(events, ItemStatus::Completed);
             let id = format!("msg_{}_{}", self.id_suffix, self.output_index());
             let output_index = self.output_index();
-            let item = OutputItem::Message { id: id.clone(), role: Role::Assistant, status: ItemStatus::InProgress, content: vec![] };
+            let item = OutputItem::Message {
+                id: id.clone(),
+                role: Role::Assistant,
+                status: ItemStatus::InProgress,
+                content: vec![],
+            };
             self.emit(events, ResponseEvent::OutputItemAdded { output_index, item });
             let part = text_part(String::new());
-            self.emit(events, ResponseEvent::ContentPartAdded { item_id: id.clone(), output_index, content_index: 0, part });
+            self.emit(
+                events,
+                ResponseEvent::ContentPartAdded { item_id: id.clone(), output_index, content_index: 0, part },
+            );
             self.open = Some(Open::Message { id, text: String::new() });
             std::mem::take(&mut self.held_space)
         };
@@ -129,7 +155,10 @@ impl Assembler {
         text.push_str(&delta);
         let item_id = id.clone();
         let output_index = self.output_index();
-        self.emit(events, ResponseEvent::OutputTextDelta { item_id, output_index, content_index: 0, delta, logprobs: vec![] });
+        self.emit(
+            events,
+            ResponseEvent::OutputTextDelta { item_id, output_index, content_index: 0, delta, logprobs: vec![] },
+        );
     }
 
     /// A call starts with its id and name; later pieces add to its arguments.
@@ -167,9 +196,19 @@ impl Assembler {
         let output_index = self.output_index();
         let item = match open {
             Open::Reasoning { id, text } => {
-                let done = ResponseEvent::ReasoningTextDone { item_id: id.clone(), output_index, content_index: 0, text: text.clone() };
+                let done = ResponseEvent::ReasoningTextDone {
+                    item_id: id.clone(),
+                    output_index,
+                    content_index: 0,
+                    text: text.clone(),
+                };
                 self.emit(events, done);
-                OutputItem::Reasoning { id, summary: vec![], content: vec![ReasoningPart::ReasoningText { text }], status }
+                OutputItem::Reasoning {
+                    id,
+                    summary: vec![],
+                    content: vec![ReasoningPart::ReasoningText { text }],
+                    status,
+                }
             }
             Open::Message { id, text } => {
                 let done = ResponseEvent::OutputTextDone {
@@ -181,12 +220,21 @@ impl Assembler {
                 };
                 self.emit(events, done);
                 let part = text_part(text);
-                let done = ResponseEvent::ContentPartDone { item_id: id.clone(), output_index, content_index: 0, part: part.clone() };
+                let done = ResponseEvent::ContentPartDone {
+                    item_id: id.clone(),
+                    output_index,
+                    content_index: 0,
+                    part: part.clone(),
+                };
                 self.emit(events, done);
                 OutputItem::Message { id, role: Role::Assistant, status, content: vec![part] }
             }
             Open::Call { id, call_id, name, namespace, arguments } => {
-                let done = ResponseEvent::FunctionCallArgumentsDone { item_id: id.clone(), output_index, arguments: arguments.clone() };
+                let done = ResponseEvent::FunctionCallArgumentsDone {
+                    item_id: id.clone(),
+                    output_index,
+                    arguments: arguments.clone(),
+                };
                 self.emit(events, done);
                 OutputItem::FunctionCall { id, call_id, name, namespace, arguments, status }
             }
@@ -205,7 +253,9 @@ impl Assembler {
             input_tokens: summary.prompt_tokens as u32,
             input_tokens_details: spindle_api::InputTokensDetails { cached_tokens: summary.cached_tokens as u32 },
             output_tokens: summary.completion_tokens as u32,
-            output_tokens_details: spindle_api::OutputTokensDetails { reasoning_tokens: summary.reasoning_tokens as u32 },
+            output_tokens_details: spindle_api::OutputTokensDetails {
+                reasoning_tokens: summary.reasoning_tokens as u32,
+            },
             total_tokens: (summary.prompt_tokens + summary.completion_tokens) as u32,
         });
         let event = if cut {

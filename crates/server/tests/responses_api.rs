@@ -30,7 +30,10 @@ async fn create(base: &str, body: &Value) -> Value {
     assert_eq!(response["object"], "response", "{response}");
     assert!(response["id"].as_str().is_some_and(|id| id.starts_with("resp_")), "{response}");
     let usage = &response["usage"];
-    assert_eq!(usage["total_tokens"], usage["input_tokens"].as_u64().unwrap() + usage["output_tokens"].as_u64().unwrap());
+    assert_eq!(
+        usage["total_tokens"],
+        usage["input_tokens"].as_u64().unwrap() + usage["output_tokens"].as_u64().unwrap()
+    );
     response
 }
 
@@ -55,7 +58,10 @@ async fn chat(base: &str, messages: Value, max_tokens: u32) -> (String, u64) {
     let body = json!({"messages": messages, "max_tokens": max_tokens, "temperature": 0});
     let (status, answer) = post(base, "/v1/chat/completions", &body).await;
     assert_eq!(status, 200, "{answer}");
-    (answer["choices"][0]["message"]["content"].as_str().unwrap().to_string(), answer["usage"]["prompt_tokens"].as_u64().unwrap())
+    (
+        answer["choices"][0]["message"]["content"].as_str().unwrap().to_string(),
+        answer["usage"]["prompt_tokens"].as_u64().unwrap(),
+    )
 }
 
 #[tokio::test]
@@ -90,7 +96,8 @@ async fn instructions_and_system_roles_lead_as_one_system_message() {
     let response = create(&base, &body).await;
     let system = "You are a terse geography assistant.\n\nAnswer in one sentence.\n\nNever use lists.";
     let (text, prompt_tokens) =
-        chat(&base, json!([{"role": "system", "content": system}, {"role": "user", "content": "Where is Rome?"}]), 20).await;
+        chat(&base, json!([{"role": "system", "content": system}, {"role": "user", "content": "Where is Rome?"}]), 20)
+            .await;
     assert_eq!(output_text(&response), text);
     assert_eq!(response["usage"]["input_tokens"], prompt_tokens);
     assert_eq!(response["instructions"], body["instructions"]);
@@ -104,7 +111,8 @@ async fn stream_events(base: &str, body: &Value) -> Vec<(String, Value)> {
     text.split("\n\n")
         .filter(|frame| !frame.trim().is_empty())
         .map(|frame| {
-            let field = |name: &str| frame.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_string());
+            let field =
+                |name: &str| frame.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_string());
             let data: Value = serde_json::from_str(&field("data:").unwrap()).unwrap();
             (field("event:").unwrap_or_default(), data)
         })
@@ -133,14 +141,20 @@ fn check_stream(events: &[(String, Value)]) -> (Vec<String>, Value) {
             }
             "response.output_item.done" => {
                 let (index, id) = open.take().expect("done without added");
-                assert_eq!((data["output_index"].as_u64().unwrap(), data["item"]["id"].as_str().unwrap()), (index, id.as_str()));
+                assert_eq!(
+                    (data["output_index"].as_u64().unwrap(), data["item"]["id"].as_str().unwrap()),
+                    (index, id.as_str())
+                );
                 done_items.push(data["item"].clone());
             }
             "response.created" | "response.in_progress" => assert_eq!(data["response"]["status"], "in_progress"),
             "response.completed" | "response.incomplete" | "response.failed" => assert_eq!(i, events.len() - 1),
             _ => {
                 let (index, id) = open.as_ref().expect("an item event outside an item");
-                assert_eq!((&data["output_index"].as_u64().unwrap(), data["item_id"].as_str().unwrap()), (index, id.as_str()));
+                assert_eq!(
+                    (&data["output_index"].as_u64().unwrap(), data["item_id"].as_str().unwrap()),
+                    (index, id.as_str())
+                );
             }
         }
     }
@@ -185,7 +199,10 @@ async fn a_stream_sends_reasoning_then_text_as_typed_events_and_matches_the_whol
     };
     assert_eq!(without_ids(&last), without_ids(&whole));
     // The repeat reads its prompt from the cache; everything else counts the same.
-    let counts = |r: &Value| [&r["usage"]["input_tokens"], &r["usage"]["output_tokens"], &r["usage"]["output_tokens_details"]].map(Value::clone);
+    let counts = |r: &Value| {
+        [&r["usage"]["input_tokens"], &r["usage"]["output_tokens"], &r["usage"]["output_tokens_details"]]
+            .map(Value::clone)
+    };
     assert_eq!(counts(&last), counts(&whole));
     let reasoning = &whole["output"][0];
     assert!(reasoning["type"] == "reasoning" && reasoning["id"].as_str().unwrap().starts_with("rs_"), "{whole}");
@@ -238,7 +255,8 @@ async fn previous_response_id_continues_the_stored_conversation() {
     let (text, prompt_tokens) = chat(&base, messages, 12).await;
     assert_eq!(second["usage"]["input_tokens"], prompt_tokens);
     assert_eq!(output_text(&second), text);
-    let first_total = first["usage"]["input_tokens"].as_u64().unwrap() + first["usage"]["output_tokens"].as_u64().unwrap();
+    let first_total =
+        first["usage"]["input_tokens"].as_u64().unwrap() + first["usage"]["output_tokens"].as_u64().unwrap();
     assert!(prompt_tokens > first_total, "{second}");
     assert!(second["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0, "{second}");
 
@@ -255,7 +273,8 @@ async fn unknown_and_unstored_ids_are_404s() {
     let (status, error) = get(&base, "/v1/responses/resp_nope").await;
     assert_eq!(status, 404, "{error}");
     assert_eq!(error["error"]["type"], "not_found_error");
-    let (status, error) = post(&base, "/v1/responses", &json!({"previous_response_id": "resp_nope", "input": "Hi"})).await;
+    let (status, error) =
+        post(&base, "/v1/responses", &json!({"previous_response_id": "resp_nope", "input": "Hi"})).await;
     assert_eq!(status, 404, "{error}");
     assert_eq!(error["error"]["code"], "previous_response_not_found");
     assert_eq!(error["error"]["param"], "previous_response_id");
@@ -280,10 +299,12 @@ async fn hosted_and_freeform_tools_are_ignored_and_echoed() {
         {"type": "mcp", "server_label": "x", "server_url": "http://127.0.0.1:1"},
         {"type": "tool_search"},
     ]);
-    let body = json!({"input": "What is the capital of France?", "tools": tools, "max_output_tokens": 24, "temperature": 0});
+    let body =
+        json!({"input": "What is the capital of France?", "tools": tools, "max_output_tokens": 24, "temperature": 0});
     let response = create(&base, &body).await;
     assert_eq!(response["tools"], tools);
-    let (text, prompt_tokens) = chat(&base, json!([{"role": "user", "content": "What is the capital of France?"}]), 24).await;
+    let (text, prompt_tokens) =
+        chat(&base, json!([{"role": "user", "content": "What is the capital of France?"}]), 24).await;
     assert_eq!((output_text(&response), response["usage"]["input_tokens"].as_u64().unwrap()), (text, prompt_tokens));
 }
 
@@ -293,7 +314,10 @@ async fn bad_requests_are_400s_naming_the_field() {
     let user = json!({"role": "user", "content": "Hi"});
     let cases = [
         (json!({"input": [{"type": "bogus"}]}), "input[0].type"),
-        (json!({"input": [user, {"role": "user", "content": [{"type": "input_text", "text": "see"}, {"type": "input_image", "image_url": "data:,"}]}]}), "input[1].content[1].type"),
+        (
+            json!({"input": [user, {"role": "user", "content": [{"type": "input_text", "text": "see"}, {"type": "input_image", "image_url": "data:,"}]}]}),
+            "input[1].content[1].type",
+        ),
         (json!({"input": [{"role": "tool", "content": "x"}]}), "input[0].role"),
         (json!({"input": [{"type": "function_call_output", "output": "x"}]}), "input[0]"),
         (json!({"input": [], "instructions": null}), "input"),
@@ -340,7 +364,8 @@ fn crm_namespace() -> Value {
 
 /// The function calls of a response, checked: a call id to answer, a JSON object of arguments.
 fn calls(response: &Value) -> Vec<Value> {
-    let calls: Vec<Value> = response["output"].as_array().unwrap().iter().filter(|i| i["type"] == "function_call").cloned().collect();
+    let calls: Vec<Value> =
+        response["output"].as_array().unwrap().iter().filter(|i| i["type"] == "function_call").cloned().collect();
     for call in &calls {
         assert!(call["call_id"].as_str().is_some_and(|id| id.starts_with("call_") && id.len() > 5), "{call}");
         assert!(call["id"].as_str().unwrap().starts_with("fc_") && call["status"] == "completed", "{call}");
@@ -371,7 +396,13 @@ async fn a_tool_round_trip_streamed_and_whole_makes_the_same_call_then_answers()
     body["stream"] = json!(true);
     let events = stream_events(&base, &body).await;
     let (kinds, last) = check_stream(&events);
-    assert!(kinds.windows(3).any(|w| w == strings(&["output_item.added", "function_call_arguments.delta", "function_call_arguments.done"])), "{kinds:?}");
+    assert!(
+        kinds
+            .windows(3)
+            .any(|w| w
+                == strings(&["output_item.added", "function_call_arguments.delta", "function_call_arguments.done"])),
+        "{kinds:?}"
+    );
     let fields = |c: &Value| (c["name"].clone(), c["arguments"].clone());
     assert_eq!(calls(&last).iter().map(fields).collect::<Vec<_>>(), whole_calls.iter().map(fields).collect::<Vec<_>>());
 
@@ -455,11 +486,15 @@ fn python_with_openai() -> PathBuf {
     let venv = spindle_hub::spindle_home().join("venv-openai");
     let python = venv.join("bin/python");
     let ready = |p: &Path| {
-        Command::new(p).args(["-c", "from openai.resources import responses"]).output().is_ok_and(|o| o.status.success())
+        Command::new(p)
+            .args(["-c", "from openai.resources import responses"])
+            .output()
+            .is_ok_and(|o| o.status.success())
     };
     if !ready(&python) {
         assert!(Command::new("python3").args(["-m", "venv"]).arg(&venv).status().unwrap().success());
-        let install = Command::new(&python).args(["-m", "pip", "install", "--quiet", "--upgrade", "openai>=1.66"]).status();
+        let install =
+            Command::new(&python).args(["-m", "pip", "install", "--quiet", "--upgrade", "openai>=1.66"]).status();
         assert!(install.unwrap().success());
     }
     python
