@@ -154,6 +154,9 @@ pub struct ToolDefinition {
     pub description: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub input_schema: Option<Value>,
+    /// Calls always match `input_schema`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
 }
 
 impl ToolDefinition {
@@ -190,13 +193,18 @@ pub enum ThinkingConfig {
     Enabled { budget_tokens: u32 },
     /// The model decides how much to think.
     Adaptive,
+    /// Thinking between tool calls; on, for Spindle, as thinking before every answer is.
+    BetweenTools,
     Disabled,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct OutputConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub effort: Option<Effort>,
+    /// `{"type": "json_schema", "schema": {…}}`: the answer follows the schema.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format: Option<Value>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -205,6 +213,8 @@ pub enum Effort {
     Low,
     Medium,
     High,
+    #[serde(rename = "xhigh")]
+    ExtraHigh,
     Max,
 }
 
@@ -357,7 +367,7 @@ mod tests {
                 {"type": "text", "text": "go on", "cache_control": {"type": "ephemeral"}}]}],
             "tools": [{"name": "Bash", "input_schema": {"type": "object"}}, {"type": "web_search_20250305", "name": "web_search"}],
             "thinking": {"type": "enabled", "budget_tokens": 1024},
-            "output_config": {"effort": "high"},
+            "output_config": {"effort": "xhigh", "format": null},
             "metadata": {"user_id": "u"}, "context_management": {"edits": []},
         });
         let request: MessagesRequest = serde_json::from_value(body).unwrap();
@@ -367,7 +377,7 @@ mod tests {
         assert!(matches!(&blocks[0], InputBlock::ToolResult { is_error: true, content: Some(Content::Blocks(_)), .. }));
         assert_eq!(request.tools.iter().filter(|t| t.is_client_tool()).count(), 1);
         assert_eq!(request.thinking, Some(ThinkingConfig::Enabled { budget_tokens: 1024 }));
-        assert_eq!(request.output_config.unwrap().effort, Some(Effort::High));
+        assert_eq!(request.output_config.unwrap().effort, Some(Effort::ExtraHigh));
     }
 
     #[test]

@@ -26,11 +26,13 @@ pub(crate) struct MessageEvents {
     /// The open block: its index and kind.
     open: Option<(u32, BlockKind)>,
     blocks: u32,
+    /// The open thinking block's text so far, which its signature digests.
+    thinking: String,
 }
 
 impl MessageEvents {
     pub fn new(head: ResponseHead, tools: Option<ToolCallStage>) -> Self {
-        Self { head, tools, open: None, blocks: 0 }
+        Self { head, tools, open: None, blocks: 0, thinking: String::new() }
     }
 
     /// `msg_…`: Anthropic's form of the response id (`msg-…` inside Spindle).
@@ -91,6 +93,7 @@ impl MessageEvents {
 
     fn add(&mut self, text: TextDelta, calls: Vec<ToolCallDelta>, events: &mut Vec<StreamEvent>) {
         if let Some(thinking) = self.text_for(BlockKind::Thinking, &text.reasoning, events) {
+            self.thinking.push_str(&thinking);
             self.delta(BlockDelta::ThinkingDelta { thinking }, events);
         }
         if let Some(text) = self.text_for(BlockKind::Text, &text.content, events) {
@@ -145,12 +148,15 @@ impl MessageEvents {
     }
 
     /// Closes the open block; a thinking block gets its signature first. Spindle does not sign
-    /// reasoning (clients send it back, and it is read as plain text); the signature names the
-    /// block so that clients that require one find it.
+    /// reasoning (clients send it back, and it is read as plain text); clients require a
+    /// signature, so it gets a digest of its text (FNV-1a), the same for the same thinking.
     fn close(&mut self, events: &mut Vec<StreamEvent>) {
         let Some((index, kind)) = self.open.take() else { return };
         if kind == BlockKind::Thinking {
-            let signature = format!("spindle:{}:{index}", self.message_id());
+            let digest = std::mem::take(&mut self.thinking)
+                .bytes()
+                .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
+            let signature = format!("spindle-{digest:016x}");
             events.push(StreamEvent::ContentBlockDelta { index, delta: BlockDelta::SignatureDelta { signature } });
         }
         events.push(StreamEvent::ContentBlockStop { index });
@@ -260,7 +266,7 @@ mod tests {
         let start = machine.empty_message(10);
         let message = assemble(start, events);
         assert_eq!(message.id, "msg_abc");
-        assert_eq!(message.content[0], OutputBlock::Thinking { thinking: "Think more".into(), signature: "spindle:msg_abc:0".into() });
+        assert_eq!(message.content[0], OutputBlock::Thinking { thinking: "Think more".into(), signature: "spindle-a08a8391d74fdc34".into() });
         assert_eq!(message.content[1], OutputBlock::Text { text: "Hi there!".into() });
         assert_eq!(message.stop_reason, Some(StopReason::StopSequence));
         assert_eq!(message.stop_sequence.as_deref(), Some("END"));

@@ -62,7 +62,7 @@ pub(crate) fn chat_request(request: &MessagesRequest) -> Result<ChatCompletionRe
                 name: tool.name.clone(),
                 description: tool.description.clone(),
                 parameters: tool.input_schema.clone(),
-                strict: None,
+                strict: tool.strict,
             },
         })
         .collect();
@@ -92,21 +92,38 @@ pub(crate) fn chat_request(request: &MessagesRequest) -> Result<ChatCompletionRe
         tool_choice: if tools.is_empty() && tool_choice == Some(json!("auto")) { None } else { tool_choice },
         tools,
         parallel_tool_calls: single_call.then_some(false),
+        response_format: response_format(request)?,
         chat_template_kwargs,
         thinking_budget,
         ..Default::default()
     })
 }
 
+/// `output_config.format` as the chat request's `response_format`.
+fn response_format(request: &MessagesRequest) -> Result<Option<Value>, ApiError> {
+    let Some(format) = request.output_config.as_ref().and_then(|c| c.format.as_ref()).filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    match (format["type"].as_str(), &format["schema"]) {
+        (Some("json_schema"), schema @ Value::Object(_)) => {
+            Ok(Some(json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}})))
+        }
+        _ => Err(bad(
+            "output_config.format".into(),
+            "expected {\"type\": \"json_schema\", \"schema\": {...}}".into(),
+        )),
+    }
+}
+
 /// Thinking on or off (absent: the server's default) and its budget: `budget_tokens` when given,
-/// else a share of `max_tokens` by effort. The shares leave the answer most of the output at low
-/// effort and let thinking take half at high; `max` sets no budget of its own (the server's
+/// else a share of `max_tokens` by effort, the shares the Responses API gives its efforts: 1/4 at
+/// low, 1/2 at medium, 3/4 at high; `xhigh` and `max` set no budget of their own (the server's
 /// `--thinking-budget`, then the engine's rule that the answer keeps a quarter of `max_tokens`).
 fn reasoning(request: &MessagesRequest) -> (Map<String, Value>, Option<u32>) {
     let mut kwargs = Map::new();
     let enable = match request.thinking {
         None => None,
-        Some(ThinkingConfig::Enabled { .. } | ThinkingConfig::Adaptive) => Some(true),
+        Some(ThinkingConfig::Enabled { .. } | ThinkingConfig::Adaptive | ThinkingConfig::BetweenTools) => Some(true),
         Some(ThinkingConfig::Disabled) => Some(false),
     };
     if let Some(enable) = enable {
@@ -116,9 +133,9 @@ fn reasoning(request: &MessagesRequest) -> (Map<String, Value>, Option<u32>) {
     let budget = match (request.thinking, effort, request.max_tokens) {
         (Some(ThinkingConfig::Enabled { budget_tokens }), _, _) => Some(budget_tokens),
         (Some(ThinkingConfig::Disabled), _, _) => None,
-        (_, Some(Effort::Low), Some(max)) => Some(max / 8),
-        (_, Some(Effort::Medium), Some(max)) => Some(max / 4),
-        (_, Some(Effort::High), Some(max)) => Some(max / 2),
+        (_, Some(Effort::Low), Some(max)) => Some(max / 4),
+        (_, Some(Effort::Medium), Some(max)) => Some(max / 2),
+        (_, Some(Effort::High), Some(max)) => Some(max / 4 * 3),
         _ => None,
     };
     (kwargs, budget)
@@ -295,10 +312,12 @@ mod tests {
     fn thinking_and_effort_set_the_switch_and_the_budget() {
         let cases = [
             (json!({"thinking": {"type": "enabled", "budget_tokens": 300}, "output_config": {"effort": "low"}}), Some(true), Some(300)),
-            (json!({"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}}), Some(true), Some(500)),
+            (json!({"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}}), Some(true), Some(750)),
             (json!({"thinking": {"type": "disabled"}, "output_config": {"effort": "high"}}), Some(false), None),
-            (json!({"output_config": {"effort": "medium"}}), None, Some(250)),
+            (json!({"output_config": {"effort": "medium"}}), None, Some(500)),
+            (json!({"output_config": {"effort": "low"}}), None, Some(250)),
             (json!({"output_config": {"effort": "max"}}), None, None),
+            (json!({"thinking": {"type": "between_tools"}, "output_config": {"effort": "xhigh"}}), Some(true), None),
             (json!({}), None, None),
         ];
         for (extra, enable, budget) in cases {
@@ -308,6 +327,17 @@ mod tests {
             assert_eq!(chat.chat_template_kwargs.get("enable_thinking").and_then(Value::as_bool), enable, "{body}");
             assert_eq!(chat.thinking_budget, budget, "{body}");
         }
+    }
+
+    #[test]
+    fn an_output_format_is_a_json_schema_response_format() {
+        let schema = json!({"type": "object", "properties": {"title": {"type": "string"}}});
+        let body = json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+                          "output_config": {"format": {"type": "json_schema", "schema": schema}}});
+        let chat = chat_request(&request(body)).unwrap();
+        assert_eq!(chat.response_format.unwrap()["json_schema"]["schema"], schema);
+        let body = json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "output_config": {"format": {"type": "yaml"}}});
+        assert_eq!(chat_request(&request(body)).unwrap_err().param.as_deref(), Some("output_config.format"));
     }
 
     #[test]
