@@ -95,10 +95,14 @@ impl<'de> Deserialize<'de> for Content {
             Value::Array(blocks) => blocks
                 .into_iter()
                 .enumerate()
-                .map(|(i, block)| InputBlock::deserialize(block).map_err(|e| D::Error::custom(format!("content[{i}]: {e}"))))
+                .map(|(i, block)| {
+                    InputBlock::deserialize(block).map_err(|e| D::Error::custom(format!("content[{i}]: {e}")))
+                })
                 .collect::<Result<_, _>>()
                 .map(Self::Blocks),
-            other => Err(D::Error::custom(format!("content must be a string or an array of content blocks, not {other}"))),
+            other => {
+                Err(D::Error::custom(format!("content must be a string or an array of content blocks, not {other}")))
+            }
         }
     }
 }
@@ -190,7 +194,9 @@ pub enum ToolChoice {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ThinkingConfig {
-    Enabled { budget_tokens: u32 },
+    Enabled {
+        budget_tokens: u32,
+    },
     /// The model decides how much to think.
     Adaptive,
     /// Thinking between tool calls; on, for Spindle, as thinking before every answer is.
@@ -308,11 +314,19 @@ impl StreamEvent {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum BlockDelta {
-    TextDelta { text: String },
+    TextDelta {
+        text: String,
+    },
     /// A piece of a tool call's `input` JSON; the pieces of one block concatenate to it.
-    InputJsonDelta { partial_json: String },
-    ThinkingDelta { thinking: String },
-    SignatureDelta { signature: String },
+    InputJsonDelta {
+        partial_json: String,
+    },
+    ThinkingDelta {
+        thinking: String,
+    },
+    SignatureDelta {
+        signature: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -409,7 +423,8 @@ mod tests {
         assert_eq!(value["role"], "assistant");
         assert_eq!(value["content"][0], json!({"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}));
         assert_eq!(value["stop_reason"], "tool_use");
-        let delta = StreamEvent::ContentBlockDelta { index: 2, delta: BlockDelta::InputJsonDelta { partial_json: "{".into() } };
+        let delta =
+            StreamEvent::ContentBlockDelta { index: 2, delta: BlockDelta::InputJsonDelta { partial_json: "{".into() } };
         assert_eq!(
             serde_json::to_value(&delta).unwrap(),
             json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{"}})

@@ -28,7 +28,10 @@ use crate::state::AppState;
 /// The path prefix whose errors take Anthropic's shape.
 const MESSAGES_PATH: &str = "/v1/messages";
 
-pub async fn messages(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, MessagesError> {
+pub async fn messages(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, MessagesError> {
     let request: MessagesRequest = parse_json(&body?)?;
     request.validate()?;
     let chat = chat_request(&request)?;

@@ -86,7 +86,10 @@ impl MessageEvents {
             cache_read_input_tokens: summary.cached_tokens as u32,
             cache_creation_input_tokens: 0,
         };
-        events.push(StreamEvent::MessageDelta { delta: MessageDelta { stop_reason: Some(stop_reason), stop_sequence }, usage });
+        events.push(StreamEvent::MessageDelta {
+            delta: MessageDelta { stop_reason: Some(stop_reason), stop_sequence },
+            usage,
+        });
         events.push(StreamEvent::MessageStop);
         events
     }
@@ -206,7 +209,10 @@ pub(crate) fn assemble(mut message: Message, events: impl IntoIterator<Item = St
                 message.stop_sequence = delta.stop_sequence;
                 message.usage = usage;
             }
-            StreamEvent::MessageStart { .. } | StreamEvent::Ping | StreamEvent::MessageStop | StreamEvent::Error { .. } => {}
+            StreamEvent::MessageStart { .. }
+            | StreamEvent::Ping
+            | StreamEvent::MessageStop
+            | StreamEvent::Error { .. } => {}
         }
     }
     message
@@ -255,22 +261,49 @@ mod tests {
     fn thinking_closes_signed_before_text_opens_and_whitespace_opens_nothing() {
         let mut machine = MessageEvents::new(head(), None);
         let mut events = machine.start(10);
-        for delta in [piece("\n", ""), piece("Think", ""), piece(" more", "\n\n"), piece("", "Hi"), piece("", " there")] {
+        for delta in [piece("\n", ""), piece("Think", ""), piece(" more", "\n\n"), piece("", "Hi"), piece("", " there")]
+        {
             events.extend(machine.push(delta));
         }
         events.extend(machine.finish(summary(RunnerFinish::Stop, Some("END"))));
         assert_eq!(
             names(&events),
-            ["message_start", "ping", "start0", "delta0", "delta0", "delta0", "stop0", "start1", "delta1", "delta1", "delta1", "stop1", "message_delta", "message_stop"]
+            [
+                "message_start",
+                "ping",
+                "start0",
+                "delta0",
+                "delta0",
+                "delta0",
+                "stop0",
+                "start1",
+                "delta1",
+                "delta1",
+                "delta1",
+                "stop1",
+                "message_delta",
+                "message_stop"
+            ]
         );
         let start = machine.empty_message(10);
         let message = assemble(start, events);
         assert_eq!(message.id, "msg_abc");
-        assert_eq!(message.content[0], OutputBlock::Thinking { thinking: "Think more".into(), signature: "spindle-a08a8391d74fdc34".into() });
+        assert_eq!(
+            message.content[0],
+            OutputBlock::Thinking { thinking: "Think more".into(), signature: "spindle-a08a8391d74fdc34".into() }
+        );
         assert_eq!(message.content[1], OutputBlock::Text { text: "Hi there!".into() });
         assert_eq!(message.stop_reason, Some(StopReason::StopSequence));
         assert_eq!(message.stop_sequence.as_deref(), Some("END"));
-        assert_eq!(message.usage, MessagesUsage { input_tokens: 6, output_tokens: 5, cache_read_input_tokens: 4, cache_creation_input_tokens: 0 });
+        assert_eq!(
+            message.usage,
+            MessagesUsage {
+                input_tokens: 6,
+                output_tokens: 5,
+                cache_read_input_tokens: 4,
+                cache_creation_input_tokens: 0
+            }
+        );
     }
 
     #[test]
@@ -283,13 +316,30 @@ mod tests {
             function: FunctionCallDelta { name: name.map(str::to_owned), arguments: arguments.into() },
         };
         let mut events = Vec::new();
-        machine.add(piece("", "Let me look."), vec![call(0, Some("call_abc_0"), Some("f"), ""), call(0, None, None, "{\"a\":")], &mut events);
-        machine.add(piece("", ""), vec![call(0, None, None, "1}"), call(1, Some("call_abc_1"), Some("g"), "{}")], &mut events);
+        machine.add(
+            piece("", "Let me look."),
+            vec![call(0, Some("call_abc_0"), Some("f"), ""), call(0, None, None, "{\"a\":")],
+            &mut events,
+        );
+        machine.add(
+            piece("", ""),
+            vec![call(0, None, None, "1}"), call(1, Some("call_abc_1"), Some("g"), "{}")],
+            &mut events,
+        );
         machine.close(&mut events);
-        assert_eq!(names(&events), ["start0", "delta0", "stop0", "start1", "delta1", "delta1", "stop1", "start2", "delta2", "stop2"]);
+        assert_eq!(
+            names(&events),
+            ["start0", "delta0", "stop0", "start1", "delta1", "delta1", "stop1", "start2", "delta2", "stop2"]
+        );
         let message = assemble(machine.empty_message(0), events);
-        assert_eq!(message.content[1], OutputBlock::ToolUse { id: "toolu_abc_0".into(), name: "f".into(), input: json!({"a": 1}) });
-        assert_eq!(message.content[2], OutputBlock::ToolUse { id: "toolu_abc_1".into(), name: "g".into(), input: json!({}) });
+        assert_eq!(
+            message.content[1],
+            OutputBlock::ToolUse { id: "toolu_abc_0".into(), name: "f".into(), input: json!({"a": 1}) }
+        );
+        assert_eq!(
+            message.content[2],
+            OutputBlock::ToolUse { id: "toolu_abc_1".into(), name: "g".into(), input: json!({}) }
+        );
     }
 
     #[test]

@@ -27,7 +27,10 @@ pub(crate) fn chat_request(request: &MessagesRequest) -> Result<ChatCompletionRe
             .enumerate()
             .map(|(i, block)| match block.kind.as_str() {
                 "text" => Ok(Cow::Borrowed(block.text.as_str())),
-                other => Err(bad(format!("system[{i}].type"), format!("system blocks of type `{other}` are not supported; only `text`"))),
+                other => Err(bad(
+                    format!("system[{i}].type"),
+                    format!("system blocks of type `{other}` are not supported; only `text`"),
+                )),
             })
             .collect::<Result<_, _>>()?,
     };
@@ -41,7 +44,10 @@ pub(crate) fn chat_request(request: &MessagesRequest) -> Result<ChatCompletionRe
             // among them); it joins the one at the top instead.
             "system" => system.push(Cow::Owned(texts(i, &blocks)?)),
             other => {
-                return Err(bad(format!("messages[{i}].role"), format!("unknown role `{other}`; expected user or assistant")))
+                return Err(bad(
+                    format!("messages[{i}].role"),
+                    format!("unknown role `{other}`; expected user or assistant"),
+                ))
             }
         }
     }
@@ -108,10 +114,7 @@ fn response_format(request: &MessagesRequest) -> Result<Option<Value>, ApiError>
         (Some("json_schema"), schema @ Value::Object(_)) => {
             Ok(Some(json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}})))
         }
-        _ => Err(bad(
-            "output_config.format".into(),
-            "expected {\"type\": \"json_schema\", \"schema\": {...}}".into(),
-        )),
+        _ => Err(bad("output_config.format".into(), "expected {\"type\": \"json_schema\", \"schema\": {...}}".into())),
     }
 }
 
@@ -311,7 +314,11 @@ mod tests {
     #[test]
     fn thinking_and_effort_set_the_switch_and_the_budget() {
         let cases = [
-            (json!({"thinking": {"type": "enabled", "budget_tokens": 300}, "output_config": {"effort": "low"}}), Some(true), Some(300)),
+            (
+                json!({"thinking": {"type": "enabled", "budget_tokens": 300}, "output_config": {"effort": "low"}}),
+                Some(true),
+                Some(300),
+            ),
             (json!({"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}}), Some(true), Some(750)),
             (json!({"thinking": {"type": "disabled"}, "output_config": {"effort": "high"}}), Some(false), None),
             (json!({"output_config": {"effort": "medium"}}), None, Some(500)),
@@ -343,11 +350,15 @@ mod tests {
     #[test]
     fn images_and_misplaced_blocks_are_refused_by_position() {
         let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}});
-        let error = chat_request(&request(json!({"max_tokens": 8, "messages": [{"role": "user", "content": [image]}]}))).unwrap_err();
+        let error =
+            chat_request(&request(json!({"max_tokens": 8, "messages": [{"role": "user", "content": [image]}]})))
+                .unwrap_err();
         assert_eq!(error.param.as_deref(), Some("messages[0].content[0]"));
         assert!(error.message.contains("image"), "{}", error.message);
         let tool_use = json!({"type": "tool_use", "id": "t", "name": "f", "input": {}});
-        let error = chat_request(&request(json!({"max_tokens": 8, "messages": [{"role": "user", "content": [tool_use]}]}))).unwrap_err();
+        let error =
+            chat_request(&request(json!({"max_tokens": 8, "messages": [{"role": "user", "content": [tool_use]}]})))
+                .unwrap_err();
         assert!(error.message.contains("`tool_use`"), "{}", error.message);
     }
 }

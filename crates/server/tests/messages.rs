@@ -30,9 +30,13 @@ async fn post_events(base: &str, path: &str, body: &Value) -> Vec<(String, Value
     text.split("\n\n")
         .filter(|event| !event.trim().is_empty())
         .map(|event| {
-            let field = |name: &str| event.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_string());
+            let field =
+                |name: &str| event.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_string());
             let data = field("data:").unwrap_or_else(|| panic!("no data in {event:?}"));
-            (field("event:").unwrap_or_else(|| panic!("no event line in {event:?}")), serde_json::from_str(&data).unwrap())
+            (
+                field("event:").unwrap_or_else(|| panic!("no event line in {event:?}")),
+                serde_json::from_str(&data).unwrap(),
+            )
         })
         .collect()
 }
@@ -55,7 +59,13 @@ fn read_stream(events: &[(String, Value)]) -> Streamed {
     assert_eq!(names[names.len() - 2..], ["message_delta", "message_stop"], "{names:?}");
     let start = events[0].1["message"].clone();
     assert_eq!(start["content"], json!([]));
-    let mut out = Streamed { start, content: Vec::new(), stop_reason: Value::Null, stop_sequence: Value::Null, usage: Value::Null };
+    let mut out = Streamed {
+        start,
+        content: Vec::new(),
+        stop_reason: Value::Null,
+        stop_sequence: Value::Null,
+        usage: Value::Null,
+    };
     let mut open: Option<usize> = None;
     let mut partial_json = String::new();
     for (name, data) in events {
@@ -87,8 +97,12 @@ fn read_stream(events: &[(String, Value)]) -> Streamed {
                 assert_eq!(index.filter(|_| open.is_some()), open, "{names:?}");
                 let block = &mut out.content[index.unwrap()];
                 match block["type"].as_str().unwrap() {
-                    "tool_use" if !partial_json.is_empty() => block["input"] = serde_json::from_str(&partial_json).unwrap(),
-                    "thinking" => assert!(!block["signature"].as_str().unwrap().is_empty(), "an unsigned thinking block"),
+                    "tool_use" if !partial_json.is_empty() => {
+                        block["input"] = serde_json::from_str(&partial_json).unwrap()
+                    }
+                    "thinking" => {
+                        assert!(!block["signature"].as_str().unwrap().is_empty(), "an unsigned thinking block")
+                    }
                     _ => {}
                 }
                 open = None;
@@ -125,7 +139,10 @@ async fn a_text_answer_whole_and_streamed() {
     let (status, whole) = post(&base, "/v1/messages?beta=true", &body(QUESTION, 24)).await;
     assert_eq!(status, 200, "{whole}");
     assert!(whole["id"].as_str().unwrap().starts_with("msg_"), "{whole}");
-    assert_eq!((&whole["type"], &whole["role"], &whole["model"]), (&json!("message"), &json!("assistant"), &json!("smollm2-135m")));
+    assert_eq!(
+        (&whole["type"], &whole["role"], &whole["model"]),
+        (&json!("message"), &json!("assistant"), &json!("smollm2-135m"))
+    );
     let content = whole["content"].as_array().unwrap();
     assert_eq!(content.len(), 1, "{whole}");
     assert_eq!(content[0]["type"], "text");
@@ -241,16 +258,33 @@ async fn errors_come_in_anthropics_shape() {
     let user = |content: Value| json!({"max_tokens": 8, "messages": [{"role": "user", "content": content}]});
     let cases = [
         (user(json!([{"type": "video", "url": "x"}])), 400, "invalid_request_error", "video"),
-        (user(json!([{"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}])), 400, "invalid_request_error", "image"),
+        (
+            user(json!([{"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}])),
+            400,
+            "invalid_request_error",
+            "image",
+        ),
         (json!({"messages": [{"role": "user", "content": "hi"}]}), 400, "invalid_request_error", "max_tokens"),
-        (json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}), 400, "invalid_request_error", "invalid type"),
+        (
+            json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}),
+            400,
+            "invalid_request_error",
+            "invalid type",
+        ),
         (
             json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
                    "tools": [{"name": "get_time", "input_schema": {"type": "object"}}],
                    "tool_choice": {"type": "tool", "name": "get_weather"}}),
-            400, "invalid_request_error", "get_weather",
+            400,
+            "invalid_request_error",
+            "get_weather",
         ),
-        (json!({"model": "claude-opus-4", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}), 404, "not_found_error", "claude-opus-4"),
+        (
+            json!({"model": "claude-opus-4", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}),
+            404,
+            "not_found_error",
+            "claude-opus-4",
+        ),
     ];
     for (request, status, kind, needle) in cases {
         let (got, response) = post(&base, "/v1/messages", &request).await;
@@ -260,7 +294,8 @@ async fn errors_come_in_anthropics_shape() {
     assert_anthropic_error(status, &response, 404, "not_found_error", "/v1/messages/batches");
     // Server tools are ignored, not refused.
     let mut request = body("Hi", 2);
-    request["tools"] = json!([{"type": "web_search_20250305", "name": "web_search"}, {"type": "bash_20250124", "name": "bash"}]);
+    request["tools"] =
+        json!([{"type": "web_search_20250305", "name": "web_search"}, {"type": "bash_20250124", "name": "bash"}]);
     let (status, response) = post(&base, "/v1/messages", &request).await;
     assert_eq!(status, 200, "{response}");
 }
@@ -286,7 +321,8 @@ async fn the_key_may_come_as_x_api_key() {
         assert_anthropic_error(status, &response, 401, "authentication_error", "x-api-key");
         let (status, response) = send(vec![("x-api-key", "wrong".into())], path).await;
         assert_anthropic_error(status, &response, 401, "authentication_error", "x-api-key");
-        let (status, response) = send(vec![("x-api-key", API_KEY.into()), ("anthropic-beta", "whatever-2025".into())], path).await;
+        let (status, response) =
+            send(vec![("x-api-key", API_KEY.into()), ("anthropic-beta", "whatever-2025".into())], path).await;
         assert_eq!(status, 200, "{response}");
         let (status, response) = send(vec![("authorization", format!("Bearer {API_KEY}"))], path).await;
         assert_eq!(status, 200, "{response}");
@@ -321,7 +357,9 @@ async fn claude_codes_billing_line_does_not_defeat_the_prefix_cache() {
     let base = server(Setup::Default);
     let mut system = String::from("You are the assistant of the Musée des Confluences in Lyon. Rules:\n");
     for i in 1..=30 {
-        system.push_str(&format!("{i}. Answer visitors' question number {i} about exhibits, tickets and opening hours briefly.\n"));
+        system.push_str(&format!(
+            "{i}. Answer visitors' question number {i} about exhibits, tickets and opening hours briefly.\n"
+        ));
     }
     let request = |billing: &str| {
         let mut request = body("When does the museum open on Sundays?", 4);
@@ -339,7 +377,10 @@ async fn claude_codes_billing_line_does_not_defeat_the_prefix_cache() {
     let rendered = format!("<|im_start|>system\n{system}<|im_end|>\n");
     let (_, tokens) = post(&base, "/v1/tokenize", &json!({"prompt": rendered, "add_special_tokens": false})).await;
     let system_tokens = tokens["count"].as_u64().unwrap();
-    assert!(cached >= system_tokens, "{cached} cached tokens do not cover the {system_tokens}-token system prompt: {second}");
+    assert!(
+        cached >= system_tokens,
+        "{cached} cached tokens do not cover the {system_tokens}-token system prompt: {second}"
+    );
 }
 
 #[tokio::test]
@@ -383,7 +424,14 @@ async fn a_tool_round_trip_on_qwen() {
     let streamed = read_stream(&post_events(&base, "/v1/messages", &request).await);
     assert_eq!(streamed.stop_reason, "tool_use");
     let without_ids = |blocks: &[Value]| -> Vec<Value> {
-        blocks.iter().map(|b| { let mut b = b.clone(); b.as_object_mut().unwrap().remove("id"); b }).collect()
+        blocks
+            .iter()
+            .map(|b| {
+                let mut b = b.clone();
+                b.as_object_mut().unwrap().remove("id");
+                b
+            })
+            .collect()
     };
     assert_eq!(without_ids(&streamed.content), without_ids(content));
 
