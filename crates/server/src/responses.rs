@@ -42,7 +42,7 @@ pub async fn create_response(
     let assembler = Assembler::new(in_progress(&request, head), tools, names);
     let keep = request.stores().then(|| Keep { state: state.clone(), conversation });
     if request.stream {
-        Ok(Sse::new(event_stream(generation, assembler, keep)).into_response())
+        Ok(Sse::new(event_stream(&state, generation, assembler, keep)).into_response())
     } else {
         Ok(Json(collect(generation, assembler, keep).await?).into_response())
     }
@@ -125,21 +125,28 @@ impl Keep {
     }
 }
 
-/// The streamed response. Dropping it (the client went away) drops the generation, which
-/// cancels it in the engine.
+/// The streamed response. A quiet stream (a long prompt being read) repeats
+/// `response.in_progress`: Codex's idle timeout counts events, not SSE comments. Dropping the
+/// stream (the client went away) drops the generation, which cancels it in the engine.
 fn event_stream(
+    state: &AppState,
     generation: Generation,
     mut assembler: Assembler,
     keep: Option<Keep>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
+    let quiet = state.config.keep_alive;
     let opening = assembler.opening();
-    let rest = stream::unfold((generation, assembler, keep), |(mut generation, mut assembler, mut keep)| async move {
-        let events = assembler.push(generation.next().await?);
-        if let Some(response) = assembler.finished() {
-            Keep::store(keep.take(), response);
-        }
-        Some((events, (generation, assembler, keep)))
-    });
+    let rest =
+        stream::unfold((generation, assembler, keep), move |(mut generation, mut assembler, mut keep)| async move {
+            let events = match tokio::time::timeout(quiet, generation.next()).await {
+                Ok(output) => assembler.push(output?),
+                Err(_) => assembler.in_progress(),
+            };
+            if let Some(response) = assembler.finished() {
+                Keep::store(keep.take(), response);
+            }
+            Some((events, (generation, assembler, keep)))
+        });
     stream::iter(opening).chain(rest.flat_map(stream::iter)).map(|event| Ok(sse_event(&event)))
 }
 

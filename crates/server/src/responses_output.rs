@@ -56,6 +56,13 @@ impl Assembler {
     pub fn opening(&mut self) -> Vec<StreamEvent> {
         let mut events = Vec::new();
         self.emit(&mut events, ResponseEvent::Created { response: self.response.clone() });
+        events.extend(self.in_progress());
+        events
+    }
+
+    /// `response.in_progress` with the items finished so far: also what a quiet stream repeats.
+    pub fn in_progress(&mut self) -> Vec<StreamEvent> {
+        let mut events = Vec::new();
         self.emit(&mut events, ResponseEvent::InProgress { response: self.response.clone() });
         events
     }

@@ -106,8 +106,9 @@ async fn instructions_and_system_roles_lead_as_one_system_message() {
 /// The frames of an SSE body as (event name, data JSON).
 async fn stream_events(base: &str, body: &Value) -> Vec<(String, Value)> {
     let response = client().post(format!("{base}/v1/responses")).json(body).send().await.unwrap();
-    assert_eq!(response.status(), 200);
+    let status = response.status();
     let text = response.text().await.unwrap();
+    assert_eq!(status, 200, "{text}");
     text.split("\n\n")
         .filter(|frame| !frame.trim().is_empty())
         .map(|frame| {
@@ -220,6 +221,21 @@ async fn reasoning_effort_none_turns_thinking_off() {
     assert_eq!(kinds, [&json!("message")], "{response}");
     assert_eq!(response["usage"]["output_tokens_details"]["reasoning_tokens"], 0);
     assert_eq!(response["reasoning"]["effort"], "none");
+}
+
+#[tokio::test]
+async fn a_quiet_stream_repeats_in_progress_while_the_prompt_is_read() {
+    let base = server(Setup::KeepAlive);
+    // About 1,700 tokens: seconds of prefill on 2 cores, many keep-alive intervals.
+    let long: String = (0..110).map(|i| format!("Line {i}: the quick brown fox jumps over the lazy dog. ")).collect();
+    let body = json!({"input": long, "max_output_tokens": 4, "temperature": 0, "stream": true, "store": false});
+    let events = stream_events(&base, &body).await;
+    let (kinds, last) = check_stream(&events);
+    let first_item = kinds.iter().position(|k| k == "response.output_item.added").unwrap();
+    let beats = kinds[..first_item].iter().filter(|k| *k == "response.in_progress").count();
+    assert!(beats > 2, "{kinds:?}");
+    assert_eq!(kinds[0], "response.created");
+    assert_eq!(last["status"], "incomplete");
 }
 
 #[tokio::test]
