@@ -68,6 +68,14 @@ pub struct ServeArgs {
     /// itself, or @FILE.
     #[arg(long)]
     guided_json: Option<String>,
+    /// When a client gives up while its prompt is read, read on (while no one else waits) if at
+    /// most this many positions are left, so its retry finds the prompt cached; 0 turns it off.
+    /// Default: the context size.
+    #[arg(long)]
+    orphan_prefill_tokens: Option<usize>,
+    /// Seconds of quiet after which a stream sends a keep-alive event.
+    #[arg(long, default_value_t = 15)]
+    keep_alive_seconds: u64,
 }
 
 fn parse_tool_call_parser(name: &str) -> Result<ToolCallFormat, String> {
@@ -112,16 +120,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let trained = bundle.model.config().max_position_embeddings;
     let kv_tokens = cache.kv_tokens(&bundle);
     let ctx_size = args.ctx_size.unwrap_or(trained.min(kv_tokens));
-    eprintln!(
+    let summary = format!(
         "model {} ({:?}): context {ctx_size} tokens (trained for {trained}); KV cache {} holds {kv_tokens} tokens, {:.1} KiB per token",
         model_id(&args.model),
         bundle.model.config().architecture,
         human_bytes(args.kv_cache_memory),
         args.kv_cache_memory as f64 / kv_tokens as f64 / 1024.0,
     );
-    if ctx_size > kv_tokens {
-        eprintln!("warning: --ctx-size {ctx_size} is more than the KV cache holds ({kv_tokens}); raise --kv-cache-memory");
-    }
     let config = ServerConfig {
         model_id: model_id(&args.model),
         api_key: args.api_key,
@@ -135,6 +140,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         cache,
         tool_call_parser: args.tool_call_parser,
         guided_json,
+        keep_alive: std::time::Duration::from_secs(args.keep_alive_seconds.max(1)),
+        orphan_prefill_tokens: args.orphan_prefill_tokens.unwrap_or(ctx_size),
     };
     let state = spindle_server::start(config, bundle);
     if let Some(schema) = &state.config.guided_json {
@@ -143,6 +150,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         grammars
             .compile(spindle_constrain::grammar::json_schema(schema))
             .map_err(|e| anyhow::anyhow!("--guided-json can't be enforced: {e}"))?;
+    }
+    // After every check that can refuse to start, so a refusal is the only line.
+    eprintln!("{summary}");
+    if ctx_size > kv_tokens {
+        eprintln!("warning: --ctx-size {ctx_size} is more than the KV cache holds ({kv_tokens}); raise --kv-cache-memory");
     }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {

@@ -32,6 +32,10 @@ pub struct EngineConfig {
     /// Tokens one step may run: every decode token, then whole prefill chunks while they fit.
     pub step_tokens: usize,
     pub cache: CacheConfig,
+    /// A prompt whose client went away while it was read is read to its end (and cached) while
+    /// the engine has nothing else to do, when at most this many of its positions are left;
+    /// 0 turns that off.
+    pub orphan_prefill_tokens: usize,
 }
 
 impl EngineConfig {
@@ -44,7 +48,13 @@ impl EngineConfig {
     /// The step settings `spindle serve` runs with, for `max_active` sequences over `cache`.
     /// `generate`, `bench` and the reference tests use them too, so they run what serving runs.
     pub fn new(max_active: usize, cache: CacheConfig) -> Self {
-        Self { max_active, prefill_chunk: Self::PREFILL_CHUNK, step_tokens: Self::STEP_TOKENS, cache }
+        Self {
+            max_active,
+            prefill_chunk: Self::PREFILL_CHUNK,
+            step_tokens: Self::STEP_TOKENS,
+            cache,
+            orphan_prefill_tokens: usize::MAX,
+        }
     }
 }
 
@@ -116,11 +126,13 @@ pub struct SequenceSummary {
     pub cached_tokens: usize,
 }
 
-/// Gauges the server exports.
+/// Gauges and counters the server exports.
 #[derive(Debug, Default)]
 pub struct EngineLoad {
     pub waiting: AtomicUsize,
     pub active: AtomicUsize,
+    /// Prompt positions read for requests whose client had gone (kept for a retry).
+    pub orphan_prefill_tokens: AtomicUsize,
 }
 
 /// Handle to the engine thread; cloning shares the thread.
@@ -180,6 +192,7 @@ impl Engine {
 struct EngineState<'a> {
     bundle: &'a ModelBundle,
     config: &'a EngineConfig,
+    load: &'a EngineLoad,
     prefix: PrefixCache,
     scheduler: Scheduler,
     waiting: HashMap<SeqId, SequenceRequest>,
@@ -191,6 +204,7 @@ fn run(bundle: &ModelBundle, config: &EngineConfig, inbox: &mpsc::Receiver<Seque
     let mut engine = EngineState {
         bundle,
         config,
+        load,
         prefix: PrefixCache::new(bundle, &config.cache),
         scheduler: Scheduler::new(SchedulerConfig { max_active: config.max_active.max(1), step_tokens: config.step_tokens }),
         waiting: HashMap::new(),
@@ -232,6 +246,11 @@ impl EngineState<'_> {
         let mut failed = Vec::new();
         let admitted = self.scheduler.admit(|id| {
             let request = &self.waiting[&id];
+            if self.running.values().any(|seq| seq.is_reading_shared_prefix(&request.prompt_ids, self.config.prefill_chunk)) {
+                // A retry, or a twin sent at the same time: wait for the running one to read the
+                // shared part and resume from its cache instead of reading it a second time.
+                return false;
+            }
             let len = request.prompt_ids.len();
             let plan = PrefillPlan::new(len, &request.snapshot_positions, self.config.prefill_chunk);
             // Room for the prompt and every token it may generate is taken now: a sequence that
@@ -275,13 +294,20 @@ impl EngineState<'_> {
         let plan = self.scheduler.plan();
         let work = plan.prefill.iter().map(|&(id, size)| (id, Some(size))).chain(plan.decode.iter().map(|&id| (id, None)));
         let mut jobs: Vec<Job> = Vec::new();
+        // Nobody else wants the engine: a prompt whose client left may go on being read.
+        let idle = self.waiting.is_empty() && self.running.values().all(Sequence::client_gone);
         for (id, prefill) in work {
             let Some(mut seq) = self.running.remove(&id) else { continue };
             let prefix = &mut self.prefix;
             let bundle = self.bundle;
+            let orphan_room = self.config.orphan_prefill_tokens;
             let begun = guarded(&mut seq, |seq| {
-                if let Some(step) = seq.abandoned(prefix) {
-                    return Err(step);
+                if seq.dropped() {
+                    let keep_reading = idle && prefill.is_some() && seq.unread() <= orphan_room;
+                    if !keep_reading {
+                        seq.keep_read_prompt(prefix);
+                        return Err(Ended);
+                    }
                 }
                 match prefill {
                     Some(size) => seq.begin_prefill(prefix, size),
@@ -309,6 +335,9 @@ impl EngineState<'_> {
             Err(panic) => return self.fail_all(jobs, format!("internal error: {}", panic_message(&panic))),
         };
         for (mut job, logits) in jobs.into_iter().zip(logits) {
+            if job.prefill && job.seq.client_gone() {
+                self.load.orphan_prefill_tokens.fetch_add(job.tokens.len(), Ordering::Relaxed);
+            }
             if job.prefill {
                 job.seq.end_prefill(&mut self.prefix, logits);
             } else {

@@ -35,6 +35,8 @@ pub struct Sequence {
     forcing: VecDeque<u32>,
     /// The engine has forced the close tag (it does so at most once).
     close_forced: bool,
+    /// The client is gone: the prompt may still be read for the cache, nothing is reported.
+    orphan: bool,
 }
 
 impl Sequence {
@@ -53,6 +55,7 @@ impl Sequence {
             reasoning_tokens: 0,
             forcing: VecDeque::new(),
             close_forced: false,
+            orphan: false,
         }
     }
 
@@ -68,25 +71,48 @@ impl Sequence {
         self.plan.chunks_after(self.cache.len())
     }
 
-    /// Ends the sequence early when its client went away or cancelled, keeping what it read of
-    /// its prompt.
-    pub fn abandoned(&mut self, prefix: &mut PrefixCache) -> Option<Ended> {
-        if self.request.events.is_closed() {
-            self.keep_read_prompt(prefix);
-            return Some(Ended);
+    /// Whether the client went away or cancelled. A cancelled request is told it ended the
+    /// first time this sees it; from then on the sequence reports nothing more.
+    pub fn dropped(&mut self) -> bool {
+        if self.orphan {
+            return true;
         }
-        if self.request.cancel.load(Ordering::Relaxed) {
-            self.keep_read_prompt(prefix);
-            return Some(self.finish(FinishReason::Cancelled));
+        if !self.client_gone() {
+            return false;
         }
-        None
+        if !self.request.events.is_closed() {
+            self.finish(FinishReason::Cancelled);
+        }
+        self.orphan = true;
+        true
+    }
+
+    /// The client went away or cancelled.
+    pub fn client_gone(&self) -> bool {
+        self.orphan || self.request.events.is_closed() || self.request.cancel.load(Ordering::Relaxed)
+    }
+
+    /// Prompt positions not read yet.
+    pub fn unread(&self) -> usize {
+        self.request.prompt_ids.len() - self.cache.len()
+    }
+
+    /// Whether this sequence is still reading a prefix of its prompt that `prompt` shares, at
+    /// least one `chunk` long and not read yet: a request with `prompt` would read the same
+    /// positions again if it started now.
+    pub fn is_reading_shared_prefix(&self, prompt: &[u32], chunk: usize) -> bool {
+        if self.logits.is_some() {
+            return false;
+        }
+        let shared = self.request.prompt_ids.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        shared >= chunk && shared > self.cache.len()
     }
 
     /// Puts the part of the prompt a dropped request had read into the prefix cache, as if it
     /// were a finished prompt: a client that gave up and sends the request again resumes there
     /// instead of paying for the same chunks twice. It ends at a chunk cut of its own plan, so
     /// the retry (same plan) continues it bit for bit.
-    fn keep_read_prompt(&self, prefix: &mut PrefixCache) {
+    pub fn keep_read_prompt(&self, prefix: &mut PrefixCache) {
         let read = self.cache.len();
         let in_progress = self.logits.is_none() && read > self.cached && read < self.request.prompt_ids.len();
         // Snapshot positions were stored as they were reached.
@@ -125,7 +151,9 @@ impl Sequence {
         if at_end {
             self.logits = Some(logits);
         }
-        let _ = self.request.events.send(SequenceEvent::Prefilled { read: end, total: self.request.prompt_ids.len() });
+        if !self.orphan {
+            let _ = self.request.events.send(SequenceEvent::Prefilled { read: end, total: self.request.prompt_ids.len() });
+        }
     }
 
     /// Samples one token from the pending logits and reports it; returns it when it must run

@@ -1,6 +1,7 @@
-//! A client that gives up while its prompt is read (a time-out, a cancel) leaves the chunks
-//! read so far in the prefix cache: the same request sent again resumes there, with the output
-//! a cold engine gives.
+//! A client that gives up while its prompt is read (a time-out, a cancel) costs no work: the
+//! chunks read so far stay in the prefix cache, the engine goes on reading the prompt while it
+//! has nothing else to do, and yields to live requests at once. A retry resumes, a twin sent
+//! beside it waits and reads nothing twice, and every output is the cold one.
 
 mod common;
 
@@ -8,14 +9,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{engine, greedy, hybrid, run, smollm2, PREFILL_CHUNK};
+use common::{engine, engine_with_orphans, greedy, hybrid, run, smollm2, PREFILL_CHUNK};
 use spindle_runner::{Engine, ModelBundle, ReasoningMode, SequenceEvent, SequenceRequest};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 const PROMPT: usize = 640;
 const CONTEXT: usize = 4096;
 
-fn prompt(vocab: u32) -> Vec<u32> {
-    (0..PROMPT as u32).map(|i| (i * 37 + 5) % (vocab - 2) + 1).collect()
+fn prompt(vocab: u32, seed: u32) -> Vec<u32> {
+    (0..PROMPT as u32).map(|i| (i * 37 + 5 + seed * 101) % (vocab - 2) + 1).collect()
 }
 
 /// How the client gives up.
@@ -27,11 +29,8 @@ enum GiveUp {
     Disconnect,
 }
 
-/// Submits `prompt` and gives up once at least `chunks` prefill chunks are in; returns the
-/// positions read by then.
-fn read_partly(engine: &Engine, prompt: &[u32], chunks: usize, give_up: GiveUp) -> usize {
-    let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
-    let cancel = Arc::new(AtomicBool::new(false));
+fn submit(engine: &Engine, prompt: &[u32], cancel: &Arc<AtomicBool>) -> UnboundedReceiver<SequenceEvent> {
+    let (events, inbox) = tokio::sync::mpsc::unbounded_channel();
     engine
         .submit(SequenceRequest {
             prompt_ids: prompt.to_vec(),
@@ -48,6 +47,14 @@ fn read_partly(engine: &Engine, prompt: &[u32], chunks: usize, give_up: GiveUp) 
             constraint: None,
         })
         .unwrap();
+    inbox
+}
+
+/// Submits `prompt` and gives up once at least `chunks` prefill chunks are in; returns the
+/// positions read by then.
+fn read_partly(engine: &Engine, prompt: &[u32], chunks: usize, give_up: GiveUp) -> usize {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let mut inbox = submit(engine, prompt, &cancel);
     loop {
         match inbox.blocking_recv().expect("events until the end") {
             SequenceEvent::Prefilled { read, total } if read >= chunks * PREFILL_CHUNK => {
@@ -57,16 +64,7 @@ fn read_partly(engine: &Engine, prompt: &[u32], chunks: usize, give_up: GiveUp) 
                         cancel.store(true, Ordering::Relaxed);
                         while !matches!(inbox.blocking_recv(), Some(SequenceEvent::Finished(_)) | None) {}
                     }
-                    GiveUp::Disconnect => {
-                        drop(inbox);
-                        // The engine notices at its next step; a retry sent before that would
-                        // run beside the dropped request instead of after it.
-                        let deadline = Instant::now() + Duration::from_secs(60);
-                        while engine.load().active.load(Ordering::Relaxed) > 0 {
-                            assert!(Instant::now() < deadline, "the dropped request never ended");
-                            std::thread::sleep(Duration::from_millis(5));
-                        }
-                    }
+                    GiveUp::Disconnect => drop(inbox),
                 }
                 return read;
             }
@@ -76,18 +74,32 @@ fn read_partly(engine: &Engine, prompt: &[u32], chunks: usize, give_up: GiveUp) 
     }
 }
 
+/// Waits until the engine runs nothing (a dropped prompt read to its end, or given up).
+fn wait_idle(engine: &Engine) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while engine.load().active.load(Ordering::Relaxed) > 0 {
+        assert!(Instant::now() < deadline, "the engine never went idle");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn cold(bundle: &Arc<ModelBundle>, prompt: &[u32]) -> common::Output {
+    let (output, cached) = run(&engine(bundle, None), prompt, &[], greedy(), CONTEXT);
+    assert_eq!(cached, 0);
+    output
+}
+
+/// With reading after a drop turned off, the retry resumes at the last chunk read.
 fn check_retry_resumes(bundle: &Arc<ModelBundle>, vocab: u32, give_up: GiveUp) {
-    let prompt = prompt(vocab);
-    let warm = engine(bundle, None);
+    let prompt = prompt(vocab, 0);
+    let warm = engine_with_orphans(bundle, None, 0);
     let read = read_partly(&warm, &prompt, 3, give_up);
+    wait_idle(&warm);
     let (retried, cached) = run(&warm, &prompt, &[], greedy(), CONTEXT);
     assert!(cached >= read, "the retry resumes where the dropped request was ({cached} < {read})");
-    assert!(cached < prompt.len(), "the dropped request did not read the whole prompt");
+    assert!(cached < prompt.len(), "nothing read the rest of the dropped prompt");
     assert_eq!(cached % PREFILL_CHUNK, 0, "it resumes at a chunk cut");
-
-    let (cold, cold_cached) = run(&engine(bundle, None), &prompt, &[], greedy(), CONTEXT);
-    assert_eq!(cold_cached, 0);
-    assert_eq!(retried, cold, "the resumed retry gives the cold output");
+    assert_eq!(retried, cold(bundle, &prompt), "the resumed retry gives the cold output");
 }
 
 #[test]
@@ -98,4 +110,69 @@ fn a_cancelled_prefill_is_resumed_by_its_retry_on_the_dense_model() {
 #[test]
 fn a_disconnected_prefill_is_resumed_by_its_retry_on_the_hybrid_model() {
     check_retry_resumes(&hybrid(), 512, GiveUp::Disconnect);
+}
+
+/// An idle engine reads a dropped prompt to its end: the retry reads nothing.
+fn check_idle_engine_finishes_the_prompt(bundle: &Arc<ModelBundle>, vocab: u32) {
+    let prompt = prompt(vocab, 1);
+    let warm = engine(bundle, None);
+    let read = read_partly(&warm, &prompt, 2, GiveUp::Disconnect);
+    wait_idle(&warm);
+    let orphan_tokens = warm.load().orphan_prefill_tokens.load(Ordering::Relaxed);
+    assert!(orphan_tokens >= prompt.len() - read, "{orphan_tokens} positions read after the drop");
+    let (retried, cached) = run(&warm, &prompt, &[], greedy(), CONTEXT);
+    assert_eq!(cached, prompt.len(), "the whole prompt was read while idle");
+    assert_eq!(retried, cold(bundle, &prompt));
+}
+
+#[test]
+fn an_idle_engine_reads_a_dropped_prompt_to_its_end_on_the_dense_model() {
+    check_idle_engine_finishes_the_prompt(&smollm2(), 49152);
+}
+
+#[test]
+fn an_idle_engine_reads_a_dropped_prompt_to_its_end_on_the_hybrid_model() {
+    check_idle_engine_finishes_the_prompt(&hybrid(), 512);
+}
+
+#[test]
+fn a_dropped_prefill_yields_to_a_live_request() {
+    let bundle = smollm2();
+    let dropped = prompt(49152, 2);
+    let warm = engine(&bundle, None);
+    let read = read_partly(&warm, &dropped, 2, GiveUp::Disconnect);
+    let live = prompt(49152, 3);
+    let (output, _) = run(&warm, &live, &[], greedy(), CONTEXT);
+    assert_eq!(output, cold(&bundle, &live));
+    wait_idle(&warm);
+    // Read while the live request waited: at most the steps until it was admitted.
+    let orphan_tokens = warm.load().orphan_prefill_tokens.load(Ordering::Relaxed);
+    assert!(orphan_tokens < dropped.len() - read, "the dropped prompt was read to its end ({orphan_tokens})");
+}
+
+/// Two identical prompts sent together: the second waits for the first and reads nothing.
+fn check_twins_read_once(bundle: &Arc<ModelBundle>, vocab: u32) {
+    let prompt = prompt(vocab, 4);
+    let warm = engine(bundle, None);
+    let first = std::thread::scope(|scope| {
+        let first = scope.spawn(|| run(&warm, &prompt, &[], greedy(), CONTEXT));
+        std::thread::sleep(Duration::from_millis(20));
+        let (second, cached) = run(&warm, &prompt, &[], greedy(), CONTEXT);
+        assert_eq!(cached, prompt.len(), "the twin resumed from the first one's cache");
+        let (first, first_cached) = first.join().unwrap();
+        assert_eq!(first_cached, 0);
+        assert_eq!(second, first);
+        first
+    });
+    assert_eq!(first, cold(bundle, &prompt));
+}
+
+#[test]
+fn a_twin_request_waits_and_reads_nothing_twice_on_the_dense_model() {
+    check_twins_read_once(&smollm2(), 49152);
+}
+
+#[test]
+fn a_twin_request_waits_and_reads_nothing_twice_on_the_hybrid_model() {
+    check_twins_read_once(&hybrid(), 512);
 }

@@ -122,7 +122,7 @@ fn roomy(model: &Model) -> CacheConfig {
 }
 
 fn engine(model: &Model, max_active: usize, cache: CacheConfig) -> Engine {
-    Engine::start(model.bundle.clone(), EngineConfig { max_active, prefill_chunk: CHUNK, step_tokens: 2 * CHUNK, cache })
+    Engine::start(model.bundle.clone(), EngineConfig { max_active, prefill_chunk: CHUNK, step_tokens: 2 * CHUNK, cache, orphan_prefill_tokens: usize::MAX })
 }
 
 fn submit(engine: &Engine, model: &Model, request: &Request) -> UnboundedReceiver<SequenceEvent> {

@@ -23,7 +23,7 @@ use spindle_runner::{FinishReason, ReasoningBudget, ReasoningMode, SequenceSumma
 
 use crate::error::{parse_json, HttpError};
 use crate::generation::{Generation, Output, Plan};
-use crate::sse::{done_event, event_stream, json_event};
+use crate::sse::{done_event, event_stream, json_event, keep_alive};
 use crate::request::{check_model, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead};
 use crate::state::AppState;
 use crate::structured::answer_shape;
@@ -40,7 +40,7 @@ pub async fn chat_completions(
     let ChatStart { generation, head, tools, .. } = start_chat(&state, &request, "chatcmpl")?;
     if request.stream {
         let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok(Sse::new(chunk_stream(generation, head, include_usage, tools)).into_response())
+        Ok(Sse::new(chunk_stream(generation, head, include_usage, tools)).keep_alive(keep_alive(&state)).into_response())
     } else {
         Ok(Json(collect(generation, head, tools).await?).into_response())
     }

@@ -19,7 +19,7 @@ use spindle_runner::{ReasoningMode, SequenceSummary};
 
 use crate::error::{parse_json, HttpError};
 use crate::generation::{Generation, Output, Plan};
-use crate::sse::{done_event, event_stream, json_event};
+use crate::sse::{done_event, event_stream, json_event, keep_alive};
 use crate::request::{check_model, finish_reason, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead};
 use crate::state::AppState;
 
@@ -64,7 +64,7 @@ pub async fn completions(
     let generation = Generation::start(&state, &head.id, plan)?;
     if request.stream {
         let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok(Sse::new(chunk_stream(generation, head, echo, include_usage)).into_response())
+        Ok(Sse::new(chunk_stream(generation, head, echo, include_usage)).keep_alive(keep_alive(&state)).into_response())
     } else {
         Ok(Json(collect(generation, head, echo).await?).into_response())
     }

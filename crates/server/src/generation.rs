@@ -154,6 +154,9 @@ impl Generation {
         let decode_s = (self.last_token.unwrap_or(first) - first).as_secs_f64();
         let read = summary.prompt_tokens - summary.cached_tokens.min(summary.prompt_tokens);
         let per_second = |tokens: usize, seconds: f64| if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 };
+        if read > 0 && self.first_token.is_some() {
+            self.state.metrics.prefill_tokens_per_second.observe(per_second(read, prefill_s));
+        }
         tracing::info!(
             id = %self.id,
             prompt = summary.prompt_tokens,

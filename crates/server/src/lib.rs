@@ -32,7 +32,11 @@ pub use state::{AppState, ServerConfig};
 /// Starts the engine thread for `bundle` and the state the routes share.
 pub fn start(config: ServerConfig, bundle: ModelBundle) -> Arc<AppState> {
     let bundle = Arc::new(bundle);
-    let engine = Engine::start(bundle.clone(), EngineConfig::new(config.max_concurrent, config.cache.clone()));
+    let engine_config = EngineConfig {
+        orphan_prefill_tokens: config.orphan_prefill_tokens,
+        ..EngineConfig::new(config.max_concurrent, config.cache.clone())
+    };
+    let engine = Engine::start(bundle.clone(), engine_config);
     Arc::new(AppState::new(config, bundle, engine))
 }
 

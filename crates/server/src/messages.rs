@@ -24,6 +24,7 @@ use crate::messages_events::{assemble, MessageEvents};
 use crate::messages_request::chat_request;
 use crate::request::check_model;
 use crate::state::AppState;
+use crate::sse::keep_alive_ping;
 
 /// The path prefix whose errors take Anthropic's shape.
 const MESSAGES_PATH: &str = "/v1/messages";
@@ -38,7 +39,7 @@ pub async fn messages(
     let ChatStart { generation, head, tools, prompt_tokens } = start_chat(&state, &chat, "msg")?;
     let events = MessageEvents::new(head, tools);
     if request.stream {
-        Ok(Sse::new(event_stream(generation, events, prompt_tokens)).into_response())
+        Ok(Sse::new(event_stream(generation, events, prompt_tokens)).keep_alive(keep_alive_ping(&state)).into_response())
     } else {
         Ok(Json(collect(generation, events, prompt_tokens).await?).into_response())
     }

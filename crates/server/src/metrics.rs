@@ -21,6 +21,9 @@ pub struct Metrics {
     pub cached_prompt_tokens: Counter,
     pub time_to_first_token: Histogram,
     pub inter_token_latency: Histogram,
+    /// Read speed of each request's new prompt positions.
+    pub prefill_tokens_per_second: Histogram,
+    orphan_prefill_tokens: Counter,
     queue_depth: Gauge,
     running: Gauge,
 }
@@ -35,6 +38,9 @@ impl Default for Metrics {
         // 1 ms .. ~33 s, doubling: covers a cached decode step and a cold 8k-token prefill.
         let time_to_first_token = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let inter_token_latency = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        // 4 .. ~130k tokens/s, doubling.
+        let prefill_tokens_per_second = Histogram::new(exponential_buckets(4.0, 2.0, 16));
+        let orphan_prefill_tokens = Counter::default();
         let queue_depth = Gauge::default();
         let running = Gauge::default();
         registry.register("requests", "HTTP requests by endpoint and status", requests.clone());
@@ -43,6 +49,16 @@ impl Default for Metrics {
         registry.register("cached_prompt_tokens", "Prompt tokens served from the prefix cache", cached_prompt_tokens.clone());
         registry.register("time_to_first_token_seconds", "Time from request to first token", time_to_first_token.clone());
         registry.register("inter_token_latency_seconds", "Time between consecutive tokens", inter_token_latency.clone());
+        registry.register(
+            "prefill_tokens_per_second",
+            "Prompt positions read per second, per request (cached ones not counted)",
+            prefill_tokens_per_second.clone(),
+        );
+        registry.register(
+            "orphan_prefill_tokens",
+            "Prompt positions read after their client gave up, kept in the prefix cache for a retry",
+            orphan_prefill_tokens.clone(),
+        );
         registry.register("queue_depth", "Requests waiting for the engine", queue_depth.clone());
         registry.register("running_requests", "Sequences the engine is running", running.clone());
         Self {
@@ -53,6 +69,8 @@ impl Default for Metrics {
             cached_prompt_tokens,
             time_to_first_token,
             inter_token_latency,
+            prefill_tokens_per_second,
+            orphan_prefill_tokens,
             queue_depth,
             running,
         }
@@ -68,6 +86,8 @@ impl Metrics {
     pub fn render(&self, load: &EngineLoad) -> String {
         self.queue_depth.set(load.waiting.load(Ordering::Relaxed) as i64);
         self.running.set(load.active.load(Ordering::Relaxed) as i64);
+        let orphan = load.orphan_prefill_tokens.load(Ordering::Relaxed) as u64;
+        self.orphan_prefill_tokens.inc_by(orphan.saturating_sub(self.orphan_prefill_tokens.get()));
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");
         text

@@ -3,13 +3,25 @@
 
 use std::convert::Infallible;
 
-use axum::response::sse::Event;
+use axum::response::sse::{Event, KeepAlive};
 use futures_util::stream::{self, Stream, StreamExt};
 
 use crate::generation::{Generation, Output};
+use crate::state::AppState;
 
 pub fn json_event(value: &impl serde::Serialize) -> Event {
     Event::default().data(serde_json::to_string(value).expect("response types serialise"))
+}
+
+/// A comment line after `state`'s keep-alive interval of quiet: proxies and clients see the
+/// connection live while a long prompt waits or is read, and no client reads it as content.
+pub fn keep_alive(state: &AppState) -> KeepAlive {
+    KeepAlive::new().interval(state.config.keep_alive).text("keep-alive")
+}
+
+/// [`keep_alive`] as Anthropic's `ping` event, which Messages clients expect instead.
+pub fn keep_alive_ping(state: &AppState) -> KeepAlive {
+    KeepAlive::new().interval(state.config.keep_alive).event(Event::default().event("ping").data(r#"{"type":"ping"}"#))
 }
 
 pub fn done_event() -> Event {

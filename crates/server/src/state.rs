@@ -41,6 +41,11 @@ pub struct ServerConfig {
     pub tool_call_parser: Option<ToolCallFormat>,
     /// `--guided-json`: the schema every answer follows unless a request sets `response_format`.
     pub guided_json: Option<Value>,
+    /// Quiet time after which a stream sends a keep-alive (while its prompt waits or is read).
+    pub keep_alive: std::time::Duration,
+    /// `--orphan-prefill-tokens`: how much of a prompt whose client left is still read while
+    /// the engine is idle (0: none).
+    pub orphan_prefill_tokens: usize,
 }
 
 pub struct AppState {

@@ -43,13 +43,19 @@ pub fn hybrid() -> Arc<ModelBundle> {
 }
 
 pub fn engine(bundle: &Arc<ModelBundle>, disk: Option<&Path>) -> Engine {
+    engine_with_orphans(bundle, disk, usize::MAX)
+}
+
+/// [`engine`] reading at most `orphan_prefill_tokens` of a dropped prompt while idle (0: none).
+pub fn engine_with_orphans(bundle: &Arc<ModelBundle>, disk: Option<&Path>, orphan_prefill_tokens: usize) -> Engine {
     let cache = CacheConfig {
         kv_bytes: 64 << 20,
         snapshot_bytes: 64 << 20,
         block_size: BLOCK_SIZE,
         disk: disk.map(|dir| DiskConfig { dir: dir.to_path_buf(), bytes: 1 << 30 }),
     };
-    let config = EngineConfig { max_active: 2, prefill_chunk: PREFILL_CHUNK, step_tokens: 2 * PREFILL_CHUNK, cache };
+    let config =
+        EngineConfig { max_active: 2, prefill_chunk: PREFILL_CHUNK, step_tokens: 2 * PREFILL_CHUNK, cache, orphan_prefill_tokens };
     Engine::start(bundle.clone(), config)
 }
 

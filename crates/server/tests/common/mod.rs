@@ -27,7 +27,12 @@ pub enum Setup {
     Qwen,
     /// `--guided-json` [`GUIDED_SCHEMA`]: every answer without `response_format` follows it.
     GuidedJson,
+    /// Keep-alives after [`KEEP_ALIVE`] of quiet.
+    KeepAlive,
 }
+
+/// The keep-alive interval of [`Setup::KeepAlive`].
+pub const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(250);
 
 pub const API_KEY: &str = "sk-test-key";
 
@@ -65,6 +70,8 @@ fn start(setup: Setup) -> String {
         cache: Default::default(),
         tool_call_parser: None,
         guided_json: None,
+        keep_alive: std::time::Duration::from_secs(15),
+        orphan_prefill_tokens: usize::MAX,
     };
     match setup {
         Setup::Default => {}
@@ -76,6 +83,7 @@ fn start(setup: Setup) -> String {
         }
         Setup::SmallContext => config.ctx_size = 64,
         Setup::GuidedJson => config.guided_json = Some(guided_schema()),
+        Setup::KeepAlive => config.keep_alive = KEEP_ALIVE,
         Setup::Qwen => (config.max_concurrent, config.max_queue, config.max_body_bytes) = (16, 64, 1024 * 1024),
     }
     let state = spindle_server::start(config, bundle);
