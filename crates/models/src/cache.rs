@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 use crate::error::{ModelError, Result};
 use crate::gated_deltanet::LinearAttentionState;
 use crate::paged_attention::{self, Visibility};
+use crate::kv_type::KvType;
 use crate::paged_kv::{KvShape, PagedKv};
 
 /// Positions per block of a cache that owns its storage alone.
@@ -80,10 +81,11 @@ pub struct SequenceCache {
 }
 
 impl SequenceCache {
-    /// A cache with storage of its own for `limit` positions (one sequence run by itself).
-    pub fn standalone(shapes: &[Option<KvShape>], recurrent: RecurrentState, limit: usize) -> Self {
+    /// A cache with storage of its own, as `kind`, for `limit` positions (one sequence run by
+    /// itself).
+    pub fn standalone(shapes: &[Option<KvShape>], kind: KvType, recurrent: RecurrentState, limit: usize) -> Self {
         let blocks = limit.div_ceil(STANDALONE_BLOCK).max(1);
-        let kv = Arc::new(PagedKv::new(shapes, blocks, STANDALONE_BLOCK));
+        let kv = Arc::new(PagedKv::new(shapes, kind, blocks, STANDALONE_BLOCK));
         Self { kv, blocks: (0..blocks as u32).collect(), recurrent, len: 0, limit }
     }
 
@@ -153,14 +155,8 @@ impl SequenceCache {
     /// An independent standalone copy: the sequence can go on from here while this copy stays
     /// as it is.
     pub fn snapshot(&self) -> Result<Self> {
-        let shapes = self.kv.shapes();
-        let mut copy = Self::standalone(&shapes, self.recurrent.clone(), self.limit);
-        if self.len > 0 {
-            for layer in (0..shapes.len()).filter(|&l| shapes[l].is_some()) {
-                let (k, v) = self.kv.gather(layer, &self.blocks, self.len)?;
-                copy.kv.write(layer, &copy.blocks, 0, &k, &v)?;
-            }
-        }
+        let mut copy = Self::standalone(&self.kv.shapes(), self.kv.kv_type(), self.recurrent.clone(), self.limit);
+        self.kv.copy_sequence(&self.blocks, self.len, &copy.kv, &copy.blocks)?;
         copy.len = self.len;
         Ok(copy)
     }

@@ -19,6 +19,8 @@ mod dense;
 mod error;
 mod gated_deltanet;
 mod gemma3;
+mod isa;
+mod kv_type;
 mod layers;
 mod legacy_quants;
 mod llama;
@@ -36,6 +38,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 pub use cache::{RecurrentState, SequenceCache};
+pub use kv_type::KvType;
 pub use paged_kv::{KvShape, PagedKv};
 use candle_core::quantized::gguf_file::Value;
 pub use config::{Architecture, TransformerConfig};
@@ -80,10 +83,10 @@ pub trait CausalLm: Send + Sync {
     }
 
     /// An empty cache with storage of its own for at most `context` positions (capped at the
-    /// model's own limit).
+    /// model's own limit), keeping keys and values in f32: the cache the reference checks use.
     fn new_cache(&self, context: usize) -> SequenceCache {
         let limit = context.min(self.config().max_position_embeddings);
-        SequenceCache::standalone(&self.kv_shapes(), self.initial_recurrent_state(), limit)
+        SequenceCache::standalone(&self.kv_shapes(), KvType::F32, self.initial_recurrent_state(), limit)
     }
 }
 

@@ -3,17 +3,19 @@
 //! so the prefix is stored once. Which blocks are free is decided outside (the scheduler's block
 //! pool); this module only stores and moves the numbers.
 //!
-//! Layout per attention layer: block after block, each `kv_heads × block_size × head_dim` f32, so
-//! a sequence's keys of one head are runs of `block_size × head_dim` floats, which attention reads
-//! in place.
+//! Layout per attention layer: block after block, each `kv_heads × block_size` rows of
+//! `head_dim` values in the pool's [`KvType`], so a sequence's keys of one head are runs of
+//! `block_size` rows, which attention reads in place. A row is converted to that type when it
+//! is written, by itself, so what is stored does not depend on the batch.
 //! The storage is allocated zeroed, which the OS commits lazily: an unused pool costs no memory.
 //! Sequences of one batch attend in parallel: many may read a layer at once, one writes.
 
 use std::sync::RwLock;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 
 use crate::error::{ModelError, Result};
+use crate::kv_type::{encode_bf16, encode_f16, encode_q8_0, KvRows, KvType};
 use crate::paged_attention::HeadRuns;
 
 /// Key/value sizes of one attention layer.
@@ -24,14 +26,99 @@ pub struct KvShape {
 }
 
 impl KvShape {
-    /// Floats of keys (or of values) one position takes.
-    fn floats(self) -> usize {
-        self.kv_heads * self.head_dim
+    /// Bytes of keys (or of values) one position takes when stored as `kind`.
+    fn bytes(self, kind: KvType) -> usize {
+        self.kv_heads * kind.row_bytes(self.head_dim)
+    }
+}
+
+/// One layer's keys or values, in the elements of their type.
+enum KvBuffer {
+    F32(Vec<f32>),
+    F16(Vec<u16>),
+    Bf16(Vec<u16>),
+    Q8_0(Vec<u8>),
+}
+
+impl KvBuffer {
+    fn zeroed(kind: KvType, units: usize) -> Self {
+        match kind {
+            KvType::F32 => KvBuffer::F32(vec![0.0; units]),
+            KvType::F16 => KvBuffer::F16(vec![0; units]),
+            KvType::Bf16 => KvBuffer::Bf16(vec![0; units]),
+            KvType::Q8_0 => KvBuffer::Q8_0(vec![0; units]),
+        }
+    }
+
+    /// The elements `at..at + units`.
+    fn rows(&self, at: usize, units: usize) -> KvRows<'_> {
+        match self {
+            KvBuffer::F32(x) => KvRows::F32(&x[at..at + units]),
+            KvBuffer::F16(x) => KvRows::F16(&x[at..at + units]),
+            KvBuffer::Bf16(x) => KvRows::Bf16(&x[at..at + units]),
+            KvBuffer::Q8_0(x) => KvRows::Q8_0(&x[at..at + units]),
+        }
+    }
+
+    /// Stores the values `row` (whole rows) from element `at` on, converted to the type.
+    fn write(&mut self, at: usize, row: &[f32]) {
+        match self {
+            KvBuffer::F32(x) => x[at..at + row.len()].copy_from_slice(row),
+            KvBuffer::F16(x) => encode_f16(row, &mut x[at..at + row.len()]),
+            KvBuffer::Bf16(x) => encode_bf16(row, &mut x[at..at + row.len()]),
+            KvBuffer::Q8_0(x) => encode_q8_0(row, &mut x[at..at + KvType::Q8_0.row_units(row.len())]),
+        }
+    }
+
+    fn copy_within(&mut self, from: usize, units: usize, to: usize) {
+        match self {
+            KvBuffer::F32(x) => x.copy_within(from..from + units, to),
+            KvBuffer::F16(x) | KvBuffer::Bf16(x) => x.copy_within(from..from + units, to),
+            KvBuffer::Q8_0(x) => x.copy_within(from..from + units, to),
+        }
+    }
+
+    /// Copies `units` elements at `from` of `source` (of the same type) to `to`.
+    fn copy_from(&mut self, to: usize, source: &KvBuffer, from: usize, units: usize) {
+        match (self, source) {
+            (KvBuffer::F32(x), KvBuffer::F32(y)) => x[to..to + units].copy_from_slice(&y[from..from + units]),
+            (KvBuffer::F16(x), KvBuffer::F16(y)) | (KvBuffer::Bf16(x), KvBuffer::Bf16(y)) => x[to..to + units].copy_from_slice(&y[from..from + units]),
+            (KvBuffer::Q8_0(x), KvBuffer::Q8_0(y)) => x[to..to + units].copy_from_slice(&y[from..from + units]),
+            _ => unreachable!("pools of one type"),
+        }
+    }
+
+    /// Appends the elements `at..at + units` to `out` as little-endian bytes.
+    fn append_bytes(&self, at: usize, units: usize, out: &mut Vec<u8>) {
+        match self {
+            KvBuffer::F32(x) => x[at..at + units].iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+            KvBuffer::F16(x) | KvBuffer::Bf16(x) => x[at..at + units].iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+            KvBuffer::Q8_0(x) => out.extend_from_slice(&x[at..at + units]),
+        }
+    }
+
+    /// Overwrites elements from `at` on with `bytes` as [`append_bytes`](Self::append_bytes)
+    /// wrote them.
+    fn set_bytes(&mut self, at: usize, bytes: &[u8]) {
+        match self {
+            KvBuffer::F32(x) => {
+                for (v, b) in x[at..].iter_mut().zip(bytes.chunks_exact(4)) {
+                    *v = f32::from_le_bytes(b.try_into().expect("4 bytes"));
+                }
+            }
+            KvBuffer::F16(x) | KvBuffer::Bf16(x) => {
+                for (v, b) in x[at..].iter_mut().zip(bytes.chunks_exact(2)) {
+                    *v = u16::from_le_bytes(b.try_into().expect("2 bytes"));
+                }
+            }
+            KvBuffer::Q8_0(x) => x[at..at + bytes.len()].copy_from_slice(bytes),
+        }
     }
 }
 
 /// The block storage of every attention layer of one model.
 pub struct PagedKv {
+    kind: KvType,
     block_size: usize,
     blocks: usize,
     /// `None` for layers without softmax attention (the linear-attention layers of a hybrid).
@@ -40,29 +127,35 @@ pub struct PagedKv {
 
 struct LayerStore {
     shape: KvShape,
-    keys: RwLock<Vec<f32>>,
-    values: RwLock<Vec<f32>>,
+    keys: RwLock<KvBuffer>,
+    values: RwLock<KvBuffer>,
 }
 
 impl PagedKv {
-    /// Storage for `blocks` blocks of `block_size` positions for layers shaped `shapes`.
-    pub fn new(shapes: &[Option<KvShape>], blocks: usize, block_size: usize) -> Self {
+    /// Storage as `kind` for `blocks` blocks of `block_size` positions for layers shaped
+    /// `shapes`, whose head size `kind` must fit ([`KvType::fits`]).
+    pub fn new(shapes: &[Option<KvShape>], kind: KvType, blocks: usize, block_size: usize) -> Self {
         assert!(block_size > 0, "blocks hold at least one position");
         let layers = shapes
             .iter()
             .map(|shape| {
                 shape.map(|shape| {
-                    let floats = blocks * block_size * shape.floats();
-                    LayerStore { shape, keys: RwLock::new(vec![0.0; floats]), values: RwLock::new(vec![0.0; floats]) }
+                    assert!(kind.fits(shape.head_dim), "{kind} cannot store heads of {}", shape.head_dim);
+                    let units = blocks * block_size * shape.kv_heads * kind.row_units(shape.head_dim);
+                    LayerStore { shape, keys: RwLock::new(KvBuffer::zeroed(kind, units)), values: RwLock::new(KvBuffer::zeroed(kind, units)) }
                 })
             })
             .collect();
-        Self { block_size, blocks, layers }
+        Self { kind, block_size, blocks, layers }
     }
 
-    /// Bytes one block takes across all layers (keys and values).
-    pub fn block_bytes(shapes: &[Option<KvShape>], block_size: usize) -> usize {
-        shapes.iter().flatten().map(|s| 2 * s.floats() * block_size * std::mem::size_of::<f32>()).sum()
+    /// Bytes one block takes across all layers (keys and values) stored as `kind`.
+    pub fn block_bytes(shapes: &[Option<KvShape>], kind: KvType, block_size: usize) -> usize {
+        shapes.iter().flatten().map(|s| 2 * s.bytes(kind) * block_size).sum()
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.kind
     }
 
     /// The shape of each layer's keys/values (`None` for layers without softmax attention).
@@ -81,9 +174,14 @@ impl PagedKv {
             .ok_or_else(|| ModelError::BadConfig(format!("layer {layer} keeps no keys and values")))
     }
 
-    /// Float offset of (block, head, position in block) in a layer's storage.
+    /// Element offset of (block, head, position in block) in a layer's storage.
     fn offset(&self, shape: KvShape, block: u32, head: usize, within: usize) -> usize {
-        ((block as usize * shape.kv_heads + head) * self.block_size + within) * shape.head_dim
+        ((block as usize * shape.kv_heads + head) * self.block_size + within) * self.row_units(shape)
+    }
+
+    /// Elements of one head's row at one position.
+    fn row_units(&self, shape: KvShape) -> usize {
+        self.kind.row_units(shape.head_dim)
     }
 
     fn check_blocks(&self, table: &[u32]) -> Result<()> {
@@ -113,7 +211,7 @@ impl PagedKv {
                     let pos = start + i;
                     let at = self.offset(store.shape, table[pos / self.block_size], head, pos % self.block_size);
                     let from = (head * new + i) * d;
-                    dst[at..at + d].copy_from_slice(&src[from..from + d]);
+                    dst.write(at, &src[from..from + d]);
                 }
             }
         }
@@ -129,14 +227,14 @@ impl PagedKv {
             return Err(ModelError::BadConfig(format!("positions up to {len} need more blocks than the {} given", table.len())));
         }
         let (keys, values) = (store.keys.read().expect("KV storage lock"), store.values.read().expect("KV storage lock"));
-        let d = store.shape.head_dim;
+        let row = self.row_units(store.shape);
         let heads: Vec<HeadRuns> = (0..store.shape.kv_heads)
             .map(|head| HeadRuns {
                 runs: (0..len.div_ceil(self.block_size))
                     .map(|i| {
                         let n = (len - i * self.block_size).min(self.block_size);
                         let at = self.offset(store.shape, table[i], head, 0);
-                        (&keys[at..at + n * d], &values[at..at + n * d])
+                        (keys.rows(at, n * row), values.rows(at, n * row))
                     })
                     .collect(),
             })
@@ -144,30 +242,31 @@ impl PagedKv {
         Ok(f(&heads))
     }
 
-    /// Keys and values `(1, kv_heads, len, head_dim)` of positions `0..len` of the sequence whose
-    /// blocks are `table`.
-    pub fn gather(&self, layer: usize, table: &[u32], len: usize) -> Result<(Tensor, Tensor)> {
-        let store = self.layer(layer)?;
-        let KvShape { kv_heads, head_dim } = store.shape;
+    /// Copies positions `0..len` of the sequence whose blocks are `table` into `to` (a pool of
+    /// the same type and shapes) at the blocks `to_table`, bit for bit.
+    pub fn copy_sequence(&self, table: &[u32], len: usize, to: &PagedKv, to_table: &[u32]) -> Result<()> {
+        if to.kind != self.kind || to.shapes() != self.shapes() {
+            return Err(ModelError::BadConfig(format!("cannot copy {} keys into a pool of {}", self.kind, to.kind)));
+        }
+        if len.div_ceil(self.block_size) > table.len() || len.div_ceil(to.block_size) > to_table.len() {
+            return Err(ModelError::BadConfig(format!("positions up to {len} need more blocks than the tables give")));
+        }
         self.check_blocks(table)?;
-        let gather = |storage: &RwLock<Vec<f32>>| -> Result<Tensor> {
-            let src = storage.read().expect("KV storage lock");
-            let mut out = Vec::with_capacity(kv_heads * len * head_dim);
-            for head in 0..kv_heads {
-                let mut pos = 0;
-                for &block in table {
-                    if pos >= len {
-                        break;
+        to.check_blocks(to_table)?;
+        for (store, target) in self.layers.iter().zip(&to.layers).filter_map(|(s, t)| s.as_ref().zip(t.as_ref())) {
+            let row = self.row_units(store.shape);
+            for (source, dest) in [(&store.keys, &target.keys), (&store.values, &target.values)] {
+                let (source, mut dest) = (source.read().expect("KV storage lock"), dest.write().expect("KV storage lock"));
+                for head in 0..store.shape.kv_heads {
+                    for pos in 0..len {
+                        let from = self.offset(store.shape, table[pos / self.block_size], head, pos % self.block_size);
+                        let at = to.offset(store.shape, to_table[pos / to.block_size], head, pos % to.block_size);
+                        dest.copy_from(at, &source, from, row);
                     }
-                    let run = (len - pos).min(self.block_size);
-                    let at = self.offset(store.shape, block, head, 0);
-                    out.extend_from_slice(&src[at..at + run * head_dim]);
-                    pos += run;
                 }
             }
-            Ok(Tensor::from_vec(out, (1, kv_heads, len, head_dim), &Device::Cpu)?)
-        };
-        Ok((gather(&store.keys)?, gather(&store.values)?))
+        }
+        Ok(())
     }
 
     /// Copies the first `positions` positions of block `from` into block `to` in every layer
@@ -180,47 +279,117 @@ impl PagedKv {
                 for head in 0..store.shape.kv_heads {
                     let src = self.offset(store.shape, from, head, 0);
                     let dst = self.offset(store.shape, to, head, 0);
-                    data.copy_within(src..src + positions * store.shape.head_dim, dst);
+                    data.copy_within(src, positions * self.row_units(store.shape), dst);
                 }
             }
         }
         Ok(())
     }
 
-    /// The raw contents of `block` in every layer, keys then values per layer (for the disk tier).
-    pub fn read_block(&self, block: u32) -> Result<Vec<f32>> {
+    /// The contents of `block` in every layer as stored, keys then values per layer, as
+    /// little-endian bytes (for the disk tier).
+    pub fn read_block(&self, block: u32) -> Result<Vec<u8>> {
         self.check_blocks(&[block])?;
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.bytes_per_block());
         for store in self.layers.iter().flatten() {
-            let floats = store.shape.floats() * self.block_size;
+            let units = store.shape.kv_heads * self.block_size * self.row_units(store.shape);
             let at = self.offset(store.shape, block, 0, 0);
             for storage in [&store.keys, &store.values] {
-                out.extend_from_slice(&storage.read().expect("KV storage lock")[at..at + floats]);
+                storage.read().expect("KV storage lock").append_bytes(at, units, &mut out);
             }
         }
         Ok(out)
     }
 
-    /// Floats [`read_block`](Self::read_block) returns for one block.
-    pub fn block_floats(&self) -> usize {
-        self.layers.iter().flatten().map(|s| 2 * s.shape.floats() * self.block_size).sum()
+    /// Bytes [`read_block`](Self::read_block) returns for one block.
+    pub fn bytes_per_block(&self) -> usize {
+        Self::block_bytes(&self.shapes(), self.kind, self.block_size)
     }
 
     /// Overwrites `block` in every layer with what [`read_block`](Self::read_block) returned.
-    pub fn write_block(&self, block: u32, data: &[f32]) -> Result<()> {
+    pub fn write_block(&self, block: u32, data: &[u8]) -> Result<()> {
         self.check_blocks(&[block])?;
-        if data.len() != self.block_floats() {
-            return Err(ModelError::BadConfig(format!("a block holds {} floats, got {}", self.block_floats(), data.len())));
+        if data.len() != self.bytes_per_block() {
+            return Err(ModelError::BadConfig(format!("a block holds {} bytes, got {}", self.bytes_per_block(), data.len())));
         }
         let mut from = 0;
         for store in self.layers.iter().flatten() {
-            let floats = store.shape.floats() * self.block_size;
+            let bytes = store.shape.bytes(self.kind) * self.block_size;
             let at = self.offset(store.shape, block, 0, 0);
             for storage in [&store.keys, &store.values] {
-                storage.write().expect("KV storage lock")[at..at + floats].copy_from_slice(&data[from..from + floats]);
-                from += floats;
+                storage.write().expect("KV storage lock").set_bytes(at, &data[from..from + bytes]);
+                from += bytes;
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Device;
+
+    use super::*;
+
+    const SHAPES: [Option<KvShape>; 2] = [Some(KvShape { kv_heads: 2, head_dim: 64 }), None];
+
+    /// Keys and values `(1, 2, new, 64)` that differ per position and head.
+    fn rows(new: usize, seed: f32) -> Tensor {
+        let x: Vec<f32> = (0..2 * new * 64).map(|i| (i as f32 * 0.37 + seed).sin() * 3.0).collect();
+        Tensor::from_vec(x, (1, 2, new, 64), &Device::Cpu).unwrap()
+    }
+
+    /// Head `head`'s values of positions `0..len`, as attention reads them.
+    fn read(kv: &PagedKv, table: &[u32], len: usize, head: usize) -> (Vec<f32>, Vec<f32>) {
+        kv.with_head_runs(0, table, len, |heads| {
+            let mut scratch = Vec::new();
+            let mut keys = Vec::new();
+            let mut values = Vec::new();
+            for &(k, v) in &heads[head].runs {
+                keys.extend_from_slice(k.to_f32_on(crate::isa::Isa::best(), &mut scratch));
+                values.extend_from_slice(v.to_f32_on(crate::isa::Isa::best(), &mut scratch));
+            }
+            (keys, values)
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn written_rows_read_back_within_the_types_precision_and_move_bit_for_bit() {
+        for kind in KvType::ALL {
+            let kv = PagedKv::new(&SHAPES, kind, 8, 4);
+            assert_eq!(PagedKv::block_bytes(&SHAPES, kind, 4), 2 * 2 * 4 * kind.row_bytes(64));
+            let (k, v) = (rows(6, 0.5), rows(6, 1.5));
+            let table = [5, 2];
+            kv.write(0, &table, 0, &k, &v).unwrap();
+            let want = |t: &Tensor, head: usize| t.get(0).unwrap().get(head).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for head in 0..2 {
+                let (keys, values) = read(&kv, &table, 6, head);
+                for (got, want) in [(keys, want(&k, head)), (values, want(&v, head))] {
+                    let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
+                    let bound = match kind {
+                        KvType::F32 => 0.0,
+                        KvType::F16 => 3.0 * 2f32.powi(-11),
+                        KvType::Bf16 => 3.0 * 2f32.powi(-8),
+                        KvType::Q8_0 => 3.0 / 127.0 * 0.5 + 3.0 * 2f32.powi(-11),
+                    };
+                    assert!(worst <= bound, "{kind}: off by {worst}");
+                }
+            }
+            // Through the disk tier's bytes into other blocks, and into another pool: the same bits.
+            let other = PagedKv::new(&SHAPES, kind, 8, 8);
+            kv.copy_sequence(&table, 6, &other, &[3]).unwrap();
+            for (block, into) in [(5, 0), (2, 7)] {
+                let bytes = kv.read_block(block).unwrap();
+                assert_eq!(bytes.len(), kv.bytes_per_block());
+                kv.write_block(into, &bytes).unwrap();
+            }
+            for head in 0..2 {
+                let original = read(&kv, &table, 6, head);
+                assert_eq!(read(&kv, &[0, 7], 6, head), original, "{kind}: blocks through bytes");
+                assert_eq!(read(&other, &[3], 6, head), original, "{kind}: copied sequence");
+            }
+            assert!(kv.write_block(0, &[0; 3]).is_err());
+        }
     }
 }

@@ -4,6 +4,7 @@
 //! (Different chunks do change low bits, even for attention-only models: matmuls of different
 //! row counts round differently. So the prefix cache resumes a prompt only where its own chunking
 //! would have cut it anyway.)
+//! All of this holds for every KV cache type: rows are converted when written, one by one.
 
 mod common;
 
@@ -12,7 +13,7 @@ use std::path::PathBuf;
 use candle_core::quantized::GgmlDType;
 use std::sync::Arc;
 
-use spindle_models::{load_gguf, load_safetensors, BatchEntry, CausalLm, PagedKv, SequenceCache};
+use spindle_models::{load_gguf, load_safetensors, BatchEntry, CausalLm, KvType, PagedKv, SequenceCache};
 
 const BLOCK: usize = 16;
 
@@ -54,13 +55,18 @@ fn run_chunks(model: &dyn CausalLm, cache: &mut SequenceCache, tokens: &[u32], c
     logits
 }
 
-fn alone(model: &dyn CausalLm, tokens: &[u32], cuts: &[usize]) -> Vec<f32> {
-    let mut cache = model.new_cache(512);
+/// A cache of `kind` with storage of its own.
+fn own_cache(model: &dyn CausalLm, kind: KvType, limit: usize) -> SequenceCache {
+    SequenceCache::standalone(&model.kv_shapes(), kind, model.initial_recurrent_state(), limit)
+}
+
+fn alone(model: &dyn CausalLm, kind: KvType, tokens: &[u32], cuts: &[usize]) -> Vec<f32> {
+    let mut cache = own_cache(model, kind, 512);
     run_chunks(model, &mut cache, tokens, cuts, &mut Vec::new())
 }
 
-fn shared_pool(model: &dyn CausalLm) -> Arc<PagedKv> {
-    Arc::new(PagedKv::new(&model.kv_shapes(), 64, BLOCK))
+fn shared_pool(model: &dyn CausalLm, kind: KvType) -> Arc<PagedKv> {
+    Arc::new(PagedKv::new(&model.kv_shapes(), kind, 64, BLOCK))
 }
 
 /// Blocks handed out out of order, so no sequence's positions are contiguous in the pool.
@@ -76,8 +82,9 @@ fn assert_bits(a: &[f32], b: &[f32], what: &str) {
 
 /// Two sequences share a prompt prefix that ends mid-block; the second resumes from the
 /// first's blocks, copies the partial one, and both then diverge.
-fn check_shared_prefix(model: &dyn CausalLm, name: &str) {
-    let kv = shared_pool(model);
+fn check_shared_prefix(model: &dyn CausalLm, kind: KvType, name: &str) {
+    let name = &format!("{name} ({kind} KV)");
+    let kv = shared_pool(model, kind);
     let mut free = scrambled_free_list();
     let prefix = prompt(45, 1);
     let first: Vec<u32> = prefix.iter().copied().chain(prompt(20, 2)).collect();
@@ -88,7 +95,7 @@ fn check_shared_prefix(model: &dyn CausalLm, name: &str) {
     run_chunks(model, &mut a, &first[..prefix.len()], &[], &mut free);
     let at_prefix = a.recurrent().clone();
     let a_logits = run_chunks(model, &mut a, &first, &cuts, &mut free);
-    assert_bits(&a_logits, &alone(model, &first, &cuts), &format!("{name}: scattered blocks"));
+    assert_bits(&a_logits, &alone(model, kind, &first, &cuts), &format!("{name}: scattered blocks"));
 
     // The second sequence takes the first's full blocks and a copy of the partial one.
     let full = prefix.len() / BLOCK;
@@ -98,36 +105,42 @@ fn check_shared_prefix(model: &dyn CausalLm, name: &str) {
     blocks.push(copy);
     let mut b = SequenceCache::resume(kv.clone(), blocks, prefix.len(), at_prefix, 512);
     let b_logits = run_chunks(model, &mut b, &second, &cuts, &mut free);
-    assert_bits(&b_logits, &alone(model, &second, &cuts), &format!("{name}: resumed from a shared prefix"));
+    assert_bits(&b_logits, &alone(model, kind, &second, &cuts), &format!("{name}: resumed from a shared prefix"));
 
     // The first goes on decoding in its own blocks, undisturbed by the second.
     let decoded: Vec<u32> = first.iter().copied().chain([42]).collect();
     let a_next = run_chunks(model, &mut a, &decoded, &[], &mut free);
-    let expected = alone(model, &decoded, &[prefix.len(), first.len()]);
+    let expected = alone(model, kind, &decoded, &[prefix.len(), first.len()]);
     assert_bits(&a_next, &expected, &format!("{name}: the writer of the shared prefix decoding on"));
 }
 
 #[test]
 fn sequences_in_a_shared_pool_match_sequences_alone() {
-    check_shared_prefix(smollm2().as_ref(), "smollm2");
-    check_shared_prefix(tiny_hybrid().as_ref(), "qwen3_5_moe");
+    let (smollm2, hybrid) = (smollm2(), tiny_hybrid());
+    for kind in KvType::ALL {
+        check_shared_prefix(smollm2.as_ref(), kind, "smollm2");
+        check_shared_prefix(hybrid.as_ref(), kind, "qwen3_5_moe");
+    }
 }
 
 #[test]
 fn a_standalone_snapshot_continues_like_the_original() {
     let model = smollm2();
     let tokens = prompt(70, 5);
-    let mut cache = model.new_cache(256);
-    model.forward(&tokens[..50], &mut cache).unwrap();
-    let mut copy = cache.snapshot().unwrap();
-    let original = model.forward(&tokens[50..], &mut cache).unwrap();
-    let resumed = model.forward(&tokens[50..], &mut copy).unwrap();
-    assert_bits(&resumed, &original, "snapshot");
+    for kind in KvType::ALL {
+        let mut cache = own_cache(model.as_ref(), kind, 256);
+        model.forward(&tokens[..50], &mut cache).unwrap();
+        let mut copy = cache.snapshot().unwrap();
+        let original = model.forward(&tokens[50..], &mut cache).unwrap();
+        let resumed = model.forward(&tokens[50..], &mut copy).unwrap();
+        assert_bits(&resumed, &original, &format!("snapshot ({kind} KV)"));
+    }
 }
 
 /// Several sequences decoding together — at different lengths, some still prefilling — get the
 /// very logits each gets alone.
-fn check_batch_invariance(model: &dyn CausalLm, name: &str) {
+fn check_batch_invariance(model: &dyn CausalLm, kind: KvType, name: &str) {
+    let name = &format!("{name} ({kind} KV)");
     let prompts: Vec<Vec<u32>> = (0..5).map(|i| prompt(9 + 13 * i, 10 + i as u32)).collect();
     let next: Vec<u32> = (0..5).map(|i| 20 + 3 * i).collect();
     // Alone: each prompt, then one decode step.
@@ -135,13 +148,13 @@ fn check_batch_invariance(model: &dyn CausalLm, name: &str) {
         .iter()
         .zip(&next)
         .map(|(p, &t)| {
-            let mut cache = model.new_cache(256);
+            let mut cache = own_cache(model, kind, 256);
             let after_prompt = model.forward(p, &mut cache).unwrap();
             (after_prompt, model.forward(&[t], &mut cache).unwrap())
         })
         .collect();
     // Together: all prompts in one pass, then all decode steps in one pass.
-    let mut caches: Vec<SequenceCache> = prompts.iter().map(|_| model.new_cache(256)).collect();
+    let mut caches: Vec<SequenceCache> = prompts.iter().map(|_| own_cache(model, kind, 256)).collect();
     let mut batch: Vec<BatchEntry> =
         prompts.iter().zip(caches.iter_mut()).map(|(p, cache)| BatchEntry { tokens: p, cache }).collect();
     let after_prompts = model.forward_batch(&mut batch).unwrap();
@@ -157,13 +170,16 @@ fn check_batch_invariance(model: &dyn CausalLm, name: &str) {
 
 #[test]
 fn sequences_batched_together_match_sequences_alone() {
-    check_batch_invariance(smollm2().as_ref(), "smollm2");
-    check_batch_invariance(tiny_hybrid_gguf().as_ref(), "qwen3_5_moe (GGUF)");
+    let (smollm2, hybrid) = (smollm2(), tiny_hybrid_gguf());
+    for kind in KvType::ALL {
+        check_batch_invariance(smollm2.as_ref(), kind, "smollm2");
+        check_batch_invariance(hybrid.as_ref(), kind, "qwen3_5_moe (GGUF)");
+    }
     // Quantized weights take candle's repacked kernels, which tile rows.
     let tmp = tempfile::tempdir().unwrap();
     let q8 = tmp.path().join("q8_0.gguf");
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe/model.gguf");
     assert!(common::gguf_rewrite::rewrite_gguf(&source, &q8, GgmlDType::Q8_0) > 0);
-    check_batch_invariance(load_gguf(&q8).unwrap().model.as_ref(), "qwen3_5_moe (Q8_0 GGUF)");
-    check_batch_invariance(tiny_hybrid().as_ref(), "qwen3_5_moe (f32 safetensors)");
+    check_batch_invariance(load_gguf(&q8).unwrap().model.as_ref(), KvType::default(), "qwen3_5_moe (Q8_0 GGUF)");
+    check_batch_invariance(tiny_hybrid().as_ref(), KvType::default(), "qwen3_5_moe (f32 safetensors)");
 }
