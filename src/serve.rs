@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::Args;
 use spindle_runner::{CacheConfig, DiskConfig, ModelBundle};
 use spindle_chat::ToolCallFormat;
-use spindle_server::ServerConfig;
+use spindle_server::{BatchConfig, ServerConfig};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -76,6 +76,10 @@ pub struct ServeArgs {
     /// Seconds of quiet after which a stream sends a keep-alive event.
     #[arg(long, default_value_t = 15)]
     keep_alive_seconds: u64,
+    /// Folder of the Batch API's files and batches; unfinished batches resume from it at start.
+    /// Default: $SPINDLE_HOME/batches.
+    #[arg(long)]
+    batch_dir: Option<std::path::PathBuf>,
 }
 
 fn parse_tool_call_parser(name: &str) -> Result<ToolCallFormat, String> {
@@ -105,6 +109,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Fail at once on a folder that cannot be used, not later in the engine thread's log.
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create --prefix-cache-dir {}", dir.display()))?;
     }
+    let batch_dir = args.batch_dir.clone().unwrap_or_else(|| spindle_hub::spindle_home().join("batches"));
+    std::fs::create_dir_all(&batch_dir).with_context(|| format!("cannot create --batch-dir {}", batch_dir.display()))?;
     let files = spindle_hub::resolve(&args.model, &spindle_hub::spindle_home(), true)?;
     let mut bundle = ModelBundle::load(&files)?;
     if let Some(path) = &args.chat_template {
@@ -142,6 +148,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         guided_json,
         keep_alive: std::time::Duration::from_secs(args.keep_alive_seconds.max(1)),
         orphan_prefill_tokens: args.orphan_prefill_tokens.unwrap_or(ctx_size),
+        batch: BatchConfig::new(batch_dir),
     };
     let state = spindle_server::start(config, bundle);
     if let Some(schema) = &state.config.guided_json {

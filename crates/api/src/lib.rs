@@ -35,6 +35,7 @@
 
 /// Anthropic's Messages API, in its own namespace (its `Message`, `ErrorResponse`… are not OpenAI's).
 pub mod anthropic;
+mod batch;
 mod chat;
 mod common;
 mod completions;
@@ -45,6 +46,10 @@ mod sampling;
 mod tokenize;
 mod validate;
 
+pub use batch::{
+    Batch, BatchError, BatchErrors, BatchInputLine, BatchLineError, BatchLineResponse, BatchOutputLine, BatchStatus,
+    CreateBatchRequest, FileDeleted, FileObject, ListPage, ListQuery, RequestCounts, BATCH_ENDPOINT, COMPLETION_WINDOW,
+};
 pub use chat::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
     ChatDelta, ChatMessage, ContentPart, FunctionCall, FunctionCallDelta, FunctionDefinition, MessageContent, Role,

@@ -25,7 +25,7 @@ use crate::error::{parse_json, HttpError};
 use crate::generation::{Generation, Output, Plan};
 use crate::sse::{done_event, event_stream, json_event, keep_alive};
 use crate::request::{check_model, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead};
-use crate::state::AppState;
+use crate::state::{Admission, AppState};
 use crate::structured::answer_shape;
 use crate::tool_output::{assemble_calls, ToolCallStage};
 
@@ -60,6 +60,16 @@ pub(crate) struct ChatStart {
 /// Validates `request` (in the OpenAI chat shape), renders and tokenizes it, resolves its
 /// answer shape and submits it; `id_prefix` names the protocol in the response id.
 pub(crate) fn start_chat(state: &Arc<AppState>, request: &ChatCompletionRequest, id_prefix: &str) -> Result<ChatStart, ApiError> {
+    start_chat_as(state, request, id_prefix, Admission::Live)
+}
+
+/// [`start_chat`] for a live request or a batch's.
+pub(crate) fn start_chat_as(
+    state: &Arc<AppState>,
+    request: &ChatCompletionRequest,
+    id_prefix: &str,
+    admission: Admission,
+) -> Result<ChatStart, ApiError> {
     request.validate()?;
     check_model(state, request.model.as_deref())?;
     let shape = answer_shape(state, request)?;
@@ -67,7 +77,7 @@ pub(crate) fn start_chat(state: &Arc<AppState>, request: &ChatCompletionRequest,
     let prompt_tokens = plan.prompt_ids.len();
     let head = ResponseHead::new(state, id_prefix);
     let tools = shape.tool_calls.as_ref().map(|parsing| ToolCallStage::new(parsing, &head.id));
-    let generation = Generation::start(state, &head.id, plan)?;
+    let generation = Generation::start_as(state, &head.id, plan, admission)?;
     Ok(ChatStart { generation, head, tools, prompt_tokens })
 }
 
@@ -350,7 +360,7 @@ fn finish_events(
 }
 
 /// The non-streamed response: the same outputs, concatenated.
-async fn collect(generation: Generation, head: ResponseHead, mut tools: Option<ToolCallStage>) -> Result<ChatCompletion, ApiError> {
+pub(crate) async fn collect(generation: Generation, head: ResponseHead, mut tools: Option<ToolCallStage>) -> Result<ChatCompletion, ApiError> {
     let logprobs_requested = generation.reports_logprobs();
     let mut whole = generation.collect().await?;
     let reasoning = whole.text(|d| &d.reasoning);

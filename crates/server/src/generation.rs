@@ -12,7 +12,7 @@ use spindle_runner::sampler::{SampledToken, SamplingParams};
 use spindle_runner::{ReasoningBudget, ReasoningMode, SequenceEvent, SequenceRequest, SequenceSummary, TextDelta};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::state::{AppState, Ticket};
+use crate::state::{Admission, AppState, Ticket};
 
 /// Everything the engine needs for one request, decided by the endpoint.
 pub struct Plan {
@@ -57,7 +57,15 @@ pub struct Generation {
 impl Generation {
     /// Admits the request (429 when full) and hands it to the engine.
     pub fn start(state: &Arc<AppState>, id: &str, plan: Plan) -> Result<Self, ApiError> {
-        let ticket = state.admit(id)?;
+        Self::start_as(state, id, plan, Admission::Live)
+    }
+
+    /// [`Generation::start`] for a live request or a batch's (which is never refused).
+    pub fn start_as(state: &Arc<AppState>, id: &str, plan: Plan, admission: Admission) -> Result<Self, ApiError> {
+        let ticket = match admission {
+            Admission::Live => state.admit(id)?,
+            Admission::Batch => state.admit_batch(id),
+        };
         let (events, receiver) = unbounded_channel();
         let mut sampling = plan.sampling;
         sampling.top_logprobs = plan.logprobs;

@@ -2,9 +2,13 @@
 //! around the engine. Handlers never touch the model: they render and tokenize, hand the
 //! request to the engine thread, and turn what comes back into JSON or server-sent events.
 
+mod batch_store;
+mod batch_worker;
+mod batches;
 mod chat;
 mod completions;
 mod error;
+mod files;
 mod generation;
 mod messages;
 mod messages_events;
@@ -26,6 +30,7 @@ use std::sync::Arc;
 
 use spindle_runner::{Engine, EngineConfig, ModelBundle};
 
+pub use batch_store::BatchConfig;
 pub use routes::router;
 pub use state::{AppState, ServerConfig};
 
@@ -40,7 +45,8 @@ pub fn start(config: ServerConfig, bundle: ModelBundle) -> Arc<AppState> {
     Arc::new(AppState::new(config, bundle, engine))
 }
 
-/// Serves on `listener` until the process ends (or until `shutdown` resolves).
+/// Serves on `listener` until the process ends (or until `shutdown` resolves), and runs the
+/// batches left unfinished in the batch folder and those created meanwhile.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
@@ -48,5 +54,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let address: SocketAddr = listener.local_addr()?;
     tracing::info!(%address, model = %state.config.model_id, "serving the OpenAI API");
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    let worker = tokio::spawn(batch_worker::run(state.clone()));
+    let served = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await;
+    worker.abort();
+    served
 }

@@ -17,9 +17,11 @@ use spindle_api::{
 };
 use tower_http::cors::CorsLayer;
 
+use crate::batches;
 use crate::chat::{chat_completions, render_prompt};
 use crate::completions::completions;
 use crate::error::{parse_json, HttpError};
+use crate::files;
 use crate::messages::{count_tokens, error_for_path, messages};
 use crate::request::check_model;
 use crate::responses::{create_response, delete_response, retrieve_response};
@@ -37,6 +39,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/responses", post(create_response))
         .route("/v1/responses/{id}", get(retrieve_response).delete(delete_response))
+        .merge(files::routes(&state))
+        .merge(batches::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     Router::new()
         .merge(api)

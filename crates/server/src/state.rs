@@ -11,6 +11,7 @@ use spindle_chat::ToolCallFormat;
 use spindle_constrain::Grammars;
 use spindle_runner::{CacheConfig, Engine, ModelBundle};
 
+use crate::batch_store::{BatchConfig, BatchStore};
 use crate::metrics::Metrics;
 use crate::response_store::ResponseStore;
 
@@ -46,6 +47,8 @@ pub struct ServerConfig {
     /// `--orphan-prefill-tokens`: how much of a prompt whose client left is still read while
     /// the engine is idle (0: none).
     pub orphan_prefill_tokens: usize,
+    /// `--batch-dir` and the Batch API's size limits.
+    pub batch: BatchConfig,
 }
 
 pub struct AppState {
@@ -55,6 +58,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Finished Responses API responses kept for `GET` and `previous_response_id`.
     pub responses: ResponseStore,
+    /// Uploaded files and batches, on disk.
+    pub batches: BatchStore,
     /// Unix time the server started; reported as the model's `created`.
     pub started: u64,
     in_flight: AtomicUsize,
@@ -65,12 +70,14 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(config: ServerConfig, bundle: Arc<ModelBundle>, engine: Engine) -> Self {
+        let batches = BatchStore::open(&config.batch.dir);
         Self {
             config,
             bundle,
             engine,
             metrics: Metrics::default(),
             responses: ResponseStore::default(),
+            batches,
             started: unix_now(),
             in_flight: AtomicUsize::new(0),
             cancels: Mutex::new(HashMap::new()),
@@ -106,9 +113,19 @@ impl AppState {
                 "the server is at its limit of {limit} requests in flight; retry shortly"
             )));
         }
+        Ok(self.ticket(id, Admission::Live))
+    }
+
+    /// Admits a request of a batch. It is not counted against the live limit, so batch work
+    /// never turns a client away with a 429; the batch worker limits itself instead.
+    pub fn admit_batch(self: &Arc<Self>, id: &str) -> Ticket {
+        self.ticket(id, Admission::Batch)
+    }
+
+    fn ticket(self: &Arc<Self>, id: &str, admission: Admission) -> Ticket {
         let cancel = Arc::new(AtomicBool::new(false));
         self.cancels.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), cancel.clone());
-        Ok(Ticket { state: self.clone(), id: id.to_string(), cancel })
+        Ticket { state: self.clone(), id: id.to_string(), cancel, admission }
     }
 
     /// Raises the cancel flag of request `id`; false when no such request is in flight.
@@ -118,16 +135,26 @@ impl AppState {
     }
 }
 
+/// Whom a request serves: a client waiting for it, or a batch filling idle capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    Live,
+    Batch,
+}
+
 /// A request's place in flight; dropping it (finished, failed or the client gone) frees it.
 pub struct Ticket {
     state: Arc<AppState>,
     id: String,
     pub cancel: Arc<AtomicBool>,
+    admission: Admission,
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.state.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if self.admission == Admission::Live {
+            self.state.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
         self.state.cancels.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
     }
 }

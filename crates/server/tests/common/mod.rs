@@ -54,6 +54,12 @@ pub fn server(setup: Setup) -> String {
 }
 
 fn start(setup: Setup) -> String {
+    start_with(setup, |_| {})
+}
+
+/// A new server for `setup`, with its configuration changed by `change` (its batch folder is a
+/// fresh one unless `change` names another).
+pub fn start_with(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> String {
     let model = if setup == Setup::Qwen { "qwen2.5-coder-0.5b" } else { "smollm2-135m" };
     let files = spindle_hub::resolve(model, &spindle_hub::spindle_home(), true).expect("pull the test model");
     let mut bundle = spindle_runner::ModelBundle::load(&files).expect("load the test model");
@@ -72,6 +78,7 @@ fn start(setup: Setup) -> String {
         guided_json: None,
         keep_alive: std::time::Duration::from_secs(15),
         orphan_prefill_tokens: usize::MAX,
+        batch: spindle_server::BatchConfig::new(fresh_dir("batches")),
     };
     match setup {
         Setup::Default => {}
@@ -86,6 +93,7 @@ fn start(setup: Setup) -> String {
         Setup::KeepAlive => config.keep_alive = KEEP_ALIVE,
         Setup::Qwen => (config.max_concurrent, config.max_queue, config.max_body_bytes) = (16, 64, 1024 * 1024),
     }
+    change(&mut config);
     let state = spindle_server::start(config, bundle);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -97,6 +105,13 @@ fn start(setup: Setup) -> String {
         });
     });
     rx.recv().unwrap()
+}
+
+/// A new empty folder under the system's temporary folder, left there for inspection.
+pub fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("spindle-test-{name}-{}-{:016x}", std::process::id(), rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 /// Generous: a burst of requests waits its turn behind the other tests' requests on 2 cores.
