@@ -166,7 +166,7 @@ async fn files_are_checked_listed_and_deleted() {
     let (status, file) = upload(&base, "batch", &jsonl(&[long])).await;
     assert!(status == 200 && file["bytes"].as_u64().unwrap() > 80_000, "{file}");
     client().delete(format!("{base}/v1/files/{}", file["id"].as_str().unwrap())).send().await.unwrap();
-    let (status, body) = upload(&base, "fine-tune", &jsonl(&[good.clone()])).await;
+    let (status, body) = upload(&base, "fine-tune", &jsonl(std::slice::from_ref(&good))).await;
     assert_eq!((status, body["error"]["param"].as_str()), (400, Some("purpose")));
 
     let (status, file) = upload(&base, "batch", &jsonl(&[good])).await;
