@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{chat_body, client, fresh_dir, post, server, start_with, Setup};
+use common::{chat_body, client, fresh_dir, post, server, start_stoppable, start_with, Setup};
 use serde_json::{json, Value};
 
 /// A multipart upload of `contents` as `purpose`.
@@ -279,6 +279,38 @@ async fn a_restarted_server_finishes_a_batch_without_redoing_answered_requests()
     let a = output.iter().find(|l| l["custom_id"] == "a").unwrap();
     assert_eq!(a["response"]["body"]["marker"], "answered before the restart", "request a was run again");
     assert!(done["error_file_id"].is_null(), "{done}");
+}
+
+#[tokio::test]
+async fn a_server_stopped_mid_batch_leaves_it_to_the_next_one() {
+    let dir = fresh_dir("restart");
+    let first = start_stoppable(Setup::Default, |config| config.batch.dir = dir.clone());
+    let lines: Vec<String> =
+        (0..5).map(|i| request_line(&format!("r{i}"), chat_body(&format!("Count from {i} to 1000."), 200))).collect();
+    let (_, file) = upload(&first.url, "batch", &jsonl(&lines)).await;
+    let batch = create_batch(&first.url, file["id"].as_str().unwrap()).await;
+    let id = batch["id"].as_str().unwrap().to_string();
+    loop {
+        let (_, batch) = get(&first.url, &format!("/v1/batches/{id}")).await;
+        if batch["request_counts"]["completed"].as_u64().unwrap() >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    first.stop();
+    // What the first server answered, as it left it on disk.
+    let log = std::fs::read_to_string(dir.join(format!("batches/{id}.output"))).unwrap();
+    let before: Vec<Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!((1..5).contains(&before.len()), "stopped after {} of 5 answers", before.len());
+
+    let second = start_with(Setup::Default, |config| config.batch.dir = dir.clone());
+    let done = wait_for(&second, &id, "completed").await;
+    assert_eq!(done["request_counts"], json!({"total": 5, "completed": 5, "failed": 0}));
+    let output = content(&second, done["output_file_id"].as_str().unwrap()).await;
+    assert_eq!(custom_ids(&output), ["r0", "r1", "r2", "r3", "r4"]);
+    for answered in &before {
+        assert!(output.contains(answered), "{} was answered again", answered["custom_id"]);
+    }
 }
 
 /// The number a Prometheus gauge shows on `/metrics`.

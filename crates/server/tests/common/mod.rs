@@ -60,6 +60,26 @@ fn start(setup: Setup) -> String {
 /// A new server for `setup`, with its configuration changed by `change` (its batch folder is a
 /// fresh one unless `change` names another).
 pub fn start_with(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> String {
+    start_stoppable(setup, change).url
+}
+
+/// A server that can be stopped; dropping the handle leaves it running.
+pub struct StoppableServer {
+    pub url: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl StoppableServer {
+    /// Shuts the server down and returns once its tasks and engine are gone.
+    pub fn stop(self) {
+        let _ = self.stop.send(());
+        self.thread.join().unwrap();
+    }
+}
+
+/// [`start_with`], keeping the means to stop the server.
+pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> StoppableServer {
     let model = if setup == Setup::Qwen { "qwen2.5-coder-0.5b" } else { "smollm2-135m" };
     let files = spindle_hub::resolve(model, &spindle_hub::spindle_home(), true).expect("pull the test model");
     let mut bundle = spindle_runner::ModelBundle::load(&files).expect("load the test model");
@@ -96,15 +116,22 @@ pub fn start_with(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> Strin
     change(&mut config);
     let state = spindle_server::start(config, bundle);
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         runtime.block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(format!("http://{}", listener.local_addr().unwrap())).unwrap();
-            spindle_server::serve(listener, state, std::future::pending()).await.unwrap();
+            let shutdown = async {
+                // A dropped handle is no request to stop.
+                if stopped.await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            spindle_server::serve(listener, state, shutdown).await.unwrap();
         });
     });
-    rx.recv().unwrap()
+    StoppableServer { url: rx.recv().unwrap(), stop, thread }
 }
 
 /// A new empty folder under the system's temporary folder, left there for inspection.
