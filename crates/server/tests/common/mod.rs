@@ -134,11 +134,10 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
     StoppableServer { url: rx.recv().unwrap(), stop, thread }
 }
 
-/// A new empty folder under the system's temporary folder, left there for inspection.
+/// A folder path of its own under the system's temporary folder, not created yet (the batch
+/// store creates its folder on first use, so servers that run no batch leave nothing behind).
 pub fn fresh_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("spindle-test-{name}-{}-{:016x}", std::process::id(), rand::random::<u64>()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    std::env::temp_dir().join(format!("spindle-test-{name}-{}-{:016x}", std::process::id(), rand::random::<u64>()))
 }
 
 /// Generous: a burst of requests waits its turn behind the other tests' requests on 2 cores.
