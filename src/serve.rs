@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::Args;
 use spindle_runner::{CacheConfig, DiskConfig, ModelBundle};
 use spindle_chat::ToolCallFormat;
+use spindle_models::KvType;
 use spindle_server::{BatchConfig, ServerConfig};
 
 #[derive(Args)]
@@ -46,6 +47,11 @@ pub struct ServeArgs {
     /// Memory for attention keys/values of running sequences and the prefix cache (e.g. 2GiB).
     #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
     kv_cache_memory: usize,
+    /// How keys and values are stored: f16 (half of f32's memory, so twice the tokens fit),
+    /// bf16, q8_0 (blocks of 32 int8 values with an f16 scale, 34 bytes per 32 values) or f32.
+    /// The README states each type's drift from f32.
+    #[arg(long, default_value = "f16", value_parser = str::parse::<KvType>)]
+    kv_cache_type: KvType,
     /// Memory for prefix-cache snapshots: recurrent states of hybrid models and end-of-prompt
     /// logits.
     #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
@@ -117,8 +123,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let source = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         bundle.template = spindle_chat::ChatTemplate::new(&source, bundle.tokenizer.bos_token(), bundle.tokenizer.eos_token())?;
     }
+    if let Some(d) = bundle.model.kv_shapes().iter().flatten().map(|s| s.head_dim).find(|&d| !args.kv_cache_type.fits(d)) {
+        anyhow::bail!("--kv-cache-type {} needs attention heads a multiple of 32 wide; this model's are {d}", args.kv_cache_type);
+    }
     let cache = CacheConfig {
         kv_bytes: args.kv_cache_memory,
+        kv_type: args.kv_cache_type,
         snapshot_bytes: args.snapshot_memory,
         disk: args.prefix_cache_dir.map(|dir| DiskConfig { dir, bytes: args.prefix_cache_disk_size }),
         ..CacheConfig::default()
@@ -127,11 +137,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let kv_tokens = cache.kv_tokens(&bundle);
     let ctx_size = args.ctx_size.unwrap_or(trained.min(kv_tokens));
     let summary = format!(
-        "model {} ({:?}): context {ctx_size} tokens (trained for {trained}); KV cache {} holds {kv_tokens} tokens, {:.1} KiB per token",
+        "model {} ({:?}): context {ctx_size} tokens (trained for {trained}); KV cache {} of {} holds {kv_tokens} tokens, {:.1} KiB per token",
         model_id(&args.model),
         bundle.model.config().architecture,
         human_bytes(args.kv_cache_memory),
-        args.kv_cache_memory as f64 / kv_tokens as f64 / 1024.0,
+        args.kv_cache_type,
+        cache.block_bytes(&bundle) as f64 / cache.block_size as f64 / 1024.0,
     );
     let config = ServerConfig {
         model_id: model_id(&args.model),

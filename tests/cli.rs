@@ -160,3 +160,42 @@ fn bench_prints_prefill_and_decode_speeds() {
         assert!(min > 0.0 && min <= median && median <= max, "{row}");
     }
 }
+
+#[test]
+fn an_unknown_kv_cache_type_is_refused_with_the_known_ones() {
+    let stderr = serve_refuses(&["--kv-cache-type", "q4_0"]);
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    assert!(stderr.starts_with("error: ") && stderr.contains("unknown KV cache type `q4_0`; expected one of f16, bf16, q8_0, f32"), "{stderr}");
+}
+
+/// The startup line's "KV cache … of TYPE holds N tokens" for `--kv-cache-type kind` (no type:
+/// the default), read before the server is stopped.
+fn kv_summary(kind: Option<&str>) -> String {
+    use std::io::BufRead;
+    // SmolLM2-135M: 30 layers × 3 KV heads × 64; ten blocks of 16 positions in f32.
+    let memory = (10 * 16 * 30 * 2 * 3 * 64 * 4).to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["serve", "--model"])
+        .arg(smollm2())
+        .args(["--port", "0", "--kv-cache-memory", &memory])
+        .args(kind.map(|k| ["--kv-cache-type", k]).iter().flatten())
+        .env("RUST_LOG", "error")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let line = stderr.lines().map_while(Result::ok).find(|l| l.contains("KV cache"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    line.unwrap_or_else(|| panic!("no KV cache line for {kind:?}"))
+}
+
+#[test]
+fn the_kv_cache_type_sets_how_many_tokens_the_memory_holds() {
+    // f16 by default: twice f32's tokens; q8_0 stores 34 bytes per 32 values (37 whole blocks).
+    for (kind, type_name, tokens, kib) in [(None, "f16", 320, "22.5"), (Some("f32"), "f32", 160, "45.0"), (Some("bf16"), "bf16", 320, "22.5"), (Some("q8_0"), "q8_0", 592, "12.0")] {
+        let line = kv_summary(kind);
+        let expected = format!("of {type_name} holds {tokens} tokens, {kib} KiB per token");
+        assert!(line.contains(&expected), "{expected:?} not in {line}");
+    }
+}

@@ -257,7 +257,9 @@ mod tests {
 
     /// Values from −4 to 4, with some exact zeros, tiny and rounding-boundary values.
     fn sample(n: usize, seed: u32) -> Vec<f32> {
-        let mut v: Vec<f32> = (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 8001) as f32 / 1000.0) - 4.0).collect();
+        let mut v: Vec<f32> = (0..n)
+            .map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 8001) as f32 / 1000.0) - 4.0)
+            .collect();
         v[0] = 0.0;
         v[1] = 1e-6;
         v[2] = 1.0 + f32::EPSILON;
@@ -341,7 +343,11 @@ mod tests {
             }
             // Part of the rows: the same values as the whole's part.
             let mut scratch = Vec::new();
-            assert_eq!(rows.rows(32, 3, 7).to_f32_on(Isa::best(), &mut scratch), &want[3 * 32..7 * 32], "{kind} rows 3..7");
+            assert_eq!(
+                rows.rows(32, 3, 7).to_f32_on(Isa::best(), &mut scratch),
+                &want[3 * 32..7 * 32],
+                "{kind} rows 3..7"
+            );
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use spindle_models::{ModelError, PagedKv};
+use spindle_models::ModelError;
 
 use crate::bundle::ModelBundle;
 use crate::engine::{Engine, EngineStopped, SequenceEvent, SequenceRequest, SequenceSummary};
@@ -53,9 +53,7 @@ impl GenerationStats {
 /// A cache with room for one sequence of `positions` and nothing more: what a single
 /// generation needs, without the server's default gigabyte.
 pub fn single_sequence_cache(bundle: &ModelBundle, positions: usize) -> CacheConfig {
-    let defaults = CacheConfig::default();
-    let block_bytes = PagedKv::block_bytes(&bundle.model.kv_shapes(), defaults.block_size);
-    CacheConfig { kv_bytes: block_bytes * positions.div_ceil(defaults.block_size).max(1), ..defaults }
+    CacheConfig::default().holding(bundle, positions)
 }
 
 impl Engine {

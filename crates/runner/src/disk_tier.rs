@@ -5,17 +5,21 @@
 //!
 //! A file is trusted only after it proves itself: magic and version, a length that matches its
 //! header, a trailing sha256 over everything before it, and a header that names the same model,
-//! build, block layout, tokens and key as the lookup. Anything else is logged, deleted and
+//! build, KV cache type, block layout, tokens and key as the lookup. Anything else is logged, deleted and
 //! treated as a miss, so a bad file costs one prefill, never wrong output.
 //!
 //! File layout (little-endian):
 //!
 //! ```text
 //! magic "SPNDSNAP" | version u32 | fingerprint: len u32, bytes | build: len u32, bytes |
-//! key u64 | block_size u64 | block_floats u64 | recurrent_floats u64 | tokens u64 |
-//! logits u64 (u64::MAX: none) | tokens × u32 | blocks × block_floats × f32 |
+//! KV type: len u32, bytes | key u64 | block_size u64 | block_bytes u64 | recurrent_floats u64 |
+//! tokens u64 | logits u64 (u64::MAX: none) | tokens × u32 | blocks × block_bytes |
 //! recurrent_floats × f32 | logits × f32 | sha256 of all the above
 //! ```
+//!
+//! Blocks are kept as the KV cache stores them (f32, f16, bf16 or q8_0 bytes), so a resumed
+//! prompt reads the very bits it wrote. The KV type is also in the file name: servers run with
+//! different types share the model's folder without replacing each other's files.
 //!
 //! Writes happen on one background thread, so the engine never waits on the disk: it writes
 //! `<name>.tmp`, syncs it and renames it, so a crash never leaves a partial file under a real
@@ -33,7 +37,7 @@ use std::time::{Duration, SystemTime};
 use sha2::{Digest, Sha256};
 
 const MAGIC: &[u8; 8] = b"SPNDSNAP";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const DIGEST: usize = 32;
 const SNAPSHOT_EXT: &str = "snap";
 const TMP_EXT: &str = "tmp";
@@ -61,9 +65,11 @@ pub(crate) struct Layout {
     /// [`build_id`]: another build of spindle may round differently, and a resumed prompt must
     /// give the bits a cold run of this build gives.
     pub build: String,
+    /// `KvType::name` of the blocks.
+    pub kv_type: String,
     pub block_size: usize,
-    /// `PagedKv::block_floats`.
-    pub block_floats: usize,
+    /// `PagedKv::bytes_per_block`.
+    pub block_bytes: usize,
     /// Numbers in the model's recurrent state (0 for attention-only models).
     pub recurrent_floats: usize,
 }
@@ -76,7 +82,7 @@ pub(crate) struct StoredSnapshot {
     /// The chunking key ([`spindle_sched::PrefillPlan::key`]) at `tokens.len()`.
     pub key: u64,
     /// `PagedKv::read_block` of each block, in order.
-    pub blocks: Vec<Vec<f32>>,
+    pub blocks: Vec<Vec<u8>>,
     /// `RecurrentState::to_floats`.
     pub recurrent: Vec<f32>,
     /// The logits after the last token, when the snapshot ends a prompt.
@@ -86,7 +92,7 @@ pub(crate) struct StoredSnapshot {
 impl StoredSnapshot {
     fn payload_bytes(&self) -> usize {
         let blocks: usize = self.blocks.iter().map(Vec::len).sum();
-        4 * (blocks + self.recurrent.len() + self.logits.as_ref().map_or(0, Vec::len) + self.tokens.len())
+        blocks + 4 * (self.recurrent.len() + self.logits.as_ref().map_or(0, Vec::len) + self.tokens.len())
     }
 }
 
@@ -149,7 +155,7 @@ impl DiskTier {
     /// The snapshot saved for exactly `tokens` and `key`, if a sound file holds it. A file that
     /// is corrupt or written for something else is logged and deleted.
     pub fn load(&self, tokens: &[u32], key: u64) -> Option<StoredSnapshot> {
-        let path = self.dir.join(file_name(tokens, key));
+        let path = self.dir.join(file_name(tokens, key, &self.layout.kv_type));
         let mut file = match fs::File::open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
@@ -210,12 +216,13 @@ enum Rejected {
 
 /// The file name for a prefix and key; the file's header is checked too, since names collide in
 /// principle and files can be copied around.
-fn file_name(tokens: &[u32], key: u64) -> String {
+fn file_name(tokens: &[u32], key: u64, kv_type: &str) -> String {
     let mut hash = Sha256::new();
     for t in tokens {
         hash.update(t.to_le_bytes());
     }
     hash.update(key.to_le_bytes());
+    hash.update(kv_type.as_bytes());
     format!("{}.{SNAPSHOT_EXT}", hex(&hash.finalize()))
 }
 
@@ -236,21 +243,23 @@ fn encode(layout: &Layout, s: &StoredSnapshot) -> Vec<u8> {
     let mut out = Vec::with_capacity(128 + s.payload_bytes() + DIGEST);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
-    for text in [&layout.fingerprint, &layout.build] {
+    for text in [&layout.fingerprint, &layout.build, &layout.kv_type] {
         out.extend_from_slice(&(text.len() as u32).to_le_bytes());
         out.extend_from_slice(text.as_bytes());
     }
-    debug_assert!(s.blocks.iter().all(|b| b.len() == layout.block_floats));
+    debug_assert!(s.blocks.iter().all(|b| b.len() == layout.block_bytes));
     out.extend_from_slice(&s.key.to_le_bytes());
     let logits = s.logits.as_ref().map_or(usize::MAX, Vec::len);
-    for size in [layout.block_size, layout.block_floats, s.recurrent.len(), s.tokens.len(), logits] {
+    for size in [layout.block_size, layout.block_bytes, s.recurrent.len(), s.tokens.len(), logits] {
         out.extend_from_slice(&(size as u64).to_le_bytes());
     }
     for t in &s.tokens {
         out.extend_from_slice(&t.to_le_bytes());
     }
-    let tail = [s.recurrent.as_slice(), s.logits.as_deref().unwrap_or(&[])];
-    for floats in s.blocks.iter().map(Vec::as_slice).chain(tail) {
+    for block in &s.blocks {
+        out.extend_from_slice(block);
+    }
+    for floats in [s.recurrent.as_slice(), s.logits.as_deref().unwrap_or(&[])] {
         for f in floats {
             out.extend_from_slice(&f.to_le_bytes());
         }
@@ -300,9 +309,10 @@ impl<'a> Cursor<'a> {
 struct Header<'a> {
     fingerprint: &'a [u8],
     build: &'a [u8],
+    kv_type: &'a [u8],
     key: u64,
     block_size: usize,
-    block_floats: usize,
+    block_bytes: usize,
     recurrent_floats: usize,
     tokens: usize,
     logits: Option<usize>,
@@ -321,11 +331,13 @@ impl<'a> Header<'a> {
         let fingerprint = c.take(fingerprint_len)?;
         let build_len = c.u32()? as usize;
         let build = c.take(build_len)?;
+        let kv_type_len = c.u32()? as usize;
+        let kv_type = c.take(kv_type_len)?;
         let key = c.u64()?;
         let mut size = || c.u64().map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-        let (block_size, block_floats, recurrent_floats, tokens, logits) = (size()?, size()?, size()?, size()?, size()?);
+        let (block_size, block_bytes, recurrent_floats, tokens, logits) = (size()?, size()?, size()?, size()?, size()?);
         let logits = (logits != usize::MAX).then_some(logits);
-        Ok(Self { fingerprint, build, key, block_size, block_floats, recurrent_floats, tokens, logits })
+        Ok(Self { fingerprint, build, kv_type, key, block_size, block_bytes, recurrent_floats, tokens, logits })
     }
 
     fn blocks(&self) -> usize {
@@ -334,19 +346,18 @@ impl<'a> Header<'a> {
 
     /// Bytes of the payload this header announces (`usize::MAX` when that overflows).
     fn payload_bytes(&self) -> usize {
-        let floats = self.blocks().checked_mul(self.block_floats);
-        let words = [self.recurrent_floats, self.logits.unwrap_or(0), self.tokens]
-            .into_iter()
-            .try_fold(floats.unwrap_or(usize::MAX), usize::checked_add);
-        words.and_then(|w| w.checked_mul(4)).unwrap_or(usize::MAX)
+        let blocks = self.blocks().checked_mul(self.block_bytes);
+        let words = [self.recurrent_floats, self.logits.unwrap_or(0), self.tokens].into_iter().try_fold(0, usize::checked_add);
+        words.and_then(|w| w.checked_mul(4)).zip(blocks).and_then(|(w, b)| w.checked_add(b)).unwrap_or(usize::MAX)
     }
 
     fn check(&self, layout: &Layout) -> Result<(), Rejected> {
         let checks = [
             (self.fingerprint == layout.fingerprint.as_bytes(), "model"),
             (self.build == layout.build.as_bytes(), "build of spindle"),
+            (self.kv_type == layout.kv_type.as_bytes(), "KV cache type"),
             (self.block_size == layout.block_size, "block size"),
-            (self.block_floats == layout.block_floats, "KV layout"),
+            (self.block_bytes == layout.block_bytes, "KV layout"),
             (self.recurrent_floats == layout.recurrent_floats, "recurrent state layout"),
         ];
         match checks.into_iter().find(|(ok, _)| !ok) {
@@ -374,7 +385,7 @@ fn decode(bytes: &[u8], layout: &Layout) -> Result<StoredSnapshot, Rejected> {
     header.check(layout)?;
     let tokens = c.take(header.tokens * 4)?.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
     let tokens = tokens.collect();
-    let blocks = (0..header.blocks()).map(|_| c.f32s(header.block_floats)).collect::<Result<_, _>>()?;
+    let blocks = (0..header.blocks()).map(|_| c.take(header.block_bytes).map(<[u8]>::to_vec)).collect::<Result<_, _>>()?;
     let recurrent = c.f32s(header.recurrent_floats)?;
     let logits = header.logits.map(|n| c.f32s(n)).transpose()?;
     Ok(StoredSnapshot { tokens, key: header.key, blocks, recurrent, logits })
@@ -414,7 +425,7 @@ impl Writer {
     }
 
     fn write(&self, snapshot: &StoredSnapshot) -> io::Result<()> {
-        let path = self.dir.join(file_name(&snapshot.tokens, snapshot.key));
+        let path = self.dir.join(file_name(&snapshot.tokens, snapshot.key, &self.layout.kv_type));
         // The same prefix under the same chunking holds the same bits; only logits can be new
         // (the memory tier added them to a snapshot that had none).
         if path.exists() && (snapshot.logits.is_none() || holds_logits(&path)) {
@@ -478,14 +489,14 @@ mod tests {
     use super::*;
 
     fn layout(fingerprint: &str) -> Layout {
-        Layout { fingerprint: fingerprint.into(), build: "test".into(), block_size: 4, block_floats: 6, recurrent_floats: 3 }
+        Layout { fingerprint: fingerprint.into(), build: "test".into(), kv_type: "f16".into(), block_size: 4, block_bytes: 6, recurrent_floats: 3 }
     }
 
     /// A snapshot of `tokens` whose numbers all derive from `seed`.
     fn snapshot(tokens: &[u32], key: u64, seed: f32, logits: bool) -> StoredSnapshot {
         let layout = layout("m");
         let blocks = (0..tokens.len().div_ceil(layout.block_size))
-            .map(|b| (0..layout.block_floats).map(|i| seed + (b * 10 + i) as f32 * 0.25).collect())
+            .map(|b| (0..layout.block_bytes).map(|i| (seed * 8.0) as u8 ^ (b * 10 + i) as u8).collect())
             .collect();
         StoredSnapshot {
             tokens: tokens.to_vec(),
@@ -504,7 +515,7 @@ mod tests {
     fn save(root: &Path, snapshot: &StoredSnapshot) -> PathBuf {
         let tier = open(root, layout("m"));
         tier.save(snapshot.clone());
-        let path = tier.dir.join(file_name(&snapshot.tokens, snapshot.key));
+        let path = tier.dir.join(file_name(&snapshot.tokens, snapshot.key, "f16"));
         drop(tier);
         assert!(path.exists());
         path
@@ -537,7 +548,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let (first, second) = (snapshot(&[4, 5, 6], 3, 0.5, true), snapshot(&[4, 5], 4, 0.25, false));
         let tier = open(root.path(), layout("m"));
-        let path = |s: &StoredSnapshot| tier.dir.join(file_name(&s.tokens, s.key));
+        let path = |s: &StoredSnapshot| tier.dir.join(file_name(&s.tokens, s.key, "f16"));
         tier.set_busy(true);
         tier.save(first.clone());
         std::thread::sleep(Duration::from_millis(200));
@@ -625,7 +636,7 @@ mod tests {
     #[test]
     fn a_wrong_magic_or_version_is_rejected() {
         check_rejected(|b| b[0] = b'X', |r| matches!(r, Rejected::Magic));
-        check_rejected(|b| b[MAGIC.len()] = 2, |r| matches!(r, Rejected::Version(2)));
+        check_rejected(|b| b[MAGIC.len()] = 1, |r| matches!(r, Rejected::Version(1)));
     }
 
     #[test]
@@ -635,11 +646,11 @@ mod tests {
         let path = save(root.path(), &s);
         let tier = open(root.path(), layout("m"));
         // The file under the name of another prefix, then of another key: the header decides.
-        let other_tokens = tier.dir.join(file_name(&[1, 2, 4], 10));
+        let other_tokens = tier.dir.join(file_name(&[1, 2, 4], 10, "f16"));
         fs::copy(&path, &other_tokens).unwrap();
         assert_eq!(tier.load(&[1, 2, 4], 10), None);
         assert!(!other_tokens.exists());
-        let other_key = tier.dir.join(file_name(&[1, 2, 3], 11));
+        let other_key = tier.dir.join(file_name(&[1, 2, 3], 11, "f16"));
         fs::copy(&path, &other_key).unwrap();
         assert_eq!(tier.load(&[1, 2, 3], 11), None);
         assert!(!other_key.exists());
@@ -654,7 +665,7 @@ mod tests {
         let others = [
             Layout { fingerprint: "other".into(), ..layout("m") },
             Layout { build: "other build".into(), ..layout("m") },
-            Layout { block_floats: 7, ..layout("m") },
+            Layout { block_bytes: 7, ..layout("m") },
             Layout { block_size: 8, ..layout("m") },
             Layout { recurrent_floats: 2, ..layout("m") },
         ];
@@ -671,6 +682,26 @@ mod tests {
                 save(root.path(), &s);
             }
         }
+    }
+
+    #[test]
+    fn a_file_of_another_kv_type_is_never_read_as_this_one() {
+        let root = tempfile::tempdir().unwrap();
+        let s = snapshot(&[3, 1, 4, 1], 6, 2.0, true);
+        let path = save(root.path(), &s);
+        let q8_0 = Layout { kv_type: "q8_0".into(), ..layout("m") };
+        let tier = open(root.path(), q8_0);
+        // Another name: not found, and the f16 server's file stays.
+        assert_eq!(tier.load(&s.tokens, 6), None);
+        assert!(path.exists());
+        // Under this type's name anyway: the header refuses it.
+        let renamed = tier.dir.join(file_name(&s.tokens, 6, "q8_0"));
+        fs::copy(&path, &renamed).unwrap();
+        let bytes = fs::read(&renamed).unwrap();
+        assert!(matches!(decode(&bytes, &tier.layout), Err(Rejected::Mismatch("KV cache type"))));
+        assert_eq!(tier.load(&s.tokens, 6), None);
+        assert!(!renamed.exists());
+        assert_eq!(open(root.path(), layout("m")).load(&s.tokens, 6), Some(s));
     }
 
     #[test]
@@ -700,7 +731,7 @@ mod tests {
             // Dropping the tier waits for its writer.
             DiskTier::open(&config, layout("m")).unwrap().save(s.clone());
         };
-        let paths: Vec<PathBuf> = snaps.iter().map(|s| root.path().join("m").join(file_name(&s.tokens, s.key))).collect();
+        let paths: Vec<PathBuf> = snaps.iter().map(|s| root.path().join("m").join(file_name(&s.tokens, s.key, "f16"))).collect();
         save(&snaps[0]);
         age(&paths[0], 300);
         save(&snaps[1]);

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use spindle_models::{PagedKv, RecurrentState, SequenceCache};
+use spindle_models::{KvType, PagedKv, RecurrentState, SequenceCache};
 use spindle_sched::{BlockId, BlockPool, CacheKind, PoolExhausted, PrefillPlan, PrefixTree, ResumePoint, SnapshotId};
 
 use crate::bundle::ModelBundle;
@@ -30,21 +30,32 @@ pub struct CacheConfig {
     pub snapshot_bytes: usize,
     /// Positions per block.
     pub block_size: usize,
+    /// The number type keys and values are stored in.
+    pub kv_type: KvType,
     /// Also keep snapshots on disk, across restarts.
     pub disk: Option<DiskConfig>,
 }
 
 impl Default for CacheConfig {
     fn default() -> Self {
-        Self { kv_bytes: 1 << 30, snapshot_bytes: 1 << 30, block_size: 16, disk: None }
+        Self { kv_bytes: 1 << 30, snapshot_bytes: 1 << 30, block_size: 16, kv_type: KvType::default(), disk: None }
     }
 }
 
 impl CacheConfig {
+    /// Bytes one block of `bundle`'s model takes (keys and values of every layer, as `kv_type`).
+    pub fn block_bytes(&self, bundle: &ModelBundle) -> usize {
+        PagedKv::block_bytes(&bundle.model.kv_shapes(), self.kv_type, self.block_size)
+    }
+
     /// Key/value blocks `kv_bytes` holds for `bundle`'s model (at least one).
     pub fn kv_blocks(&self, bundle: &ModelBundle) -> usize {
-        let block_bytes = PagedKv::block_bytes(&bundle.model.kv_shapes(), self.block_size).max(1);
-        (self.kv_bytes / block_bytes).max(1)
+        (self.kv_bytes / self.block_bytes(bundle).max(1)).max(1)
+    }
+
+    /// This configuration with `kv_bytes` just enough for `positions` of `bundle`'s model.
+    pub fn holding(self, bundle: &ModelBundle, positions: usize) -> Self {
+        Self { kv_bytes: self.block_bytes(bundle) * positions.div_ceil(self.block_size).max(1), ..self }
     }
 
     /// Positions whose keys and values fit in `kv_bytes`, over all sequences together.
@@ -94,13 +105,14 @@ impl PrefixCache {
         let blocks = config.kv_blocks(bundle);
         let initial = bundle.model.initial_recurrent_state();
         let kind = if initial.is_empty() { CacheKind::AttentionOnly } else { CacheKind::Hybrid };
-        let kv = Arc::new(PagedKv::new(&shapes, blocks, config.block_size));
+        let kv = Arc::new(PagedKv::new(&shapes, config.kv_type, blocks, config.block_size));
         let disk = config.disk.as_ref().and_then(|disk| {
             let layout = Layout {
                 fingerprint: bundle.fingerprint.clone(),
                 build: disk_tier::build_id(),
+                kv_type: config.kv_type.name().into(),
                 block_size: config.block_size,
-                block_floats: kv.block_floats(),
+                block_bytes: kv.bytes_per_block(),
                 recurrent_floats: initial.bytes() / std::mem::size_of::<f32>(),
             };
             // The memory tier works without it; a server should not refuse to start over it.

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use spindle_hub::ModelFiles;
-use spindle_models::PagedKv;
+use spindle_models::{KvType, PagedKv};
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{model_fingerprint, CacheConfig, Engine, EngineConfig, FinishReason, ModelBundle};
 use spindle_runner::{ReasoningMode, SequenceEvent, SequenceRequest};
@@ -40,7 +40,7 @@ struct Model {
 
 impl Model {
     fn block_bytes(&self) -> usize {
-        PagedKv::block_bytes(&self.bundle.model.kv_shapes(), BLOCK)
+        PagedKv::block_bytes(&self.bundle.model.kv_shapes(), KvType::default(), BLOCK)
     }
 
     /// Bytes of one end-of-prompt snapshot: the recurrent state and the logits.
@@ -113,7 +113,7 @@ fn sampling(seed: Option<u64>) -> SamplingParams {
 }
 
 fn cache_config(kv_bytes: usize, snapshot_bytes: usize) -> CacheConfig {
-    CacheConfig { kv_bytes, snapshot_bytes, block_size: BLOCK, disk: None }
+    CacheConfig { kv_bytes, snapshot_bytes, block_size: BLOCK, kv_type: KvType::default(), disk: None }
 }
 
 /// Room for every test's sequences and prefixes at once.

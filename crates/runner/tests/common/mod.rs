@@ -53,6 +53,7 @@ pub fn engine_with_orphans(bundle: &Arc<ModelBundle>, disk: Option<&Path>, orpha
         snapshot_bytes: 64 << 20,
         block_size: BLOCK_SIZE,
         disk: disk.map(|dir| DiskConfig { dir: dir.to_path_buf(), bytes: 1 << 30 }),
+        ..CacheConfig::default()
     };
     let config =
         EngineConfig { max_active: 2, prefill_chunk: PREFILL_CHUNK, step_tokens: 2 * PREFILL_CHUNK, cache, orphan_prefill_tokens };
