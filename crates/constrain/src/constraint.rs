@@ -73,6 +73,11 @@ impl Constraint {
         self.matcher.consume_token(token).map_err(|e| ConstrainError::Failed(e.to_string()))
     }
 
+    /// Back to the grammar's start, for a sequence that is run again from its prompt.
+    pub fn reset(&mut self) -> Result<(), ConstrainError> {
+        self.matcher.reset().map_err(|e| ConstrainError::Failed(e.to_string()))
+    }
+
     /// The grammar is complete and allows nothing more than the end.
     pub fn is_finished(&self) -> bool {
         self.matcher.is_stopped()

@@ -6,14 +6,14 @@
 //! would see alone. Results leave as [`SequenceEvent`]s; a receiver that goes away, or a raised
 //! cancel flag, ends the sequence and frees its blocks at its next turn.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
 use spindle_constrain::Constraint;
 use spindle_models::BatchEntry;
-use spindle_sched::{PrefillPlan, Scheduler, SchedulerConfig, SeqId};
+use spindle_sched::{PrefillPlan, Scheduler, SchedulerConfig, SeqId, StepPlan};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::bundle::ModelBundle;
@@ -133,6 +133,13 @@ pub struct EngineLoad {
     pub active: AtomicUsize,
     /// Prompt positions read for requests whose client had gone (kept for a retry).
     pub orphan_prefill_tokens: AtomicUsize,
+    /// Sequences sent back to the queue because the KV pool ran out.
+    pub preemptions: AtomicUsize,
+    /// KV blocks running sequences hold (shared ones once), and blocks in the pool.
+    pub kv_blocks_used: AtomicUsize,
+    pub kv_blocks_total: AtomicUsize,
+    /// Bytes of prefix-cache snapshots kept in memory.
+    pub snapshot_bytes: AtomicUsize,
 }
 
 /// Handle to the engine thread; cloning shares the thread.
@@ -195,9 +202,11 @@ struct EngineState<'a> {
     load: &'a EngineLoad,
     prefix: PrefixCache,
     scheduler: Scheduler,
-    waiting: HashMap<SeqId, SequenceRequest>,
+    waiting: HashMap<SeqId, Waiting>,
     running: HashMap<SeqId, Sequence>,
     next_id: u64,
+    /// Reused by [`Self::report_memory`], so reporting allocates nothing per step.
+    used_blocks: HashSet<u32>,
 }
 
 fn run(bundle: &ModelBundle, config: &EngineConfig, inbox: &mpsc::Receiver<SequenceRequest>, load: &EngineLoad) {
@@ -210,6 +219,7 @@ fn run(bundle: &ModelBundle, config: &EngineConfig, inbox: &mpsc::Receiver<Seque
         waiting: HashMap::new(),
         running: HashMap::new(),
         next_id: 0,
+        used_blocks: HashSet::new(),
     };
     loop {
         if engine.waiting.is_empty() && engine.running.is_empty() {
@@ -227,25 +237,30 @@ fn run(bundle: &ModelBundle, config: &EngineConfig, inbox: &mpsc::Receiver<Seque
         engine.prefix.set_busy(!engine.running.is_empty());
         engine.step();
         // Before blocking for new work, so an idle engine reports itself idle.
+        engine.report_memory();
         load.active.store(engine.running.len(), Ordering::Relaxed);
         engine.prefix.set_busy(!engine.running.is_empty());
     }
 }
 
 impl EngineState<'_> {
-    fn enqueue(&mut self, request: SequenceRequest) {
+    fn enqueue(&mut self, mut request: SequenceRequest) {
         let id = SeqId(self.next_id);
         self.next_id += 1;
-        self.waiting.insert(id, request);
+        // Fixed now, so that a sequence run again after a preemption samples the same tokens.
+        request.sampling.seed.get_or_insert_with(rand::random);
+        self.waiting.insert(id, Waiting { request, sent: 0 });
         self.scheduler.enqueue(id);
     }
 
-    /// Starts waiting requests in arrival order while the scheduler and the KV storage have
-    /// room; a prompt that could never fit fails at once instead of blocking the queue.
+    /// Starts waiting requests in arrival order while the scheduler admits more and the KV pool
+    /// has room for the prompt (what it will generate takes blocks as it goes; when the pool
+    /// runs out, [`Self::make_room_for`] preempts). A prompt that could never fit fails at once
+    /// instead of blocking the queue.
     fn admit(&mut self) {
         let mut failed = Vec::new();
         let admitted = self.scheduler.admit(|id| {
-            let request = &self.waiting[&id];
+            let request = &self.waiting[&id].request;
             if self.running.values().any(|seq| seq.is_reading_shared_prefix(&request.prompt_ids, self.config.prefill_chunk)) {
                 // A retry, or a twin sent at the same time: wait for the running one to read the
                 // shared part and resume from its cache instead of reading it a second time.
@@ -253,31 +268,27 @@ impl EngineState<'_> {
             }
             let len = request.prompt_ids.len();
             let plan = PrefillPlan::new(len, &request.snapshot_positions, self.config.prefill_chunk);
-            // Room for the prompt and every token it may generate is taken now: a sequence that
-            // found the pool full halfway would have to stop early or be recomputed, which
-            // rounds differently.
-            let positions = (len + request.max_tokens).min(request.context.max(len + 1));
-            if self.prefix.blocks_for(positions) > self.prefix.total_blocks() {
+            if self.prefix.blocks_for(len + 1) > self.prefix.total_blocks() {
                 let message = format!(
-                    "the prompt and max_tokens need {} KV blocks but the cache holds {}; lower max_tokens or raise --kv-cache-memory",
-                    self.prefix.blocks_for(positions),
+                    "the prompt needs {} KV blocks but the cache holds {}; raise --kv-cache-memory",
+                    self.prefix.blocks_for(len + 1),
                     self.prefix.total_blocks()
                 );
                 failed.push((id, message));
                 return true;
             }
-            let Ok(mut started) = self.prefix.start(&request.prompt_ids, &plan, request.context) else { return false };
-            if self.prefix.reserve(&mut started.cache, positions - started.cached).is_err() {
+            let Ok(started) = self.prefix.start(&request.prompt_ids, &plan, request.context) else { return false };
+            if !self.prefix.make_room(started.cache.blocks_needed(len + 1 - started.cached)) {
                 self.prefix.release(&started.cache);
                 return false;
             }
-            let request = self.waiting.remove(&id).expect("waiting request");
-            self.running.insert(id, Sequence::new(request, plan, started));
+            let Waiting { request, sent } = self.waiting.remove(&id).expect("waiting request");
+            self.running.insert(id, Sequence::new(request, plan, started, sent));
             true
         });
         for (id, message) in failed {
-            if let Some(request) = self.waiting.remove(&id) {
-                let _ = request.events.send(SequenceEvent::Failed(message));
+            if let Some(waiting) = self.waiting.remove(&id) {
+                let _ = waiting.request.events.send(SequenceEvent::Failed(message));
             }
             self.scheduler.remove(id);
         }
@@ -292,6 +303,7 @@ impl EngineState<'_> {
     /// model in one batched pass.
     fn step(&mut self) {
         let plan = self.scheduler.plan();
+        self.make_room_for(&plan);
         let work = plan.prefill.iter().map(|&(id, size)| (id, Some(size))).chain(plan.decode.iter().map(|&id| (id, None)));
         let mut jobs: Vec<Job> = Vec::new();
         // Nobody else wants the engine: a prompt whose client left may go on being read.
@@ -355,11 +367,69 @@ impl EngineState<'_> {
         }
     }
 
+    /// Preempts the most recently admitted sequences until the blocks `plan`'s work needs
+    /// are free (unused cache evicted first), as vLLM does: a preempted sequence gives its
+    /// blocks back, keeps what it read in the prefix cache, and goes back to the front of the
+    /// queue to run again from its prompt, resending nothing. Its outputs are bitwise those of
+    /// an uninterrupted run, so memory never makes a request fail or stop early while it fits
+    /// the pool alone.
+    fn make_room_for(&mut self, plan: &StepPlan) {
+        let need_of = |running: &HashMap<SeqId, Sequence>, id: SeqId, tokens: usize| {
+            running.get(&id).map_or(0, |seq| seq.cache().blocks_needed(tokens))
+        };
+        let mut needs: HashMap<SeqId, usize> = HashMap::new();
+        for &(id, size) in &plan.prefill {
+            needs.insert(id, need_of(&self.running, id, size));
+        }
+        for &id in &plan.decode {
+            needs.insert(id, need_of(&self.running, id, 1));
+        }
+        while !self.prefix.make_room(needs.values().sum()) {
+            // The one left alone outgrew the pool: it ends where it is when it asks for a block.
+            if self.running.len() <= 1 {
+                return;
+            }
+            let Some(victim) = self.scheduler.last_admitted() else { return };
+            needs.remove(&victim);
+            self.preempt(victim);
+        }
+    }
+
+    fn preempt(&mut self, id: SeqId) {
+        let Some(seq) = self.running.remove(&id) else { return };
+        seq.keep_read_prompt(&mut self.prefix);
+        self.prefix.release(seq.cache());
+        match seq.into_retry() {
+            Some((request, sent)) => {
+                self.load.preemptions.fetch_add(1, Ordering::Relaxed);
+                self.waiting.insert(id, Waiting { request, sent });
+                self.scheduler.requeue_front(id);
+            }
+            None => self.scheduler.remove(id),
+        }
+    }
+
+    /// Publishes KV and snapshot memory use for the metrics.
+    fn report_memory(&mut self) {
+        self.used_blocks.clear();
+        self.used_blocks.extend(self.running.values().flat_map(|seq| seq.cache().blocks().iter().copied()));
+        self.load.kv_blocks_used.store(self.used_blocks.len(), Ordering::Relaxed);
+        self.load.kv_blocks_total.store(self.prefix.total_blocks(), Ordering::Relaxed);
+        self.load.snapshot_bytes.store(self.prefix.snapshot_bytes(), Ordering::Relaxed);
+    }
+
     /// Frees an ended sequence's blocks and its place in the scheduler.
     fn end(&mut self, id: SeqId, seq: Sequence) {
         self.prefix.release(seq.cache());
         self.scheduler.remove(id);
     }
+}
+
+/// A request waiting to be admitted, and how many of its tokens its client already has (a
+/// preempted sequence's run again from the prompt; those are not sent twice).
+struct Waiting {
+    request: SequenceRequest,
+    sent: usize,
 }
 
 /// One sequence's part of a step: the tokens it runs.

@@ -135,6 +135,11 @@ impl PrefixCache {
         self.pool.total_blocks()
     }
 
+    /// Bytes of the snapshots kept in memory.
+    pub fn snapshot_bytes(&self) -> usize {
+        self.tree.snapshot_bytes()
+    }
+
     /// Blocks `positions` positions take.
     pub fn blocks_for(&self, positions: usize) -> usize {
         self.pool.blocks_for(positions)

@@ -37,10 +37,13 @@ pub struct Sequence {
     close_forced: bool,
     /// The client is gone: the prompt may still be read for the cache, nothing is reported.
     orphan: bool,
+    /// Tokens the client already has from a run that was preempted: this run produces the
+    /// same ones again and does not send them.
+    sent: usize,
 }
 
 impl Sequence {
-    pub fn new(request: SequenceRequest, plan: PrefillPlan, started: Started) -> Self {
+    pub fn new(request: SequenceRequest, plan: PrefillPlan, started: Started, sent: usize) -> Self {
         let sampler = Sampler::new(request.sampling.clone(), &request.prompt_ids);
         let output = OutputPipeline::new(&request.stop_strings, request.reasoning);
         Self {
@@ -56,7 +59,24 @@ impl Sequence {
             forcing: VecDeque::new(),
             close_forced: false,
             orphan: false,
+            sent,
         }
+    }
+
+    /// The request, to run again from its prompt after a preemption, and how many tokens its
+    /// client already has; `None` when the client is gone and nothing needs running.
+    pub fn into_retry(mut self) -> Option<(SequenceRequest, usize)> {
+        if self.client_gone() {
+            return None;
+        }
+        if let Some(constraint) = &mut self.request.constraint {
+            if let Err(e) = constraint.reset() {
+                self.fail(format!("internal error: the grammar could not restart: {e}"));
+                return None;
+            }
+        }
+        let sent = self.generated.max(self.sent);
+        Some((self.request, sent))
     }
 
     pub fn cache(&self) -> &SequenceCache {
@@ -151,7 +171,7 @@ impl Sequence {
         if at_end {
             self.logits = Some(logits);
         }
-        if !self.orphan {
+        if !self.orphan && self.sent == 0 {
             let _ = self.request.events.send(SequenceEvent::Prefilled { read: end, total: self.request.prompt_ids.len() });
         }
     }
@@ -195,7 +215,8 @@ impl Sequence {
         self.reasoning_tokens += usize::from(reasoning);
         let (text, stopped) = self.output.push(&bundle.tokenizer, token.id);
         let id = token.id;
-        if self.request.events.send(SequenceEvent::Token { token, text, reasoning }).is_err() {
+        let resent = self.generated <= self.sent;
+        if !resent && self.request.events.send(SequenceEvent::Token { token, text, reasoning }).is_err() {
             return Err(Ended);
         }
         if stopped {

@@ -411,8 +411,9 @@ fn tiny_engine(model: &Model, requests: &[Request]) -> (Engine, usize) {
 /// prefixes, and every output still equals its cold run. A prompt larger than the whole pool
 /// fails at once with a clear message, without holding up the others.
 ///
-/// Every request fits in the blocks reserved when it is admitted (see
-/// `sequences_are_not_cut_short_when_the_pool_runs_out` for those that do not).
+/// Every request fits in the pool beside the others without preemption (see
+/// `sequences_are_not_cut_short_when_the_pool_runs_out` and tests/preemption.rs for those that
+/// do not).
 fn check_eviction(model: &Model, prompts: &Prompts, max_tokens: usize, concurrent_rounds: usize) {
     let requests = eviction_requests(prompts, |len| within_reservation(len, max_tokens));
     let (engine, blocks) = tiny_engine(model, &requests);

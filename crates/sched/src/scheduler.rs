@@ -133,6 +133,22 @@ impl Scheduler {
         StepPlan { prefill, decode }
     }
 
+    /// The most recently admitted sequence still active: the one to preempt when the KV pool
+    /// runs out, since it has done the least work.
+    pub fn last_admitted(&self) -> Option<SeqId> {
+        self.active.last().map(|a| a.id)
+    }
+
+    /// Sends an active sequence back to the front of the queue, to be admitted again (and its
+    /// work recomputed) before anything that arrived later.
+    pub fn requeue_front(&mut self, id: SeqId) {
+        let before = self.active.len();
+        self.active.retain(|active| active.id != id);
+        if self.active.len() < before {
+            self.waiting.push_front(id);
+        }
+    }
+
     /// Sequences queued but not admitted.
     pub fn waiting(&self) -> usize {
         self.waiting.len()

@@ -1,7 +1,8 @@
-//! Prometheus metrics at `GET /metrics`: request counts, queue depth, token counters, and
-//! time-to-first-token / inter-token latency histograms.
+//! Prometheus metrics at `GET /metrics`: request counts, queue depth, token counters,
+//! time-to-first-token / inter-token latency histograms, KV and snapshot memory, and vLLM's
+//! names for the figures gateways read.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -24,13 +25,56 @@ pub struct Metrics {
     /// Read speed of each request's new prompt positions.
     pub prefill_tokens_per_second: Histogram,
     orphan_prefill_tokens: Counter,
+    snapshot_bytes: Gauge,
     queue_depth: Gauge,
     running: Gauge,
+    vllm: VllmMetrics,
+}
+
+/// The same figures under vLLM's names, which dashboards and inference gateways already read.
+#[derive(Default)]
+struct VllmMetrics {
+    waiting: Gauge,
+    running: Gauge,
+    kv_cache_usage: Gauge<f64, AtomicU64>,
+    preemptions: Counter,
+    prefix_cache_queries: Counter,
+    prefix_cache_hits: Counter,
+}
+
+impl VllmMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register("vllm:num_requests_waiting", "Requests waiting to be admitted", self.waiting.clone());
+        registry.register("vllm:num_requests_running", "Requests running", self.running.clone());
+        registry.register("vllm:kv_cache_usage_perc", "Share of KV blocks running requests hold (1 = full)", self.kv_cache_usage.clone());
+        registry.register("vllm:num_preemptions", "Sequences preempted because the KV pool ran out", self.preemptions.clone());
+        registry.register("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", self.prefix_cache_queries.clone());
+        registry.register("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", self.prefix_cache_hits.clone());
+    }
+
+    fn update(&self, load: &EngineLoad, prompt_tokens: u64, cached_tokens: u64) {
+        let read = |gauge: &AtomicUsize| gauge.load(Ordering::Relaxed);
+        self.waiting.set(read(&load.waiting) as i64);
+        self.running.set(read(&load.active) as i64);
+        let total = read(&load.kv_blocks_total).max(1);
+        self.kv_cache_usage.set(read(&load.kv_blocks_used) as f64 / total as f64);
+        catch_up(&self.preemptions, read(&load.preemptions) as u64);
+        catch_up(&self.prefix_cache_queries, prompt_tokens);
+        catch_up(&self.prefix_cache_hits, cached_tokens);
+    }
+}
+
+/// Raises `counter` to `value`, a total kept elsewhere.
+fn catch_up(counter: &Counter, value: u64) {
+    counter.inc_by(value.saturating_sub(counter.get()));
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("spindle");
+        let mut root = Registry::default();
+        let vllm = VllmMetrics::default();
+        vllm.register(&mut root);
+        let registry = root.sub_registry_with_prefix("spindle");
         let requests = Family::<Labels, Counter>::default();
         let prompt_tokens = Counter::default();
         let generated_tokens = Counter::default();
@@ -41,6 +85,7 @@ impl Default for Metrics {
         // 4 .. ~130k tokens/s, doubling.
         let prefill_tokens_per_second = Histogram::new(exponential_buckets(4.0, 2.0, 16));
         let orphan_prefill_tokens = Counter::default();
+        let snapshot_bytes = Gauge::default();
         let queue_depth = Gauge::default();
         let running = Gauge::default();
         registry.register("requests", "HTTP requests by endpoint and status", requests.clone());
@@ -59,10 +104,12 @@ impl Default for Metrics {
             "Prompt positions read after their client gave up, kept in the prefix cache for a retry",
             orphan_prefill_tokens.clone(),
         );
+        registry.register("prefix_cache_snapshot_bytes", "Memory of prefix-cache snapshots", snapshot_bytes.clone());
         registry.register("queue_depth", "Requests waiting for the engine", queue_depth.clone());
         registry.register("running_requests", "Sequences the engine is running", running.clone());
         Self {
-            registry,
+            registry: root,
+            vllm,
             requests,
             prompt_tokens,
             generated_tokens,
@@ -71,6 +118,7 @@ impl Default for Metrics {
             inter_token_latency,
             prefill_tokens_per_second,
             orphan_prefill_tokens,
+            snapshot_bytes,
             queue_depth,
             running,
         }
@@ -86,8 +134,9 @@ impl Metrics {
     pub fn render(&self, load: &EngineLoad) -> String {
         self.queue_depth.set(load.waiting.load(Ordering::Relaxed) as i64);
         self.running.set(load.active.load(Ordering::Relaxed) as i64);
-        let orphan = load.orphan_prefill_tokens.load(Ordering::Relaxed) as u64;
-        self.orphan_prefill_tokens.inc_by(orphan.saturating_sub(self.orphan_prefill_tokens.get()));
+        catch_up(&self.orphan_prefill_tokens, load.orphan_prefill_tokens.load(Ordering::Relaxed) as u64);
+        self.snapshot_bytes.set(load.snapshot_bytes.load(Ordering::Relaxed) as i64);
+        self.vllm.update(load, self.prompt_tokens.get(), self.cached_prompt_tokens.get());
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");
         text

@@ -30,6 +30,14 @@ pub fn fit_max_tokens(state: &AppState, prompt_tokens: usize, requested: Option<
             "the prompt is {prompt_tokens} tokens but the context holds {context}; shorten the messages"
         )));
     }
+    // Generated tokens take blocks as they come (a full pool preempts the newest sequence), but
+    // a prompt must fit the whole pool on its own.
+    let kv_tokens = state.config.cache.kv_tokens(&state.bundle);
+    if prompt_tokens >= kv_tokens {
+        return Err(ApiError::context_length_exceeded(format!(
+            "the prompt is {prompt_tokens} tokens but the KV cache holds {kv_tokens}; shorten the messages or raise --kv-cache-memory"
+        )));
+    }
     let room = context - prompt_tokens;
     Ok(requested.map_or(room, |n| (n as usize).min(room)))
 }

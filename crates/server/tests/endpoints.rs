@@ -42,10 +42,22 @@ async fn models_health_and_metrics() {
         "spindle_cached_prompt_tokens_total",
         "spindle_time_to_first_token_seconds_bucket",
         "spindle_inter_token_latency_seconds_bucket",
+        "spindle_prefill_tokens_per_second_bucket",
+        "spindle_prefix_cache_snapshot_bytes",
+        "spindle_orphan_prefill_tokens_total",
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total",
     ] {
         assert!(text.contains(name), "{name} missing from\n{text}");
     }
     assert!(gauge(&text, "spindle_generated_tokens_total") >= 3.0);
+    // vLLM's prefix-cache counters read the same totals as ours.
+    assert_eq!(gauge(&text, "vllm:prefix_cache_queries_total"), gauge(&text, "spindle_prompt_tokens_total"));
+    assert_eq!(gauge(&text, "vllm:prefix_cache_hits_total"), gauge(&text, "spindle_cached_prompt_tokens_total"));
+    let usage = gauge(&text, "vllm:kv_cache_usage_perc");
+    assert!((0.0..=1.0).contains(&usage), "{usage}");
     assert!(gauge(&text, "spindle_time_to_first_token_seconds_count") >= 1.0);
     assert!(text.contains("endpoint=\"/v1/chat/completions\",status=\"200\""), "{text}");
 }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{chat_body, client, post, server, Setup, API_KEY};
+use common::{chat_body, client, post, server, Setup, API_KEY, SMALL_KV_TOKENS};
 use serde_json::{json, Value};
 
 async fn raw(base: &str, path: &str, body: &str) -> (u16, Value) {
@@ -79,6 +79,21 @@ async fn a_prompt_longer_than_the_context_is_context_length_exceeded() {
     assert_error(status, &response, 400, "context");
     // max_tokens beyond the room left is clipped, not refused.
     let (status, response) = post(&base, "/v1/chat/completions", &chat_body("Hi", 5000)).await;
+    assert_eq!(status, 200, "{response}");
+}
+
+#[tokio::test]
+async fn a_prompt_larger_than_the_kv_pool_is_a_400_and_max_tokens_omitted_is_not() {
+    let base = server(Setup::SmallKv);
+    let long = "word ".repeat(SMALL_KV_TOKENS);
+    let (status, response) = post(&base, "/v1/chat/completions", &chat_body(&long, 2)).await;
+    assert_error(status, &response, 400, "--kv-cache-memory");
+    assert_eq!(response["error"]["code"], "context_length_exceeded");
+    // Omitting max_tokens reserves nothing: the request runs in the small pool.
+    let mut body = chat_body("Count from one to five.", 2);
+    body.as_object_mut().unwrap().remove("max_tokens");
+    body["stop"] = json!(["\n"]);
+    let (status, response) = post(&base, "/v1/chat/completions", &body).await;
     assert_eq!(status, 200, "{response}");
 }
 

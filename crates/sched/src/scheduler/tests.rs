@@ -266,3 +266,27 @@ fn starting_twice_is_caught() {
     scheduler.start(SeqId(1), vec![]);
     scheduler.start(SeqId(1), vec![]);
 }
+
+#[test]
+fn a_preempted_sequence_goes_back_to_the_front_of_the_queue() {
+    let mut scheduler = Scheduler::new(SchedulerConfig { max_active: 2, step_tokens: 8 });
+    for id in 1..=3 {
+        scheduler.enqueue(SeqId(id));
+    }
+    assert_eq!(scheduler.admit(|_| true), [SeqId(1), SeqId(2)]);
+    scheduler.start(SeqId(1), vec![2]);
+    scheduler.start(SeqId(2), vec![2, 2]);
+    assert_eq!(scheduler.last_admitted(), Some(SeqId(2)));
+    scheduler.requeue_front(SeqId(2));
+    assert_eq!(scheduler.last_admitted(), Some(SeqId(1)));
+    assert_eq!(scheduler.plan(), plan(&[(1, 2)], &[]), "the preempted sequence runs nothing");
+    // It is admitted again before 3, which arrived later, and starts over.
+    assert_eq!(scheduler.admit(|_| true), [SeqId(2)]);
+    scheduler.start(SeqId(2), vec![4]);
+    assert_eq!(scheduler.plan(), plan(&[(2, 4)], &[1]));
+    assert_eq!(scheduler.waiting(), 1);
+    // Unknown or waiting ids are left alone.
+    scheduler.requeue_front(SeqId(3));
+    scheduler.requeue_front(SeqId(9));
+    assert_eq!((scheduler.waiting(), scheduler.running()), (1, 2));
+}

@@ -29,7 +29,12 @@ pub enum Setup {
     GuidedJson,
     /// Keep-alives after [`KEEP_ALIVE`] of quiet.
     KeepAlive,
+    /// A 2,048-token context over a KV pool of [`SMALL_KV_TOKENS`].
+    SmallKv,
 }
+
+/// The KV pool of [`Setup::SmallKv`], in positions (SmolLM2: 30 layers × 3 KV heads × 64 × 2).
+pub const SMALL_KV_TOKENS: usize = 512;
 
 /// The keep-alive interval of [`Setup::KeepAlive`].
 pub const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(250);
@@ -111,6 +116,10 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
         Setup::SmallContext => config.ctx_size = 64,
         Setup::GuidedJson => config.guided_json = Some(guided_schema()),
         Setup::KeepAlive => config.keep_alive = KEEP_ALIVE,
+        Setup::SmallKv => {
+            let bytes_per_token = config.cache.kv_bytes / config.cache.kv_tokens(&bundle);
+            config.cache.kv_bytes = SMALL_KV_TOKENS * bytes_per_token;
+        }
         Setup::Qwen => (config.max_concurrent, config.max_queue, config.max_body_bytes) = (16, 64, 1024 * 1024),
     }
     change(&mut config);
