@@ -17,6 +17,7 @@ import gzip
 import http.client
 import http.server
 import json
+import re
 import select
 import socket
 import sys
@@ -272,8 +273,10 @@ def check_responses_stream(n, events, findings, complete):
         bad = lambda why: findings.malformed.append((n, f"{kind}: {why}"))
         if name is not None and name != kind:
             bad(f"event name {name!r} differs from type")
-        if event.get("sequence_number") != expected_seq:
-            bad(f"sequence_number {event.get('sequence_number')}, expected {expected_seq}")
+        if "sequence_number" not in event:
+            findings.malformed.append((n, "an event without sequence_number"))
+        elif event["sequence_number"] != expected_seq:
+            bad(f"sequence_number {event['sequence_number']}, expected {expected_seq}")
         expected_seq = (event.get("sequence_number") or expected_seq) + 1
         if first and kind != "response.created":
             bad("first event is not response.created")
@@ -421,8 +424,12 @@ def verdict(args):
         print("request durations (s): " + ", ".join(f"#{n} {d:.0f}{' (client hung up)' if gone else ''}" for n, d, gone in durations))
     print(f"streams cut by the client: {findings.cut}")
     print(f"malformed stream events: {len(findings.malformed)}")
-    for n, problem in findings.malformed[:20]:
-        print(f"  ! #{n} {problem}")
+    kinds = collections.defaultdict(list)  # the same problem on many events is one line
+    for n, problem in findings.malformed:
+        kinds[re.sub(r"\d+", "N", problem)].append((n, problem))
+    for seen in list(kinds.values())[:20]:
+        n, problem = seen[0]
+        print(f"  ! #{n} {problem}" + (f" (and {len(seen) - 1} more like it)" if len(seen) > 1 else ""))
     ran = [call for call in findings.tool_calls if call[2] in answered]
     print(f"tool calls sent: {len(findings.tool_calls)}, answered by the client as tool results: {len(ran)}")
     for n, tool_name, call_id in findings.tool_calls:
