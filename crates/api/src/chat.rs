@@ -22,6 +22,10 @@ pub struct ChatCompletionRequest {
     pub stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
+    /// llama-server's extension: while the prompt is read, the stream carries
+    /// `prompt_progress` chunks (OpenAI clients ignore the field).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not", deserialize_with = "null_as_default")]
+    pub return_progress: bool,
     /// Deprecated by OpenAI in favour of `max_completion_tokens`; see
     /// [`ChatCompletionRequest::max_output_tokens`].
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -307,6 +311,19 @@ pub struct ChatCompletionChunk {
     /// Only in the final chunk, and only with `stream_options.include_usage`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// How far the prompt has been read, with `return_progress` (llama-server's shape).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_progress: Option<PromptProgress>,
+}
+
+/// Prompt positions in all, taken from the cache, and read so far (cached ones included), and
+/// milliseconds since the request arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptProgress {
+    pub total: usize,
+    pub cache: usize,
+    pub processed: usize,
+    pub time_ms: u64,
 }
 
 /// One choice of a [`ChatCompletionChunk`].

@@ -28,6 +28,7 @@
 //!         finish_reason: None,
 //!     }],
 //!     usage: None,
+//!     prompt_progress: None,
 //! };
 //! let event = serde_json::to_string(&first).unwrap();
 //! assert!(event.starts_with(r#"{"object":"chat.completion.chunk","id":"chatcmpl-1""#));
@@ -52,7 +53,7 @@ pub use batch::{
 };
 pub use chat::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-    ChatDelta, ChatMessage, ContentPart, FunctionCall, FunctionCallDelta, FunctionDefinition, MessageContent, Role,
+    ChatDelta, ChatMessage, ContentPart, FunctionCall, FunctionCallDelta, FunctionDefinition, MessageContent, PromptProgress, Role,
     Tool, ToolCall, ToolCallDelta, ToolType,
 };
 pub use common::{

@@ -136,6 +136,7 @@ fn chunk(choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatCompletionC
         system_fingerprint: Some("fp_44709d6fcb".into()),
         choices,
         usage,
+        prompt_progress: None,
     }
 }
 

@@ -94,8 +94,9 @@ pub struct SequenceRequest {
 /// `Finished` or `Failed`.
 #[derive(Debug)]
 pub enum SequenceEvent {
-    /// A prefill chunk ran: `read` of the prompt's `total` positions are in the cache.
-    Prefilled { read: usize, total: usize },
+    /// A prefill chunk ran: `read` of the prompt's `total` positions are in the cache, `cached`
+    /// of them taken from the prefix cache.
+    Prefilled { read: usize, total: usize, cached: usize },
     Token { token: SampledToken, text: TextDelta, reasoning: bool },
     Finished(SequenceSummary),
     Failed(String),

@@ -172,7 +172,11 @@ impl Sequence {
             self.logits = Some(logits);
         }
         if !self.orphan && self.sent == 0 {
-            let _ = self.request.events.send(SequenceEvent::Prefilled { read: end, total: self.request.prompt_ids.len() });
+            let _ = self.request.events.send(SequenceEvent::Prefilled {
+                read: end,
+                total: self.request.prompt_ids.len(),
+                cached: self.cached,
+            });
         }
     }
 

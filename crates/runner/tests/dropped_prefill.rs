@@ -57,7 +57,7 @@ fn read_partly(engine: &Engine, prompt: &[u32], chunks: usize, give_up: GiveUp) 
     let mut inbox = submit(engine, prompt, &cancel);
     loop {
         match inbox.blocking_recv().expect("events until the end") {
-            SequenceEvent::Prefilled { read, total } if read >= chunks * PREFILL_CHUNK => {
+            SequenceEvent::Prefilled { read, total, .. } if read >= chunks * PREFILL_CHUNK => {
                 assert!(read < total, "the prompt must be longer than what is read before giving up");
                 match give_up {
                     GiveUp::Cancel => {

@@ -37,8 +37,11 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, HttpError> {
     let request: ChatCompletionRequest = parse_json(&body?)?;
-    let ChatStart { generation, head, tools, .. } = start_chat(&state, &request, "chatcmpl")?;
+    let ChatStart { mut generation, head, tools, .. } = start_chat(&state, &request, "chatcmpl")?;
     if request.stream {
+        if request.return_progress {
+            generation.report_progress();
+        }
         let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
         Ok(Sse::new(chunk_stream(generation, head, include_usage, tools)).keep_alive(keep_alive(&state)).into_response())
     } else {
@@ -254,6 +257,7 @@ impl ResponseHead {
             system_fingerprint: None,
             choices,
             usage,
+            prompt_progress: None,
         }
     }
 }
@@ -330,6 +334,11 @@ fn chunk_stream(
             }
             let logprobs = logprob.map(|lp| ChoiceLogprobs { content: vec![lp] });
             vec![json_event(&head.chat_chunk(vec![delta_choice(delta, calls, logprobs)], None))]
+        }
+        Output::Progress(progress) => {
+            let mut chunk = head.chat_chunk(vec![delta_choice(TextDelta::default(), Vec::new(), None)], None);
+            chunk.prompt_progress = Some(progress);
+            vec![json_event(&chunk)]
         }
         Output::Done(summary) => finish_events(&head, summary, include_usage, &mut tools),
         Output::Failed(_) => vec![],

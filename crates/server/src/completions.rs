@@ -129,7 +129,7 @@ fn chunk_stream(generation: Generation, head: ResponseHead, echo: String, includ
             events.push(done_event());
             events
         }
-        Output::Failed(_) => vec![],
+        Output::Failed(_) | Output::Progress(_) => vec![],
     });
     stream::iter(opening).chain(body)
 }

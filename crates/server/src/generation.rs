@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use spindle_api::{ApiError, TokenLogprob, TopLogprob};
+use spindle_api::{ApiError, PromptProgress, TokenLogprob, TopLogprob};
 use spindle_chat::Tokenizer;
 use spindle_constrain::Constraint;
 use spindle_runner::sampler::{SampledToken, SamplingParams};
@@ -30,8 +30,10 @@ pub struct Plan {
     pub constraint: Option<Constraint>,
 }
 
-/// What a response is built from, in order: text pieces, then one end.
+/// What a response is built from, in order: prompt progress (when asked for), text pieces,
+/// then one end.
 pub enum Output {
+    Progress(PromptProgress),
     Text { delta: TextDelta, logprob: Option<TokenLogprob> },
     Done(SequenceSummary),
     Failed(ApiError),
@@ -47,6 +49,8 @@ pub struct Generation {
     started: Instant,
     first_token: Option<Instant>,
     last_progress_log: Instant,
+    /// Prefill progress becomes outputs too.
+    progress: bool,
     last_token: Option<Instant>,
     /// The response id, for the log line.
     id: String,
@@ -91,10 +95,16 @@ impl Generation {
             started: Instant::now(),
             first_token: None,
             last_progress_log: Instant::now(),
+            progress: false,
             last_token: None,
             id: id.to_string(),
             _ticket: ticket,
         })
+    }
+
+    /// Also report how far the prompt has been read, as [`Output::Progress`].
+    pub fn report_progress(&mut self) {
+        self.progress = true;
     }
 
     /// Whether outputs carry logprobs (the request asked for them).
@@ -107,9 +117,13 @@ impl Generation {
         loop {
             let metrics = &self.state.metrics;
             let output = match self.events.recv().await? {
-                SequenceEvent::Prefilled { read, total } => {
+                SequenceEvent::Prefilled { read, total, cached } => {
                     self.log_progress(read, total);
-                    continue;
+                    if !self.progress {
+                        continue;
+                    }
+                    let time_ms = self.started.elapsed().as_millis() as u64;
+                    Output::Progress(PromptProgress { total, cache: cached, processed: read, time_ms })
                 }
                 SequenceEvent::Token { token, text, .. } => {
                     let now = Instant::now();
@@ -200,6 +214,7 @@ impl Generation {
         loop {
             match self.next().await {
                 Some(Output::Text { delta, logprob }) => pieces.push((delta, logprob)),
+                Some(Output::Progress(_)) => {}
                 Some(Output::Done(summary)) => return Ok(Collected { pieces, summary }),
                 Some(Output::Failed(error)) => return Err(error),
                 None => return Err(ApiError::internal("the engine ended the request without a result")),

@@ -76,6 +76,7 @@ fn event_stream(
     let rest = stream::unfold((generation, events), |(mut generation, mut events)| async move {
         let batch = match generation.next().await? {
             Output::Text { delta, .. } => events.push(delta),
+            Output::Progress(_) => vec![],
             Output::Done(summary) => events.finish(summary),
             Output::Failed(error) => vec![StreamEvent::Error { error: (&error).into() }],
         };

@@ -81,6 +81,7 @@ impl Assembler {
                 self.advance(&mut events, text, calls);
             }
             Output::Done(summary) => self.finish(&mut events, summary),
+            Output::Progress(_) => {}
             Output::Failed(error) => self.fail(&mut events, error),
         }
         events

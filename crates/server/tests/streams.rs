@@ -65,3 +65,33 @@ async fn the_first_event_precedes_the_prompt_and_keep_alives_fill_the_wait() {
     assert!(!streamed.content.contains("keep-alive"));
     assert_eq!(streamed.finish_reason, "length");
 }
+
+#[tokio::test]
+async fn return_progress_streams_how_far_the_prompt_is_read() {
+    let base = server(Setup::KeepAlive);
+    let mut body = json!({
+        "model": "smollm2-135m",
+        "messages": [{"role": "user", "content": format!("Progress check. {}", long_message())}],
+        "max_tokens": 2,
+        "temperature": 0,
+        "stream": true,
+        "return_progress": true,
+    });
+    let data = common::post_stream(&base, "/v1/chat/completions", &body).await;
+    let streamed = parse_chat_stream(&data);
+    let progress: Vec<_> = streamed.chunks.iter().filter_map(|c| c.get("prompt_progress").cloned()).collect();
+    assert!(progress.len() >= 2, "one per prefill chunk of a long prompt: {progress:?}");
+    let processed: Vec<u64> = progress.iter().map(|p| p["processed"].as_u64().unwrap()).collect();
+    assert!(processed.windows(2).all(|w| w[0] < w[1]), "{processed:?}");
+    let total = progress[0]["total"].as_u64().unwrap();
+    assert_eq!(processed.last(), Some(&total), "the last report is the whole prompt");
+    // Progress chunks come before any content and carry none.
+    let first_content = streamed.chunks.iter().position(|c| c["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()));
+    let last_progress = streamed.chunks.iter().rposition(|c| c.get("prompt_progress").is_some()).unwrap();
+    assert!(first_content.is_none_or(|i| i > last_progress));
+    // Without the flag there are none.
+    body["return_progress"] = json!(false);
+    let plain = parse_chat_stream(&common::post_stream(&base, "/v1/chat/completions", &body).await);
+    assert!(plain.chunks.iter().all(|c| c.get("prompt_progress").is_none()));
+    assert_eq!(plain.content, streamed.content);
+}
