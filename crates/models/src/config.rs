@@ -9,6 +9,7 @@ use candle_core::quantized::gguf_file::Value;
 use serde::Deserialize;
 
 use crate::error::{ModelError, Result};
+use crate::rope::RopeScaling;
 
 /// The model families this crate can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,9 +57,9 @@ pub struct TransformerConfig {
     /// Gemma 3: rotary base of the sliding-window layers.
     #[serde(default = "default_local_rope_theta")]
     pub rope_local_base_freq: f64,
-    /// Linear RoPE scaling factor (positions are divided by it), 1.0 when absent.
-    #[serde(skip, default = "one")]
-    pub rope_linear_factor: f64,
+    /// Frequency scaling of the global-attention rotary embedding.
+    #[serde(skip, default = "no_rope_scaling")]
+    pub rope_scaling: RopeScaling,
     #[serde(default = "default_max_positions")]
     pub max_position_embeddings: usize,
     #[serde(default)]
@@ -85,8 +86,8 @@ fn default_rope_theta() -> f64 {
 fn default_local_rope_theta() -> f64 {
     10_000.0
 }
-fn one() -> f64 {
-    1.0
+fn no_rope_scaling() -> RopeScaling {
+    RopeScaling::None
 }
 fn default_max_positions() -> usize {
     4096
@@ -128,21 +129,15 @@ impl TransformerConfig {
             .ok_or_else(|| ModelError::BadConfig("config.json names no model_type".into()))?;
         let mut cfg: Self = serde_json::from_str(text).map_err(bad)?;
         cfg.architecture = Architecture::parse(&arch_name)?;
-        let linear_factor = |rope: &serde_json::Value| {
-            let kind = rope.get("rope_type").or(rope.get("type")).and_then(|t| t.as_str());
-            (kind == Some("linear")).then(|| rope.get("factor").and_then(|f| f.as_f64()).unwrap_or(1.0))
-        };
-        if let Some(factor) = header.rope_scaling.as_ref().and_then(linear_factor) {
-            cfg.rope_linear_factor = factor;
+        if let Some(rope) = &header.rope_scaling {
+            cfg.rope_scaling = RopeScaling::from_hf(rope, cfg.max_position_embeddings)?;
         }
         if let Some(params) = &header.rope_parameters {
             let global = params.get("full_attention").unwrap_or(params);
             if let Some(theta) = global.get("rope_theta").and_then(|t| t.as_f64()) {
                 cfg.rope_theta = theta;
             }
-            if let Some(factor) = linear_factor(global) {
-                cfg.rope_linear_factor = factor;
-            }
+            cfg.rope_scaling = RopeScaling::from_hf(global, cfg.max_position_embeddings)?;
             if let Some(theta) = params.get("sliding_attention").and_then(|p| p.get("rope_theta")).and_then(|t| t.as_f64()) {
                 cfg.rope_local_base_freq = theta;
             }
@@ -174,10 +169,7 @@ impl TransformerConfig {
             rope_theta: meta_f64(meta, &key("rope.freq_base")).unwrap_or(10_000.0),
             // llama.cpp hard-codes Gemma 3's local base too.
             rope_local_base_freq: 10_000.0,
-            rope_linear_factor: match meta.get(&key("rope.scaling.type")) {
-                Some(Value::String(t)) if t == "linear" => meta_f64(meta, &key("rope.scaling.factor")).unwrap_or(1.0),
-                _ => 1.0,
-            },
+            rope_scaling: RopeScaling::from_gguf(meta, arch_name, meta_usize(meta, &key("context_length")).unwrap_or(4096))?,
             max_position_embeddings: meta_usize(meta, &key("context_length")).unwrap_or(4096),
             sliding_window: meta_usize(meta, &key("attention.sliding_window")).ok(),
             sliding_window_pattern: 6,
@@ -252,7 +244,7 @@ mod tests {
             "sliding_attention":{{"rope_type":"default","rope_theta":10000.0}}}}}}"#
         );
         let cfg = TransformerConfig::from_hf_json(&gemma).unwrap();
-        assert_eq!((cfg.rope_theta, cfg.rope_linear_factor, cfg.rope_local_base_freq), (1e6, 8.0, 1e4));
+        assert_eq!((cfg.rope_theta, &cfg.rope_scaling, cfg.rope_local_base_freq), (1e6, &RopeScaling::Linear(8.0), 1e4));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use crate::config::TransformerConfig;
 use crate::error::Result;
 use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
+use crate::rope::RopeScaling;
 use crate::weights::WeightSource;
 use crate::{advance_all, batch_rows, BatchEntry, CausalLm};
 
@@ -83,8 +84,8 @@ impl Gemma3 {
         let hd = cfg.head_dim();
         Ok(Self {
             embed_scale: (cfg.hidden_size as f64).sqrt(),
-            local_rotary: Rotary::new(hd, cfg.rope_local_base_freq, 1.0, RopeStyle::Halves),
-            global_rotary: Rotary::new(hd, cfg.rope_theta, cfg.rope_linear_factor, RopeStyle::Halves),
+            local_rotary: Rotary::new(hd, cfg.rope_local_base_freq, &RopeScaling::None, RopeStyle::Halves),
+            global_rotary: Rotary::new(hd, cfg.rope_theta, &cfg.rope_scaling, RopeStyle::Halves),
             cfg,
             embed,
             layers,

@@ -11,6 +11,7 @@ use crate::legacy_quants::{BlockFormat, BlockMatrix};
 use crate::projections::Projections;
 use crate::q4_k::Q4KMatrix;
 use crate::quantized::QuantizedMatrix;
+use crate::rope::RopeScaling;
 use crate::weights::Weight;
 
 /// `y = x Wᵀ + b`, with `W` kept in its stored quantization.
@@ -128,16 +129,16 @@ pub enum RopeStyle {
 /// table bounded by a maximum length is needed.
 pub struct Rotary {
     inv_freq: Vec<f32>,
+    /// YaRN's attention temperature, folded into cos/sin as transformers does; 1 otherwise.
+    scale: f64,
     style: RopeStyle,
 }
 
 impl Rotary {
-    /// `linear_factor` divides positions (linear RoPE scaling).
-    pub fn new(head_dim: usize, theta: f64, linear_factor: f64, style: RopeStyle) -> Self {
-        let inv_freq = (0..head_dim / 2)
-            .map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64) / linear_factor) as f32)
-            .collect();
-        Self { inv_freq, style }
+    /// Rotates `dim` dimensions of each head.
+    pub fn new(dim: usize, theta: f64, scaling: &RopeScaling, style: RopeStyle) -> Self {
+        let (inv_freq, scale) = scaling.inv_freq(dim, theta);
+        Self { inv_freq: inv_freq.into_iter().map(|f| f as f32).collect(), scale, style }
     }
 
     /// x: (1, heads, tokens, head_dim) at positions `start..start+tokens`.
@@ -150,8 +151,8 @@ impl Rotary {
             for f in &self.inv_freq {
                 // f64 angle: positions beyond 2^24 would lose precision in f32.
                 let angle = p as f64 * *f as f64;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push((angle.cos() * self.scale) as f32);
+                sin.push((angle.sin() * self.scale) as f32);
             }
         }
         let cos = Tensor::from_vec(cos, (tokens, half), &Device::Cpu)?;
@@ -223,12 +224,12 @@ mod tests {
     fn rotary_styles_agree_on_position_zero_and_differ_after() {
         let x = Tensor::arange(0f32, 8., &Device::Cpu).unwrap().reshape((1, 1, 1, 8)).unwrap();
         for style in [RopeStyle::Halves, RopeStyle::Interleaved] {
-            let r = Rotary::new(8, 10_000.0, 1.0, style);
+            let r = Rotary::new(8, 10_000.0, &RopeScaling::None, style);
             let same = r.apply(&x, 0).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             assert_eq!(same, (0..8).map(|i| i as f32).collect::<Vec<_>>());
         }
-        let a = Rotary::new(8, 10_000.0, 1.0, RopeStyle::Halves).apply(&x, 3).unwrap();
-        let b = Rotary::new(8, 10_000.0, 1.0, RopeStyle::Interleaved).apply(&x, 3).unwrap();
+        let a = Rotary::new(8, 10_000.0, &RopeScaling::None, RopeStyle::Halves).apply(&x, 3).unwrap();
+        let b = Rotary::new(8, 10_000.0, &RopeScaling::None, RopeStyle::Interleaved).apply(&x, 3).unwrap();
         let diff = (a - b).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
         assert!(diff > 1e-3);
     }

@@ -30,6 +30,7 @@ mod paged_kv;
 mod projections;
 mod q4_k;
 mod quantized;
+mod rope;
 mod small_matmul;
 mod qwen3_next;
 mod weights;

@@ -44,7 +44,7 @@ impl Llama {
             (Architecture::Llama, WeightSource::Gguf(_)) => RopeStyle::Interleaved,
             _ => RopeStyle::Halves,
         };
-        let rotary = Rotary::new(cfg.head_dim(), cfg.rope_theta, cfg.rope_linear_factor, style);
+        let rotary = Rotary::new(cfg.head_dim(), cfg.rope_theta, &cfg.rope_scaling, style);
         let eps = cfg.rms_norm_eps;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {

@@ -11,6 +11,7 @@ use crate::config::{meta_f64, meta_str, meta_usize};
 use crate::delta_rule::DeltaHeads;
 use crate::error::{ModelError, Result};
 use crate::gated_deltanet::DeltaNetShape;
+use crate::rope::RopeScaling;
 
 /// Which token mixer a layer has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +66,9 @@ pub struct HybridConfig {
     rope_theta: Option<f64>,
     #[serde(default)]
     partial_rotary_factor: Option<f64>,
+    /// Frequency scaling of the attention layers' rotary embedding.
+    #[serde(skip, default = "no_rope_scaling")]
+    pub rope_scaling: RopeScaling,
     /// Value heads in llama.cpp's tiled order (Qwen3.5 GGUFs); see [`DeltaHeads::tiled`].
     #[serde(skip)]
     pub tiled_value_heads: bool,
@@ -83,6 +87,9 @@ fn default_eps() -> f64 {
 }
 fn default_max_positions() -> usize {
     32768
+}
+fn no_rope_scaling() -> RopeScaling {
+    RopeScaling::None
 }
 fn one() -> usize {
     1
@@ -148,6 +155,7 @@ impl HybridConfig {
             rope_parameters: None,
             rope_theta: meta_f64(meta, &key("rope.freq_base")).ok(),
             partial_rotary_factor: Some(usize_of("rope.dimension_count")? as f64 / head_dim as f64),
+            rope_scaling: RopeScaling::from_gguf(meta, arch, usize_of("context_length").unwrap_or(default_max_positions()))?,
             tiled_value_heads: arch != "qwen3next",
         };
         cfg.validate()
@@ -165,6 +173,10 @@ impl HybridConfig {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
+        // transformers ≥ 5 keeps the scaling in `rope_parameters`, earlier versions in `rope_scaling`.
+        if let Some(rope) = body.get("rope_parameters").or(body.get("rope_scaling")).filter(|r| !r.is_null()) {
+            cfg.rope_scaling = RopeScaling::from_hf(rope, cfg.max_position_embeddings)?;
+        }
         cfg.validate()
     }
 

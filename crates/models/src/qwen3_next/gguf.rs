@@ -34,7 +34,7 @@ impl Qwen3Next {
             .map(|(i, kind)| layer(&cfg, w, i, kind))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            rotary: Rotary::new(cfg.rotary_dim(), cfg.rope_theta(), 1.0, RopeStyle::Halves),
+            rotary: Rotary::new(cfg.rotary_dim(), cfg.rope_theta(), &cfg.rope_scaling, RopeStyle::Halves),
             norm: RmsNorm::new(w.dense("output_norm.weight")?, cfg.rms_norm_eps),
             embed,
             head,

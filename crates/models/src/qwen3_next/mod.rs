@@ -83,7 +83,7 @@ impl Qwen3Next {
             dense_linear(table.clone())?
         };
         Ok(Self {
-            rotary: Rotary::new(cfg.rotary_dim(), cfg.rope_theta(), 1.0, RopeStyle::Halves),
+            rotary: Rotary::new(cfg.rotary_dim(), cfg.rope_theta(), &cfg.rope_scaling, RopeStyle::Halves),
             embed: Embedding::new(Weight::Dense(table))?,
             norm: norm("norm.weight")?,
             head,
@@ -188,7 +188,7 @@ fn summary(cfg: &HybridConfig) -> TransformerConfig {
         rms_norm_eps: cfg.rms_norm_eps,
         rope_theta: cfg.rope_theta(),
         rope_local_base_freq: cfg.rope_theta(),
-        rope_linear_factor: 1.0,
+        rope_scaling: cfg.rope_scaling.clone(),
         max_position_embeddings: cfg.max_position_embeddings,
         sliding_window: None,
         sliding_window_pattern: 1,
