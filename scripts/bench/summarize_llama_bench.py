@@ -1,0 +1,101 @@
+"""The table of against_llama_bench.sh: per model, median [min-max] over the rounds of each tool,
+Spindle / llama.cpp, and the decode roofline from the GGUF's weight bytes and the measured bandwidth.
+Usage: summarize_llama_bench.py RESULTS.tsv BANDWIDTH_GBPS PROMPT DECODE DEPTH DEPTH_PROMPT CONCURRENT"""
+import statistics
+import struct
+import sys
+from collections import defaultdict
+
+
+def weight_bytes_per_token(path):
+    """Bytes of every tensor a decode step reads: all but the token embeddings (one row is read
+    per token), which count only when the output head is tied to them (no output.weight)."""
+    with open(path, "rb") as f:
+        def read(fmt):
+            return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+
+        def string():
+            return f.read(read("Q")).decode("utf-8", "replace")
+
+        scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+        def value(kind):
+            if kind == 8:
+                return string()
+            if kind == 9:
+                item, count = read("I"), read("Q")
+                return [value(item) for _ in range(count)]
+            return read(scalar[kind])
+
+        assert f.read(4) == b"GGUF", f"{path} is not a GGUF file"
+        read("I")
+        tensors, kvs = read("Q"), read("Q")
+        alignment = 32
+        for _ in range(kvs):
+            key, kind = string(), read("I")
+            v = value(kind)
+            if key == "general.alignment":
+                alignment = v
+        infos = []
+        for _ in range(tensors):
+            name = string()
+            dims = read("I")
+            for _ in range(dims):
+                read("Q")
+            read("I")
+            infos.append((read("Q"), name))
+        data_start = -(-f.tell() // alignment) * alignment
+        f.seek(0, 2)
+        data_end = f.tell() - data_start
+    infos.sort()
+    sizes = {name: end - offset for (offset, name), end in zip(infos, [o for o, _ in infos[1:]] + [data_end])}
+    total = sum(sizes.values())
+    embeddings = sizes.get("token_embd.weight", 0)
+    return total if "output.weight" not in sizes else total - embeddings
+
+
+def cell(values):
+    if not values:
+        return "-", None
+    med = statistics.median(values)
+    return f"{med:.1f} [{min(values):.1f}-{max(values):.1f}]", med
+
+
+def main():
+    results, bandwidth = sys.argv[1], float(sys.argv[2])
+    pp, tg, depth, depth_pp, npl = sys.argv[3:8]
+    values, gguf = defaultdict(list), {}
+    for line in open(results):
+        tool, model, *rest = line.rstrip("\n").split("\t")
+        if tool == "gguf":
+            gguf[model] = rest[0]
+            continue
+        metric, value = rest
+        if value:
+            # RSS comes in KiB; shown in MiB.
+            values[tool, model, metric].append(float(value) / 1024 if metric.startswith("rss") else float(value))
+    rows = [
+        ("prefill", f"prefill pp{pp} tok/s"),
+        ("decode", f"decode tg{tg} tok/s"),
+        ("prefill @ depth", f"prefill pp{depth_pp} @ d{depth} tok/s"),
+        ("decode @ depth", f"decode tg{tg} @ d{depth} tok/s"),
+        ("concurrent decode", f"aggregate decode {npl} seqs tok/s"),
+        ("rss @ depth", f"peak RSS MiB, d{depth} run"),
+        ("rss concurrent", f"peak RSS MiB, {npl}-seq run"),
+    ]
+    for model, path in gguf.items():
+        print(f"\n== {model}  ({path})")
+        print(f"{'measure':<34} {'llama.cpp med [min-max]':>26} {'Spindle med [min-max]':>26} {'Spindle/llama':>14}")
+        for metric, label in rows:
+            (llama_text, llama), (ours_text, ours) = cell(values["llama", model, metric]), cell(values["spindle", model, metric])
+            ratio = f"{ours / llama:.2f}x" if llama and ours else "-"
+            print(f"{label:<34} {llama_text:>26} {ours_text:>26} {ratio:>14}")
+        weights = weight_bytes_per_token(path)
+        ceiling = bandwidth * 1e9 / weights
+        _, llama = cell(values["llama", model, "decode"])
+        _, ours = cell(values["spindle", model, "decode"])
+        shares = ", ".join(f"{name} at {speed / ceiling:.0%}" for name, speed in [("llama.cpp", llama), ("Spindle", ours)] if speed)
+        print(f"decode roofline: {weights / 2**20:.1f} MiB of weights per token / {bandwidth:.1f} GB/s = {ceiling:.0f} tok/s ({shares})")
+
+
+main()
