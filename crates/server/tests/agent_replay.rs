@@ -69,7 +69,8 @@ async fn replay(base: &str, path: &str, body: &Value) -> Vec<Value> {
     let events: Vec<(Option<String>, String)> = text
         .split("\n\n")
         .filter_map(|event| {
-            let field = |name: &str| event.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_string());
+            let field =
+                |name: &str| event.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_string());
             field("data:").map(|data| (field("event:"), data))
         })
         .collect();
