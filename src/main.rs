@@ -3,6 +3,7 @@
 mod bench;
 mod bench_agent;
 mod generate;
+mod kv_memory;
 mod random_hybrid;
 mod serve;
 

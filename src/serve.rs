@@ -7,6 +7,8 @@ use spindle_chat::ToolCallFormat;
 use spindle_models::KvType;
 use spindle_server::{BatchConfig, ServerConfig};
 
+use crate::kv_memory::KvMemory;
+
 #[derive(Args)]
 pub struct ServeArgs {
     /// Catalogue name, .gguf file, or folder with config.json + safetensors + tokenizer.json.
@@ -44,9 +46,11 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 16 * 1024 * 1024)]
     max_body_bytes: usize,
-    /// Memory for attention keys/values of running sequences and the prefix cache (e.g. 2GiB).
-    #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
-    kv_cache_memory: usize,
+    /// Memory for attention keys/values of running sequences and the prefix cache (e.g. 2GiB),
+    /// or `auto`: 70% of the memory available once the weights are loaded, less
+    /// --snapshot-memory, at least 256MiB (2GiB where available memory cannot be read).
+    #[arg(long, default_value = "2GiB", value_parser = str::parse::<KvMemory>)]
+    kv_cache_memory: KvMemory,
     /// How keys and values are stored: f16 (half of f32's memory, so twice the tokens fit),
     /// bf16, q8_0 (blocks of 32 int8 values with an f16 scale, 34 bytes per 32 values) or f32.
     /// The README states each type's drift from f32.
@@ -126,8 +130,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(d) = bundle.model.kv_shapes().iter().flatten().map(|s| s.head_dim).find(|&d| !args.kv_cache_type.fits(d)) {
         anyhow::bail!("--kv-cache-type {} needs attention heads a multiple of 32 wide; this model's are {d}", args.kv_cache_type);
     }
+    let kv_bytes = args.kv_cache_memory.resolve(args.snapshot_memory);
     let cache = CacheConfig {
-        kv_bytes: args.kv_cache_memory,
+        kv_bytes,
         kv_type: args.kv_cache_type,
         snapshot_bytes: args.snapshot_memory,
         disk: args.prefix_cache_dir.map(|dir| DiskConfig { dir, bytes: args.prefix_cache_disk_size }),
@@ -140,7 +145,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         "model {} ({:?}): context {ctx_size} tokens (trained for {trained}); KV cache {} of {} holds {kv_tokens} tokens, {:.1} KiB per token",
         model_id(&args.model),
         bundle.model.config().architecture,
-        human_bytes(args.kv_cache_memory),
+        human_bytes(kv_bytes) + if args.kv_cache_memory == KvMemory::Auto { " (auto)" } else { "" },
         args.kv_cache_type,
         cache.block_bytes(&bundle) as f64 / cache.block_size as f64 / 1024.0,
     );
@@ -213,7 +218,7 @@ fn human_bytes(bytes: usize) -> String {
 }
 
 /// A size in bytes: a number with an optional unit (K, M, G, KiB, MiB, GiB; K = 1024).
-fn parse_bytes(text: &str) -> Result<usize, String> {
+pub(crate) fn parse_bytes(text: &str) -> Result<usize, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
