@@ -70,7 +70,8 @@ impl RopeScaling {
                 attention_factor: meta_f64(meta, &key("attn_factor")).unwrap_or_else(|_| yarn_mscale(factor, 1.0)),
                 truncate: true,
             }),
-            Some(other) => Err(ModelError::BadConfig(format!("rope scaling type {other:?} is not supported (supported: none, linear, yarn)"))),
+            Some(Value::String(other)) => Err(ModelError::BadConfig(format!("rope scaling type '{other}' is not supported (supported: none, linear, yarn)"))),
+            Some(other) => Err(ModelError::BadConfig(format!("rope.scaling.type is not a string: {other:?}"))),
         }
     }
 
@@ -151,6 +152,21 @@ mod tests {
         assert_eq!(yarn[0], plain[0]);
         assert!((yarn[31] - plain[31] / 4.0).abs() < 1e-15);
         assert!(yarn[20] < plain[20] && yarn[20] > plain[20] / 4.0, "{} vs {}", yarn[20], plain[20]);
+    }
+
+    #[test]
+    fn gguf_yarn_keys_are_read() {
+        let mut meta = HashMap::new();
+        meta.insert("qwen2.rope.scaling.type".to_string(), Value::String("yarn".into()));
+        meta.insert("qwen2.rope.scaling.factor".to_string(), Value::F32(4.0));
+        meta.insert("qwen2.rope.scaling.original_context_length".to_string(), Value::U32(32768));
+        let yarn = RopeScaling::from_gguf(&meta, "qwen2", 131072).unwrap();
+        assert!(matches!(yarn, RopeScaling::Yarn { factor: 4.0, original_max_positions: 32768, beta_fast: 32.0, .. }), "{yarn:?}");
+        meta.insert("qwen2.rope.scaling.attn_factor".to_string(), Value::F32(1.5));
+        assert!(matches!(RopeScaling::from_gguf(&meta, "qwen2", 131072).unwrap(), RopeScaling::Yarn { attention_factor: 1.5, .. }));
+        meta.insert("qwen2.rope.scaling.type".to_string(), Value::String("longrope".into()));
+        let err = RopeScaling::from_gguf(&meta, "qwen2", 131072).unwrap_err();
+        assert!(err.to_string().contains("'longrope'"), "{err}");
     }
 
     #[test]
