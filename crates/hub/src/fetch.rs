@@ -30,7 +30,8 @@ pub(crate) fn pull_entry(
     fs::create_dir_all(&dir).map_err(HubError::io(&dir))?;
     // Another process or thread may be pulling the same model (test binaries run in parallel):
     // wait for it, then look again, so no two write the same partial file.
-    let lock_path = dir.join(".pull.lock");
+    // Beside the model's folder, which holds only the model and its marker.
+    let lock_path = dir.with_file_name(format!(".{}.pull.lock", entry.name));
     let lock = fs::File::create(&lock_path).map_err(HubError::io(&lock_path))?;
     lock.lock().map_err(HubError::io(&lock_path))?;
     match cache::check(home, entry)? {
