@@ -5,10 +5,11 @@ at every position of a 100-token prompt: tests/data/yarn/{config.json, model.saf
 The reference is a numpy transcription of transformers' code, line by line: `_compute_yarn_parameters`
 (modeling_rope_utils.py, transformers 5.x), `LlamaRotaryEmbedding.forward` (cos/sin multiplied by the
 attention factor, in float32 as torch computes them), and the eager `LlamaModel` forward (RMSNorm,
-`rotate_half`, grouped-query attention, SwiGLU). torch was not installable on the machine this was
-written on; with it, `AutoModelForCausalLM.from_pretrained("tests/data/yarn")` reads the same files.
+`rotate_half`, grouped-query attention, SwiGLU). Where torch and transformers are installed, the
+written folder is also loaded with `AutoModelForCausalLM` and its inv_freq, attention factor and
+logits must agree (the result is recorded in fixture.json as `transformers_check`).
 
-Usage: python make_yarn_fixture.py   (needs: pip install numpy safetensors)
+Usage: python make_yarn_fixture.py   (needs: pip install numpy safetensors; optional: torch transformers)
 """
 
 import json
@@ -177,6 +178,28 @@ def random_weights(cfg, rng):
     return w
 
 
+def check_with_transformers(inv_freq, attention_factor, ids, logits):
+    """The same folder through transformers itself; None when it is not installed."""
+    try:
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return None
+    model = AutoModelForCausalLM.from_pretrained(str(OUT), dtype=torch.float32, attn_implementation="eager").eval()
+    rotary = model.model.rotary_emb
+    with torch.no_grad():
+        theirs = model(input_ids=torch.tensor([ids.tolist()])).logits[0].double().numpy()
+    check = {
+        "versions": {"transformers": transformers.__version__, "torch": torch.__version__},
+        "inv_freq_max_abs_diff": float(np.abs(rotary.inv_freq.numpy() - inv_freq).max()),
+        "attention_factor": float(rotary.attention_scaling),
+        "logits_max_abs_diff": float(np.abs(theirs - logits).max()),
+    }
+    assert check["attention_factor"] == attention_factor and check["logits_max_abs_diff"] < 1e-4, check
+    return check
+
+
 def main():
     rng = np.random.default_rng(SEED)
     weights = random_weights(CONFIG, rng)
@@ -195,6 +218,8 @@ def main():
         "ids": [int(i) for i in ids],
         "position_logits": [[round(float(v), 6) for v in row] for row in logits],
     }
+    fixture["transformers_check"] = check_with_transformers(inv_freq, attention_factor, ids, logits)
+    print(f"transformers: {fixture['transformers_check']}")
     (OUT / "fixture.json").write_text(json.dumps(fixture) + "\n")
     print(f"attention factor {attention_factor:.6f}; inv_freq {np.array2string(inv_freq, precision=4)}")
     print(f"logit range {logits.min():.2f}..{logits.max():.2f}")
