@@ -29,9 +29,8 @@ impl RopeScaling {
         match kind {
             "default" => Ok(Self::None),
             "linear" => Ok(Self::Linear(f("factor").unwrap_or(1.0))),
-            // transformers 5 replaces `factor` by max_position_embeddings / original when both
-            // are given; we keep the stated factor as vLLM and llama.cpp do (the two agree when
-            // max_position_embeddings is the extended length).
+            // The stated factor wins over max_position_embeddings / original, as in transformers
+            // 5.24 (earlier versions took the ratio), vLLM and llama.cpp.
             "yarn" => {
                 let factor = f("factor").ok_or_else(|| ModelError::BadConfig("yarn rope scaling has no factor".into()))?;
                 let original = f("original_max_position_embeddings").map_or(max_positions, |n| n as usize);
