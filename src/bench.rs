@@ -50,13 +50,27 @@ struct Speeds {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     crate::set_threads(Some(args.threads));
-    anyhow::ensure!(args.depth == 0 || args.concurrent <= 1, "--depth and --concurrent measure separately; give one of them");
-    anyhow::ensure!(args.concurrent >= 1 && args.decode_tokens >= 2, "--concurrent needs 1 or more, --decode-tokens 2 or more");
+    anyhow::ensure!(
+        args.depth == 0 || args.concurrent <= 1,
+        "--depth and --concurrent measure separately; give one of them"
+    );
+    anyhow::ensure!(
+        args.concurrent >= 1 && args.decode_tokens >= 2,
+        "--concurrent needs 1 or more, --decode-tokens 2 or more"
+    );
     println!(
         "threads={} prompt={} decode={} repeats={} depth={} concurrent={}",
-        args.threads, args.prompt_tokens, args.decode_tokens, args.repeats, args.depth, args.concurrent
+        args.threads,
+        args.prompt_tokens,
+        args.decode_tokens,
+        args.repeats,
+        args.depth,
+        args.concurrent
     );
-    println!("{:<34} {:>28} {:>28}", "model", "prefill tok/s med [min-max]", "decode tok/s med [min-max]");
+    println!(
+        "{:<34} {:>28} {:>28}",
+        "model", "prefill tok/s med [min-max]", "decode tok/s med [min-max]"
+    );
     let mut baseline: Option<(String, Speeds)> = None;
     for name in &args.models {
         let files = spindle_hub::resolve(name, &spindle_hub::spindle_home(), true)?;
@@ -70,19 +84,31 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let model = spindle_models::load_gguf(&path)?.model;
         let vocab = model.config().vocab_size as u32;
         // Random weights: any fixed token sequence serves.
-        let prompt: Vec<u32> = (0..prompt_span(&args) as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+        let prompt: Vec<u32> =
+            (0..prompt_span(&args) as u32).map(|i| (i * 7919 + 13) % vocab).collect();
         let bundle = Arc::new(with_default_tokenizer(model)?);
         let name = format!("qwen3.5-moe shape, {} layers", 4 * args.hybrid_blocks);
         let speeds = report(&name, &bundle, &prompt, &args)?;
         if let Some((base, b)) = &baseline {
-            println!("{name} / {base}: prefill {:.2}x, decode {:.2}x", speeds.prefill / b.prefill, speeds.decode / b.decode);
+            println!(
+                "{name} / {base}: prefill {:.2}x, decode {:.2}x",
+                speeds.prefill / b.prefill,
+                speeds.decode / b.decode
+            );
         }
     }
     Ok(())
 }
 
-fn report(name: &str, bundle: &Arc<ModelBundle>, prompt: &[u32], args: &BenchArgs) -> anyhow::Result<Speeds> {
-    let runs = (0..args.repeats.max(1)).map(|_| measure(bundle, prompt, args)).collect::<anyhow::Result<Vec<_>>>()?;
+fn report(
+    name: &str,
+    bundle: &Arc<ModelBundle>,
+    prompt: &[u32],
+    args: &BenchArgs,
+) -> anyhow::Result<Speeds> {
+    let runs = (0..args.repeats.max(1))
+        .map(|_| measure(bundle, prompt, args))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let (prefill, prefill_text) = summary(runs.iter().map(|run| run.prefill).collect());
     let (decode, decode_text) = summary(runs.iter().map(|run| run.decode).collect());
     println!("{name:<34} {prefill_text:>28} {decode_text:>28}");
@@ -92,9 +118,13 @@ fn report(name: &str, bundle: &Arc<ModelBundle>, prompt: &[u32], args: &BenchArg
 /// The random-weight model has no tokenizer; the engine turns its tokens into text with the
 /// default model's (whose vocabulary covers the random model's ids).
 fn with_default_tokenizer(model: Box<dyn spindle_models::CausalLm>) -> anyhow::Result<ModelBundle> {
-    let files = spindle_hub::resolve(spindle_hub::DEFAULT_MODEL, &spindle_hub::spindle_home(), true)?;
+    let files =
+        spindle_hub::resolve(spindle_hub::DEFAULT_MODEL, &spindle_hub::spindle_home(), true)?;
     let ModelBundle { tokenizer, template, .. } = ModelBundle::load(&files)?;
-    anyhow::ensure!(model.config().vocab_size <= tokenizer.vocab_size(), "the default model's tokenizer lacks the random model's ids");
+    anyhow::ensure!(
+        model.config().vocab_size <= tokenizer.vocab_size(),
+        "the default model's tokenizer lacks the random model's ids"
+    );
     Ok(ModelBundle { model, tokenizer, template, fingerprint: "random-weights".into() })
 }
 
@@ -120,30 +150,53 @@ fn measure(bundle: &Arc<ModelBundle>, text: &[u32], args: &BenchArgs) -> anyhow:
     let context = text.len() + args.decode_tokens + 1;
     // At depth, room for the prompt's sequence and the decode's beside the prefix they share.
     let positions = if args.depth == 0 { context } else { context + args.decode_tokens + 32 };
-    let engine = Engine::start(bundle.clone(), EngineConfig::new(1, single_sequence_cache(bundle, positions)));
+    let engine = Engine::start(
+        bundle.clone(),
+        EngineConfig::new(1, single_sequence_cache(bundle, positions)),
+    );
     if args.depth == 0 {
         let stats = engine.generate(greedy(text, args.decode_tokens, context), |_, _| {})?;
-        anyhow::ensure!(stats.summary.cached_tokens == 0, "a benchmark run resumed from the prefix cache");
-        return Ok(Speeds { prefill: stats.prefill_tokens_per_second(), decode: stats.decode_tokens_per_second() });
+        anyhow::ensure!(
+            stats.summary.cached_tokens == 0,
+            "a benchmark run resumed from the prefix cache"
+        );
+        return Ok(Speeds {
+            prefill: stats.prefill_tokens_per_second(),
+            decode: stats.decode_tokens_per_second(),
+        });
     }
     let depth = args.depth;
     engine.generate(greedy(&text[..depth], 1, context), |_, _| {})?;
     let prefill = engine.generate(greedy(text, 1, context), |_, _| {})?;
-    let decode = engine.generate(greedy(&text[..depth + 1], args.decode_tokens, context), |_, _| {})?;
+    let decode =
+        engine.generate(greedy(&text[..depth + 1], args.decode_tokens, context), |_, _| {})?;
     for stats in [&prefill, &decode] {
         // The cache keeps whole blocks, so up to a block of the prefix may be read again.
         let cached = stats.summary.cached_tokens;
-        anyhow::ensure!(cached + 64 >= depth, "only {cached} of the {depth}-token prefix came from the cache");
+        anyhow::ensure!(
+            cached + 64 >= depth,
+            "only {cached} of the {depth}-token prefix came from the cache"
+        );
     }
-    Ok(Speeds { prefill: prefill.prefill_tokens_per_second(), decode: decode.decode_tokens_per_second() })
+    Ok(Speeds {
+        prefill: prefill.prefill_tokens_per_second(),
+        decode: decode.decode_tokens_per_second(),
+    })
 }
 
 /// `--concurrent` requests submitted together: prefill is every prompt token over the time to the
 /// last first token; decode counts the tokens after that instant, when all of them are decoding.
-fn measure_concurrent(bundle: &Arc<ModelBundle>, text: &[u32], args: &BenchArgs) -> anyhow::Result<Speeds> {
+fn measure_concurrent(
+    bundle: &Arc<ModelBundle>,
+    text: &[u32],
+    args: &BenchArgs,
+) -> anyhow::Result<Speeds> {
     let (n, len) = (args.concurrent, args.prompt_tokens);
     let context = len + args.decode_tokens + 1;
-    let engine = Engine::start(bundle.clone(), EngineConfig::new(n, single_sequence_cache(bundle, n * context)));
+    let engine = Engine::start(
+        bundle.clone(),
+        EngineConfig::new(n, single_sequence_cache(bundle, n * context)),
+    );
     let start = Instant::now();
     let runs = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..n)
@@ -151,15 +204,25 @@ fn measure_concurrent(bundle: &Arc<ModelBundle>, text: &[u32], args: &BenchArgs)
                 let (engine, prompt) = (&engine, &text[i..i + len]);
                 scope.spawn(move || {
                     let mut arrivals = Vec::new();
-                    let stats = engine.generate(greedy(prompt, args.decode_tokens, context), |_, _| arrivals.push(Instant::now()))?;
-                    anyhow::ensure!(stats.summary.cached_tokens == 0, "a benchmark request resumed from the prefix cache");
+                    let stats = engine
+                        .generate(greedy(prompt, args.decode_tokens, context), |_, _| {
+                            arrivals.push(Instant::now())
+                        })?;
+                    anyhow::ensure!(
+                        stats.summary.cached_tokens == 0,
+                        "a benchmark request resumed from the prefix cache"
+                    );
                     Ok(arrivals)
                 })
             })
             .collect();
-        threads.into_iter().map(|thread| thread.join().expect("a benchmark request's thread panicked")).collect::<anyhow::Result<Vec<_>>>()
+        threads
+            .into_iter()
+            .map(|thread| thread.join().expect("a benchmark request's thread panicked"))
+            .collect::<anyhow::Result<Vec<_>>>()
     })?;
-    let all_decoding = runs.iter().filter_map(|arrivals| arrivals.first()).max().copied().unwrap_or(start);
+    let all_decoding =
+        runs.iter().filter_map(|arrivals| arrivals.first()).max().copied().unwrap_or(start);
     let end = runs.iter().filter_map(|arrivals| arrivals.last()).max().copied().unwrap_or(start);
     let decoded = runs.iter().flatten().filter(|&&arrival| arrival > all_decoding).count();
     Ok(Speeds {

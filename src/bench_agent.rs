@@ -120,7 +120,9 @@ async fn bench(args: BenchAgentArgs, mut server: Option<ServerProcess>) -> anyho
 
 /// A salt no earlier run used: nanoseconds since the epoch.
 fn clock_salt() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// A `spindle serve` child process on a free local port, its output in a log file.
@@ -145,11 +147,14 @@ impl ServerProcess {
         };
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let mut serve: Vec<String> =
-            ["serve", "--model", &model, "--host", "127.0.0.1", "--port", &port.to_string()].map(String::from).into();
+            ["serve", "--model", &model, "--host", "127.0.0.1", "--port", &port.to_string()]
+                .map(String::from)
+                .into();
         if let Some(threads) = args.threads {
             serve.extend(["--threads".to_string(), threads.to_string()]);
         }
-        let extra: Vec<String> = args.serve_args.iter().flat_map(|a| a.split_whitespace()).map(String::from).collect();
+        let extra: Vec<String> =
+            args.serve_args.iter().flat_map(|a| a.split_whitespace()).map(String::from).collect();
         // The biggest burst must fit the queue; a --max-queue of the caller's wins.
         let biggest = args.burst.iter().copied().max().unwrap_or(0);
         if !extra.iter().any(|a| a == "--max-queue" || a.starts_with("--max-queue=")) {
@@ -174,7 +179,12 @@ impl ServerProcess {
     fn start(&mut self) -> anyhow::Result<()> {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
         let exe = std::env::current_exe().context("cannot find the spindle executable")?;
-        eprintln!("starting {} {} (log: {})", exe.display(), self.args.join(" "), self.log.display());
+        eprintln!(
+            "starting {} {} (log: {})",
+            exe.display(),
+            self.args.join(" "),
+            self.log.display()
+        );
         let child = Command::new(exe)
             .args(&self.args)
             .stdin(Stdio::null())
@@ -190,8 +200,13 @@ impl ServerProcess {
     async fn wait_ready(&mut self, client: &Client) -> anyhow::Result<()> {
         let start = Instant::now();
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().transpose()).transpose()? {
-                anyhow::bail!("spindle serve exited ({status}) before it was ready:\n{}", self.log_tail());
+            if let Some(status) =
+                self.child.as_mut().and_then(|c| c.try_wait().transpose()).transpose()?
+            {
+                anyhow::bail!(
+                    "spindle serve exited ({status}) before it was ready:\n{}",
+                    self.log_tail()
+                );
             }
             if client.is_ready().await {
                 eprintln!("server ready after {:.1} s", start.elapsed().as_secs_f64());
@@ -215,8 +230,10 @@ impl ServerProcess {
     /// SIGINT (a graceful shutdown, as Ctrl-C), then SIGKILL if it lingers.
     fn stop(&mut self) {
         let Some(mut child) = self.child.take() else { return };
-        let interrupted =
-            Command::new("kill").args(["-INT", &child.id().to_string()]).status().is_ok_and(|s| s.success());
+        let interrupted = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
         let start = Instant::now();
         while interrupted && start.elapsed() < STOP_TIMEOUT {
             if let Ok(Some(_)) = child.try_wait() {

@@ -90,7 +90,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         context: args.ctx_size,
     };
     // The engine `serve` runs, for this one sequence.
-    let engine = Engine::start(bundle.clone(), EngineConfig::new(1, single_sequence_cache(&bundle, args.ctx_size)));
+    let engine = Engine::start(
+        bundle.clone(),
+        EngineConfig::new(1, single_sequence_cache(&bundle, args.ctx_size)),
+    );
     let mut out = std::io::stdout().lock();
     let stats = engine.generate(request, |_, text| {
         // A closed stdout (e.g. `| head`) must not abort generation with a panic.
@@ -117,7 +120,9 @@ fn prompt_ids(bundle: &ModelBundle, args: &GenerateArgs) -> anyhow::Result<Vec<u
     }
     messages.push(serde_json::json!({"role": "user", "content": args.prompt}));
     let extra = match &args.chat_template_kwargs {
-        Some(text) => serde_json::from_str(text).context("--chat-template-kwargs is not a JSON object")?,
+        Some(text) => {
+            serde_json::from_str(text).context("--chat-template-kwargs is not a JSON object")?
+        }
         None => serde_json::Map::new(),
     };
     let text = bundle.template.render(&TemplateInput {

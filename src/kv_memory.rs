@@ -41,7 +41,9 @@ impl KvMemory {
 /// 70% of `available` less what the snapshots may take, at least 256 MiB; 2 GiB when unknown.
 fn auto_bytes(available: Option<usize>, snapshot_bytes: usize) -> usize {
     match available {
-        Some(available) => (available / 10 * AUTO_TENTHS).saturating_sub(snapshot_bytes).max(AUTO_MIN),
+        Some(available) => {
+            (available / 10 * AUTO_TENTHS).saturating_sub(snapshot_bytes).max(AUTO_MIN)
+        }
         None => AUTO_FALLBACK,
     }
 }
@@ -70,7 +72,8 @@ mod tests {
 
     #[test]
     fn meminfo_gives_available_bytes() {
-        let meminfo = "MemTotal:       131072000 kB\nMemFree:         2048 kB\nMemAvailable:   1048576 kB\n";
+        let meminfo =
+            "MemTotal:       131072000 kB\nMemFree:         2048 kB\nMemAvailable:   1048576 kB\n";
         assert_eq!(parse_mem_available(meminfo), Some(1 << 30));
         assert_eq!(parse_mem_available("MemTotal: 5 kB\n"), None);
     }

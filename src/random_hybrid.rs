@@ -105,11 +105,13 @@ pub fn shape_path(shape: &HybridShape, blocks: usize) -> anyhow::Result<PathBuf>
 
 /// The `tokenizer.*` metadata of the default model's GGUF (pulled if missing).
 fn default_model_tokenizer() -> anyhow::Result<HashMap<String, Value>> {
-    let files = spindle_hub::resolve(spindle_hub::DEFAULT_MODEL, &spindle_hub::spindle_home(), true)?;
+    let files =
+        spindle_hub::resolve(spindle_hub::DEFAULT_MODEL, &spindle_hub::spindle_home(), true)?;
     let spindle_hub::ModelFiles::Gguf(source) = files else {
         anyhow::bail!("the default model is not a GGUF file; its tokenizer cannot be copied");
     };
-    let mut file = std::fs::File::open(&source).with_context(|| format!("cannot open {}", source.display()))?;
+    let mut file = std::fs::File::open(&source)
+        .with_context(|| format!("cannot open {}", source.display()))?;
     let content = gguf_file::Content::read(&mut file)?;
     Ok(content.metadata.into_iter().filter(|(k, _)| k.starts_with("tokenizer.")).collect())
 }
@@ -123,7 +125,8 @@ impl Writer {
     /// Uniform weights with the variance of `N(0, 1/fan_in)`, so activations keep their scale.
     fn random(&mut self, rows: usize, cols: usize) -> anyhow::Result<Tensor> {
         let bound = (3.0 / cols as f32).sqrt();
-        let values: Vec<f32> = (0..rows * cols).map(|_| self.rng.random_range(-bound..bound)).collect();
+        let values: Vec<f32> =
+            (0..rows * cols).map(|_| self.rng.random_range(-bound..bound)).collect();
         Ok(Tensor::from_vec(values, (rows, cols), &Device::Cpu)?)
     }
 
@@ -134,10 +137,18 @@ impl Writer {
     }
 
     /// `(experts, rows, cols)`, quantized one expert at a time to bound memory.
-    fn experts(&mut self, name: &str, count: usize, rows: usize, cols: usize) -> anyhow::Result<()> {
+    fn experts(
+        &mut self,
+        name: &str,
+        count: usize,
+        rows: usize,
+        cols: usize,
+    ) -> anyhow::Result<()> {
         let mut bytes = Vec::new();
         for _ in 0..count {
-            bytes.extend_from_slice(&QTensor::quantize(&self.random(rows, cols)?, GgmlDType::Q4K)?.data()?);
+            bytes.extend_from_slice(
+                &QTensor::quantize(&self.random(rows, cols)?, GgmlDType::Q4K)?.data()?,
+            );
         }
         let storage = QStorage::from_data(Cow::Owned(bytes), &Device::Cpu, GgmlDType::Q4K)?;
         self.tensors.push((name.into(), QTensor::new(storage, (count, rows, cols))?));
@@ -146,12 +157,20 @@ impl Writer {
 
     fn vector(&mut self, name: &str, values: Vec<f32>) -> anyhow::Result<()> {
         let n = values.len();
-        self.tensors.push((name.into(), QTensor::quantize(&Tensor::from_vec(values, n, &Device::Cpu)?, GgmlDType::F32)?));
+        self.tensors.push((
+            name.into(),
+            QTensor::quantize(&Tensor::from_vec(values, n, &Device::Cpu)?, GgmlDType::F32)?,
+        ));
         Ok(())
     }
 }
 
-fn write(path: &Path, shape: &HybridShape, blocks: usize, tokenizer: HashMap<String, Value>) -> anyhow::Result<()> {
+fn write(
+    path: &Path,
+    shape: &HybridShape,
+    blocks: usize,
+    tokenizer: HashMap<String, Value>,
+) -> anyhow::Result<()> {
     let vocab = match shape.vocab {
         Vocab::Size(n) => n,
         Vocab::DefaultModel => match tokenizer.get("tokenizer.ggml.tokens") {
@@ -174,7 +193,8 @@ fn write(path: &Path, shape: &HybridShape, blocks: usize, tokenizer: HashMap<Str
     metadata.extend(tokenizer);
     let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensors: Vec<(&str, &QTensor)> = w.tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let mut file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut file =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     gguf_file::write(&mut file, &metadata, &tensors)?;
     Ok(())
 }
@@ -200,9 +220,11 @@ fn layer(w: &mut Writer, s: &HybridShape, i: usize) -> anyhow::Result<()> {
         w.matrix(&format!("{p}.ssm_beta.weight"), s.v_heads, hidden)?;
         w.matrix(&format!("{p}.ssm_alpha.weight"), s.v_heads, hidden)?;
         w.matrix(&format!("{p}.ssm_out.weight"), hidden, value_dim)?;
-        let conv: Vec<f32> = (0..channels * CONV_KERNEL).map(|_| w.rng.random_range(-0.5..0.5)).collect();
+        let conv: Vec<f32> =
+            (0..channels * CONV_KERNEL).map(|_| w.rng.random_range(-0.5..0.5)).collect();
         let conv = Tensor::from_vec(conv, (channels, CONV_KERNEL), &Device::Cpu)?;
-        w.tensors.push((format!("{p}.ssm_conv1d.weight"), QTensor::quantize(&conv, GgmlDType::F32)?));
+        w.tensors
+            .push((format!("{p}.ssm_conv1d.weight"), QTensor::quantize(&conv, GgmlDType::F32)?));
         w.vector(&format!("{p}.ssm_a"), (0..s.v_heads).map(|h| -0.1 - h as f32 * 0.05).collect())?;
         w.vector(&format!("{p}.ssm_dt.bias"), vec![0.0; s.v_heads])?;
         w.vector(&format!("{p}.ssm_norm.weight"), vec![1.0; s.linear_head_dim])?;
@@ -215,7 +237,10 @@ fn layer(w: &mut Writer, s: &HybridShape, i: usize) -> anyhow::Result<()> {
     w.matrix(&format!("{p}.ffn_up_shexp.weight"), width, hidden)?;
     w.matrix(&format!("{p}.ffn_down_shexp.weight"), hidden, width)?;
     let shared_gate = Tensor::zeros((1, hidden), candle_core::DType::F32, &Device::Cpu)?;
-    w.tensors.push((format!("{p}.ffn_gate_inp_shexp.weight"), QTensor::quantize(&shared_gate, GgmlDType::F32)?));
+    w.tensors.push((
+        format!("{p}.ffn_gate_inp_shexp.weight"),
+        QTensor::quantize(&shared_gate, GgmlDType::F32)?,
+    ));
     Ok(())
 }
 
@@ -236,7 +261,10 @@ fn metadata(s: &HybridShape, layers: usize) -> Vec<(String, Value)> {
         (format!("{arch}.rope.freq_base"), Value::F32(1e7)),
         (format!("{arch}.rope.dimension_count"), u(s.head_dim / 4)),
         // Qwen3.5's multimodal rope sections; text positions make them plain rope.
-        (format!("{arch}.rope.dimension_sections"), Value::Array([11, 11, 10, 0].map(Value::I32).to_vec())),
+        (
+            format!("{arch}.rope.dimension_sections"),
+            Value::Array([11, 11, 10, 0].map(Value::I32).to_vec()),
+        ),
         (format!("{arch}.expert_count"), u(s.experts)),
         (format!("{arch}.expert_used_count"), u(s.experts_used)),
         (format!("{arch}.expert_feed_forward_length"), u(s.expert_width)),

@@ -2,9 +2,9 @@
 
 use anyhow::Context;
 use clap::Args;
-use spindle_runner::{CacheConfig, DiskConfig, ModelBundle};
 use spindle_chat::ToolCallFormat;
 use spindle_models::KvType;
+use spindle_runner::{CacheConfig, DiskConfig, ModelBundle};
 use spindle_server::{BatchConfig, ServerConfig};
 
 use crate::kv_memory::KvMemory;
@@ -93,17 +93,23 @@ pub struct ServeArgs {
 }
 
 fn parse_tool_call_parser(name: &str) -> Result<ToolCallFormat, String> {
-    ToolCallFormat::from_name(name)
-        .ok_or_else(|| format!("unknown tool-call parser `{name}`; expected one of {}", ToolCallFormat::NAMES.join(", ")))
+    ToolCallFormat::from_name(name).ok_or_else(|| {
+        format!(
+            "unknown tool-call parser `{name}`; expected one of {}",
+            ToolCallFormat::NAMES.join(", ")
+        )
+    })
 }
 
 /// The `--guided-json` schema, read from the file when given as @FILE.
 fn guided_json(arg: &str) -> anyhow::Result<serde_json::Value> {
     let text = match arg.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path).with_context(|| format!("cannot read --guided-json file {path}"))?,
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --guided-json file {path}"))?,
         None => arg.to_string(),
     };
-    let schema: serde_json::Value = serde_json::from_str(&text).context("--guided-json is not JSON")?;
+    let schema: serde_json::Value =
+        serde_json::from_str(&text).context("--guided-json is not JSON")?;
     anyhow::ensure!(schema.is_object(), "--guided-json must be a JSON schema object");
     Ok(schema)
 }
@@ -111,31 +117,53 @@ fn guided_json(arg: &str) -> anyhow::Result<serde_json::Value> {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     crate::set_threads(args.threads);
     let chat_template_kwargs = match &args.chat_template_kwargs {
-        Some(text) => serde_json::from_str(text).context("--chat-template-kwargs is not a JSON object")?,
+        Some(text) => {
+            serde_json::from_str(text).context("--chat-template-kwargs is not a JSON object")?
+        }
         None => serde_json::Map::new(),
     };
     let guided_json = args.guided_json.as_deref().map(guided_json).transpose()?;
     if let Some(dir) = &args.prefix_cache_dir {
         // Fail at once on a folder that cannot be used, not later in the engine thread's log.
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create --prefix-cache-dir {}", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create --prefix-cache-dir {}", dir.display()))?;
     }
-    let batch_dir = args.batch_dir.clone().unwrap_or_else(|| spindle_hub::spindle_home().join("batches"));
-    std::fs::create_dir_all(&batch_dir).with_context(|| format!("cannot create --batch-dir {}", batch_dir.display()))?;
+    let batch_dir =
+        args.batch_dir.clone().unwrap_or_else(|| spindle_hub::spindle_home().join("batches"));
+    std::fs::create_dir_all(&batch_dir)
+        .with_context(|| format!("cannot create --batch-dir {}", batch_dir.display()))?;
     let files = spindle_hub::resolve(&args.model, &spindle_hub::spindle_home(), true)?;
     let mut bundle = ModelBundle::load(&files)?;
     if let Some(path) = &args.chat_template {
-        let source = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-        bundle.template = spindle_chat::ChatTemplate::new(&source, bundle.tokenizer.bos_token(), bundle.tokenizer.eos_token())?;
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        bundle.template = spindle_chat::ChatTemplate::new(
+            &source,
+            bundle.tokenizer.bos_token(),
+            bundle.tokenizer.eos_token(),
+        )?;
     }
-    if let Some(d) = bundle.model.kv_shapes().iter().flatten().map(|s| s.head_dim).find(|&d| !args.kv_cache_type.fits(d)) {
-        anyhow::bail!("--kv-cache-type {} needs attention heads a multiple of 32 wide; this model's are {d}", args.kv_cache_type);
+    if let Some(d) = bundle
+        .model
+        .kv_shapes()
+        .iter()
+        .flatten()
+        .map(|s| s.head_dim)
+        .find(|&d| !args.kv_cache_type.fits(d))
+    {
+        anyhow::bail!(
+            "--kv-cache-type {} needs attention heads a multiple of 32 wide; this model's are {d}",
+            args.kv_cache_type
+        );
     }
     let kv_bytes = args.kv_cache_memory.resolve(args.snapshot_memory);
     let cache = CacheConfig {
         kv_bytes,
         kv_type: args.kv_cache_type,
         snapshot_bytes: args.snapshot_memory,
-        disk: args.prefix_cache_dir.map(|dir| DiskConfig { dir, bytes: args.prefix_cache_disk_size }),
+        disk: args
+            .prefix_cache_dir
+            .map(|dir| DiskConfig { dir, bytes: args.prefix_cache_disk_size }),
         ..CacheConfig::default()
     };
     let trained = bundle.model.config().max_position_embeddings;
@@ -222,7 +250,8 @@ pub(crate) fn parse_bytes(text: &str) -> Result<usize, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().map_err(|_| format!("'{text}' is not a size such as 512MiB or 2GiB"))?;
+    let number: f64 =
+        number.parse().map_err(|_| format!("'{text}' is not a size such as 512MiB or 2GiB"))?;
     let scale = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1u64,
         "k" | "kb" | "kib" => 1 << 10,
@@ -249,7 +278,10 @@ mod tests {
 
     #[test]
     fn model_ids_have_no_slash() {
-        assert_eq!(super::model_id("Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF"), "Qwen2.5-Coder-0.5B-Instruct-GGUF");
+        assert_eq!(
+            super::model_id("Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF"),
+            "Qwen2.5-Coder-0.5B-Instruct-GGUF"
+        );
         assert_eq!(super::model_id("smollm2-135m"), "smollm2-135m");
     }
 

@@ -8,7 +8,8 @@ fn smollm2() -> PathBuf {
     // Pulled on first use; the lock keeps parallel tests from fetching it twice.
     static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
-    let files = spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true).unwrap_or_else(|e| panic!("{e}"));
+    let files = spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true)
+        .unwrap_or_else(|e| panic!("{e}"));
     match files {
         spindle_hub::ModelFiles::Gguf(p) => p,
         other => panic!("unexpected {other:?}"),
@@ -20,7 +21,14 @@ fn generate(model: &Path, extra: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
         .args(["generate", "--model"])
         .arg(model)
-        .args(["--prompt", "Hello there, how are you today?", "--max-tokens", "4", "--temperature", "0"])
+        .args([
+            "--prompt",
+            "Hello there, how are you today?",
+            "--max-tokens",
+            "4",
+            "--temperature",
+            "0",
+        ])
         .args(extra)
         .env("RUST_LOG", "error")
         .output()
@@ -32,7 +40,10 @@ fn assert_clean_error(stderr: &str, needle: &str) {
     assert!(!stderr.contains("panicked"), "panic: {stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "expected one line: {stderr}");
-    assert!(lines[0].starts_with("error: ") && lines[0].contains(needle), "{needle:?} not in {stderr}");
+    assert!(
+        lines[0].starts_with("error: ") && lines[0].contains(needle),
+        "{needle:?} not in {stderr}"
+    );
 }
 
 fn patched_copy(dir: &Path, name: &str, patch: impl FnOnce(&mut Vec<u8>)) -> PathBuf {
@@ -132,15 +143,29 @@ fn serve_refuses(extra: &[&str]) -> String {
 
 #[test]
 fn a_bad_guided_json_schema_stops_the_server_at_start() {
-    assert_clean_error(&serve_refuses(&["--guided-json", "[1, 2]"]), "--guided-json must be a JSON schema object");
-    assert_clean_error(&serve_refuses(&["--guided-json", "{not json"]), "--guided-json is not JSON");
-    assert_clean_error(&serve_refuses(&["--guided-json", "@/nonexistent/schema.json"]), "/nonexistent/schema.json");
-    assert_clean_error(&serve_refuses(&["--guided-json", r#"{"type": "decimal"}"#]), "--guided-json can't be enforced");
+    assert_clean_error(
+        &serve_refuses(&["--guided-json", "[1, 2]"]),
+        "--guided-json must be a JSON schema object",
+    );
+    assert_clean_error(
+        &serve_refuses(&["--guided-json", "{not json"]),
+        "--guided-json is not JSON",
+    );
+    assert_clean_error(
+        &serve_refuses(&["--guided-json", "@/nonexistent/schema.json"]),
+        "/nonexistent/schema.json",
+    );
+    assert_clean_error(
+        &serve_refuses(&["--guided-json", r#"{"type": "decimal"}"#]),
+        "--guided-json can't be enforced",
+    );
 }
 
 #[test]
 fn bench_prints_prefill_and_decode_speeds() {
-    for figure in bench_row(&["--prompt-tokens", "16", "--decode-tokens", "4", "--repeats", "2"]).chunks(3) {
+    for figure in
+        bench_row(&["--prompt-tokens", "16", "--decode-tokens", "4", "--repeats", "2"]).chunks(3)
+    {
         let (median, min, max) = (figure[0], figure[1], figure[2]);
         assert!(min > 0.0 && min <= median && median <= max, "{figure:?}");
     }
@@ -151,12 +176,27 @@ fn bench_measures_at_depth_and_concurrently_but_not_both_at_once() {
     // At depth the run fails unless the prefix came from the prefix cache; concurrently unless
     // no request shared another's prefix.
     for mode in [["--depth", "48"], ["--concurrent", "3"]] {
-        let row = bench_row(&["--prompt-tokens", "16", "--decode-tokens", "4", "--repeats", "1", mode[0], mode[1]]);
+        let row = bench_row(&[
+            "--prompt-tokens",
+            "16",
+            "--decode-tokens",
+            "4",
+            "--repeats",
+            "1",
+            mode[0],
+            mode[1],
+        ]);
         assert!(row.iter().all(|&speed| speed > 0.0), "{mode:?}: {row:?}");
     }
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_spindle")).args(["bench", "--depth", "8", "--concurrent", "2"]).env("RUST_LOG", "error").output().unwrap();
-    assert_clean_error(&String::from_utf8_lossy(&out.stderr), "--depth and --concurrent measure separately");
+    let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["bench", "--depth", "8", "--concurrent", "2"])
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert_clean_error(
+        &String::from_utf8_lossy(&out.stderr),
+        "--depth and --concurrent measure separately",
+    );
 }
 
 /// `spindle bench` on SmolLM2 with `args`, one thread: its row's prefill and decode tokens/s as
@@ -172,9 +212,15 @@ fn bench_row(args: &[&str]) -> Vec<f64> {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    let row = stdout.lines().find(|l| l.starts_with(model.to_str().unwrap())).unwrap_or_else(|| panic!("no row for the model: {stdout}"));
-    let numbers: Vec<f64> =
-        row[model.as_os_str().len()..].split(|c: char| " []-".contains(c)).filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with(model.to_str().unwrap()))
+        .unwrap_or_else(|| panic!("no row for the model: {stdout}"));
+    let numbers: Vec<f64> = row[model.as_os_str().len()..]
+        .split(|c: char| " []-".contains(c))
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
     assert_eq!(numbers.len(), 6, "{row}");
     numbers
 }
@@ -183,7 +229,12 @@ fn bench_row(args: &[&str]) -> Vec<f64> {
 fn an_unknown_kv_cache_type_is_refused_with_the_known_ones() {
     let stderr = serve_refuses(&["--kv-cache-type", "q4_0"]);
     assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    assert!(stderr.starts_with("error: ") && stderr.contains("unknown KV cache type `q4_0`; expected one of f16, bf16, q8_0, f32"), "{stderr}");
+    assert!(
+        stderr.starts_with("error: ")
+            && stderr
+                .contains("unknown KV cache type `q4_0`; expected one of f16, bf16, q8_0, f32"),
+        "{stderr}"
+    );
 }
 
 /// The startup line's "KV cache … of TYPE holds N tokens" for `--kv-cache-type kind` (no type:
@@ -211,7 +262,12 @@ fn kv_summary(kind: Option<&str>) -> String {
 #[test]
 fn the_kv_cache_type_sets_how_many_tokens_the_memory_holds() {
     // f16 by default: twice f32's tokens; q8_0 stores 34 bytes per 32 values (37 whole blocks).
-    for (kind, type_name, tokens, kib) in [(None, "f16", 320, "22.5"), (Some("f32"), "f32", 160, "45.0"), (Some("bf16"), "bf16", 320, "22.5"), (Some("q8_0"), "q8_0", 592, "12.0")] {
+    for (kind, type_name, tokens, kib) in [
+        (None, "f16", 320, "22.5"),
+        (Some("f32"), "f32", 160, "45.0"),
+        (Some("bf16"), "bf16", 320, "22.5"),
+        (Some("q8_0"), "q8_0", 592, "12.0"),
+    ] {
         let line = kv_summary(kind);
         let expected = format!("of {type_name} holds {tokens} tokens, {kib} KiB per token");
         assert!(line.contains(&expected), "{expected:?} not in {line}");

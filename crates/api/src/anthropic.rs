@@ -96,13 +96,14 @@ impl<'de> Deserialize<'de> for Content {
                 .into_iter()
                 .enumerate()
                 .map(|(i, block)| {
-                    InputBlock::deserialize(block).map_err(|e| D::Error::custom(format!("content[{i}]: {e}")))
+                    InputBlock::deserialize(block)
+                        .map_err(|e| D::Error::custom(format!("content[{i}]: {e}")))
                 })
                 .collect::<Result<_, _>>()
                 .map(Self::Blocks),
-            other => {
-                Err(D::Error::custom(format!("content must be a string or an array of content blocks, not {other}")))
-            }
+            other => Err(D::Error::custom(format!(
+                "content must be a string or an array of content blocks, not {other}"
+            ))),
         }
     }
 }
@@ -388,7 +389,10 @@ mod tests {
         assert_eq!(request.validate(), Ok(()));
         assert!(matches!(&request.system, Some(SystemPrompt::Blocks(b)) if b.len() == 2));
         let Content::Blocks(blocks) = &request.messages[0].content else { panic!() };
-        assert!(matches!(&blocks[0], InputBlock::ToolResult { is_error: true, content: Some(Content::Blocks(_)), .. }));
+        assert!(matches!(
+            &blocks[0],
+            InputBlock::ToolResult { is_error: true, content: Some(Content::Blocks(_)), .. }
+        ));
         assert_eq!(request.tools.iter().filter(|t| t.is_client_tool()).count(), 1);
         assert_eq!(request.thinking, Some(ThinkingConfig::Enabled { budget_tokens: 1024 }));
         assert_eq!(request.output_config.unwrap().effort, Some(Effort::ExtraHigh));
@@ -398,7 +402,10 @@ mod tests {
     fn a_block_of_unknown_type_is_named() {
         let body = json!({"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "video"}]}]});
         let error = serde_json::from_value::<MessagesRequest>(body).unwrap_err().to_string();
-        assert!(error.contains("content[1]") && error.contains("unknown variant `video`"), "{error}");
+        assert!(
+            error.contains("content[1]") && error.contains("unknown variant `video`"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -413,7 +420,11 @@ mod tests {
             id: "msg_1".into(),
             role: AssistantRole::Assistant,
             model: "m".into(),
-            content: vec![OutputBlock::ToolUse { id: "toolu_1".into(), name: "f".into(), input: json!({}) }],
+            content: vec![OutputBlock::ToolUse {
+                id: "toolu_1".into(),
+                name: "f".into(),
+                input: json!({}),
+            }],
             stop_reason: Some(StopReason::ToolUse),
             stop_sequence: None,
             usage: MessagesUsage::default(),
@@ -421,10 +432,15 @@ mod tests {
         let value = serde_json::to_value(&message).unwrap();
         assert_eq!(value["type"], "message");
         assert_eq!(value["role"], "assistant");
-        assert_eq!(value["content"][0], json!({"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}));
+        assert_eq!(
+            value["content"][0],
+            json!({"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}})
+        );
         assert_eq!(value["stop_reason"], "tool_use");
-        let delta =
-            StreamEvent::ContentBlockDelta { index: 2, delta: BlockDelta::InputJsonDelta { partial_json: "{".into() } };
+        let delta = StreamEvent::ContentBlockDelta {
+            index: 2,
+            delta: BlockDelta::InputJsonDelta { partial_json: "{".into() },
+        };
         assert_eq!(
             serde_json::to_value(&delta).unwrap(),
             json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{"}})
@@ -444,7 +460,10 @@ mod tests {
         ] {
             let body = ErrorResponse { error: ErrorDetail::from(&error) };
             let value = serde_json::to_value(&body).unwrap();
-            assert_eq!(value, json!({"type": "error", "error": {"type": kind, "message": error.message}}));
+            assert_eq!(
+                value,
+                json!({"type": "error", "error": {"type": kind, "message": error.message}})
+            );
         }
     }
 }

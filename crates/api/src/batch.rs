@@ -59,12 +59,20 @@ impl ListQuery {
     pub fn page<T>(&self, items: Vec<T>, id: impl Fn(&T) -> &str) -> Result<ListPage<T>, ApiError> {
         let limit = self.limit.unwrap_or(20);
         if !(1..=100).contains(&limit) {
-            return Err(ApiError::bad_request(format!("limit must be between 1 and 100, got {limit}"), Some("limit")));
+            return Err(ApiError::bad_request(
+                format!("limit must be between 1 and 100, got {limit}"),
+                Some("limit"),
+            ));
         }
         let start = match &self.after {
-            Some(after) => items.iter().position(|item| id(item) == after).map(|i| i + 1).ok_or_else(|| {
-                ApiError::bad_request(format!("`after` names no item of this list: {after}"), Some("after"))
-            })?,
+            Some(after) => {
+                items.iter().position(|item| id(item) == after).map(|i| i + 1).ok_or_else(|| {
+                    ApiError::bad_request(
+                        format!("`after` names no item of this list: {after}"),
+                        Some("after"),
+                    )
+                })?
+            }
             None => 0,
         };
         let has_more = items.len() > start + limit;
@@ -89,9 +97,11 @@ pub struct BatchInputLine {
 impl BatchInputLine {
     /// Reads line `number` (1-based) of an input file; the 400 names the line.
     pub fn parse(text: &str, number: usize) -> Result<Self, ApiError> {
-        let bad =
-            |message: String| ApiError::bad_request(format!("line {number} of the file: {message}"), Some("file"));
-        let line: Self = serde_json::from_str(text).map_err(|e| bad(format!("not a batch request: {e}")))?;
+        let bad = |message: String| {
+            ApiError::bad_request(format!("line {number} of the file: {message}"), Some("file"))
+        };
+        let line: Self =
+            serde_json::from_str(text).map_err(|e| bad(format!("not a batch request: {e}")))?;
         if line.custom_id.is_empty() {
             return Err(bad("custom_id is empty".into()));
         }
@@ -122,17 +132,25 @@ pub struct CreateBatchRequest {
 impl CreateBatchRequest {
     pub fn validate(&self) -> Result<(), ApiError> {
         if self.endpoint != BATCH_ENDPOINT {
-            let message =
-                format!("endpoint must be {BATCH_ENDPOINT} (the only batch endpoint served), got `{}`", self.endpoint);
+            let message = format!(
+                "endpoint must be {BATCH_ENDPOINT} (the only batch endpoint served), got `{}`",
+                self.endpoint
+            );
             return Err(ApiError::bad_request(message, Some("endpoint")));
         }
         if self.completion_window != COMPLETION_WINDOW {
-            let message = format!("completion_window must be `{COMPLETION_WINDOW}`, got `{}`", self.completion_window);
+            let message = format!(
+                "completion_window must be `{COMPLETION_WINDOW}`, got `{}`",
+                self.completion_window
+            );
             return Err(ApiError::bad_request(message, Some("completion_window")));
         }
         if let Some(metadata) = &self.metadata {
             if metadata.len() > 16 || metadata.values().any(|v| !v.is_string()) {
-                return Err(ApiError::bad_request("metadata holds at most 16 string values", Some("metadata")));
+                return Err(ApiError::bad_request(
+                    "metadata holds at most 16 string values",
+                    Some("metadata"),
+                ));
             }
         }
         Ok(())
@@ -244,11 +262,22 @@ mod tests {
         assert_eq!(BatchInputLine::parse(good, 1).unwrap().custom_id, "a");
         let url = good.replace("/v1/chat/completions", "/v1/embeddings");
         let error = BatchInputLine::parse(&url, 7).unwrap_err();
-        assert!(error.message.starts_with("line 7 of the file: url must be /v1/chat/completions"), "{}", error.message);
+        assert!(
+            error.message.starts_with("line 7 of the file: url must be /v1/chat/completions"),
+            "{}",
+            error.message
+        );
         let error = BatchInputLine::parse("{not json", 3).unwrap_err();
-        assert!(error.message.starts_with("line 3 of the file: not a batch request"), "{}", error.message);
+        assert!(
+            error.message.starts_with("line 3 of the file: not a batch request"),
+            "{}",
+            error.message
+        );
         assert_eq!(error.status, 400);
-        let missing = BatchInputLine::parse(r#"{"method": "POST", "url": "/v1/chat/completions", "body": {}}"#, 2);
+        let missing = BatchInputLine::parse(
+            r#"{"method": "POST", "url": "/v1/chat/completions", "body": {}}"#,
+            2,
+        );
         assert!(missing.unwrap_err().message.contains("custom_id"));
     }
 
@@ -257,13 +286,23 @@ mod tests {
         let items: Vec<String> = (0..5).map(|i| format!("id{i}")).collect();
         let query = ListQuery { limit: Some(2), after: None };
         let first = query.page(items.clone(), |s| s).unwrap();
-        assert_eq!((first.data.as_slice(), first.has_more), (&["id0".to_string(), "id1".into()][..], true));
-        let next = ListQuery { limit: Some(2), after: first.last_id }.page(items.clone(), |s| s).unwrap();
+        assert_eq!(
+            (first.data.as_slice(), first.has_more),
+            (&["id0".to_string(), "id1".into()][..], true)
+        );
+        let next =
+            ListQuery { limit: Some(2), after: first.last_id }.page(items.clone(), |s| s).unwrap();
         assert_eq!(next.data, vec!["id2", "id3"]);
-        let last = ListQuery { limit: Some(2), after: Some("id3".into()) }.page(items.clone(), |s| s).unwrap();
+        let last = ListQuery { limit: Some(2), after: Some("id3".into()) }
+            .page(items.clone(), |s| s)
+            .unwrap();
         assert_eq!((last.data.len(), last.has_more), (1, false));
         assert_eq!(
-            ListQuery { limit: Some(0), after: None }.page(items, |s| s).unwrap_err().param.as_deref(),
+            ListQuery { limit: Some(0), after: None }
+                .page(items, |s| s)
+                .unwrap_err()
+                .param
+                .as_deref(),
             Some("limit")
         );
     }
@@ -294,7 +333,10 @@ mod tests {
         let json = serde_json::to_value(&batch).unwrap();
         assert_eq!(json["object"], "batch");
         assert_eq!(json["status"], "in_progress");
-        assert_eq!(json["request_counts"], serde_json::json!({"total": 3, "completed": 1, "failed": 0}));
+        assert_eq!(
+            json["request_counts"],
+            serde_json::json!({"total": 3, "completed": 1, "failed": 0})
+        );
         assert!(json["output_file_id"].is_null() && json.get("cancelled_at").is_some());
     }
 }

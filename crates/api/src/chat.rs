@@ -8,7 +8,9 @@ use serde_json::{Map, Value};
 
 use crate::common::null_as_default;
 use crate::validate::{check_range, check_stream_options};
-use crate::{ApiError, ChoiceLogprobs, FinishReason, SamplingParams, StreamOptions, Usage, MAX_TOP_LOGPROBS};
+use crate::{
+    ApiError, ChoiceLogprobs, FinishReason, SamplingParams, StreamOptions, Usage, MAX_TOP_LOGPROBS,
+};
 
 /// The body of `POST /v1/chat/completions`. Fields Spindle does not know are ignored,
 /// because real clients send extras.
@@ -24,7 +26,11 @@ pub struct ChatCompletionRequest {
     pub stream_options: Option<StreamOptions>,
     /// llama-server's extension: while the prompt is read, the stream carries
     /// `prompt_progress` chunks (OpenAI clients ignore the field).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not", deserialize_with = "null_as_default")]
+    #[serde(
+        default,
+        skip_serializing_if = "std::ops::Not::not",
+        deserialize_with = "null_as_default"
+    )]
     pub return_progress: bool,
     /// Deprecated by OpenAI in favour of `max_completion_tokens`; see
     /// [`ChatCompletionRequest::max_output_tokens`].
@@ -76,7 +82,10 @@ impl ChatCompletionRequest {
         self.sampling.validate()?;
         check_range(self.top_logprobs, ..=MAX_TOP_LOGPROBS, "top_logprobs", "at most 20")?;
         if self.top_logprobs.is_some() && !self.logprobs {
-            return Err(ApiError::bad_request("top_logprobs requires logprobs to be true", Some("top_logprobs")));
+            return Err(ApiError::bad_request(
+                "top_logprobs requires logprobs to be true",
+                Some("top_logprobs"),
+            ));
         }
         Ok(())
     }
@@ -199,7 +208,10 @@ impl ContentPart {
         if self.kind != "text" {
             let param = format!("{param}.type");
             return Err(ApiError::bad_request(
-                format!("{param}: content parts of type `{}` are not supported; only `text`", self.kind),
+                format!(
+                    "{param}: content parts of type `{}` are not supported; only `text`",
+                    self.kind
+                ),
                 Some(&param),
             ));
         }

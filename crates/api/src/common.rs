@@ -33,7 +33,12 @@ pub struct Usage {
 impl Usage {
     /// Usage with `total_tokens` summed and the details zero; set the details afterwards.
     pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
-        Self { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens, ..Self::default() }
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            ..Self::default()
+        }
     }
 }
 

@@ -66,7 +66,10 @@ impl CompletionRequest {
         if let Prompt::Texts(texts) = &self.prompt {
             if texts.len() != 1 {
                 return Err(ApiError::bad_request(
-                    format!("prompt must be one string; batches are not supported, got {} strings", texts.len()),
+                    format!(
+                        "prompt must be one string; batches are not supported, got {} strings",
+                        texts.len()
+                    ),
                     Some("prompt"),
                 ));
             }

@@ -58,7 +58,10 @@ impl ApiError {
 
     /// 400: the request is invalid; `param` names the offending field when there is one.
     pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
-        Self { param: param.map(str::to_owned), ..Self::new(400, ErrorKind::InvalidRequest, message) }
+        Self {
+            param: param.map(str::to_owned),
+            ..Self::new(400, ErrorKind::InvalidRequest, message)
+        }
     }
 
     /// 404: unknown model or route.
@@ -84,7 +87,10 @@ impl ApiError {
     /// 400 with code `context_length_exceeded`, the code OpenAI clients look for to trim
     /// history and retry.
     pub fn context_length_exceeded(message: impl Into<String>) -> Self {
-        Self { code: Some("context_length_exceeded".to_owned()), ..Self::new(400, ErrorKind::InvalidRequest, message) }
+        Self {
+            code: Some("context_length_exceeded".to_owned()),
+            ..Self::new(400, ErrorKind::InvalidRequest, message)
+        }
     }
 
     /// 500: an internal failure; the message should already be sanitized.

@@ -48,26 +48,29 @@ mod tokenize;
 mod validate;
 
 pub use batch::{
-    Batch, BatchError, BatchErrors, BatchInputLine, BatchLineError, BatchLineResponse, BatchOutputLine, BatchStatus,
-    CreateBatchRequest, FileDeleted, FileObject, ListPage, ListQuery, RequestCounts, BATCH_ENDPOINT, COMPLETION_WINDOW,
+    Batch, BatchError, BatchErrors, BatchInputLine, BatchLineError, BatchLineResponse,
+    BatchOutputLine, BatchStatus, CreateBatchRequest, FileDeleted, FileObject, ListPage, ListQuery,
+    RequestCounts, BATCH_ENDPOINT, COMPLETION_WINDOW,
 };
 pub use chat::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-    ChatDelta, ChatMessage, ContentPart, FunctionCall, FunctionCallDelta, FunctionDefinition, MessageContent, PromptProgress, Role,
-    Tool, ToolCall, ToolCallDelta, ToolType,
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
+    ChatCompletionRequest, ChatDelta, ChatMessage, ContentPart, FunctionCall, FunctionCallDelta,
+    FunctionDefinition, MessageContent, PromptProgress, Role, Tool, ToolCall, ToolCallDelta,
+    ToolType,
 };
 pub use common::{
-    ChoiceLogprobs, CompletionTokensDetails, FinishReason, ModelCard, ModelList, PromptTokensDetails, StreamOptions,
-    TokenLogprob, TopLogprob, Usage,
+    ChoiceLogprobs, CompletionTokensDetails, FinishReason, ModelCard, ModelList,
+    PromptTokensDetails, StreamOptions, TokenLogprob, TopLogprob, Usage,
 };
 pub use completions::{
-    Completion, CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest, LegacyTopLogprobs, Prompt,
-    DEFAULT_COMPLETION_MAX_TOKENS,
+    Completion, CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest,
+    LegacyTopLogprobs, Prompt, DEFAULT_COMPLETION_MAX_TOKENS,
 };
 pub use error::{ApiError, ErrorBody, ErrorKind, ErrorResponse};
 pub use response_object::{
-    IncompleteDetails, InputTokensDetails, ItemStatus, OutputItem, OutputPart, OutputTokensDetails, ReasoningPart,
-    Response, ResponseDeleted, ResponseError, ResponseEvent, ResponseStatus, ResponseUsage, StreamEvent, SummaryPart,
+    IncompleteDetails, InputTokensDetails, ItemStatus, OutputItem, OutputPart, OutputTokensDetails,
+    ReasoningPart, Response, ResponseDeleted, ResponseError, ResponseEvent, ResponseStatus,
+    ResponseUsage, StreamEvent, SummaryPart,
 };
 pub use responses::{InputItem, ReasoningOptions, ResponseInput, ResponsesRequest, TextOptions};
 pub use sampling::{SamplingParams, StopSequences, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS};

@@ -129,19 +129,27 @@ impl OutputItem {
     pub fn to_input(&self) -> Option<InputItem> {
         match self {
             Self::Reasoning { content, .. } => {
-                let text: String = content.iter().map(|ReasoningPart::ReasoningText { text }| text.as_str()).collect();
+                let text: String = content
+                    .iter()
+                    .map(|ReasoningPart::ReasoningText { text }| text.as_str())
+                    .collect();
                 (!text.is_empty()).then_some(InputItem::Reasoning { text })
             }
             Self::Message { content, .. } => Some(InputItem::Message {
                 role: "assistant".into(),
-                content: content.iter().map(|OutputPart::OutputText { text, .. }| text.as_str()).collect(),
+                content: content
+                    .iter()
+                    .map(|OutputPart::OutputText { text, .. }| text.as_str())
+                    .collect(),
             }),
-            Self::FunctionCall { call_id, name, namespace, arguments, .. } => Some(InputItem::FunctionCall {
-                call_id: call_id.clone(),
-                name: name.clone(),
-                namespace: namespace.clone(),
-                arguments: arguments.clone(),
-            }),
+            Self::FunctionCall { call_id, name, namespace, arguments, .. } => {
+                Some(InputItem::FunctionCall {
+                    call_id: call_id.clone(),
+                    name: name.clone(),
+                    namespace: namespace.clone(),
+                    arguments: arguments.clone(),
+                })
+            }
         }
     }
 }
@@ -185,13 +193,30 @@ pub enum ResponseEvent {
     #[serde(rename = "response.output_item.done")]
     OutputItemDone { output_index: usize, item: OutputItem },
     #[serde(rename = "response.content_part.added")]
-    ContentPartAdded { item_id: String, output_index: usize, content_index: usize, part: OutputPart },
+    ContentPartAdded {
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        part: OutputPart,
+    },
     #[serde(rename = "response.content_part.done")]
     ContentPartDone { item_id: String, output_index: usize, content_index: usize, part: OutputPart },
     #[serde(rename = "response.output_text.delta")]
-    OutputTextDelta { item_id: String, output_index: usize, content_index: usize, delta: String, logprobs: Vec<Value> },
+    OutputTextDelta {
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        delta: String,
+        logprobs: Vec<Value>,
+    },
     #[serde(rename = "response.output_text.done")]
-    OutputTextDone { item_id: String, output_index: usize, content_index: usize, text: String, logprobs: Vec<Value> },
+    OutputTextDone {
+        item_id: String,
+        output_index: usize,
+        content_index: usize,
+        text: String,
+        logprobs: Vec<Value>,
+    },
     #[serde(rename = "response.reasoning_text.delta")]
     ReasoningTextDelta { item_id: String, output_index: usize, content_index: usize, delta: String },
     #[serde(rename = "response.reasoning_text.done")]

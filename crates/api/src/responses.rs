@@ -159,7 +159,9 @@ impl ResponsesRequest {
     /// skipped; anything else unknown, or an unsupported content part, is a 400 naming it.
     pub fn input_items(&self) -> Result<Vec<InputItem>, ApiError> {
         match &self.input {
-            ResponseInput::Text(text) => Ok(vec![InputItem::Message { role: "user".into(), content: text.clone() }]),
+            ResponseInput::Text(text) => {
+                Ok(vec![InputItem::Message { role: "user".into(), content: text.clone() }])
+            }
             ResponseInput::Items(items) => {
                 let mut out = Vec::new();
                 for (i, item) in items.iter().enumerate() {
@@ -183,7 +185,10 @@ fn read_item(item: &Value, param: &str) -> Result<Option<InputItem>, ApiError> {
             if !["system", "developer", "user", "assistant"].contains(&message.role.as_str()) {
                 let param = format!("{param}.role");
                 return Err(bad(
-                    format!("{param}: unknown role `{}`; expected system, developer, user or assistant", message.role),
+                    format!(
+                        "{param}: unknown role `{}`; expected system, developer, user or assistant",
+                        message.role
+                    ),
                     &param,
                 ));
             }
@@ -206,8 +211,9 @@ fn read_item(item: &Value, param: &str) -> Result<Option<InputItem>, ApiError> {
         }
         "reasoning" => {
             let reasoning: WireReasoning = from_item(item, param)?;
-            let texts =
-                |parts: &[WirePart]| parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("\n");
+            let texts = |parts: &[WirePart]| {
+                parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("\n")
+            };
             let content = texts(&reasoning.content);
             let text = if content.is_empty() { texts(&reasoning.summary) } else { content };
             Ok((!text.is_empty()).then_some(InputItem::Reasoning { text }))
@@ -297,7 +303,9 @@ impl WireContent {
                     &param,
                 ));
             }
-            texts.push(part.text.ok_or_else(|| bad(format!("{param}.text is missing"), &format!("{param}.text")))?);
+            texts.push(part.text.ok_or_else(|| {
+                bad(format!("{param}.text is missing"), &format!("{param}.text"))
+            })?);
         }
         Ok(texts.join("\n"))
     }

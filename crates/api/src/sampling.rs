@@ -52,7 +52,12 @@ impl SamplingParams {
     /// Checks every range; the error names the first field out of range.
     pub fn validate(&self) -> Result<(), ApiError> {
         check_range(self.temperature, 0.0..=2.0, "temperature", "between 0 and 2")?;
-        check_range(self.top_p, (Bound::Excluded(0.0), Bound::Included(1.0)), "top_p", "in (0, 1]")?;
+        check_range(
+            self.top_p,
+            (Bound::Excluded(0.0), Bound::Included(1.0)),
+            "top_p",
+            "in (0, 1]",
+        )?;
         check_range(self.top_k, -1.., "top_k", "at least -1")?;
         check_range(self.min_p, 0.0..=1.0, "min_p", "between 0 and 1")?;
         check_range(

@@ -29,10 +29,13 @@ impl TokenizeRequest {
         match (&self.prompt, &self.messages) {
             (Some(_), None) => Ok(()),
             (None, Some(messages)) => validate_messages(messages),
-            (Some(_), Some(_)) => {
-                Err(ApiError::bad_request("give either prompt or messages, not both", Some("messages")))
+            (Some(_), Some(_)) => Err(ApiError::bad_request(
+                "give either prompt or messages, not both",
+                Some("messages"),
+            )),
+            (None, None) => {
+                Err(ApiError::bad_request("give either prompt or messages", Some("prompt")))
             }
-            (None, None) => Err(ApiError::bad_request("give either prompt or messages", Some("prompt"))),
         }
     }
 }

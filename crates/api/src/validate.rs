@@ -26,7 +26,10 @@ where
 }
 
 /// OpenAI refuses `stream_options` on a non-streaming request rather than ignoring it.
-pub(crate) fn check_stream_options(stream: bool, stream_options: Option<&StreamOptions>) -> Result<(), ApiError> {
+pub(crate) fn check_stream_options(
+    stream: bool,
+    stream_options: Option<&StreamOptions>,
+) -> Result<(), ApiError> {
     if stream_options.is_some() && !stream {
         return Err(ApiError::bad_request(
             "stream_options is only allowed when stream is true",

@@ -2,8 +2,8 @@
 
 use serde_json::{json, Value};
 use spindle_api::{
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, MessageContent, Prompt, StopSequences,
-    TokenizeRequest, ToolType, DEFAULT_COMPLETION_MAX_TOKENS,
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, MessageContent, Prompt,
+    StopSequences, TokenizeRequest, ToolType, DEFAULT_COMPLETION_MAX_TOKENS,
 };
 
 /// An OpenAI chat request with a developer prompt, text parts, a replayed tool call and its
@@ -128,10 +128,13 @@ fn nulls_read_as_defaults() {
 
 #[test]
 fn deprecated_max_tokens_is_used_when_max_completion_tokens_is_absent() {
-    let request: ChatCompletionRequest = serde_json::from_value(json!({"messages": [], "max_tokens": 7})).unwrap();
-    assert_eq!(request.max_output_tokens(), Some(7));
     let request: ChatCompletionRequest =
-        serde_json::from_value(json!({"messages": [], "max_tokens": 7, "max_completion_tokens": 9})).unwrap();
+        serde_json::from_value(json!({"messages": [], "max_tokens": 7})).unwrap();
+    assert_eq!(request.max_output_tokens(), Some(7));
+    let request: ChatCompletionRequest = serde_json::from_value(
+        json!({"messages": [], "max_tokens": 7, "max_completion_tokens": 9}),
+    )
+    .unwrap();
     assert_eq!(request.max_output_tokens(), Some(9));
 }
 
@@ -146,7 +149,8 @@ fn stop_accepts_a_string_or_an_array() {
 #[test]
 fn seed_takes_the_full_signed_64_bit_range() {
     for seed in [i64::MIN, -1, 0, i64::MAX] {
-        let request: ChatCompletionRequest = serde_json::from_value(json!({"messages": [], "seed": seed})).unwrap();
+        let request: ChatCompletionRequest =
+            serde_json::from_value(json!({"messages": [], "seed": seed})).unwrap();
         assert_eq!(request.sampling.seed, Some(seed));
     }
 }
@@ -195,24 +199,30 @@ fn completion_request_fields_and_max_tokens_default() {
     assert_eq!(request.sampling.stop, Some(StopSequences::One("\n".into())));
 
     // An explicit null lifts the limit, and survives a round trip.
-    let unlimited: CompletionRequest = serde_json::from_value(json!({"prompt": "x", "max_tokens": null})).unwrap();
+    let unlimited: CompletionRequest =
+        serde_json::from_value(json!({"prompt": "x", "max_tokens": null})).unwrap();
     assert_eq!(unlimited.max_tokens, None);
-    let again: CompletionRequest = serde_json::from_str(&serde_json::to_string(&unlimited).unwrap()).unwrap();
+    let again: CompletionRequest =
+        serde_json::from_str(&serde_json::to_string(&unlimited).unwrap()).unwrap();
     assert_eq!(again, unlimited);
     assert_eq!(CompletionRequest::default().max_tokens, Some(DEFAULT_COMPLETION_MAX_TOKENS));
 }
 
 #[test]
 fn tokenize_and_detokenize_requests() {
-    let by_prompt: TokenizeRequest =
-        serde_json::from_value(json!({"model": "m", "prompt": "Hello", "add_special_tokens": false})).unwrap();
+    let by_prompt: TokenizeRequest = serde_json::from_value(
+        json!({"model": "m", "prompt": "Hello", "add_special_tokens": false}),
+    )
+    .unwrap();
     assert_eq!(by_prompt.prompt.as_deref(), Some("Hello"));
     assert_eq!(by_prompt.add_special_tokens, Some(false));
     let by_messages: TokenizeRequest =
-        serde_json::from_value(json!({"messages": [{"role": "user", "content": "Hello"}]})).unwrap();
+        serde_json::from_value(json!({"messages": [{"role": "user", "content": "Hello"}]}))
+            .unwrap();
     assert_eq!(by_messages.messages.unwrap().len(), 1);
 
-    let detokenize: DetokenizeRequest = serde_json::from_value(json!({"tokens": [9707, 0]})).unwrap();
+    let detokenize: DetokenizeRequest =
+        serde_json::from_value(json!({"tokens": [9707, 0]})).unwrap();
     assert_eq!(detokenize.tokens, [9707, 0]);
 }
 
@@ -278,8 +288,10 @@ fn wrong_json_types_fail_to_deserialize() {
 
 #[test]
 fn untagged_errors_say_what_was_expected() {
-    let error = serde_json::from_value::<ChatCompletionRequest>(json!({"messages": [{"role": "user", "content": 5}]}))
-        .unwrap_err()
-        .to_string();
+    let error = serde_json::from_value::<ChatCompletionRequest>(
+        json!({"messages": [{"role": "user", "content": 5}]}),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(error.contains("a string or an array of content parts"), "{error}");
 }

@@ -4,10 +4,11 @@
 use serde::Serialize;
 use serde_json::{json, Value};
 use spindle_api::{
-    ApiError, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
-    ChoiceLogprobs, Completion, CompletionChoice, CompletionChunk, CompletionLogprobs, DetokenizeResponse,
-    ErrorResponse, FinishReason, FunctionCall, FunctionCallDelta, LegacyTopLogprobs, ModelCard, ModelList, Role,
-    TokenLogprob, TokenizeResponse, ToolCall, ToolCallDelta, ToolType, TopLogprob, Usage,
+    ApiError, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
+    ChatDelta, ChoiceLogprobs, Completion, CompletionChoice, CompletionChunk, CompletionLogprobs,
+    DetokenizeResponse, ErrorResponse, FinishReason, FunctionCall, FunctionCallDelta,
+    LegacyTopLogprobs, ModelCard, ModelList, Role, TokenLogprob, TokenizeResponse, ToolCall,
+    ToolCallDelta, ToolType, TopLogprob, Usage,
 };
 
 /// Serializes through text, as the server sends it, so `f32`s compare as the client reads them.
@@ -37,7 +38,11 @@ fn chat_completion_with_tool_calls() {
         system_fingerprint: Some("fp_44709d6fcb".into()),
         choices: vec![ChatChoice {
             index: 0,
-            message: AssistantMessage { content: None, reasoning_content: None, tool_calls: vec![weather_call()] },
+            message: AssistantMessage {
+                content: None,
+                reasoning_content: None,
+                tool_calls: vec![weather_call()],
+            },
             logprobs: None,
             finish_reason: FinishReason::ToolCalls,
         }],
@@ -78,7 +83,8 @@ fn chat_completion_with_tool_calls() {
 
 #[test]
 fn chat_completion_with_reasoning_and_logprobs() {
-    let hello = TopLogprob { token: "Hello".into(), logprob: -0.31725305, bytes: b"Hello".to_vec() };
+    let hello =
+        TopLogprob { token: "Hello".into(), logprob: -0.31725305, bytes: b"Hello".to_vec() };
     let hi = TopLogprob { token: "Hi".into(), logprob: -1.3190403, bytes: b"Hi".to_vec() };
     let mut usage = Usage::new(9, 12);
     usage.completion_tokens_details.reasoning_tokens = 10;
@@ -159,8 +165,14 @@ fn streamed_chat_chunks() {
         expected
     };
 
-    let first =
-        choice(ChatDelta { role: Some(Role::Assistant), content: Some(String::new()), ..Default::default() }, None);
+    let first = choice(
+        ChatDelta {
+            role: Some(Role::Assistant),
+            content: Some(String::new()),
+            ..Default::default()
+        },
+        None,
+    );
     assert_eq!(
         wire(&chunk(vec![first], None)),
         with(json!([{
@@ -171,11 +183,17 @@ fn streamed_chat_chunks() {
     let text = choice(ChatDelta { content: Some("Hello".into()), ..Default::default() }, None);
     assert_eq!(
         wire(&chunk(vec![text], None)),
-        with(json!([{"index": 0, "delta": {"content": "Hello"}, "logprobs": null, "finish_reason": null}]))
+        with(
+            json!([{"index": 0, "delta": {"content": "Hello"}, "logprobs": null, "finish_reason": null}])
+        )
     );
 
-    let thinking = choice(ChatDelta { reasoning_content: Some("Hmm".into()), ..Default::default() }, None);
-    assert_eq!(wire(&chunk(vec![thinking], None))["choices"][0]["delta"], json!({"reasoning_content": "Hmm"}));
+    let thinking =
+        choice(ChatDelta { reasoning_content: Some("Hmm".into()), ..Default::default() }, None);
+    assert_eq!(
+        wire(&chunk(vec![thinking], None))["choices"][0]["delta"],
+        json!({"reasoning_content": "Hmm"})
+    );
 
     let last = choice(ChatDelta::default(), Some(FinishReason::Stop));
     assert_eq!(
@@ -205,7 +223,8 @@ fn streamed_tool_call_pieces() {
         kind: None,
         function: FunctionCallDelta { name: None, arguments: "{\"location\":".into() },
     };
-    let delta = ChatDelta { role: Some(Role::Assistant), tool_calls: vec![opening], ..Default::default() };
+    let delta =
+        ChatDelta { role: Some(Role::Assistant), tool_calls: vec![opening], ..Default::default() };
     assert_eq!(
         wire(&chunk(vec![choice(delta, None)], None))["choices"][0]["delta"],
         json!({"role": "assistant", "tool_calls": [{
@@ -250,7 +269,10 @@ fn reads_openai_responses() {
         "system_fingerprint": null
     }))
     .unwrap();
-    assert_eq!(completion.choices[0].message.content.as_deref(), Some("Hello! How can I assist you today?"));
+    assert_eq!(
+        completion.choices[0].message.content.as_deref(),
+        Some("Hello! How can I assist you today?")
+    );
     assert_eq!(completion.choices[0].finish_reason, FinishReason::Stop);
     assert_eq!(completion.usage.total_tokens, 29);
 
@@ -279,7 +301,10 @@ fn legacy_completion_with_echo_and_logprobs() {
     let logprobs = CompletionLogprobs {
         tokens: vec!["Say".into(), " this".into()],
         token_logprobs: vec![None, Some(-0.5)],
-        top_logprobs: vec![None, Some(LegacyTopLogprobs(vec![(" this".into(), -0.5), (" that".into(), -1.25)]))],
+        top_logprobs: vec![
+            None,
+            Some(LegacyTopLogprobs(vec![(" this".into(), -0.5), (" that".into(), -1.25)])),
+        ],
         text_offset: vec![0, 3],
     };
     let completion = Completion {
@@ -318,7 +343,11 @@ fn legacy_completion_with_echo_and_logprobs() {
 
 #[test]
 fn legacy_top_logprobs_keep_order_and_the_first_of_repeated_texts() {
-    let repeated = LegacyTopLogprobs(vec![("\u{fffd}".into(), -0.1), ("\u{fffd}".into(), -0.2), ("a".into(), -0.3)]);
+    let repeated = LegacyTopLogprobs(vec![
+        ("\u{fffd}".into(), -0.1),
+        ("\u{fffd}".into(), -0.2),
+        ("a".into(), -0.3),
+    ]);
     assert_eq!(serde_json::to_string(&repeated).unwrap(), r#"{"�":-0.1,"a":-0.3}"#);
     let read: LegacyTopLogprobs = serde_json::from_str(r#"{"z":-0.25,"a":-0.5}"#).unwrap();
     assert_eq!(read.0, [("z".to_owned(), -0.25), ("a".to_owned(), -0.5)]);
@@ -331,7 +360,12 @@ fn streamed_legacy_chunk() {
         created: 1,
         model: "smollm2".into(),
         system_fingerprint: None,
-        choices: vec![CompletionChoice { text: " upon".into(), index: 0, logprobs: None, finish_reason: None }],
+        choices: vec![CompletionChoice {
+            text: " upon".into(),
+            index: 0,
+            logprobs: None,
+            finish_reason: None,
+        }],
         usage: None,
     };
     assert_eq!(
@@ -346,8 +380,13 @@ fn streamed_legacy_chunk() {
 
 #[test]
 fn model_list_tokenize_and_detokenize() {
-    let models =
-        ModelList { data: vec![ModelCard { id: "smollm2".into(), created: 1700000000, owned_by: "spindle".into() }] };
+    let models = ModelList {
+        data: vec![ModelCard {
+            id: "smollm2".into(),
+            created: 1700000000,
+            owned_by: "spindle".into(),
+        }],
+    };
     assert_eq!(
         wire(&models),
         json!({"object": "list", "data": [
@@ -375,7 +414,8 @@ fn error_bodies() {
         }})
     );
 
-    let bad = ApiError::bad_request("temperature must be between 0 and 2, got 3", Some("temperature"));
+    let bad =
+        ApiError::bad_request("temperature must be between 0 and 2, got 3", Some("temperature"));
     assert_eq!(
         wire(&bad.to_response_body()),
         json!({"error": {"message": "temperature must be between 0 and 2, got 3",

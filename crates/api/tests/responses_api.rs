@@ -4,7 +4,8 @@
 
 use serde_json::{json, Value};
 use spindle_api::{
-    InputItem, ItemStatus, OutputItem, OutputPart, ReasoningPart, ResponseEvent, ResponsesRequest, Role, StreamEvent,
+    InputItem, ItemStatus, OutputItem, OutputPart, ReasoningPart, ResponseEvent, ResponsesRequest,
+    Role, StreamEvent,
 };
 
 fn request(body: Value) -> ResponsesRequest {
@@ -45,7 +46,10 @@ fn input_items_become_the_servers_items() {
     ]}))
     .input_items()
     .unwrap();
-    let message = |role: &str, content: &str| InputItem::Message { role: role.into(), content: content.into() };
+    let message = |role: &str, content: &str| InputItem::Message {
+        role: role.into(),
+        content: content.into(),
+    };
     assert_eq!(
         items,
         vec![
@@ -64,7 +68,10 @@ fn input_items_become_the_servers_items() {
     );
     assert_eq!(request(json!({"input": "Hi"})).input_items().unwrap(), vec![message("user", "Hi")]);
     let summary_only = json!({"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}]}]});
-    assert_eq!(request(summary_only).input_items().unwrap(), vec![InputItem::Reasoning { text: "s".into() }]);
+    assert_eq!(
+        request(summary_only).input_items().unwrap(),
+        vec![InputItem::Reasoning { text: "s".into() }]
+    );
 }
 
 #[test]
@@ -72,12 +79,18 @@ fn a_bad_item_is_a_400_naming_it() {
     let cases = [
         (json!([{"type": "bogus"}]), "input[0].type"),
         (json!([{"content": "no role"}]), "input[0]"),
-        (json!([{"role": "user", "content": "ok"}, {"role": "tool", "content": "x"}]), "input[1].role"),
+        (
+            json!([{"role": "user", "content": "ok"}, {"role": "tool", "content": "x"}]),
+            "input[1].role",
+        ),
         (
             json!([{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]),
             "input[0].content[0].type",
         ),
-        (json!([{"role": "user", "content": [{"type": "input_text"}]}]), "input[0].content[0].text"),
+        (
+            json!([{"role": "user", "content": [{"type": "input_text"}]}]),
+            "input[0].content[0].text",
+        ),
         (json!([{"type": "function_call", "name": "f", "arguments": "{}"}]), "input[0]"),
         (
             json!([{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_file"}]}]),
@@ -130,7 +143,8 @@ fn output_items_and_events_serialize_to_openais_shapes() {
         status: ItemStatus::Completed,
     };
     // Replayed as the next request's input, the output reads back as what it said.
-    let replayed: Vec<InputItem> = [reasoning, message, call].iter().filter_map(OutputItem::to_input).collect();
+    let replayed: Vec<InputItem> =
+        [reasoning, message, call].iter().filter_map(OutputItem::to_input).collect();
     assert_eq!(
         replayed,
         vec![

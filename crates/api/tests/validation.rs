@@ -57,12 +57,17 @@ fn only_text_content_parts_are_accepted() {
         {"type": "text", "text": "What is in this image?"},
         {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
     ]);
-    let message =
-        rejected(chat(json!({"messages": [{"role": "user", "content": parts}]})), "messages[0].content[1].type");
+    let message = rejected(
+        chat(json!({"messages": [{"role": "user", "content": parts}]})),
+        "messages[0].content[1].type",
+    );
     assert!(message.contains("image_url"), "{message}");
 
     let no_text = json!([{"type": "text"}]);
-    rejected(chat(json!({"messages": [{"role": "user", "content": no_text}]})), "messages[0].content[0].text");
+    rejected(
+        chat(json!({"messages": [{"role": "user", "content": no_text}]})),
+        "messages[0].content[0].text",
+    );
 }
 
 #[test]
@@ -186,5 +191,8 @@ fn tokenize_takes_prompt_or_messages_but_not_both() {
     rejected(tokenize(json!({})), "prompt");
     rejected(tokenize(json!({"prompt": "Hello", "messages": []})), "messages");
     rejected(tokenize(json!({"messages": []})), "messages");
-    rejected(tokenize(json!({"messages": [{"role": "bot", "content": "Hello"}]})), "messages[0].role");
+    rejected(
+        tokenize(json!({"messages": [{"role": "bot", "content": "Hello"}]})),
+        "messages[0].role",
+    );
 }

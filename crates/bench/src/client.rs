@@ -33,7 +33,8 @@ impl Client {
         let base = base.strip_suffix("/v1").unwrap_or(base).to_string();
         // A fresh connection per call: some servers (llama-server) close idle keep-alive
         // connections, and a pooled one that closed fails the next call.
-        let http = reqwest::Client::builder().timeout(CALL_TIMEOUT).pool_max_idle_per_host(0).build()?;
+        let http =
+            reqwest::Client::builder().timeout(CALL_TIMEOUT).pool_max_idle_per_host(0).build()?;
         Ok(Self { http, base, model: None, api_key })
     }
 
@@ -56,7 +57,8 @@ impl Client {
 
     /// Whether `GET /health` answers with a success status now.
     pub async fn is_ready(&self) -> bool {
-        let probe = self.request(reqwest::Method::GET, "/health").timeout(PROBE_TIMEOUT).send().await;
+        let probe =
+            self.request(reqwest::Method::GET, "/health").timeout(PROBE_TIMEOUT).send().await;
         probe.is_ok_and(|r| r.status().is_success())
     }
 
@@ -80,7 +82,8 @@ impl Client {
     }
 
     async fn get_json(&self, path: &str) -> Option<Value> {
-        let response = self.request(reqwest::Method::GET, path).timeout(PROBE_TIMEOUT).send().await.ok()?;
+        let response =
+            self.request(reqwest::Method::GET, path).timeout(PROBE_TIMEOUT).send().await.ok()?;
         response.error_for_status().ok()?.json().await.ok()
     }
 
@@ -94,18 +97,22 @@ impl Client {
 
     async fn tokenize(&self, body: Value) -> Option<Vec<u32>> {
         let body = self.with_model(body);
-        let response = self.request(reqwest::Method::POST, "/v1/tokenize").json(&body).send().await.ok()?;
+        let response =
+            self.request(reqwest::Method::POST, "/v1/tokenize").json(&body).send().await.ok()?;
         let answer: TokenizeResponse = response.error_for_status().ok()?.json().await.ok()?;
         Some(answer.tokens)
     }
 
     /// Tokens in `text` alone, if the server has `/v1/tokenize` or llama-server's `/tokenize`.
     pub async fn count_tokens(&self, text: &str) -> Option<usize> {
-        if let Some(tokens) = self.tokenize(json!({"prompt": text, "add_special_tokens": false})).await {
+        if let Some(tokens) =
+            self.tokenize(json!({"prompt": text, "add_special_tokens": false})).await
+        {
             return Some(tokens.len());
         }
         let body = json!({"content": text, "add_special": false});
-        let response = self.request(reqwest::Method::POST, "/tokenize").json(&body).send().await.ok()?;
+        let response =
+            self.request(reqwest::Method::POST, "/tokenize").json(&body).send().await.ok()?;
         let answer: Value = response.error_for_status().ok()?.json().await.ok()?;
         answer["tokens"].as_array().map(Vec::len)
     }
@@ -120,7 +127,12 @@ impl Client {
     }
 
     /// One streamed chat call (greedy, `max_tokens` at most), timed from sending the request.
-    pub async fn chat(&self, system: &str, user: &str, max_tokens: u32) -> Result<Measurement, BenchError> {
+    pub async fn chat(
+        &self,
+        system: &str,
+        user: &str,
+        max_tokens: u32,
+    ) -> Result<Measurement, BenchError> {
         let body = self.with_model(json!({
             "messages": messages(system, user),
             "stream": true,
@@ -129,7 +141,8 @@ impl Client {
             "max_tokens": max_tokens,
         }));
         let start = Instant::now();
-        let mut response = self.request(reqwest::Method::POST, "/v1/chat/completions").json(&body).send().await?;
+        let mut response =
+            self.request(reqwest::Method::POST, "/v1/chat/completions").json(&body).send().await?;
         let status = response.status();
         if !status.is_success() {
             let body = response.text().await.unwrap_or_default();

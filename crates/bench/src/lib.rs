@@ -39,4 +39,7 @@ mod workload;
 pub use client::Client;
 pub use error::BenchError;
 pub use sse::{parse_payload, CallTracker, ChunkInfo, Measurement, Payload, SseDecoder};
-pub use workload::{prefix_ratio, BurstRun, Phase, PhaseKind, TokenCount, Workload, PREFIX_CALLS, REREAD_SLACK_TOKENS};
+pub use workload::{
+    prefix_ratio, BurstRun, Phase, PhaseKind, TokenCount, Workload, PREFIX_CALLS,
+    REREAD_SLACK_TOKENS,
+};

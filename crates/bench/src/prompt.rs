@@ -74,7 +74,10 @@ const TOOLS: [ToolSpec; 12] = [
     (
         "find_symbol",
         "Find where a function, type or constant is defined.",
-        &[("name", "string", "The symbol's name."), ("kind", "string", "One of function, type, constant, module.")],
+        &[
+            ("name", "string", "The symbol's name."),
+            ("kind", "string", "One of function, type, constant, module."),
+        ],
     ),
     (
         "run_shell",
@@ -88,17 +91,26 @@ const TOOLS: [ToolSpec; 12] = [
     (
         "run_tests",
         "Run the test suite or a subset of it.",
-        &[("filter", "string", "Only tests whose name contains this."), ("package", "string", "Only this package.")],
+        &[
+            ("filter", "string", "Only tests whose name contains this."),
+            ("package", "string", "Only this package."),
+        ],
     ),
     (
         "git_diff",
         "Show uncommitted changes.",
-        &[("path", "string", "Limit the diff to this path."), ("staged", "boolean", "Show staged changes instead.")],
+        &[
+            ("path", "string", "Limit the diff to this path."),
+            ("staged", "boolean", "Show staged changes instead."),
+        ],
     ),
     (
         "git_log",
         "Show recent commits.",
-        &[("path", "string", "Only commits touching this path."), ("limit", "integer", "Number of commits.")],
+        &[
+            ("path", "string", "Only commits touching this path."),
+            ("limit", "integer", "Number of commits."),
+        ],
     ),
     (
         "search_docs",
@@ -108,13 +120,18 @@ const TOOLS: [ToolSpec; 12] = [
     (
         "ask_user",
         "Ask the user a question and wait for the answer.",
-        &[("question", "string", "One clear question."), ("options", "array", "Suggested answers, if any.")],
+        &[
+            ("question", "string", "One clear question."),
+            ("options", "array", "Suggested answers, if any."),
+        ],
     ),
 ];
 
 const CRATES: [&str; 8] = ["api", "chat", "models", "runner", "sched", "server", "hub", "bench"];
-const MODULES: [&str; 11] =
-    ["lib", "config", "error", "cache", "engine", "sampler", "template", "routes", "metrics", "pool", "stream"];
+const MODULES: [&str; 11] = [
+    "lib", "config", "error", "cache", "engine", "sampler", "template", "routes", "metrics",
+    "pool", "stream",
+];
 const ROLES: [&str; 7] = [
     "owns the request lifecycle and must stay free of tensor code",
     "converts errors into the OpenAI error JSON; add new variants here, never ad hoc",
@@ -153,7 +170,9 @@ pub fn system_prompt(salt: u64, target_tokens: usize, chars_per_token: f64) -> S
     let mut pieces = RULES
         .iter()
         .map(|r| format!("{r}\n\n"))
-        .chain(std::iter::once("# Tools\n\nYou can call the following tools, given as JSON schemas:\n\n".to_string()))
+        .chain(std::iter::once(
+            "# Tools\n\nYou can call the following tools, given as JSON schemas:\n\n".to_string(),
+        ))
         .chain(TOOLS.iter().map(|t| format!("{}\n", tool_json(t))))
         .chain(std::iter::once("\n# Repository notes\n\n".to_string()))
         .chain((0..).map(note));
@@ -164,8 +183,10 @@ pub fn system_prompt(salt: u64, target_tokens: usize, chars_per_token: f64) -> S
 }
 
 fn tool_json((name, description, params): &ToolSpec) -> String {
-    let properties: serde_json::Map<String, serde_json::Value> =
-        params.iter().map(|(p, ty, d)| (p.to_string(), json!({"type": ty, "description": d}))).collect();
+    let properties: serde_json::Map<String, serde_json::Value> = params
+        .iter()
+        .map(|(p, ty, d)| (p.to_string(), json!({"type": ty, "description": d})))
+        .collect();
     let required = vec![params[0].0];
     json!({"type": "function", "function": {"name": name, "description": description,
         "parameters": {"type": "object", "properties": properties, "required": required}}})
@@ -182,9 +203,12 @@ fn note(i: usize) -> String {
 
 /// The `index`-th user message: a short coding request, different for every index.
 pub fn user_message(index: usize) -> String {
-    let task = TASKS[index % TASKS.len()].replace("{sym}", SYMBOLS[(index / TASKS.len() + index) % SYMBOLS.len()]);
+    let task = TASKS[index % TASKS.len()]
+        .replace("{sym}", SYMBOLS[(index / TASKS.len() + index) % SYMBOLS.len()]);
     let krate = CRATES[(index * 5) % CRATES.len()];
-    format!("Request {index}: {task}. Start in crates/{krate}. Reply with your first tool call only.")
+    format!(
+        "Request {index}: {task}. Start in crates/{krate}. Reply with your first tool call only."
+    )
 }
 
 #[cfg(test)]
@@ -206,7 +230,10 @@ mod tests {
         for (tokens, cpt) in [(100, 4.0), (600, 4.0), (2150, 4.0), (2150, 3.3), (5000, 3.0)] {
             let target = (tokens as f64 * cpt).round() as usize;
             let len = system_prompt(1, tokens, cpt).len();
-            assert!(len >= target && len < target + 600, "{tokens}×{cpt}: {len} chars for {target}");
+            assert!(
+                len >= target && len < target + 600,
+                "{tokens}×{cpt}: {len} chars for {target}"
+            );
         }
     }
 

@@ -83,22 +83,28 @@ pub fn parse_payload(payload: &str) -> Result<Payload, BenchError> {
     if payload.trim() == "[DONE]" {
         return Ok(Payload::Done);
     }
-    let value: serde_json::Value =
-        serde_json::from_str(payload).map_err(|e| BenchError::BadPayload(format!("{e}: {payload}")))?;
+    let value: serde_json::Value = serde_json::from_str(payload)
+        .map_err(|e| BenchError::BadPayload(format!("{e}: {payload}")))?;
     if let Some(error) = value.get("error") {
-        let message = error.get("message").and_then(|m| m.as_str()).map_or_else(|| error.to_string(), str::to_string);
+        let message = error
+            .get("message")
+            .and_then(|m| m.as_str())
+            .map_or_else(|| error.to_string(), str::to_string);
         return Err(BenchError::StreamError(message));
     }
     let mut info = ChunkInfo::default();
     for choice in value.get("choices").and_then(|c| c.as_array()).into_iter().flatten() {
         let delta = &choice["delta"];
-        let text = |key: &str| delta.get(key).and_then(|t| t.as_str()).is_some_and(|t| !t.is_empty());
-        let tools = delta.get("tool_calls").and_then(|t| t.as_array()).is_some_and(|t| !t.is_empty());
+        let text =
+            |key: &str| delta.get(key).and_then(|t| t.as_str()).is_some_and(|t| !t.is_empty());
+        let tools =
+            delta.get("tool_calls").and_then(|t| t.as_array()).is_some_and(|t| !t.is_empty());
         info.token |= text("content") || text("reasoning_content") || tools;
         info.finished |= choice.get("finish_reason").is_some_and(|r| !r.is_null());
     }
     if let Some(usage) = value.get("usage").filter(|u| !u.is_null()) {
-        let usage = serde_json::from_value(usage.clone()).map_err(|e| BenchError::BadPayload(format!("usage: {e}")))?;
+        let usage = serde_json::from_value(usage.clone())
+            .map_err(|e| BenchError::BadPayload(format!("usage: {e}")))?;
         info.usage = Some(usage);
     }
     Ok(Payload::Chunk(info))
@@ -161,7 +167,11 @@ impl CallTracker {
             latency: end,
             prompt_tokens: usage.prompt_tokens,
             cached_tokens: usage.prompt_tokens_details.cached_tokens,
-            completion_tokens: if self.usage.is_some() { usage.completion_tokens } else { self.token_chunks },
+            completion_tokens: if self.usage.is_some() {
+                usage.completion_tokens
+            } else {
+                self.token_chunks
+            },
         })
     }
 }
@@ -175,7 +185,10 @@ mod tests {
         let mut d = SseDecoder::default();
         assert_eq!(d.push(b"data: {\"a\":1}\n"), Vec::<String>::new());
         assert_eq!(d.push(b"\ndata: x"), vec!["{\"a\":1}".to_string()]);
-        assert_eq!(d.push(b"y\r\n\r\n: keep-alive\n\ndata:[DONE]\n\n"), vec!["xy".to_string(), "[DONE]".to_string()]);
+        assert_eq!(
+            d.push(b"y\r\n\r\n: keep-alive\n\ndata:[DONE]\n\n"),
+            vec!["xy".to_string(), "[DONE]".to_string()]
+        );
         assert_eq!(d.finish(), None);
     }
 
@@ -199,13 +212,25 @@ mod tests {
         let role = r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#;
         assert_eq!(parse_payload(role).unwrap(), Payload::Chunk(ChunkInfo::default()));
         let text = r#"{"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}"#;
-        assert_eq!(parse_payload(text).unwrap(), Payload::Chunk(ChunkInfo { token: true, ..Default::default() }));
+        assert_eq!(
+            parse_payload(text).unwrap(),
+            Payload::Chunk(ChunkInfo { token: true, ..Default::default() })
+        );
         let think = r#"{"choices":[{"delta":{"reasoning_content":"hm"}}]}"#;
-        assert_eq!(parse_payload(think).unwrap(), Payload::Chunk(ChunkInfo { token: true, ..Default::default() }));
+        assert_eq!(
+            parse_payload(think).unwrap(),
+            Payload::Chunk(ChunkInfo { token: true, ..Default::default() })
+        );
         let tool = r#"{"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}"#;
-        assert_eq!(parse_payload(tool).unwrap(), Payload::Chunk(ChunkInfo { token: true, ..Default::default() }));
+        assert_eq!(
+            parse_payload(tool).unwrap(),
+            Payload::Chunk(ChunkInfo { token: true, ..Default::default() })
+        );
         let end = r#"{"choices":[{"delta":{},"finish_reason":"length"}]}"#;
-        assert_eq!(parse_payload(end).unwrap(), Payload::Chunk(ChunkInfo { finished: true, ..Default::default() }));
+        assert_eq!(
+            parse_payload(end).unwrap(),
+            Payload::Chunk(ChunkInfo { finished: true, ..Default::default() })
+        );
     }
 
     #[test]
@@ -215,10 +240,15 @@ mod tests {
         let Payload::Chunk(info) = parse_payload(full).unwrap() else { panic!("a chunk") };
         let usage = info.usage.unwrap();
         assert_eq!(
-            (usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens_details.cached_tokens),
+            (
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                usage.prompt_tokens_details.cached_tokens
+            ),
             (600, 16, 512)
         );
-        let bare = r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}"#;
+        let bare =
+            r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}"#;
         let Payload::Chunk(info) = parse_payload(bare).unwrap() else { panic!("a chunk") };
         assert_eq!(info.usage.unwrap().prompt_tokens_details.cached_tokens, 0);
         let null = r#"{"choices":[],"usage":null}"#;
@@ -228,7 +258,10 @@ mod tests {
     #[test]
     fn error_and_garbage_payloads() {
         let err = r#"{"error":{"message":"out of memory","type":"server_error"}}"#;
-        assert_eq!(parse_payload(err).unwrap_err().to_string(), "error event in the stream: out of memory");
+        assert_eq!(
+            parse_payload(err).unwrap_err().to_string(),
+            "error event in the stream: out of memory"
+        );
         assert!(matches!(parse_payload("not json"), Err(BenchError::BadPayload(_))));
     }
 
@@ -239,7 +272,8 @@ mod tests {
     #[test]
     fn tracker_takes_the_first_token_and_usage() {
         let mut t = CallTracker::default();
-        t.on_payload(r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#, ms(5)).unwrap();
+        t.on_payload(r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#, ms(5))
+            .unwrap();
         t.on_payload(r#"{"choices":[{"delta":{"content":"a"}}]}"#, ms(40)).unwrap();
         t.on_payload(r#"{"choices":[{"delta":{"content":"b"}}]}"#, ms(50)).unwrap();
         t.on_payload(r#"{"choices":[{"delta":{},"finish_reason":"length"}]}"#, ms(51)).unwrap();
@@ -250,7 +284,13 @@ mod tests {
         let m = t.finish(ms(54)).unwrap();
         assert_eq!(
             m,
-            Measurement { ttft: ms(40), latency: ms(54), prompt_tokens: 700, cached_tokens: 650, completion_tokens: 2 }
+            Measurement {
+                ttft: ms(40),
+                latency: ms(54),
+                prompt_tokens: 700,
+                cached_tokens: 650,
+                completion_tokens: 2
+            }
         );
     }
 
@@ -260,7 +300,10 @@ mod tests {
         t.on_payload(r#"{"choices":[{"delta":{"role":"assistant"}}]}"#, ms(5)).unwrap();
         t.on_payload(r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#, ms(30)).unwrap();
         let m = t.finish(ms(31)).unwrap();
-        assert_eq!((m.ttft, m.latency, m.prompt_tokens, m.completion_tokens), (ms(30), ms(31), 0, 0));
+        assert_eq!(
+            (m.ttft, m.latency, m.prompt_tokens, m.completion_tokens),
+            (ms(30), ms(31), 0, 0)
+        );
     }
 
     #[test]

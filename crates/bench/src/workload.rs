@@ -73,8 +73,11 @@ pub struct Phase {
 /// The TTFT of the median prefix call over the cold call's, `None` without both.
 pub fn prefix_ratio(phases: &[Phase]) -> Option<f64> {
     let cold = phases.iter().find(|p| p.kind == PhaseKind::Cold)?.measurement.ttft;
-    let prefix: Vec<Duration> =
-        phases.iter().filter(|p| matches!(p.kind, PhaseKind::Prefix(_))).map(|p| p.measurement.ttft).collect();
+    let prefix: Vec<Duration> = phases
+        .iter()
+        .filter(|p| matches!(p.kind, PhaseKind::Prefix(_)))
+        .map(|p| p.measurement.ttft)
+        .collect();
     Some(median(&prefix)?.as_secs_f64() / cold.as_secs_f64())
 }
 
@@ -139,14 +142,22 @@ pub struct Workload {
 impl Workload {
     /// Builds the system prompt for `salt`. When the server can count tokens, the prompt is
     /// sized with its tokenizer's characters per token instead of the default estimate.
-    pub async fn prepare(client: &Client, salt: u64, target_tokens: usize, max_tokens: u32) -> Self {
+    pub async fn prepare(
+        client: &Client,
+        salt: u64,
+        target_tokens: usize,
+        max_tokens: u32,
+    ) -> Self {
         let first = system_prompt(salt, target_tokens, CHARS_PER_TOKEN);
         let chars_per_token = match client.count_tokens(&first).await {
             Some(n) if n > 0 => first.len() as f64 / n as f64,
             _ => CHARS_PER_TOKEN,
         };
         let system = system_prompt(salt, target_tokens, chars_per_token);
-        let system_tokens = match client.shared_prefix_tokens(&system, &user_message(0), &user_message(1)).await {
+        let system_tokens = match client
+            .shared_prefix_tokens(&system, &user_message(0), &user_message(1))
+            .await
+        {
             Some(n) => TokenCount::Counted(n),
             None => TokenCount::Estimated((system.len() as f64 / chars_per_token).round() as usize),
         };
@@ -169,7 +180,8 @@ impl Workload {
             .into_iter()
             .chain((1..=PREFIX_CALLS).map(|n| (PhaseKind::Prefix(n), n)))
         {
-            let measurement = client.chat(&self.system, &user_message(user), self.max_tokens).await?;
+            let measurement =
+                client.chat(&self.system, &user_message(user), self.max_tokens).await?;
             phases.push(Phase { kind, measurement });
         }
         Ok(phases)
@@ -179,13 +191,19 @@ impl Workload {
     /// yet another user message.
     pub async fn after_restart(&self, client: &Client) -> Result<Phase, BenchError> {
         self.warm_up(client).await?;
-        let measurement = client.chat(&self.system, &user_message(PREFIX_CALLS + 1), self.max_tokens).await?;
+        let measurement =
+            client.chat(&self.system, &user_message(PREFIX_CALLS + 1), self.max_tokens).await?;
         Ok(Phase { kind: PhaseKind::Restart, measurement })
     }
 
     /// Burst number `index` of `concurrency` calls. Fails only when the warm-up or the lone
     /// call fails; the concurrent calls' errors are counted in the result.
-    pub async fn burst(&self, client: &Client, index: usize, concurrency: usize) -> Result<BurstRun, BenchError> {
+    pub async fn burst(
+        &self,
+        client: &Client,
+        index: usize,
+        concurrency: usize,
+    ) -> Result<BurstRun, BenchError> {
         let salt = self.salt.wrapping_add(1 + index as u64);
         let system: Arc<str> = system_prompt(salt, self.target_tokens, self.chars_per_token).into();
         let warm = client.chat(&system, &user_message(0), self.max_tokens).await?;
@@ -193,8 +211,11 @@ impl Workload {
         let start = Instant::now();
         let tasks: Vec<_> = (0..concurrency)
             .map(|i| {
-                let (client, system, max_tokens) = (client.clone(), system.clone(), self.max_tokens);
-                tokio::spawn(async move { client.chat(&system, &user_message(2 + i), max_tokens).await })
+                let (client, system, max_tokens) =
+                    (client.clone(), system.clone(), self.max_tokens);
+                tokio::spawn(
+                    async move { client.chat(&system, &user_message(2 + i), max_tokens).await },
+                )
             })
             .collect();
         let mut calls = Vec::with_capacity(concurrency);
@@ -244,10 +265,11 @@ pub(crate) mod tests {
 
     #[test]
     fn phase_names() {
-        let names: Vec<String> = [PhaseKind::Cold, PhaseKind::Warm, PhaseKind::Prefix(2), PhaseKind::Restart]
-            .iter()
-            .map(|k| k.to_string())
-            .collect();
+        let names: Vec<String> =
+            [PhaseKind::Cold, PhaseKind::Warm, PhaseKind::Prefix(2), PhaseKind::Restart]
+                .iter()
+                .map(|k| k.to_string())
+                .collect();
         assert_eq!(names, ["cold", "warm", "prefix 2", "restart"]);
     }
 

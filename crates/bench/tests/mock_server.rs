@@ -41,7 +41,9 @@ async fn read_request(socket: &mut TcpStream) -> (String, Value) {
     let length = head
         .lines()
         .find_map(|l| {
-            l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap())
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse::<usize>().unwrap())
         })
         .unwrap_or(0);
     while data.len() < head_end + length {
@@ -49,7 +51,8 @@ async fn read_request(socket: &mut TcpStream) -> (String, Value) {
         data.extend_from_slice(&buf[..n]);
     }
     let line = head.lines().next().unwrap().to_string();
-    let body = if length > 0 { serde_json::from_slice(&data[head_end..]).unwrap() } else { Value::Null };
+    let body =
+        if length > 0 { serde_json::from_slice(&data[head_end..]).unwrap() } else { Value::Null };
     (line, body)
 }
 
@@ -82,11 +85,18 @@ async fn answer(mut socket: TcpStream, seen: Arc<Mutex<Vec<Value>>>) {
     match line.split(' ').nth(1).unwrap() {
         "/health" => reply(&mut socket, "200 OK", "application/json", r#"{"status":"ok"}"#).await,
         "/v1/models" => {
-            reply(&mut socket, "200 OK", "application/json", r#"{"object":"list","data":[{"id":"mock-1"}]}"#).await
+            reply(
+                &mut socket,
+                "200 OK",
+                "application/json",
+                r#"{"object":"list","data":[{"id":"mock-1"}]}"#,
+            )
+            .await
         }
         "/v1/tokenize" => {
             let tokens = fake_tokens(&body);
-            let text = json!({"tokens": tokens, "count": tokens.len(), "max_model_len": 8192}).to_string();
+            let text =
+                json!({"tokens": tokens, "count": tokens.len(), "max_model_len": 8192}).to_string();
             reply(&mut socket, "200 OK", "application/json", &text).await
         }
         "/v1/chat/completions" => {
@@ -116,7 +126,10 @@ async fn stream_chat(socket: &mut TcpStream, user: &str) {
     let chunk = |delta: Value, finish: Value| {
         event(json!({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}))
     };
-    socket.write_all(chunk(json!({"role": "assistant", "content": ""}), Value::Null).as_bytes()).await.unwrap();
+    socket
+        .write_all(chunk(json!({"role": "assistant", "content": ""}), Value::Null).as_bytes())
+        .await
+        .unwrap();
     socket.flush().await.unwrap();
     tokio::time::sleep(FIRST_TOKEN_DELAY).await;
     let cached = if user.starts_with("Request 0:") { 0 } else { 500 };
@@ -124,8 +137,10 @@ async fn stream_chat(socket: &mut TcpStream, user: &str) {
         chunk(json!({"content": "Hel"}), Value::Null),
         chunk(json!({"content": "lo"}), Value::Null),
         chunk(json!({}), json!("length")),
-        event(json!({"choices": [], "usage": {"prompt_tokens": 600, "completion_tokens": 2, "total_tokens": 602,
-            "prompt_tokens_details": {"cached_tokens": cached}}})),
+        event(
+            json!({"choices": [], "usage": {"prompt_tokens": 600, "completion_tokens": 2, "total_tokens": 602,
+            "prompt_tokens_details": {"cached_tokens": cached}}}),
+        ),
         "data: [DONE]\n\n".to_string(),
     ];
     for text in rest {
@@ -144,14 +159,27 @@ async fn agent_phases_against_the_mock() {
     let workload = Workload::prepare(&client, 9, 300, 16).await;
     // Sized at the server's 3 characters per token; the shared prefix is the system prompt
     // plus "Request " common to user messages 0 and 1.
-    assert!(workload.system.len() >= 900 && workload.system.len() < 1500, "{}", workload.system.len());
-    assert_eq!(workload.system_tokens, TokenCount::Counted(workload.system.len() + "Request ".len()));
+    assert!(
+        workload.system.len() >= 900 && workload.system.len() < 1500,
+        "{}",
+        workload.system.len()
+    );
+    assert_eq!(
+        workload.system_tokens,
+        TokenCount::Counted(workload.system.len() + "Request ".len())
+    );
 
     let phases = workload.agent(&client).await.unwrap();
     let kinds: Vec<PhaseKind> = phases.iter().map(|p| p.kind).collect();
     assert_eq!(
         kinds,
-        [PhaseKind::Cold, PhaseKind::Warm, PhaseKind::Prefix(1), PhaseKind::Prefix(2), PhaseKind::Prefix(3)]
+        [
+            PhaseKind::Cold,
+            PhaseKind::Warm,
+            PhaseKind::Prefix(1),
+            PhaseKind::Prefix(2),
+            PhaseKind::Prefix(3)
+        ]
     );
     for p in &phases {
         let m = p.measurement;
@@ -173,7 +201,10 @@ async fn agent_phases_against_the_mock() {
     assert_eq!(cold["messages"][0]["role"], "system");
     assert_eq!(cold["messages"][0]["content"], workload.system.as_str());
     assert_eq!(cold["messages"][1], bodies[2]["messages"][1], "warm repeats the cold call");
-    assert_ne!(bodies[2]["messages"][1], bodies[3]["messages"][1], "prefix calls bring new user text");
+    assert_ne!(
+        bodies[2]["messages"][1], bodies[3]["messages"][1],
+        "prefix calls bring new user text"
+    );
 }
 
 #[tokio::test]

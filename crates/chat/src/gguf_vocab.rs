@@ -29,10 +29,8 @@ const TYPE_USER_DEFINED: i32 = 4;
 
 /// GPT-2's split, used by most gpt2-style vocabularies.
 const GPT2_SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
-const QWEN2_SPLIT: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const LLAMA3_SPLIT: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The two vocabulary families a GGUF header can describe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,13 +57,19 @@ pub fn from_metadata(meta: &HashMap<String, Value>) -> Result<GgufVocab, ChatErr
     let model = string(meta, "tokenizer.ggml.model")?;
     let tokens: Vec<String> = array(meta, "tokenizer.ggml.tokens")?
         .iter()
-        .map(|v| v.to_string().cloned().map_err(|e| ChatError::Gguf(format!("tokenizer.ggml.tokens: {e}"))))
+        .map(|v| {
+            v.to_string()
+                .cloned()
+                .map_err(|e| ChatError::Gguf(format!("tokenizer.ggml.tokens: {e}")))
+        })
         .collect::<Result<_, _>>()?;
     let types: Vec<i32> = match meta.get("tokenizer.ggml.token_type") {
         Some(Value::Array(a)) => a.iter().map(|v| v.to_i32().unwrap_or(TYPE_NORMAL)).collect(),
         _ => vec![TYPE_NORMAL; tokens.len()],
     };
-    let id = |key: &str| meta.get(key).and_then(|v| v.to_u32().ok()).filter(|&i| (i as usize) < tokens.len());
+    let id = |key: &str| {
+        meta.get(key).and_then(|v| v.to_u32().ok()).filter(|&i| (i as usize) < tokens.len())
+    };
     let flag = |key: &str| meta.get(key).and_then(|v| v.to_bool().ok());
     let (kind, mut tokenizer) = match model {
         "gpt2" => (VocabKind::ByteLevel, byte_level_bpe(meta, &tokens)?),
@@ -74,7 +78,11 @@ pub fn from_metadata(meta: &HashMap<String, Value>) -> Result<GgufVocab, ChatErr
             let add_space_prefix = flag("tokenizer.ggml.add_space_prefix").unwrap_or(true);
             (VocabKind::SentencePiece, sentencepiece_bpe(meta, &tokens, unk, add_space_prefix)?)
         }
-        other => return Err(ChatError::Gguf(format!("unsupported tokenizer model '{other}' (supported: gpt2, llama)"))),
+        other => {
+            return Err(ChatError::Gguf(format!(
+                "unsupported tokenizer model '{other}' (supported: gpt2, llama)"
+            )))
+        }
     };
     // Control and user-defined tokens are matched whole in the input, before any splitting,
     // so "<|im_start|>" is one id; only control tokens count as special when decoding.
@@ -88,17 +96,29 @@ pub fn from_metadata(meta: &HashMap<String, Value>) -> Result<GgufVocab, ChatErr
 
     let eos_id = id("tokenizer.ggml.eos_token_id");
     let mut eos_ids: Vec<u32> =
-        [eos_id, id("tokenizer.ggml.eot_token_id"), id("tokenizer.ggml.eom_token_id")].into_iter().flatten().collect();
-    eos_ids.extend(crate::tokenizer::END_OF_TURN.iter().filter_map(|end| tokens.iter().position(|t| t == end)).map(|p| p as u32));
+        [eos_id, id("tokenizer.ggml.eot_token_id"), id("tokenizer.ggml.eom_token_id")]
+            .into_iter()
+            .flatten()
+            .collect();
+    eos_ids.extend(
+        crate::tokenizer::END_OF_TURN
+            .iter()
+            .filter_map(|end| tokens.iter().position(|t| t == end))
+            .map(|p| p as u32),
+    );
     eos_ids.sort_unstable();
     eos_ids.dedup();
     let bos_id = id("tokenizer.ggml.bos_token_id");
     // llama.cpp adds BOS by default for SentencePiece vocabularies only.
-    let add_bos = flag("tokenizer.ggml.add_bos_token").unwrap_or(kind == VocabKind::SentencePiece) && bos_id.is_some();
+    let add_bos = flag("tokenizer.ggml.add_bos_token").unwrap_or(kind == VocabKind::SentencePiece)
+        && bos_id.is_some();
     Ok(GgufVocab { tokenizer, kind, bos_id, add_bos, eos_id, eos_ids })
 }
 
-fn byte_level_bpe(meta: &HashMap<String, Value>, tokens: &[String]) -> Result<tokenizers::Tokenizer, ChatError> {
+fn byte_level_bpe(
+    meta: &HashMap<String, Value>,
+    tokens: &[String],
+) -> Result<tokenizers::Tokenizer, ChatError> {
     let merges: Vec<(String, String)> = array(meta, "tokenizer.ggml.merges")?
         .iter()
         .filter_map(|v| v.to_string().ok())
@@ -113,7 +133,11 @@ fn byte_level_bpe(meta: &HashMap<String, Value>, tokens: &[String]) -> Result<to
         _ => "default",
     };
     let split = |pattern: &str| -> Result<Split, ChatError> {
-        Ok(Split::new(SplitPattern::Regex(pattern.to_string()), SplitDelimiterBehavior::Isolated, false)?)
+        Ok(Split::new(
+            SplitPattern::Regex(pattern.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )?)
     };
     let splits = match pre {
         "qwen2" | "deepseek-r1-qwen" => vec![split(QWEN2_SPLIT)?],
@@ -140,8 +164,10 @@ fn sentencepiece_bpe(
     unk: Option<String>,
     add_space_prefix: bool,
 ) -> Result<tokenizers::Tokenizer, ChatError> {
-    let scores: Vec<f32> = array(meta, "tokenizer.ggml.scores")?.iter().map(|v| v.to_f32().unwrap_or(0.0)).collect();
-    let ids: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+    let scores: Vec<f32> =
+        array(meta, "tokenizer.ggml.scores")?.iter().map(|v| v.to_f32().unwrap_or(0.0)).collect();
+    let ids: HashMap<&str, usize> =
+        tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
     // SentencePiece merges the adjacent pair whose joined piece scores highest. As BPE merges:
     // (left, right) exists where both halves and their join are pieces; it ranks by the joined
     // piece's score, then by the halves' ids.
@@ -155,8 +181,12 @@ fn sentencepiece_bpe(
         }
     }
     merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    let merges = merges.into_iter().map(|(_, l, r)| (tokens[l].clone(), tokens[r].clone())).collect();
-    let mut builder = BPE::builder().vocab_and_merges(vocab_map(tokens), merges).byte_fallback(true).fuse_unk(true);
+    let merges =
+        merges.into_iter().map(|(_, l, r)| (tokens[l].clone(), tokens[r].clone())).collect();
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab_map(tokens), merges)
+        .byte_fallback(true)
+        .fuse_unk(true);
     if let Some(unk) = unk {
         builder = builder.unk_token(unk);
     }
@@ -167,7 +197,8 @@ fn sentencepiece_bpe(
     }
     normalizers.push(Replace::new(" ", "▁")?.into());
     tokenizer.with_normalizer(Some(NormalizerSequence::new(normalizers)))?;
-    let mut decoders = vec![Replace::new("▁", " ")?.into(), ByteFallback::new().into(), Fuse::new().into()];
+    let mut decoders =
+        vec![Replace::new("▁", " ")?.into(), ByteFallback::new().into(), Fuse::new().into()];
     if add_space_prefix {
         // The space the normalizer prepended is not part of the text.
         decoders.push(Strip::new(' ', 1, 0).into());
@@ -206,9 +237,20 @@ mod tests {
     fn toy_spm() -> HashMap<String, Value> {
         HashMap::from([
             ("tokenizer.ggml.model".to_string(), Value::String("llama".into())),
-            ("tokenizer.ggml.tokens".to_string(), strings(&["<unk>", "<s>", "a", "b", "c", "ab", "bc", "<0x41>", "▁", "▁a"])),
-            ("tokenizer.ggml.scores".to_string(), Value::Array([0., 0., -1., -1., -1., -2., -3., 0., -1., -1.5].map(Value::F32).to_vec())),
-            ("tokenizer.ggml.token_type".to_string(), Value::Array([2, 3, 1, 1, 1, 1, 1, 6, 1, 1].map(Value::I32).to_vec())),
+            (
+                "tokenizer.ggml.tokens".to_string(),
+                strings(&["<unk>", "<s>", "a", "b", "c", "ab", "bc", "<0x41>", "▁", "▁a"]),
+            ),
+            (
+                "tokenizer.ggml.scores".to_string(),
+                Value::Array(
+                    [0., 0., -1., -1., -1., -2., -3., 0., -1., -1.5].map(Value::F32).to_vec(),
+                ),
+            ),
+            (
+                "tokenizer.ggml.token_type".to_string(),
+                Value::Array([2, 3, 1, 1, 1, 1, 1, 6, 1, 1].map(Value::I32).to_vec()),
+            ),
             ("tokenizer.ggml.bos_token_id".to_string(), Value::U32(1)),
             ("tokenizer.ggml.unknown_token_id".to_string(), Value::U32(0)),
             ("tokenizer.ggml.add_space_prefix".to_string(), Value::Bool(false)),
@@ -219,7 +261,10 @@ mod tests {
     fn sentencepiece_merges_follow_scores_and_bytes_fall_back() {
         let vocab = from_metadata(&toy_spm()).unwrap();
         assert_eq!(vocab.kind, VocabKind::SentencePiece);
-        assert!(vocab.add_bos, "SentencePiece vocabularies add BOS unless the header says otherwise");
+        assert!(
+            vocab.add_bos,
+            "SentencePiece vocabularies add BOS unless the header says otherwise"
+        );
         let ids = vocab.tokenizer.encode_fast("abcA", false).unwrap().get_ids().to_vec();
         assert_eq!(ids, [5, 4, 7]);
     }

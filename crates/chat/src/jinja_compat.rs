@@ -27,11 +27,17 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<String, Error> {
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let separators: Option<Vec<String>> = kwargs.get("separators")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     // Python's defaults: ", " between items, or "," when indenting (the newline separates).
     let (item_sep, key_sep) = match separators.as_deref() {
         Some([item, key]) => (item.clone(), key.clone()),
-        Some(_) => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be a pair")),
+        Some(_) => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be a pair",
+            ))
+        }
         None if indent.is_some() => (",".to_string(), ": ".to_string()),
         None => (", ".to_string(), ": ".to_string()),
     };
@@ -112,12 +118,27 @@ fn escape_non_ascii(s: &str) -> String {
 }
 
 fn now_unix_secs() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
-const MONTHS: [&str; 12] =
-    ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
-const WEEKDAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+const WEEKDAYS: [&str; 7] =
+    ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
 
 /// Python's `strftime` for the directives chat templates use, in UTC. Unknown directives are
 /// kept as written, as glibc does.
@@ -194,7 +215,11 @@ mod tests {
             "{\n  \"b\": \"<a href='x'>&</a>\",\n  \"a\": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n  \"é\": \"日本\",\n  \"e\": {}\n}"
         );
         assert_eq!(
-            render("{{ x | tojson(sort_keys=true, separators=[',', ':'], ensure_ascii=true) }}", ctx).unwrap(),
+            render(
+                "{{ x | tojson(sort_keys=true, separators=[',', ':'], ensure_ascii=true) }}",
+                ctx
+            )
+            .unwrap(),
             r#"{"a":[1,2.5,null,true],"b":"<a href='x'>&</a>","e":{},"\u00e9":"\u65e5\u672c"}"#
         );
     }
@@ -206,7 +231,8 @@ mod tests {
 
     #[test]
     fn raise_exception_fails_with_the_message() {
-        let err = render("{{ raise_exception('Conversation roles must alternate') }}", json!({})).unwrap_err();
+        let err = render("{{ raise_exception('Conversation roles must alternate') }}", json!({}))
+            .unwrap_err();
         assert!(err.to_string().contains("Conversation roles must alternate"), "{err}");
     }
 

@@ -44,7 +44,9 @@ impl StopMatcher {
         let hold = partial_match_start(&self.pending, &self.stops);
         match self.earliest_stop() {
             // A stop is complete and no stop starting before it can still complete.
-            Some((at, stop)) if at <= hold => StopStep { text: self.stop_at(at, stop), stopped: true },
+            Some((at, stop)) if at <= hold => {
+                StopStep { text: self.stop_at(at, stop), stopped: true }
+            }
             _ => StopStep { text: self.pending.drain(..hold).collect(), stopped: false },
         }
     }
@@ -169,9 +171,11 @@ mod tests {
 
     #[test]
     fn the_matched_stop_is_the_earliest_then_shortest_however_the_text_is_cut() {
-        for (stops, text, expected) in
-            [(&["END", "x"][..], "abENDx", Some("END")), (&["abc", "ab"][..], "zabcd", Some("ab")), (&["q"][..], "ab", None)]
-        {
+        for (stops, text, expected) in [
+            (&["END", "x"][..], "abENDx", Some("END")),
+            (&["abc", "ab"][..], "zabcd", Some("ab")),
+            (&["q"][..], "ab", None),
+        ] {
             for pieces in all_splits(text) {
                 let mut m = matcher(stops);
                 for piece in &pieces {

@@ -39,7 +39,11 @@ pub struct TemplateInput<'a> {
 
 impl ChatTemplate {
     /// Compiles `source`; a syntax error names the problem and its line.
-    pub fn new(source: &str, bos_token: Option<&str>, eos_token: Option<&str>) -> Result<Self, ChatError> {
+    pub fn new(
+        source: &str,
+        bos_token: Option<&str>,
+        eos_token: Option<&str>,
+    ) -> Result<Self, ChatError> {
         let mut env = Environment::new();
         env.set_syntax(
             SyntaxConfig::builder()
@@ -71,9 +75,14 @@ impl ChatTemplate {
     }
 
     /// The template stored in a GGUF header (`tokenizer.chat_template`), if any.
-    pub fn from_gguf(metadata: &HashMap<String, Value>, tok: &Tokenizer) -> Result<Option<Self>, ChatError> {
+    pub fn from_gguf(
+        metadata: &HashMap<String, Value>,
+        tok: &Tokenizer,
+    ) -> Result<Option<Self>, ChatError> {
         match metadata.get("tokenizer.chat_template") {
-            Some(Value::String(source)) => Ok(Some(Self::new(source, tok.bos_token(), tok.eos_token())?)),
+            Some(Value::String(source)) => {
+                Ok(Some(Self::new(source, tok.bos_token(), tok.eos_token())?))
+            }
             _ => Ok(None),
         }
     }
@@ -86,11 +95,13 @@ impl ChatTemplate {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(ChatError::Io { path: path.to_path_buf(), source }),
         };
-        let config: Json =
-            serde_json::from_str(&text).map_err(|e| ChatError::Template(format!("{}: {e}", path.display())))?;
+        let config: Json = serde_json::from_str(&text)
+            .map_err(|e| ChatError::Template(format!("{}: {e}", path.display())))?;
         let source = match &config["chat_template"] {
             Json::String(s) => Some(s.as_str()),
-            Json::Array(list) => list.iter().find(|t| t["name"] == "default").and_then(|t| t["template"].as_str()),
+            Json::Array(list) => {
+                list.iter().find(|t| t["name"] == "default").and_then(|t| t["template"].as_str())
+            }
             _ => None,
         };
         source.map(|s| Self::new(s, tok.bos_token(), tok.eos_token())).transpose()
@@ -120,26 +131,42 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn render(t: &ChatTemplate, messages: &[Json], add_generation_prompt: bool) -> Result<String, ChatError> {
-        t.render(&TemplateInput { messages, tools: None, add_generation_prompt, extra: &Default::default() })
+    fn render(
+        t: &ChatTemplate,
+        messages: &[Json],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        t.render(&TemplateInput {
+            messages,
+            tools: None,
+            add_generation_prompt,
+            extra: &Default::default(),
+        })
     }
 
     #[test]
     fn chatml_renders_roles_and_generation_prompt() {
-        let msgs = [json!({"role": "system", "content": "Be brief."}), json!({"role": "user", "content": "Hi"})];
+        let msgs = [
+            json!({"role": "system", "content": "Be brief."}),
+            json!({"role": "user", "content": "Hi"}),
+        ];
         let t = ChatTemplate::chatml();
         assert_eq!(
             render(&t, &msgs, true).unwrap(),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
-        assert_eq!(render(&t, &msgs, false).unwrap(), "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+        assert_eq!(
+            render(&t, &msgs, false).unwrap(),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        );
     }
 
     #[test]
     fn blocks_are_trimmed_like_transformers() {
         let t = ChatTemplate::new("{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}\n", None, None)
             .unwrap();
-        let msgs = [json!({"role": "user", "content": "a"}), json!({"role": "user", "content": "b"})];
+        let msgs =
+            [json!({"role": "user", "content": "a"}), json!({"role": "user", "content": "b"})];
         assert_eq!(render(&t, &msgs, false).unwrap(), "[a]\n[b]\n");
     }
 
@@ -152,7 +179,14 @@ mod tests {
         )
         .unwrap();
         let extra = json!({"enable_thinking": false}).as_object().unwrap().clone();
-        let out = t.render(&TemplateInput { messages: &[], tools: None, add_generation_prompt: false, extra: &extra }).unwrap();
+        let out = t
+            .render(&TemplateInput {
+                messages: &[],
+                tools: None,
+                add_generation_prompt: false,
+                extra: &extra,
+            })
+            .unwrap();
         assert_eq!(out, "<s>|</s>|True|no-think|2|x");
     }
 

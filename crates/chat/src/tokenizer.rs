@@ -11,7 +11,8 @@ use crate::error::ChatError;
 use crate::gguf_vocab::{self, VocabKind};
 
 /// Tokens that end a chat turn, and so end generation, wherever a vocabulary defines them.
-pub(crate) const END_OF_TURN: [&str; 5] = ["<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|endoftext|>"];
+pub(crate) const END_OF_TURN: [&str; 5] =
+    ["<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|endoftext|>"];
 
 /// A model's tokenizer, from a `tokenizer.json` or a GGUF header.
 pub struct Tokenizer {
@@ -48,7 +49,8 @@ impl Tokenizer {
             .and_then(|t| inner.token_to_id(t))
             .or_else(|| ids(&gen_config["bos_token_id"]).first().copied())
             .or_else(|| ids(&model_config["bos_token_id"]).first().copied());
-        let eos_from_config = token_of(&tok_config["eos_token"]).and_then(|t| inner.token_to_id(&t));
+        let eos_from_config =
+            token_of(&tok_config["eos_token"]).and_then(|t| inner.token_to_id(&t));
         let mut eos_ids: Vec<u32> = eos_from_config.into_iter().collect();
         eos_ids.extend(ids(&gen_config["eos_token_id"]));
         eos_ids.extend(ids(&model_config["eos_token_id"]));
@@ -62,8 +64,10 @@ impl Tokenizer {
             inner.encode_fast("", true).is_ok_and(|e| e.get_ids().contains(&bos))
         });
         let add_bos = tok_config["add_bos_token"].as_bool() == Some(true) && !post_adds_bos;
-        let byte_level =
-            inner.get_decoder().and_then(|d| serde_json::to_string(d).ok()).is_some_and(|d| d.contains("ByteLevel"));
+        let byte_level = inner
+            .get_decoder()
+            .and_then(|d| serde_json::to_string(d).ok())
+            .is_some_and(|d| d.contains("ByteLevel"));
         let kind = if byte_level { VocabKind::ByteLevel } else { VocabKind::SentencePiece };
         Ok(Self::new(inner, kind, bos_id, add_bos, eos_id, eos_ids))
     }
@@ -88,7 +92,18 @@ impl Tokenizer {
         let added = added_tokens.into_keys().collect();
         let bos_token = bos_id.and_then(|id| inner.id_to_token(id));
         let eos_token = eos_id.and_then(|id| inner.id_to_token(id));
-        Self { inner, kind, byte_of_char: byte_level_table(), added, special, bos_id, add_bos, eos_ids, bos_token, eos_token }
+        Self {
+            inner,
+            kind,
+            byte_of_char: byte_level_table(),
+            added,
+            special,
+            bos_id,
+            add_bos,
+            eos_ids,
+            bos_token,
+            eos_token,
+        }
     }
 
     /// Token ids of `text`. Special-token text such as `<|im_start|>` always becomes its single
@@ -103,7 +118,10 @@ impl Tokenizer {
 
     /// [`Self::encode`] without special tokens added, and the byte span in `text` of each token
     /// (tokens of one multi-byte character share its span).
-    pub fn encode_with_spans(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>), ChatError> {
+    pub fn encode_with_spans(
+        &self,
+        text: &str,
+    ) -> Result<(Vec<u32>, Vec<(usize, usize)>), ChatError> {
         let encoding = self.inner.encode(text, false)?;
         Ok((encoding.get_ids().to_vec(), encoding.get_offsets().to_vec()))
     }
@@ -203,7 +221,8 @@ fn byte_level_table() -> HashMap<char, u8> {
 fn sibling_json(path: &Path, name: &str) -> Result<Json, ChatError> {
     let file = path.with_file_name(name);
     match std::fs::read_to_string(&file) {
-        Ok(text) => serde_json::from_str(&text).map_err(|e| ChatError::Tokenizer(format!("{}: {e}", file.display()))),
+        Ok(text) => serde_json::from_str(&text)
+            .map_err(|e| ChatError::Tokenizer(format!("{}: {e}", file.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Json::Null),
         Err(source) => Err(ChatError::Io { path: file, source }),
     }

@@ -45,17 +45,44 @@ fn check(model: &str) {
     let (fx, meta) = load(model);
     let tok = Tokenizer::from_gguf(&meta).unwrap();
     for case in &fx.tokenization {
-        assert_eq!(tok.encode(&case.text, false).unwrap(), case.ids_no_special, "{model}: {:?}", case.text);
-        assert_eq!(tok.encode(&case.text, true).unwrap(), case.ids_with_special, "{model}: {:?} with BOS", case.text);
-        assert_eq!(tok.decode(&case.ids_no_special, false).unwrap(), case.detokenized, "{model}: decode {:?}", case.text);
-        let streamed: Vec<u8> = case.ids_no_special.iter().flat_map(|id| tok.token_bytes(*id)).collect();
-        assert_eq!(String::from_utf8_lossy(&streamed), case.detokenized, "{model}: token_bytes of {:?}", case.text);
+        assert_eq!(
+            tok.encode(&case.text, false).unwrap(),
+            case.ids_no_special,
+            "{model}: {:?}",
+            case.text
+        );
+        assert_eq!(
+            tok.encode(&case.text, true).unwrap(),
+            case.ids_with_special,
+            "{model}: {:?} with BOS",
+            case.text
+        );
+        assert_eq!(
+            tok.decode(&case.ids_no_special, false).unwrap(),
+            case.detokenized,
+            "{model}: decode {:?}",
+            case.text
+        );
+        let streamed: Vec<u8> =
+            case.ids_no_special.iter().flat_map(|id| tok.token_bytes(*id)).collect();
+        assert_eq!(
+            String::from_utf8_lossy(&streamed),
+            case.detokenized,
+            "{model}: token_bytes of {:?}",
+            case.text
+        );
     }
     for g in &fx.generations {
         assert_eq!(tok.encode(&g.prompt, true).unwrap(), g.prompt_ids, "{model}: {:?}", g.prompt);
         // Streaming the prompt's and continuation's tokens one by one gives exactly the full decode,
         // multi-byte characters included.
-        let ids: Vec<u32> = g.prompt_ids.iter().chain(&g.greedy_ids).copied().filter(|id| Some(*id) != tok.bos_token_id()).collect();
+        let ids: Vec<u32> = g
+            .prompt_ids
+            .iter()
+            .chain(&g.greedy_ids)
+            .copied()
+            .filter(|id| Some(*id) != tok.bos_token_id())
+            .collect();
         let mut dec = IncrementalDecoder::new();
         let mut streamed: String = ids.iter().map(|id| dec.push(&tok, *id)).collect();
         streamed.push_str(&dec.flush());
@@ -106,9 +133,27 @@ fn special_tokens_are_single_ids_and_end_generation() {
 #[test]
 fn end_of_generation_ids_and_template_strings() {
     let expect = [
-        ("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf", &["<|im_end|>", "<|endoftext|>"][..], Some("<|im_start|>"), "<|im_end|>"),
-        ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", &["<|im_end|>", "<|endoftext|>"][..], Some("<|endoftext|>"), "<|im_end|>"),
-        ("gemma3-270m", "gemma-3-270m-q4_k_m.gguf", &["<eos>", "<end_of_turn>"][..], Some("<bos>"), "<eos>"),
+        (
+            "smollm2-135m",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            &["<|im_end|>", "<|endoftext|>"][..],
+            Some("<|im_start|>"),
+            "<|im_end|>",
+        ),
+        (
+            "qwen2.5-coder-0.5b",
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            &["<|im_end|>", "<|endoftext|>"][..],
+            Some("<|endoftext|>"),
+            "<|im_end|>",
+        ),
+        (
+            "gemma3-270m",
+            "gemma-3-270m-q4_k_m.gguf",
+            &["<eos>", "<end_of_turn>"][..],
+            Some("<bos>"),
+            "<eos>",
+        ),
     ];
     for (model, file, ends, bos, eos) in expect {
         let tok = Tokenizer::from_gguf(&common::gguf_metadata(model, file)).unwrap();

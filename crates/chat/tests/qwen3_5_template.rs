@@ -56,11 +56,21 @@ fn renders_like_jinja2_in_transformers() {
     for c in cases.iter().filter(|c| c.expected.is_some()) {
         match render(&template, c) {
             Ok(got) if Some(&got) == c.expected.as_ref() => {}
-            Ok(got) => wrong.push(format!("{}:\n--- got\n{got}\n--- expected\n{}", c.name, c.expected.as_ref().unwrap())),
+            Ok(got) => wrong.push(format!(
+                "{}:\n--- got\n{got}\n--- expected\n{}",
+                c.name,
+                c.expected.as_ref().unwrap()
+            )),
             Err(e) => wrong.push(format!("{}: {e}", c.name)),
         }
     }
-    assert!(wrong.is_empty(), "{} of {} cases differ:\n{}", wrong.len(), cases.len(), wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{} of {} cases differ:\n{}",
+        wrong.len(),
+        cases.len(),
+        wrong.join("\n")
+    );
 }
 
 /// What each error case's message must mention (any one spelling of each group, ignoring case):
@@ -81,10 +91,17 @@ fn template_errors_name_the_problem() {
     for c in &errors {
         let err = render(&template, c).expect_err(&c.name);
         assert!(matches!(err, ChatError::Template(_)), "{}: {err}", c.name);
-        let (_, groups) = ERROR_MEANINGS.iter().find(|(name, _)| *name == c.name).unwrap_or_else(|| panic!("{}", c.name));
+        let (_, groups) = ERROR_MEANINGS
+            .iter()
+            .find(|(name, _)| *name == c.name)
+            .unwrap_or_else(|| panic!("{}", c.name));
         let message = err.to_string().to_lowercase();
         for group in groups.iter() {
-            assert!(group.iter().any(|word| message.contains(word)), "{}: {err} names none of {group:?}", c.name);
+            assert!(
+                group.iter().any(|word| message.contains(word)),
+                "{}: {err} names none of {group:?}",
+                c.name
+            );
         }
     }
 }
@@ -92,7 +109,8 @@ fn template_errors_name_the_problem() {
 #[test]
 fn tokenizer_config_carries_the_same_template() {
     let tok = Tokenizer::from_tokenizer_json(&data("tokenizer.json")).unwrap();
-    let from_config = ChatTemplate::from_tokenizer_config(&data("tokenizer_config.json"), &tok).unwrap().unwrap();
+    let from_config =
+        ChatTemplate::from_tokenizer_config(&data("tokenizer_config.json"), &tok).unwrap().unwrap();
     assert_eq!(from_config.source(), std::fs::read_to_string(data(TEMPLATE)).unwrap());
 
     // A rendered tool round tokenizes with every marker as one added token.
@@ -117,7 +135,14 @@ fn thinking_switch_changes_only_the_generation_prompt() {
     let msgs = [json!({"role": "user", "content": "Hi"})];
     let with = |extra: Json| {
         let extra = extra.as_object().unwrap().clone();
-        template.render(&TemplateInput { messages: &msgs, tools: None, add_generation_prompt: true, extra: &extra }).unwrap()
+        template
+            .render(&TemplateInput {
+                messages: &msgs,
+                tools: None,
+                add_generation_prompt: true,
+                extra: &extra,
+            })
+            .unwrap()
     };
     let base = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
     assert_eq!(with(json!({})), format!("{base}<think>\n"));

@@ -49,7 +49,13 @@ fn encodings_match_tiktoken() {
         }
         assert_eq!(tok.encode(&c.text, true).unwrap(), ids, "{}: Qwen adds no BOS", c.name);
     }
-    assert!(wrong.is_empty(), "{} of {} cases differ:\n{}", wrong.len(), fixture.cases.len(), wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{} of {} cases differ:\n{}",
+        wrong.len(),
+        fixture.cases.len(),
+        wrong.join("\n")
+    );
 }
 
 #[test]
@@ -61,7 +67,8 @@ fn decoding_round_trips_to_the_nfc_text() {
         let bytes: Vec<u8> = c.ids.iter().flat_map(|&id| tok.token_bytes(id)).collect();
         assert_eq!(bytes, c.decoded.as_bytes(), "{}: token bytes", c.name);
         let mut dec = IncrementalDecoder::new();
-        let streamed: String = c.ids.iter().map(|&id| dec.push(tok, id)).collect::<String>() + &dec.flush();
+        let streamed: String =
+            c.ids.iter().map(|&id| dec.push(tok, id)).collect::<String>() + &dec.flush();
         assert_eq!(streamed, c.decoded, "{}: streamed", c.name);
     }
     // Decomposed accents come back composed, as the package's NFC normalization leaves them.
@@ -75,8 +82,8 @@ fn the_package_readme_example_and_ids() {
     let tok = qwen3_5();
     let ids = tok.encode("Hello! 毕老师！1 + 1 = 2 ĠÑĤÐ²ÑĬÑĢ", false).unwrap();
     let readme = [
-        9419, 0, 220, 97169, 97621, 6115, 16, 478, 220, 16, 283, 220, 17, 9551, 254, 68933, 128, 97, 91914, 28495,
-        68933, 128, 105, 68933, 128, 95,
+        9419, 0, 220, 97169, 97621, 6115, 16, 478, 220, 16, 283, 220, 17, 9551, 254, 68933, 128,
+        97, 91914, 28495, 68933, 128, 105, 68933, 128, 95,
     ];
     assert_eq!(ids, readme);
     assert_eq!(tok.token_to_id("<|im_start|>"), Some(248_045));
@@ -96,7 +103,11 @@ fn the_33_special_tokens_are_single_ids() {
         assert_eq!(tok.token_to_id(text), Some(id), "{text}");
         assert_eq!(tok.encode(text, false).unwrap(), [id], "{text}");
         assert_eq!(tok.token_bytes(id), text.as_bytes(), "{text}");
-        assert_eq!(tok.encode(&format!("a{text}b"), false).unwrap()[1], id, "{text} between letters");
+        assert_eq!(
+            tok.encode(&format!("a{text}b"), false).unwrap()[1],
+            id,
+            "{text} between letters"
+        );
     }
     // The last rank and the first added token sit next to each other.
     assert_eq!(tok.token_to_id("<|endoftext|>"), Some(248_044));

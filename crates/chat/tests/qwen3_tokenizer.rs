@@ -33,7 +33,11 @@ fn special_tokens_and_generation_ends_come_from_the_config() {
     let ids = tok.encode("<|im_start|>user\nhi<|im_end|>", true).unwrap();
     assert_eq!(ids.first(), Some(&im_start));
     assert_eq!(ids.last(), Some(&im_end));
-    assert_eq!(ids, tok.encode("<|im_start|>user\nhi<|im_end|>", false).unwrap(), "Qwen3 adds no BOS");
+    assert_eq!(
+        ids,
+        tok.encode("<|im_start|>user\nhi<|im_end|>", false).unwrap(),
+        "Qwen3 adds no BOS"
+    );
     let think = tok.encode("<think>", false).unwrap();
     assert_eq!(think.len(), 1, "<think> is one added token: {think:?}");
     assert_eq!(tok.token_text(im_start).as_deref(), Some("<|im_start|>"));

@@ -42,7 +42,8 @@ fn check(template: &ChatTemplate, cases: &[Case]) {
             add_generation_prompt: c.add_generation_prompt,
             extra: &c.kwargs,
         };
-        let got = template.render(&input).unwrap_or_else(|e| panic!("{}/{}: {e}", c.template, c.name));
+        let got =
+            template.render(&input).unwrap_or_else(|e| panic!("{}/{}: {e}", c.template, c.name));
         assert_eq!(got, c.expected, "{}/{}", c.template, c.name);
     }
 }
@@ -50,8 +51,13 @@ fn check(template: &ChatTemplate, cases: &[Case]) {
 /// The GGUF's template, checked to be the one Jinja2 rendered the expectations with.
 fn gguf_template(model: &str, file: &str) -> (ChatTemplate, Tokenizer) {
     let meta = common::gguf_metadata(model, file);
-    let Some(Value::String(source)) = meta.get("tokenizer.chat_template") else { panic!("{model} has no template") };
-    assert_eq!(source, &std::fs::read_to_string(data(&format!("templates/{model}.jinja"))).unwrap());
+    let Some(Value::String(source)) = meta.get("tokenizer.chat_template") else {
+        panic!("{model} has no template")
+    };
+    assert_eq!(
+        source,
+        &std::fs::read_to_string(data(&format!("templates/{model}.jinja"))).unwrap()
+    );
     let tok = Tokenizer::from_gguf(&meta).unwrap();
     (ChatTemplate::from_gguf(&meta, &tok).unwrap().expect("template present"), tok)
 }
@@ -63,9 +69,17 @@ fn smollm2_template_matches_jinja2() {
     // The exact ChatML shape, spelled out.
     let msgs = [json!({"role": "system", "content": "S"}), json!({"role": "user", "content": "U"})];
     let out = template
-        .render(&TemplateInput { messages: &msgs, tools: None, add_generation_prompt: true, extra: &Default::default() })
+        .render(&TemplateInput {
+            messages: &msgs,
+            tools: None,
+            add_generation_prompt: true,
+            extra: &Default::default(),
+        })
         .unwrap();
-    assert_eq!(out, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(
+        out,
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    );
     // And the prompt tokenizes with the turn markers as single ids.
     let ids = tok.encode(&out, true).unwrap();
     let im_start = tok.token_to_id("<|im_start|>").unwrap();
@@ -74,14 +88,17 @@ fn smollm2_template_matches_jinja2() {
 
 #[test]
 fn qwen25_template_with_tools_matches_jinja2() {
-    let (template, _) = gguf_template("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    let (template, _) =
+        gguf_template("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
     check(&template, &cases("qwen2.5-coder-0.5b"));
 }
 
 #[test]
 fn qwen3_template_with_tools_and_thinking_matches_jinja2() {
     let tok = Tokenizer::from_tokenizer_json(&data("qwen3/tokenizer.json")).unwrap();
-    let template = ChatTemplate::from_tokenizer_config(&data("qwen3/tokenizer_config.json"), &tok).unwrap().unwrap();
+    let template = ChatTemplate::from_tokenizer_config(&data("qwen3/tokenizer_config.json"), &tok)
+        .unwrap()
+        .unwrap();
     check(&template, &cases("qwen3"));
 }
 
@@ -90,9 +107,15 @@ fn model_without_template_gives_none_and_chatml_fallback_works() {
     let meta = common::gguf_metadata("gemma3-270m", "gemma-3-270m-q4_k_m.gguf");
     let tok = Tokenizer::from_gguf(&meta).unwrap();
     assert!(ChatTemplate::from_gguf(&meta, &tok).unwrap().is_none());
-    let msgs = [json!({"role": "user", "content": "Hi"}), json!({"role": "assistant", "content": "Yo"})];
+    let msgs =
+        [json!({"role": "user", "content": "Hi"}), json!({"role": "assistant", "content": "Yo"})];
     let out = ChatTemplate::chatml()
-        .render(&TemplateInput { messages: &msgs, tools: None, add_generation_prompt: false, extra: &Default::default() })
+        .render(&TemplateInput {
+            messages: &msgs,
+            tools: None,
+            add_generation_prompt: false,
+            extra: &Default::default(),
+        })
         .unwrap();
     assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nYo<|im_end|>\n");
 }
@@ -109,7 +132,12 @@ fn tokenizer_config_template_list_takes_default_and_missing_key_is_none() {
     std::fs::write(&listed, templates.to_string()).unwrap();
     let t = ChatTemplate::from_tokenizer_config(&listed, &tok).unwrap().unwrap();
     let out = t
-        .render(&TemplateInput { messages: &[json!({})], tools: None, add_generation_prompt: false, extra: &Default::default() })
+        .render(&TemplateInput {
+            messages: &[json!({})],
+            tools: None,
+            add_generation_prompt: false,
+            extra: &Default::default(),
+        })
         .unwrap();
     assert_eq!(out, "<|im_end|>1");
     let bare = dir.join("bare.json");
@@ -123,9 +151,15 @@ fn tokenizer_config_template_list_takes_default_and_missing_key_is_none() {
 fn template_errors_are_chat_errors_with_the_message() {
     let err = ChatTemplate::new("{% if %}", None, None).err().unwrap();
     assert!(matches!(err, ChatError::Template(_)), "{err}");
-    let t = ChatTemplate::new("{{ raise_exception('System message must be first') }}", None, None).unwrap();
+    let t = ChatTemplate::new("{{ raise_exception('System message must be first') }}", None, None)
+        .unwrap();
     let err = t
-        .render(&TemplateInput { messages: &[], tools: None, add_generation_prompt: false, extra: &Default::default() })
+        .render(&TemplateInput {
+            messages: &[],
+            tools: None,
+            add_generation_prompt: false,
+            extra: &Default::default(),
+        })
         .unwrap_err();
     assert!(err.to_string().contains("System message must be first"), "{err}");
 }

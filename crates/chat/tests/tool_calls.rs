@@ -7,7 +7,9 @@
 //! JSON object.
 
 use serde_json::{json, Value};
-use spindle_chat::{parse_message, ParsedMessage, ToolCallFormat, ToolCallParser, ToolEvent, ToolSchema};
+use spindle_chat::{
+    parse_message, ParsedMessage, ToolCallFormat, ToolCallParser, ToolEvent, ToolSchema,
+};
 
 use ToolCallFormat::{Hermes, Llama3Json, QwenXml};
 
@@ -58,8 +60,9 @@ fn check(format: ToolCallFormat, text: &str, content: &str, calls: &[(&str, Valu
         .calls
         .iter()
         .map(|call| {
-            let arguments = serde_json::from_str(&call.arguments)
-                .unwrap_or_else(|e| panic!("{format:?}: arguments {:?} of {text:?}: {e}", call.arguments));
+            let arguments = serde_json::from_str(&call.arguments).unwrap_or_else(|e| {
+                panic!("{format:?}: arguments {:?} of {text:?}: {e}", call.arguments)
+            });
             (call.name.as_str(), arguments)
         })
         .collect();
@@ -68,7 +71,11 @@ fn check(format: ToolCallFormat, text: &str, content: &str, calls: &[(&str, Valu
     let cuts: Vec<usize> = text.char_indices().map(|(at, _)| at).chain([text.len()]).collect();
     for &cut in &cuts {
         let (head, tail) = text.split_at(cut);
-        assert_eq!(stream(format, &tools, &[head, tail]), whole, "{format:?} cut at {cut} of {text:?}");
+        assert_eq!(
+            stream(format, &tools, &[head, tail]),
+            whole,
+            "{format:?} cut at {cut} of {text:?}"
+        );
     }
     let chars: Vec<String> = text.chars().map(String::from).collect();
     let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
@@ -86,17 +93,24 @@ fn stream(format: ToolCallFormat, tools: &[ToolSchema], pieces: &[&str]) -> Pars
         match event {
             ToolEvent::Content(_) => {}
             ToolEvent::CallStart { index, .. } => {
-                assert_eq!(*index, arguments.len(), "{pieces:?}: call {index} started out of order: {events:?}");
+                assert_eq!(
+                    *index,
+                    arguments.len(),
+                    "{pieces:?}: call {index} started out of order: {events:?}"
+                );
                 arguments.push(String::new());
             }
             ToolEvent::Arguments { index, fragment } => match arguments.get_mut(*index) {
                 Some(text) => text.push_str(fragment),
-                None => panic!("{pieces:?}: fragment of call {index} before it started: {events:?}"),
+                None => {
+                    panic!("{pieces:?}: fragment of call {index} before it started: {events:?}")
+                }
             },
         }
     }
     for text in &arguments {
-        let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{pieces:?}: arguments {text:?}: {e}"));
+        let value: Value = serde_json::from_str(text)
+            .unwrap_or_else(|e| panic!("{pieces:?}: arguments {text:?}: {e}"));
         assert!(value.is_object(), "{pieces:?}: arguments {text:?} are not an object");
     }
     ParsedMessage::collect(events)
@@ -144,14 +158,22 @@ fn qwen_xml_bare_function_with_text_after() {
         QwenXml,
         text,
         "Searching now.\n\nI'll report back.",
-        &[("search", json!({"query": "rust \"async\" traits", "limit": 2.5, "tags": ["lang", "rust"]}))],
+        &[(
+            "search",
+            json!({"query": "rust \"async\" traits", "limit": 2.5, "tags": ["lang", "rust"]}),
+        )],
     );
 }
 
 #[test]
 fn qwen_xml_json_where_a_string_is_declared_stays_a_string() {
     let text = "<tool_call>\n<function=get_weather>\n<parameter=city>\n{\"a\":1}\n</parameter>\n<parameter=days>\nthree\n</parameter>\n<parameter=note>\n42\n</parameter>\n</function>\n</tool_call>";
-    check(QwenXml, text, "", &[("get_weather", json!({"city": "{\"a\":1}", "days": "three", "note": "42"}))]);
+    check(
+        QwenXml,
+        text,
+        "",
+        &[("get_weather", json!({"city": "{\"a\":1}", "days": "three", "note": "42"}))],
+    );
 }
 
 #[test]
@@ -169,7 +191,12 @@ fn qwen_xml_missing_closing_tags_are_tolerated() {
 #[test]
 fn qwen_xml_unterminated_value_closes_the_call() {
     let text = "Writing it.\n<tool_call>\n<function=write_file>\n<parameter=path>\na.txt\n</parameter>\n<parameter=content>\nline one\nline <two>";
-    check(QwenXml, text, "Writing it.", &[("write_file", json!({"path": "a.txt", "content": "line one\nline <two>"}))]);
+    check(
+        QwenXml,
+        text,
+        "Writing it.",
+        &[("write_file", json!({"path": "a.txt", "content": "line one\nline <two>"}))],
+    );
 }
 
 #[test]
@@ -180,7 +207,8 @@ fn qwen_xml_call_without_parameters_and_unknown_tool() {
 
 #[test]
 fn qwen_xml_tag_that_never_becomes_a_call_is_content() {
-    let text = "Models wrap calls in <tool_call> tags and open each with <function=, then a name.\nDone.";
+    let text =
+        "Models wrap calls in <tool_call> tags and open each with <function=, then a name.\nDone.";
     check(QwenXml, text, text, &[]);
     let text = "Calling.\n<tool_call>\n<func";
     check(QwenXml, text, "Calling.\n<tool_call>\n<func", &[]);
@@ -197,7 +225,10 @@ fn hermes_text_then_two_calls() {
         "Let me look both up.",
         &[
             ("get_weather", json!({"city": "Paris", "days": 3})),
-            ("search", json!({"query": "café \"best\" <near> 🦀", "filters": {"open_now": true, "price": [1, 2]}})),
+            (
+                "search",
+                json!({"query": "café \"best\" <near> 🦀", "filters": {"open_now": true, "price": [1, 2]}}),
+            ),
         ],
     );
 }
@@ -228,7 +259,8 @@ fn hermes_broken_json_is_content_and_later_calls_still_count() {
 
 #[test]
 fn hermes_unterminated_block() {
-    let text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_";
+    let text =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_";
     check(Hermes, text, "", &[("get_weather", json!({"city": "Oslo"}))]);
     let text = "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"argum";
     check(Hermes, text, text, &[]);
@@ -239,7 +271,12 @@ fn hermes_unterminated_block() {
 #[test]
 fn llama3_python_tag_call() {
     let text = "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"San Francisco, CA\", \"days\": \"5\", \"detailed\": null}}";
-    check(Llama3Json, text, "", &[("get_weather", json!({"city": "San Francisco, CA", "days": 5, "detailed": null}))]);
+    check(
+        Llama3Json,
+        text,
+        "",
+        &[("get_weather", json!({"city": "San Francisco, CA", "days": 5, "detailed": null}))],
+    );
 }
 
 #[test]
@@ -249,7 +286,10 @@ fn llama3_two_calls_without_tag() {
         Llama3Json,
         text,
         "",
-        &[("get_weather", json!({"city": "Zürich"})), ("search", json!({"query": "a < b", "filters": {"x": [1]}}))],
+        &[
+            ("get_weather", json!({"city": "Zürich"})),
+            ("search", json!({"query": "a < b", "filters": {"x": [1]}})),
+        ],
     );
 }
 
@@ -267,10 +307,17 @@ fn llama3_prose_and_json_that_is_no_call_are_content() {
 
 /// The answer part of the last assistant turn `template_file` renders for `calls` after
 /// `answer`, and the format detected from the template.
-fn rendered_answer(template_file: &str, answer: &str, calls: &[(&str, Value)]) -> (ToolCallFormat, String) {
-    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(template_file);
-    let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let format = ToolCallFormat::detect(&source).unwrap_or_else(|| panic!("{template_file}: no format detected"));
+fn rendered_answer(
+    template_file: &str,
+    answer: &str,
+    calls: &[(&str, Value)],
+) -> (ToolCallFormat, String) {
+    let path =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(template_file);
+    let source =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let format = ToolCallFormat::detect(&source)
+        .unwrap_or_else(|| panic!("{template_file}: no format detected"));
     let template = spindle_chat::ChatTemplate::new(&source, None, Some("<|im_end|>")).unwrap();
     let tool_calls: Vec<Value> =
         calls.iter().map(|(name, arguments)| json!({"type": "function", "function": {"name": name, "arguments": arguments}})).collect();
@@ -279,7 +326,12 @@ fn rendered_answer(template_file: &str, answer: &str, calls: &[(&str, Value)]) -
         json!({"role": "assistant", "content": answer, "tool_calls": tool_calls}),
     ];
     let extra = serde_json::Map::new();
-    let input = spindle_chat::TemplateInput { messages: &messages, tools: None, add_generation_prompt: false, extra: &extra };
+    let input = spindle_chat::TemplateInput {
+        messages: &messages,
+        tools: None,
+        add_generation_prompt: false,
+        extra: &extra,
+    };
     let prompt = template.render(&input).unwrap();
     let turn = prompt.rsplit("<|im_start|>assistant\n").next().unwrap();
     let turn = turn.split("<|im_end|>").next().unwrap();
@@ -294,12 +346,16 @@ fn calls_rendered_by_model_templates_parse_back() {
         ("get_weather", json!({"city": "Paris", "days": 3, "detailed": true})),
         ("search", json!({"query": "a < b\nand </p>", "filters": {"x": [1, "y"]}, "limit": 2.5})),
     ];
-    for (template_file, expected_format) in
-        [("qwen3_5/qwen3_5_chat_template.jinja", QwenXml), ("templates/qwen2.5-coder-0.5b.jinja", Hermes)]
-    {
+    for (template_file, expected_format) in [
+        ("qwen3_5/qwen3_5_chat_template.jinja", QwenXml),
+        ("templates/qwen2.5-coder-0.5b.jinja", Hermes),
+    ] {
         let (format, answer) = rendered_answer(template_file, "Checking both.", &calls);
         assert_eq!(format, expected_format, "{template_file}");
-        assert!(answer.starts_with("Checking both.\n") && answer.contains("<tool_call>"), "{template_file}: {answer:?}");
+        assert!(
+            answer.starts_with("Checking both.\n") && answer.contains("<tool_call>"),
+            "{template_file}: {answer:?}"
+        );
         check(format, &answer, "Checking both.", &calls);
     }
 }

@@ -21,7 +21,8 @@ pub struct Grammars {
 impl Grammars {
     pub fn new(tokenizer: &Tokenizer) -> Result<Self, ConstrainError> {
         let env: TokEnv = Arc::new(Vocabulary::new(tokenizer));
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| ConstrainError::Vocabulary(e.to_string()))?;
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| ConstrainError::Vocabulary(e.to_string()))?;
         // llguidance logs grammar warnings to stderr by default; errors reach us as results.
         factory.quiet();
         Ok(Self { factory, stop_ids: tokenizer.eos_token_ids().into() })
@@ -29,7 +30,10 @@ impl Grammars {
 
     /// A matcher for `grammar`, or why the grammar can't be enforced.
     pub fn compile(&self, grammar: TopLevelGrammar) -> Result<Constraint, ConstrainError> {
-        let parser = self.factory.create_parser(grammar).map_err(|e| ConstrainError::Unsupported(e.to_string()))?;
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| ConstrainError::Unsupported(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(error) = matcher.get_error() {
             return Err(ConstrainError::Unsupported(error));
@@ -53,11 +57,15 @@ impl Constraint {
     /// Sets the logits of the tokens the grammar forbids next to −∞ (ids beyond the
     /// tokenizer's vocabulary included: model rows without a token).
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), ConstrainError> {
-        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| ConstrainError::Failed(e.to_string()))?;
+        let allowed = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| ConstrainError::Failed(e.to_string()))?;
         let may_end = allowed.is_allowed(self.eos);
         for (id, logit) in logits.iter_mut().enumerate() {
             let id = id as u32;
-            let ok = (id as usize) < self.vocab_size && allowed.is_allowed(id) || may_end && self.stop_ids.contains(&id);
+            let ok = (id as usize) < self.vocab_size && allowed.is_allowed(id)
+                || may_end && self.stop_ids.contains(&id);
             if !ok {
                 *logit = f32::NEG_INFINITY;
             }

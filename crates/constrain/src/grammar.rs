@@ -48,18 +48,27 @@ pub enum CallMode {
 }
 
 /// Tool calls in `format`'s syntax for `tools`; `parallel` allows more than one.
-pub fn tool_calls(format: ToolCallFormat, tools: &[ToolRule], mode: CallMode, parallel: bool) -> TopLevelGrammar {
+pub fn tool_calls(
+    format: ToolCallFormat,
+    tools: &[ToolRule],
+    mode: CallMode,
+    parallel: bool,
+) -> TopLevelGrammar {
     let rules = match format {
         ToolCallFormat::Hermes => hermes_rules(tools),
         ToolCallFormat::QwenXml => xml_rules(tools),
         ToolCallFormat::Llama3Json => llama3_rules(tools),
     };
     let start = match (mode, format) {
-        (CallMode::Required, ToolCallFormat::Llama3Json) if parallel => "start: call (\"; \" call)*\n".to_string(),
+        (CallMode::Required, ToolCallFormat::Llama3Json) if parallel => {
+            "start: call (\"; \" call)*\n".to_string()
+        }
         (CallMode::Required, _) if parallel => "start: call+\n".to_string(),
         (CallMode::Required, _) => "start: call\n".to_string(),
         // A Llama 3 message is either one call or text that doesn't start like one.
-        (CallMode::Optional, ToolCallFormat::Llama3Json) => "start: call | PLAIN\nPLAIN: /([^{](.|\\n)*)?/\n".to_string(),
+        (CallMode::Optional, ToolCallFormat::Llama3Json) => {
+            "start: call | PLAIN\nPLAIN: /([^{](.|\\n)*)?/\n".to_string()
+        }
         // Free text until `<tool_call>` appears (lazy: `head` ends at the first one), then a
         // call that must be well formed; then text, or more calls.
         (CallMode::Optional, _) => format!(
@@ -73,7 +82,12 @@ pub fn tool_calls(format: ToolCallFormat, tools: &[ToolRule], mode: CallMode, pa
 /// Either tool calls or one JSON document following `schema` (`response_format` beside tools
 /// the model may call). Calls start with `<tool_call>` (or, in Llama 3's syntax, are objects
 /// with a name), a document with `{`: the first tokens settle which.
-pub fn tool_calls_or_json(format: ToolCallFormat, tools: &[ToolRule], parallel: bool, schema: &Value) -> TopLevelGrammar {
+pub fn tool_calls_or_json(
+    format: ToolCallFormat,
+    tools: &[ToolRule],
+    parallel: bool,
+    schema: &Value,
+) -> TopLevelGrammar {
     let rules = match format {
         ToolCallFormat::Hermes => hermes_rules(tools),
         ToolCallFormat::QwenXml => xml_rules(tools),
@@ -115,7 +129,9 @@ fn call_object(tools: &[ToolRule], key: &str) -> Value {
 /// (Qwen3-Coder, Qwen3.5). Parameters come in the schema's order, required ones always;
 /// a string value is any text up to its closing tag, other types follow their schema as JSON.
 fn xml_rules(tools: &[ToolRule]) -> String {
-    let mut rules = String::from("call: \"<tool_call>\" call_rest\ncall_rest: \"\\n\" function \"</tool_call>\" \"\\n\"?\n");
+    let mut rules = String::from(
+        "call: \"<tool_call>\" call_rest\ncall_rest: \"\\n\" function \"</tool_call>\" \"\\n\"?\n",
+    );
     let functions: Vec<String> = (0..tools.len()).map(|i| format!("function_{i}")).collect();
     rules += &format!("function: {}\n", functions.join(" | "));
     for (i, tool) in tools.iter().enumerate() {
@@ -123,7 +139,8 @@ fn xml_rules(tools: &[ToolRule]) -> String {
         let params = match &tool.parameters {
             Some(schema) => xml_parameters(&mut rules, i, schema),
             None => {
-                rules += "free_parameter: \"<parameter=\" /[A-Za-z0-9_.\\-]+/ \">\\n\" text_value\n";
+                rules +=
+                    "free_parameter: \"<parameter=\" /[A-Za-z0-9_.\\-]+/ \">\\n\" text_value\n";
                 "free_parameter*".to_string()
             }
         };
@@ -135,12 +152,14 @@ fn xml_rules(tools: &[ToolRule]) -> String {
 
 /// The rules of tool `i`'s parameters; returns their sequence for the function rule.
 fn xml_parameters(rules: &mut String, i: usize, schema: &Value) -> String {
-    let required: Vec<&str> = schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    let required: Vec<&str> =
+        schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
     let mut sequence = Vec::new();
     for (j, (key, property)) in schema["properties"].as_object().into_iter().flatten().enumerate() {
         let rule = format!("parameter_{i}_{j}");
         let open = lark_string(&format!("<parameter={key}>\n"));
-        let words: Option<Vec<&str>> = property["enum"].as_array().and_then(|e| e.iter().map(Value::as_str).collect());
+        let words: Option<Vec<&str>> =
+            property["enum"].as_array().and_then(|e| e.iter().map(Value::as_str).collect());
         let value = if let Some(words) = words.filter(|w| !w.is_empty()) {
             // The XML form writes strings bare, enum members included.
             let choices: Vec<String> = words.iter().map(|w| lark_string(w)).collect();

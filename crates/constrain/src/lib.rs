@@ -9,6 +9,6 @@ pub mod grammar;
 mod vocabulary;
 
 pub use constraint::{Constraint, Grammars};
-pub use grammar::{CallMode, ToolRule};
 pub use error::ConstrainError;
+pub use grammar::{CallMode, ToolRule};
 pub use llguidance::api::TopLevelGrammar;

@@ -17,10 +17,11 @@ const MAX_STEPS: usize = 400;
 fn tokenizer() -> &'static Tokenizer {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
-        let path = match spindle_hub::resolve("qwen2.5-coder-0.5b", &spindle_hub::spindle_home(), true) {
-            Ok(spindle_hub::ModelFiles::Gguf(path)) => path,
-            other => panic!("qwen2.5-coder-0.5b: {other:?}"),
-        };
+        let path =
+            match spindle_hub::resolve("qwen2.5-coder-0.5b", &spindle_hub::spindle_home(), true) {
+                Ok(spindle_hub::ModelFiles::Gguf(path)) => path,
+                other => panic!("qwen2.5-coder-0.5b: {other:?}"),
+            };
         let mut file = std::fs::File::open(&path).unwrap();
         let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
         Tokenizer::from_gguf(&content.metadata).unwrap()
@@ -44,7 +45,11 @@ fn walk(grammar: TopLevelGrammar, seed: u64) -> String {
         let mut logits: Vec<f32> = (0..rows).map(|_| rng.random_range(-4.0..4.0)).collect();
         constraint.mask(&mut logits).unwrap();
         let (best, _) = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap();
-        assert!(logits[best].is_finite(), "seed {seed}: the mask allowed nothing after {:?}", tok.decode(&ids, false));
+        assert!(
+            logits[best].is_finite(),
+            "seed {seed}: the mask allowed nothing after {:?}",
+            tok.decode(&ids, false)
+        );
         let id = best as u32;
         if tok.eos_token_ids().contains(&id) {
             return tok.decode(&ids, false).unwrap();
@@ -78,9 +83,17 @@ fn assert_person(value: &Value, text: &str) {
     assert!(object["name"].as_str().is_some_and(|s| s.chars().count() <= 12), "{text}");
     assert!(object["age"].as_u64().is_some_and(|n| n <= 150), "{text}");
     assert!(["admin", "user", "guest"].contains(&object["role"].as_str().unwrap_or("")), "{text}");
-    assert!(object["manager"].is_null() || object["manager"].as_str().is_some_and(|s| s.chars().count() <= 8), "{text}");
+    assert!(
+        object["manager"].is_null()
+            || object["manager"].as_str().is_some_and(|s| s.chars().count() <= 8),
+        "{text}"
+    );
     let scores = object["scores"].as_array().unwrap_or_else(|| panic!("{text}"));
-    assert!(scores.len() <= 3 && scores.iter().all(|s| s.as_f64().is_some_and(|x| (0.0..=1.0).contains(&x))), "{text}");
+    assert!(
+        scores.len() <= 3
+            && scores.iter().all(|s| s.as_f64().is_some_and(|x| (0.0..=1.0).contains(&x))),
+        "{text}"
+    );
     assert!(object["active"].is_boolean(), "{text}");
 }
 
@@ -88,7 +101,8 @@ fn assert_person(value: &Value, text: &str) {
 fn json_schema_walks_always_give_valid_documents() {
     for seed in 0..12 {
         let text = walk(grammar::json_schema(&person_schema()), seed);
-        let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
+        let value: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
         assert_person(&value, &text);
     }
 }
@@ -117,7 +131,8 @@ fn tools() -> (Vec<ToolRule>, Vec<ToolSchema>) {
 }
 
 fn assert_call_valid(name: &str, arguments: &str, text: &str) {
-    let args: Value = serde_json::from_str(arguments).unwrap_or_else(|e| panic!("{e}: {arguments} in {text}"));
+    let args: Value =
+        serde_json::from_str(arguments).unwrap_or_else(|e| panic!("{e}: {arguments} in {text}"));
     match name {
         "get_weather" => {
             let city = args["city"].as_str().unwrap_or_else(|| panic!("{text}"));
@@ -138,7 +153,10 @@ fn required_tool_calls_always_parse_and_validate_in_every_format() {
             let text = walk(grammar::tool_calls(format, &rules, CallMode::Required, true), seed);
             let message = parse_message(format, &schemas, &text);
             assert!(!message.calls.is_empty(), "{format:?} seed {seed}: no call in {text:?}");
-            assert!(message.content.trim().is_empty(), "{format:?} seed {seed}: text beside the calls: {text:?}");
+            assert!(
+                message.content.trim().is_empty(),
+                "{format:?} seed {seed}: text beside the calls: {text:?}"
+            );
             for call in &message.calls {
                 assert_call_valid(&call.name, &call.arguments, &text);
             }
@@ -163,15 +181,26 @@ fn xml_calls_always_parse_with_values_typed_by_schema() {
     let rules = [ToolRule { name: "set_volume".into(), parameters: Some(volume.clone()) }];
     let schemas = [ToolSchema { name: "set_volume".into(), parameters: volume }];
     for seed in 0..8 {
-        let text = walk(grammar::tool_calls(ToolCallFormat::QwenXml, &rules, CallMode::Required, true), seed);
+        let text = walk(
+            grammar::tool_calls(ToolCallFormat::QwenXml, &rules, CallMode::Required, true),
+            seed,
+        );
         let message = parse_message(ToolCallFormat::QwenXml, &schemas, &text);
-        assert!(!message.calls.is_empty() && message.content.trim().is_empty(), "seed {seed}: {text:?}");
+        assert!(
+            !message.calls.is_empty() && message.content.trim().is_empty(),
+            "seed {seed}: {text:?}"
+        );
         for call in &message.calls {
             let args: Value = serde_json::from_str(&call.arguments).unwrap();
             assert!(args["level"].as_u64().is_some_and(|l| l <= 10), "{text}");
             assert!(args["muted"].is_boolean(), "{text}");
             assert!(args["mode"] == "quiet" || args["mode"] == "loud", "{text}");
-            assert!(args.get("channels").is_none_or(|c| c.as_array().is_some_and(|c| c.len() <= 2 && c.iter().all(Value::is_u64))), "{text}");
+            assert!(
+                args.get("channels").is_none_or(|c| c
+                    .as_array()
+                    .is_some_and(|c| c.len() <= 2 && c.iter().all(Value::is_u64))),
+                "{text}"
+            );
         }
     }
 }
@@ -181,7 +210,10 @@ fn a_named_tool_is_the_only_one_called() {
     let (rules, schemas) = tools();
     let named: Vec<ToolRule> = rules.into_iter().filter(|r| r.name == "get_weather").collect();
     for seed in 0..6 {
-        let text = walk(grammar::tool_calls(ToolCallFormat::Hermes, &named, CallMode::Required, false), seed);
+        let text = walk(
+            grammar::tool_calls(ToolCallFormat::Hermes, &named, CallMode::Required, false),
+            seed,
+        );
         let message = parse_message(ToolCallFormat::Hermes, &schemas, &text);
         assert_eq!(message.calls.len(), 1, "{text}");
         assert_eq!(message.calls[0].name, "get_weather", "{text}");
@@ -193,10 +225,16 @@ fn a_named_tool_is_the_only_one_called() {
 fn calls_or_a_document_is_one_or_the_other() {
     let (rules, schemas) = tools();
     for seed in 0..6 {
-        let text = walk(grammar::tool_calls_or_json(ToolCallFormat::Hermes, &rules, true, &person_schema()), seed);
+        let text = walk(
+            grammar::tool_calls_or_json(ToolCallFormat::Hermes, &rules, true, &person_schema()),
+            seed,
+        );
         let message = parse_message(ToolCallFormat::Hermes, &schemas, &text);
         if message.calls.is_empty() {
-            assert_person(&serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")), &text);
+            assert_person(
+                &serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
+                &text,
+            );
         } else {
             message.calls.iter().for_each(|c| assert_call_valid(&c.name, &c.arguments, &text));
         }
@@ -206,9 +244,15 @@ fn calls_or_a_document_is_one_or_the_other() {
 #[test]
 fn a_schema_that_cannot_be_enforced_is_refused_with_its_reason() {
     let contradiction = json!({"type": "integer", "minimum": 5, "maximum": 1});
-    let error = grammars().compile(grammar::json_schema(&contradiction)).err().expect("a contradictory schema compiles");
+    let error = grammars()
+        .compile(grammar::json_schema(&contradiction))
+        .err()
+        .expect("a contradictory schema compiles");
     assert!(!error.to_string().is_empty());
     let unknown_type = json!({"type": "object", "properties": {"a": {"type": "decimal"}}});
-    let error = grammars().compile(grammar::json_schema(&unknown_type)).err().expect("an unknown type compiles");
+    let error = grammars()
+        .compile(grammar::json_schema(&unknown_type))
+        .err()
+        .expect("an unknown type compiles");
     assert!(error.to_string().contains("decimal"), "{error}");
 }

@@ -125,18 +125,12 @@ mod tests {
         fs::create_dir_all(model_dir(home.path(), entry)).unwrap();
         let path = model_path(home.path(), entry);
         fs::write(&path, b"weights").unwrap();
-        assert_eq!(
-            check(home.path(), entry).unwrap(),
-            Cached::Verified(path.clone())
-        );
+        assert_eq!(check(home.path(), entry).unwrap(), Cached::Verified(path.clone()));
         let marker = fs::read_to_string(marker_path(home.path(), entry)).unwrap();
         assert_eq!(marker, format!("{} 7\n", entry.sha256));
 
         fs::write(&path, b"weights, truncated?").unwrap();
         let actual = sha256_hex(b"weights, truncated?");
-        assert_eq!(
-            check(home.path(), entry).unwrap(),
-            Cached::Corrupt { path, actual }
-        );
+        assert_eq!(check(home.path(), entry).unwrap(), Cached::Corrupt { path, actual });
     }
 }

@@ -43,17 +43,10 @@ pub fn catalogue() -> &'static [CatalogueEntry] {
 
 /// Finds a catalogue entry by name, or explains which names exist.
 pub(crate) fn lookup(name: &str) -> Result<&'static CatalogueEntry, HubError> {
-    CATALOGUE
-        .iter()
-        .find(|e| e.name == name)
-        .ok_or_else(|| HubError::UnknownModel {
-            name: name.to_string(),
-            known: CATALOGUE
-                .iter()
-                .map(|e| e.name)
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
+    CATALOGUE.iter().find(|e| e.name == name).ok_or_else(|| HubError::UnknownModel {
+        name: name.to_string(),
+        known: CATALOGUE.iter().map(|e| e.name).collect::<Vec<_>>().join(", "),
+    })
 }
 
 static CATALOGUE: &[CatalogueEntry] = &[
@@ -241,16 +234,9 @@ mod tests {
     #[test]
     fn names_are_unique_and_hashes_well_formed() {
         for (i, e) in CATALOGUE.iter().enumerate() {
-            assert!(
-                CATALOGUE[..i].iter().all(|o| o.name != e.name),
-                "duplicate {}",
-                e.name
-            );
+            assert!(CATALOGUE[..i].iter().all(|o| o.name != e.name), "duplicate {}", e.name);
             assert_eq!(e.sha256.len(), 64, "{}", e.name);
-            assert!(e
-                .sha256
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+            assert!(e.sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
             assert!(!e.pypi.is_empty());
         }
         assert!(lookup(crate::DEFAULT_MODEL).is_ok());

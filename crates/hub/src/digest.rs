@@ -25,10 +25,7 @@ pub(crate) struct HashingWriter<W> {
 
 impl<W: Write> HashingWriter<W> {
     pub(crate) fn new(inner: W) -> Self {
-        Self {
-            inner,
-            hasher: Sha256::new(),
-        }
+        Self { inner, hasher: Sha256::new() }
     }
 
     /// Feeds bytes that are already in the destination (a partial file being resumed).

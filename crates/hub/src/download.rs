@@ -61,21 +61,12 @@ fn root_certs() -> RootCerts {
 
 /// GETs a small text document (a package index page) with the given `Accept` header.
 pub(crate) fn get_text(agent: &ureq::Agent, url: &str, accept: &str) -> Result<String, HubError> {
-    let fail = |reason: String| HubError::Download {
-        url: url.to_string(),
-        reason,
-    };
-    let resp = agent
-        .get(url)
-        .header("Accept", accept)
-        .call()
-        .map_err(|e| fail(e.to_string()))?;
+    let fail = |reason: String| HubError::Download { url: url.to_string(), reason };
+    let resp = agent.get(url).header("Accept", accept).call().map_err(|e| fail(e.to_string()))?;
     if !resp.status().is_success() {
         return Err(fail(format!("HTTP {}", resp.status())));
     }
-    resp.into_body()
-        .read_to_string()
-        .map_err(|e| fail(e.to_string()))
+    resp.into_body().read_to_string().map_err(|e| fail(e.to_string()))
 }
 
 /// Downloads `url` into `partial` and returns the sha256 of the whole file.
@@ -90,10 +81,7 @@ pub(crate) fn to_file(
     partial: &Path,
     bearer: Option<&str>,
 ) -> Result<String, HubError> {
-    let fail = |reason: String| HubError::Download {
-        url: url.to_string(),
-        reason,
-    };
+    let fail = |reason: String| HubError::Download { url: url.to_string(), reason };
     let have = fs::metadata(partial).map(|m| m.len()).unwrap_or(0);
 
     // Compressed transfer encodings would make byte ranges refer to the wrong bytes.
@@ -106,23 +94,16 @@ pub(crate) fn to_file(
     }
     let resp = req.call().map_err(|e| fail(e.to_string()))?;
     let status = resp.status().as_u16();
-    let content_range = resp
-        .headers()
-        .get("content-range")
-        .and_then(|v| v.to_str().ok());
+    let content_range = resp.headers().get("content-range").and_then(|v| v.to_str().ok());
 
     let (file, start) = match status {
         206 if have > 0 => {
             let expected = format!("bytes {have}-");
             if !content_range.is_some_and(|r| r.starts_with(&expected)) {
-                return Err(fail(format!(
-                    "asked for {expected}, got range {content_range:?}"
-                )));
+                return Err(fail(format!("asked for {expected}, got range {content_range:?}")));
             }
-            let file = OpenOptions::new()
-                .append(true)
-                .open(partial)
-                .map_err(HubError::io(partial))?;
+            let file =
+                OpenOptions::new().append(true).open(partial).map_err(HubError::io(partial))?;
             (file, have)
         }
         200 => (File::create(partial).map_err(HubError::io(partial))?, 0),
@@ -130,17 +111,11 @@ pub(crate) fn to_file(
         _ => return Err(fail(format!("HTTP {}", resp.status()))),
     };
 
-    let remaining = resp
-        .headers()
-        .get("content-length")
-        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let remaining =
+        resp.headers().get("content-length").and_then(|v| v.to_str().ok()?.parse().ok());
     match remaining {
         Some(n) if start > 0 => {
-            info!(
-                "downloading {url}: resuming at {} of {} MB",
-                mb(start),
-                mb(start + n)
-            )
+            info!("downloading {url}: resuming at {} of {} MB", mb(start), mb(start + n))
         }
         Some(n) => info!("downloading {url} ({} MB)", mb(n)),
         None => info!("downloading {url}"),

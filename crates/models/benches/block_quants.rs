@@ -20,14 +20,19 @@ fn main() {
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
     }
     println!("{} rayon threads", rayon::current_num_threads());
-    let formats = [(GgmlDType::Q5_0, BlockFormat::Q5_0), (GgmlDType::Q4_1, BlockFormat::Q4_1), (GgmlDType::Q5_1, BlockFormat::Q5_1)];
+    let formats = [
+        (GgmlDType::Q5_0, BlockFormat::Q5_0),
+        (GgmlDType::Q4_1, BlockFormat::Q4_1),
+        (GgmlDType::Q5_1, BlockFormat::Q5_1),
+    ];
     for (dtype, format) in formats {
         // Attention output (896 × 896) and the MLP's down projection (896 × 4864).
         for (rows, cols) in [(896, 896), (896, 4864)] {
             let weights = Tensor::randn(0f32, 0.05, (rows, cols), &Device::Cpu).unwrap();
             let q = Arc::new(QTensor::quantize(&weights, dtype).unwrap());
             let candle = QuantizedMatrix::new(q.clone(), rayon::current_num_threads()).unwrap();
-            let ours = BlockMatrix::new(format, rows, cols, q.data().unwrap().into_owned()).unwrap();
+            let ours =
+                BlockMatrix::new(format, rows, cols, q.data().unwrap().into_owned()).unwrap();
             for tokens in [1, 64] {
                 let x = Tensor::randn(0f32, 1.0, (tokens, cols), &Device::Cpu).unwrap();
                 let products = (4096 / tokens).clamp(4, 256);

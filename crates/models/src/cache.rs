@@ -9,8 +9,8 @@ use candle_core::{Device, Tensor};
 
 use crate::error::{ModelError, Result};
 use crate::gated_deltanet::LinearAttentionState;
-use crate::paged_attention::{self, Visibility};
 use crate::kv_type::KvType;
+use crate::paged_attention::{self, Visibility};
 use crate::paged_kv::{KvShape, PagedKv};
 
 /// Positions per block of a cache that owns its storage alone.
@@ -53,7 +53,11 @@ impl RecurrentState {
     /// A state shaped like `self` holding `floats` (as [`to_floats`](Self::to_floats) wrote them).
     pub fn with_floats(&self, floats: &[f32]) -> Result<Self> {
         if floats.len() != self.floats() {
-            return Err(ModelError::BadConfig(format!("a recurrent state holds {} numbers, got {}", self.floats(), floats.len())));
+            return Err(ModelError::BadConfig(format!(
+                "a recurrent state holds {} numbers, got {}",
+                self.floats(),
+                floats.len()
+            )));
         }
         let mut rest = floats;
         let mut take = |n: usize| {
@@ -64,7 +68,12 @@ impl RecurrentState {
         let layers = self
             .0
             .iter()
-            .map(|s| s.as_ref().map(|s| LinearAttentionState { conv: take(s.conv.len()), recurrent: take(s.recurrent.len()) }))
+            .map(|s| {
+                s.as_ref().map(|s| LinearAttentionState {
+                    conv: take(s.conv.len()),
+                    recurrent: take(s.recurrent.len()),
+                })
+            })
             .collect();
         Ok(Self(layers))
     }
@@ -83,7 +92,12 @@ pub struct SequenceCache {
 impl SequenceCache {
     /// A cache with storage of its own, as `kind`, for `limit` positions (one sequence run by
     /// itself).
-    pub fn standalone(shapes: &[Option<KvShape>], kind: KvType, recurrent: RecurrentState, limit: usize) -> Self {
+    pub fn standalone(
+        shapes: &[Option<KvShape>],
+        kind: KvType,
+        recurrent: RecurrentState,
+        limit: usize,
+    ) -> Self {
         let blocks = limit.div_ceil(STANDALONE_BLOCK).max(1);
         let kv = Arc::new(PagedKv::new(shapes, kind, blocks, STANDALONE_BLOCK));
         Self { kv, blocks: (0..blocks as u32).collect(), recurrent, len: 0, limit }
@@ -92,7 +106,13 @@ impl SequenceCache {
     /// A cache that has processed positions `0..len`, whose keys/values are in `blocks` of the
     /// shared storage `kv` and whose recurrent state is `recurrent`. Further blocks are added
     /// with [`add_blocks`](Self::add_blocks) before the positions that need them are run.
-    pub fn resume(kv: Arc<PagedKv>, blocks: Vec<u32>, len: usize, recurrent: RecurrentState, limit: usize) -> Self {
+    pub fn resume(
+        kv: Arc<PagedKv>,
+        blocks: Vec<u32>,
+        len: usize,
+        recurrent: RecurrentState,
+        limit: usize,
+    ) -> Self {
         Self { kv, blocks, recurrent, len, limit }
     }
 
@@ -135,7 +155,9 @@ impl SequenceCache {
             return Err(ModelError::ContextExceeded { needed, limit: self.limit });
         }
         if self.blocks_needed(new_tokens) > 0 {
-            return Err(ModelError::BadConfig(format!("the block table covers fewer than the {needed} positions to run")));
+            return Err(ModelError::BadConfig(format!(
+                "the block table covers fewer than the {needed} positions to run"
+            )));
         }
         Ok(())
     }
@@ -143,19 +165,34 @@ impl SequenceCache {
     /// Stores a layer's new keys/values `(1, kv_heads, new, d)` after the processed positions and
     /// returns the causal attention `(1, heads, new, d)` of the queries `q` `(1, heads, new, d)`
     /// over all positions so far (within `window` of each query, if given).
-    pub fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32, window: Option<usize>) -> Result<Tensor> {
+    pub fn attend(
+        &mut self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        scale: f32,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
         let (_, heads, new, d) = q.dims4()?;
         self.kv.write(layer, &self.blocks, self.len, k, v)?;
         let q = q.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let visibility = Visibility { past: self.len, window };
-        let out = self.kv.with_head_runs(layer, &self.blocks, self.len + new, |runs| paged_attention::attend(runs, &q, heads, new, d, scale, visibility))?;
+        let out = self.kv.with_head_runs(layer, &self.blocks, self.len + new, |runs| {
+            paged_attention::attend(runs, &q, heads, new, d, scale, visibility)
+        })?;
         Ok(Tensor::from_vec(out, (1, heads, new, d), &Device::Cpu)?)
     }
 
     /// An independent standalone copy: the sequence can go on from here while this copy stays
     /// as it is.
     pub fn snapshot(&self) -> Result<Self> {
-        let mut copy = Self::standalone(&self.kv.shapes(), self.kv.kv_type(), self.recurrent.clone(), self.limit);
+        let mut copy = Self::standalone(
+            &self.kv.shapes(),
+            self.kv.kv_type(),
+            self.recurrent.clone(),
+            self.limit,
+        );
         self.kv.copy_sequence(&self.blocks, self.len, &copy.kv, &copy.blocks)?;
         copy.len = self.len;
         Ok(copy)
@@ -163,9 +200,9 @@ impl SequenceCache {
 
     /// The recurrent state of linear-attention layer `layer`.
     pub(crate) fn linear_state(&mut self, layer: usize) -> Result<&mut LinearAttentionState> {
-        self.recurrent.0[layer]
-            .as_mut()
-            .ok_or_else(|| ModelError::BadConfig(format!("layer {layer} has no linear-attention state")))
+        self.recurrent.0[layer].as_mut().ok_or_else(|| {
+            ModelError::BadConfig(format!("layer {layer} has no linear-attention state"))
+        })
     }
 
     /// Records that `n` more positions were processed by every layer.

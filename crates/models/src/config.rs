@@ -30,7 +30,9 @@ impl Architecture {
             "llama" | "LlamaForCausalLM" | "mistral" | "MistralForCausalLM" => Ok(Self::Llama),
             "qwen2" | "Qwen2ForCausalLM" => Ok(Self::Qwen2),
             "gemma3" | "gemma3_text" | "Gemma3ForCausalLM" => Ok(Self::Gemma3),
-            "qwen3_next" | "qwen3_5_moe" | "qwen3_5_moe_text" | "qwen3_5" | "qwen3_5_text" => Ok(Self::Qwen3Next),
+            "qwen3_next" | "qwen3_5_moe" | "qwen3_5_moe_text" | "qwen3_5" | "qwen3_5_text" => {
+                Ok(Self::Qwen3Next)
+            }
             other => Err(ModelError::UnknownArchitecture(other.to_string())),
         }
     }
@@ -138,7 +140,11 @@ impl TransformerConfig {
                 cfg.rope_theta = theta;
             }
             cfg.rope_scaling = RopeScaling::from_hf(global, cfg.max_position_embeddings)?;
-            if let Some(theta) = params.get("sliding_attention").and_then(|p| p.get("rope_theta")).and_then(|t| t.as_f64()) {
+            if let Some(theta) = params
+                .get("sliding_attention")
+                .and_then(|p| p.get("rope_theta"))
+                .and_then(|t| t.as_f64())
+            {
                 cfg.rope_local_base_freq = theta;
             }
         }
@@ -169,7 +175,11 @@ impl TransformerConfig {
             rope_theta: meta_f64(meta, &key("rope.freq_base")).unwrap_or(10_000.0),
             // llama.cpp hard-codes Gemma 3's local base too.
             rope_local_base_freq: 10_000.0,
-            rope_scaling: RopeScaling::from_gguf(meta, arch_name, meta_usize(meta, &key("context_length")).unwrap_or(4096))?,
+            rope_scaling: RopeScaling::from_gguf(
+                meta,
+                arch_name,
+                meta_usize(meta, &key("context_length")).unwrap_or(4096),
+            )?,
             max_position_embeddings: meta_usize(meta, &key("context_length")).unwrap_or(4096),
             sliding_window: meta_usize(meta, &key("attention.sliding_window")).ok(),
             sliding_window_pattern: 6,
@@ -207,13 +217,19 @@ pub(crate) fn meta_str<'a>(meta: &'a HashMap<String, Value>, key: &str) -> Resul
 
 pub(crate) fn meta_usize(meta: &HashMap<String, Value>, key: &str) -> Result<usize> {
     let v = meta.get(key).ok_or_else(|| ModelError::MissingMetadata(key.to_string()))?;
-    let n = v.to_u64().or_else(|_| v.to_u32().map(u64::from)).or_else(|_| v.to_i32().map(|x| x.max(0) as u64));
+    let n = v
+        .to_u64()
+        .or_else(|_| v.to_u32().map(u64::from))
+        .or_else(|_| v.to_i32().map(|x| x.max(0) as u64));
     n.map(|n| n as usize).map_err(|_| ModelError::MissingMetadata(format!("{key} (as an integer)")))
 }
 
 pub(crate) fn meta_f64(meta: &HashMap<String, Value>, key: &str) -> Result<f64> {
     let v = meta.get(key).ok_or_else(|| ModelError::MissingMetadata(key.to_string()))?;
-    v.to_f32().map(f64::from).or_else(|_| v.to_f64()).map_err(|_| ModelError::MissingMetadata(key.to_string()))
+    v.to_f32()
+        .map(f64::from)
+        .or_else(|_| v.to_f64())
+        .map_err(|_| ModelError::MissingMetadata(key.to_string()))
 }
 
 #[cfg(test)]
@@ -236,7 +252,9 @@ mod tests {
     #[test]
     fn transformers_5_rope_parameters_are_read() {
         let base = r#""vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":2,"num_attention_heads":4"#;
-        let qwen = format!(r#"{{"model_type":"qwen2",{base},"rope_parameters":{{"rope_type":"default","rope_theta":1000000.0}}}}"#);
+        let qwen = format!(
+            r#"{{"model_type":"qwen2",{base},"rope_parameters":{{"rope_type":"default","rope_theta":1000000.0}}}}"#
+        );
         assert_eq!(TransformerConfig::from_hf_json(&qwen).unwrap().rope_theta, 1e6);
         let gemma = format!(
             r#"{{"model_type":"gemma3_text",{base},"rope_parameters":{{
@@ -244,7 +262,10 @@ mod tests {
             "sliding_attention":{{"rope_type":"default","rope_theta":10000.0}}}}}}"#
         );
         let cfg = TransformerConfig::from_hf_json(&gemma).unwrap();
-        assert_eq!((cfg.rope_theta, &cfg.rope_scaling, cfg.rope_local_base_freq), (1e6, &RopeScaling::Linear(8.0), 1e4));
+        assert_eq!(
+            (cfg.rope_theta, &cfg.rope_scaling, cfg.rope_local_base_freq),
+            (1e6, &RopeScaling::Linear(8.0), 1e4)
+        );
     }
 
     #[test]

@@ -100,7 +100,12 @@ pub fn chunked(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<f3
 /// Runs `head(h, state of h, outputs of h)` for every value head in parallel (heads are
 /// independent; each has its own state and a head-major `t × v_dim` output), then interleaves
 /// the outputs token-major: the same arithmetic whatever the split.
-fn each_head(heads: &DeltaHeads, t: usize, state: &mut [f32], head: impl Fn(usize, &mut [f32], &mut [f32]) + Sync) -> Vec<f32> {
+fn each_head(
+    heads: &DeltaHeads,
+    t: usize,
+    state: &mut [f32],
+    head: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
+) -> Vec<f32> {
     let DeltaHeads { v_heads, k_dim, v_dim, .. } = *heads;
     let per_head: Vec<Vec<f32>> = state
         .par_chunks_mut(k_dim * v_dim)
@@ -126,14 +131,28 @@ fn each_head(heads: &DeltaHeads, t: usize, state: &mut [f32], head: impl Fn(usiz
 /// the chunk's own writes, and the state moves on by the whole chunk at once. The products run
 /// through [`product_add`], so they are vectorised and round the same on every CPU.
 /// `s0` is the head's state; `out` its outputs, `t × v_dim`.
-fn chunk_head(heads: &DeltaHeads, x: &DeltaInputs, h: usize, start: usize, len: usize, s0: &mut [f32], out: &mut [f32]) {
+fn chunk_head(
+    heads: &DeltaHeads,
+    x: &DeltaInputs,
+    h: usize,
+    start: usize,
+    len: usize,
+    s0: &mut [f32],
+    out: &mut [f32],
+) {
     let DeltaHeads { k_heads, v_heads, k_dim, v_dim, .. } = *heads;
     let kh = heads.k_head_of(h);
     // This head's rows of the chunk, contiguous.
     let rows = |m: &[f32], width: usize, n_heads: usize, head: usize| -> Vec<f32> {
-        (0..len).flat_map(|i| m[((start + i) * n_heads + head) * width..][..width].iter().copied()).collect()
+        (0..len)
+            .flat_map(|i| m[((start + i) * n_heads + head) * width..][..width].iter().copied())
+            .collect()
     };
-    let (q, k, v) = (rows(x.q, k_dim, k_heads, kh), rows(x.k, k_dim, k_heads, kh), rows(x.v, v_dim, v_heads, h));
+    let (q, k, v) = (
+        rows(x.q, k_dim, k_heads, kh),
+        rows(x.k, k_dim, k_heads, kh),
+        rows(x.v, v_dim, v_heads, h),
+    );
     let beta: Vec<f32> = (0..len).map(|i| x.beta[(start + i) * v_heads + h]).collect();
     let mut cum = vec![0.0f32; len];
     let mut acc = 0.0;
@@ -162,7 +181,8 @@ fn chunk_head(heads: &DeltaHeads, x: &DeltaInputs, h: usize, start: usize, len: 
         for (c, o) in ui.iter_mut().enumerate() {
             *o = beta[i] * (v[i * v_dim + c] - read * ks[i * v_dim + c]);
         }
-        let minus_l: Vec<f32> = (0..i).map(|j| -beta[i] * kk[i * len + j] * (cum[i] - cum[j]).exp()).collect();
+        let minus_l: Vec<f32> =
+            (0..i).map(|j| -beta[i] * kk[i * len + j] * (cum[i] - cum[j]).exp()).collect();
         product_add(ui, &|_, j| minus_l[j], done, 1, i, v_dim);
     }
     // o_i = e^{c_i} S₀ᵀq_i + Σ_{j≤i} (q_i·k_j) e^{c_i−c_j} u_j
@@ -171,8 +191,15 @@ fn chunk_head(heads: &DeltaHeads, x: &DeltaInputs, h: usize, start: usize, len: 
         let read = cum[i].exp();
         row.iter_mut().zip(&qs[i * v_dim..][..v_dim]).for_each(|(o, &e)| *o = read * e);
     }
-    let attend: Vec<f32> =
-        (0..len * len).map(|ij| if ij % len <= ij / len { qk[ij] * (cum[ij / len] - cum[ij % len]).exp() } else { 0.0 }).collect();
+    let attend: Vec<f32> = (0..len * len)
+        .map(|ij| {
+            if ij % len <= ij / len {
+                qk[ij] * (cum[ij / len] - cum[ij % len]).exp()
+            } else {
+                0.0
+            }
+        })
+        .collect();
     product_add(o, &|i, j| attend[i * len + j], &u, len, len, v_dim);
     // S = e^{c_last} S₀ + Σ_j e^{c_last−c_j} k_j ⊗ u_j
     let last = cum[len - 1];
@@ -253,7 +280,8 @@ mod tests {
         a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
     }
 
-    const HEADS: DeltaHeads = DeltaHeads { k_heads: 2, v_heads: 4, k_dim: 16, v_dim: 8, tiled: false };
+    const HEADS: DeltaHeads =
+        DeltaHeads { k_heads: 2, v_heads: 4, k_dim: 16, v_dim: 8, tiled: false };
 
     #[test]
     fn chunked_and_recurrent_forms_agree_across_chunk_boundaries() {
@@ -285,7 +313,10 @@ mod tests {
     fn tiled_value_heads_read_key_heads_round_robin() {
         let grouped = DeltaHeads { k_heads: 2, v_heads: 6, k_dim: 1, v_dim: 1, tiled: false };
         let tiled = DeltaHeads { tiled: true, ..grouped };
-        assert_eq!((0..6).map(|h| grouped.k_head_of(h)).collect::<Vec<_>>(), vec![0, 0, 0, 1, 1, 1]);
+        assert_eq!(
+            (0..6).map(|h| grouped.k_head_of(h)).collect::<Vec<_>>(),
+            vec![0, 0, 0, 1, 1, 1]
+        );
         assert_eq!((0..6).map(|h| tiled.k_head_of(h)).collect::<Vec<_>>(), vec![0, 1, 0, 1, 0, 1]);
     }
 
@@ -310,7 +341,13 @@ mod tests {
     fn a_single_token_follows_the_definition() {
         let heads = DeltaHeads { k_heads: 1, v_heads: 1, k_dim: 2, v_dim: 1, tiled: false };
         let mut state = vec![1.0, 2.0]; // S = [[1], [2]]
-        let x = Owned { q: vec![1.0, 0.0], k: vec![0.0, 1.0], v: vec![5.0], g: vec![(0.5f32).ln()], beta: vec![0.5] };
+        let x = Owned {
+            q: vec![1.0, 0.0],
+            k: vec![0.0, 1.0],
+            v: vec![5.0],
+            g: vec![(0.5f32).ln()],
+            beta: vec![0.5],
+        };
         let out = recurrent(&heads, &x.inputs(), &mut state);
         // Decay: S = [[0.5], [1]]; Sᵀk = 1; delta = 0.5 (5 − 1) = 2; S = [[0.5], [3]]; o = Sᵀq = 0.5.
         assert_eq!(state, vec![0.5, 3.0]);

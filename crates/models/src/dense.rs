@@ -38,14 +38,24 @@ impl DenseMatrix {
 /// Fails unless `x` is (tokens, `cols`) for a `rows × cols` matrix.
 pub(crate) fn check_cols(x: &Tensor, rows: usize, cols: usize, op: &'static str) -> Result<()> {
     if x.dims2()?.1 != cols {
-        return Err(candle_core::Error::ShapeMismatchBinaryOp { lhs: x.shape().clone(), rhs: (rows, cols).into(), op }.into());
+        return Err(candle_core::Error::ShapeMismatchBinaryOp {
+            lhs: x.shape().clone(),
+            rhs: (rows, cols).into(),
+            op,
+        }
+        .into());
     }
     Ok(())
 }
 
 /// The (tokens, rows) product whose output `(t, r)` is `dot(weight row r, x row t)`: weight rows
 /// run in parallel, each over every row of `x` in turn, so no output depends on the row count.
-pub(crate) fn each_output<W, X>(weight_rows: W, x_rows: &[X], rows: usize, dot: impl Fn(W::Item, &X) -> f32 + Sync) -> Result<Tensor>
+pub(crate) fn each_output<W, X>(
+    weight_rows: W,
+    x_rows: &[X],
+    rows: usize,
+    dot: impl Fn(W::Item, &X) -> f32 + Sync,
+) -> Result<Tensor>
 where
     W: IndexedParallelIterator,
     W::Item: Copy,
@@ -60,7 +70,12 @@ where
 
 /// The (tokens, rows) product where `outputs(weight row r, out)` fills `out[t]` with output
 /// `(t, r)` for every token: weight rows run in parallel, one task each.
-pub(crate) fn each_row<W>(weight_rows: W, tokens: usize, rows: usize, outputs: impl Fn(W::Item, &mut [f32]) + Sync) -> Result<Tensor>
+pub(crate) fn each_row<W>(
+    weight_rows: W,
+    tokens: usize,
+    rows: usize,
+    outputs: impl Fn(W::Item, &mut [f32]) + Sync,
+) -> Result<Tensor>
 where
     W: IndexedParallelIterator,
 {
@@ -97,14 +112,20 @@ mod tests {
         let (rows, cols) = (5, 37);
         let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
         let x: Vec<f32> = (0..4 * cols).map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0).collect();
-        let matrix = DenseMatrix::new(&Tensor::from_vec(w.clone(), (rows, cols), &Device::Cpu).unwrap()).unwrap();
-        let all = matrix.forward(&Tensor::from_vec(x.clone(), (4, cols), &Device::Cpu).unwrap()).unwrap();
+        let matrix =
+            DenseMatrix::new(&Tensor::from_vec(w.clone(), (rows, cols), &Device::Cpu).unwrap())
+                .unwrap();
+        let all =
+            matrix.forward(&Tensor::from_vec(x.clone(), (4, cols), &Device::Cpu).unwrap()).unwrap();
         let all: Vec<Vec<f32>> = all.to_vec2().unwrap();
         for (t, row) in x.chunks(cols).enumerate() {
             // Exact small values: every order of summation gives the same result.
-            let expected: Vec<f32> = w.chunks(cols).map(|wr| wr.iter().zip(row).map(|(a, b)| a * b).sum()).collect();
+            let expected: Vec<f32> =
+                w.chunks(cols).map(|wr| wr.iter().zip(row).map(|(a, b)| a * b).sum()).collect();
             assert_eq!(all[t], expected);
-            let alone = matrix.forward(&Tensor::from_vec(row.to_vec(), (1, cols), &Device::Cpu).unwrap()).unwrap();
+            let alone = matrix
+                .forward(&Tensor::from_vec(row.to_vec(), (1, cols), &Device::Cpu).unwrap())
+                .unwrap();
             assert_eq!(alone.to_vec2::<f32>().unwrap()[0], all[t], "row {t} alone");
         }
     }

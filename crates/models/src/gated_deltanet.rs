@@ -75,7 +75,12 @@ impl GatedDeltaNet {
     /// Runs the batch's rows `x` (tokens × hidden), sequence `s` being rows `rows[s]` and
     /// continuing from `states[s]`, which move on. Projections run over all rows at once; the
     /// convolution and the delta rule per sequence.
-    pub fn forward(&self, x: &Tensor, rows: &[(usize, usize)], states: &mut [&mut LinearAttentionState]) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rows: &[(usize, usize)],
+        states: &mut [&mut LinearAttentionState],
+    ) -> Result<Tensor> {
         let s = &self.shape;
         let [qkv_all, z, b_all, a_all]: [Vec<f32>; 4] = self
             .in_proj
@@ -105,7 +110,13 @@ impl GatedDeltaNet {
 
     /// One sequence's convolution and delta rule over its projected rows; returns the rule's
     /// outputs (tokens × value_dim) and moves `state` on.
-    fn mix(&self, qkv: &mut [f32], b: &[f32], a: &[f32], state: &mut LinearAttentionState) -> Vec<f32> {
+    fn mix(
+        &self,
+        qkv: &mut [f32],
+        b: &[f32],
+        a: &[f32],
+        state: &mut LinearAttentionState,
+    ) -> Vec<f32> {
         let s = &self.shape;
         let tokens = b.len() / s.heads.v_heads;
         causal_conv_silu(qkv, &self.conv_weight, s.conv_channels(), s.conv_kernel, &mut state.conv);
@@ -126,7 +137,9 @@ impl GatedDeltaNet {
         let g: Vec<f32> = a
             .iter()
             .enumerate()
-            .map(|(i, &a)| self.neg_decay_rate[i % v_heads] * softplus(a + self.dt_bias[i % v_heads]))
+            .map(|(i, &a)| {
+                self.neg_decay_rate[i % v_heads] * softplus(a + self.dt_bias[i % v_heads])
+            })
             .collect();
         let inputs = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
         if tokens == 1 {
@@ -140,7 +153,13 @@ impl GatedDeltaNet {
 /// Depthwise causal convolution then SiLU, in place over `x` (tokens × channels), reading the
 /// positions before the first token from `window` and leaving the last `kernel - 1` inputs there.
 /// Tokens run in parallel: each reads only the unmodified inputs.
-fn causal_conv_silu(x: &mut [f32], weight: &[f32], channels: usize, kernel: usize, window: &mut Vec<f32>) {
+fn causal_conv_silu(
+    x: &mut [f32],
+    weight: &[f32],
+    channels: usize,
+    kernel: usize,
+    window: &mut Vec<f32>,
+) {
     let history = kernel - 1;
     let mut inputs = std::mem::take(window);
     inputs.extend_from_slice(x);

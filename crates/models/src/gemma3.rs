@@ -84,7 +84,12 @@ impl Gemma3 {
         let hd = cfg.head_dim();
         Ok(Self {
             embed_scale: (cfg.hidden_size as f64).sqrt(),
-            local_rotary: Rotary::new(hd, cfg.rope_local_base_freq, &RopeScaling::None, RopeStyle::Halves),
+            local_rotary: Rotary::new(
+                hd,
+                cfg.rope_local_base_freq,
+                &RopeScaling::None,
+                RopeStyle::Halves,
+            ),
             global_rotary: Rotary::new(hd, cfg.rope_theta, &cfg.rope_scaling, RopeStyle::Halves),
             cfg,
             embed,
@@ -96,7 +101,13 @@ impl Gemma3 {
 
     /// Attention of layer `i` for the batch's rows `x`: projections over all rows, then each
     /// sequence normalises, rotates, extends its cache and attends on its own.
-    fn attention(&self, i: usize, x: &Tensor, batch: &mut [BatchEntry<'_>], rows: &[(usize, usize)]) -> Result<Tensor> {
+    fn attention(
+        &self,
+        i: usize,
+        x: &Tensor,
+        batch: &mut [BatchEntry<'_>],
+        rows: &[(usize, usize)],
+    ) -> Result<Tensor> {
         let l = &self.layers[i];
         let hd = self.cfg.head_dim();
         let (q_all, k_all, v_all) = (l.q.forward(x)?, l.k.forward(x)?, l.v.forward(x)?);
@@ -109,9 +120,18 @@ impl Gemma3 {
             .map(|(entry, &(first, n))| -> Result<Tensor> {
                 let start = entry.cache.len();
                 // 1. split heads and normalise each head
-                let q = l.q_norm.forward(&layers::split_heads(&q_all.narrow(0, first, n)?, self.cfg.num_attention_heads, hd)?)?;
-                let k = l.k_norm.forward(&layers::split_heads(&k_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?)?;
-                let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
+                let q = l.q_norm.forward(&layers::split_heads(
+                    &q_all.narrow(0, first, n)?,
+                    self.cfg.num_attention_heads,
+                    hd,
+                )?)?;
+                let k = l.k_norm.forward(&layers::split_heads(
+                    &k_all.narrow(0, first, n)?,
+                    self.cfg.num_kv_heads(),
+                    hd,
+                )?)?;
+                let v =
+                    layers::split_heads(&v_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
                 // 2. rotate with this layer's base, 3. extend the cache, 4. attend within the window
                 let q = rotary.apply(&q, start)?;
                 let k = rotary.apply(&k, start)?;

@@ -232,7 +232,12 @@ mod simd {
                 let body = x.len() / 16 * 16;
                 for (h, o) in x[..body].chunks_exact(16).zip(out.chunks_exact_mut(16)) {
                     // SAFETY: 16 halves in, 16 floats out, unaligned loads and stores.
-                    unsafe { _mm512_storeu_ps(o.as_mut_ptr(), _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr().cast()))) };
+                    unsafe {
+                        _mm512_storeu_ps(
+                            o.as_mut_ptr(),
+                            _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr().cast())),
+                        )
+                    };
                 }
                 decode_f16_tail(&x[body..], &mut out[body..]);
             }
@@ -263,7 +268,12 @@ mod simd {
                 let body = x.len() / 8 * 8;
                 for (h, o) in x[..body].chunks_exact(8).zip(out.chunks_exact_mut(8)) {
                     // SAFETY: 8 halves in, 8 floats out, unaligned loads and stores.
-                    unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast()))) };
+                    unsafe {
+                        _mm256_storeu_ps(
+                            o.as_mut_ptr(),
+                            _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast())),
+                        )
+                    };
                 }
                 decode_f16_tail(&x[body..], &mut out[body..]);
             }
@@ -294,7 +304,10 @@ mod tests {
     /// Values from −4 to 4, with some exact zeros, tiny and rounding-boundary values.
     fn sample(n: usize, seed: u32) -> Vec<f32> {
         let mut v: Vec<f32> = (0..n)
-            .map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 8001) as f32 / 1000.0) - 4.0)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 8001) as f32 / 1000.0)
+                    - 4.0
+            })
             .collect();
         v[0] = 0.0;
         v[1] = 1e-6;
@@ -330,7 +343,9 @@ mod tests {
             let mut scratch = Vec::new();
             let back = rows(kind, &x, &halves, &bytes).to_f32_on(Isa::best(), &mut scratch);
             assert_eq!(back.len(), x.len());
-            for (block, (got, want)) in back.chunks(Q8_0_BLOCK).zip(x.chunks(Q8_0_BLOCK)).enumerate() {
+            for (block, (got, want)) in
+                back.chunks(Q8_0_BLOCK).zip(x.chunks(Q8_0_BLOCK)).enumerate()
+            {
                 let amax = want.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (g, w) in got.iter().zip(want) {
                     // Half an ulp of the type (relative), or half a q8_0 step plus the scale's
@@ -374,8 +389,13 @@ mod tests {
             decode_portable(rows, &mut want);
             for isa in Isa::available() {
                 let mut scratch = Vec::new();
-                let got: Vec<u32> = rows.to_f32_on(isa, &mut scratch).iter().map(|f| f.to_bits()).collect();
-                assert_eq!(got, want.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), "{kind} on {isa:?}");
+                let got: Vec<u32> =
+                    rows.to_f32_on(isa, &mut scratch).iter().map(|f| f.to_bits()).collect();
+                assert_eq!(
+                    got,
+                    want.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
+                    "{kind} on {isa:?}"
+                );
             }
             // Part of the rows: the same values as the whole's part.
             let mut scratch = Vec::new();

@@ -36,13 +36,15 @@ impl Linear {
             Weight::Quantized(q) => {
                 let (rows, cols) = q.shape().dims2()?;
                 match q.dtype() {
-                    dtype if let Some(format) = BlockFormat::of(dtype) => {
-                        LinearWeight::Block(BlockMatrix::new(format, rows, cols, q.data()?.into_owned())?)
-                    }
+                    dtype if let Some(format) = BlockFormat::of(dtype) => LinearWeight::Block(
+                        BlockMatrix::new(format, rows, cols, q.data()?.into_owned())?,
+                    ),
                     GgmlDType::Q4K if Q4KMatrix::supported() && Q4KMatrix::fits(rows, cols) => {
                         LinearWeight::Q4K(Q4KMatrix::new(rows, cols, &q.data()?)?)
                     }
-                    _ => LinearWeight::Candle(QuantizedMatrix::new(q, rayon::current_num_threads())?),
+                    _ => {
+                        LinearWeight::Candle(QuantizedMatrix::new(q, rayon::current_num_threads())?)
+                    }
                 }
             }
             Weight::Dense(t) => LinearWeight::Dense(DenseMatrix::new(&t)?),
@@ -209,7 +211,12 @@ pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
 
 /// For each sequence's rows `(first, len)` of the hidden states `x`, the logits after its last
 /// row: final norm and LM head run on those rows together.
-pub fn logits_of_last_rows(x: &Tensor, rows: &[(usize, usize)], norm: &RmsNorm, head: &Linear) -> Result<Vec<Vec<f32>>> {
+pub fn logits_of_last_rows(
+    x: &Tensor,
+    rows: &[(usize, usize)],
+    norm: &RmsNorm,
+    head: &Linear,
+) -> Result<Vec<Vec<f32>>> {
     let last: Vec<u32> = rows.iter().map(|&(first, len)| (first + len - 1) as u32).collect();
     let last = x.index_select(&Tensor::new(last.as_slice(), &Device::Cpu)?, 0)?;
     let logits = head.forward(&norm.forward(&last)?)?;
@@ -228,8 +235,11 @@ mod tests {
             let same = r.apply(&x, 0).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             assert_eq!(same, (0..8).map(|i| i as f32).collect::<Vec<_>>());
         }
-        let a = Rotary::new(8, 10_000.0, &RopeScaling::None, RopeStyle::Halves).apply(&x, 3).unwrap();
-        let b = Rotary::new(8, 10_000.0, &RopeScaling::None, RopeStyle::Interleaved).apply(&x, 3).unwrap();
+        let a =
+            Rotary::new(8, 10_000.0, &RopeScaling::None, RopeStyle::Halves).apply(&x, 3).unwrap();
+        let b = Rotary::new(8, 10_000.0, &RopeScaling::None, RopeStyle::Interleaved)
+            .apply(&x, 3)
+            .unwrap();
         let diff = (a - b).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
         assert!(diff > 1e-3);
     }

@@ -76,14 +76,19 @@ impl BlockFormat {
     /// Subtracted from every quant: Q5_0 is symmetric around 16.
     #[inline(always)]
     fn offset(self) -> u8 {
-        if self == Self::Q5_0 { 16 } else { 0 }
+        if self == Self::Q5_0 {
+            16
+        } else {
+            0
+        }
     }
 
     /// The 32 unsigned quants of a block, in value order.
     fn quants(self, b: &[u8]) -> [u8; BLOCK] {
         let (nibbles, high) = (&b[self.nibbles_at()..], self.high_bits(b));
         std::array::from_fn(|i| {
-            let nibble = if i < BLOCK / 2 { nibbles[i] & 0x0F } else { nibbles[i - BLOCK / 2] >> 4 };
+            let nibble =
+                if i < BLOCK / 2 { nibbles[i] & 0x0F } else { nibbles[i - BLOCK / 2] >> 4 };
             nibble | (((high >> i) & 1) as u8) << 4
         })
     }
@@ -108,7 +113,10 @@ struct Q8Block {
 impl BlockMatrix {
     pub fn new(format: BlockFormat, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self> {
         if !cols.is_multiple_of(BLOCK) || data.len() != rows * cols / BLOCK * format.block_bytes() {
-            return Err(ModelError::BadConfig(format!("{format:?} tensor of {rows}x{cols} has {} bytes", data.len())));
+            return Err(ModelError::BadConfig(format!(
+                "{format:?} tensor of {rows}x{cols} has {} bytes",
+                data.len()
+            )));
         }
         Ok(Self { format, rows, cols, data })
     }
@@ -120,7 +128,9 @@ impl BlockMatrix {
         let quantized: Vec<Vec<Q8Block>> = x.chunks(self.cols).map(quantize_q8_1).collect();
         let row_bytes = self.cols / BLOCK * self.format.block_bytes();
         let format = self.format;
-        each_row(self.data.par_chunks(row_bytes), quantized.len(), self.rows, |w, out| dot_rows(format, w, &quantized, out))
+        each_row(self.data.par_chunks(row_bytes), quantized.len(), self.rows, |w, out| {
+            dot_rows(format, w, &quantized, out)
+        })
     }
 }
 
@@ -154,12 +164,17 @@ fn round_small(x: f32) -> f32 {
 /// `out[t]` = the weight row `w` · token `t`'s activations, for every token.
 fn dot_rows(format: BlockFormat, w: &[u8], xs: &[Vec<Q8Block>], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("f16c") {
+    if std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+    {
         // Tokens in groups: each weight block is unpacked once per group, and each token's
         // sum runs through the same steps in the same order as alone.
         let mut groups = xs.chunks(avx2::GROUP).zip(out.chunks_mut(avx2::GROUP));
         // SAFETY: the CPU supports the features the function is compiled for.
-        groups.try_for_each(|(x, o)| unsafe { avx2::dot_row_group(format, w, x, o) }).expect("groups fit");
+        groups
+            .try_for_each(|(x, o)| unsafe { avx2::dot_row_group(format, w, x, o) })
+            .expect("groups fit");
         return;
     }
     out.iter_mut().zip(xs).for_each(|(o, x)| *o = dot_row_scalar(format, w, x));
@@ -177,7 +192,12 @@ fn dot_row_scalar(format: BlockFormat, w: &[u8], x: &[Q8Block]) -> f32 {
     for (b, xb) in w.chunks(format.block_bytes()).zip(x) {
         let (d, m) = format.scales(b);
         let offset = format.offset() as i32;
-        let isum: i32 = format.quants(b).iter().zip(&xb.qs).map(|(&q, &q8)| (q as i32 - offset) * q8 as i32).sum();
+        let isum: i32 = format
+            .quants(b)
+            .iter()
+            .zip(&xb.qs)
+            .map(|(&q, &q8)| (q as i32 - offset) * q8 as i32)
+            .sum();
         total += d * xb.d * isum as f32 + m * xb.s;
     }
     total
@@ -194,7 +214,12 @@ mod avx2 {
 
     /// `out[t]` = `w` · `xs[t]` for up to [`GROUP`] tokens; `Err` for a bigger group.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_row_group(format: BlockFormat, w: &[u8], xs: &[Vec<Q8Block>], out: &mut [f32]) -> Result<(), ()> {
+    pub unsafe fn dot_row_group(
+        format: BlockFormat,
+        w: &[u8],
+        xs: &[Vec<Q8Block>],
+        out: &mut [f32],
+    ) -> Result<(), ()> {
         if xs.len() > GROUP || out.len() != xs.len() {
             return Err(());
         }
@@ -204,7 +229,8 @@ mod avx2 {
         let mut mins = [0f32; GROUP];
         for (i, b) in w.chunks_exact(format.block_bytes()).enumerate() {
             // The f16 scale and (where the format has one) minimum, converted exactly.
-            let scales = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+            let scales =
+                _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes([b[0], b[1], b[2], b[3]])));
             let d = _mm_cvtss_f32(scales);
             let m = if with_minimum { _mm_cvtss_f32(_mm_movehdup_ps(scales)) } else { 0.0 };
             let q = quants(format, b, offset);
@@ -244,7 +270,10 @@ mod avx2 {
         // Values 0..15 come from the low nibbles, 16..31 from the high ones.
         let mut q = _mm256_set_m128i(hi, lo);
         if format != BlockFormat::Q4_1 {
-            q = _mm256_or_si256(q, _mm256_and_si256(spread_bits(format.high_bits(b)), _mm256_set1_epi8(0x10)));
+            q = _mm256_or_si256(
+                q,
+                _mm256_and_si256(spread_bits(format.high_bits(b)), _mm256_set1_epi8(0x10)),
+            );
         }
         if offset != 0 {
             q = _mm256_sub_epi8(q, _mm256_set1_epi8(offset as i8));
@@ -273,11 +302,19 @@ mod tests {
     use candle_core::Device;
 
     fn sample(n: usize, seed: u32) -> Vec<f32> {
-        (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0) - 1.0).collect()
+        (0..n)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0)
+                    - 1.0
+            })
+            .collect()
     }
 
-    const FORMATS: [(GgmlDType, BlockFormat); 3] =
-        [(GgmlDType::Q4_1, BlockFormat::Q4_1), (GgmlDType::Q5_0, BlockFormat::Q5_0), (GgmlDType::Q5_1, BlockFormat::Q5_1)];
+    const FORMATS: [(GgmlDType, BlockFormat); 3] = [
+        (GgmlDType::Q4_1, BlockFormat::Q4_1),
+        (GgmlDType::Q5_0, BlockFormat::Q5_0),
+        (GgmlDType::Q5_1, BlockFormat::Q5_1),
+    ];
 
     #[test]
     fn matches_the_exact_product_within_activation_quantization_error() {
@@ -293,7 +330,9 @@ mod tests {
         let ours = BlockMatrix::new(format, rows, cols, q.data().unwrap().to_vec()).unwrap();
         let dense = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
         let x = sample(tokens * cols, 3);
-        let got = ours.forward(&Tensor::from_vec(x.clone(), (tokens, cols), &Device::Cpu).unwrap()).unwrap();
+        let got = ours
+            .forward(&Tensor::from_vec(x.clone(), (tokens, cols), &Device::Cpu).unwrap())
+            .unwrap();
         let got = got.to_vec2::<f32>().unwrap();
         for (t, xs) in x.chunks(cols).enumerate() {
             let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
@@ -302,7 +341,11 @@ mod tests {
                 // Rounding each activation to a multiple of amax/127 moves it by at most
                 // amax/254; f16 scales add a little more.
                 let bound = w.iter().map(|v| v.abs()).sum::<f32>() * amax / 254.0 * 1.01 + 1e-3;
-                assert!((exact - got[t][r]).abs() <= bound, "{format:?}: {exact} vs {} (bound {bound})", got[t][r]);
+                assert!(
+                    (exact - got[t][r]).abs() <= bound,
+                    "{format:?}: {exact} vs {} (bound {bound})",
+                    got[t][r]
+                );
             }
         }
     }
@@ -324,7 +367,13 @@ mod tests {
         let w = Tensor::from_vec(sample(rows * cols, 13), (rows, cols), &Device::Cpu).unwrap();
         for (dtype, format) in FORMATS {
             let q = QTensor::quantize(&w, dtype).unwrap();
-            let dense = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let dense = q
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
             let data = q.data().unwrap();
             let ours: Vec<f32> = data
                 .chunks(format.block_bytes())
@@ -356,10 +405,16 @@ mod tests {
         let m = BlockMatrix::new(format, rows, cols, data).unwrap();
         // Six tokens run as a group of four and a group of two; each must equal itself alone.
         let batch: Vec<f32> = (0..6).flat_map(|t| sample(cols, 99 + t)).collect();
-        let among = m.forward(&Tensor::from_vec(batch.clone(), (6, cols), &Device::Cpu).unwrap()).unwrap();
+        let among =
+            m.forward(&Tensor::from_vec(batch.clone(), (6, cols), &Device::Cpu).unwrap()).unwrap();
         for (t, x) in batch.chunks(cols).enumerate() {
-            let alone = m.forward(&Tensor::from_vec(x.to_vec(), (1, cols), &Device::Cpu).unwrap()).unwrap();
-            assert_eq!(alone.get(0).unwrap().to_vec1::<f32>().unwrap(), among.get(t).unwrap().to_vec1::<f32>().unwrap(), "{format:?} token {t}");
+            let alone =
+                m.forward(&Tensor::from_vec(x.to_vec(), (1, cols), &Device::Cpu).unwrap()).unwrap();
+            assert_eq!(
+                alone.get(0).unwrap().to_vec1::<f32>().unwrap(),
+                among.get(t).unwrap().to_vec1::<f32>().unwrap(),
+                "{format:?} token {t}"
+            );
         }
     }
 }

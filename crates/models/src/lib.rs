@@ -30,20 +30,20 @@ mod paged_kv;
 mod projections;
 mod q4_k;
 mod quantized;
+mod qwen3_next;
 mod rope;
 mod small_matmul;
-mod qwen3_next;
 mod weights;
 
 use std::collections::HashMap;
 use std::path::Path;
 
 pub use cache::{RecurrentState, SequenceCache};
-pub use kv_type::KvType;
-pub use paged_kv::{KvShape, PagedKv};
 use candle_core::quantized::gguf_file::Value;
 pub use config::{Architecture, TransformerConfig};
 pub use error::{ModelError, Result};
+pub use kv_type::KvType;
+pub use paged_kv::{KvShape, PagedKv};
 // The matrix kernels, public for the benchmarks that weigh them against each other.
 pub use legacy_quants::{BlockFormat, BlockMatrix};
 pub use quantized::QuantizedMatrix;
@@ -87,7 +87,12 @@ pub trait CausalLm: Send + Sync {
     /// model's own limit), keeping keys and values in f32: the cache the reference checks use.
     fn new_cache(&self, context: usize) -> SequenceCache {
         let limit = context.min(self.config().max_position_embeddings);
-        SequenceCache::standalone(&self.kv_shapes(), KvType::F32, self.initial_recurrent_state(), limit)
+        SequenceCache::standalone(
+            &self.kv_shapes(),
+            KvType::F32,
+            self.initial_recurrent_state(),
+            limit,
+        )
     }
 }
 
@@ -141,10 +146,12 @@ pub fn load_gguf_f32(path: &Path) -> Result<LoadedModel> {
 
 fn open_gguf(path: &Path, dequantize: bool) -> Result<LoadedModel> {
     let gguf = GgufWeights::open(path, dequantize)?;
-    let arch = gguf.metadata().get("general.architecture").and_then(|v| v.to_string().ok()).cloned();
+    let arch =
+        gguf.metadata().get("general.architecture").and_then(|v| v.to_string().ok()).cloned();
     if arch.is_some_and(|a| qwen3_next::GGUF_ARCHITECTURES.contains(&a.as_str())) {
         let metadata = gguf.metadata().clone();
-        let model = Box::new(qwen3_next::Qwen3Next::load_gguf(&mut WeightSource::Gguf(gguf), &metadata)?);
+        let model =
+            Box::new(qwen3_next::Qwen3Next::load_gguf(&mut WeightSource::Gguf(gguf), &metadata)?);
         return Ok(LoadedModel { model, gguf_metadata: Some(metadata) });
     }
     let cfg = TransformerConfig::from_gguf(gguf.metadata())?;
@@ -156,7 +163,8 @@ fn open_gguf(path: &Path, dequantize: bool) -> Result<LoadedModel> {
 /// Loads a folder with `config.json` and `*.safetensors`.
 pub fn load_safetensors(dir: &Path) -> Result<LoadedModel> {
     let config_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&config_path).map_err(|source| ModelError::Io { path: config_path, source })?;
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|source| ModelError::Io { path: config_path, source })?;
     if let Some(hybrid) = qwen3_next::HybridConfig::detect(&text)? {
         let source = SafetensorsWeights::open(dir, Architecture::Qwen3Next)?;
         let model = Box::new(qwen3_next::Qwen3Next::load_safetensors(hybrid, &source)?);
@@ -174,7 +182,8 @@ fn build(cfg: TransformerConfig, weights: &mut WeightSource) -> Result<Box<dyn C
         Architecture::Gemma3 => Box::new(gemma3::Gemma3::load(cfg, weights)?),
         Architecture::Qwen3Next => {
             return Err(ModelError::BadConfig(
-                "hybrid Qwen GGUF files name their architecture qwen3next, qwen35moe or qwen35".into(),
+                "hybrid Qwen GGUF files name their architecture qwen3next, qwen35moe or qwen35"
+                    .into(),
             ))
         }
     })

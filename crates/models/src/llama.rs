@@ -73,7 +73,13 @@ impl Llama {
 
     /// Attention of layer `i` for the batch's rows `x`: projections over all rows, then each
     /// sequence rotates, extends its cache and attends on its own.
-    fn attention(&self, i: usize, x: &Tensor, batch: &mut [BatchEntry<'_>], rows: &[(usize, usize)]) -> Result<Tensor> {
+    fn attention(
+        &self,
+        i: usize,
+        x: &Tensor,
+        batch: &mut [BatchEntry<'_>],
+        rows: &[(usize, usize)],
+    ) -> Result<Tensor> {
         let a = &self.layers[i].attn;
         let hd = self.cfg.head_dim();
         let (q_all, k_all, v_all) = (a.q.forward(x)?, a.k.forward(x)?, a.v.forward(x)?);
@@ -84,9 +90,15 @@ impl Llama {
             .map(|(entry, &(first, n))| -> Result<Tensor> {
                 let start = entry.cache.len();
                 // 1. split into heads: (1, heads, tokens, head_dim)
-                let q = layers::split_heads(&q_all.narrow(0, first, n)?, self.cfg.num_attention_heads, hd)?;
-                let k = layers::split_heads(&k_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
-                let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
+                let q = layers::split_heads(
+                    &q_all.narrow(0, first, n)?,
+                    self.cfg.num_attention_heads,
+                    hd,
+                )?;
+                let k =
+                    layers::split_heads(&k_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
+                let v =
+                    layers::split_heads(&v_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
                 // 2. rotate by absolute position, 3. extend the cache, 4. attend
                 let q = self.rotary.apply(&q, start)?;
                 let k = self.rotary.apply(&k, start)?;

@@ -41,7 +41,8 @@ impl Routing {
                 let sum: f32 = exp.iter().sum();
                 let mut order: Vec<usize> = (0..row.len()).collect();
                 order.sort_by(|&a, &b| exp[b].total_cmp(&exp[a]).then(a.cmp(&b)));
-                let mut top: Vec<(usize, f32)> = order[..top_k].iter().map(|&e| (e, exp[e] / sum)).collect();
+                let mut top: Vec<(usize, f32)> =
+                    order[..top_k].iter().map(|&e| (e, exp[e] / sum)).collect();
                 if normalize {
                     let total: f32 = top.iter().map(|(_, p)| p).sum();
                     top.iter_mut().for_each(|(_, p)| *p /= total);
@@ -91,7 +92,10 @@ impl SparseMoe {
         let mut out = vec![0f32; tokens * hidden];
         for (ids, y) in routed? {
             for (&token, row) in ids.iter().zip(y.chunks_exact(hidden)) {
-                out[token as usize * hidden..][..hidden].iter_mut().zip(row).for_each(|(o, v)| *o += v);
+                out[token as usize * hidden..][..hidden]
+                    .iter_mut()
+                    .zip(row)
+                    .for_each(|(o, v)| *o += v);
             }
         }
         out.iter_mut().zip(shared?).for_each(|(o, s)| *o += s);
@@ -101,7 +105,12 @@ impl SparseMoe {
 
 /// One expert on the rows `ids` of `x`, scaled by each row's routing weight; returns the row
 /// indices and the weighted outputs (`ids.len() × hidden`).
-fn expert_output(expert: &GatedMlp, x: &Tensor, ids: Vec<u32>, weights: Vec<f32>) -> Result<(Vec<u32>, Vec<f32>)> {
+fn expert_output(
+    expert: &GatedMlp,
+    x: &Tensor,
+    ids: Vec<u32>,
+    weights: Vec<f32>,
+) -> Result<(Vec<u32>, Vec<f32>)> {
     let n = ids.len();
     let rows = x.index_select(&Tensor::new(ids.as_slice(), &Device::Cpu)?, 0)?;
     let y = expert.forward(&rows)?;

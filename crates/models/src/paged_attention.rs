@@ -50,11 +50,20 @@ impl Visibility {
 
 /// `q`: `(heads, new, d)`, heads sharing key/value head `h` being `h·group .. (h+1)·group`.
 /// Returns `(heads, new, d)`.
-pub fn attend(heads: &[HeadRuns<'_>], q: &[f32], query_heads: usize, new: usize, d: usize, scale: f32, visibility: Visibility) -> Vec<f32> {
+pub fn attend(
+    heads: &[HeadRuns<'_>],
+    q: &[f32],
+    query_heads: usize,
+    new: usize,
+    d: usize,
+    scale: f32,
+    visibility: Visibility,
+) -> Vec<f32> {
     let group = query_heads / heads.len().max(1);
     // One task per key/value head and position: a prefill's new positions spread over the
     // cores, a decode step's heads too.
-    let tasks: Vec<(usize, usize)> = (0..heads.len()).flat_map(|h| (0..new).map(move |i| (h, i))).collect();
+    let tasks: Vec<(usize, usize)> =
+        (0..heads.len()).flat_map(|h| (0..new).map(move |i| (h, i))).collect();
     let outputs: Vec<Vec<f32>> = tasks
         .par_iter()
         .map(|&(h, i)| {
@@ -63,7 +72,8 @@ pub fn attend(heads: &[HeadRuns<'_>], q: &[f32], query_heads: usize, new: usize,
             let rows: Vec<usize> = (h * group..(h + 1) * group).collect();
             rows.chunks(MAX_ROWS)
                 .flat_map(|rows| {
-                    let queries: Vec<&[f32]> = rows.iter().map(|&head| &q[(head * new + i) * d..][..d]).collect();
+                    let queries: Vec<&[f32]> =
+                        rows.iter().map(|&head| &q[(head * new + i) * d..][..d]).collect();
                     attend_rows(&keys, &queries, d, scale)
                 })
                 .collect()
@@ -79,7 +89,12 @@ pub fn attend(heads: &[HeadRuns<'_>], q: &[f32], query_heads: usize, new: usize,
 }
 
 /// The parts of `head`'s runs holding positions `first..end`.
-fn visible_runs<'a>(head: &HeadRuns<'a>, d: usize, first: usize, end: usize) -> Vec<(KvRows<'a>, KvRows<'a>)> {
+fn visible_runs<'a>(
+    head: &HeadRuns<'a>,
+    d: usize,
+    first: usize,
+    end: usize,
+) -> Vec<(KvRows<'a>, KvRows<'a>)> {
     let mut at = 0;
     let mut runs = Vec::new();
     for &(keys, values) in &head.runs {
@@ -104,7 +119,13 @@ fn attend_rows(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32
 
 /// [`attend_rows`] with the copy for `isa`, which the CPU must run (the AVX-512 copy needs `d` a
 /// multiple of 16).
-fn attend_rows_on(isa: Isa, runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
+fn attend_rows_on(
+    isa: Isa,
+    runs: HeadRunsSlice<'_>,
+    queries: &[&[f32]],
+    d: usize,
+    scale: f32,
+) -> Vec<f32> {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has the features the copy is compiled for (the caller's promise).
@@ -121,7 +142,12 @@ fn attend_rows_on(isa: Isa, runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usiz
 /// library call) and F16C conversions.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attend_rows_avx2(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
+unsafe fn attend_rows_avx2(
+    runs: HeadRunsSlice<'_>,
+    queries: &[&[f32]],
+    d: usize,
+    scale: f32,
+) -> Vec<f32> {
     // SAFETY: this function's features are those of the AVX2 copy.
     unsafe { attend_rows_with(Isa::Avx2, runs, queries, d, scale) }
 }
@@ -134,7 +160,13 @@ unsafe fn attend_rows_avx2(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize
 // No closures on this path: a closure is compiled on its own, without the caller's `fma`, and
 // then each `mul_add` in it is a library call (it was ~19% of a prefill).
 #[inline(always)]
-unsafe fn attend_rows_with(isa: Isa, runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
+unsafe fn attend_rows_with(
+    isa: Isa,
+    runs: HeadRunsSlice<'_>,
+    queries: &[&[f32]],
+    d: usize,
+    scale: f32,
+) -> Vec<f32> {
     let mut passes = Passes::new(runs, queries.len(), d);
     let mut scratch = Vec::new();
     let mut first = 0;
@@ -157,11 +189,21 @@ unsafe fn attend_rows_with(isa: Isa, runs: HeadRunsSlice<'_>, queries: &[&[f32]]
 
 /// Scores of the keys `keys` (those from key `first` on) by the kernels of `isa`.
 #[inline(always)]
-unsafe fn scores_on(isa: Isa, keys: &[f32], queries: &[&[f32]], d: usize, scale: f32, passes: &mut Passes, first: usize) {
+unsafe fn scores_on(
+    isa: Isa,
+    keys: &[f32],
+    queries: &[&[f32]],
+    d: usize,
+    scale: f32,
+    passes: &mut Passes,
+    first: usize,
+) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         // SAFETY: the caller's promise.
-        return unsafe { avx512::scores(keys, queries, d, scale, &mut passes.probs, passes.keys, first) };
+        return unsafe {
+            avx512::scores(keys, queries, d, scale, &mut passes.probs, passes.keys, first)
+        };
     }
     let _ = isa;
     scores_portable(keys, queries, d, scale, &mut passes.probs, passes.keys, first)
@@ -173,7 +215,9 @@ unsafe fn outputs_on(isa: Isa, values: &[f32], passes: &mut Passes, first: usize
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         // SAFETY: the caller's promise.
-        return unsafe { avx512::outputs(values, &passes.probs, passes.keys, first, d, &mut passes.out) };
+        return unsafe {
+            avx512::outputs(values, &passes.probs, passes.keys, first, d, &mut passes.out)
+        };
     }
     let _ = isa;
     outputs_portable(values, &passes.probs, passes.keys, first, d, &mut passes.out)
@@ -206,7 +250,15 @@ impl Passes {
 
 /// `probs[r · keys + j]` = `scale · (query r · key j)` for the keys `ks`, key `first` on.
 #[inline(always)]
-fn scores_portable(ks: &[f32], queries: &[&[f32]], d: usize, scale: f32, probs: &mut [f32], keys: usize, first: usize) {
+fn scores_portable(
+    ks: &[f32],
+    queries: &[&[f32]],
+    d: usize,
+    scale: f32,
+    probs: &mut [f32],
+    keys: usize,
+    first: usize,
+) {
     for (j, k) in (first..).zip(ks.chunks_exact(d)) {
         for (r, q) in queries.iter().enumerate() {
             probs[r * keys + j] = dot(q, k) * scale;
@@ -217,7 +269,14 @@ fn scores_portable(ks: &[f32], queries: &[&[f32]], d: usize, scale: f32, probs: 
 /// `out[r] += Σ_j probs[r · keys + j] · value j` for the values `vs`, key `first` on, in key
 /// order.
 #[inline(always)]
-fn outputs_portable(vs: &[f32], probs: &[f32], keys: usize, first: usize, d: usize, out: &mut [f32]) {
+fn outputs_portable(
+    vs: &[f32],
+    probs: &[f32],
+    keys: usize,
+    first: usize,
+    d: usize,
+    out: &mut [f32],
+) {
     for (j, v) in (first..).zip(vs.chunks_exact(d)) {
         for (r, o) in out.chunks_exact_mut(d).enumerate() {
             let p = probs[r * keys + j];
@@ -289,7 +348,11 @@ fn exp_nonpositive(x: f32) -> f32 {
         p = p.mul_add(r, c);
     }
     let scale = f32::from_bits(((n as i32 + 127).max(0) as u32) << 23);
-    if x < -87.0 { 0.0 } else { p * scale }
+    if x < -87.0 {
+        0.0
+    } else {
+        p * scale
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -300,14 +363,27 @@ mod avx512 {
 
     /// [`super::attend_rows_with`] with AVX-512 scores, outputs and conversions.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub unsafe fn attend_rows(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
+    pub unsafe fn attend_rows(
+        runs: HeadRunsSlice<'_>,
+        queries: &[&[f32]],
+        d: usize,
+        scale: f32,
+    ) -> Vec<f32> {
         // SAFETY: the caller checked the features these copies are compiled for.
         unsafe { attend_rows_with(Isa::Avx512, runs, queries, d, scale) }
     }
 
     /// [`super::scores_portable`] for `d` a multiple of 16: tiles of 4 queries × 4 keys.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn scores(ks: &[f32], queries: &[&[f32]], d: usize, scale: f32, probs: &mut [f32], keys: usize, j0: usize) {
+    pub unsafe fn scores(
+        ks: &[f32],
+        queries: &[&[f32]],
+        d: usize,
+        scale: f32,
+        probs: &mut [f32],
+        keys: usize,
+        j0: usize,
+    ) {
         let n = ks.len() / d;
         for r0 in (0..queries.len()).step_by(4) {
             // Short tiles repeat their last row or key; the repeats are not stored.
@@ -318,7 +394,12 @@ mod avx512 {
                 let kp = [k(0), k(1), k(2), k(3)];
                 let mut acc = [[_mm512_setzero_ps(); 4]; 4];
                 for c in (0..d).step_by(LANES) {
-                    let kv = [_mm512_loadu_ps(kp[0].add(c)), _mm512_loadu_ps(kp[1].add(c)), _mm512_loadu_ps(kp[2].add(c)), _mm512_loadu_ps(kp[3].add(c))];
+                    let kv = [
+                        _mm512_loadu_ps(kp[0].add(c)),
+                        _mm512_loadu_ps(kp[1].add(c)),
+                        _mm512_loadu_ps(kp[2].add(c)),
+                        _mm512_loadu_ps(kp[3].add(c)),
+                    ];
                     for (a, &qr) in acc.iter_mut().zip(&qp) {
                         let qv = _mm512_loadu_ps(qr.add(c));
                         for (a, kv) in a.iter_mut().zip(&kv) {
@@ -341,10 +422,19 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     unsafe fn fold4(x: &[__m512; 4]) -> [f32; 4] {
         // [a0..7 + a8..15 | b0..7 + b8..15], likewise c and d (128-bit quarters: 0,1 + 2,3).
-        let ab = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0b01_00_01_00), _mm512_shuffle_f32x4(x[0], x[1], 0b11_10_11_10));
-        let cd = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0b01_00_01_00), _mm512_shuffle_f32x4(x[2], x[3], 0b11_10_11_10));
+        let ab = _mm512_add_ps(
+            _mm512_shuffle_f32x4(x[0], x[1], 0b01_00_01_00),
+            _mm512_shuffle_f32x4(x[0], x[1], 0b11_10_11_10),
+        );
+        let cd = _mm512_add_ps(
+            _mm512_shuffle_f32x4(x[2], x[3], 0b01_00_01_00),
+            _mm512_shuffle_f32x4(x[2], x[3], 0b11_10_11_10),
+        );
         // One quarter each: lanes l + l+4 of a, b, c, d.
-        let abcd = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0b10_00_10_00), _mm512_shuffle_f32x4(ab, cd, 0b11_01_11_01));
+        let abcd = _mm512_add_ps(
+            _mm512_shuffle_f32x4(ab, cd, 0b10_00_10_00),
+            _mm512_shuffle_f32x4(ab, cd, 0b11_01_11_01),
+        );
         // Within each quarter: l + l+2, then l + l+1.
         let twos = _mm512_add_ps(abcd, _mm512_permute_ps(abcd, 0b01_00_11_10));
         let ones = _mm512_add_ps(twos, _mm512_permute_ps(twos, 0b10_11_00_01));
@@ -355,7 +445,14 @@ mod avx512 {
 
     /// [`super::outputs_portable`] for `d` a multiple of 16, up to [`MAX_ROWS`] rows.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn outputs(vs: &[f32], probs: &[f32], keys: usize, first: usize, d: usize, out: &mut [f32]) {
+    pub unsafe fn outputs(
+        vs: &[f32],
+        probs: &[f32],
+        keys: usize,
+        first: usize,
+        d: usize,
+        out: &mut [f32],
+    ) {
         match out.len() / d {
             1 => outputs_of::<1>(vs, probs, keys, first, d, out),
             2 => outputs_of::<2>(vs, probs, keys, first, d, out),
@@ -375,16 +472,31 @@ mod avx512 {
     /// broadcast probability serves two products. The accumulators start from `out` (what the
     /// earlier blocks added), so a row's sums run through all keys in order, block after block.
     #[target_feature(enable = "avx512f")]
-    unsafe fn outputs_of<const ROWS: usize>(vs: &[f32], probs: &[f32], keys: usize, first: usize, d: usize, out: &mut [f32]) {
-        assert!(probs.len() >= ROWS * keys && out.len() == ROWS * d && first + vs.len() / d <= keys);
+    unsafe fn outputs_of<const ROWS: usize>(
+        vs: &[f32],
+        probs: &[f32],
+        keys: usize,
+        first: usize,
+        d: usize,
+        out: &mut [f32],
+    ) {
+        assert!(
+            probs.len() >= ROWS * keys && out.len() == ROWS * d && first + vs.len() / d <= keys
+        );
         let pairs = d / (2 * LANES) * 2 * LANES;
         for c in (0..pairs).step_by(2 * LANES) {
             let mut acc = [[_mm512_setzero_ps(); 2]; ROWS];
             for (r, a) in acc.iter_mut().enumerate() {
-                *a = [_mm512_loadu_ps(out.as_ptr().add(r * d + c)), _mm512_loadu_ps(out.as_ptr().add(r * d + c + LANES))];
+                *a = [
+                    _mm512_loadu_ps(out.as_ptr().add(r * d + c)),
+                    _mm512_loadu_ps(out.as_ptr().add(r * d + c + LANES)),
+                ];
             }
             for (j, v) in (first..).zip(vs.chunks_exact(d)) {
-                let v = [_mm512_loadu_ps(v.as_ptr().add(c)), _mm512_loadu_ps(v.as_ptr().add(c + LANES))];
+                let v = [
+                    _mm512_loadu_ps(v.as_ptr().add(c)),
+                    _mm512_loadu_ps(v.as_ptr().add(c + LANES)),
+                ];
                 for (r, a) in acc.iter_mut().enumerate() {
                     let p = _mm512_set1_ps(*probs.get_unchecked(r * keys + j));
                     a[0] = _mm512_fmadd_ps(p, v[0], a[0]);
@@ -420,7 +532,12 @@ mod tests {
     use crate::kv_type::{encode_bf16, encode_f16, encode_q8_0, KvType};
 
     fn sample(n: usize, seed: u32) -> Vec<f32> {
-        (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0) - 1.0).collect()
+        (0..n)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0)
+                    - 1.0
+            })
+            .collect()
     }
 
     /// Rows of f32 stored as `kind`.
@@ -436,7 +553,11 @@ mod tests {
                 KvType::F32 => Stored::F32(x.to_vec()),
                 KvType::F16 | KvType::Bf16 => {
                     let mut halves = vec![0u16; x.len()];
-                    if kind == KvType::F16 { encode_f16(x, &mut halves) } else { encode_bf16(x, &mut halves) }
+                    if kind == KvType::F16 {
+                        encode_f16(x, &mut halves)
+                    } else {
+                        encode_bf16(x, &mut halves)
+                    }
                     Stored::Halves(kind, halves)
                 }
                 KvType::Q8_0 => {
@@ -466,7 +587,11 @@ mod tests {
     fn runs<'a>(keys: KvRows<'a>, values: KvRows<'a>, d: usize, block: usize) -> HeadRuns<'a> {
         let positions = keys.values() / d;
         let cuts = (0..positions).step_by(block).map(|at| (at, (at + block).min(positions)));
-        HeadRuns { runs: cuts.map(|(from, to)| (keys.rows(d, from, to), values.rows(d, from, to))).collect() }
+        HeadRuns {
+            runs: cuts
+                .map(|(from, to)| (keys.rows(d, from, to), values.rows(d, from, to)))
+                .collect(),
+        }
     }
 
     fn f32_runs<'a>(keys: &'a [f32], values: &'a [f32], d: usize, block: usize) -> HeadRuns<'a> {
@@ -478,12 +603,25 @@ mod tests {
     }
 
     /// Textbook attention in f64.
-    fn reference(q: &[f32], k: &[f32], v: &[f32], d: usize, scale: f32, range: (usize, usize)) -> Vec<f64> {
-        let scores: Vec<f64> = (range.0..=range.1).map(|j| (0..d).map(|c| q[c] as f64 * k[j * d + c] as f64).sum::<f64>() * scale as f64).collect();
+    fn reference(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        d: usize,
+        scale: f32,
+        range: (usize, usize),
+    ) -> Vec<f64> {
+        let scores: Vec<f64> = (range.0..=range.1)
+            .map(|j| (0..d).map(|c| q[c] as f64 * k[j * d + c] as f64).sum::<f64>() * scale as f64)
+            .collect();
         let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
         let total: f64 = e.iter().sum();
-        (0..d).map(|c| (range.0..=range.1).zip(&e).map(|(j, p)| p / total * v[j * d + c] as f64).sum()).collect()
+        (0..d)
+            .map(|c| {
+                (range.0..=range.1).zip(&e).map(|(j, p)| p / total * v[j * d + c] as f64).sum()
+            })
+            .collect()
     }
 
     #[test]
@@ -491,18 +629,25 @@ mod tests {
         let (kv_heads, group, d, past, new) = (2, 3, 48, 9, 4);
         let total = past + new;
         let keys: Vec<Vec<f32>> = (0..kv_heads).map(|h| sample(total * d, 10 + h as u32)).collect();
-        let values: Vec<Vec<f32>> = (0..kv_heads).map(|h| sample(total * d, 20 + h as u32)).collect();
-        let heads: Vec<HeadRuns> = (0..kv_heads).map(|h| f32_runs(&keys[h], &values[h], d, 5)).collect();
+        let values: Vec<Vec<f32>> =
+            (0..kv_heads).map(|h| sample(total * d, 20 + h as u32)).collect();
+        let heads: Vec<HeadRuns> =
+            (0..kv_heads).map(|h| f32_runs(&keys[h], &values[h], d, 5)).collect();
         let q = sample(kv_heads * group * new * d, 3);
         for window in [None, Some(4)] {
-            let out = attend(&heads, &q, kv_heads * group, new, d, 0.3, Visibility { past, window });
+            let out =
+                attend(&heads, &q, kv_heads * group, new, d, 0.3, Visibility { past, window });
             for head in 0..kv_heads * group {
                 for i in 0..new {
                     let range = Visibility { past, window }.range(i);
                     let row = &q[(head * new + i) * d..][..d];
-                    let want = reference(row, &keys[head / group], &values[head / group], d, 0.3, range);
+                    let want =
+                        reference(row, &keys[head / group], &values[head / group], d, 0.3, range);
                     for (got, want) in out[(head * new + i) * d..][..d].iter().zip(want) {
-                        assert!((*got as f64 - want).abs() < 1e-5, "head {head} query {i} window {window:?}: {got} vs {want}");
+                        assert!(
+                            (*got as f64 - want).abs() < 1e-5,
+                            "head {head} query {i} window {window:?}: {got} vs {want}"
+                        );
                     }
                 }
             }
@@ -516,16 +661,40 @@ mod tests {
         let q = sample(group * new * d, 3);
         let visibility = Visibility { past, window: None };
         for kind in KvType::ALL {
-            let (keys, values) = (Stored::new(kind, &sample(total * d, 1)), Stored::new(kind, &sample(total * d, 2)));
-            let together = attend(&[runs(keys.rows(), values.rows(), d, 16)], &q, group, new, d, 0.125, visibility);
+            let (keys, values) = (
+                Stored::new(kind, &sample(total * d, 1)),
+                Stored::new(kind, &sample(total * d, 2)),
+            );
+            let together = attend(
+                &[runs(keys.rows(), values.rows(), d, 16)],
+                &q,
+                group,
+                new,
+                d,
+                0.125,
+                visibility,
+            );
             // Each query alone, as a decode step would run it, over other block boundaries.
             for i in 0..new {
-                let qi: Vec<f32> = (0..group).flat_map(|h| q[(h * new + i) * d..][..d].to_vec()).collect();
+                let qi: Vec<f32> =
+                    (0..group).flat_map(|h| q[(h * new + i) * d..][..d].to_vec()).collect();
                 let seen = past + i + 1;
                 let (k, v) = (keys.rows().rows(d, 0, seen), values.rows().rows(d, 0, seen));
-                let alone = attend(&[runs(k, v, d, 7)], &qi, group, 1, d, 0.125, Visibility { past: past + i, window: None });
+                let alone = attend(
+                    &[runs(k, v, d, 7)],
+                    &qi,
+                    group,
+                    1,
+                    d,
+                    0.125,
+                    Visibility { past: past + i, window: None },
+                );
                 for h in 0..group {
-                    assert_eq!(bits(&alone[h * d..][..d]), bits(&together[(h * new + i) * d..][..d]), "{kind}: head {h} query {i}");
+                    assert_eq!(
+                        bits(&alone[h * d..][..d]),
+                        bits(&together[(h * new + i) * d..][..d]),
+                        "{kind}: head {h} query {i}"
+                    );
                 }
             }
         }
@@ -545,7 +714,13 @@ mod tests {
     }
 
     /// The portable kernels over all keys in one piece: the order every copy must keep.
-    fn one_piece(keys: &[f32], values: &[f32], queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
+    fn one_piece(
+        keys: &[f32],
+        values: &[f32],
+        queries: &[&[f32]],
+        d: usize,
+        scale: f32,
+    ) -> Vec<f32> {
         let total = keys.len() / d;
         let mut probs = vec![0f32; queries.len() * total];
         let mut out = vec![0f32; queries.len() * d];
@@ -558,16 +733,26 @@ mod tests {
     #[test]
     fn every_copy_gives_the_same_bits_for_every_kv_type() {
         // d = 80: the AVX-512 outputs run a pair of registers, then one; d = 96 for q8_0.
-        for (kind, d) in [(KvType::F32, 80), (KvType::F16, 80), (KvType::Bf16, 80), (KvType::Q8_0, 96)] {
+        for (kind, d) in
+            [(KvType::F32, 80), (KvType::F16, 80), (KvType::Bf16, 80), (KvType::Q8_0, 96)]
+        {
             let total = 23;
-            let (keys, values) = (Stored::new(kind, &sample(total * d, 5)), Stored::new(kind, &sample(total * d, 6)));
+            let (keys, values) = (
+                Stored::new(kind, &sample(total * d, 5)),
+                Stored::new(kind, &sample(total * d, 6)),
+            );
             let head = runs(keys.rows(), values.rows(), d, 8);
             for rows in [1, 3, 8] {
                 let queries: Vec<Vec<f32>> = (0..rows).map(|h| sample(d, 40 + h as u32)).collect();
                 let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
-                let want = bits(&one_piece(&keys.dequantized(), &values.dequantized(), &queries, d, 0.2));
+                let want =
+                    bits(&one_piece(&keys.dequantized(), &values.dequantized(), &queries, d, 0.2));
                 for isa in Isa::available() {
-                    assert_eq!(bits(&attend_rows_on(isa, &head.runs, &queries, d, 0.2)), want, "{kind}, {rows} rows, {isa:?}");
+                    assert_eq!(
+                        bits(&attend_rows_on(isa, &head.runs, &queries, d, 0.2)),
+                        want,
+                        "{kind}, {rows} rows, {isa:?}"
+                    );
                 }
             }
         }
@@ -579,15 +764,27 @@ mod tests {
         let total = past + new;
         let q = sample(kv_heads * group * new * d, 7);
         for kind in [KvType::F16, KvType::Bf16, KvType::Q8_0] {
-            let stored: Vec<(Stored, Stored)> =
-                (0..kv_heads).map(|h| (Stored::new(kind, &sample(total * d, 30 + h as u32)), Stored::new(kind, &sample(total * d, 50 + h as u32)))).collect();
-            let as_f32: Vec<(Vec<f32>, Vec<f32>)> = stored.iter().map(|(k, v)| (k.dequantized(), v.dequantized())).collect();
-            let typed: Vec<HeadRuns> = stored.iter().map(|(k, v)| runs(k.rows(), v.rows(), d, 16)).collect();
+            let stored: Vec<(Stored, Stored)> = (0..kv_heads)
+                .map(|h| {
+                    (
+                        Stored::new(kind, &sample(total * d, 30 + h as u32)),
+                        Stored::new(kind, &sample(total * d, 50 + h as u32)),
+                    )
+                })
+                .collect();
+            let as_f32: Vec<(Vec<f32>, Vec<f32>)> =
+                stored.iter().map(|(k, v)| (k.dequantized(), v.dequantized())).collect();
+            let typed: Vec<HeadRuns> =
+                stored.iter().map(|(k, v)| runs(k.rows(), v.rows(), d, 16)).collect();
             let floats: Vec<HeadRuns> = as_f32.iter().map(|(k, v)| f32_runs(k, v, d, 16)).collect();
             for window in [None, Some(9)] {
                 let visibility = Visibility { past, window };
                 let got = attend(&typed, &q, kv_heads * group, new, d, 0.125, visibility);
-                assert_eq!(bits(&got), bits(&attend(&floats, &q, kv_heads * group, new, d, 0.125, visibility)), "{kind} {window:?}");
+                assert_eq!(
+                    bits(&got),
+                    bits(&attend(&floats, &q, kv_heads * group, new, d, 0.125, visibility)),
+                    "{kind} {window:?}"
+                );
             }
         }
     }

@@ -66,7 +66,9 @@ impl KvBuffer {
             KvBuffer::F32(x) => x[at..at + row.len()].copy_from_slice(row),
             KvBuffer::F16(x) => encode_f16(row, &mut x[at..at + row.len()]),
             KvBuffer::Bf16(x) => encode_bf16(row, &mut x[at..at + row.len()]),
-            KvBuffer::Q8_0(x) => encode_q8_0(row, &mut x[at..at + KvType::Q8_0.row_units(row.len())]),
+            KvBuffer::Q8_0(x) => {
+                encode_q8_0(row, &mut x[at..at + KvType::Q8_0.row_units(row.len())])
+            }
         }
     }
 
@@ -81,9 +83,15 @@ impl KvBuffer {
     /// Copies `units` elements at `from` of `source` (of the same type) to `to`.
     fn copy_from(&mut self, to: usize, source: &KvBuffer, from: usize, units: usize) {
         match (self, source) {
-            (KvBuffer::F32(x), KvBuffer::F32(y)) => x[to..to + units].copy_from_slice(&y[from..from + units]),
-            (KvBuffer::F16(x), KvBuffer::F16(y)) | (KvBuffer::Bf16(x), KvBuffer::Bf16(y)) => x[to..to + units].copy_from_slice(&y[from..from + units]),
-            (KvBuffer::Q8_0(x), KvBuffer::Q8_0(y)) => x[to..to + units].copy_from_slice(&y[from..from + units]),
+            (KvBuffer::F32(x), KvBuffer::F32(y)) => {
+                x[to..to + units].copy_from_slice(&y[from..from + units])
+            }
+            (KvBuffer::F16(x), KvBuffer::F16(y)) | (KvBuffer::Bf16(x), KvBuffer::Bf16(y)) => {
+                x[to..to + units].copy_from_slice(&y[from..from + units])
+            }
+            (KvBuffer::Q8_0(x), KvBuffer::Q8_0(y)) => {
+                x[to..to + units].copy_from_slice(&y[from..from + units])
+            }
             _ => unreachable!("pools of one type"),
         }
     }
@@ -91,8 +99,12 @@ impl KvBuffer {
     /// Appends the elements `at..at + units` to `out` as little-endian bytes.
     fn append_bytes(&self, at: usize, units: usize, out: &mut Vec<u8>) {
         match self {
-            KvBuffer::F32(x) => x[at..at + units].iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-            KvBuffer::F16(x) | KvBuffer::Bf16(x) => x[at..at + units].iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+            KvBuffer::F32(x) => {
+                x[at..at + units].iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()))
+            }
+            KvBuffer::F16(x) | KvBuffer::Bf16(x) => {
+                x[at..at + units].iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()))
+            }
             KvBuffer::Q8_0(x) => out.extend_from_slice(&x[at..at + units]),
         }
     }
@@ -140,9 +152,18 @@ impl PagedKv {
             .iter()
             .map(|shape| {
                 shape.map(|shape| {
-                    assert!(kind.fits(shape.head_dim), "{kind} cannot store heads of {}", shape.head_dim);
-                    let units = blocks * block_size * shape.kv_heads * kind.row_units(shape.head_dim);
-                    LayerStore { shape, keys: RwLock::new(KvBuffer::zeroed(kind, units)), values: RwLock::new(KvBuffer::zeroed(kind, units)) }
+                    assert!(
+                        kind.fits(shape.head_dim),
+                        "{kind} cannot store heads of {}",
+                        shape.head_dim
+                    );
+                    let units =
+                        blocks * block_size * shape.kv_heads * kind.row_units(shape.head_dim);
+                    LayerStore {
+                        shape,
+                        keys: RwLock::new(KvBuffer::zeroed(kind, units)),
+                        values: RwLock::new(KvBuffer::zeroed(kind, units)),
+                    }
                 })
             })
             .collect();
@@ -176,7 +197,8 @@ impl PagedKv {
 
     /// Element offset of (block, head, position in block) in a layer's storage.
     fn offset(&self, shape: KvShape, block: u32, head: usize, within: usize) -> usize {
-        ((block as usize * shape.kv_heads + head) * self.block_size + within) * self.row_units(shape)
+        ((block as usize * shape.kv_heads + head) * self.block_size + within)
+            * self.row_units(shape)
     }
 
     /// Elements of one head's row at one position.
@@ -186,21 +208,38 @@ impl PagedKv {
 
     fn check_blocks(&self, table: &[u32]) -> Result<()> {
         match table.iter().find(|&&b| b as usize >= self.blocks) {
-            Some(b) => Err(ModelError::BadConfig(format!("block {b} is outside the pool of {} blocks", self.blocks))),
+            Some(b) => Err(ModelError::BadConfig(format!(
+                "block {b} is outside the pool of {} blocks",
+                self.blocks
+            ))),
             None => Ok(()),
         }
     }
 
     /// Writes keys and values `(1, kv_heads, new, head_dim)` at positions `start..start + new` of
     /// the sequence whose blocks are `table`.
-    pub fn write(&self, layer: usize, table: &[u32], start: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+    pub fn write(
+        &self,
+        layer: usize,
+        table: &[u32],
+        start: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<()> {
         let store = self.layer(layer)?;
         let (_, heads, new, d) = k.dims4()?;
         if heads != store.shape.kv_heads || d != store.shape.head_dim {
-            return Err(ModelError::BadConfig(format!("layer {layer} got keys of {heads}×{d}, expected {:?}", store.shape)));
+            return Err(ModelError::BadConfig(format!(
+                "layer {layer} got keys of {heads}×{d}, expected {:?}",
+                store.shape
+            )));
         }
         if (start + new).div_ceil(self.block_size) > table.len() {
-            return Err(ModelError::BadConfig(format!("positions up to {} need more blocks than the {} given", start + new, table.len())));
+            return Err(ModelError::BadConfig(format!(
+                "positions up to {} need more blocks than the {} given",
+                start + new,
+                table.len()
+            )));
         }
         self.check_blocks(table)?;
         for (tensor, storage) in [(k, &store.keys), (v, &store.values)] {
@@ -209,7 +248,12 @@ impl PagedKv {
             for head in 0..heads {
                 for i in 0..new {
                     let pos = start + i;
-                    let at = self.offset(store.shape, table[pos / self.block_size], head, pos % self.block_size);
+                    let at = self.offset(
+                        store.shape,
+                        table[pos / self.block_size],
+                        head,
+                        pos % self.block_size,
+                    );
                     let from = (head * new + i) * d;
                     dst.write(at, &src[from..from + d]);
                 }
@@ -220,13 +264,25 @@ impl PagedKv {
 
     /// Calls `f` with the keys and values of positions `0..len` of the sequence whose blocks are
     /// `table`, per key/value head, read where they are stored.
-    pub(crate) fn with_head_runs<R>(&self, layer: usize, table: &[u32], len: usize, f: impl FnOnce(&[HeadRuns<'_>]) -> R) -> Result<R> {
+    pub(crate) fn with_head_runs<R>(
+        &self,
+        layer: usize,
+        table: &[u32],
+        len: usize,
+        f: impl FnOnce(&[HeadRuns<'_>]) -> R,
+    ) -> Result<R> {
         let store = self.layer(layer)?;
         self.check_blocks(table)?;
         if len.div_ceil(self.block_size) > table.len() {
-            return Err(ModelError::BadConfig(format!("positions up to {len} need more blocks than the {} given", table.len())));
+            return Err(ModelError::BadConfig(format!(
+                "positions up to {len} need more blocks than the {} given",
+                table.len()
+            )));
         }
-        let (keys, values) = (store.keys.read().expect("KV storage lock"), store.values.read().expect("KV storage lock"));
+        let (keys, values) = (
+            store.keys.read().expect("KV storage lock"),
+            store.values.read().expect("KV storage lock"),
+        );
         let row = self.row_units(store.shape);
         let heads: Vec<HeadRuns> = (0..store.shape.kv_heads)
             .map(|head| HeadRuns {
@@ -244,23 +300,51 @@ impl PagedKv {
 
     /// Copies positions `0..len` of the sequence whose blocks are `table` into `to` (a pool of
     /// the same type and shapes) at the blocks `to_table`, bit for bit.
-    pub fn copy_sequence(&self, table: &[u32], len: usize, to: &PagedKv, to_table: &[u32]) -> Result<()> {
+    pub fn copy_sequence(
+        &self,
+        table: &[u32],
+        len: usize,
+        to: &PagedKv,
+        to_table: &[u32],
+    ) -> Result<()> {
         if to.kind != self.kind || to.shapes() != self.shapes() {
-            return Err(ModelError::BadConfig(format!("cannot copy {} keys into a pool of {}", self.kind, to.kind)));
+            return Err(ModelError::BadConfig(format!(
+                "cannot copy {} keys into a pool of {}",
+                self.kind, to.kind
+            )));
         }
-        if len.div_ceil(self.block_size) > table.len() || len.div_ceil(to.block_size) > to_table.len() {
-            return Err(ModelError::BadConfig(format!("positions up to {len} need more blocks than the tables give")));
+        if len.div_ceil(self.block_size) > table.len()
+            || len.div_ceil(to.block_size) > to_table.len()
+        {
+            return Err(ModelError::BadConfig(format!(
+                "positions up to {len} need more blocks than the tables give"
+            )));
         }
         self.check_blocks(table)?;
         to.check_blocks(to_table)?;
-        for (store, target) in self.layers.iter().zip(&to.layers).filter_map(|(s, t)| s.as_ref().zip(t.as_ref())) {
+        for (store, target) in
+            self.layers.iter().zip(&to.layers).filter_map(|(s, t)| s.as_ref().zip(t.as_ref()))
+        {
             let row = self.row_units(store.shape);
             for (source, dest) in [(&store.keys, &target.keys), (&store.values, &target.values)] {
-                let (source, mut dest) = (source.read().expect("KV storage lock"), dest.write().expect("KV storage lock"));
+                let (source, mut dest) = (
+                    source.read().expect("KV storage lock"),
+                    dest.write().expect("KV storage lock"),
+                );
                 for head in 0..store.shape.kv_heads {
                     for pos in 0..len {
-                        let from = self.offset(store.shape, table[pos / self.block_size], head, pos % self.block_size);
-                        let at = to.offset(store.shape, to_table[pos / to.block_size], head, pos % to.block_size);
+                        let from = self.offset(
+                            store.shape,
+                            table[pos / self.block_size],
+                            head,
+                            pos % self.block_size,
+                        );
+                        let at = to.offset(
+                            store.shape,
+                            to_table[pos / to.block_size],
+                            head,
+                            pos % to.block_size,
+                        );
                         dest.copy_from(at, &source, from, row);
                     }
                 }
@@ -310,7 +394,11 @@ impl PagedKv {
     pub fn write_block(&self, block: u32, data: &[u8]) -> Result<()> {
         self.check_blocks(&[block])?;
         if data.len() != self.bytes_per_block() {
-            return Err(ModelError::BadConfig(format!("a block holds {} bytes, got {}", self.bytes_per_block(), data.len())));
+            return Err(ModelError::BadConfig(format!(
+                "a block holds {} bytes, got {}",
+                self.bytes_per_block(),
+                data.len()
+            )));
         }
         let mut from = 0;
         for store in self.layers.iter().flatten() {
@@ -362,11 +450,21 @@ mod tests {
             let (k, v) = (rows(6, 0.5), rows(6, 1.5));
             let table = [5, 2];
             kv.write(0, &table, 0, &k, &v).unwrap();
-            let want = |t: &Tensor, head: usize| t.get(0).unwrap().get(head).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let want = |t: &Tensor, head: usize| {
+                t.get(0)
+                    .unwrap()
+                    .get(head)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            };
             for head in 0..2 {
                 let (keys, values) = read(&kv, &table, 6, head);
                 for (got, want) in [(keys, want(&k, head)), (values, want(&v, head))] {
-                    let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
+                    let worst =
+                        got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
                     let bound = match kind {
                         KvType::F32 => 0.0,
                         KvType::F16 => 3.0 * 2f32.powi(-11),

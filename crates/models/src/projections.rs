@@ -18,9 +18,12 @@ pub enum Projections {
 
 impl Projections {
     pub fn new(weights: Vec<Weight>) -> Result<Self> {
-        let stackable = weights.windows(2).all(|pair| pair[0].storage_type() == pair[1].storage_type());
+        let stackable =
+            weights.windows(2).all(|pair| pair[0].storage_type() == pair[1].storage_type());
         if !stackable {
-            return Ok(Self::Separate(weights.into_iter().map(|w| Linear::new(w, None)).collect::<Result<_>>()?));
+            return Ok(Self::Separate(
+                weights.into_iter().map(|w| Linear::new(w, None)).collect::<Result<_>>()?,
+            ));
         }
         let widths = weights.iter().map(Weight::rows).collect::<Result<Vec<_>>>()?;
         let mut parts = weights.into_iter();
@@ -57,7 +60,9 @@ mod tests {
     use std::sync::Arc;
 
     fn weight(rows: usize, cols: usize, seed: usize, dtype: Option<GgmlDType>) -> Weight {
-        let w: Vec<f32> = (0..rows * cols).map(|i| (((i + seed) * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.2).collect();
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| (((i + seed) * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.2)
+            .collect();
         let t = Tensor::from_vec(w, (rows, cols), &Device::Cpu).unwrap();
         match dtype {
             Some(d) => Weight::Quantized(Arc::new(QTensor::quantize(&t, d).unwrap())),
@@ -68,23 +73,41 @@ mod tests {
     #[test]
     fn stacked_projections_give_the_bits_of_separate_ones() {
         let cols = 256;
-        let x = Tensor::from_vec((0..3 * cols).map(|i| (i as f32 * 0.29).sin()).collect::<Vec<f32>>(), (3, cols), &Device::Cpu).unwrap();
+        let x = Tensor::from_vec(
+            (0..3 * cols).map(|i| (i as f32 * 0.29).sin()).collect::<Vec<f32>>(),
+            (3, cols),
+            &Device::Cpu,
+        )
+        .unwrap();
         for dtype in [Some(GgmlDType::Q4K), Some(GgmlDType::Q8_0), None] {
             let shapes = [(64, 0), (32, 1), (16, 2)];
-            let stacked = Projections::new(shapes.iter().map(|&(r, s)| weight(r, cols, s, dtype)).collect()).unwrap();
+            let stacked =
+                Projections::new(shapes.iter().map(|&(r, s)| weight(r, cols, s, dtype)).collect())
+                    .unwrap();
             assert!(matches!(stacked, Projections::Stacked { .. }));
             let outputs = stacked.forward(&x).unwrap();
             for (&(rows, seed), out) in shapes.iter().zip(&outputs) {
-                let alone = Linear::new(weight(rows, cols, seed, dtype), None).unwrap().forward(&x).unwrap();
+                let alone = Linear::new(weight(rows, cols, seed, dtype), None)
+                    .unwrap()
+                    .forward(&x)
+                    .unwrap();
                 assert_eq!(out.dims(), &[3, rows]);
-                assert_eq!(out.to_vec2::<f32>().unwrap(), alone.to_vec2::<f32>().unwrap(), "{dtype:?}");
+                assert_eq!(
+                    out.to_vec2::<f32>().unwrap(),
+                    alone.to_vec2::<f32>().unwrap(),
+                    "{dtype:?}"
+                );
             }
         }
     }
 
     #[test]
     fn mixed_storage_types_run_separately() {
-        let mixed = Projections::new(vec![weight(16, 256, 0, Some(GgmlDType::Q4K)), weight(16, 256, 1, Some(GgmlDType::Q8_0))]).unwrap();
+        let mixed = Projections::new(vec![
+            weight(16, 256, 0, Some(GgmlDType::Q4K)),
+            weight(16, 256, 1, Some(GgmlDType::Q8_0)),
+        ])
+        .unwrap();
         assert!(matches!(mixed, Projections::Separate(_)));
         let x = Tensor::ones((2, 256), candle_core::DType::F32, &Device::Cpu).unwrap();
         assert_eq!(mixed.forward(&x).unwrap().len(), 2);

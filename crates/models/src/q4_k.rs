@@ -62,10 +62,16 @@ impl Activations {
     /// the nearest level (ties to even) of `amax / 127`.
     pub fn quantize(x: &[f32], cols: usize) -> Self {
         let blocks = x.len() / BLOCK;
-        let mut out = Self { cols, d: vec![0.0; blocks], quants: vec![0; x.len()], pair_sums: vec![0; blocks * 4] };
+        let mut out = Self {
+            cols,
+            d: vec![0.0; blocks],
+            quants: vec![0; x.len()],
+            pair_sums: vec![0; blocks * 4],
+        };
         let quantize = |(((xs, qs), d), sums): BlockSlices| *d = quantize_block(xs, qs, sums);
         if x.len() >= PARALLEL_MIN_VALUES {
-            let blocks = x.par_chunks(BLOCK).zip(out.quants.par_chunks_mut(BLOCK)).zip(out.d.par_iter_mut());
+            let blocks =
+                x.par_chunks(BLOCK).zip(out.quants.par_chunks_mut(BLOCK)).zip(out.d.par_iter_mut());
             blocks.zip(out.pair_sums.par_chunks_mut(4)).with_min_len(16).for_each(quantize);
         } else {
             let blocks = x.chunks(BLOCK).zip(out.quants.chunks_mut(BLOCK)).zip(out.d.iter_mut());
@@ -99,7 +105,11 @@ fn quantize_block_reference(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) ->
         let sum = |s: &[i8]| s.iter().map(|&q| q as i32).sum::<i32>();
         *sums = (sum(&pair[..32]) & 0xFFFF) | (sum(&pair[32..]) << 16);
     }
-    if amax > 0.0 { 1.0 / inverse } else { 0.0 }
+    if amax > 0.0 {
+        1.0 / inverse
+    } else {
+        0.0
+    }
 }
 
 /// One block's input, quants, step and pair sums.
@@ -135,7 +145,10 @@ impl Q4KMatrix {
     pub fn new(rows: usize, cols: usize, data: &[u8]) -> Result<Self> {
         let blocks = cols / BLOCK;
         if !Self::fits(rows, cols) || data.len() != rows * blocks * BLOCK_BYTES {
-            return Err(ModelError::BadConfig(format!("Q4_K tensor of {rows}x{cols} with {} bytes does not tile", data.len())));
+            return Err(ModelError::BadConfig(format!(
+                "Q4_K tensor of {rows}x{cols} with {} bytes does not tile",
+                data.len()
+            )));
         }
         let row_bytes = blocks * BLOCK_BYTES;
         let tiles = (0..rows / TILE_ROWS)
@@ -161,7 +174,10 @@ impl Q4KMatrix {
     /// The product with activations already quantized (shared by several matrices).
     pub fn forward_quantized(&self, acts: &Activations) -> Result<Tensor> {
         if acts.cols != self.cols {
-            return Err(ModelError::BadConfig(format!("q4_k matmul: {} activation columns for {}", acts.cols, self.cols)));
+            return Err(ModelError::BadConfig(format!(
+                "q4_k matmul: {} activation columns for {}",
+                acts.cols, self.cols
+            )));
         }
         let tokens = acts.tokens();
         let blocks = self.cols / BLOCK;
@@ -172,10 +188,22 @@ impl Q4KMatrix {
             for first in (0..tokens).step_by(GROUP) {
                 let group = GROUP.min(tokens - first);
                 let mut sums = [[0f32; TILE_ROWS]; GROUP];
-                tile_dot(&self.tiles[tile * blocks..(tile + 1) * blocks], acts, first, group, &mut sums);
+                tile_dot(
+                    &self.tiles[tile * blocks..(tile + 1) * blocks],
+                    acts,
+                    first,
+                    group,
+                    &mut sums,
+                );
                 for (t, row_sums) in sums[..group].iter().enumerate() {
                     // SAFETY: in bounds, and only this tile's task writes these 16 columns.
-                    unsafe { std::ptr::copy_nonoverlapping(row_sums.as_ptr(), target.0.add((first + t) * self.rows + tile * TILE_ROWS), TILE_ROWS) };
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            row_sums.as_ptr(),
+                            target.0.add((first + t) * self.rows + tile * TILE_ROWS),
+                            TILE_ROWS,
+                        )
+                    };
                 }
             }
         };
@@ -237,7 +265,13 @@ fn pack_tile_block<'a>(gguf_block: impl Fn(usize) -> &'a [u8]) -> TileBlock {
 }
 
 /// `sums[t][r]` = row `r` of `tile` · token `first + t`, for `group` tokens.
-fn tile_dot(tile: &[TileBlock], acts: &Activations, first: usize, group: usize, sums: &mut [[f32; TILE_ROWS]; GROUP]) {
+fn tile_dot(
+    tile: &[TileBlock],
+    acts: &Activations,
+    first: usize,
+    group: usize,
+    sums: &mut [[f32; TILE_ROWS]; GROUP],
+) {
     #[cfg(target_arch = "x86_64")]
     if Q4KMatrix::supported() {
         // SAFETY: the CPU has the features the kernel is compiled for.
@@ -281,7 +315,8 @@ fn dot_reference(tile: &[TileBlock], acts: &Activations, token: usize, r: usize)
         let mut min_sum = 0i32;
         for q in 0..4 {
             let (mins, sums) = (tb.min_pairs[q][r], acts.pair_sums[block * 4 + q]);
-            min_sum += (mins as i16 as i32) * (sums as i16 as i32) + ((mins >> 16) as i16 as i32) * ((sums >> 16) as i16 as i32);
+            min_sum += (mins as i16 as i32) * (sums as i16 as i32)
+                + ((mins >> 16) as i16 as i32) * ((sums >> 16) as i16 as i32);
         }
         let dx = acts.d[block];
         acc = (scaled as f32).mul_add(tb.d[r].to_f32() * dx, acc);
@@ -314,21 +349,36 @@ mod vnni {
                 let mut acc = _mm512_setzero_si512();
                 for j in 0..2 {
                     let at = half * 64 + sub * 32 + j * 16;
-                    let q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs.as_ptr().add(at)), scale));
-                    _mm_storeu_si128(qs.as_mut_ptr().add(at) as *mut __m128i, _mm512_cvtsepi32_epi8(q));
+                    let q = _mm512_cvtps_epi32(_mm512_mul_ps(
+                        _mm512_loadu_ps(xs.as_ptr().add(at)),
+                        scale,
+                    ));
+                    _mm_storeu_si128(
+                        qs.as_mut_ptr().add(at) as *mut __m128i,
+                        _mm512_cvtsepi32_epi8(q),
+                    );
                     acc = _mm512_add_epi32(acc, q);
                 }
                 *sum = _mm512_reduce_add_epi32(acc);
             }
             *sums = (sub_sums[0] & 0xFFFF) | (sub_sums[1] << 16);
         }
-        if amax > 0.0 { 1.0 / inverse } else { 0.0 }
+        if amax > 0.0 {
+            1.0 / inverse
+        } else {
+            0.0
+        }
     }
 
     /// [`super::dot_reference`] for 16 rows and `M` tokens from `first`: each 64-byte load
     /// of quants is unpacked once for all `M` tokens.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn tile_dot<const M: usize>(tile: &[TileBlock], acts: &Activations, first: usize, sums: &mut [[f32; TILE_ROWS]; GROUP]) {
+    pub unsafe fn tile_dot<const M: usize>(
+        tile: &[TileBlock],
+        acts: &Activations,
+        first: usize,
+        sums: &mut [[f32; TILE_ROWS]; GROUP],
+    ) {
         let blocks = acts.cols / BLOCK;
         let low_nibbles = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); M];
@@ -342,15 +392,21 @@ mod vnni {
                     let w_lo = _mm512_and_si512(w, low_nibbles);
                     let w_hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low_nibbles);
                     for m in 0..M {
-                        let qs = acts.quants.as_ptr().add(((first + m) * blocks + b) * BLOCK + 64 * p + 4 * g);
+                        let qs = acts
+                            .quants
+                            .as_ptr()
+                            .add(((first + m) * blocks + b) * BLOCK + 64 * p + 4 * g);
                         let a_lo = _mm512_set1_epi32((qs as *const i32).read_unaligned());
                         let a_hi = _mm512_set1_epi32((qs.add(32) as *const i32).read_unaligned());
                         lo[m] = _mm512_dpbusd_epi32(lo[m], w_lo, a_lo);
                         hi[m] = _mm512_dpbusd_epi32(hi[m], w_hi, a_hi);
                     }
                 }
-                let sc_lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(tb.scales[2 * p].as_ptr() as *const _));
-                let sc_hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(tb.scales[2 * p + 1].as_ptr() as *const _));
+                let sc_lo =
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(tb.scales[2 * p].as_ptr() as *const _));
+                let sc_hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                    tb.scales[2 * p + 1].as_ptr() as *const _
+                ));
                 for m in 0..M {
                     scaled[m] = _mm512_add_epi32(scaled[m], _mm512_mullo_epi32(lo[m], sc_lo));
                     scaled[m] = _mm512_add_epi32(scaled[m], _mm512_mullo_epi32(hi[m], sc_hi));
@@ -363,11 +419,17 @@ mod vnni {
                 let mut min_sum = _mm512_setzero_si512();
                 for q in 0..4 {
                     let mins = _mm512_load_si512(tb.min_pairs[q].as_ptr() as *const _);
-                    min_sum = _mm512_dpwssd_epi32(min_sum, mins, _mm512_set1_epi32(acts.pair_sums[block * 4 + q]));
+                    min_sum = _mm512_dpwssd_epi32(
+                        min_sum,
+                        mins,
+                        _mm512_set1_epi32(acts.pair_sums[block * 4 + q]),
+                    );
                 }
                 let dx = _mm512_set1_ps(acts.d[block]);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(scaled[m]), _mm512_mul_ps(d, dx), acc[m]);
-                acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum), _mm512_mul_ps(dmin, dx), acc[m]);
+                acc[m] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(scaled[m]), _mm512_mul_ps(d, dx), acc[m]);
+                acc[m] =
+                    _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum), _mm512_mul_ps(dmin, dx), acc[m]);
             }
         }
         for m in 0..M {
@@ -382,7 +444,12 @@ mod tests {
     use candle_core::quantized::{GgmlDType, QTensor};
 
     fn sample(n: usize, seed: u32) -> Vec<f32> {
-        (0..n).map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0) - 1.0).collect()
+        (0..n)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0)
+                    - 1.0
+            })
+            .collect()
     }
 
     fn quantized(rows: usize, cols: usize, seed: u32) -> QTensor {
@@ -397,7 +464,11 @@ mod tests {
         let ours = Q4KMatrix::new(rows, cols, &q.data().unwrap()).unwrap();
         let dense = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
         let x = sample(tokens * cols, 3);
-        let got = ours.forward(&Tensor::from_vec(x.clone(), (tokens, cols), &Device::Cpu).unwrap()).unwrap().to_vec2::<f32>().unwrap();
+        let got = ours
+            .forward(&Tensor::from_vec(x.clone(), (tokens, cols), &Device::Cpu).unwrap())
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
         for (t, xs) in x.chunks(cols).enumerate() {
             for (r, w) in dense.iter().enumerate() {
                 let exact: f32 = w.iter().zip(xs).map(|(a, b)| a * b).sum();
@@ -407,7 +478,11 @@ mod tests {
                     std::iter::repeat_n(amax / 254.0, BLOCK)
                 }));
                 let bound = bound.map(|(w, e)| w.abs() * e).sum::<f32>() * 1.01 + 1e-4;
-                assert!((exact - got[t][r]).abs() <= bound, "({t}, {r}): {exact} vs {} (bound {bound})", got[t][r]);
+                assert!(
+                    (exact - got[t][r]).abs() <= bound,
+                    "({t}, {r}): {exact} vs {} (bound {bound})",
+                    got[t][r]
+                );
             }
         }
     }
@@ -422,13 +497,23 @@ mod tests {
         batch[5] = 1e4;
         batch[cols + 300..cols + 556].fill(0.0);
         let acts = Activations::quantize(&batch, cols);
-        let among = m.forward(&Tensor::from_vec(batch.clone(), (7, cols), &Device::Cpu).unwrap()).unwrap().to_vec2::<f32>().unwrap();
+        let among = m
+            .forward(&Tensor::from_vec(batch.clone(), (7, cols), &Device::Cpu).unwrap())
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
         let blocks = cols / BLOCK;
         for (t, x) in batch.chunks(cols).enumerate() {
-            let alone = m.forward(&Tensor::from_vec(x.to_vec(), (1, cols), &Device::Cpu).unwrap()).unwrap();
+            let alone =
+                m.forward(&Tensor::from_vec(x.to_vec(), (1, cols), &Device::Cpu).unwrap()).unwrap();
             assert_eq!(alone.get(0).unwrap().to_vec1::<f32>().unwrap(), among[t], "token {t}");
             for (r, got) in among[t].iter().enumerate() {
-                let reference = dot_reference(&m.tiles[(r / TILE_ROWS) * blocks..][..blocks], &acts, t, r % TILE_ROWS);
+                let reference = dot_reference(
+                    &m.tiles[(r / TILE_ROWS) * blocks..][..blocks],
+                    &acts,
+                    t,
+                    r % TILE_ROWS,
+                );
                 assert_eq!(reference.to_bits(), got.to_bits(), "token {t}, row {r}");
             }
         }
@@ -441,7 +526,8 @@ mod tests {
         x[BLOCK..2 * BLOCK].fill(0.0);
         x[2 * BLOCK + 9] = f32::MIN_POSITIVE;
         for xs in x.chunks(BLOCK) {
-            let (mut qa, mut qb, mut sa, mut sb) = ([0i8; BLOCK], [0i8; BLOCK], [0i32; 4], [0i32; 4]);
+            let (mut qa, mut qb, mut sa, mut sb) =
+                ([0i8; BLOCK], [0i8; BLOCK], [0i32; 4], [0i32; 4]);
             let da = quantize_block(xs, &mut qa, &mut sa);
             let db = quantize_block_reference(xs, &mut qb, &mut sb);
             assert_eq!((da.to_bits(), qa, sa), (db.to_bits(), qb, sb));
@@ -455,6 +541,8 @@ mod tests {
         assert!(Q4KMatrix::new(16, 256, &[0; 10]).is_err());
         let q = quantized(16, 256, 1);
         let m = Q4KMatrix::new(16, 256, &q.data().unwrap()).unwrap();
-        assert!(m.forward(&Tensor::zeros((2, 512), candle_core::DType::F32, &Device::Cpu).unwrap()).is_err());
+        assert!(m
+            .forward(&Tensor::zeros((2, 512), candle_core::DType::F32, &Device::Cpu).unwrap())
+            .is_err());
     }
 }

@@ -31,7 +31,11 @@ impl QuantizedMatrix {
     /// Cuts `weight` into up to `shards` row ranges (one unless it is large and its rows align).
     pub fn new(weight: Arc<QTensor>, shards: usize) -> Result<Self> {
         let (rows, cols) = weight.shape().dims2()?;
-        let count = if rows * cols >= SHARD_MIN_WEIGHTS && rows.is_multiple_of(SHARD_ALIGN) { shards.max(1) } else { 1 };
+        let count = if rows * cols >= SHARD_MIN_WEIGHTS && rows.is_multiple_of(SHARD_ALIGN) {
+            shards.max(1)
+        } else {
+            1
+        };
         let shards = if count == 1 {
             vec![QMatMul::from_arc(weight)?]
         } else {
@@ -65,7 +69,10 @@ impl QuantizedMatrix {
         let y = match self.shards.as_slice() {
             [whole] => whole.forward(&x)?,
             shards => {
-                let parts = shards.par_iter().map(|s| s.forward(&x)).collect::<candle_core::Result<Vec<_>>>()?;
+                let parts = shards
+                    .par_iter()
+                    .map(|s| s.forward(&x))
+                    .collect::<candle_core::Result<Vec<_>>>()?;
                 Tensor::cat(&parts, 1)?
             }
         };
@@ -84,8 +91,12 @@ mod tests {
     use candle_core::quantized::GgmlDType;
 
     fn matrix(rows: usize, cols: usize, dtype: GgmlDType) -> Arc<QTensor> {
-        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.2).collect();
-        Arc::new(QTensor::quantize(&Tensor::from_vec(w, (rows, cols), &Device::Cpu).unwrap(), dtype).unwrap())
+        let w: Vec<f32> =
+            (0..rows * cols).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 0.2).collect();
+        Arc::new(
+            QTensor::quantize(&Tensor::from_vec(w, (rows, cols), &Device::Cpu).unwrap(), dtype)
+                .unwrap(),
+        )
     }
 
     #[test]
@@ -110,7 +121,13 @@ mod tests {
 
     #[test]
     fn small_or_unaligned_matrices_stay_whole() {
-        assert_eq!(QuantizedMatrix::new(matrix(64, 1024, GgmlDType::Q4K), 4).unwrap().shard_count(), 1);
-        assert_eq!(QuantizedMatrix::new(matrix(2056, 1024, GgmlDType::Q8_0), 4).unwrap().shard_count(), 1);
+        assert_eq!(
+            QuantizedMatrix::new(matrix(64, 1024, GgmlDType::Q4K), 4).unwrap().shard_count(),
+            1
+        );
+        assert_eq!(
+            QuantizedMatrix::new(matrix(2056, 1024, GgmlDType::Q8_0), 4).unwrap().shard_count(),
+            1
+        );
     }
 }

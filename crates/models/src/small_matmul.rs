@@ -11,7 +11,14 @@ const TILE_COLS: usize = 16;
 
 /// `c[i][col] += Σ_{d < depth} a(i, d) · b[d][col]`, with `c` `rows × cols` and `b`
 /// `depth × cols`, both row-major and contiguous.
-pub fn product_add(c: &mut [f32], a: &(impl Fn(usize, usize) -> f32 + ?Sized), b: &[f32], rows: usize, depth: usize, cols: usize) {
+pub fn product_add(
+    c: &mut [f32],
+    a: &(impl Fn(usize, usize) -> f32 + ?Sized),
+    b: &[f32],
+    rows: usize,
+    depth: usize,
+    cols: usize,
+) {
     assert!(c.len() >= rows * cols && b.len() >= depth * cols, "product_add: operands too short");
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx512f") {
@@ -28,18 +35,39 @@ pub fn product_add(c: &mut [f32], a: &(impl Fn(usize, usize) -> f32 + ?Sized), b
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn product_add_avx512(c: &mut [f32], a: &(impl Fn(usize, usize) -> f32 + ?Sized), b: &[f32], rows: usize, depth: usize, cols: usize) {
+unsafe fn product_add_avx512(
+    c: &mut [f32],
+    a: &(impl Fn(usize, usize) -> f32 + ?Sized),
+    b: &[f32],
+    rows: usize,
+    depth: usize,
+    cols: usize,
+) {
     product_add_portable(c, a, b, rows, depth, cols);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn product_add_avx2(c: &mut [f32], a: &(impl Fn(usize, usize) -> f32 + ?Sized), b: &[f32], rows: usize, depth: usize, cols: usize) {
+unsafe fn product_add_avx2(
+    c: &mut [f32],
+    a: &(impl Fn(usize, usize) -> f32 + ?Sized),
+    b: &[f32],
+    rows: usize,
+    depth: usize,
+    cols: usize,
+) {
     product_add_portable(c, a, b, rows, depth, cols);
 }
 
 #[inline(always)]
-fn product_add_portable(c: &mut [f32], a: &(impl Fn(usize, usize) -> f32 + ?Sized), b: &[f32], rows: usize, depth: usize, cols: usize) {
+fn product_add_portable(
+    c: &mut [f32],
+    a: &(impl Fn(usize, usize) -> f32 + ?Sized),
+    b: &[f32],
+    rows: usize,
+    depth: usize,
+    cols: usize,
+) {
     let full_cols = cols - cols % TILE_COLS;
     let mut i = 0;
     while i < rows {
@@ -70,7 +98,8 @@ fn tiles<const R: usize>(
             row.copy_from_slice(&c[(first + r) * cols + col..][..TILE_COLS]);
         }
         for d in 0..depth {
-            let b_row: &[f32; TILE_COLS] = b[d * cols + col..][..TILE_COLS].try_into().expect("tile width");
+            let b_row: &[f32; TILE_COLS] =
+                b[d * cols + col..][..TILE_COLS].try_into().expect("tile width");
             for (r, row) in acc.iter_mut().enumerate() {
                 let scale = a(first + r, d);
                 for (o, &bv) in row.iter_mut().zip(b_row) {
@@ -100,16 +129,23 @@ mod tests {
     #[test]
     fn matches_the_definition_at_every_tile_edge() {
         for (rows, depth, cols) in [(1, 1, 1), (3, 5, 7), (4, 8, 16), (9, 13, 37), (64, 128, 128)] {
-            let a: Vec<f32> = (0..rows * depth).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
-            let b: Vec<f32> = (0..depth * cols).map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0).collect();
+            let a: Vec<f32> =
+                (0..rows * depth).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
+            let b: Vec<f32> =
+                (0..depth * cols).map(|i| ((i * 5 % 11) as f32 - 5.0) / 4.0).collect();
             let init: Vec<f32> = (0..rows * cols).map(|i| (i % 3) as f32).collect();
             let mut c = init.clone();
             product_add(&mut c, &|i, d| a[i * depth + d], &b, rows, depth, cols);
             for i in 0..rows {
                 for col in 0..cols {
                     // Small dyadic values: every order and rounding gives the exact sum.
-                    let expected = init[i * cols + col] + (0..depth).map(|d| a[i * depth + d] * b[d * cols + col]).sum::<f32>();
-                    assert_eq!(c[i * cols + col], expected, "{rows}x{depth}x{cols} at ({i}, {col})");
+                    let expected = init[i * cols + col]
+                        + (0..depth).map(|d| a[i * depth + d] * b[d * cols + col]).sum::<f32>();
+                    assert_eq!(
+                        c[i * cols + col],
+                        expected,
+                        "{rows}x{depth}x{cols} at ({i}, {col})"
+                    );
                 }
             }
         }

@@ -47,7 +47,8 @@ pub struct SafetensorsWeights {
 impl GgufWeights {
     /// Reads the header of a GGUF file; tensor data is read on demand.
     pub fn open(path: &Path, dequantize: bool) -> Result<Self> {
-        let mut file = File::open(path).map_err(|source| ModelError::Io { path: path.into(), source })?;
+        let mut file =
+            File::open(path).map_err(|source| ModelError::Io { path: path.into(), source })?;
         let content = gguf_file::Content::read(&mut file).map_err(|e| gguf_error(path, e))?;
         Ok(Self { path: path.into(), file, content, dequantize })
     }
@@ -60,7 +61,9 @@ impl GgufWeights {
 /// Turns candle's GGUF parse errors into ones that name the problem.
 fn gguf_error(path: &Path, e: candle_core::Error) -> ModelError {
     let reason = crate::error::first_line(&e);
-    if let Some(code) = reason.strip_prefix("unknown dtype for tensor ").and_then(|c| c.trim().parse().ok()) {
+    if let Some(code) =
+        reason.strip_prefix("unknown dtype for tensor ").and_then(|c| c.trim().parse().ok())
+    {
         return ModelError::UnsupportedQuant { path: path.into(), code };
     }
     ModelError::BadGguf { path: path.into(), reason }
@@ -69,14 +72,18 @@ fn gguf_error(path: &Path, e: candle_core::Error) -> ModelError {
 impl SafetensorsWeights {
     /// Memory-maps every `*.safetensors` file of a folder.
     pub fn open(dir: &Path, architecture: Architecture) -> Result<Self> {
-        let entries = std::fs::read_dir(dir).map_err(|source| ModelError::Io { path: dir.into(), source })?;
+        let entries =
+            std::fs::read_dir(dir).map_err(|source| ModelError::Io { path: dir.into(), source })?;
         let mut files: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
             .collect();
         files.sort();
         if files.is_empty() {
-            return Err(ModelError::BadConfig(format!("no .safetensors files in {}", dir.display())));
+            return Err(ModelError::BadConfig(format!(
+                "no .safetensors files in {}",
+                dir.display()
+            )));
         }
         // SAFETY: the files are mapped read-only and not modified while the model lives.
         let tensors = unsafe { MmapedSafetensors::multi(&files) }?;
@@ -91,7 +98,9 @@ impl SafetensorsWeights {
     /// The checkpoint tensor `name` under the model prefix (`layers.0.…`), or at the top level
     /// for names outside it (`lm_head.weight`), as dense f32.
     pub fn model_tensor(&self, name: &str) -> Result<Tensor> {
-        let key = self.model_key(name).ok_or_else(|| ModelError::MissingTensor(format!("{}{name}", self.prefix)))?;
+        let key = self
+            .model_key(name)
+            .ok_or_else(|| ModelError::MissingTensor(format!("{}{name}", self.prefix)))?;
         Ok(self.tensors.load(&key, &Device::Cpu)?.to_dtype(DType::F32)?)
     }
 
@@ -100,7 +109,9 @@ impl SafetensorsWeights {
     }
 
     fn model_key(&self, name: &str) -> Option<String> {
-        [format!("{}{name}", self.prefix), name.to_string()].into_iter().find(|k| self.tensors.get(k).is_ok())
+        [format!("{}{name}", self.prefix), name.to_string()]
+            .into_iter()
+            .find(|k| self.tensors.get(k).is_ok())
     }
 
     /// Translates a GGUF tensor name to the HF checkpoint key.
@@ -152,16 +163,22 @@ impl WeightSource {
                 if !g.content.tensor_infos.contains_key(name) {
                     return Err(ModelError::MissingTensor(name.to_string()));
                 }
-                let q = g.content.tensor(&mut g.file, name, &Device::Cpu).map_err(|e| gguf_error(&g.path, e))?;
+                let q = g
+                    .content
+                    .tensor(&mut g.file, name, &Device::Cpu)
+                    .map_err(|e| gguf_error(&g.path, e))?;
                 match q.dtype() {
                     _ if g.dequantize => Ok(Weight::Dense(q.dequantize(&Device::Cpu)?)),
-                    GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Ok(Weight::Dense(q.dequantize(&Device::Cpu)?)),
+                    GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                        Ok(Weight::Dense(q.dequantize(&Device::Cpu)?))
+                    }
                     _ => Ok(Weight::Quantized(Arc::new(q))),
                 }
             }
             Self::Safetensors(s) => {
                 let hf = s.hf_name(name);
-                let t = s.tensors.load(&hf, &Device::Cpu).map_err(|_| ModelError::MissingTensor(hf))?;
+                let t =
+                    s.tensors.load(&hf, &Device::Cpu).map_err(|_| ModelError::MissingTensor(hf))?;
                 Ok(Weight::Dense(t.to_dtype(DType::F32)?))
             }
         }
@@ -275,7 +292,8 @@ mod tests {
 
     #[test]
     fn quantized_experts_and_stacked_rows_are_exact_byte_slices() {
-        let values: Vec<f32> = (0..3 * 4 * 64).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let values: Vec<f32> =
+            (0..3 * 4 * 64).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
         let stack = Tensor::from_vec(values, (3, 4, 64), &Device::Cpu).unwrap();
         let q = Weight::Quantized(Arc::new(QTensor::quantize(&stack, GgmlDType::Q8_0).unwrap()));
         let whole = dense(&q);
@@ -288,8 +306,13 @@ mod tests {
         assert!(matches!(joined, Weight::Quantized(_)));
         assert_eq!(dense(&joined), [&whole[512..768], &whole[..256]].concat());
         let dense_stack = Weight::Dense(stack);
-        assert_eq!(dense(&dense_stack.expert(1).unwrap()), dense(&Weight::Dense(Tensor::from_vec(
-            dense(&dense_stack)[256..512].to_vec(), (4, 64), &Device::Cpu).unwrap())));
+        assert_eq!(
+            dense(&dense_stack.expert(1).unwrap()),
+            dense(&Weight::Dense(
+                Tensor::from_vec(dense(&dense_stack)[256..512].to_vec(), (4, 64), &Device::Cpu)
+                    .unwrap()
+            ))
+        );
         // Mixed storage types are never stacked (they would have to be dequantized).
         assert!(dense_stack.expert(1).unwrap().stack_rows(&q.expert(0).unwrap()).is_err());
     }

@@ -63,7 +63,8 @@ fn dir(name: &str) -> PathBuf {
 
 fn load(name: &str, format: Format) -> (Box<dyn CausalLm>, Fixture) {
     let dir = dir(name);
-    let fixture = serde_json::from_str(&std::fs::read_to_string(dir.join("fixture.json")).unwrap()).unwrap();
+    let fixture =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("fixture.json")).unwrap()).unwrap();
     let model = match format {
         Format::Safetensors => load_safetensors(&dir),
         Format::Gguf => load_gguf(&dir.join("model.gguf")),
@@ -90,7 +91,8 @@ fn check_against_transformers(name: &str, format: Format) {
         for (step, &token) in p.greedy_ids.iter().enumerate().skip(1) {
             let logits = model.forward(&[p.greedy_ids[step - 1]], &mut cache).unwrap();
             check(&logits, &p.step_logits[step], &format!("{at}: decode step {step}"));
-            let top1 = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
+            let top1 =
+                (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
             assert_eq!(top1, token, "{at}: decode step {step}");
         }
         for (pos, expected) in p.position_logits.iter().flatten().enumerate() {
@@ -113,7 +115,11 @@ fn check_forms_and_snapshots(name: &str) {
     for &id in &p.ids {
         stepped = model.forward(&[id], &mut cache).unwrap();
     }
-    assert!(max_diff(&stepped, &whole) < 1e-4, "{name}: token-by-token vs one pass: {}", max_diff(&stepped, &whole));
+    assert!(
+        max_diff(&stepped, &whole) < 1e-4,
+        "{name}: token-by-token vs one pass: {}",
+        max_diff(&stepped, &whole)
+    );
 
     let mut cache = model.new_cache(256);
     model.forward(&p.ids[..48], &mut cache).unwrap();
@@ -161,7 +167,10 @@ fn quantized_hybrid_gguf_follows_its_dequantized_weights() {
     for name in ["qwen3_5_moe", "qwen3_next"] {
         let tmp = tempfile::tempdir().unwrap();
         let q8 = tmp.path().join("q8_0.gguf");
-        assert!(common::gguf_rewrite::rewrite_gguf(&dir(name).join("model.gguf"), &q8, GgmlDType::Q8_0) > 0);
+        assert!(
+            common::gguf_rewrite::rewrite_gguf(&dir(name).join("model.gguf"), &q8, GgmlDType::Q8_0)
+                > 0
+        );
         let quantized = load_gguf(&q8).unwrap().model;
         let dequantized = load_gguf_f32(&q8).unwrap().model;
         let (_, fx) = load(name, Format::Gguf);
@@ -193,18 +202,26 @@ fn an_mtp_head_is_loaded_when_present() {
     for file in ["config.json", "model.safetensors"] {
         std::fs::copy(src.join(file), tmp.path().join(file)).unwrap();
     }
-    let weights = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    let weights =
+        candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
     let hidden = weights["model.norm.weight"].dim(0).unwrap();
     let mut mtp: std::collections::HashMap<String, candle_core::Tensor> = weights
         .iter()
-        .filter_map(|(k, v)| k.strip_prefix("model.layers.3.").map(|rest| (format!("mtp.layers.0.{rest}"), v.clone())))
+        .filter_map(|(k, v)| {
+            k.strip_prefix("model.layers.3.")
+                .map(|rest| (format!("mtp.layers.0.{rest}"), v.clone()))
+        })
         .collect();
     assert!(mtp.len() > 10, "layer 3 is a full-attention layer with its MoE");
     let zeros = candle_core::Tensor::zeros(hidden, candle_core::DType::F32, &Device::Cpu).unwrap();
     for norm in ["pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"] {
         mtp.insert(format!("mtp.{norm}.weight"), zeros.clone());
     }
-    mtp.insert("mtp.fc.weight".into(), candle_core::Tensor::ones((hidden, 2 * hidden), candle_core::DType::F32, &Device::Cpu).unwrap());
+    mtp.insert(
+        "mtp.fc.weight".into(),
+        candle_core::Tensor::ones((hidden, 2 * hidden), candle_core::DType::F32, &Device::Cpu)
+            .unwrap(),
+    );
     candle_core::safetensors::save(&mtp, tmp.path().join("mtp.safetensors")).unwrap();
 
     let with_mtp = load_safetensors(tmp.path()).unwrap().model;
@@ -219,6 +236,7 @@ fn an_mtp_head_is_loaded_when_present() {
 
     mtp.remove("mtp.norm.weight");
     candle_core::safetensors::save(&mtp, tmp.path().join("mtp.safetensors")).unwrap();
-    let error = load_safetensors(tmp.path()).err().expect("an MTP head without its final norm").to_string();
+    let error =
+        load_safetensors(tmp.path()).err().expect("an MTP head without its final norm").to_string();
     assert!(error.contains("mtp.norm.weight"), "{error}");
 }

@@ -13,15 +13,18 @@ use std::path::PathBuf;
 use candle_core::quantized::GgmlDType;
 use std::sync::Arc;
 
-use spindle_models::{load_gguf, load_safetensors, BatchEntry, CausalLm, KvType, PagedKv, SequenceCache};
+use spindle_models::{
+    load_gguf, load_safetensors, BatchEntry, CausalLm, KvType, PagedKv, SequenceCache,
+};
 
 const BLOCK: usize = 16;
 
 fn smollm2() -> Box<dyn CausalLm> {
-    let path = match spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true).unwrap() {
-        spindle_hub::ModelFiles::Gguf(p) => p,
-        other => panic!("smollm2-135m resolved to {other:?}"),
-    };
+    let path =
+        match spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true).unwrap() {
+            spindle_hub::ModelFiles::Gguf(p) => p,
+            other => panic!("smollm2-135m resolved to {other:?}"),
+        };
     load_gguf(&path).unwrap().model
 }
 
@@ -31,7 +34,8 @@ fn tiny_hybrid() -> Box<dyn CausalLm> {
 }
 
 fn tiny_hybrid_gguf() -> Box<dyn CausalLm> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe/model.gguf");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/hybrid/qwen3_5_moe/model.gguf");
     load_gguf(&path).unwrap().model
 }
 
@@ -41,11 +45,18 @@ fn prompt(len: usize, seed: u32) -> Vec<u32> {
 
 /// Runs `tokens` in chunks ending at `cuts` (and at the end), adding blocks from `free` as
 /// positions need them; returns the logits after the last token.
-fn run_chunks(model: &dyn CausalLm, cache: &mut SequenceCache, tokens: &[u32], cuts: &[usize], free: &mut Vec<u32>) -> Vec<f32> {
+fn run_chunks(
+    model: &dyn CausalLm,
+    cache: &mut SequenceCache,
+    tokens: &[u32],
+    cuts: &[usize],
+    free: &mut Vec<u32>,
+) -> Vec<f32> {
     let mut start = cache.len();
     let mut logits = Vec::new();
     let first = start;
-    for end in cuts.iter().copied().filter(|&c| c > first && c < tokens.len()).chain([tokens.len()]) {
+    for end in cuts.iter().copied().filter(|&c| c > first && c < tokens.len()).chain([tokens.len()])
+    {
         let need = cache.blocks_needed(end - start);
         let blocks: Vec<u32> = free.drain(..need).collect();
         cache.add_blocks(&blocks);
@@ -91,11 +102,16 @@ fn check_shared_prefix(model: &dyn CausalLm, kind: KvType, name: &str) {
     let second: Vec<u32> = prefix.iter().copied().chain(prompt(30, 3)).collect();
     let cuts = [prefix.len()];
 
-    let mut a = SequenceCache::resume(kv.clone(), Vec::new(), 0, model.initial_recurrent_state(), 512);
+    let mut a =
+        SequenceCache::resume(kv.clone(), Vec::new(), 0, model.initial_recurrent_state(), 512);
     run_chunks(model, &mut a, &first[..prefix.len()], &[], &mut free);
     let at_prefix = a.recurrent().clone();
     let a_logits = run_chunks(model, &mut a, &first, &cuts, &mut free);
-    assert_bits(&a_logits, &alone(model, kind, &first, &cuts), &format!("{name}: scattered blocks"));
+    assert_bits(
+        &a_logits,
+        &alone(model, kind, &first, &cuts),
+        &format!("{name}: scattered blocks"),
+    );
 
     // The second sequence takes the first's full blocks and a copy of the partial one.
     let full = prefix.len() / BLOCK;
@@ -105,13 +121,21 @@ fn check_shared_prefix(model: &dyn CausalLm, kind: KvType, name: &str) {
     blocks.push(copy);
     let mut b = SequenceCache::resume(kv.clone(), blocks, prefix.len(), at_prefix, 512);
     let b_logits = run_chunks(model, &mut b, &second, &cuts, &mut free);
-    assert_bits(&b_logits, &alone(model, kind, &second, &cuts), &format!("{name}: resumed from a shared prefix"));
+    assert_bits(
+        &b_logits,
+        &alone(model, kind, &second, &cuts),
+        &format!("{name}: resumed from a shared prefix"),
+    );
 
     // The first goes on decoding in its own blocks, undisturbed by the second.
     let decoded: Vec<u32> = first.iter().copied().chain([42]).collect();
     let a_next = run_chunks(model, &mut a, &decoded, &[], &mut free);
     let expected = alone(model, kind, &decoded, &[prefix.len(), first.len()]);
-    assert_bits(&a_next, &expected, &format!("{name}: the writer of the shared prefix decoding on"));
+    assert_bits(
+        &a_next,
+        &expected,
+        &format!("{name}: the writer of the shared prefix decoding on"),
+    );
 }
 
 #[test]
@@ -154,17 +178,32 @@ fn check_batch_invariance(model: &dyn CausalLm, kind: KvType, name: &str) {
         })
         .collect();
     // Together: all prompts in one pass, then all decode steps in one pass.
-    let mut caches: Vec<SequenceCache> = prompts.iter().map(|_| own_cache(model, kind, 256)).collect();
-    let mut batch: Vec<BatchEntry> =
-        prompts.iter().zip(caches.iter_mut()).map(|(p, cache)| BatchEntry { tokens: p, cache }).collect();
+    let mut caches: Vec<SequenceCache> =
+        prompts.iter().map(|_| own_cache(model, kind, 256)).collect();
+    let mut batch: Vec<BatchEntry> = prompts
+        .iter()
+        .zip(caches.iter_mut())
+        .map(|(p, cache)| BatchEntry { tokens: p, cache })
+        .collect();
     let after_prompts = model.forward_batch(&mut batch).unwrap();
     let steps: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-    let mut batch: Vec<BatchEntry> =
-        steps.iter().zip(caches.iter_mut()).map(|(t, cache)| BatchEntry { tokens: t, cache }).collect();
+    let mut batch: Vec<BatchEntry> = steps
+        .iter()
+        .zip(caches.iter_mut())
+        .map(|(t, cache)| BatchEntry { tokens: t, cache })
+        .collect();
     let after_steps = model.forward_batch(&mut batch).unwrap();
     for (i, (prompt_logits, step_logits)) in alone.iter().enumerate() {
-        assert_bits(&after_prompts[i], prompt_logits, &format!("{name}: sequence {i}'s prompt in a batch of 5"));
-        assert_bits(&after_steps[i], step_logits, &format!("{name}: sequence {i}'s decode step in a batch of 5"));
+        assert_bits(
+            &after_prompts[i],
+            prompt_logits,
+            &format!("{name}: sequence {i}'s prompt in a batch of 5"),
+        );
+        assert_bits(
+            &after_steps[i],
+            step_logits,
+            &format!("{name}: sequence {i}'s decode step in a batch of 5"),
+        );
     }
 }
 
@@ -178,8 +217,17 @@ fn sequences_batched_together_match_sequences_alone() {
     // Quantized weights take candle's repacked kernels, which tile rows.
     let tmp = tempfile::tempdir().unwrap();
     let q8 = tmp.path().join("q8_0.gguf");
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe/model.gguf");
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/hybrid/qwen3_5_moe/model.gguf");
     assert!(common::gguf_rewrite::rewrite_gguf(&source, &q8, GgmlDType::Q8_0) > 0);
-    check_batch_invariance(load_gguf(&q8).unwrap().model.as_ref(), KvType::default(), "qwen3_5_moe (Q8_0 GGUF)");
-    check_batch_invariance(tiny_hybrid().as_ref(), KvType::default(), "qwen3_5_moe (f32 safetensors)");
+    check_batch_invariance(
+        load_gguf(&q8).unwrap().model.as_ref(),
+        KvType::default(),
+        "qwen3_5_moe (Q8_0 GGUF)",
+    );
+    check_batch_invariance(
+        tiny_hybrid().as_ref(),
+        KvType::default(),
+        "qwen3_5_moe (f32 safetensors)",
+    );
 }

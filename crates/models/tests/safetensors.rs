@@ -26,7 +26,9 @@ fn hf_name(gguf: &str, arch: &str) -> String {
         "output.weight" => return "lm_head.weight".into(),
         _ => {}
     }
-    let [_, layer, base, suffix] = gguf.split('.').collect::<Vec<_>>()[..] else { panic!("unmapped {gguf}") };
+    let [_, layer, base, suffix] = gguf.split('.').collect::<Vec<_>>()[..] else {
+        panic!("unmapped {gguf}")
+    };
     let hf = match (base, arch) {
         ("attn_norm", _) => "input_layernorm",
         // Gemma's sandwich norms: llama.cpp's ffn_norm is the one before the MLP.
@@ -50,7 +52,12 @@ fn hf_name(gguf: &str, arch: &str) -> String {
 /// Undoes llama.cpp's permutation of llama q/k rows (HF's rotary halves → its interleaved pairs).
 fn unpermute(w: &Tensor, heads: usize) -> Tensor {
     let (out, inp) = w.dims2().unwrap();
-    w.reshape((heads, out / heads / 2, 2, inp)).unwrap().transpose(1, 2).unwrap().reshape((out, inp)).unwrap()
+    w.reshape((heads, out / heads / 2, 2, inp))
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap()
+        .reshape((out, inp))
+        .unwrap()
 }
 
 /// The GGUF's weights, dequantized, under HF names and in HF's layout: what llama.cpp's
@@ -83,7 +90,13 @@ fn meta_f64(content: &Content, arch: &str, key: &str) -> f64 {
 
 /// config.json as the model's Hub checkpoint has it, including keys our loader must not
 /// misread (Qwen2's disabled sliding window, Gemma 3's layer types and unused softcaps).
-fn hf_config(content: &Content, arch: &str, vocab: usize, tied: bool, dtype: DType) -> serde_json::Value {
+fn hf_config(
+    content: &Content,
+    arch: &str,
+    vocab: usize,
+    tied: bool,
+    dtype: DType,
+) -> serde_json::Value {
     let size = |key| meta_usize(content, arch, key);
     let layers = size("block_count");
     let mut config = serde_json::json!({
@@ -138,14 +151,17 @@ fn check(name: &str, dtype: DType, tol: Tolerance) {
     {
         let mut file = std::fs::File::open(&gguf).unwrap();
         let content = Content::read(&mut file).unwrap();
-        let Value::String(arch) = &content.metadata["general.architecture"] else { panic!("no architecture") };
+        let Value::String(arch) = &content.metadata["general.architecture"] else {
+            panic!("no architecture")
+        };
         let tensors = hf_tensors(&content, &mut file, arch);
         let vocab = tensors["model.embed_tokens.weight"].dim(0).unwrap();
         // Qwen2.5's GGUF keeps a separately quantized output matrix, so that checkpoint is untied.
         let tied = !tensors.contains_key("lm_head.weight");
         let config = hf_config(&content, arch, vocab, tied, dtype);
         std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-        let tensors: HashMap<_, _> = tensors.into_iter().map(|(k, t)| (k, t.to_dtype(dtype).unwrap())).collect();
+        let tensors: HashMap<_, _> =
+            tensors.into_iter().map(|(k, t)| (k, t.to_dtype(dtype).unwrap())).collect();
         candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
     }
     let model = spindle_models::load_safetensors(dir.path()).unwrap().model;

@@ -42,7 +42,10 @@ fn yarn_logits_follow_transformers_past_the_original_context() {
     // A prefill that crosses position 32, then one token at a time through the cache to 99.
     let prefill = 40;
     let mut cache = model.new_cache(128);
-    let mut worst = max_diff(&model.forward(&fx.ids[..prefill], &mut cache).unwrap(), &fx.position_logits[prefill - 1]);
+    let mut worst = max_diff(
+        &model.forward(&fx.ids[..prefill], &mut cache).unwrap(),
+        &fx.position_logits[prefill - 1],
+    );
     for pos in prefill..fx.ids.len() {
         let logits = model.forward(&[fx.ids[pos]], &mut cache).unwrap();
         let d = max_diff(&logits, &fx.position_logits[pos]);
@@ -63,20 +66,26 @@ fn the_same_weights_without_yarn_do_not_match() {
     let mut config: serde_json::Value = serde_json::from_str(&config).unwrap();
     config.as_object_mut().unwrap().remove("rope_scaling");
     std::fs::write(scratch.path().join("config.json"), config.to_string()).unwrap();
-    std::fs::copy(dir().join("model.safetensors"), scratch.path().join("model.safetensors")).unwrap();
+    std::fs::copy(dir().join("model.safetensors"), scratch.path().join("model.safetensors"))
+        .unwrap();
     let model = load_safetensors(scratch.path()).unwrap().model;
     let logits = model.forward(&fx.ids, &mut model.new_cache(128)).unwrap();
     let d = max_diff(&logits, fx.position_logits.last().unwrap());
     eprintln!("without yarn: max |logit diff| {d}");
-    assert!(d > 100.0 * TOLERANCE, "plain RoPE lands within {d} of the YaRN reference: the fixture does not test the scaling");
+    assert!(
+        d > 100.0 * TOLERANCE,
+        "plain RoPE lands within {d} of the YaRN reference: the fixture does not test the scaling"
+    );
 }
 
 #[test]
 fn an_unknown_rope_type_is_a_load_error_naming_it() {
     let scratch = tempfile::tempdir().unwrap();
     let config = std::fs::read_to_string(dir().join("config.json")).unwrap();
-    std::fs::write(scratch.path().join("config.json"), config.replace("\"yarn\"", "\"longrope\"")).unwrap();
-    std::fs::copy(dir().join("model.safetensors"), scratch.path().join("model.safetensors")).unwrap();
+    std::fs::write(scratch.path().join("config.json"), config.replace("\"yarn\"", "\"longrope\""))
+        .unwrap();
+    std::fs::copy(dir().join("model.safetensors"), scratch.path().join("model.safetensors"))
+        .unwrap();
     let err = load_safetensors(scratch.path()).err().expect("longrope must not load").to_string();
     assert!(err.contains("'longrope'"), "{err}");
 }

@@ -16,7 +16,8 @@ const WALKS: u64 = 8;
 const MAX_STEPS: usize = 300;
 
 fn main() {
-    let path = match spindle_hub::resolve("qwen2.5-coder-0.5b", &spindle_hub::spindle_home(), true) {
+    let path = match spindle_hub::resolve("qwen2.5-coder-0.5b", &spindle_hub::spindle_home(), true)
+    {
         Ok(spindle_hub::ModelFiles::Gguf(path)) => path,
         other => panic!("qwen2.5-coder-0.5b: {other:?}"),
     };
@@ -25,7 +26,11 @@ fn main() {
     let tokenizer = Tokenizer::from_gguf(&metadata).unwrap();
     let started = Instant::now();
     let grammars = Grammars::new(&tokenizer).unwrap();
-    println!("vocabulary {} tokens; grammar compiler built in {:.0} ms", tokenizer.vocab_size(), started.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "vocabulary {} tokens; grammar compiler built in {:.0} ms",
+        tokenizer.vocab_size(),
+        started.elapsed().as_secs_f64() * 1e3
+    );
     let schema = json!({
         "type": "object",
         "properties": {
@@ -42,12 +47,18 @@ fn main() {
         let started = Instant::now();
         let mut constraint = grammars.compile(grammar::json_schema(&schema)).unwrap();
         let compile = started.elapsed();
-        let params = SamplingParams { temperature: 0.7, top_p: 0.9, seed: Some(seed), ..SamplingParams::default() };
+        let params = SamplingParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            seed: Some(seed),
+            ..SamplingParams::default()
+        };
         let mut sampler = Sampler::new(params, &[]);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut steps = 0;
         while steps < MAX_STEPS {
-            let logits: Vec<f32> = (0..tokenizer.vocab_size()).map(|_| rng.random_range(-4.0..4.0)).collect();
+            let logits: Vec<f32> =
+                (0..tokenizer.vocab_size()).map(|_| rng.random_range(-4.0..4.0)).collect();
             let baseline = Instant::now();
             std::hint::black_box(sampler.sample(&logits));
             sample_times.push(baseline.elapsed());
@@ -62,7 +73,8 @@ fn main() {
             }
             constraint.advance(token).unwrap();
             // The mask and the advance are the grammar's share; the sample under it is not.
-            mask_times.push(sampled.saturating_sub(*sample_times.last().unwrap()) + advancing.elapsed());
+            mask_times
+                .push(sampled.saturating_sub(*sample_times.last().unwrap()) + advancing.elapsed());
             steps += 1;
         }
         println!("walk {seed}: compiled in {:.2} ms, {steps} tokens", compile.as_secs_f64() * 1e3);

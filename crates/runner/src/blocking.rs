@@ -46,7 +46,8 @@ impl GenerationStats {
 
     /// Tokens per second after the first (which the prefill produced).
     pub fn decode_tokens_per_second(&self) -> f64 {
-        self.summary.completion_tokens.saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
+        self.summary.completion_tokens.saturating_sub(1) as f64
+            / self.decode_time.as_secs_f64().max(1e-9)
     }
 }
 
@@ -59,7 +60,11 @@ pub fn single_sequence_cache(bundle: &ModelBundle, positions: usize) -> CacheCon
 impl Engine {
     /// Runs `request` to its end, handing each token and the text it completes to `on_token` as
     /// it arrives. Blocks the calling thread, which must not be an async runtime's.
-    pub fn generate(&self, request: Generation, mut on_token: impl FnMut(&SampledToken, &str)) -> Result<GenerationStats> {
+    pub fn generate(
+        &self,
+        request: Generation,
+        mut on_token: impl FnMut(&SampledToken, &str),
+    ) -> Result<GenerationStats> {
         if request.prompt_ids.is_empty() {
             return Err(RunnerError::EmptyPrompt);
         }
@@ -95,7 +100,11 @@ impl Engine {
                 SequenceEvent::Finished(summary) => {
                     let ended = Instant::now();
                     let first = first_token.unwrap_or(ended);
-                    return Ok(GenerationStats { summary, time_to_first_token: first - submitted, decode_time: ended - first });
+                    return Ok(GenerationStats {
+                        summary,
+                        time_to_first_token: first - submitted,
+                        decode_time: ended - first,
+                    });
                 }
                 SequenceEvent::Failed(message) => return Err(RunnerError::Failed(message)),
                 SequenceEvent::Prefilled { .. } => {}

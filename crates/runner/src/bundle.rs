@@ -28,20 +28,28 @@ pub struct ModelBundle {
 
 impl ModelBundle {
     pub fn load(files: &ModelFiles) -> Result<Self> {
-        let fingerprint = model_fingerprint(files).map_err(|e| RunnerError::Load(format!("cannot read the model files: {e}")))?;
+        let fingerprint = model_fingerprint(files)
+            .map_err(|e| RunnerError::Load(format!("cannot read the model files: {e}")))?;
         match files {
             ModelFiles::Gguf(path) => {
                 let loaded = spindle_models::load_gguf(path)?;
-                let meta = loaded.gguf_metadata.as_ref().ok_or_else(|| RunnerError::Load("GGUF header missing".into()))?;
+                let meta = loaded
+                    .gguf_metadata
+                    .as_ref()
+                    .ok_or_else(|| RunnerError::Load("GGUF header missing".into()))?;
                 let tokenizer = Tokenizer::from_gguf(meta)?;
-                let template = ChatTemplate::from_gguf(meta, &tokenizer)?.unwrap_or_else(ChatTemplate::chatml);
+                let template =
+                    ChatTemplate::from_gguf(meta, &tokenizer)?.unwrap_or_else(ChatTemplate::chatml);
                 Ok(Self { model: loaded.model, tokenizer, template, fingerprint })
             }
             ModelFiles::Safetensors { dir } => {
                 let loaded = spindle_models::load_safetensors(dir)?;
                 let tokenizer = Tokenizer::from_tokenizer_json(&dir.join("tokenizer.json"))?;
-                let template = ChatTemplate::from_tokenizer_config(&dir.join("tokenizer_config.json"), &tokenizer)?
-                    .unwrap_or_else(ChatTemplate::chatml);
+                let template = ChatTemplate::from_tokenizer_config(
+                    &dir.join("tokenizer_config.json"),
+                    &tokenizer,
+                )?
+                .unwrap_or_else(ChatTemplate::chatml);
                 Ok(Self { model: loaded.model, tokenizer, template, fingerprint })
             }
         }
@@ -110,7 +118,8 @@ mod tests {
     #[test]
     fn same_shape_different_weights_get_different_fingerprints() {
         let dir = tempfile::tempdir().unwrap();
-        let (a, b, c) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"), dir.path().join("c.gguf"));
+        let (a, b, c) =
+            (dir.path().join("a.gguf"), dir.path().join("b.gguf"), dir.path().join("c.gguf"));
         let weights: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
         write(&a, &weights);
         let mut other = weights.clone();
@@ -147,7 +156,9 @@ mod tests {
     #[test]
     fn a_safetensors_folder_is_named_by_its_config_and_every_shard() {
         let dir = tempfile::tempdir().unwrap();
-        let fingerprint = || model_fingerprint(&ModelFiles::Safetensors { dir: dir.path().to_path_buf() }).unwrap();
+        let fingerprint = || {
+            model_fingerprint(&ModelFiles::Safetensors { dir: dir.path().to_path_buf() }).unwrap()
+        };
         write(&dir.path().join("config.json"), b"{\"hidden_size\": 64}");
         write(&dir.path().join("model-00001.safetensors"), b"shard one");
         write(&dir.path().join("tokenizer.json"), b"{}");

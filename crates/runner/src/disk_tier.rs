@@ -92,7 +92,10 @@ pub(crate) struct StoredSnapshot {
 impl StoredSnapshot {
     fn payload_bytes(&self) -> usize {
         let blocks: usize = self.blocks.iter().map(Vec::len).sum();
-        blocks + 4 * (self.recurrent.len() + self.logits.as_ref().map_or(0, Vec::len) + self.tokens.len())
+        blocks
+            + 4 * (self.recurrent.len()
+                + self.logits.as_ref().map_or(0, Vec::len)
+                + self.tokens.len())
     }
 }
 
@@ -123,8 +126,16 @@ impl DiskTier {
         let (jobs, inbox) = mpsc::channel();
         let pending = Arc::new(AtomicUsize::new(0));
         let busy = Arc::new(AtomicBool::new(false));
-        let writer = Writer { dir: dir.clone(), layout: layout.clone(), cap: config.bytes, pending: pending.clone(), busy: busy.clone() };
-        let writer = std::thread::Builder::new().name("spindle-disk-cache".into()).spawn(move || writer.run(inbox));
+        let writer = Writer {
+            dir: dir.clone(),
+            layout: layout.clone(),
+            cap: config.bytes,
+            pending: pending.clone(),
+            busy: busy.clone(),
+        };
+        let writer = std::thread::Builder::new()
+            .name("spindle-disk-cache".into())
+            .spawn(move || writer.run(inbox));
         let writer = writer?;
         Ok(Self { dir, layout, pending, busy, jobs: Some(jobs), writer: Some(writer) })
     }
@@ -140,10 +151,15 @@ impl DiskTier {
     /// behind (the memory tier still has it).
     pub fn save(&self, snapshot: StoredSnapshot) {
         let bytes = snapshot.payload_bytes();
-        let fits = |pending: usize| (pending == 0 || pending + bytes <= MAX_PENDING_BYTES).then_some(pending + bytes);
+        let fits = |pending: usize| {
+            (pending == 0 || pending + bytes <= MAX_PENDING_BYTES).then_some(pending + bytes)
+        };
         let accepted = self.pending.fetch_update(Ordering::AcqRel, Ordering::Acquire, fits).is_ok();
         if !accepted {
-            tracing::debug!(tokens = snapshot.tokens.len(), "the disk cache writer is behind; a snapshot is not written");
+            tracing::debug!(
+                tokens = snapshot.tokens.len(),
+                "the disk cache writer is behind; a snapshot is not written"
+            );
             return;
         }
         if let Some(jobs) = &self.jobs {
@@ -274,7 +290,8 @@ fn encode(layout: &Layout, s: &StoredSnapshot) -> Vec<u8> {
 fn holds_logits(path: &std::path::Path) -> bool {
     let mut head = Vec::new();
     let read = fs::File::open(path).and_then(|file| file.take(64 << 10).read_to_end(&mut head));
-    read.is_ok() && Header::read(&mut Cursor { bytes: &head, at: 0 }).is_ok_and(|h| h.logits.is_some())
+    read.is_ok()
+        && Header::read(&mut Cursor { bytes: &head, at: 0 }).is_ok_and(|h| h.logits.is_some())
 }
 
 /// Reads a file's fields in order; running out of bytes means the file was cut short.
@@ -286,7 +303,10 @@ struct Cursor<'a> {
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], Rejected> {
         let end = self.at.checked_add(n).filter(|&end| end <= self.bytes.len());
-        let end = end.ok_or(Rejected::Truncated { actual: self.bytes.len(), expected: self.at.saturating_add(n) })?;
+        let end = end.ok_or(Rejected::Truncated {
+            actual: self.bytes.len(),
+            expected: self.at.saturating_add(n),
+        })?;
         let taken = &self.bytes[self.at..end];
         self.at = end;
         Ok(taken)
@@ -301,7 +321,11 @@ impl<'a> Cursor<'a> {
     }
 
     fn f32s(&mut self, n: usize) -> Result<Vec<f32>, Rejected> {
-        Ok(self.take(n * 4)?.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect())
+        Ok(self
+            .take(n * 4)?
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect())
     }
 }
 
@@ -335,9 +359,20 @@ impl<'a> Header<'a> {
         let kv_type = c.take(kv_type_len)?;
         let key = c.u64()?;
         let mut size = || c.u64().map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-        let (block_size, block_bytes, recurrent_floats, tokens, logits) = (size()?, size()?, size()?, size()?, size()?);
+        let (block_size, block_bytes, recurrent_floats, tokens, logits) =
+            (size()?, size()?, size()?, size()?, size()?);
         let logits = (logits != usize::MAX).then_some(logits);
-        Ok(Self { fingerprint, build, kv_type, key, block_size, block_bytes, recurrent_floats, tokens, logits })
+        Ok(Self {
+            fingerprint,
+            build,
+            kv_type,
+            key,
+            block_size,
+            block_bytes,
+            recurrent_floats,
+            tokens,
+            logits,
+        })
     }
 
     fn blocks(&self) -> usize {
@@ -347,8 +382,14 @@ impl<'a> Header<'a> {
     /// Bytes of the payload this header announces (`usize::MAX` when that overflows).
     fn payload_bytes(&self) -> usize {
         let blocks = self.blocks().checked_mul(self.block_bytes);
-        let words = [self.recurrent_floats, self.logits.unwrap_or(0), self.tokens].into_iter().try_fold(0, usize::checked_add);
-        words.and_then(|w| w.checked_mul(4)).zip(blocks).and_then(|(w, b)| w.checked_add(b)).unwrap_or(usize::MAX)
+        let words = [self.recurrent_floats, self.logits.unwrap_or(0), self.tokens]
+            .into_iter()
+            .try_fold(0, usize::checked_add);
+        words
+            .and_then(|w| w.checked_mul(4))
+            .zip(blocks)
+            .and_then(|(w, b)| w.checked_add(b))
+            .unwrap_or(usize::MAX)
     }
 
     fn check(&self, layout: &Layout) -> Result<(), Rejected> {
@@ -383,15 +424,24 @@ fn decode(bytes: &[u8], layout: &Layout) -> Result<StoredSnapshot, Rejected> {
         return Err(Rejected::Checksum);
     }
     header.check(layout)?;
-    let tokens = c.take(header.tokens * 4)?.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+    let tokens = c
+        .take(header.tokens * 4)?
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
     let tokens = tokens.collect();
-    let blocks = (0..header.blocks()).map(|_| c.take(header.block_bytes).map(<[u8]>::to_vec)).collect::<Result<_, _>>()?;
+    let blocks = (0..header.blocks())
+        .map(|_| c.take(header.block_bytes).map(<[u8]>::to_vec))
+        .collect::<Result<_, _>>()?;
     let recurrent = c.f32s(header.recurrent_floats)?;
     let logits = header.logits.map(|n| c.f32s(n)).transpose()?;
     Ok(StoredSnapshot { tokens, key: header.key, blocks, recurrent, logits })
 }
 
-fn check_identity(snapshot: StoredSnapshot, tokens: &[u32], key: u64) -> Result<StoredSnapshot, Rejected> {
+fn check_identity(
+    snapshot: StoredSnapshot,
+    tokens: &[u32],
+    key: u64,
+) -> Result<StoredSnapshot, Rejected> {
     if snapshot.tokens != tokens {
         return Err(Rejected::Mismatch("prompt"));
     }
@@ -489,14 +539,23 @@ mod tests {
     use super::*;
 
     fn layout(fingerprint: &str) -> Layout {
-        Layout { fingerprint: fingerprint.into(), build: "test".into(), kv_type: "f16".into(), block_size: 4, block_bytes: 6, recurrent_floats: 3 }
+        Layout {
+            fingerprint: fingerprint.into(),
+            build: "test".into(),
+            kv_type: "f16".into(),
+            block_size: 4,
+            block_bytes: 6,
+            recurrent_floats: 3,
+        }
     }
 
     /// A snapshot of `tokens` whose numbers all derive from `seed`.
     fn snapshot(tokens: &[u32], key: u64, seed: f32, logits: bool) -> StoredSnapshot {
         let layout = layout("m");
         let blocks = (0..tokens.len().div_ceil(layout.block_size))
-            .map(|b| (0..layout.block_bytes).map(|i| (seed * 8.0) as u8 ^ (b * 10 + i) as u8).collect())
+            .map(|b| {
+                (0..layout.block_bytes).map(|i| (seed * 8.0) as u8 ^ (b * 10 + i) as u8).collect()
+            })
             .collect();
         StoredSnapshot {
             tokens: tokens.to_vec(),
@@ -538,7 +597,10 @@ mod tests {
         assert_eq!(loaded, with_logits);
         // -0.0 == 0.0 as floats: compare the bits too.
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(loaded.logits.as_ref().unwrap()), bits(with_logits.logits.as_ref().unwrap()));
+        assert_eq!(
+            bits(loaded.logits.as_ref().unwrap()),
+            bits(with_logits.logits.as_ref().unwrap())
+        );
         assert_eq!(tier.load(&without.tokens, 78), Some(without));
         assert_eq!(tier.load(&[1, 2, 3, 4], 77), None, "never saved");
     }
@@ -546,7 +608,8 @@ mod tests {
     #[test]
     fn snapshots_wait_while_the_engine_is_busy_and_a_drop_writes_them() {
         let root = tempfile::tempdir().unwrap();
-        let (first, second) = (snapshot(&[4, 5, 6], 3, 0.5, true), snapshot(&[4, 5], 4, 0.25, false));
+        let (first, second) =
+            (snapshot(&[4, 5, 6], 3, 0.5, true), snapshot(&[4, 5], 4, 0.25, false));
         let tier = open(root.path(), layout("m"));
         let path = |s: &StoredSnapshot| tier.dir.join(file_name(&s.tokens, s.key, "f16"));
         tier.set_busy(true);
@@ -719,9 +782,11 @@ mod tests {
     #[test]
     fn the_size_cap_deletes_the_least_recently_used_files() {
         let root = tempfile::tempdir().unwrap();
-        let snaps: Vec<_> = (0..4).map(|i| snapshot(&[i, i + 1, i + 2], 0, i as f32, true)).collect();
+        let snaps: Vec<_> =
+            (0..4).map(|i| snapshot(&[i, i + 1, i + 2], 0, i as f32, true)).collect();
         let file_bytes = encode(&layout("m"), &snaps[0]).len();
-        let config = DiskConfig { dir: root.path().to_path_buf(), bytes: 2 * file_bytes + file_bytes / 2 };
+        let config =
+            DiskConfig { dir: root.path().to_path_buf(), bytes: 2 * file_bytes + file_bytes / 2 };
         let now = SystemTime::now();
         let age = |path: &Path, seconds: u64| {
             let file = fs::File::options().write(true).open(path).unwrap();
@@ -731,7 +796,10 @@ mod tests {
             // Dropping the tier waits for its writer.
             DiskTier::open(&config, layout("m")).unwrap().save(s.clone());
         };
-        let paths: Vec<PathBuf> = snaps.iter().map(|s| root.path().join("m").join(file_name(&s.tokens, s.key, "f16"))).collect();
+        let paths: Vec<PathBuf> = snaps
+            .iter()
+            .map(|s| root.path().join("m").join(file_name(&s.tokens, s.key, "f16")))
+            .collect();
         save(&snaps[0]);
         age(&paths[0], 300);
         save(&snaps[1]);
@@ -750,7 +818,9 @@ mod tests {
     #[test]
     fn a_snapshot_larger_than_the_cap_is_not_written() {
         let root = tempfile::tempdir().unwrap();
-        let tier = DiskTier::open(&DiskConfig { dir: root.path().to_path_buf(), bytes: 16 }, layout("m")).unwrap();
+        let tier =
+            DiskTier::open(&DiskConfig { dir: root.path().to_path_buf(), bytes: 16 }, layout("m"))
+                .unwrap();
         tier.save(snapshot(&[1, 2], 0, 1.0, true));
         let dir = tier.dir.clone();
         drop(tier);

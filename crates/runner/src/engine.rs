@@ -96,8 +96,16 @@ pub struct SequenceRequest {
 pub enum SequenceEvent {
     /// A prefill chunk ran: `read` of the prompt's `total` positions are in the cache, `cached`
     /// of them taken from the prefix cache.
-    Prefilled { read: usize, total: usize, cached: usize },
-    Token { token: SampledToken, text: TextDelta, reasoning: bool },
+    Prefilled {
+        read: usize,
+        total: usize,
+        cached: usize,
+    },
+    Token {
+        token: SampledToken,
+        text: TextDelta,
+        reasoning: bool,
+    },
     Finished(SequenceSummary),
     Failed(String),
 }
@@ -210,13 +218,21 @@ struct EngineState<'a> {
     used_blocks: HashSet<u32>,
 }
 
-fn run(bundle: &ModelBundle, config: &EngineConfig, inbox: &mpsc::Receiver<SequenceRequest>, load: &EngineLoad) {
+fn run(
+    bundle: &ModelBundle,
+    config: &EngineConfig,
+    inbox: &mpsc::Receiver<SequenceRequest>,
+    load: &EngineLoad,
+) {
     let mut engine = EngineState {
         bundle,
         config,
         load,
         prefix: PrefixCache::new(bundle, &config.cache),
-        scheduler: Scheduler::new(SchedulerConfig { max_active: config.max_active.max(1), step_tokens: config.step_tokens }),
+        scheduler: Scheduler::new(SchedulerConfig {
+            max_active: config.max_active.max(1),
+            step_tokens: config.step_tokens,
+        }),
         waiting: HashMap::new(),
         running: HashMap::new(),
         next_id: 0,
@@ -262,13 +278,16 @@ impl EngineState<'_> {
         let mut failed = Vec::new();
         let admitted = self.scheduler.admit(|id| {
             let request = &self.waiting[&id].request;
-            if self.running.values().any(|seq| seq.is_reading_shared_prefix(&request.prompt_ids, self.config.prefill_chunk)) {
+            if self.running.values().any(|seq| {
+                seq.is_reading_shared_prefix(&request.prompt_ids, self.config.prefill_chunk)
+            }) {
                 // A retry, or a twin sent at the same time: wait for the running one to read the
                 // shared part and resume from its cache instead of reading it a second time.
                 return false;
             }
             let len = request.prompt_ids.len();
-            let plan = PrefillPlan::new(len, &request.snapshot_positions, self.config.prefill_chunk);
+            let plan =
+                PrefillPlan::new(len, &request.snapshot_positions, self.config.prefill_chunk);
             if self.prefix.blocks_for(len + 1) > self.prefix.total_blocks() {
                 let message = format!(
                     "the prompt needs {} KV blocks but the cache holds {}; raise --kv-cache-memory",
@@ -278,7 +297,9 @@ impl EngineState<'_> {
                 failed.push((id, message));
                 return true;
             }
-            let Ok(started) = self.prefix.start(&request.prompt_ids, &plan, request.context) else { return false };
+            let Ok(started) = self.prefix.start(&request.prompt_ids, &plan, request.context) else {
+                return false;
+            };
             if !self.prefix.make_room(started.cache.blocks_needed(len + 1 - started.cached)) {
                 self.prefix.release(&started.cache);
                 return false;
@@ -305,7 +326,11 @@ impl EngineState<'_> {
     fn step(&mut self) {
         let plan = self.scheduler.plan();
         self.make_room_for(&plan);
-        let work = plan.prefill.iter().map(|&(id, size)| (id, Some(size))).chain(plan.decode.iter().map(|&id| (id, None)));
+        let work = plan
+            .prefill
+            .iter()
+            .map(|&(id, size)| (id, Some(size)))
+            .chain(plan.decode.iter().map(|&id| (id, None)));
         let mut jobs: Vec<Job> = Vec::new();
         // Nobody else wants the engine: a prompt whose client left may go on being read.
         let idle = self.waiting.is_empty() && self.running.values().all(Sequence::client_gone);
@@ -336,8 +361,10 @@ impl EngineState<'_> {
             return;
         }
         let ran = {
-            let mut batch: Vec<BatchEntry> =
-                jobs.iter_mut().map(|job| BatchEntry { tokens: &job.tokens, cache: job.seq.cache_mut() }).collect();
+            let mut batch: Vec<BatchEntry> = jobs
+                .iter_mut()
+                .map(|job| BatchEntry { tokens: &job.tokens, cache: job.seq.cache_mut() })
+                .collect();
             let model = self.bundle.model.as_ref();
             std::panic::catch_unwind(AssertUnwindSafe(|| model.forward_batch(&mut batch)))
         };
@@ -345,7 +372,9 @@ impl EngineState<'_> {
             Ok(Ok(logits)) => logits,
             // The caches of a failed pass are in an unknown state: every sequence in it ends.
             Ok(Err(e)) => return self.fail_all(jobs, e.to_string()),
-            Err(panic) => return self.fail_all(jobs, format!("internal error: {}", panic_message(&panic))),
+            Err(panic) => {
+                return self.fail_all(jobs, format!("internal error: {}", panic_message(&panic)))
+            }
         };
         for (mut job, logits) in jobs.into_iter().zip(logits) {
             if job.prefill && job.seq.client_gone() {
@@ -413,7 +442,8 @@ impl EngineState<'_> {
     /// Publishes KV and snapshot memory use for the metrics.
     fn report_memory(&mut self) {
         self.used_blocks.clear();
-        self.used_blocks.extend(self.running.values().flat_map(|seq| seq.cache().blocks().iter().copied()));
+        self.used_blocks
+            .extend(self.running.values().flat_map(|seq| seq.cache().blocks().iter().copied()));
         self.load.kv_blocks_used.store(self.used_blocks.len(), Ordering::Relaxed);
         self.load.kv_blocks_total.store(self.prefix.total_blocks(), Ordering::Relaxed);
         self.load.snapshot_bytes.store(self.prefix.snapshot_bytes(), Ordering::Relaxed);
@@ -442,7 +472,10 @@ struct Job {
 }
 
 /// Runs `f` on `seq`, turning a panic into a failure of that sequence alone.
-fn guarded<T>(seq: &mut Sequence, f: impl FnOnce(&mut Sequence) -> Result<T, Ended>) -> Result<T, Ended> {
+fn guarded<T>(
+    seq: &mut Sequence,
+    f: impl FnOnce(&mut Sequence) -> Result<T, Ended>,
+) -> Result<T, Ended> {
     match std::panic::catch_unwind(AssertUnwindSafe(|| f(seq))) {
         Ok(result) => result,
         Err(panic) => {

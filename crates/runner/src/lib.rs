@@ -16,8 +16,9 @@ pub use blocking::{single_sequence_cache, Generation, GenerationStats};
 pub use bundle::{model_fingerprint, ModelBundle};
 pub use disk_tier::DiskConfig;
 pub use engine::{
-    Engine, EngineConfig, EngineLoad, EngineStopped, FinishReason, ReasoningBudget, SequenceEvent, SequenceRequest, SequenceSummary,
+    Engine, EngineConfig, EngineLoad, EngineStopped, FinishReason, ReasoningBudget, SequenceEvent,
+    SequenceRequest, SequenceSummary,
 };
 pub use error::{Result, RunnerError};
-pub use prefix_cache::CacheConfig;
 pub use output::{OutputPipeline, ReasoningMode, TextDelta};
+pub use prefix_cache::CacheConfig;

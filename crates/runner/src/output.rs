@@ -38,7 +38,9 @@ impl OutputPipeline {
     pub fn new(stops: &[String], reasoning: ReasoningMode) -> Self {
         let splitter = match reasoning {
             ReasoningMode::Off => None,
-            ReasoningMode::ThinkTags { starts_inside } => Some(ReasoningSplitter::think_tags(starts_inside)),
+            ReasoningMode::ThinkTags { starts_inside } => {
+                Some(ReasoningSplitter::think_tags(starts_inside))
+            }
         };
         Self { decoder: IncrementalDecoder::new(), stops: StopMatcher::new(stops), splitter }
     }

@@ -16,7 +16,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use spindle_models::{KvType, PagedKv, RecurrentState, SequenceCache};
-use spindle_sched::{BlockId, BlockPool, CacheKind, PoolExhausted, PrefillPlan, PrefixTree, ResumePoint, SnapshotId};
+use spindle_sched::{
+    BlockId, BlockPool, CacheKind, PoolExhausted, PrefillPlan, PrefixTree, ResumePoint, SnapshotId,
+};
 
 use crate::bundle::ModelBundle;
 use crate::disk_tier::{self, DiskConfig, DiskTier, Layout, StoredSnapshot};
@@ -38,7 +40,13 @@ pub struct CacheConfig {
 
 impl Default for CacheConfig {
     fn default() -> Self {
-        Self { kv_bytes: 1 << 30, snapshot_bytes: 1 << 30, block_size: 16, kv_type: KvType::default(), disk: None }
+        Self {
+            kv_bytes: 1 << 30,
+            snapshot_bytes: 1 << 30,
+            block_size: 16,
+            kv_type: KvType::default(),
+            disk: None,
+        }
     }
 }
 
@@ -55,7 +63,10 @@ impl CacheConfig {
 
     /// This configuration with `kv_bytes` just enough for `positions` of `bundle`'s model.
     pub fn holding(self, bundle: &ModelBundle, positions: usize) -> Self {
-        Self { kv_bytes: self.block_bytes(bundle) * positions.div_ceil(self.block_size).max(1), ..self }
+        Self {
+            kv_bytes: self.block_bytes(bundle) * positions.div_ceil(self.block_size).max(1),
+            ..self
+        }
     }
 
     /// Positions whose keys and values fit in `kv_bytes`, over all sequences together.
@@ -76,7 +87,8 @@ struct Snapshot {
 impl Snapshot {
     /// What it counts against the snapshot budget.
     fn bytes(&self) -> usize {
-        self.recurrent.bytes() + self.logits.as_ref().map_or(0, |l| l.len() * std::mem::size_of::<f32>())
+        self.recurrent.bytes()
+            + self.logits.as_ref().map_or(0, |l| l.len() * std::mem::size_of::<f32>())
     }
 }
 
@@ -157,13 +169,19 @@ impl PrefixCache {
 
     /// A cache for `prompt`, resumed from the deepest snapshot `plan` can continue exactly, in
     /// memory or on disk.
-    pub fn start(&mut self, prompt: &[u32], plan: &PrefillPlan, limit: usize) -> Result<Started, PoolExhausted> {
+    pub fn start(
+        &mut self,
+        prompt: &[u32],
+        plan: &PrefillPlan,
+        limit: usize,
+    ) -> Result<Started, PoolExhausted> {
         if self.disk.is_some() {
             let in_memory = self.resume_point(prompt, plan).map_or(0, |point| point.position);
             self.import_deeper(prompt, plan, in_memory);
         }
         let Some(point) = self.resume_point(prompt, plan) else {
-            let cache = SequenceCache::resume(self.kv.clone(), Vec::new(), 0, self.initial.clone(), limit);
+            let cache =
+                SequenceCache::resume(self.kv.clone(), Vec::new(), 0, self.initial.clone(), limit);
             return Ok(Started { cache, cached: 0, logits: None });
         };
         let (recurrent, logits) = match point.snapshot {
@@ -182,7 +200,9 @@ impl PrefixCache {
                     return Err(e);
                 }
             };
-            self.kv.copy_positions(partial.0, copy.0, point.position % self.pool.block_size()).expect("pool blocks");
+            self.kv
+                .copy_positions(partial.0, copy.0, point.position % self.pool.block_size())
+                .expect("pool blocks");
             blocks.push(copy);
         } else {
             self.pool.share(&blocks);
@@ -199,12 +219,17 @@ impl PrefixCache {
     fn resume_point(&mut self, prompt: &[u32], plan: &PrefillPlan) -> Option<ResumePoint> {
         let points = self.tree.lookup(prompt, |end| plan.block_key(end));
         let at_snapshot = points.iter().find(|point| {
-            let Some(snapshot) = point.snapshot.and_then(|id| self.snapshots.get(&id)) else { return false };
-            plan.key(point.position) == Some(snapshot.key) && (point.position < prompt.len() || snapshot.logits.is_some())
+            let Some(snapshot) = point.snapshot.and_then(|id| self.snapshots.get(&id)) else {
+                return false;
+            };
+            plan.key(point.position) == Some(snapshot.key)
+                && (point.position < prompt.len() || snapshot.logits.is_some())
         });
         let at_cut = match self.tree.kind() {
             // Every point's blocks matched under this plan's keys; the first is the deepest.
-            CacheKind::AttentionOnly => points.first().and_then(|deepest| self.cut_within(deepest, plan)),
+            CacheKind::AttentionOnly => {
+                points.first().and_then(|deepest| self.cut_within(deepest, plan))
+            }
             CacheKind::Hybrid => None,
         };
         match (at_snapshot, at_cut) {
@@ -219,7 +244,8 @@ impl PrefixCache {
     /// lookup matched every block there under `plan`'s chunking keys, so they are the bits a
     /// cold prefill computes; the prompt then goes on with its own next chunk.
     fn cut_within(&self, longest: &ResumePoint, plan: &PrefillPlan) -> Option<ResumePoint> {
-        let position = plan.last_cut_before(longest.position.min(plan.len().saturating_sub(1)) + 1)?;
+        let position =
+            plan.last_cut_before(longest.position.min(plan.len().saturating_sub(1)) + 1)?;
         let bs = self.pool.block_size();
         let full = position / bs;
         let partial = match position % bs {
@@ -227,17 +253,25 @@ impl PrefixCache {
             _ if full < longest.blocks.len() => Some(longest.blocks[full]),
             _ => longest.partial,
         };
-        Some(ResumePoint { position, blocks: longest.blocks[..full].to_vec(), partial, snapshot: None })
+        Some(ResumePoint {
+            position,
+            blocks: longest.blocks[..full].to_vec(),
+            partial,
+            snapshot: None,
+        })
     }
 
     /// Loads into the tree the deepest snapshot of `plan` past position `known` that the disk
     /// holds, if any.
     fn import_deeper(&mut self, prompt: &[u32], plan: &PrefillPlan, known: usize) {
         let Some(disk) = &self.disk else { return };
-        let found = plan.snapshots().iter().rev().filter(|&&p| p > known && p <= prompt.len()).find_map(|&p| {
-            let stored = disk.load(&prompt[..p], plan.key(p)?)?;
-            (p < prompt.len() || stored.logits.is_some()).then_some(stored)
-        });
+        let found =
+            plan.snapshots().iter().rev().filter(|&&p| p > known && p <= prompt.len()).find_map(
+                |&p| {
+                    let stored = disk.load(&prompt[..p], plan.key(p)?)?;
+                    (p < prompt.len() || stored.logits.is_some()).then_some(stored)
+                },
+            );
         if let Some(stored) = found {
             self.import(stored, plan);
         }
@@ -247,7 +281,11 @@ impl PrefixCache {
     /// `plan` (whose key at the snapshot's position is the file's: it cuts the prefix alike). On
     /// failure nothing is left allocated.
     fn import(&mut self, stored: StoredSnapshot, plan: &PrefillPlan) {
-        debug_assert_eq!(plan.key(stored.tokens.len()), Some(stored.key), "loaded under the plan's key");
+        debug_assert_eq!(
+            plan.key(stored.tokens.len()),
+            Some(stored.key),
+            "loaded under the plan's key"
+        );
         let recurrent = match self.initial.with_floats(&stored.recurrent) {
             Ok(recurrent) => recurrent,
             Err(e) => {
@@ -273,7 +311,11 @@ impl PrefixCache {
 
     /// Adds the blocks `cache` needs for `new_tokens` more positions, evicting cached prefixes
     /// nobody uses if the pool runs short.
-    pub fn reserve(&mut self, cache: &mut SequenceCache, new_tokens: usize) -> Result<(), PoolExhausted> {
+    pub fn reserve(
+        &mut self,
+        cache: &mut SequenceCache,
+        new_tokens: usize,
+    ) -> Result<(), PoolExhausted> {
         let needed = cache.blocks_needed(new_tokens);
         if needed > 0 {
             let blocks = self.allocate(needed)?;
@@ -289,11 +331,24 @@ impl PrefixCache {
 
     /// Keeps the prefix `tokens` (all `cache` has processed, a cut of `plan`) with
     /// a snapshot of its state, in memory and, when the memory tier took it, on disk.
-    pub fn store(&mut self, tokens: &[u32], cache: &SequenceCache, plan: &PrefillPlan, logits: Option<&[f32]>) {
+    pub fn store(
+        &mut self,
+        tokens: &[u32],
+        cache: &SequenceCache,
+        plan: &PrefillPlan,
+        logits: Option<&[f32]>,
+    ) {
         debug_assert_eq!(tokens.len(), cache.len());
         let key = plan.key(tokens.len()).expect("snapshots are stored at cuts");
-        let snapshot = Snapshot { key, recurrent: cache.recurrent().clone(), logits: logits.map(<[f32]>::to_vec) };
-        let blocks: Vec<BlockId> = cache.blocks()[..self.pool.blocks_for(tokens.len())].iter().map(|&b| BlockId(b)).collect();
+        let snapshot = Snapshot {
+            key,
+            recurrent: cache.recurrent().clone(),
+            logits: logits.map(<[f32]>::to_vec),
+        };
+        let blocks: Vec<BlockId> = cache.blocks()[..self.pool.blocks_for(tokens.len())]
+            .iter()
+            .map(|&b| BlockId(b))
+            .collect();
         let keys = plan.block_keys(tokens.len(), self.pool.block_size());
         let Some(id) = self.insert(tokens, &keys, &blocks, snapshot) else { return };
         let Some(disk) = &self.disk else { return };
@@ -310,10 +365,17 @@ impl PrefixCache {
     /// Offers the tree `blocks` holding `tokens`, computed under the chunking `keys`, and a
     /// snapshot after them. Returns the id of the snapshot that changed: the new one if the
     /// tree kept it, or the one already there if it lacked the new one's logits and took them.
-    fn insert(&mut self, tokens: &[u32], keys: &[u64], blocks: &[BlockId], snapshot: Snapshot) -> Option<SnapshotId> {
+    fn insert(
+        &mut self,
+        tokens: &[u32],
+        keys: &[u64],
+        blocks: &[BlockId],
+        snapshot: Snapshot,
+    ) -> Option<SnapshotId> {
         let id = SnapshotId(self.next_snapshot);
         self.next_snapshot += 1;
-        let inserted = self.tree.insert(tokens, keys, blocks, Some((id, snapshot.bytes())), &mut self.pool);
+        let inserted =
+            self.tree.insert(tokens, keys, blocks, Some((id, snapshot.bytes())), &mut self.pool);
         for dropped in inserted.dropped_snapshots {
             self.snapshots.remove(&dropped);
         }

@@ -107,47 +107,20 @@ impl SamplingParams {
     /// Checks every field's range and names the first bad one. [`Sampler`] does not check its
     /// params, so call this first.
     pub fn validate(&self) -> Result<(), SamplingError> {
-        let (t, p, min_p, rep) = (
-            self.temperature,
-            self.top_p,
-            self.min_p,
-            self.repetition_penalty,
-        );
+        let (t, p, min_p, rep) =
+            (self.temperature, self.top_p, self.min_p, self.repetition_penalty);
         let (presence, frequency) = (self.presence_penalty, self.frequency_penalty);
         let openai = -2.0..=2.0;
         let checks = [
-            (
-                t.is_finite() && t >= 0.0,
-                "temperature",
-                "a finite number >= 0",
-                t,
-            ),
+            (t.is_finite() && t >= 0.0, "temperature", "a finite number >= 0", t),
             (p > 0.0 && p <= 1.0, "top_p", "in (0, 1]", p),
             ((0.0..=1.0).contains(&min_p), "min_p", "in [0, 1]", min_p),
-            (
-                rep.is_finite() && rep > 0.0,
-                "repetition_penalty",
-                "a finite number > 0",
-                rep,
-            ),
-            (
-                openai.contains(&presence),
-                "presence_penalty",
-                "in [-2, 2]",
-                presence,
-            ),
-            (
-                openai.contains(&frequency),
-                "frequency_penalty",
-                "in [-2, 2]",
-                frequency,
-            ),
+            (rep.is_finite() && rep > 0.0, "repetition_penalty", "a finite number > 0", rep),
+            (openai.contains(&presence), "presence_penalty", "in [-2, 2]", presence),
+            (openai.contains(&frequency), "frequency_penalty", "in [-2, 2]", frequency),
         ];
         if let Some((_, field, rule, got)) = checks.into_iter().find(|c| !c.0) {
-            return Err(SamplingError {
-                field,
-                reason: format!("must be {rule}, got {got}"),
-            });
+            return Err(SamplingError { field, reason: format!("must be {rule}, got {got}") });
         }
         match self.top_logprobs {
             Some(n) if n > MAX_TOP_LOGPROBS => Err(SamplingError {
@@ -192,11 +165,7 @@ impl Sampler {
         for &id in prompt_ids {
             seen.entry(id).or_insert(0);
         }
-        Self {
-            params,
-            rng: ChaCha8Rng::seed_from_u64(seed),
-            seen,
-        }
+        Self { params, rng: ChaCha8Rng::seed_from_u64(seed), seen }
     }
 
     /// Applies penalties and filters, draws a token and records it in the history.
@@ -232,7 +201,9 @@ impl Sampler {
         let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
         let log_norm = f64::from(max) + sum.ln();
         // A forced id past the logits (a special token outside the LM head) is impossible.
-        let logprob = |id: u32| logits.get(id as usize).map_or(f32::NEG_INFINITY, |&l| (f64::from(l) - log_norm) as f32);
+        let logprob = |id: u32| {
+            logits.get(id as usize).map_or(f32::NEG_INFINITY, |&l| (f64::from(l) - log_norm) as f32)
+        };
 
         let greedy = degenerate || self.params.temperature == 0.0 || self.params.top_k == 1;
         let id = if let Some(id) = forced {
@@ -243,18 +214,11 @@ impl Sampler {
             draw(&candidates(&self.params, &logits, max), u).unwrap_or(best)
         };
         let top_logprobs = match self.params.top_logprobs {
-            Some(n) => top_ids(&logits, n)
-                .into_iter()
-                .map(|i| (i, logprob(i)))
-                .collect(),
+            Some(n) => top_ids(&logits, n).into_iter().map(|i| (i, logprob(i))).collect(),
             None => Vec::new(),
         };
         *self.seen.entry(id).or_insert(0) += 1;
-        SampledToken {
-            id,
-            logprob: logprob(id),
-            top_logprobs,
-        }
+        SampledToken { id, logprob: logprob(id), top_logprobs }
     }
 }
 
@@ -283,11 +247,7 @@ fn apply_penalties(p: &SamplingParams, seen: &HashMap<u32, u32>, logits: &mut [f
         if *l == f32::NEG_INFINITY {
             continue;
         }
-        let mut x = if *l > 0.0 {
-            *l / p.repetition_penalty
-        } else {
-            *l * p.repetition_penalty
-        };
+        let mut x = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
         if count > 0 {
             x -= p.presence_penalty + p.frequency_penalty * count as f32;
         }
@@ -314,9 +274,7 @@ fn top_ids(logits: &[f32], n: usize) -> Vec<u32> {
     }
     let by_logit = |a: &u32, b: &u32| {
         let (la, lb) = (logits[*a as usize], logits[*b as usize]);
-        lb.partial_cmp(&la)
-            .unwrap_or(Ordering::Equal)
-            .then(a.cmp(b))
+        lb.partial_cmp(&la).unwrap_or(Ordering::Equal).then(a.cmp(b))
     };
     // Split the logits into at least n chunks: their maxima are at least n distinct tokens, so
     // the smallest maximum cannot beat the n-th highest logit, and nothing below it can make the
@@ -324,10 +282,7 @@ fn top_ids(logits: &[f32], n: usize) -> Vec<u32> {
     // usually only a few hundred ids left.
     let floor = if n < logits.len() {
         let chunk_max = |c: &[f32]| c.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
-        logits
-            .chunks(logits.len() / n)
-            .map(chunk_max)
-            .fold(f32::INFINITY, f32::min)
+        logits.chunks(logits.len() / n).map(chunk_max).fold(f32::INFINITY, f32::min)
     } else {
         f32::NEG_INFINITY
     };
@@ -351,20 +306,9 @@ fn top_ids(logits: &[f32], n: usize) -> Vec<u32> {
 fn candidates(p: &SamplingParams, logits: &[f32], max: f32) -> Vec<(u32, f64)> {
     let weight = |id: u32| f64::from(((logits[id as usize] - max) / p.temperature).exp());
     let (mut cands, sorted): (Vec<(u32, f64)>, bool) = if p.top_k > 0 && p.top_k < logits.len() {
-        (
-            top_ids(logits, p.top_k)
-                .into_iter()
-                .map(|id| (id, weight(id)))
-                .collect(),
-            true,
-        )
+        (top_ids(logits, p.top_k).into_iter().map(|id| (id, weight(id))).collect(), true)
     } else {
-        (
-            (0..logits.len() as u32)
-                .map(|id| (id, weight(id)))
-                .collect(),
-            false,
-        )
+        ((0..logits.len() as u32).map(|id| (id, weight(id))).collect(), false)
     };
     // A -inf logit, or a weight that underflowed, can never be drawn.
     cands.retain(|c| c.1 > 0.0);
@@ -417,10 +361,7 @@ mod tests {
 
     /// Seeded params with everything else at its default, adjusted by `f`.
     fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
-        let mut p = SamplingParams {
-            seed: Some(7),
-            ..SamplingParams::default()
-        };
+        let mut p = SamplingParams { seed: Some(7), ..SamplingParams::default() };
         f(&mut p);
         p
     }
@@ -441,14 +382,9 @@ mod tests {
     }
 
     fn reference_log_softmax(logits: &[f32]) -> Vec<f64> {
-        let max = logits
-            .iter()
-            .fold(f64::NEG_INFINITY, |m, &l| m.max(f64::from(l)));
+        let max = logits.iter().fold(f64::NEG_INFINITY, |m, &l| m.max(f64::from(l)));
         let sum: f64 = logits.iter().map(|&l| (f64::from(l) - max).exp()).sum();
-        logits
-            .iter()
-            .map(|&l| f64::from(l) - max - sum.ln())
-            .collect()
+        logits.iter().map(|&l| f64::from(l) - max - sum.ln()).collect()
     }
 
     #[test]
@@ -463,11 +399,8 @@ mod tests {
     fn top_k_1_is_greedy_at_any_temperature() {
         let logits = [0.3, 1.0, 1.2, 1.2, -4.0];
         for temperature in [0.1, 1.0, 5.0, 100.0] {
-            let counts = histogram(
-                params(|p| (p.temperature, p.top_k) = (temperature, 1)),
-                &logits,
-                200,
-            );
+            let counts =
+                histogram(params(|p| (p.temperature, p.top_k) = (temperature, 1)), &logits, 200);
             assert_eq!(counts, vec![0, 0, 200, 0, 0], "temperature {temperature}");
         }
     }
@@ -475,16 +408,8 @@ mod tests {
     #[test]
     fn top_k_2_never_leaves_the_top_two() {
         let logits = [1.0, 3.0, 2.9, 2.8, 0.5, 2.7];
-        let counts = histogram(
-            params(|p| (p.temperature, p.top_k) = (2.0, 2)),
-            &logits,
-            500,
-        );
-        assert_eq!(
-            counts[0] + counts[3] + counts[4] + counts[5],
-            0,
-            "{counts:?}"
-        );
+        let counts = histogram(params(|p| (p.temperature, p.top_k) = (2.0, 2)), &logits, 500);
+        assert_eq!(counts[0] + counts[3] + counts[4] + counts[5], 0, "{counts:?}");
         assert!(counts[1] > 0 && counts[2] > 0, "{counts:?}");
     }
 
@@ -523,12 +448,7 @@ mod tests {
             let t = f64::from(p.temperature);
             let mut v: Vec<(u32, f64)> = (0..logits.len() as u32)
                 .filter(|&i| logits[i as usize].is_finite())
-                .map(|i| {
-                    (
-                        i,
-                        ((f64::from(logits[i as usize]) - f64::from(max)) / t).exp(),
-                    )
-                })
+                .map(|i| (i, ((f64::from(logits[i as usize]) - f64::from(max)) / t).exp()))
                 .collect();
             v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             if p.top_k > 0 {
@@ -577,10 +497,8 @@ mod tests {
         assert_eq!(rep(1.2, &[0], &[-1.0, -0.9, -5.0]), 1);
 
         // Generated tokens count too: token 0 wins, is penalised, then both are.
-        let mut s = Sampler::new(
-            params(|p| (p.temperature, p.repetition_penalty) = (0.0, 1.2)),
-            &[],
-        );
+        let mut s =
+            Sampler::new(params(|p| (p.temperature, p.repetition_penalty) = (0.0, 1.2)), &[]);
         let ids: Vec<u32> = (0..3).map(|_| s.sample(&[2.0, 1.8]).id).collect();
         assert_eq!(ids, [0, 1, 0]);
     }
@@ -601,17 +519,11 @@ mod tests {
         assert!((f64::from(first.logprob) - expect(1.0)).abs() < 1e-6);
         // Generated once: 1 - 0.5 - 0.25.
         let second = s.sample(&logits);
-        assert!(
-            (f64::from(second.logprob) - expect(0.25)).abs() < 1e-6,
-            "{second:?}"
-        );
+        assert!((f64::from(second.logprob) - expect(0.25)).abs() < 1e-6, "{second:?}");
         // Generated twice: 1 - 0.5 - 2 * 0.25 = 0, a four-way tie.
         let third = s.sample(&logits);
         assert_eq!(third.id, 0);
-        assert!(
-            (f64::from(third.logprob) - 0.25f64.ln()).abs() < 1e-6,
-            "{third:?}"
-        );
+        assert!((f64::from(third.logprob) - 0.25f64.ln()).abs() < 1e-6, "{third:?}");
         let token_1 = third.top_logprobs.iter().find(|t| t.0 == 1).unwrap();
         assert!((f64::from(token_1.1) - 0.25f64.ln()).abs() < 1e-6);
     }
@@ -625,9 +537,8 @@ mod tests {
             );
             (0..200)
                 .map(|step| {
-                    let logits: Vec<f32> = (0..10)
-                        .map(|i| ((i * 7 + step) % 10) as f32 * 0.2)
-                        .collect();
+                    let logits: Vec<f32> =
+                        (0..10).map(|i| ((i * 7 + step) % 10) as f32 * 0.2).collect();
                     s.sample(&logits).id
                 })
                 .collect::<Vec<_>>()
@@ -662,21 +573,14 @@ mod tests {
         // At temperature 0.5 the probabilities are squared and renormalised.
         let squared: Vec<f64> = probs.iter().map(|p| p * p / 0.3).collect();
         for (temperature, expected) in [(1.0, probs.to_vec()), (0.5, squared)] {
-            let counts = histogram(
-                params(|p| p.temperature = temperature),
-                &logits_of(&probs),
-                n,
-            );
+            let counts = histogram(params(|p| p.temperature = temperature), &logits_of(&probs), n);
             let chi2: f64 = counts
                 .iter()
                 .zip(&expected)
                 .map(|(&c, &e)| (c as f64 - e * n as f64).powi(2) / (e * n as f64))
                 .sum();
             // 3 degrees of freedom: 20 has a p-value of about 2e-4.
-            assert!(
-                chi2 < 20.0,
-                "temperature {temperature}: {counts:?}, chi2 {chi2}"
-            );
+            assert!(chi2 < 20.0, "temperature {temperature}: {counts:?}, chi2 {chi2}");
         }
     }
 
@@ -687,10 +591,7 @@ mod tests {
         let mut s = Sampler::new(params(|p| p.top_logprobs = Some(3)), &[]);
         for _ in 0..20 {
             let t = s.sample(&logits);
-            assert!(
-                (f64::from(t.logprob) - reference[t.id as usize]).abs() < 1e-6,
-                "{t:?}"
-            );
+            assert!((f64::from(t.logprob) - reference[t.id as usize]).abs() < 1e-6, "{t:?}");
             let ids: Vec<u32> = t.top_logprobs.iter().map(|x| x.0).collect();
             assert_eq!(ids, [2, 4, 6]);
             for (id, lp) in &t.top_logprobs {
@@ -766,14 +667,7 @@ mod tests {
     #[test]
     fn missing_fields_deserialize_to_defaults() {
         let p: SamplingParams = serde_json::from_str(r#"{"top_k": 40, "seed": 3}"#).unwrap();
-        assert_eq!(
-            p,
-            SamplingParams {
-                top_k: 40,
-                seed: Some(3),
-                ..SamplingParams::default()
-            }
-        );
+        assert_eq!(p, SamplingParams { top_k: 40, seed: Some(3), ..SamplingParams::default() });
     }
 
     #[test]

@@ -109,7 +109,9 @@ impl Sequence {
 
     /// The client went away or cancelled.
     pub fn client_gone(&self) -> bool {
-        self.orphan || self.request.events.is_closed() || self.request.cancel.load(Ordering::Relaxed)
+        self.orphan
+            || self.request.events.is_closed()
+            || self.request.cancel.load(Ordering::Relaxed)
     }
 
     /// Prompt positions not read yet.
@@ -134,7 +136,8 @@ impl Sequence {
     /// the retry (same plan) continues it bit for bit.
     pub fn keep_read_prompt(&self, prefix: &mut PrefixCache) {
         let read = self.cache.len();
-        let in_progress = self.logits.is_none() && read > self.cached && read < self.request.prompt_ids.len();
+        let in_progress =
+            self.logits.is_none() && read > self.cached && read < self.request.prompt_ids.len();
         // Snapshot positions were stored as they were reached.
         if in_progress && !self.plan.snapshots().contains(&read) {
             prefix.store(&self.request.prompt_ids[..read], &self.cache, &self.plan, None);
@@ -152,7 +155,11 @@ impl Sequence {
     }
 
     /// Readies the next `size` prompt tokens to run: their blocks are reserved.
-    pub fn begin_prefill(&mut self, prefix: &mut PrefixCache, size: usize) -> Result<Vec<u32>, Ended> {
+    pub fn begin_prefill(
+        &mut self,
+        prefix: &mut PrefixCache,
+        size: usize,
+    ) -> Result<Vec<u32>, Ended> {
         let start = self.cache.len();
         if let Err(e) = prefix.reserve(&mut self.cache, size) {
             return Err(self.fail(format!("the KV cache is full ({e}); raise --kv-cache-memory")));
@@ -166,7 +173,12 @@ impl Sequence {
         let end = self.cache.len();
         let at_end = end == self.request.prompt_ids.len();
         if self.plan.snapshots().contains(&end) {
-            prefix.store(&self.request.prompt_ids[..end], &self.cache, &self.plan, at_end.then_some(logits.as_slice()));
+            prefix.store(
+                &self.request.prompt_ids[..end],
+                &self.cache,
+                &self.plan,
+                at_end.then_some(logits.as_slice()),
+            );
         }
         if at_end {
             self.logits = Some(logits);
@@ -182,7 +194,11 @@ impl Sequence {
 
     /// Samples one token from the pending logits and reports it; returns it when it must run
     /// through the model next, or how the sequence ended.
-    pub fn begin_decode(&mut self, bundle: &ModelBundle, prefix: &mut PrefixCache) -> Result<u32, Ended> {
+    pub fn begin_decode(
+        &mut self,
+        bundle: &ModelBundle,
+        prefix: &mut PrefixCache,
+    ) -> Result<u32, Ended> {
         let Some(mut logits) = self.logits.take() else {
             return Err(self.fail("internal error: decode before the prompt was in".into()));
         };
@@ -208,7 +224,8 @@ impl Sequence {
         };
         // Ending inside an open reasoning block would leave the answer empty: close the block
         // instead and let the model answer.
-        if reasoning && self.request.stop_ids.contains(&token.id) && self.start_closing_reasoning() {
+        if reasoning && self.request.stop_ids.contains(&token.id) && self.start_closing_reasoning()
+        {
             let close = self.forcing.pop_front().expect("close_ids is not empty");
             token = self.sampler.force(&logits, close);
         }
@@ -220,7 +237,9 @@ impl Sequence {
         let (text, stopped) = self.output.push(&bundle.tokenizer, token.id);
         let id = token.id;
         let resent = self.generated <= self.sent;
-        if !resent && self.request.events.send(SequenceEvent::Token { token, text, reasoning }).is_err() {
+        if !resent
+            && self.request.events.send(SequenceEvent::Token { token, text, reasoning }).is_err()
+        {
             return Err(Ended);
         }
         if stopped {

@@ -36,7 +36,11 @@ fn smollm2_prompts(bundle: &ModelBundle) -> [Vec<u32>; 4] {
     ];
     let [a, b, c] = turns.map(|turn| [shared.clone(), encode(turn, false)].concat());
     for prompt in [&a, &b, &c] {
-        assert!(prompt.len() > PREFILL_CHUNK, "{} tokens: the first chunk must end past the shared prefix", prompt.len());
+        assert!(
+            prompt.len() > PREFILL_CHUNK,
+            "{} tokens: the first chunk must end past the shared prefix",
+            prompt.len()
+        );
     }
     [shared, a, b, c]
 }
@@ -45,14 +49,23 @@ fn smollm2_prompts(bundle: &ModelBundle) -> [Vec<u32>; 4] {
 fn hybrid_prompts() -> [Vec<u32>; 4] {
     let shared: Vec<u32> = (0..SHARED as u32).map(|i| (i * 37 + 11) % 500).collect();
     let turn = |seed: u32| (0..20u32).map(|i| (i * 91 + seed) % 500).collect::<Vec<_>>();
-    [shared.clone(), [shared.clone(), turn(3)].concat(), [shared.clone(), turn(5)].concat(), [shared, turn(7)].concat()]
+    [
+        shared.clone(),
+        [shared.clone(), turn(3)].concat(),
+        [shared.clone(), turn(5)].concat(),
+        [shared, turn(7)].concat(),
+    ]
 }
 
 /// Prompt `a` (no snapshots: the shared prefix is computed in its first chunk, `0..32`) runs
 /// first; then `b` and `c` (a snapshot at the end of the shared prefix: their first chunk is
 /// `0..25`) must give exactly what they give on a fresh engine.
-fn a_prefix_computed_under_other_cuts_is_not_reused(bundle: &Arc<ModelBundle>, [_, a, b, c]: [Vec<u32>; 4]) {
-    let cold = |prompt: &[u32], snapshots: &[usize]| greedy_run(&engine(bundle, None), prompt, snapshots);
+fn a_prefix_computed_under_other_cuts_is_not_reused(
+    bundle: &Arc<ModelBundle>,
+    [_, a, b, c]: [Vec<u32>; 4],
+) {
+    let cold =
+        |prompt: &[u32], snapshots: &[usize]| greedy_run(&engine(bundle, None), prompt, snapshots);
     let (cold_a, _) = cold(&a, &[]);
     let (cold_b, _) = cold(&b, &[SHARED]);
     let (cold_c, _) = cold(&c, &[SHARED]);
@@ -62,7 +75,11 @@ fn a_prefix_computed_under_other_cuts_is_not_reused(bundle: &Arc<ModelBundle>, [
     // No snapshot at 25 yet: `b` prefills all of it, and leaves one.
     assert_eq!(greedy_run(&warm, &b, &[SHARED]), (cold_b.clone(), 0));
     // `c` resumes there, on `b`'s blocks, not on `a`'s blocks of the same tokens.
-    assert_eq!(greedy_run(&warm, &c, &[SHARED]), (cold_c, SHARED), "resumed from the shared prefix");
+    assert_eq!(
+        greedy_run(&warm, &c, &[SHARED]),
+        (cold_c, SHARED),
+        "resumed from the shared prefix"
+    );
     // Whole prompts from the cache, and decoding on their blocks.
     assert_eq!(greedy_run(&warm, &b, &[SHARED]), (cold_b, b.len()));
     assert_eq!(greedy_run(&warm, &a, &[]), (cold_a, a.len()));
@@ -80,7 +97,10 @@ fn blocks_of_a_prompt_cut_elsewhere_are_not_reused_by_a_hybrid_model() {
 
 /// A prompt that ends where a longer prompt left a snapshot without logits: its own logits are
 /// added to that snapshot, in memory and on disk, so that it is served from the cache next time.
-fn a_prompt_ending_at_a_logits_less_snapshot_keeps_its_logits(bundle: &Arc<ModelBundle>, [shared, long, ..]: [Vec<u32>; 4]) {
+fn a_prompt_ending_at_a_logits_less_snapshot_keeps_its_logits(
+    bundle: &Arc<ModelBundle>,
+    [shared, long, ..]: [Vec<u32>; 4],
+) {
     let root = tempfile::tempdir().unwrap();
     let (cold_short, _) = greedy_run(&engine(bundle, None), &shared, &[]);
     let (cold_long, _) = greedy_run(&engine(bundle, None), &long, &[SHARED]);
@@ -98,7 +118,10 @@ fn a_prompt_ending_at_a_logits_less_snapshot_keeps_its_logits(bundle: &Arc<Model
 
 #[test]
 fn a_prompt_ending_at_a_snapshot_without_logits_keeps_its_logits() {
-    a_prompt_ending_at_a_logits_less_snapshot_keeps_its_logits(&smollm2(), smollm2_prompts(&smollm2()));
+    a_prompt_ending_at_a_logits_less_snapshot_keeps_its_logits(
+        &smollm2(),
+        smollm2_prompts(&smollm2()),
+    );
 }
 
 #[test]

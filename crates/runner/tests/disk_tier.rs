@@ -17,7 +17,8 @@ use spindle_runner::ModelBundle;
 fn snapshot_files(root: &Path, bundle: &ModelBundle) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(root.join(&bundle.fingerprint)) else { return Vec::new() };
     let paths = entries.map(|e| e.unwrap().path());
-    let mut files: Vec<PathBuf> = paths.filter(|p| p.extension().is_some_and(|e| e == "snap")).collect();
+    let mut files: Vec<PathBuf> =
+        paths.filter(|p| p.extension().is_some_and(|e| e == "snap")).collect();
     files.sort();
     files
 }
@@ -52,7 +53,12 @@ fn smollm2_prompt(bundle: &ModelBundle) -> (Vec<u32>, Vec<usize>) {
 /// The first `at` tokens of `prompt` (up to a message end), then a different turn.
 fn branch(prompt: &[u32], at: usize, bundle: &ModelBundle) -> Vec<u32> {
     let mut ids = prompt[..at].to_vec();
-    ids.extend(bundle.tokenizer.encode(" and then the morning came, grey and quiet, over the water", false).unwrap());
+    ids.extend(
+        bundle
+            .tokenizer
+            .encode(" and then the morning came, grey and quiet, over the water", false)
+            .unwrap(),
+    );
     ids
 }
 
@@ -61,7 +67,8 @@ fn restart_with_the_disk_tier_hits_the_cache() {
     let bundle = smollm2();
     let root = tempfile::tempdir().unwrap();
     let (prompt, snapshots) = smollm2_prompt(&bundle);
-    let cold = |prompt: &[u32], sampling| run(&engine(&bundle, None), prompt, &snapshots, sampling, 2048);
+    let cold =
+        |prompt: &[u32], sampling| run(&engine(&bundle, None), prompt, &snapshots, sampling, 2048);
     let (cold_greedy, cached) = cold(&prompt, greedy());
     assert_eq!(cached, 0);
     let (cold_seeded, _) = cold(&prompt, seeded());
@@ -75,12 +82,18 @@ fn restart_with_the_disk_tier_hits_the_cache() {
     // After a restart: the whole prompt comes from disk, logits included.
     let restarted = engine(&bundle, Some(root.path()));
     assert_eq!(run(&restarted, &prompt, &snapshots, greedy(), 2048), (cold_greedy, prompt.len()));
-    assert_eq!(run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, seeded(), 2048), (cold_seeded, prompt.len()));
+    assert_eq!(
+        run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, seeded(), 2048),
+        (cold_seeded, prompt.len())
+    );
 
     // Another prompt with the same first two messages resumes from the deeper of them.
     let other = branch(&prompt, 57, &bundle);
     let (cold_other, _) = cold(&other, greedy());
-    assert_eq!(run(&engine(&bundle, Some(root.path())), &other, &snapshots, greedy(), 2048), (cold_other, 57));
+    assert_eq!(
+        run(&engine(&bundle, Some(root.path())), &other, &snapshots, greedy(), 2048),
+        (cold_other, 57)
+    );
 }
 
 #[test]
@@ -88,7 +101,8 @@ fn a_corrupt_disk_cache_file_is_ignored() {
     let bundle = smollm2();
     let root = tempfile::tempdir().unwrap();
     let (prompt, snapshots) = smollm2_prompt(&bundle);
-    let (cold, cached) = run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, greedy(), 2048);
+    let (cold, cached) =
+        run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, greedy(), 2048);
     assert_eq!(cached, 0);
     for path in wait_for_files(root.path(), &bundle, 3) {
         let mut bytes = std::fs::read(&path).unwrap();
@@ -97,10 +111,16 @@ fn a_corrupt_disk_cache_file_is_ignored() {
         std::fs::write(&path, bytes).unwrap();
     }
     // Every file is refused (and deleted): a cold run, with the cold run's output.
-    assert_eq!(run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, greedy(), 2048), (cold.clone(), 0));
+    assert_eq!(
+        run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, greedy(), 2048),
+        (cold.clone(), 0)
+    );
     // That run wrote sound files again, which the next start uses.
     wait_for_files(root.path(), &bundle, 3);
-    assert_eq!(run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, greedy(), 2048), (cold, prompt.len()));
+    assert_eq!(
+        run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, greedy(), 2048),
+        (cold, prompt.len())
+    );
 }
 
 #[test]
@@ -117,9 +137,13 @@ fn another_models_files_are_not_used() {
     let other = Arc::new(other);
     std::fs::create_dir_all(root.path().join(&other.fingerprint)).unwrap();
     for path in &files {
-        std::fs::copy(path, root.path().join(&other.fingerprint).join(path.file_name().unwrap())).unwrap();
+        std::fs::copy(path, root.path().join(&other.fingerprint).join(path.file_name().unwrap()))
+            .unwrap();
     }
-    assert_eq!(run(&engine(&other, Some(root.path())), &prompt, &snapshots, greedy(), 2048), (cold, 0));
+    assert_eq!(
+        run(&engine(&other, Some(root.path())), &prompt, &snapshots, greedy(), 2048),
+        (cold, 0)
+    );
     // The refused files were deleted and the run wrote its own in their place.
     for own in wait_for_files(root.path(), &other, 3) {
         let original = root.path().join(&bundle.fingerprint).join(own.file_name().unwrap());
@@ -134,16 +158,29 @@ fn a_hybrid_models_recurrent_state_survives_the_disk() {
     // Ids below the tiny model's vocabulary of 512.
     let prompt: Vec<u32> = (0..70u32).map(|i| (i * 37 + 11) % 500).collect();
     let snapshots = [20, 45];
-    let cold = |prompt: &[u32], sampling| run(&engine(&bundle, None), prompt, &snapshots, sampling, 256);
+    let cold =
+        |prompt: &[u32], sampling| run(&engine(&bundle, None), prompt, &snapshots, sampling, 256);
     let (cold_greedy, _) = cold(&prompt, greedy());
     let (cold_seeded, _) = cold(&prompt, seeded());
-    assert_eq!(run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, greedy(), 256), (cold_greedy.clone(), 0));
+    assert_eq!(
+        run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, greedy(), 256),
+        (cold_greedy.clone(), 0)
+    );
     wait_for_files(root.path(), &bundle, 3);
-    assert_eq!(run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, greedy(), 256), (cold_greedy, prompt.len()));
-    assert_eq!(run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, seeded(), 256), (cold_seeded, prompt.len()));
+    assert_eq!(
+        run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, greedy(), 256),
+        (cold_greedy, prompt.len())
+    );
+    assert_eq!(
+        run(&engine(&bundle, Some(root.path())), &prompt, &snapshots, seeded(), 256),
+        (cold_seeded, prompt.len())
+    );
     // Resuming mid-prompt needs the recurrent state at 45, not only the keys and values.
     let mut other = prompt[..45].to_vec();
     other.extend((0..20u32).map(|i| (i * 91 + 3) % 500));
     let (cold_other, _) = cold(&other, greedy());
-    assert_eq!(run(&engine(&bundle, Some(root.path())), &other, &snapshots, greedy(), 256), (cold_other, 45));
+    assert_eq!(
+        run(&engine(&bundle, Some(root.path())), &other, &snapshots, greedy(), 256),
+        (cold_other, 45)
+    );
 }

@@ -29,7 +29,11 @@ enum GiveUp {
     Disconnect,
 }
 
-fn submit(engine: &Engine, prompt: &[u32], cancel: &Arc<AtomicBool>) -> UnboundedReceiver<SequenceEvent> {
+fn submit(
+    engine: &Engine,
+    prompt: &[u32],
+    cancel: &Arc<AtomicBool>,
+) -> UnboundedReceiver<SequenceEvent> {
     let (events, inbox) = tokio::sync::mpsc::unbounded_channel();
     engine
         .submit(SequenceRequest {
@@ -58,11 +62,17 @@ fn read_partly(engine: &Engine, prompt: &[u32], chunks: usize, give_up: GiveUp) 
     loop {
         match inbox.blocking_recv().expect("events until the end") {
             SequenceEvent::Prefilled { read, total, .. } if read >= chunks * PREFILL_CHUNK => {
-                assert!(read < total, "the prompt must be longer than what is read before giving up");
+                assert!(
+                    read < total,
+                    "the prompt must be longer than what is read before giving up"
+                );
                 match give_up {
                     GiveUp::Cancel => {
                         cancel.store(true, Ordering::Relaxed);
-                        while !matches!(inbox.blocking_recv(), Some(SequenceEvent::Finished(_)) | None) {}
+                        while !matches!(
+                            inbox.blocking_recv(),
+                            Some(SequenceEvent::Finished(_)) | None
+                        ) {}
                     }
                     GiveUp::Disconnect => drop(inbox),
                 }
@@ -147,7 +157,10 @@ fn a_dropped_prefill_yields_to_a_live_request() {
     wait_idle(&warm);
     // Read while the live request waited: at most the steps until it was admitted.
     let orphan_tokens = warm.load().orphan_prefill_tokens.load(Ordering::Relaxed);
-    assert!(orphan_tokens < dropped.len() - read, "the dropped prompt was read to its end ({orphan_tokens})");
+    assert!(
+        orphan_tokens < dropped.len() - read,
+        "the dropped prompt was read to its end ({orphan_tokens})"
+    );
 }
 
 /// Two identical prompts sent together: the second waits for the first and reads nothing.

@@ -37,7 +37,11 @@ struct Bound {
 /// steps × f32's top-5 tokens of at least 1%), and agreement at most 3 steps below it. f32
 /// against itself must not move at all.
 fn bound(model: &str, weights: Weights, kind: KvType) -> Bound {
-    let b = |median, max, agree: usize| Bound { median, max, agreement: agree.saturating_sub(3) as f32 / 96.0 };
+    let b = |median, max, agree: usize| Bound {
+        median,
+        max,
+        agreement: agree.saturating_sub(3) as f32 / 96.0,
+    };
     match (model, weights, kind) {
         (_, _, KvType::F32) => Bound { median: 0.0, max: 0.0, agreement: 1.0 },
         // Under 8-bit activations every type moves logprobs about alike.
@@ -45,16 +49,16 @@ fn bound(model: &str, weights: Weights, kind: KvType) -> Bound {
         ("smollm2-135m", Weights::Served, KvType::Bf16) => b(0.11, 1.0, 93), // 5.5e-2 / 0.48 / 93
         ("smollm2-135m", Weights::Served, KvType::Q8_0) => b(0.13, 1.05, 91), // 6.6e-2 / 0.52 / 91
         ("smollm2-135m", Weights::F32, KvType::F16) => b(1.1e-3, 1.3e-2, 96), // 5.2e-4 / 6.3e-3 / 96
-        ("smollm2-135m", Weights::F32, KvType::Bf16) => b(7e-3, 0.16, 96),  // 3.3e-3 / 7.9e-2 / 96
+        ("smollm2-135m", Weights::F32, KvType::Bf16) => b(7e-3, 0.16, 96), // 3.3e-3 / 7.9e-2 / 96
         ("smollm2-135m", Weights::F32, KvType::Q8_0) => b(3.5e-2, 0.65, 96), // 1.7e-2 / 0.32 / 96
         ("qwen2.5-coder-0.5b", Weights::Served, KvType::F16) => b(7.5e-2, 0.55, 93), // 3.7e-2 / 0.27 / 93
         ("qwen2.5-coder-0.5b", Weights::Served, KvType::Bf16) => b(7e-2, 0.95, 93), // 3.5e-2 / 0.48 / 93
         // Qwen2.5's keys have outlier channels (|k| ≈ 135 in most 32-value blocks of layer 0,
         // against a mean of 18): one q8_0 step is then about 1, and the other values drown.
         ("qwen2.5-coder-0.5b", Weights::Served, KvType::Q8_0) => b(0.26, 10.5, 87), // 0.13 / 5.3 / 87
-        ("qwen2.5-coder-0.5b", Weights::F32, KvType::F16) => b(2e-3, 2.5e-2, 96),   // 1.0e-3 / 1.2e-2 / 96
-        ("qwen2.5-coder-0.5b", Weights::F32, KvType::Bf16) => b(1.7e-2, 0.42, 96),  // 8.5e-3 / 0.21 / 96
-        ("qwen2.5-coder-0.5b", Weights::F32, KvType::Q8_0) => b(0.24, 10.5, 88),    // 0.12 / 5.3 / 88
+        ("qwen2.5-coder-0.5b", Weights::F32, KvType::F16) => b(2e-3, 2.5e-2, 96), // 1.0e-3 / 1.2e-2 / 96
+        ("qwen2.5-coder-0.5b", Weights::F32, KvType::Bf16) => b(1.7e-2, 0.42, 96), // 8.5e-3 / 0.21 / 96
+        ("qwen2.5-coder-0.5b", Weights::F32, KvType::Q8_0) => b(0.24, 10.5, 88), // 0.12 / 5.3 / 88
         other => panic!("no bound measured for {other:?}"),
     }
 }
@@ -70,8 +74,9 @@ struct FixturePrompt {
 }
 
 fn prompts(model: &str) -> Vec<Vec<u32>> {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/reference").join(format!("{model}.json"));
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/reference")
+        .join(format!("{model}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let fixture: Fixture = serde_json::from_str(&text).unwrap();
     fixture.generations.into_iter().map(|g| g.prompt_ids).collect()
@@ -157,7 +162,8 @@ struct Drift {
 
 impl Drift {
     fn add(&mut self, reference: &SampledToken, other: &SampledToken) {
-        for &(id, lp) in reference.top_logprobs.iter().take(COMPARED).filter(|t| t.1 >= MIN_LOGPROB) {
+        for &(id, lp) in reference.top_logprobs.iter().take(COMPARED).filter(|t| t.1 >= MIN_LOGPROB)
+        {
             // A token that left the other's top 20 is at most as likely as its 20th: the
             // difference is at least the distance to that.
             let last = other.top_logprobs.last().map_or(f32::NEG_INFINITY, |t| t.1);
@@ -182,7 +188,8 @@ fn check(model: &str, weights: Weights) {
     let bundle = bundle(model, weights);
     let prompts = prompts(model);
     let reference = engine(&bundle, KvType::F32);
-    let greedy: Vec<Vec<SampledToken>> = prompts.iter().map(|p| steps(&reference, p, &[])).collect();
+    let greedy: Vec<Vec<SampledToken>> =
+        prompts.iter().map(|p| steps(&reference, p, &[])).collect();
     drop(reference);
     let mut failures = Vec::new();
     for kind in [KvType::F32, KvType::F16, KvType::Bf16, KvType::Q8_0] {
@@ -194,11 +201,17 @@ fn check(model: &str, weights: Weights) {
                 drift.add(ours, &theirs);
             }
         }
-        let (median, max, agreement) = (drift.median(), drift.max(), drift.agree as f32 / drift.steps as f32);
-        eprintln!("| {model} | {weights:?} | {kind} | {median:.1e} | {max:.1e} | {}/{} |", drift.agree, drift.steps);
+        let (median, max, agreement) =
+            (drift.median(), drift.max(), drift.agree as f32 / drift.steps as f32);
+        eprintln!(
+            "| {model} | {weights:?} | {kind} | {median:.1e} | {max:.1e} | {}/{} |",
+            drift.agree, drift.steps
+        );
         let limit = bound(model, weights, kind);
         if median > limit.median || max > limit.max || agreement < limit.agreement {
-            failures.push(format!("{kind}: median {median:.2e} max {max:.2e} agreement {agreement:.3}"));
+            failures.push(format!(
+                "{kind}: median {median:.2e} max {max:.2e} agreement {agreement:.3}"
+            ));
         }
     }
     assert!(failures.is_empty(), "{model} drifts beyond its bounds: {failures:?}");

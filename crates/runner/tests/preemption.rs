@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use common::{greedy, hybrid, seeded, smollm2, BLOCK_SIZE, PREFILL_CHUNK};
 use spindle_runner::sampler::SamplingParams;
-use spindle_runner::{CacheConfig, Engine, EngineConfig, ModelBundle, ReasoningMode, SequenceEvent, SequenceRequest};
+use spindle_runner::{
+    CacheConfig, Engine, EngineConfig, ModelBundle, ReasoningMode, SequenceEvent, SequenceRequest,
+};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 const CONTEXT: usize = 256;
@@ -19,7 +21,13 @@ const REQUESTS: usize = 8;
 fn engine(bundle: &Arc<ModelBundle>, blocks: usize) -> Engine {
     let probe = CacheConfig { kv_bytes: 1 << 20, block_size: BLOCK_SIZE, ..CacheConfig::default() };
     let block_bytes = probe.kv_bytes / probe.kv_blocks(bundle);
-    let cache = CacheConfig { kv_bytes: blocks * block_bytes, snapshot_bytes: 64 << 20, block_size: BLOCK_SIZE, disk: None, ..CacheConfig::default() };
+    let cache = CacheConfig {
+        kv_bytes: blocks * block_bytes,
+        snapshot_bytes: 64 << 20,
+        block_size: BLOCK_SIZE,
+        disk: None,
+        ..CacheConfig::default()
+    };
     let config = EngineConfig {
         max_active: REQUESTS,
         prefill_chunk: PREFILL_CHUNK,
@@ -35,7 +43,11 @@ fn prompt(vocab: u32, i: usize) -> Vec<u32> {
     (0..len as u32).map(|p| (p * 13 + i as u32 * 71 + 3) % (vocab - 2) + 1).collect()
 }
 
-fn submit(engine: &Engine, prompt: &[u32], sampling: SamplingParams) -> UnboundedReceiver<SequenceEvent> {
+fn submit(
+    engine: &Engine,
+    prompt: &[u32],
+    sampling: SamplingParams,
+) -> UnboundedReceiver<SequenceEvent> {
     let (events, inbox) = tokio::sync::mpsc::unbounded_channel();
     engine
         .submit(SequenceRequest {
@@ -78,14 +90,22 @@ fn check_burst_outgrowing_the_pool(bundle: &Arc<ModelBundle>, vocab: u32) {
     // Room for the longest request alone, and about two and a half in all.
     let blocks = 2 * CONTEXT / BLOCK_SIZE + CONTEXT / (2 * BLOCK_SIZE);
     let shared = engine(bundle, blocks);
-    let inboxes: Vec<_> = (0..REQUESTS).map(|i| submit(&shared, &prompt(vocab, i), sampling(i))).collect();
+    let inboxes: Vec<_> =
+        (0..REQUESTS).map(|i| submit(&shared, &prompt(vocab, i), sampling(i))).collect();
     let outputs: Vec<_> = inboxes.into_iter().map(collect).collect();
     let preemptions = shared.load().preemptions.load(Ordering::Relaxed);
     assert!(preemptions > 0, "the burst outgrew the pool, so some sequence was preempted");
     for (i, output) in outputs.iter().enumerate() {
-        assert_eq!(output.len(), CONTEXT - prompt(vocab, i).len(), "request {i} ran to the end of its context");
+        assert_eq!(
+            output.len(),
+            CONTEXT - prompt(vocab, i).len(),
+            "request {i} ran to the end of its context"
+        );
         let alone = collect(submit(&engine(bundle, blocks), &prompt(vocab, i), sampling(i)));
-        assert_eq!(output, &alone, "request {i} gives what it gives alone ({preemptions} preemptions)");
+        assert_eq!(
+            output, &alone,
+            "request {i} gives what it gives alone ({preemptions} preemptions)"
+        );
     }
 }
 

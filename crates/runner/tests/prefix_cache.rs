@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use spindle_hub::ModelFiles;
 use spindle_models::{KvType, PagedKv};
 use spindle_runner::sampler::SamplingParams;
-use spindle_runner::{model_fingerprint, CacheConfig, Engine, EngineConfig, FinishReason, ModelBundle};
+use spindle_runner::{
+    model_fingerprint, CacheConfig, Engine, EngineConfig, FinishReason, ModelBundle,
+};
 use spindle_runner::{ReasoningMode, SequenceEvent, SequenceRequest};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -45,7 +47,8 @@ impl Model {
 
     /// Bytes of one end-of-prompt snapshot: the recurrent state and the logits.
     fn snapshot_bytes(&self) -> usize {
-        self.bundle.model.initial_recurrent_state().bytes() + self.bundle.model.config().vocab_size * 4
+        self.bundle.model.initial_recurrent_state().bytes()
+            + self.bundle.model.config().vocab_size * 4
     }
 }
 
@@ -53,7 +56,8 @@ fn smollm2_bundle() -> ModelBundle {
     static PULL: Mutex<()> = Mutex::new(());
     let files = {
         let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
-        spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true).unwrap_or_else(|e| panic!("{e}"))
+        spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true)
+            .unwrap_or_else(|e| panic!("{e}"))
     };
     ModelBundle::load(&files).unwrap()
 }
@@ -72,7 +76,8 @@ fn dense() -> &'static Model {
 fn hybrid() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();
     MODEL.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe");
+        let dir =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe");
         let model = spindle_models::load_safetensors(&dir).unwrap().model;
         let fingerprint = model_fingerprint(&ModelFiles::Safetensors { dir }).unwrap();
         let ModelBundle { tokenizer, template, .. } = smollm2_bundle();
@@ -113,7 +118,13 @@ fn sampling(seed: Option<u64>) -> SamplingParams {
 }
 
 fn cache_config(kv_bytes: usize, snapshot_bytes: usize) -> CacheConfig {
-    CacheConfig { kv_bytes, snapshot_bytes, block_size: BLOCK, kv_type: KvType::default(), disk: None }
+    CacheConfig {
+        kv_bytes,
+        snapshot_bytes,
+        block_size: BLOCK,
+        kv_type: KvType::default(),
+        disk: None,
+    }
 }
 
 /// Room for every test's sequences and prefixes at once.
@@ -122,7 +133,16 @@ fn roomy(model: &Model) -> CacheConfig {
 }
 
 fn engine(model: &Model, max_active: usize, cache: CacheConfig) -> Engine {
-    Engine::start(model.bundle.clone(), EngineConfig { max_active, prefill_chunk: CHUNK, step_tokens: 2 * CHUNK, cache, orphan_prefill_tokens: usize::MAX })
+    Engine::start(
+        model.bundle.clone(),
+        EngineConfig {
+            max_active,
+            prefill_chunk: CHUNK,
+            step_tokens: 2 * CHUNK,
+            cache,
+            orphan_prefill_tokens: usize::MAX,
+        },
+    )
 }
 
 fn submit(engine: &Engine, model: &Model, request: &Request) -> UnboundedReceiver<SequenceEvent> {
@@ -152,23 +172,33 @@ fn next_event(receiver: &mut UnboundedReceiver<SequenceEvent>) -> SequenceEvent 
         match receiver.try_recv() {
             Ok(event) => return event,
             Err(TryRecvError::Empty) => {
-                assert!(Instant::now() < deadline, "no event from the engine within {EVENT_TIMEOUT:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "no event from the engine within {EVENT_TIMEOUT:?}"
+                );
                 std::thread::sleep(Duration::from_millis(2));
             }
-            Err(TryRecvError::Disconnected) => panic!("the engine dropped a sequence without a final event"),
+            Err(TryRecvError::Disconnected) => {
+                panic!("the engine dropped a sequence without a final event")
+            }
         }
     }
 }
 
 /// Reads a sequence's events to its end; `Err` with the message of a `Failed` event.
-fn collect(receiver: &mut UnboundedReceiver<SequenceEvent>, request: &Request) -> Result<Run, String> {
-    let (mut ids, mut logprobs, mut top_logprobs, mut text) = (Vec::new(), Vec::new(), Vec::new(), String::new());
+fn collect(
+    receiver: &mut UnboundedReceiver<SequenceEvent>,
+    request: &Request,
+) -> Result<Run, String> {
+    let (mut ids, mut logprobs, mut top_logprobs, mut text) =
+        (Vec::new(), Vec::new(), Vec::new(), String::new());
     loop {
         match next_event(receiver) {
             SequenceEvent::Token { token, text: delta, .. } => {
                 ids.push(token.id);
                 logprobs.push(token.logprob.to_bits());
-                top_logprobs.push(token.top_logprobs.iter().map(|&(id, lp)| (id, lp.to_bits())).collect());
+                top_logprobs
+                    .push(token.top_logprobs.iter().map(|&(id, lp)| (id, lp.to_bits())).collect());
                 text.push_str(&delta.reasoning);
                 text.push_str(&delta.content);
             }
@@ -178,7 +208,8 @@ fn collect(receiver: &mut UnboundedReceiver<SequenceEvent>, request: &Request) -
                 assert_eq!(summary.prompt_tokens, request.prompt.len());
                 assert_eq!(summary.completion_tokens, ids.len());
                 assert!(summary.cached_tokens <= request.prompt.len());
-                let out = Generated { ids, logprobs, top_logprobs, text, finish: summary.finish_reason };
+                let out =
+                    Generated { ids, logprobs, top_logprobs, text, finish: summary.finish_reason };
                 return Ok(Run { out, cached: summary.cached_tokens });
             }
             SequenceEvent::Prefilled { .. } => {}
@@ -194,7 +225,10 @@ fn run_waves(engine: &Engine, model: &Model, requests: &[Request], concurrency: 
     for wave in requests.chunks(concurrency) {
         let mut receivers: Vec<_> = wave.iter().map(|r| submit(engine, model, r)).collect();
         for (receiver, request) in receivers.iter_mut().zip(wave) {
-            runs.push(collect(receiver, request).unwrap_or_else(|e| panic!("{}: {request:?} failed: {e}", model.name)));
+            runs.push(
+                collect(receiver, request)
+                    .unwrap_or_else(|e| panic!("{}: {request:?} failed: {e}", model.name)),
+            );
         }
     }
     runs
@@ -221,7 +255,13 @@ fn cold(model: &Model, request: &Request) -> Generated {
 
 fn assert_matches_cold(model: &Model, run: &Run, request: &Request, what: &str) {
     let cold = cold(model, request);
-    assert!(run.out == cold, "{}: {what} differs from its cold run\n  got:  {:?}\n  cold: {:?}", model.name, run.out, cold);
+    assert!(
+        run.out == cold,
+        "{}: {what} differs from its cold run\n  got:  {:?}\n  cold: {:?}",
+        model.name,
+        run.out,
+        cold
+    );
 }
 
 /// Prompts in two parts: a shared system prompt (`system.len()` tokens, a snapshot position)
@@ -261,7 +301,10 @@ fn dense_prompts() -> Prompts {
     let tokenizer = &dense().bundle.tokenizer;
     let encode = |text: &str| tokenizer.encode(text, false).unwrap();
     let system = encode(&format!("<|im_start|>system\n{SYSTEM}<|im_end|>\n"));
-    let users = QUESTIONS.iter().map(|q| encode(&format!("<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"))).collect();
+    let users = QUESTIONS
+        .iter()
+        .map(|q| encode(&format!("<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n")))
+        .collect();
     check_system_length(system.len());
     Prompts { system, users }
 }
@@ -280,7 +323,10 @@ fn hybrid_prompts() -> Prompts {
 /// The system prompt must span more than one prefill chunk and end inside a block, so that a
 /// resume takes several chunks' blocks and copies a partly filled one.
 fn check_system_length(len: usize) {
-    assert!(len > CHUNK && !len.is_multiple_of(BLOCK), "pick a system prompt of another length than {len} tokens");
+    assert!(
+        len > CHUNK && !len.is_multiple_of(BLOCK),
+        "pick a system prompt of another length than {len} tokens"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -334,9 +380,18 @@ fn a_changed_suffix_resumes_at_the_last_chunk_cut_on_an_attention_only_model() {
     let shared = ids(3 * CHUNK + 7, 3);
     for (model, expected) in [(model, 3 * CHUNK), (hybrid_model, 0)] {
         let engine = engine(model, 2, roomy(model));
-        let request = |tail: u32| Request { prompt: [shared.clone(), ids(9, tail)].concat(), snapshots: Vec::new(), seed: Some(5), max_tokens: 6 };
+        let request = |tail: u32| Request {
+            prompt: [shared.clone(), ids(9, tail)].concat(),
+            snapshots: Vec::new(),
+            seed: Some(5),
+            max_tokens: 6,
+        };
         let (first, second) = (request(40), request(41));
-        assert_ne!(first.prompt[shared.len()], second.prompt[shared.len()], "the prompts must differ right after the shared run");
+        assert_ne!(
+            first.prompt[shared.len()],
+            second.prompt[shared.len()],
+            "the prompts must differ right after the shared run"
+        );
         assert_eq!(run_one(&engine, model, &first).cached, 0);
         let run = run_one(&engine, model, &second);
         assert_eq!(run.cached, expected, "{}: cached tokens after a changed suffix", model.name);
@@ -358,7 +413,12 @@ fn check_concurrent_shared_prefix(model: &Model, prompts: &Prompts, max_tokens: 
         (1..=8).map(|u| prompts.request(u, (u % 2 == 0).then_some(u as u64), max_tokens)).collect();
     let runs = run_waves(&engine, model, &requests, requests.len());
     for (i, (run, request)) in runs.iter().zip(&requests).enumerate() {
-        assert_eq!(run.cached, prompts.system.len(), "{}: request {i} did not resume at the system prompt", model.name);
+        assert_eq!(
+            run.cached,
+            prompts.system.len(),
+            "{}: request {i} did not resume at the system prompt",
+            model.name
+        );
         assert_matches_cold(model, run, request, &format!("concurrent request {i}"));
     }
     // Different user turns really give different answers, so a mix-up could not go unseen.
@@ -392,7 +452,8 @@ fn eviction_requests(prompts: &Prompts, max_tokens: impl Fn(usize) -> usize) -> 
     (0..prompts.users.len())
         .map(|u| {
             let seed = (u % 3 == 0).then_some(u as u64 + 40);
-            let mut request = if u % 2 == 0 { prompts.request(u, seed, 0) } else { prompts.alone(u, seed, 0) };
+            let mut request =
+                if u % 2 == 0 { prompts.request(u, seed, 0) } else { prompts.alone(u, seed, 0) };
             request.max_tokens = max_tokens(request.prompt.len());
             request
         })
@@ -402,9 +463,17 @@ fn eviction_requests(prompts: &Prompts, max_tokens: impl Fn(usize) -> usize) -> 
 /// An engine whose pool has room for the largest of `requests` and 2 blocks more, and whose
 /// snapshot store holds two and a half end-of-prompt snapshots.
 fn tiny_engine(model: &Model, requests: &[Request]) -> (Engine, usize) {
-    let need = requests.iter().map(|r| (r.prompt.len() + r.max_tokens).div_ceil(BLOCK)).max().unwrap();
+    let need =
+        requests.iter().map(|r| (r.prompt.len() + r.max_tokens).div_ceil(BLOCK)).max().unwrap();
     let blocks = need + 2;
-    (engine(model, 4, cache_config(blocks * model.block_bytes(), model.snapshot_bytes() * 5 / 2)), blocks)
+    (
+        engine(
+            model,
+            4,
+            cache_config(blocks * model.block_bytes(), model.snapshot_bytes() * 5 / 2),
+        ),
+        blocks,
+    )
 }
 
 /// Prompts run one after another and all at once on a tiny cache keep evicting each other's
@@ -417,9 +486,16 @@ fn tiny_engine(model: &Model, requests: &[Request]) -> (Engine, usize) {
 fn check_eviction(model: &Model, prompts: &Prompts, max_tokens: usize, concurrent_rounds: usize) {
     let requests = eviction_requests(prompts, |len| within_reservation(len, max_tokens));
     let (engine, blocks) = tiny_engine(model, &requests);
-    let system_blocks = usize::from(requests.iter().any(|r| !r.snapshots.is_empty())) * prompts.system.len() / BLOCK;
-    let distinct = requests.iter().map(|r| r.prompt.len().div_ceil(BLOCK)).sum::<usize>() - system_blocks;
-    assert!(distinct > blocks, "{}: the prompts' {distinct} blocks fit in the pool's {blocks}: nothing to evict", model.name);
+    let system_blocks = usize::from(requests.iter().any(|r| !r.snapshots.is_empty()))
+        * prompts.system.len()
+        / BLOCK;
+    let distinct =
+        requests.iter().map(|r| r.prompt.len().div_ceil(BLOCK)).sum::<usize>() - system_blocks;
+    assert!(
+        distinct > blocks,
+        "{}: the prompts' {distinct} blocks fit in the pool's {blocks}: nothing to evict",
+        model.name
+    );
 
     // One after another, twice, then each prompt twice in a row.
     for (round, request) in requests.iter().chain(&requests).enumerate() {
@@ -428,29 +504,52 @@ fn check_eviction(model: &Model, prompts: &Prompts, max_tokens: usize, concurren
         if round == requests.len() {
             let others = requests.len() - 1;
             let name = model.name;
-            assert!(run.cached < request.prompt.len(), "{name}: the first prompt survived {others} others in {blocks} blocks");
+            assert!(
+                run.cached < request.prompt.len(),
+                "{name}: the first prompt survived {others} others in {blocks} blocks"
+            );
         }
     }
     for (i, request) in requests.iter().enumerate() {
         run_one(&engine, model, request);
         let again = run_one(&engine, model, request);
-        assert_eq!(again.cached, request.prompt.len(), "{}: prompt {i} repeated at once missed the cache", model.name);
+        assert_eq!(
+            again.cached,
+            request.prompt.len(),
+            "{}: prompt {i} repeated at once missed the cache",
+            model.name
+        );
         assert_matches_cold(model, &again, request, &format!("repeat of prompt {i}"));
     }
 
     // All at once, `concurrent_rounds` times over, with a prompt larger than the pool among them.
-    let too_long = Request { prompt: ids(blocks * BLOCK + 1, 999), snapshots: Vec::new(), seed: None, max_tokens: 4 };
+    let too_long = Request {
+        prompt: ids(blocks * BLOCK + 1, 999),
+        snapshots: Vec::new(),
+        seed: None,
+        max_tokens: 4,
+    };
     let all: Vec<&Request> = std::iter::repeat_n(&requests, concurrent_rounds).flatten().collect();
     let mut receivers: Vec<_> = all.iter().map(|r| submit(&engine, model, r)).collect();
     let mut failed = submit(&engine, model, &too_long);
     receivers.extend(requests.iter().map(|r| submit(&engine, model, r)));
     let all = all.into_iter().chain(&requests);
     for (i, (receiver, request)) in receivers.iter_mut().zip(all).enumerate() {
-        let run = collect(receiver, request).unwrap_or_else(|e| panic!("{}: concurrent request {i} failed: {e}", model.name));
-        assert_matches_cold(model, &run, request, &format!("concurrent request {i} under the tiny cap"));
+        let run = collect(receiver, request)
+            .unwrap_or_else(|e| panic!("{}: concurrent request {i} failed: {e}", model.name));
+        assert_matches_cold(
+            model,
+            &run,
+            request,
+            &format!("concurrent request {i} under the tiny cap"),
+        );
     }
-    let message = collect(&mut failed, &too_long).expect_err("a prompt larger than the pool must fail");
-    assert!(message.contains("KV blocks") && message.contains("--kv-cache-memory"), "unclear error: {message}");
+    let message =
+        collect(&mut failed, &too_long).expect_err("a prompt larger than the pool must fail");
+    assert!(
+        message.contains("KV blocks") && message.contains("--kv-cache-memory"),
+        "unclear error: {message}"
+    );
 }
 
 #[test]
@@ -475,7 +574,12 @@ fn sequences_are_not_cut_short_when_the_pool_runs_out() {
     let mut receivers: Vec<_> = requests.iter().map(|r| submit(&engine, model, r)).collect();
     for (i, (receiver, request)) in receivers.iter_mut().zip(&requests).enumerate() {
         let run = collect(receiver, request).unwrap_or_else(|e| panic!("request {i} failed: {e}"));
-        assert_eq!(run.out.ids.len(), request.max_tokens, "request {i} was cut short (finish reason {:?})", run.out.finish);
+        assert_eq!(
+            run.out.ids.len(),
+            request.max_tokens,
+            "request {i} was cut short (finish reason {:?})",
+            run.out.finish
+        );
         assert_matches_cold(model, &run, request, &format!("request {i}"));
     }
 }
@@ -488,8 +592,9 @@ fn sequences_are_not_cut_short_when_the_pool_runs_out() {
 /// and submitted in waves of as many, each time on a fresh engine and then again on the same
 /// engine (from the cache): the outputs are the same bits every time.
 fn check_batch_invariance(model: &Model, prompts: &Prompts, users: usize, max_tokens: usize) {
-    let mut requests: Vec<Request> =
-        (0..12).map(|i| prompts.request(i % users, (i % 3 != 0).then_some(i as u64), max_tokens)).collect();
+    let mut requests: Vec<Request> = (0..12)
+        .map(|i| prompts.request(i % users, (i % 3 != 0).then_some(i as u64), max_tokens))
+        .collect();
     requests.push(prompts.request(0, Some(3), max_tokens));
     requests.push(prompts.request(0, Some(3), max_tokens));
     requests.push(prompts.alone(8, None, max_tokens));
@@ -504,7 +609,11 @@ fn check_batch_invariance(model: &Model, prompts: &Prompts, users: usize, max_to
             if pass == "cached" {
                 for (i, (run, request)) in runs.iter().zip(&requests).enumerate() {
                     let name = model.name;
-                    assert_eq!(run.cached, request.prompt.len(), "{name}: request {i} of the cached pass missed the cache");
+                    assert_eq!(
+                        run.cached,
+                        request.prompt.len(),
+                        "{name}: request {i} of the cached pass missed the cache"
+                    );
                 }
             }
             let outs: Vec<Generated> = runs.into_iter().map(|r| r.out).collect();
@@ -512,8 +621,14 @@ fn check_batch_invariance(model: &Model, prompts: &Prompts, users: usize, max_to
                 None => reference = Some(outs),
                 Some(reference) => {
                     for (i, (out, expected)) in outs.iter().zip(reference).enumerate() {
-                        let at = format!("{}: request {i} differs at concurrency {concurrency} ({pass} pass)", model.name);
-                        assert!(out == expected, "{at}\n  got:      {out:?}\n  expected: {expected:?}");
+                        let at = format!(
+                            "{}: request {i} differs at concurrency {concurrency} ({pass} pass)",
+                            model.name
+                        );
+                        assert!(
+                            out == expected,
+                            "{at}\n  got:      {out:?}\n  expected: {expected:?}"
+                        );
                     }
                 }
             }

@@ -76,7 +76,8 @@ struct TransformersGeneration {
 }
 
 fn fixture<T: serde::de::DeserializeOwned>(relative: &str) -> T {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/reference").join(relative);
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/reference").join(relative);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }
@@ -96,7 +97,8 @@ fn gguf(name: &str) -> PathBuf {
 /// tolerances: 2.3e-3 against transformers' 1e-3, and top-1 flips at 0.28–0.30-nat gaps against
 /// llama.cpp's f32 KV run); tests/kv_types.rs measures each type's drift from f32.
 fn engine(bundle: ModelBundle) -> Engine {
-    let cache = CacheConfig { kv_type: KvType::F32, ..CacheConfig::default() }.holding(&bundle, CONTEXT);
+    let cache =
+        CacheConfig { kv_type: KvType::F32, ..CacheConfig::default() }.holding(&bundle, CONTEXT);
     Engine::start(Arc::new(bundle), EngineConfig::new(1, cache))
 }
 
@@ -108,13 +110,22 @@ fn logprob_of(token: &SampledToken, id: u32) -> Option<f32> {
 /// Generates greedily after `prompt` on `engine`, calling `check(step, token)` for each step of
 /// `reference`; where our token differs from the reference's, continues with a new request
 /// whose prompt has the reference's tokens up to and including that step.
-fn teacher_force(engine: &Engine, prompt: &[u32], reference: &[u32], mut check: impl FnMut(usize, &SampledToken)) {
+fn teacher_force(
+    engine: &Engine,
+    prompt: &[u32],
+    reference: &[u32],
+    mut check: impl FnMut(usize, &SampledToken),
+) {
     let mut fed = 0;
     while fed < reference.len() {
         let request = Generation {
             prompt_ids: [prompt, &reference[..fed]].concat(),
             max_tokens: reference.len() - fed,
-            sampling: SamplingParams { temperature: 0.0, top_logprobs: Some(MAX_TOP_LOGPROBS), ..SamplingParams::default() },
+            sampling: SamplingParams {
+                temperature: 0.0,
+                top_logprobs: Some(MAX_TOP_LOGPROBS),
+                ..SamplingParams::default()
+            },
             stop_ids: Vec::new(),
             context: CONTEXT,
         };
@@ -130,7 +141,10 @@ fn teacher_force(engine: &Engine, prompt: &[u32], reference: &[u32], mut check: 
                 fed += 1;
             })
             .unwrap();
-        assert!(diverged || stats.summary.completion_tokens == reference.len() - start, "the engine stopped early");
+        assert!(
+            diverged || stats.summary.completion_tokens == reference.len() - start,
+            "the engine stopped early"
+        );
     }
 }
 
@@ -141,7 +155,11 @@ fn check_llama_cpp(name: &str) {
     assert!(fx.generations.len() >= 3);
     for g in &fx.generations {
         let ids = bundle.tokenizer.encode(&g.prompt, true).unwrap();
-        assert_eq!(ids, g.prompt_ids, "{name}: tokenization of {:?} differs from {}", g.prompt, fx.reference);
+        assert_eq!(
+            ids, g.prompt_ids,
+            "{name}: tokenization of {:?} differs from {}",
+            g.prompt, fx.reference
+        );
         assert!(g.greedy_ids.len() >= 24);
         assert_eq!(g.top_logprobs.len(), g.greedy_ids.len());
     }
@@ -157,14 +175,20 @@ fn check_llama_cpp(name: &str) {
                 // No reference log-probabilities here: a differing top-1 must be a near-tie in
                 // our own (measured: 1 of the 8 such steps differs, 0.054 nats apart).
                 if ours != expected {
-                    let theirs = logprob_of(token, expected).unwrap_or_else(|| panic!("{at}: {expected} is not in our top 20"));
+                    let theirs = logprob_of(token, expected)
+                        .unwrap_or_else(|| panic!("{at}: {expected} is not in our top 20"));
                     let gap = token.logprob - theirs;
-                    assert!(gap <= NEAR_TIE, "{at}: top-1 {ours} ({gap} nats above) but {} chose {expected}", fx.reference);
+                    assert!(
+                        gap <= NEAR_TIE,
+                        "{at}: top-1 {ours} ({gap} nats above) but {} chose {expected}",
+                        fx.reference
+                    );
                 }
                 return;
             };
             assert_eq!(top[0].0, expected, "{at}: fixture's top-1 is not its greedy token");
-            let lp = logprob_of(token, expected).unwrap_or_else(|| panic!("{at}: {expected} is not in our top 20"));
+            let lp = logprob_of(token, expected)
+                .unwrap_or_else(|| panic!("{at}: {expected} is not in our top 20"));
             let diff = (lp - top[0].1).abs();
             worst = worst.max(diff);
             assert!(diff <= LOGPROB_TOLERANCE, "{at}: logprob of {expected} differs by {diff}");
@@ -189,7 +213,12 @@ fn check_transformers(name: &str) {
     assert!(path.ends_with(&fx.gguf_file), "{}", path.display());
     let loaded = spindle_models::load_gguf_f32(&path).unwrap();
     let tokenizer = Tokenizer::from_gguf(loaded.gguf_metadata.as_ref().unwrap()).unwrap();
-    let bundle = ModelBundle { model: loaded.model, tokenizer, template: ChatTemplate::chatml(), fingerprint: "f32".into() };
+    let bundle = ModelBundle {
+        model: loaded.model,
+        tokenizer,
+        template: ChatTemplate::chatml(),
+        fingerprint: "f32".into(),
+    };
     let engine = engine(bundle);
     let (mut steps, mut worst) = (0, 0f32);
     for g in &fx.generations {
@@ -199,9 +228,13 @@ fn check_transformers(name: &str) {
             let expected = g.top_logprobs[step][0].0;
             assert_eq!(token.id, expected, "{at}: top-1 differs from transformers'");
             for &(id, reference) in &g.top_logprobs[step] {
-                let lp = logprob_of(token, id).unwrap_or_else(|| panic!("{at}: {id} is not in our top 20"));
+                let lp = logprob_of(token, id)
+                    .unwrap_or_else(|| panic!("{at}: {id} is not in our top 20"));
                 worst = worst.max((lp - reference).abs());
-                assert!((lp - reference).abs() <= SAME_WEIGHTS, "{at}: logprob of {id} is {lp} instead of {reference}");
+                assert!(
+                    (lp - reference).abs() <= SAME_WEIGHTS,
+                    "{at}: logprob of {id} is {lp} instead of {reference}"
+                );
             }
             steps += 1;
         });

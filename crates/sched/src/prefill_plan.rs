@@ -22,10 +22,15 @@ impl PrefillPlan {
     /// (positions outside `1..=len` are ignored; `len` itself is always one).
     pub fn new(len: usize, snapshots: &[usize], chunk: usize) -> Self {
         let chunk = chunk.max(1);
-        let mut wanted: Vec<usize> = snapshots.iter().copied().filter(|&p| p > 0 && p < len).chain([len]).collect();
+        let mut wanted: Vec<usize> =
+            snapshots.iter().copied().filter(|&p| p > 0 && p < len).chain([len]).collect();
         wanted.sort_unstable();
         wanted.dedup();
-        let mut ends: Vec<usize> = (1..).map(|i| i * chunk).take_while(|&p| p < len).chain(wanted.iter().copied()).collect();
+        let mut ends: Vec<usize> = (1..)
+            .map(|i| i * chunk)
+            .take_while(|&p| p < len)
+            .chain(wanted.iter().copied())
+            .collect();
         ends.sort_unstable();
         ends.dedup();
         ends.retain(|&p| p > 0);
@@ -55,7 +60,10 @@ impl PrefillPlan {
     /// # Panics
     /// If `start` is neither: resuming there would cut the rest differently from a cold run.
     pub fn chunks_after(&self, start: usize) -> Vec<usize> {
-        assert!(start == 0 || self.ends.contains(&start), "position {start} is not a cut of this prompt");
+        assert!(
+            start == 0 || self.ends.contains(&start),
+            "position {start} is not a cut of this prompt"
+        );
         let mut previous = start;
         self.ends
             .iter()
@@ -223,9 +231,15 @@ mod tests {
         let cut = PrefillPlan::new(50, &[25], 32);
         assert_ne!(long.block_key(16), cut.block_key(16), "chunk 0..32 against 0..25");
         // Another chunk size, the same cuts so far: still another key.
-        assert_ne!(PrefillPlan::new(20, &[], 32).block_key(16), PrefillPlan::new(20, &[], 64).block_key(16));
+        assert_ne!(
+            PrefillPlan::new(20, &[], 32).block_key(16),
+            PrefillPlan::new(20, &[], 64).block_key(16)
+        );
 
-        assert_eq!(a.block_keys(150, 16), (1..=10).map(|i| a.block_key((i * 16).min(150))).collect::<Vec<_>>());
+        assert_eq!(
+            a.block_keys(150, 16),
+            (1..=10).map(|i| a.block_key((i * 16).min(150))).collect::<Vec<_>>()
+        );
         assert_eq!(a.block_keys(0, 16), Vec::<u64>::new());
     }
 }

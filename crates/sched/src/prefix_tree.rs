@@ -182,7 +182,10 @@ impl PrefixTree {
             for &id in siblings {
                 let node = self.node(id);
                 let position = base + node.tokens.len();
-                if node.tokens.len() < bs && rest.starts_with(&node.tokens) && node.key == key_at(position) {
+                if node.tokens.len() < bs
+                    && rest.starts_with(&node.tokens)
+                    && node.key == key_at(position)
+                {
                     if let Some(s) = node.snapshot {
                         found.push(Found { depth, tail: Some(id), position, snapshot: Some(s.id) });
                     }
@@ -190,13 +193,20 @@ impl PrefixTree {
             }
             let full_match = siblings.iter().copied().find(|&id| {
                 let node = self.node(id);
-                node.tokens.len() == bs && rest.starts_with(&node.tokens) && node.key == key_at(base + bs)
+                node.tokens.len() == bs
+                    && rest.starts_with(&node.tokens)
+                    && node.key == key_at(base + bs)
             });
             if let Some(id) = full_match {
                 full_path.push(id);
                 if let Some(s) = self.node(id).snapshot {
                     let position = base + bs;
-                    found.push(Found { depth: depth + 1, tail: None, position, snapshot: Some(s.id) });
+                    found.push(Found {
+                        depth: depth + 1,
+                        tail: None,
+                        position,
+                        snapshot: Some(s.id),
+                    });
                 }
                 continue;
             }
@@ -239,11 +249,13 @@ impl PrefixTree {
                 let node = self.node(id);
                 node.tokens == run && node.key == key
             });
-            let id = existing.unwrap_or_else(|| self.add_node(last, index * bs, run, key, block, pool));
+            let id =
+                existing.unwrap_or_else(|| self.add_node(last, index * bs, run, key, block, pool));
             self.node_mut(id).last_used = self.clock;
             last = Some(id);
         }
-        let mut inserted = Inserted { snapshot_stored: false, existing: None, dropped_snapshots: Vec::new() };
+        let mut inserted =
+            Inserted { snapshot_stored: false, existing: None, dropped_snapshots: Vec::new() };
         let Some(last) = last else { return inserted };
         if let Some((id, bytes)) = snapshot {
             inserted.existing = self.node(last).snapshot.map(|s| s.id);
@@ -261,7 +273,12 @@ impl PrefixTree {
     /// Changes the size of the held snapshot `id` (its payload grew or shrank), dropping least
     /// recently used others to stay within the budget; returns those, or `None` (and changes
     /// nothing) when `id` is not held or `bytes` alone exceed the budget.
-    pub fn resize_snapshot(&mut self, id: SnapshotId, bytes: usize, pool: &mut BlockPool) -> Option<Vec<SnapshotId>> {
+    pub fn resize_snapshot(
+        &mut self,
+        id: SnapshotId,
+        bytes: usize,
+        pool: &mut BlockPool,
+    ) -> Option<Vec<SnapshotId>> {
         if bytes > self.snapshot_budget_bytes {
             return None;
         }
@@ -280,8 +297,11 @@ impl PrefixTree {
         let mut dropped = Vec::new();
         // Eligibility only changes for a parent whose last child goes: holders outside the
         // tree do not change while we drop tree references.
-        let mut candidates: BTreeSet<(u64, NodeId)> =
-            self.live_ids().filter(|&id| self.is_evictable(id, pool)).map(|id| (self.node(id).last_used, id)).collect();
+        let mut candidates: BTreeSet<(u64, NodeId)> = self
+            .live_ids()
+            .filter(|&id| self.is_evictable(id, pool))
+            .map(|id| (self.node(id).last_used, id))
+            .collect();
         while pool.free_blocks() < needed {
             let Some((_, victim)) = candidates.pop_first() else {
                 break;
@@ -342,14 +362,24 @@ impl PrefixTree {
         for id in self.live_ids() {
             let node = self.node(id);
             let len = node.tokens.len();
-            assert!(node.start.is_multiple_of(bs) && (1..=bs).contains(&len), "node {id:?} covers a bad run");
+            assert!(
+                node.start.is_multiple_of(bs) && (1..=bs).contains(&len),
+                "node {id:?} covers a bad run"
+            );
             assert!(len == bs || node.children.is_empty(), "partial node {id:?} has children");
             let parent_end = node.parent.map_or(0, |p| self.node(p).start + bs);
             assert_eq!(node.start, parent_end, "node {id:?} does not start where its parent ends");
-            assert!(self.children(node.parent).contains(&id), "node {id:?} is not its parent's child");
+            assert!(
+                self.children(node.parent).contains(&id),
+                "node {id:?} is not its parent's child"
+            );
             assert!(node.last_used <= self.clock, "node {id:?} was used in the future");
             for &child in &node.children {
-                assert_eq!(self.node(child).parent, Some(id), "child {child:?} names another parent");
+                assert_eq!(
+                    self.node(child).parent,
+                    Some(id),
+                    "child {child:?} names another parent"
+                );
             }
             *refs.entry(node.block).or_insert(0) += 1;
             bytes += node.snapshot.map_or(0, |s| s.bytes);
@@ -363,7 +393,10 @@ impl PrefixTree {
                 for &b in &siblings[i + 1..] {
                     let (a_node, b_node) = (self.node(a), self.node(b));
                     let same = a_node.tokens == b_node.tokens && a_node.key == b_node.key;
-                    assert!(!same, "siblings {a:?} and {b:?} hold the same tokens under the same key");
+                    assert!(
+                        !same,
+                        "siblings {a:?} and {b:?} hold the same tokens under the same key"
+                    );
                 }
             }
         }
@@ -377,7 +410,13 @@ impl PrefixTree {
 
     /// Among `siblings` holding `key`, the node sharing the most leading tokens with `rest`
     /// (lowest id on a tie); without one, the end of the full path.
-    fn longest_match(&self, siblings: &[NodeId], rest: &[u32], depth: usize, key: Option<u64>) -> Found {
+    fn longest_match(
+        &self,
+        siblings: &[NodeId],
+        rest: &[u32],
+        depth: usize,
+        key: Option<u64>,
+    ) -> Found {
         let base = depth * self.block_size;
         let best = siblings
             .iter()
@@ -397,7 +436,8 @@ impl PrefixTree {
     /// Touches the nodes on the paths of `found` and gathers their blocks.
     fn resume_points(&mut self, full_path: &[NodeId], found: Vec<Found>) -> Vec<ResumePoint> {
         let deepest = found.iter().map(|f| f.depth).max().unwrap_or(0);
-        let touched = full_path[..deepest].iter().copied().chain(found.iter().filter_map(|f| f.tail));
+        let touched =
+            full_path[..deepest].iter().copied().chain(found.iter().filter_map(|f| f.tail));
         for id in touched.collect::<Vec<_>>() {
             self.node_mut(id).last_used = self.clock;
         }
@@ -442,7 +482,10 @@ impl PrefixTree {
         let mut at = from;
         while let Some(id) = at {
             let node = self.node(id);
-            if self.kind == CacheKind::AttentionOnly || !node.children.is_empty() || node.snapshot.is_some() {
+            if self.kind == CacheKind::AttentionOnly
+                || !node.children.is_empty()
+                || node.snapshot.is_some()
+            {
                 break;
             }
             at = self.remove_leaf(id, pool).parent;
@@ -507,7 +550,11 @@ impl PrefixTree {
     }
 
     fn live_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.slots.iter().enumerate().filter(|(_, slot)| slot.is_some()).map(|(i, _)| NodeId(i as u32))
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| slot.is_some())
+            .map(|(i, _)| NodeId(i as u32))
     }
 
     fn children(&self, parent: Option<NodeId>) -> &[NodeId] {

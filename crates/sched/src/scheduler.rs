@@ -94,9 +94,11 @@ impl Scheduler {
     /// If `id` is not admitted or was already started: a bookkeeping bug in the caller.
     pub fn start(&mut self, id: SeqId, chunks: Vec<usize>) {
         debug_assert!(chunks.iter().all(|&tokens| tokens > 0), "a chunk feeds at least one token");
-        let active = self.active.iter_mut().find(|a| a.id == id).expect("starting an admitted sequence");
+        let active =
+            self.active.iter_mut().find(|a| a.id == id).expect("starting an admitted sequence");
         assert!(matches!(active.phase, Phase::Admitted), "{id:?} was started twice");
-        active.phase = if chunks.is_empty() { Phase::Decoding } else { Phase::Prefilling(chunks.into()) };
+        active.phase =
+            if chunks.is_empty() { Phase::Decoding } else { Phase::Prefilling(chunks.into()) };
     }
 
     /// Forgets a sequence wherever it is (finished, cancelled, failed); the next plan leaves it
@@ -113,8 +115,12 @@ impl Scheduler {
     /// in admission order. A sequence gets at most one chunk per step, and decodes from the
     /// step after its last chunk.
     pub fn plan(&mut self) -> StepPlan {
-        let decode: Vec<SeqId> =
-            self.active.iter().filter(|a| matches!(a.phase, Phase::Decoding)).map(|a| a.id).collect();
+        let decode: Vec<SeqId> = self
+            .active
+            .iter()
+            .filter(|a| matches!(a.phase, Phase::Decoding))
+            .map(|a| a.id)
+            .collect();
         let mut tokens = decode.len();
         let mut prefill = Vec::new();
         for active in &mut self.active {

@@ -78,7 +78,9 @@ impl BatchStore {
                 Ok(batch) => {
                     batches.insert(batch.id.clone(), batch);
                 }
-                Err(error) => tracing::warn!(path = %path.display(), %error, "skipping an unreadable batch record"),
+                Err(error) => {
+                    tracing::warn!(path = %path.display(), %error, "skipping an unreadable batch record")
+                }
             }
         }
         Self { files, batches_dir, batches: Mutex::new(batches), changed: Notify::new() }
@@ -93,7 +95,12 @@ impl BatchStore {
     }
 
     /// Keeps a staged upload as a new file.
-    pub fn add_file(&self, staged: StagedFile, filename: String, purpose: &str) -> std::io::Result<FileObject> {
+    pub fn add_file(
+        &self,
+        staged: StagedFile,
+        filename: String,
+        purpose: &str,
+    ) -> std::io::Result<FileObject> {
         let bytes = std::fs::metadata(&staged.path)?.len();
         let file = FileObject {
             id: new_id("file-"),
@@ -112,7 +119,9 @@ impl BatchStore {
         if !is_safe_id(id) {
             return None;
         }
-        std::fs::read(self.files.join(format!("{id}.json"))).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        std::fs::read(self.files.join(format!("{id}.json")))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
     }
 
     /// Every file, newest first.
@@ -148,9 +157,16 @@ impl BatchStore {
     }
 
     /// The requests of input file `id`, checked as at upload.
-    pub fn read_input(&self, id: &str, max_requests: usize) -> Result<Vec<BatchInputLine>, ApiError> {
+    pub fn read_input(
+        &self,
+        id: &str,
+        max_requests: usize,
+    ) -> Result<Vec<BatchInputLine>, ApiError> {
         let text = std::fs::read_to_string(self.content_path(id)).map_err(|e| {
-            ApiError::bad_request(format!("the input file {id} cannot be read: {e}"), Some("input_file_id"))
+            ApiError::bad_request(
+                format!("the input file {id} cannot be read: {e}"),
+                Some("input_file_id"),
+            )
         })?;
         parse_input(&text, max_requests)
     }
@@ -178,7 +194,11 @@ impl BatchStore {
     }
 
     /// Changes batch `id` with `change` and writes it; `None` when there is no such batch.
-    pub fn update(&self, id: &str, change: impl FnOnce(&mut Batch)) -> std::io::Result<Option<Batch>> {
+    pub fn update(
+        &self,
+        id: &str,
+        change: impl FnOnce(&mut Batch),
+    ) -> std::io::Result<Option<Batch>> {
         let mut batches = self.lock();
         let Some(mut batch) = batches.get(id).cloned() else { return Ok(None) };
         change(&mut batch);
@@ -187,10 +207,16 @@ impl BatchStore {
     }
 
     /// Appends a result of batch `id` to `log` and counts it.
-    pub fn append_result(&self, id: &str, log: ResultLog, line: &BatchOutputLine) -> std::io::Result<()> {
+    pub fn append_result(
+        &self,
+        id: &str,
+        log: ResultLog,
+        line: &BatchOutputLine,
+    ) -> std::io::Result<()> {
         let mut text = serde_json::to_vec(line)?;
         text.push(b'\n');
-        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path(id, log))?;
+        let mut file =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.log_path(id, log))?;
         file.write_all(&text)?;
         self.update(id, |batch| match log {
             ResultLog::Output => batch.request_counts.completed += 1,
@@ -320,7 +346,9 @@ impl Drop for StagedFile {
 
 /// `prefix` and 16 hex digits of the time (so ids sort by creation) and 8 random ones.
 fn new_id(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
     format!("{prefix}{nanos:016x}{:08x}", rand::random::<u32>())
 }
 
@@ -332,7 +360,10 @@ fn is_safe_id(id: &str) -> bool {
 /// The `*.json` records in `dir` (none when it does not exist yet).
 fn json_records(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect()
+    entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect()
 }
 
 fn write_json(path: &Path, value: &impl serde::Serialize) -> std::io::Result<()> {
@@ -351,7 +382,9 @@ mod tests {
     use super::*;
 
     fn line(id: &str) -> String {
-        format!(r#"{{"custom_id": "{id}", "method": "POST", "url": "/v1/chat/completions", "body": {{}}}}"#)
+        format!(
+            r#"{{"custom_id": "{id}", "method": "POST", "url": "/v1/chat/completions", "body": {{}}}}"#
+        )
     }
 
     #[test]

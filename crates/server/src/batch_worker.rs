@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use spindle_api::{
-    ApiError, BatchError, BatchErrors, BatchInputLine, BatchLineError, BatchLineResponse, BatchOutputLine, BatchStatus,
-    ChatCompletionRequest,
+    ApiError, BatchError, BatchErrors, BatchInputLine, BatchLineError, BatchLineResponse,
+    BatchOutputLine, BatchStatus, ChatCompletionRequest,
 };
 
 use crate::batch_store::ResultLog;
@@ -36,8 +36,12 @@ pub async fn run(state: Arc<AppState>) {
                 if let Err(error) = run_batch(&state, &id).await {
                     // The disk failed under the batch; it fails rather than spin on it.
                     tracing::error!(batch = %id, %error, "batch failed");
-                    let failure =
-                        BatchError { code: "server_error".into(), message: error.to_string(), param: None, line: None };
+                    let failure = BatchError {
+                        code: "server_error".into(),
+                        message: error.to_string(),
+                        param: None,
+                        line: None,
+                    };
                     let failed = state.batches.update(&id, |b| {
                         b.status = BatchStatus::Failed;
                         b.failed_at = Some(unix_now());
@@ -124,16 +128,32 @@ fn fail_input(state: &AppState, id: &str, error: &ApiError) -> std::io::Result<(
 
 /// Runs one request when the engine has room, again if it had to give way to a live request;
 /// `None` when the batch is being cancelled.
-async fn run_line(state: &Arc<AppState>, id: &str, line: &BatchInputLine) -> Option<(ResultLog, BatchOutputLine)> {
+async fn run_line(
+    state: &Arc<AppState>,
+    id: &str,
+    line: &BatchInputLine,
+) -> Option<(ResultLog, BatchOutputLine)> {
     let request = match chat_request(line) {
         Ok(request) => request,
-        Err(error) => return Some(failure(line, &format!("batch_req_{:032x}", rand::random::<u128>()), &error)),
+        Err(error) => {
+            return Some(failure(
+                line,
+                &format!("batch_req_{:032x}", rand::random::<u128>()),
+                &error,
+            ))
+        }
     };
     loop {
         wait_for_room(state, id).await?;
         let start = match start_chat_as(state, &request, "chatcmpl", Admission::Batch) {
             Ok(start) => start,
-            Err(error) => return Some(failure(line, &format!("batch_req_{:032x}", rand::random::<u128>()), &error)),
+            Err(error) => {
+                return Some(failure(
+                    line,
+                    &format!("batch_req_{:032x}", rand::random::<u128>()),
+                    &error,
+                ))
+            }
         };
         let request_id = start.head.id.clone();
         tokio::select! {
@@ -153,14 +173,20 @@ async fn run_line(state: &Arc<AppState>, id: &str, line: &BatchInputLine) -> Opt
 /// The line's body as a chat request; batches answer whole, never streamed.
 fn chat_request(line: &BatchInputLine) -> Result<ChatCompletionRequest, ApiError> {
     let request: ChatCompletionRequest = serde_json::from_value(Value::Object(line.body.clone()))
-        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}"), Some("body")))?;
+        .map_err(|e| {
+        ApiError::bad_request(format!("invalid request body: {e}"), Some("body"))
+    })?;
     if request.stream {
         return Err(ApiError::bad_request("a batch request cannot stream", Some("stream")));
     }
     Ok(request)
 }
 
-fn failure(line: &BatchInputLine, request_id: &str, error: &ApiError) -> (ResultLog, BatchOutputLine) {
+fn failure(
+    line: &BatchInputLine,
+    request_id: &str,
+    error: &ApiError,
+) -> (ResultLog, BatchOutputLine) {
     let body = serde_json::to_value(error.to_response_body()).unwrap_or(Value::Null);
     let code = error.code.clone().unwrap_or_else(|| error.kind.as_str().to_string());
     let detail = BatchLineError { code, message: error.message.clone() };

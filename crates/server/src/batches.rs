@@ -8,7 +8,9 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use spindle_api::{ApiError, Batch, BatchStatus, CreateBatchRequest, ListPage, ListQuery, RequestCounts};
+use spindle_api::{
+    ApiError, Batch, BatchStatus, CreateBatchRequest, ListPage, ListQuery, RequestCounts,
+};
 
 use crate::error::{parse_json, HttpError};
 use crate::files::{list_query, storage_error};
@@ -41,9 +43,10 @@ async fn create_batch(
     }
     let reader = state.clone();
     let max_requests = state.config.batch.max_requests;
-    let lines = tokio::task::spawn_blocking(move || reader.batches.read_input(&file_id, max_requests))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let lines =
+        tokio::task::spawn_blocking(move || reader.batches.read_input(&file_id, max_requests))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))??;
     let batch = Batch {
         id: String::new(),
         endpoint: request.endpoint,
@@ -68,7 +71,10 @@ async fn create_batch(
     Ok(Json(state.batches.create_batch(batch).map_err(storage_error)?))
 }
 
-async fn retrieve_batch(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Batch>, HttpError> {
+async fn retrieve_batch(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Batch>, HttpError> {
     Ok(Json(state.batches.batch(&id).ok_or_else(|| no_batch(&id))?))
 }
 
@@ -81,7 +87,10 @@ async fn list_batches(
 
 /// A batch that has not started is cancelled at once; a running one is `cancelling` until its
 /// request in flight stops, then `cancelled` with the results it has so far.
-async fn cancel_batch(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Batch>, HttpError> {
+async fn cancel_batch(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Batch>, HttpError> {
     let mut refused = None;
     let batch = state
         .batches

@@ -14,8 +14,8 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Map, Value};
 use spindle_api::{
     ApiError, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-    ChatCompletionRequest, ChatDelta, ChatMessage, ChoiceLogprobs, FinishReason as ApiFinishReason, Role, ToolCallDelta,
-    Usage,
+    ChatCompletionRequest, ChatDelta, ChatMessage, ChoiceLogprobs, FinishReason as ApiFinishReason,
+    Role, ToolCallDelta, Usage,
 };
 use spindle_chat::{prompt_ends_in_reasoning, TemplateInput};
 use spindle_constrain::Constraint;
@@ -23,8 +23,10 @@ use spindle_runner::{FinishReason, ReasoningBudget, ReasoningMode, SequenceSumma
 
 use crate::error::{parse_json, HttpError};
 use crate::generation::{Generation, Output, Plan};
+use crate::request::{
+    check_model, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead,
+};
 use crate::sse::{done_event, event_stream, json_event, keep_alive};
-use crate::request::{check_model, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead};
 use crate::state::{Admission, AppState};
 use crate::structured::answer_shape;
 use crate::tool_output::{assemble_calls, ToolCallStage};
@@ -43,7 +45,9 @@ pub async fn chat_completions(
             generation.report_progress();
         }
         let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok(Sse::new(chunk_stream(generation, head, include_usage, tools)).keep_alive(keep_alive(&state)).into_response())
+        Ok(Sse::new(chunk_stream(generation, head, include_usage, tools))
+            .keep_alive(keep_alive(&state))
+            .into_response())
     } else {
         Ok(Json(collect(generation, head, tools).await?).into_response())
     }
@@ -62,7 +66,11 @@ pub(crate) struct ChatStart {
 
 /// Validates `request` (in the OpenAI chat shape), renders and tokenizes it, resolves its
 /// answer shape and submits it; `id_prefix` names the protocol in the response id.
-pub(crate) fn start_chat(state: &Arc<AppState>, request: &ChatCompletionRequest, id_prefix: &str) -> Result<ChatStart, ApiError> {
+pub(crate) fn start_chat(
+    state: &Arc<AppState>,
+    request: &ChatCompletionRequest,
+    id_prefix: &str,
+) -> Result<ChatStart, ApiError> {
     start_chat_as(state, request, id_prefix, Admission::Live)
 }
 
@@ -85,18 +93,27 @@ pub(crate) fn start_chat_as(
 }
 
 /// Renders the prompt and decides everything the engine needs.
-fn plan(state: &AppState, request: &ChatCompletionRequest, constraint: Option<Constraint>) -> Result<Plan, ApiError> {
+fn plan(
+    state: &AppState,
+    request: &ChatCompletionRequest,
+    constraint: Option<Constraint>,
+) -> Result<Plan, ApiError> {
     let bundle = &state.bundle;
     let tools: Vec<Value> = request.tools.iter().map(|t| json!(t)).collect();
     let rendered = render_prompt(state, &request.messages, &tools, &request.chat_template_kwargs)?;
     let (prompt, thinking) = (&rendered.text, rendered.thinking);
     // The template writes BOS itself where the model wants one.
-    let (prompt_ids, spans) = bundle.tokenizer.encode_with_spans(prompt).map_err(|e| ApiError::internal(e.to_string()))?;
+    let (prompt_ids, spans) = bundle
+        .tokenizer
+        .encode_with_spans(prompt)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     let snapshot_positions = token_positions(&rendered.message_ends, &spans);
     let max_tokens = fit_max_tokens(state, prompt_ids.len(), request.max_output_tokens())?;
 
     let reasoning = if thinking && bundle.template.source().contains(THINK_OPEN) {
-        ReasoningMode::ThinkTags { starts_inside: prompt_ends_in_reasoning(prompt, THINK_OPEN, THINK_CLOSE) }
+        ReasoningMode::ThinkTags {
+            starts_inside: prompt_ends_in_reasoning(prompt, THINK_OPEN, THINK_CLOSE),
+        }
     } else {
         ReasoningMode::Off
     };
@@ -176,8 +193,9 @@ pub(crate) fn render_prompt(
             extra: &kwargs,
         })
     };
-    let text = render(&messages, true)
-        .map_err(|e| ApiError::bad_request(format!("the chat template failed: {e}"), Some("messages")))?;
+    let text = render(&messages, true).map_err(|e| {
+        ApiError::bad_request(format!("the chat template failed: {e}"), Some("messages"))
+    })?;
     let leading_system = messages.len() > 1 && messages[0]["role"] == "system";
     let mut prefixes = Vec::new();
     for n in 1..=messages.len() {
@@ -191,7 +209,9 @@ pub(crate) fn render_prompt(
     let mut message_ends: Vec<usize> = prefixes
         .into_iter()
         .filter_map(Result::ok)
-        .filter(|prefix| !prefix.is_empty() && prefix.len() < text.len() && text.starts_with(prefix.as_str()))
+        .filter(|prefix| {
+            !prefix.is_empty() && prefix.len() < text.len() && text.starts_with(prefix.as_str())
+        })
         .map(|prefix| prefix.len())
         .collect();
     if !leading_system && !tools.is_empty() {
@@ -223,7 +243,10 @@ fn template_message(message: &ChatMessage) -> Value {
     let role = if message.role == "developer" { "system" } else { message.role.as_str() };
     let mut out = Map::new();
     out.insert("role".into(), json!(role));
-    out.insert("content".into(), json!(message.content.as_ref().map(|c| c.text()).unwrap_or_default()));
+    out.insert(
+        "content".into(),
+        json!(message.content.as_ref().map(|c| c.text()).unwrap_or_default()),
+    );
     if let Some(name) = &message.name {
         out.insert("name".into(), json!(name));
     }
@@ -249,7 +272,11 @@ fn template_message(message: &ChatMessage) -> Value {
 }
 
 impl ResponseHead {
-    fn chat_chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatCompletionChunk {
+    fn chat_chunk(
+        &self,
+        choices: Vec<ChatChunkChoice>,
+        usage: Option<Usage>,
+    ) -> ChatCompletionChunk {
         ChatCompletionChunk {
             id: self.id.clone(),
             created: self.created,
@@ -262,7 +289,11 @@ impl ResponseHead {
     }
 }
 
-fn delta_choice(text: TextDelta, tool_calls: Vec<ToolCallDelta>, logprobs: Option<ChoiceLogprobs>) -> ChatChunkChoice {
+fn delta_choice(
+    text: TextDelta,
+    tool_calls: Vec<ToolCallDelta>,
+    logprobs: Option<ChoiceLogprobs>,
+) -> ChatChunkChoice {
     let non_empty = |s: String| (!s.is_empty()).then_some(s);
     ChatChunkChoice {
         index: 0,
@@ -278,7 +309,10 @@ fn delta_choice(text: TextDelta, tool_calls: Vec<ToolCallDelta>, logprobs: Optio
 }
 
 /// Routes a delta's content through the tool-call stage, when the request has one.
-pub(crate) fn staged(tools: &mut Option<ToolCallStage>, mut text: TextDelta) -> (TextDelta, Vec<ToolCallDelta>) {
+pub(crate) fn staged(
+    tools: &mut Option<ToolCallStage>,
+    mut text: TextDelta,
+) -> (TextDelta, Vec<ToolCallDelta>) {
     match tools {
         Some(stage) => {
             let staged = stage.push(&text.content);
@@ -290,7 +324,10 @@ pub(crate) fn staged(tools: &mut Option<ToolCallStage>, mut text: TextDelta) -> 
 }
 
 /// The end of the answer: the text released last, and what the tool-call stage held back.
-pub(crate) fn staged_tail(tools: &mut Option<ToolCallStage>, tail: TextDelta) -> (TextDelta, Vec<ToolCallDelta>) {
+pub(crate) fn staged_tail(
+    tools: &mut Option<ToolCallStage>,
+    tail: TextDelta,
+) -> (TextDelta, Vec<ToolCallDelta>) {
     let (mut text, mut calls) = staged(tools, tail);
     if let Some(stage) = tools {
         let rest = stage.finish();
@@ -301,7 +338,10 @@ pub(crate) fn staged_tail(tools: &mut Option<ToolCallStage>, tail: TextDelta) ->
 }
 
 /// `tool_calls` when the model stopped after calling a tool (call it after the stage's end).
-pub(crate) fn chat_finish_reason(reason: FinishReason, tools: &Option<ToolCallStage>) -> ApiFinishReason {
+pub(crate) fn chat_finish_reason(
+    reason: FinishReason,
+    tools: &Option<ToolCallStage>,
+) -> ApiFinishReason {
     match (reason, tools) {
         (FinishReason::Stop, Some(stage)) if stage.called() => ApiFinishReason::ToolCalls,
         (reason, _) => crate::request::finish_reason(reason),
@@ -319,7 +359,11 @@ fn chunk_stream(
     let first = head.chat_chunk(
         vec![ChatChunkChoice {
             index: 0,
-            delta: ChatDelta { role: Some(Role::Assistant), content: Some(String::new()), ..Default::default() },
+            delta: ChatDelta {
+                role: Some(Role::Assistant),
+                content: Some(String::new()),
+                ..Default::default()
+            },
             logprobs: None,
             finish_reason: None,
         }],
@@ -336,7 +380,8 @@ fn chunk_stream(
             vec![json_event(&head.chat_chunk(vec![delta_choice(delta, calls, logprobs)], None))]
         }
         Output::Progress(progress) => {
-            let mut chunk = head.chat_chunk(vec![delta_choice(TextDelta::default(), Vec::new(), None)], None);
+            let mut chunk =
+                head.chat_chunk(vec![delta_choice(TextDelta::default(), Vec::new(), None)], None);
             chunk.prompt_progress = Some(progress);
             vec![json_event(&chunk)]
         }
@@ -369,7 +414,11 @@ fn finish_events(
 }
 
 /// The non-streamed response: the same outputs, concatenated.
-pub(crate) async fn collect(generation: Generation, head: ResponseHead, mut tools: Option<ToolCallStage>) -> Result<ChatCompletion, ApiError> {
+pub(crate) async fn collect(
+    generation: Generation,
+    head: ResponseHead,
+    mut tools: Option<ToolCallStage>,
+) -> Result<ChatCompletion, ApiError> {
     let logprobs_requested = generation.reports_logprobs();
     let mut whole = generation.collect().await?;
     let reasoning = whole.text(|d| &d.reasoning);

@@ -19,8 +19,10 @@ use spindle_runner::{ReasoningMode, SequenceSummary};
 
 use crate::error::{parse_json, HttpError};
 use crate::generation::{Generation, Output, Plan};
+use crate::request::{
+    check_model, finish_reason, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead,
+};
 use crate::sse::{done_event, event_stream, json_event, keep_alive};
-use crate::request::{check_model, finish_reason, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead};
 use crate::state::AppState;
 
 pub async fn completions(
@@ -31,13 +33,19 @@ pub async fn completions(
     request.validate()?;
     check_model(&state, request.model.as_deref())?;
     if request.echo && request.logprobs.is_some() {
-        return Err(ApiError::bad_request("echo together with logprobs is not supported", Some("echo")).into());
+        return Err(ApiError::bad_request(
+            "echo together with logprobs is not supported",
+            Some("echo"),
+        )
+        .into());
     }
     let tokenizer = &state.bundle.tokenizer;
     let prompt_ids = match &request.prompt {
         Prompt::TokenIds(ids) => ids.clone(),
         prompt => {
-            let text = prompt.as_text().ok_or_else(|| ApiError::bad_request("prompt must hold exactly one text", Some("prompt")))?;
+            let text = prompt.as_text().ok_or_else(|| {
+                ApiError::bad_request("prompt must hold exactly one text", Some("prompt"))
+            })?;
             tokenizer.encode(text, true).map_err(|e| ApiError::internal(e.to_string()))?
         }
     };
@@ -45,10 +53,22 @@ pub async fn completions(
         return Err(ApiError::bad_request("the prompt is empty", Some("prompt")).into());
     }
     if let Some(bad) = prompt_ids.iter().find(|&&id| id as usize >= tokenizer.vocab_size()) {
-        return Err(ApiError::bad_request(format!("token id {bad} is outside the vocabulary"), Some("prompt")).into());
+        return Err(ApiError::bad_request(
+            format!("token id {bad} is outside the vocabulary"),
+            Some("prompt"),
+        )
+        .into());
     }
-    let echo = if request.echo { tokenizer.decode(&prompt_ids, false).map_err(|e| ApiError::internal(e.to_string()))? } else { String::new() };
-    let max_tokens = fit_max_tokens(&state, prompt_ids.len(), Some(request.max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS)))?;
+    let echo = if request.echo {
+        tokenizer.decode(&prompt_ids, false).map_err(|e| ApiError::internal(e.to_string()))?
+    } else {
+        String::new()
+    };
+    let max_tokens = fit_max_tokens(
+        &state,
+        prompt_ids.len(),
+        Some(request.max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS)),
+    )?;
     let plan = Plan {
         prompt_ids,
         snapshot_positions: Vec::new(),
@@ -64,14 +84,20 @@ pub async fn completions(
     let generation = Generation::start(&state, &head.id, plan)?;
     if request.stream {
         let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok(Sse::new(chunk_stream(generation, head, echo, include_usage)).keep_alive(keep_alive(&state)).into_response())
+        Ok(Sse::new(chunk_stream(generation, head, echo, include_usage))
+            .keep_alive(keep_alive(&state))
+            .into_response())
     } else {
         Ok(Json(collect(generation, head, echo).await?).into_response())
     }
 }
 
 impl ResponseHead {
-    fn completion_event(&self, choices: Vec<CompletionChoice>, usage: Option<spindle_api::Usage>) -> Event {
+    fn completion_event(
+        &self,
+        choices: Vec<CompletionChoice>,
+        usage: Option<spindle_api::Usage>,
+    ) -> Event {
         let chunk = CompletionChunk {
             id: self.id.clone(),
             created: self.created,
@@ -102,12 +128,27 @@ impl LegacyLogprobs {
     }
 }
 
-fn choice(text: String, logprobs: Option<CompletionLogprobs>, summary: Option<&SequenceSummary>) -> CompletionChoice {
-    CompletionChoice { text, index: 0, logprobs, finish_reason: summary.map(|s| finish_reason(s.finish_reason)) }
+fn choice(
+    text: String,
+    logprobs: Option<CompletionLogprobs>,
+    summary: Option<&SequenceSummary>,
+) -> CompletionChoice {
+    CompletionChoice {
+        text,
+        index: 0,
+        logprobs,
+        finish_reason: summary.map(|s| finish_reason(s.finish_reason)),
+    }
 }
 
-fn chunk_stream(generation: Generation, head: ResponseHead, echo: String, include_usage: bool) -> impl Stream<Item = Result<Event, Infallible>> {
-    let opening = (!echo.is_empty()).then(|| Ok(head.completion_event(vec![choice(echo, None, None)], None)));
+fn chunk_stream(
+    generation: Generation,
+    head: ResponseHead,
+    echo: String,
+    include_usage: bool,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let opening =
+        (!echo.is_empty()).then(|| Ok(head.completion_event(vec![choice(echo, None, None)], None)));
     let body = event_stream(generation, move |output| match output {
         Output::Text { delta, logprob } => {
             let logprobs = logprob.map(|lp| {
@@ -122,7 +163,10 @@ fn chunk_stream(generation: Generation, head: ResponseHead, echo: String, includ
             }
         }
         Output::Done(summary) => {
-            let mut events = vec![head.completion_event(vec![choice(summary.tail.content.clone(), None, Some(&summary))], None)];
+            let mut events = vec![head.completion_event(
+                vec![choice(summary.tail.content.clone(), None, Some(&summary))],
+                None,
+            )];
             if include_usage {
                 events.push(head.completion_event(vec![], Some(usage(&summary))));
             }
@@ -134,7 +178,11 @@ fn chunk_stream(generation: Generation, head: ResponseHead, echo: String, includ
     stream::iter(opening).chain(body)
 }
 
-async fn collect(generation: Generation, head: ResponseHead, echo: String) -> Result<Completion, ApiError> {
+async fn collect(
+    generation: Generation,
+    head: ResponseHead,
+    echo: String,
+) -> Result<Completion, ApiError> {
     let logprobs_requested = generation.reports_logprobs();
     let whole = generation.collect().await?;
     let mut legacy = LegacyLogprobs::default();
@@ -148,7 +196,11 @@ async fn collect(generation: Generation, head: ResponseHead, echo: String) -> Re
         created: head.created,
         model: head.model,
         system_fingerprint: None,
-        choices: vec![choice(echo + &whole.text(|d| &d.content), logprobs_requested.then_some(legacy.logprobs), Some(&whole.summary))],
+        choices: vec![choice(
+            echo + &whole.text(|d| &d.content),
+            logprobs_requested.then_some(legacy.logprobs),
+            Some(&whole.summary),
+        )],
         usage: usage(&whole.summary),
     })
 }

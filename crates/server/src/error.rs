@@ -26,7 +26,10 @@ impl From<BytesRejection> for HttpError {
         Self(if status == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large("the request body is larger than the server accepts")
         } else {
-            ApiError::bad_request(format!("could not read the request body: {}", rejection.body_text()), None)
+            ApiError::bad_request(
+                format!("could not read the request body: {}", rejection.body_text()),
+                None,
+            )
         })
     }
 }
@@ -42,7 +45,9 @@ pub fn error_response(error: &ApiError, body: impl IntoResponse) -> Response {
     let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = (status, body).into_response();
     if status == StatusCode::TOO_MANY_REQUESTS {
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
     }
     response
 }
@@ -52,7 +57,9 @@ pub fn error_response(error: &ApiError, body: impl IntoResponse) -> Response {
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, HttpError> {
     serde_json::from_slice(body).map_err(|e| {
         let what = match e.classify() {
-            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => "malformed JSON",
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                "malformed JSON"
+            }
             _ => "invalid request",
         };
         HttpError(ApiError::bad_request(format!("{what}: {e}"), None))

@@ -22,7 +22,8 @@ use crate::state::AppState;
 const FORM_OVERHEAD_BYTES: usize = 64 * 1024;
 
 pub fn routes(state: &AppState) -> Router<Arc<AppState>> {
-    let upload_limit = DefaultBodyLimit::max(state.config.batch.max_file_bytes + FORM_OVERHEAD_BYTES);
+    let upload_limit =
+        DefaultBodyLimit::max(state.config.batch.max_file_bytes + FORM_OVERHEAD_BYTES);
     Router::new()
         .route("/v1/files", post(upload_file).layer(upload_limit).get(list_files))
         .route("/v1/files/{id}", get(retrieve_file).delete(delete_file))
@@ -72,7 +73,11 @@ async fn upload_file(
                 format!("purpose must be `batch` (this server keeps files for the Batch API only), got `{other}`");
             return Err(ApiError::bad_request(message, Some("purpose")).into());
         }
-        None => return Err(ApiError::bad_request("the form has no `purpose` field", Some("purpose")).into()),
+        None => {
+            return Err(
+                ApiError::bad_request("the form has no `purpose` field", Some("purpose")).into()
+            )
+        }
     }
     let Some((staged, filename)) = upload else {
         return Err(ApiError::bad_request("the form has no `file` field", Some("file")).into());
@@ -80,8 +85,8 @@ async fn upload_file(
     let max_requests = state.config.batch.max_requests;
     let checked = tokio::task::spawn_blocking(move || {
         let text = std::fs::read(staged.path()).map_err(storage_error)?;
-        let text =
-            String::from_utf8(text).map_err(|_| ApiError::bad_request("the file is not UTF-8 text", Some("file")))?;
+        let text = String::from_utf8(text)
+            .map_err(|_| ApiError::bad_request("the file is not UTF-8 text", Some("file")))?;
         parse_input(&text, max_requests)?;
         Ok::<_, ApiError>(staged)
     });
@@ -92,9 +97,15 @@ async fn upload_file(
 /// A form the multipart reader gave up on: 413 when it ran past the body limit.
 fn form_error(error: MultipartError) -> ApiError {
     if error.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::too_large(format!("the upload is larger than the server accepts: {}", error.body_text()))
+        ApiError::too_large(format!(
+            "the upload is larger than the server accepts: {}",
+            error.body_text()
+        ))
     } else {
-        ApiError::bad_request(format!("could not read the multipart form: {}", error.body_text()), None)
+        ApiError::bad_request(
+            format!("could not read the multipart form: {}", error.body_text()),
+            None,
+        )
     }
 }
 
@@ -117,7 +128,9 @@ async fn list_files(
 
 /// The `limit` and `after` of a list request.
 pub fn list_query(query: Result<Query<ListQuery>, QueryRejection>) -> Result<ListQuery, ApiError> {
-    query.map(|Query(q)| q).map_err(|e| ApiError::bad_request(format!("invalid query: {}", e.body_text()), None))
+    query
+        .map(|Query(q)| q)
+        .map_err(|e| ApiError::bad_request(format!("invalid query: {}", e.body_text()), None))
 }
 
 async fn retrieve_file(
@@ -127,7 +140,10 @@ async fn retrieve_file(
     Ok(Json(file_or_404(&state, &id)?))
 }
 
-async fn file_content(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, HttpError> {
+async fn file_content(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, HttpError> {
     file_or_404(&state, &id)?;
     let path = state.batches.content_path(&id);
     let bytes = tokio::task::spawn_blocking(move || std::fs::read(path))

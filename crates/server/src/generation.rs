@@ -9,7 +9,9 @@ use spindle_api::{ApiError, PromptProgress, TokenLogprob, TopLogprob};
 use spindle_chat::Tokenizer;
 use spindle_constrain::Constraint;
 use spindle_runner::sampler::{SampledToken, SamplingParams};
-use spindle_runner::{ReasoningBudget, ReasoningMode, SequenceEvent, SequenceRequest, SequenceSummary, TextDelta};
+use spindle_runner::{
+    ReasoningBudget, ReasoningMode, SequenceEvent, SequenceRequest, SequenceSummary, TextDelta,
+};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::state::{Admission, AppState, Ticket};
@@ -65,7 +67,12 @@ impl Generation {
     }
 
     /// [`Generation::start`] for a live request or a batch's (which is never refused).
-    pub fn start_as(state: &Arc<AppState>, id: &str, plan: Plan, admission: Admission) -> Result<Self, ApiError> {
+    pub fn start_as(
+        state: &Arc<AppState>,
+        id: &str,
+        plan: Plan,
+        admission: Admission,
+    ) -> Result<Self, ApiError> {
         let ticket = match admission {
             Admission::Live => state.admit(id)?,
             Admission::Batch => state.admit_batch(id),
@@ -123,7 +130,12 @@ impl Generation {
                         continue;
                     }
                     let time_ms = self.started.elapsed().as_millis() as u64;
-                    Output::Progress(PromptProgress { total, cache: cached, processed: read, time_ms })
+                    Output::Progress(PromptProgress {
+                        total,
+                        cache: cached,
+                        processed: read,
+                        time_ms,
+                    })
                 }
                 SequenceEvent::Token { token, text, .. } => {
                     let now = Instant::now();
@@ -132,9 +144,12 @@ impl Generation {
                             self.first_token = Some(now);
                             metrics.time_to_first_token.observe((now - self.started).as_secs_f64())
                         }
-                        Some(previous) => metrics.inter_token_latency.observe((now - previous).as_secs_f64()),
+                        Some(previous) => {
+                            metrics.inter_token_latency.observe((now - previous).as_secs_f64())
+                        }
                     }
-                    let logprob = self.logprobs.then(|| token_logprob(&self.state.bundle.tokenizer, &token));
+                    let logprob =
+                        self.logprobs.then(|| token_logprob(&self.state.bundle.tokenizer, &token));
                     Output::Text { delta: text, logprob }
                 }
                 SequenceEvent::Finished(summary) => {
@@ -175,7 +190,8 @@ impl Generation {
         let prefill_s = (first - self.started).as_secs_f64();
         let decode_s = (self.last_token.unwrap_or(first) - first).as_secs_f64();
         let read = summary.prompt_tokens - summary.cached_tokens.min(summary.prompt_tokens);
-        let per_second = |tokens: usize, seconds: f64| if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 };
+        let per_second =
+            |tokens: usize, seconds: f64| if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 };
         if read > 0 && self.first_token.is_some() {
             self.state.metrics.prefill_tokens_per_second.observe(per_second(read, prefill_s));
         }
@@ -217,7 +233,9 @@ impl Generation {
                 Some(Output::Progress(_)) => {}
                 Some(Output::Done(summary)) => return Ok(Collected { pieces, summary }),
                 Some(Output::Failed(error)) => return Err(error),
-                None => return Err(ApiError::internal("the engine ended the request without a result")),
+                None => {
+                    return Err(ApiError::internal("the engine ended the request without a result"))
+                }
             }
         }
     }

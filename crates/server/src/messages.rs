@@ -23,8 +23,8 @@ use crate::generation::{Generation, Output};
 use crate::messages_events::{assemble, MessageEvents};
 use crate::messages_request::chat_request;
 use crate::request::check_model;
-use crate::state::AppState;
 use crate::sse::keep_alive_ping;
+use crate::state::AppState;
 
 /// The path prefix whose errors take Anthropic's shape.
 const MESSAGES_PATH: &str = "/v1/messages";
@@ -39,7 +39,9 @@ pub async fn messages(
     let ChatStart { generation, head, tools, prompt_tokens } = start_chat(&state, &chat, "msg")?;
     let events = MessageEvents::new(head, tools);
     if request.stream {
-        Ok(Sse::new(event_stream(generation, events, prompt_tokens)).keep_alive(keep_alive_ping(&state)).into_response())
+        Ok(Sse::new(event_stream(generation, events, prompt_tokens))
+            .keep_alive(keep_alive_ping(&state))
+            .into_response())
     } else {
         Ok(Json(collect(generation, events, prompt_tokens).await?).into_response())
     }
@@ -57,12 +59,18 @@ pub async fn count_tokens(
     check_model(&state, chat.model.as_deref())?;
     let tools: Vec<Value> = chat.tools.iter().map(|t| json!(t)).collect();
     let prompt = render_prompt(&state, &chat.messages, &tools, &chat.chat_template_kwargs)?.text;
-    let ids = state.bundle.tokenizer.encode(&prompt, false).map_err(|e| ApiError::internal(e.to_string()))?;
+    let ids = state
+        .bundle
+        .tokenizer
+        .encode(&prompt, false)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(Json(TokenCount { input_tokens: ids.len() as u32 }))
 }
 
 fn sse_event(event: &StreamEvent) -> Event {
-    Event::default().event(event.name()).data(serde_json::to_string(event).expect("response types serialise"))
+    Event::default()
+        .event(event.name())
+        .data(serde_json::to_string(event).expect("response types serialise"))
 }
 
 /// `message_start` and `ping`, then the events of each output; a failure becomes an `error`
@@ -87,7 +95,11 @@ fn event_stream(
 }
 
 /// The whole message, assembled from the events a stream would have sent.
-async fn collect(generation: Generation, mut events: MessageEvents, prompt_tokens: usize) -> Result<Message, ApiError> {
+async fn collect(
+    generation: Generation,
+    mut events: MessageEvents,
+    prompt_tokens: usize,
+) -> Result<Message, ApiError> {
     let whole = generation.collect().await?;
     let mut all = Vec::new();
     for (delta, _) in whole.pieces {

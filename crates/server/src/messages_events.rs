@@ -4,7 +4,9 @@
 //! same events, so the two always carry the same blocks.
 
 use serde_json::{json, Value};
-use spindle_api::anthropic::{BlockDelta, Message, MessageDelta, MessagesUsage, OutputBlock, StopReason, StreamEvent};
+use spindle_api::anthropic::{
+    BlockDelta, Message, MessageDelta, MessagesUsage, OutputBlock, StopReason, StreamEvent,
+};
 use spindle_api::{FinishReason, ToolCallDelta};
 use spindle_runner::{SequenceSummary, TextDelta};
 
@@ -56,7 +58,10 @@ impl MessageEvents {
 
     /// `message_start`, then a `ping` as Anthropic sends one.
     pub fn start(&self, prompt_tokens: usize) -> Vec<StreamEvent> {
-        vec![StreamEvent::MessageStart { message: self.empty_message(prompt_tokens) }, StreamEvent::Ping]
+        vec![
+            StreamEvent::MessageStart { message: self.empty_message(prompt_tokens) },
+            StreamEvent::Ping,
+        ]
     }
 
     /// The events of one generated piece.
@@ -79,7 +84,8 @@ impl MessageEvents {
             _ if summary.stop_sequence.is_some() => StopReason::StopSequence,
             _ => StopReason::EndTurn,
         };
-        let stop_sequence = summary.stop_sequence.filter(|_| stop_reason == StopReason::StopSequence);
+        let stop_sequence =
+            summary.stop_sequence.filter(|_| stop_reason == StopReason::StopSequence);
         let usage = MessagesUsage {
             input_tokens: (summary.prompt_tokens - summary.cached_tokens) as u32,
             output_tokens: summary.completion_tokens as u32,
@@ -106,10 +112,17 @@ impl MessageEvents {
             if let Some(id) = call.id {
                 let id = format!("toolu_{}", id.strip_prefix("call_").unwrap_or(&id));
                 let name = call.function.name.unwrap_or_default();
-                self.open(BlockKind::ToolUse, OutputBlock::ToolUse { id, name, input: json!({}) }, events);
+                self.open(
+                    BlockKind::ToolUse,
+                    OutputBlock::ToolUse { id, name, input: json!({}) },
+                    events,
+                );
             }
             if !call.function.arguments.is_empty() && self.is_open(BlockKind::ToolUse) {
-                self.delta(BlockDelta::InputJsonDelta { partial_json: call.function.arguments }, events);
+                self.delta(
+                    BlockDelta::InputJsonDelta { partial_json: call.function.arguments },
+                    events,
+                );
             }
         }
     }
@@ -117,7 +130,12 @@ impl MessageEvents {
     /// `text` to add to a block of `kind`, opening one if needed. A block opens at the first
     /// text that is not whitespace (the newlines after `</think>`, between calls), which is
     /// dropped.
-    fn text_for(&mut self, kind: BlockKind, text: &str, events: &mut Vec<StreamEvent>) -> Option<String> {
+    fn text_for(
+        &mut self,
+        kind: BlockKind,
+        text: &str,
+        events: &mut Vec<StreamEvent>,
+    ) -> Option<String> {
         if self.is_open(kind) {
             return (!text.is_empty()).then(|| text.to_string());
         }
@@ -126,7 +144,9 @@ impl MessageEvents {
             return None;
         }
         let block = match kind {
-            BlockKind::Thinking => OutputBlock::Thinking { thinking: String::new(), signature: String::new() },
+            BlockKind::Thinking => {
+                OutputBlock::Thinking { thinking: String::new(), signature: String::new() }
+            }
             _ => OutputBlock::Text { text: String::new() },
         };
         self.open(kind, block, events);
@@ -158,9 +178,14 @@ impl MessageEvents {
         if kind == BlockKind::Thinking {
             let digest = std::mem::take(&mut self.thinking)
                 .bytes()
-                .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
+                .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+                    (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+                });
             let signature = format!("spindle-{digest:016x}");
-            events.push(StreamEvent::ContentBlockDelta { index, delta: BlockDelta::SignatureDelta { signature } });
+            events.push(StreamEvent::ContentBlockDelta {
+                index,
+                delta: BlockDelta::SignatureDelta { signature },
+            });
         }
         events.push(StreamEvent::ContentBlockStop { index });
     }
@@ -168,7 +193,10 @@ impl MessageEvents {
 
 /// The whole message that `events` stream, starting from `message` (the one `message_start`
 /// carries).
-pub(crate) fn assemble(mut message: Message, events: impl IntoIterator<Item = StreamEvent>) -> Message {
+pub(crate) fn assemble(
+    mut message: Message,
+    events: impl IntoIterator<Item = StreamEvent>,
+) -> Message {
     // Each tool_use block's input JSON, as it streams in pieces.
     let mut inputs: Vec<String> = Vec::new();
     for event in events {
@@ -180,13 +208,17 @@ pub(crate) fn assemble(mut message: Message, events: impl IntoIterator<Item = St
             StreamEvent::ContentBlockDelta { index, delta } => {
                 let index = index as usize;
                 match (&mut message.content[index], delta) {
-                    (OutputBlock::Text { text }, BlockDelta::TextDelta { text: more }) => text.push_str(&more),
-                    (OutputBlock::Thinking { thinking, .. }, BlockDelta::ThinkingDelta { thinking: more }) => {
-                        thinking.push_str(&more)
+                    (OutputBlock::Text { text }, BlockDelta::TextDelta { text: more }) => {
+                        text.push_str(&more)
                     }
-                    (OutputBlock::Thinking { signature, .. }, BlockDelta::SignatureDelta { signature: more }) => {
-                        signature.push_str(&more)
-                    }
+                    (
+                        OutputBlock::Thinking { thinking, .. },
+                        BlockDelta::ThinkingDelta { thinking: more },
+                    ) => thinking.push_str(&more),
+                    (
+                        OutputBlock::Thinking { signature, .. },
+                        BlockDelta::SignatureDelta { signature: more },
+                    ) => signature.push_str(&more),
                     (OutputBlock::ToolUse { .. }, BlockDelta::InputJsonDelta { partial_json }) => {
                         inputs[index].push_str(&partial_json)
                     }
@@ -261,8 +293,13 @@ mod tests {
     fn thinking_closes_signed_before_text_opens_and_whitespace_opens_nothing() {
         let mut machine = MessageEvents::new(head(), None);
         let mut events = machine.start(10);
-        for delta in [piece("\n", ""), piece("Think", ""), piece(" more", "\n\n"), piece("", "Hi"), piece("", " there")]
-        {
+        for delta in [
+            piece("\n", ""),
+            piece("Think", ""),
+            piece(" more", "\n\n"),
+            piece("", "Hi"),
+            piece("", " there"),
+        ] {
             events.extend(machine.push(delta));
         }
         events.extend(machine.finish(summary(RunnerFinish::Stop, Some("END"))));
@@ -290,7 +327,10 @@ mod tests {
         assert_eq!(message.id, "msg_abc");
         assert_eq!(
             message.content[0],
-            OutputBlock::Thinking { thinking: "Think more".into(), signature: "spindle-a08a8391d74fdc34".into() }
+            OutputBlock::Thinking {
+                thinking: "Think more".into(),
+                signature: "spindle-a08a8391d74fdc34".into()
+            }
         );
         assert_eq!(message.content[1], OutputBlock::Text { text: "Hi there!".into() });
         assert_eq!(message.stop_reason, Some(StopReason::StopSequence));
@@ -309,12 +349,16 @@ mod tests {
     #[test]
     fn tool_call_deltas_become_tool_use_blocks_with_object_inputs() {
         let mut machine = MessageEvents::new(head(), None);
-        let call = |index: u32, id: Option<&str>, name: Option<&str>, arguments: &str| ToolCallDelta {
-            index,
-            id: id.map(str::to_owned),
-            kind: None,
-            function: FunctionCallDelta { name: name.map(str::to_owned), arguments: arguments.into() },
-        };
+        let call =
+            |index: u32, id: Option<&str>, name: Option<&str>, arguments: &str| ToolCallDelta {
+                index,
+                id: id.map(str::to_owned),
+                kind: None,
+                function: FunctionCallDelta {
+                    name: name.map(str::to_owned),
+                    arguments: arguments.into(),
+                },
+            };
         let mut events = Vec::new();
         machine.add(
             piece("", "Let me look."),
@@ -329,12 +373,19 @@ mod tests {
         machine.close(&mut events);
         assert_eq!(
             names(&events),
-            ["start0", "delta0", "stop0", "start1", "delta1", "delta1", "stop1", "start2", "delta2", "stop2"]
+            [
+                "start0", "delta0", "stop0", "start1", "delta1", "delta1", "stop1", "start2",
+                "delta2", "stop2"
+            ]
         );
         let message = assemble(machine.empty_message(0), events);
         assert_eq!(
             message.content[1],
-            OutputBlock::ToolUse { id: "toolu_abc_0".into(), name: "f".into(), input: json!({"a": 1}) }
+            OutputBlock::ToolUse {
+                id: "toolu_abc_0".into(),
+                name: "f".into(),
+                input: json!({"a": 1})
+            }
         );
         assert_eq!(
             message.content[2],

@@ -6,10 +6,12 @@
 use std::borrow::Cow;
 
 use serde_json::{json, Map, Value};
-use spindle_api::anthropic::{Content, Effort, InputBlock, MessagesRequest, SystemPrompt, ThinkingConfig, ToolChoice};
+use spindle_api::anthropic::{
+    Content, Effort, InputBlock, MessagesRequest, SystemPrompt, ThinkingConfig, ToolChoice,
+};
 use spindle_api::{
-    ApiError, ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDefinition, MessageContent, SamplingParams,
-    StopSequences, Tool, ToolCall, ToolType,
+    ApiError, ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDefinition, MessageContent,
+    SamplingParams, StopSequences, Tool, ToolCall, ToolType,
 };
 
 /// Claude Code opens its system prompt with a line like `x-anthropic-billing-header:
@@ -74,11 +76,16 @@ pub(crate) fn chat_request(request: &MessagesRequest) -> Result<ChatCompletionRe
         .collect();
     let (tool_choice, single_call) = match &request.tool_choice {
         None => (None, false),
-        Some(ToolChoice::Auto { disable_parallel_tool_use }) => (Some(json!("auto")), *disable_parallel_tool_use),
-        Some(ToolChoice::Any { disable_parallel_tool_use }) => (Some(json!("required")), *disable_parallel_tool_use),
-        Some(ToolChoice::Tool { name, disable_parallel_tool_use }) => {
-            (Some(json!({"type": "function", "function": {"name": name}})), *disable_parallel_tool_use)
+        Some(ToolChoice::Auto { disable_parallel_tool_use }) => {
+            (Some(json!("auto")), *disable_parallel_tool_use)
         }
+        Some(ToolChoice::Any { disable_parallel_tool_use }) => {
+            (Some(json!("required")), *disable_parallel_tool_use)
+        }
+        Some(ToolChoice::Tool { name, disable_parallel_tool_use }) => (
+            Some(json!({"type": "function", "function": {"name": name}})),
+            *disable_parallel_tool_use,
+        ),
         Some(ToolChoice::None) => (Some(json!("none")), false),
     };
 
@@ -92,10 +99,15 @@ pub(crate) fn chat_request(request: &MessagesRequest) -> Result<ChatCompletionRe
             temperature: request.temperature,
             top_p: request.top_p,
             top_k: request.top_k,
-            stop: (!request.stop_sequences.is_empty()).then(|| StopSequences::Many(request.stop_sequences.clone())),
+            stop: (!request.stop_sequences.is_empty())
+                .then(|| StopSequences::Many(request.stop_sequences.clone())),
             ..Default::default()
         },
-        tool_choice: if tools.is_empty() && tool_choice == Some(json!("auto")) { None } else { tool_choice },
+        tool_choice: if tools.is_empty() && tool_choice == Some(json!("auto")) {
+            None
+        } else {
+            tool_choice
+        },
         tools,
         parallel_tool_calls: single_call.then_some(false),
         response_format: response_format(request)?,
@@ -107,14 +119,19 @@ pub(crate) fn chat_request(request: &MessagesRequest) -> Result<ChatCompletionRe
 
 /// `output_config.format` as the chat request's `response_format`.
 fn response_format(request: &MessagesRequest) -> Result<Option<Value>, ApiError> {
-    let Some(format) = request.output_config.as_ref().and_then(|c| c.format.as_ref()).filter(|f| !f.is_null()) else {
+    let Some(format) =
+        request.output_config.as_ref().and_then(|c| c.format.as_ref()).filter(|f| !f.is_null())
+    else {
         return Ok(None);
     };
     match (format["type"].as_str(), &format["schema"]) {
-        (Some("json_schema"), schema @ Value::Object(_)) => {
-            Ok(Some(json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}})))
-        }
-        _ => Err(bad("output_config.format".into(), "expected {\"type\": \"json_schema\", \"schema\": {...}}".into())),
+        (Some("json_schema"), schema @ Value::Object(_)) => Ok(Some(
+            json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}),
+        )),
+        _ => Err(bad(
+            "output_config.format".into(),
+            "expected {\"type\": \"json_schema\", \"schema\": {...}}".into(),
+        )),
     }
 }
 
@@ -126,7 +143,11 @@ fn reasoning(request: &MessagesRequest) -> (Map<String, Value>, Option<u32>) {
     let mut kwargs = Map::new();
     let enable = match request.thinking {
         None => None,
-        Some(ThinkingConfig::Enabled { .. } | ThinkingConfig::Adaptive | ThinkingConfig::BetweenTools) => Some(true),
+        Some(
+            ThinkingConfig::Enabled { .. }
+            | ThinkingConfig::Adaptive
+            | ThinkingConfig::BetweenTools,
+        ) => Some(true),
         Some(ThinkingConfig::Disabled) => Some(false),
     };
     if let Some(enable) = enable {
@@ -161,7 +182,11 @@ fn as_blocks(content: &Content) -> Cow<'_, [InputBlock]> {
 
 /// A user turn: its tool results first, as `tool` messages right after the assistant's calls
 /// (where OpenAI-shaped templates expect them), then its text.
-fn user_turn(i: usize, blocks: &[InputBlock], messages: &mut Vec<ChatMessage>) -> Result<(), ApiError> {
+fn user_turn(
+    i: usize,
+    blocks: &[InputBlock],
+    messages: &mut Vec<ChatMessage>,
+) -> Result<(), ApiError> {
     let mut text = Vec::new();
     let mut results = 0;
     for (j, block) in blocks.iter().enumerate() {
@@ -175,7 +200,10 @@ fn user_turn(i: usize, blocks: &[InputBlock], messages: &mut Vec<ChatMessage>) -
                 if *is_error {
                     output.insert_str(0, "Error: ");
                 }
-                messages.push(ChatMessage { tool_call_id: Some(tool_use_id.clone()), ..message("tool", Some(output)) });
+                messages.push(ChatMessage {
+                    tool_call_id: Some(tool_use_id.clone()),
+                    ..message("tool", Some(output))
+                });
                 results += 1;
             }
             other => return Err(misplaced(i, j, other, "user")),
@@ -231,7 +259,8 @@ fn misplaced(i: usize, j: usize, block: &InputBlock, place: &str) -> ApiError {
     let param = format!("messages[{i}].content[{j}]");
     let message = match block {
         InputBlock::Image { .. } | InputBlock::Document { .. } => {
-            "image and document blocks are not supported: the served model reads text only".to_string()
+            "image and document blocks are not supported: the served model reads text only"
+                .to_string()
         }
         other => format!("a `{}` block cannot appear in {place} content", kind(other)),
     };
@@ -239,7 +268,10 @@ fn misplaced(i: usize, j: usize, block: &InputBlock, place: &str) -> ApiError {
 }
 
 fn kind(block: &InputBlock) -> String {
-    serde_json::to_value(block).ok().and_then(|v| v["type"].as_str().map(str::to_owned)).unwrap_or_default()
+    serde_json::to_value(block)
+        .ok()
+        .and_then(|v| v["type"].as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 fn message(role: &str, content: Option<String>) -> ChatMessage {
@@ -276,7 +308,10 @@ mod tests {
         .unwrap();
         assert_eq!(chat.messages.len(), 2);
         assert_eq!(chat.messages[0].role, "system");
-        assert_eq!(chat.messages[0].content, Some(MessageContent::Text("You are terse.\nAnswer in French.".into())));
+        assert_eq!(
+            chat.messages[0].content,
+            Some(MessageContent::Text("You are terse.\nAnswer in French.".into()))
+        );
         assert_eq!(chat.messages[1].role, "user");
     }
 
@@ -319,19 +354,36 @@ mod tests {
                 Some(true),
                 Some(300),
             ),
-            (json!({"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}}), Some(true), Some(750)),
-            (json!({"thinking": {"type": "disabled"}, "output_config": {"effort": "high"}}), Some(false), None),
+            (
+                json!({"thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}}),
+                Some(true),
+                Some(750),
+            ),
+            (
+                json!({"thinking": {"type": "disabled"}, "output_config": {"effort": "high"}}),
+                Some(false),
+                None,
+            ),
             (json!({"output_config": {"effort": "medium"}}), None, Some(500)),
             (json!({"output_config": {"effort": "low"}}), None, Some(250)),
             (json!({"output_config": {"effort": "max"}}), None, None),
-            (json!({"thinking": {"type": "between_tools"}, "output_config": {"effort": "xhigh"}}), Some(true), None),
+            (
+                json!({"thinking": {"type": "between_tools"}, "output_config": {"effort": "xhigh"}}),
+                Some(true),
+                None,
+            ),
             (json!({}), None, None),
         ];
         for (extra, enable, budget) in cases {
-            let mut body = json!({"max_tokens": 1000, "messages": [{"role": "user", "content": "hi"}]});
+            let mut body =
+                json!({"max_tokens": 1000, "messages": [{"role": "user", "content": "hi"}]});
             body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
             let chat = chat_request(&request(body.clone())).unwrap();
-            assert_eq!(chat.chat_template_kwargs.get("enable_thinking").and_then(Value::as_bool), enable, "{body}");
+            assert_eq!(
+                chat.chat_template_kwargs.get("enable_thinking").and_then(Value::as_bool),
+                enable,
+                "{body}"
+            );
             assert_eq!(chat.thinking_budget, budget, "{body}");
         }
     }
@@ -344,21 +396,26 @@ mod tests {
         let chat = chat_request(&request(body)).unwrap();
         assert_eq!(chat.response_format.unwrap()["json_schema"]["schema"], schema);
         let body = json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "output_config": {"format": {"type": "yaml"}}});
-        assert_eq!(chat_request(&request(body)).unwrap_err().param.as_deref(), Some("output_config.format"));
+        assert_eq!(
+            chat_request(&request(body)).unwrap_err().param.as_deref(),
+            Some("output_config.format")
+        );
     }
 
     #[test]
     fn images_and_misplaced_blocks_are_refused_by_position() {
         let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}});
-        let error =
-            chat_request(&request(json!({"max_tokens": 8, "messages": [{"role": "user", "content": [image]}]})))
-                .unwrap_err();
+        let error = chat_request(&request(
+            json!({"max_tokens": 8, "messages": [{"role": "user", "content": [image]}]}),
+        ))
+        .unwrap_err();
         assert_eq!(error.param.as_deref(), Some("messages[0].content[0]"));
         assert!(error.message.contains("image"), "{}", error.message);
         let tool_use = json!({"type": "tool_use", "id": "t", "name": "f", "input": {}});
-        let error =
-            chat_request(&request(json!({"max_tokens": 8, "messages": [{"role": "user", "content": [tool_use]}]})))
-                .unwrap_err();
+        let error = chat_request(&request(
+            json!({"max_tokens": 8, "messages": [{"role": "user", "content": [tool_use]}]}),
+        ))
+        .unwrap_err();
         assert!(error.message.contains("`tool_use`"), "{}", error.message);
     }
 }

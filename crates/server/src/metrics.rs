@@ -44,12 +44,32 @@ struct VllmMetrics {
 
 impl VllmMetrics {
     fn register(&self, registry: &mut Registry) {
-        registry.register("vllm:num_requests_waiting", "Requests waiting to be admitted", self.waiting.clone());
+        registry.register(
+            "vllm:num_requests_waiting",
+            "Requests waiting to be admitted",
+            self.waiting.clone(),
+        );
         registry.register("vllm:num_requests_running", "Requests running", self.running.clone());
-        registry.register("vllm:kv_cache_usage_perc", "Share of KV blocks running requests hold (1 = full)", self.kv_cache_usage.clone());
-        registry.register("vllm:num_preemptions", "Sequences preempted because the KV pool ran out", self.preemptions.clone());
-        registry.register("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", self.prefix_cache_queries.clone());
-        registry.register("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", self.prefix_cache_hits.clone());
+        registry.register(
+            "vllm:kv_cache_usage_perc",
+            "Share of KV blocks running requests hold (1 = full)",
+            self.kv_cache_usage.clone(),
+        );
+        registry.register(
+            "vllm:num_preemptions",
+            "Sequences preempted because the KV pool ran out",
+            self.preemptions.clone(),
+        );
+        registry.register(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            self.prefix_cache_queries.clone(),
+        );
+        registry.register(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache",
+            self.prefix_cache_hits.clone(),
+        );
     }
 
     fn update(&self, load: &EngineLoad, prompt_tokens: u64, cached_tokens: u64) {
@@ -91,9 +111,21 @@ impl Default for Metrics {
         registry.register("requests", "HTTP requests by endpoint and status", requests.clone());
         registry.register("prompt_tokens", "Prompt tokens processed", prompt_tokens.clone());
         registry.register("generated_tokens", "Tokens generated", generated_tokens.clone());
-        registry.register("cached_prompt_tokens", "Prompt tokens served from the prefix cache", cached_prompt_tokens.clone());
-        registry.register("time_to_first_token_seconds", "Time from request to first token", time_to_first_token.clone());
-        registry.register("inter_token_latency_seconds", "Time between consecutive tokens", inter_token_latency.clone());
+        registry.register(
+            "cached_prompt_tokens",
+            "Prompt tokens served from the prefix cache",
+            cached_prompt_tokens.clone(),
+        );
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time from request to first token",
+            time_to_first_token.clone(),
+        );
+        registry.register(
+            "inter_token_latency_seconds",
+            "Time between consecutive tokens",
+            inter_token_latency.clone(),
+        );
         registry.register(
             "prefill_tokens_per_second",
             "Prompt positions read per second, per request (cached ones not counted)",
@@ -104,7 +136,11 @@ impl Default for Metrics {
             "Prompt positions read after their client gave up, kept in the prefix cache for a retry",
             orphan_prefill_tokens.clone(),
         );
-        registry.register("prefix_cache_snapshot_bytes", "Memory of prefix-cache snapshots", snapshot_bytes.clone());
+        registry.register(
+            "prefix_cache_snapshot_bytes",
+            "Memory of prefix-cache snapshots",
+            snapshot_bytes.clone(),
+        );
         registry.register("queue_depth", "Requests waiting for the engine", queue_depth.clone());
         registry.register("running_requests", "Sequences the engine is running", running.clone());
         Self {
@@ -127,14 +163,22 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn count_request(&self, endpoint: &str, status: u16) {
-        self.requests.get_or_create(&vec![("endpoint", endpoint.to_string()), ("status", status.to_string())]).inc();
+        self.requests
+            .get_or_create(&vec![
+                ("endpoint", endpoint.to_string()),
+                ("status", status.to_string()),
+            ])
+            .inc();
     }
 
     /// The text exposition format, with the engine's gauges read now.
     pub fn render(&self, load: &EngineLoad) -> String {
         self.queue_depth.set(load.waiting.load(Ordering::Relaxed) as i64);
         self.running.set(load.active.load(Ordering::Relaxed) as i64);
-        catch_up(&self.orphan_prefill_tokens, load.orphan_prefill_tokens.load(Ordering::Relaxed) as u64);
+        catch_up(
+            &self.orphan_prefill_tokens,
+            load.orphan_prefill_tokens.load(Ordering::Relaxed) as u64,
+        );
         self.snapshot_bytes.set(load.snapshot_bytes.load(Ordering::Relaxed) as i64);
         self.vllm.update(load, self.prompt_tokens.get(), self.cached_prompt_tokens.get());
         let mut text = String::new();

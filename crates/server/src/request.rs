@@ -23,7 +23,11 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError
 
 /// The output limit: what the client asked for, capped by the room the prompt leaves in the
 /// context; a prompt that leaves no room is a 400 `context_length_exceeded`.
-pub fn fit_max_tokens(state: &AppState, prompt_tokens: usize, requested: Option<u32>) -> Result<usize, ApiError> {
+pub fn fit_max_tokens(
+    state: &AppState,
+    prompt_tokens: usize,
+    requested: Option<u32>,
+) -> Result<usize, ApiError> {
     let context = state.config.ctx_size.min(state.bundle.model.config().max_position_embeddings);
     if prompt_tokens >= context {
         return Err(ApiError::context_length_exceeded(format!(
@@ -87,7 +91,9 @@ pub fn stop_strings(p: &SamplingParams) -> Vec<String> {
 pub fn finish_reason(reason: spindle_runner::FinishReason) -> FinishReason {
     match reason {
         // OpenAI has no "cancelled"; a cancelled request ended where it was told to.
-        spindle_runner::FinishReason::Stop | spindle_runner::FinishReason::Cancelled => FinishReason::Stop,
+        spindle_runner::FinishReason::Stop | spindle_runner::FinishReason::Cancelled => {
+            FinishReason::Stop
+        }
         spindle_runner::FinishReason::Length => FinishReason::Length,
     }
 }

@@ -116,7 +116,10 @@ mod tests {
         store.insert(response("resp_a", "Paris."), user("Capital of France?"));
         let kept = store.get("resp_a").unwrap();
         assert_eq!(kept.conversation[0], user("Capital of France?")[0]);
-        assert_eq!(kept.conversation[1], InputItem::Message { role: "assistant".into(), content: "Paris.".into() });
+        assert_eq!(
+            kept.conversation[1],
+            InputItem::Message { role: "assistant".into(), content: "Paris.".into() }
+        );
         assert!(store.remove("resp_a") && store.get("resp_a").is_none() && !store.remove("resp_a"));
     }
 
@@ -127,7 +130,9 @@ mod tests {
             by_count.insert(response(id, "x"), user("q"));
         }
         assert!(
-            by_count.get("resp_1").is_none() && by_count.get("resp_2").is_some() && by_count.get("resp_3").is_some()
+            by_count.get("resp_1").is_none()
+                && by_count.get("resp_2").is_some()
+                && by_count.get("resp_3").is_some()
         );
 
         let probe = ResponseStore::default();

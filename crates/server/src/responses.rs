@@ -15,7 +15,8 @@ use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::json;
 use spindle_api::{
-    ApiError, InputItem, Response as ResponseObject, ResponseDeleted, ResponseStatus, ResponsesRequest, TextOptions,
+    ApiError, InputItem, Response as ResponseObject, ResponseDeleted, ResponseStatus,
+    ResponsesRequest, TextOptions,
 };
 
 use crate::chat::{start_chat, ChatStart};
@@ -33,7 +34,9 @@ pub async fn create_response(
     let request: ResponsesRequest = parse_json(&body?)?;
     request.validate()?;
     let mut conversation = match &request.previous_response_id {
-        Some(id) => state.responses.get(id).ok_or_else(|| previous_not_found(id))?.conversation.clone(),
+        Some(id) => {
+            state.responses.get(id).ok_or_else(|| previous_not_found(id))?.conversation.clone()
+        }
         None => Vec::new(),
     };
     conversation.extend(request.input_items()?);
@@ -68,7 +71,9 @@ pub async fn delete_response(
 }
 
 fn not_found(id: &str) -> ApiError {
-    ApiError::not_found(format!("no stored response `{id}` (responses are kept only with `store: true`)"))
+    ApiError::not_found(format!(
+        "no stored response `{id}` (responses are kept only with `store: true`)"
+    ))
 }
 
 fn previous_not_found(id: &str) -> ApiError {
@@ -100,7 +105,10 @@ fn in_progress(request: &ResponsesRequest, head: ResponseHead) -> ResponseObject
         reasoning: request.reasoning.clone().unwrap_or_default(),
         store: request.stores(),
         temperature: Some(request.sampling.temperature.unwrap_or(1.0)),
-        text: request.text.clone().unwrap_or(TextOptions { format: Some(json!({"type": "text"})), verbosity: None }),
+        text: request
+            .text
+            .clone()
+            .unwrap_or(TextOptions { format: Some(json!({"type": "text"})), verbosity: None }),
         tool_choice: request.tool_choice.clone().unwrap_or_else(|| json!("auto")),
         tools: request.tools.clone(),
         top_p: Some(request.sampling.top_p.unwrap_or(1.0)),
@@ -119,7 +127,9 @@ struct Keep {
 
 impl Keep {
     fn store(keep: Option<Self>, response: &ResponseObject) {
-        if let Some(Keep { state, conversation }) = keep.filter(|_| response.status != ResponseStatus::Failed) {
+        if let Some(Keep { state, conversation }) =
+            keep.filter(|_| response.status != ResponseStatus::Failed)
+        {
             state.responses.insert(response.clone(), conversation);
         }
     }
@@ -136,8 +146,9 @@ fn event_stream(
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let quiet = state.config.keep_alive;
     let opening = assembler.opening();
-    let rest =
-        stream::unfold((generation, assembler, keep), move |(mut generation, mut assembler, mut keep)| async move {
+    let rest = stream::unfold(
+        (generation, assembler, keep),
+        move |(mut generation, mut assembler, mut keep)| async move {
             let events = match tokio::time::timeout(quiet, generation.next()).await {
                 Ok(output) => assembler.push(output?),
                 Err(_) => assembler.in_progress(),
@@ -146,7 +157,8 @@ fn event_stream(
                 Keep::store(keep.take(), response);
             }
             Some((events, (generation, assembler, keep)))
-        });
+        },
+    );
     stream::iter(opening).chain(rest.flat_map(stream::iter)).map(|event| Ok(sse_event(&event)))
 }
 
@@ -162,8 +174,9 @@ async fn collect(
         }
         assembler.push(output);
     }
-    let response =
-        assembler.finished().ok_or_else(|| ApiError::internal("the engine ended the request without a result"))?;
+    let response = assembler
+        .finished()
+        .ok_or_else(|| ApiError::internal("the engine ended the request without a result"))?;
     Keep::store(keep, response);
     Ok(response.clone())
 }

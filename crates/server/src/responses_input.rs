@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 use spindle_api::{
-    ApiError, ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDefinition, InputItem, MessageContent,
-    ResponsesRequest, Tool, ToolCall, ToolType,
+    ApiError, ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDefinition, InputItem,
+    MessageContent, ResponsesRequest, Tool, ToolCall, ToolType,
 };
 
 /// What the model sees as one flat function name, and the namespace tool it came from.
@@ -83,10 +83,16 @@ fn chat_tools(tools: &[Value]) -> Result<(Vec<Tool>, ToolNames), ApiError> {
                     )
                 })?;
                 let members = tool["tools"].as_array().map(Vec::as_slice).unwrap_or_default();
-                for (j, member) in members.iter().enumerate().filter(|(_, m)| m["type"] == "function") {
-                    let function = function_tool(member, Some(namespace), &format!("tools[{i}].tools[{j}]"))?;
+                for (j, member) in
+                    members.iter().enumerate().filter(|(_, m)| m["type"] == "function")
+                {
+                    let function =
+                        function_tool(member, Some(namespace), &format!("tools[{i}].tools[{j}]"))?;
                     let member_name = member["name"].as_str().unwrap_or_default().to_string();
-                    names.namespaced.insert(function.function.name.clone(), (namespace.to_string(), member_name));
+                    names.namespaced.insert(
+                        function.function.name.clone(),
+                        (namespace.to_string(), member_name),
+                    );
                     chat.push(function);
                 }
             }
@@ -99,7 +105,10 @@ fn chat_tools(tools: &[Value]) -> Result<(Vec<Tool>, ToolNames), ApiError> {
 /// A flat `{type: "function", name, description, parameters, strict}` tool as a chat tool.
 fn function_tool(tool: &Value, namespace: Option<&str>, param: &str) -> Result<Tool, ApiError> {
     let name = tool["name"].as_str().filter(|n| !n.is_empty()).ok_or_else(|| {
-        ApiError::bad_request(format!("{param}.name is missing"), Some(format!("{param}.name").as_str()))
+        ApiError::bad_request(
+            format!("{param}.name is missing"),
+            Some(format!("{param}.name").as_str()),
+        )
     })?;
     let optional = |key: &str| tool.get(key).filter(|v| !v.is_null()).cloned();
     Ok(Tool {
@@ -164,7 +173,9 @@ fn reasoning_budget(effort: &str, max_output_tokens: Option<u32>) -> Result<Thin
 
 /// `text.format` as the chat `response_format`.
 fn response_format(request: &ResponsesRequest) -> Result<Option<Value>, ApiError> {
-    let Some(format) = request.text.as_ref().and_then(|t| t.format.as_ref()).filter(|f| !f.is_null()) else {
+    let Some(format) =
+        request.text.as_ref().and_then(|t| t.format.as_ref()).filter(|f| !f.is_null())
+    else {
         return Ok(None);
     };
     let bad = |message: String, param: &str| ApiError::bad_request(message, Some(param));
@@ -175,10 +186,15 @@ fn response_format(request: &ResponsesRequest) -> Result<Option<Value>, ApiError
             schema @ Value::Object(_) => Ok(Some(json!({"type": "json_schema", "json_schema": {
                 "name": format["name"], "schema": schema, "strict": format["strict"],
             }}))),
-            _ => Err(bad("text.format json_schema needs a `schema` object".into(), "text.format.schema")),
+            _ => Err(bad(
+                "text.format json_schema needs a `schema` object".into(),
+                "text.format.schema",
+            )),
         },
         Some(other) => Err(bad(
-            format!("unknown text.format type `{other}`; expected text, json_object or json_schema"),
+            format!(
+                "unknown text.format type `{other}`; expected text, json_object or json_schema"
+            ),
             "text.format.type",
         )),
         None => Err(bad("text.format needs a type".into(), "text.format.type")),
@@ -189,7 +205,10 @@ fn response_format(request: &ResponsesRequest) -> Result<Option<Value>, ApiError
 /// one leading system message (rendered in place, a second system message breaks templates,
 /// Qwen's among them); consecutive function calls, and the reasoning and text before them, as
 /// one assistant message.
-fn chat_messages(instructions: Option<&str>, items: &[InputItem]) -> Result<Vec<ChatMessage>, ApiError> {
+fn chat_messages(
+    instructions: Option<&str>,
+    items: &[InputItem],
+) -> Result<Vec<ChatMessage>, ApiError> {
     let mut system: Vec<&str> = instructions.into_iter().collect();
     let mut messages = Vec::new();
     // Reasoning waits for the assistant message of the same turn.
@@ -197,7 +216,9 @@ fn chat_messages(instructions: Option<&str>, items: &[InputItem]) -> Result<Vec<
     for item in items {
         match item {
             InputItem::Reasoning { text } => reasoning = Some(text.clone()),
-            InputItem::Message { role, content } if role == "system" || role == "developer" => system.push(content),
+            InputItem::Message { role, content } if role == "system" || role == "developer" => {
+                system.push(content)
+            }
             InputItem::Message { role, content } if role == "assistant" => {
                 let mut m = message("assistant", content.clone());
                 m.reasoning_content = reasoning.take();
@@ -212,12 +233,16 @@ fn chat_messages(instructions: Option<&str>, items: &[InputItem]) -> Result<Vec<
                     id: call_id.clone(),
                     kind: ToolType::Function,
                     function: FunctionCall {
-                        name: namespace.as_deref().map_or_else(|| name.clone(), |ns| combined_name(ns, name)),
+                        name: namespace
+                            .as_deref()
+                            .map_or_else(|| name.clone(), |ns| combined_name(ns, name)),
                         arguments: arguments.clone(),
                     },
                 };
                 match messages.last_mut() {
-                    Some(last) if last.role == "assistant" && reasoning.is_none() => last.tool_calls.push(call),
+                    Some(last) if last.role == "assistant" && reasoning.is_none() => {
+                        last.tool_calls.push(call)
+                    }
                     _ => {
                         let mut m = message("assistant", String::new());
                         m.content = None;
@@ -269,7 +294,8 @@ mod tests {
         chat.messages
             .iter()
             .map(|m| {
-                let calls: Vec<&str> = m.tool_calls.iter().map(|c| c.function.name.as_str()).collect();
+                let calls: Vec<&str> =
+                    m.tool_calls.iter().map(|c| c.function.name.as_str()).collect();
                 json!([
                     m.role,
                     m.content.as_ref().map(|c| c.text().into_owned()),
@@ -302,7 +328,13 @@ mod tests {
         assert_eq!(
             shape(&chat),
             vec![
-                json!(["system", "Be useful.\n\nSandbox: read-only.\n\nLater note.", null, [], null]),
+                json!([
+                    "system",
+                    "Be useful.\n\nSandbox: read-only.\n\nLater note.",
+                    null,
+                    [],
+                    null
+                ]),
                 json!(["user", "Look around.", null, [], null]),
                 json!(["assistant", "Listing.", "ls first", ["shell", "mcp__fs__read"], null]),
                 json!(["tool", "a.txt", null, [], "c1"]),
@@ -331,15 +363,23 @@ mod tests {
         let offered: Vec<(&str, Option<bool>)> =
             chat.tools.iter().map(|t| (t.function.name.as_str(), t.function.strict)).collect();
         assert_eq!(offered, vec![("shell", None), ("mcp__fs__read", Some(true))]);
-        assert_eq!(chat.tool_choice, Some(json!({"type": "function", "function": {"name": "mcp__fs__read"}})));
-        assert_eq!(names.split("mcp__fs__read"), ("read".to_string(), Some("mcp__fs__".to_string())));
+        assert_eq!(
+            chat.tool_choice,
+            Some(json!({"type": "function", "function": {"name": "mcp__fs__read"}}))
+        );
+        assert_eq!(
+            names.split("mcp__fs__read"),
+            ("read".to_string(), Some("mcp__fs__".to_string()))
+        );
         assert_eq!(names.split("shell"), ("shell".to_string(), None));
     }
 
     #[test]
     fn reasoning_effort_sets_thinking_and_its_budget() {
         let effort = |effort: &str, max: Option<u32>| {
-            let (chat, _) = read(json!({"input": "hi", "reasoning": {"effort": effort}, "max_output_tokens": max}));
+            let (chat, _) = read(
+                json!({"input": "hi", "reasoning": {"effort": effort}, "max_output_tokens": max}),
+            );
             (chat.chat_template_kwargs.get("enable_thinking").cloned(), chat.thinking_budget)
         };
         assert_eq!(effort("none", Some(100)), (Some(json!(false)), None));
@@ -359,7 +399,9 @@ mod tests {
         );
         assert_eq!(
             chat.response_format,
-            Some(json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}))
+            Some(
+                json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}})
+            )
         );
         let (chat, _) = read(json!({"input": "hi", "text": {"format": {"type": "json_object"}}}));
         assert_eq!(chat.response_format, Some(json!({"type": "json_object"})));

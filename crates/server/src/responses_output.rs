@@ -5,8 +5,9 @@
 
 use serde_json::json;
 use spindle_api::{
-    ApiError, IncompleteDetails, ItemStatus, OutputItem, OutputPart, ReasoningPart, Response as ResponseObject,
-    ResponseError, ResponseEvent, ResponseStatus, ResponseUsage, Role, StreamEvent, ToolCallDelta,
+    ApiError, IncompleteDetails, ItemStatus, OutputItem, OutputPart, ReasoningPart,
+    Response as ResponseObject, ResponseError, ResponseEvent, ResponseStatus, ResponseUsage, Role,
+    StreamEvent, ToolCallDelta,
 };
 use spindle_runner::{FinishReason, SequenceSummary, TextDelta};
 
@@ -96,7 +97,12 @@ impl Assembler {
         self.response.output.len()
     }
 
-    fn advance(&mut self, events: &mut Vec<StreamEvent>, text: TextDelta, calls: Vec<ToolCallDelta>) {
+    fn advance(
+        &mut self,
+        events: &mut Vec<StreamEvent>,
+        text: TextDelta,
+        calls: Vec<ToolCallDelta>,
+    ) {
         if !text.reasoning.is_empty() {
             self.reasoning(events, &text.reasoning);
         }
@@ -118,10 +124,15 @@ impl Assembler {
                 content: vec![],
                 status: ItemStatus::InProgress,
             };
-            self.emit(events, ResponseEvent::OutputItemAdded { output_index: self.output_index(), item });
+            self.emit(
+                events,
+                ResponseEvent::OutputItemAdded { output_index: self.output_index(), item },
+            );
             self.open = Some(Open::Reasoning { id, text: String::new() });
         }
-        let Some(Open::Reasoning { id, text }) = &mut self.open else { unreachable!("opened above") };
+        let Some(Open::Reasoning { id, text }) = &mut self.open else {
+            unreachable!("opened above")
+        };
         text.push_str(delta);
         let item_id = id.clone();
         let event = ResponseEvent::ReasoningTextDelta {
@@ -154,7 +165,12 @@ impl Assembler {
             let part = text_part(String::new());
             self.emit(
                 events,
-                ResponseEvent::ContentPartAdded { item_id: id.clone(), output_index, content_index: 0, part },
+                ResponseEvent::ContentPartAdded {
+                    item_id: id.clone(),
+                    output_index,
+                    content_index: 0,
+                    part,
+                },
             );
             self.open = Some(Open::Message { id, text: String::new() });
             std::mem::take(&mut self.held_space)
@@ -165,7 +181,13 @@ impl Assembler {
         let output_index = self.output_index();
         self.emit(
             events,
-            ResponseEvent::OutputTextDelta { item_id, output_index, content_index: 0, delta, logprobs: vec![] },
+            ResponseEvent::OutputTextDelta {
+                item_id,
+                output_index,
+                content_index: 0,
+                delta,
+                logprobs: vec![],
+            },
         );
     }
 
@@ -184,7 +206,10 @@ impl Assembler {
                 arguments: String::new(),
                 status: ItemStatus::InProgress,
             };
-            self.emit(events, ResponseEvent::OutputItemAdded { output_index: self.output_index(), item });
+            self.emit(
+                events,
+                ResponseEvent::OutputItemAdded { output_index: self.output_index(), item },
+            );
             self.open = Some(Open::Call { id, call_id, name, namespace, arguments: String::new() });
         }
         let fragment = delta.function.arguments;
@@ -195,7 +220,10 @@ impl Assembler {
         arguments.push_str(&fragment);
         let item_id = id.clone();
         let output_index = self.output_index();
-        self.emit(events, ResponseEvent::FunctionCallArgumentsDelta { item_id, output_index, delta: fragment });
+        self.emit(
+            events,
+            ResponseEvent::FunctionCallArgumentsDelta { item_id, output_index, delta: fragment },
+        );
     }
 
     /// Closes the open item, if any: its done events, then it joins the output.
@@ -259,7 +287,9 @@ impl Assembler {
         let response = &mut self.response;
         response.usage = Some(ResponseUsage {
             input_tokens: summary.prompt_tokens as u32,
-            input_tokens_details: spindle_api::InputTokensDetails { cached_tokens: summary.cached_tokens as u32 },
+            input_tokens_details: spindle_api::InputTokensDetails {
+                cached_tokens: summary.cached_tokens as u32,
+            },
             output_tokens: summary.completion_tokens as u32,
             output_tokens_details: spindle_api::OutputTokensDetails {
                 reasoning_tokens: summary.reasoning_tokens as u32,
@@ -268,7 +298,8 @@ impl Assembler {
         });
         let event = if cut {
             response.status = ResponseStatus::Incomplete;
-            response.incomplete_details = Some(IncompleteDetails { reason: "max_output_tokens".into() });
+            response.incomplete_details =
+                Some(IncompleteDetails { reason: "max_output_tokens".into() });
             ResponseEvent::Incomplete { response: response.clone() }
         } else {
             response.status = ResponseStatus::Completed;

@@ -13,7 +13,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 use spindle_api::{
-    ApiError, DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
+    ApiError, DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest,
+    TokenizeResponse,
 };
 use tower_http::cors::CorsLayer;
 
@@ -56,24 +57,37 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+async fn require_api_key(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let Some(key) = &state.config.api_key else { return next.run(request).await };
     if request.method() == Method::OPTIONS {
         return next.run(request).await;
     }
     let headers = request.headers();
-    let bearer = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
     // Anthropic's clients send the key as `x-api-key`.
     let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
     if bearer == Some(key.as_str()) || x_api_key == Some(key.as_str()) {
         next.run(request).await
     } else {
-        let error = ApiError::unauthorized("a valid API key is required: send `Authorization: Bearer <key>` or `x-api-key: <key>`");
+        let error = ApiError::unauthorized(
+            "a valid API key is required: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
+        );
         error_for_path(request.uri().path(), error)
     }
 }
 
-async fn count_requests(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+async fn count_requests(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let endpoint = request
         .extensions()
         .get::<MatchedPath>()
@@ -99,7 +113,11 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
     Json(ModelList {
-        data: vec![ModelCard { id: state.config.model_id.clone(), created: state.started, owned_by: "spindle".into() }],
+        data: vec![ModelCard {
+            id: state.config.model_id.clone(),
+            created: state.started,
+            owned_by: "spindle".into(),
+        }],
     })
 }
 
@@ -116,7 +134,10 @@ async fn tokenize(
         // The template already wrote the special tokens it wants.
         tokenizer.encode(&prompt, request.add_special_tokens.unwrap_or(false))
     } else {
-        tokenizer.encode(request.prompt.as_deref().unwrap_or_default(), request.add_special_tokens.unwrap_or(true))
+        tokenizer.encode(
+            request.prompt.as_deref().unwrap_or_default(),
+            request.add_special_tokens.unwrap_or(true),
+        )
     }
     .map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(Json(TokenizeResponse { count: tokens.len(), tokens, max_model_len: state.config.ctx_size }))
@@ -130,13 +151,21 @@ async fn detokenize(
     check_model(&state, request.model.as_deref())?;
     let tokenizer = &state.bundle.tokenizer;
     if let Some(bad) = request.tokens.iter().find(|&&id| id as usize >= tokenizer.vocab_size()) {
-        return Err(ApiError::bad_request(format!("token id {bad} is outside the vocabulary"), Some("tokens")).into());
+        return Err(ApiError::bad_request(
+            format!("token id {bad} is outside the vocabulary"),
+            Some("tokens"),
+        )
+        .into());
     }
-    let prompt = tokenizer.decode(&request.tokens, false).map_err(|e| ApiError::internal(e.to_string()))?;
+    let prompt =
+        tokenizer.decode(&request.tokens, false).map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(Json(DetokenizeResponse { prompt }))
 }
 
-async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<serde_json::Value>, HttpError> {
+async fn cancel(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, HttpError> {
     if state.cancel(&id) {
         Ok(Json(json!({"id": id, "object": "chat.completion.cancelled", "cancelled": true})))
     } else {

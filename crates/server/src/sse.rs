@@ -21,7 +21,9 @@ pub fn keep_alive(state: &AppState) -> KeepAlive {
 
 /// [`keep_alive`] as Anthropic's `ping` event, which Messages clients expect instead.
 pub fn keep_alive_ping(state: &AppState) -> KeepAlive {
-    KeepAlive::new().interval(state.config.keep_alive).event(Event::default().event("ping").data(r#"{"type":"ping"}"#))
+    KeepAlive::new()
+        .interval(state.config.keep_alive)
+        .event(Event::default().event("ping").data(r#"{"type":"ping"}"#))
 }
 
 pub fn done_event() -> Event {
@@ -34,13 +36,12 @@ pub fn event_stream(
     generation: Generation,
     mut render: impl FnMut(Output) -> Vec<Event> + Send + 'static,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    stream::unfold(generation, |mut g| async move { g.next().await.map(|output| (output, g)) }).flat_map(
-        move |output| {
+    stream::unfold(generation, |mut g| async move { g.next().await.map(|output| (output, g)) })
+        .flat_map(move |output| {
             let events = match output {
                 Output::Failed(error) => vec![json_event(&error.to_response_body()), done_event()],
                 output => render(output),
             };
             stream::iter(events.into_iter().map(Ok))
-        },
-    )
+        })
 }

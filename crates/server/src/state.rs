@@ -87,7 +87,9 @@ impl AppState {
 
     /// The grammar compiler for the model's vocabulary.
     pub fn grammars(&self) -> Result<&Grammars, String> {
-        let grammars = self.grammars.get_or_init(|| Grammars::new(&self.bundle.tokenizer).map_err(|e| e.to_string()));
+        let grammars = self
+            .grammars
+            .get_or_init(|| Grammars::new(&self.bundle.tokenizer).map_err(|e| e.to_string()));
         grammars.as_ref().map_err(Clone::clone)
     }
 
@@ -124,7 +126,10 @@ impl AppState {
 
     fn ticket(self: &Arc<Self>, id: &str, admission: Admission) -> Ticket {
         let cancel = Arc::new(AtomicBool::new(false));
-        self.cancels.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), cancel.clone());
+        self.cancels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_string(), cancel.clone());
         Ticket { state: self.clone(), id: id.to_string(), cancel, admission }
     }
 

@@ -30,7 +30,10 @@ enum Choice {
     Named(String),
 }
 
-pub fn answer_shape(state: &AppState, request: &ChatCompletionRequest) -> Result<AnswerShape, ApiError> {
+pub fn answer_shape(
+    state: &AppState,
+    request: &ChatCompletionRequest,
+) -> Result<AnswerShape, ApiError> {
     let choice = tool_choice(request)?;
     let format = state.tool_call_format();
     let rules: Vec<ToolRule> = request
@@ -38,7 +41,12 @@ pub fn answer_shape(state: &AppState, request: &ChatCompletionRequest) -> Result
         .iter()
         .map(|t| ToolRule {
             name: t.function.name.clone(),
-            parameters: Some(t.function.parameters.clone().unwrap_or_else(|| json!({"type": "object", "properties": {}}))),
+            parameters: Some(
+                t.function
+                    .parameters
+                    .clone()
+                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            ),
         })
         .collect();
     let parallel = request.parallel_tool_calls != Some(false);
@@ -56,7 +64,9 @@ pub fn answer_shape(state: &AppState, request: &ChatCompletionRequest) -> Result
             // A JSON answer or calls: the two start differently, so the model picks by its
             // first token and the grammar holds it to that choice.
             Some(schema) => Some(grammar::tool_calls_or_json(format, &rules, parallel, schema)),
-            None if strict => Some(grammar::tool_calls(format, &rules, CallMode::Optional, parallel)),
+            None if strict => {
+                Some(grammar::tool_calls(format, &rules, CallMode::Optional, parallel))
+            }
             None => None,
         },
     };
@@ -71,7 +81,10 @@ pub fn answer_shape(state: &AppState, request: &ChatCompletionRequest) -> Result
             tools: request
                 .tools
                 .iter()
-                .map(|t| ToolSchema { name: t.function.name.clone(), parameters: t.function.parameters.clone().unwrap_or(Value::Null) })
+                .map(|t| ToolSchema {
+                    name: t.function.name.clone(),
+                    parameters: t.function.parameters.clone().unwrap_or(Value::Null),
+                })
                 .collect(),
         }),
     };
@@ -127,14 +140,20 @@ fn response_schema(state: &AppState, format: Option<&Value>) -> Result<Option<Va
             Value::Null => Err(bad("response_format json_schema needs json_schema.schema")),
             _ => Err(bad("response_format json_schema.schema must be an object")),
         },
-        Some(other) => Err(bad(&format!("unknown response_format type `{other}`; expected text, json_object or json_schema"))),
+        Some(other) => Err(bad(&format!(
+            "unknown response_format type `{other}`; expected text, json_object or json_schema"
+        ))),
         None => Err(bad("response_format needs a type")),
     }
 }
 
-fn compile(state: &AppState, grammar: TopLevelGrammar, field: &str) -> Result<Constraint, ApiError> {
+fn compile(
+    state: &AppState,
+    grammar: TopLevelGrammar,
+    field: &str,
+) -> Result<Constraint, ApiError> {
     let grammars = state.grammars().map_err(ApiError::internal)?;
-    grammars
-        .compile(grammar)
-        .map_err(|e| ApiError::bad_request(format!("{field}: the schema can't be enforced: {e}"), Some(field)))
+    grammars.compile(grammar).map_err(|e| {
+        ApiError::bad_request(format!("{field}: the schema can't be enforced: {e}"), Some(field))
+    })
 }

@@ -25,7 +25,11 @@ pub struct StagedDelta {
 impl ToolCallStage {
     pub fn new(parsing: &ToolParsing, response_id: &str) -> Self {
         let suffix = response_id.rsplit('-').next().unwrap_or(response_id);
-        Self { parser: ToolCallParser::new(parsing.format, &parsing.tools), id_prefix: format!("call_{suffix}_"), calls: 0 }
+        Self {
+            parser: ToolCallParser::new(parsing.format, &parsing.tools),
+            id_prefix: format!("call_{suffix}_"),
+            calls: 0,
+        }
     }
 
     pub fn push(&mut self, content: &str) -> StagedDelta {
@@ -59,7 +63,9 @@ impl ToolCallStage {
                     });
                 }
                 ToolEvent::Arguments { index, fragment } => match delta.tool_calls.last_mut() {
-                    Some(last) if last.index == index as u32 => last.function.arguments.push_str(&fragment),
+                    Some(last) if last.index == index as u32 => {
+                        last.function.arguments.push_str(&fragment)
+                    }
                     _ => delta.tool_calls.push(ToolCallDelta {
                         index: index as u32,
                         id: None,
@@ -82,7 +88,10 @@ pub fn assemble_calls(deltas: impl IntoIterator<Item = ToolCallDelta>) -> Vec<To
             calls.push(ToolCall {
                 id: delta.id.unwrap_or_default(),
                 kind: ToolType::Function,
-                function: FunctionCall { name: delta.function.name.unwrap_or_default(), arguments: String::new() },
+                function: FunctionCall {
+                    name: delta.function.name.unwrap_or_default(),
+                    arguments: String::new(),
+                },
             });
         }
         if let Some(call) = calls.get_mut(index) {

@@ -25,7 +25,8 @@ const PROSE: [&str; 4] = ["description", "text", "content", "instructions"];
 
 fn fixture(name: &str) -> Value {
     let path = format!("{}/tests/data/agents/{name}", env!("CARGO_MANIFEST_DIR"));
-    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap_or_else(|e| panic!("{path}: {e}"))
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 /// Cuts every prose string to `chars` characters, in place.
@@ -69,15 +70,19 @@ async fn replay(base: &str, path: &str, body: &Value) -> Vec<Value> {
     let events: Vec<(Option<String>, String)> = text
         .split("\n\n")
         .filter_map(|event| {
-            let field =
-                |name: &str| event.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_string());
+            let field = |name: &str| {
+                event.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_string())
+            };
             field("data:").map(|data| (field("event:"), data))
         })
         .collect();
-    let (last, events) = events.split_last().unwrap_or_else(|| panic!("{path}: no events in {text:?}"));
+    let (last, events) =
+        events.split_last().unwrap_or_else(|| panic!("{path}: no events in {text:?}"));
     let mut data: Vec<Value> = events
         .iter()
-        .map(|(_, data)| serde_json::from_str(data).unwrap_or_else(|e| panic!("{path}: {e} in {data:?}")))
+        .map(|(_, data)| {
+            serde_json::from_str(data).unwrap_or_else(|e| panic!("{path}: {e} in {data:?}"))
+        })
         .collect();
     if path.starts_with("/v1/chat/completions") {
         assert_eq!(last.1, "[DONE]", "{path}");
@@ -85,7 +90,11 @@ async fn replay(base: &str, path: &str, body: &Value) -> Vec<Value> {
     } else {
         data.push(serde_json::from_str(&last.1).unwrap());
         for ((name, _), event) in events.iter().chain([last]).zip(&data) {
-            assert_eq!(name.as_deref(), event["type"].as_str(), "{path}: the event line names the data's type");
+            assert_eq!(
+                name.as_deref(),
+                event["type"].as_str(),
+                "{path}: the event line names the data's type"
+            );
         }
         if path.starts_with("/v1/messages") {
             check_messages(&data)
@@ -99,13 +108,15 @@ async fn replay(base: &str, path: &str, body: &Value) -> Vec<Value> {
 /// Anthropic's grammar: `message_start` (with input tokens), blocks that open at the next index,
 /// take deltas of their own kind and close, `message_delta` with a stop reason, `message_stop`.
 fn check_messages(events: &[Value]) {
-    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).filter(|&k| k != "ping").collect();
+    let kinds: Vec<&str> =
+        events.iter().map(|e| e["type"].as_str().unwrap()).filter(|&k| k != "ping").collect();
     assert_eq!(kinds.first(), Some(&"message_start"), "{kinds:?}");
     assert_eq!(kinds[kinds.len() - 2..], ["message_delta", "message_stop"], "{kinds:?}");
     assert!(events[0]["message"]["usage"]["input_tokens"].is_u64(), "{}", events[0]);
     let mut open: Option<(u64, String)> = None;
     let mut next = 0;
-    for event in events.iter().filter(|e| e["type"].as_str().unwrap().starts_with("content_block")) {
+    for event in events.iter().filter(|e| e["type"].as_str().unwrap().starts_with("content_block"))
+    {
         let index = event["index"].as_u64().unwrap();
         match event["type"].as_str().unwrap() {
             "content_block_start" => {
@@ -113,14 +124,18 @@ fn check_messages(events: &[Value]) {
                 open = Some((index, event["content_block"]["type"].as_str().unwrap().to_string()));
             }
             "content_block_delta" => {
-                let (at, kind) = open.as_ref().unwrap_or_else(|| panic!("delta outside a block: {event}"));
+                let (at, kind) =
+                    open.as_ref().unwrap_or_else(|| panic!("delta outside a block: {event}"));
                 let allowed: &[&str] = match kind.as_str() {
                     "text" => &["text_delta"],
                     "tool_use" => &["input_json_delta"],
                     "thinking" => &["thinking_delta", "signature_delta"],
                     other => panic!("block type {other}"),
                 };
-                assert!(*at == index && allowed.contains(&event["delta"]["type"].as_str().unwrap()), "{kind}: {event}");
+                assert!(
+                    *at == index && allowed.contains(&event["delta"]["type"].as_str().unwrap()),
+                    "{kind}: {event}"
+                );
             }
             _ => {
                 assert_eq!(open.take().map(|(at, _)| at), Some(index), "{event}");
@@ -138,14 +153,18 @@ fn check_messages(events: &[Value]) {
 fn check_responses(events: &[Value]) {
     for (n, event) in events.iter().enumerate() {
         assert_eq!(event["sequence_number"], n, "{event}");
-        if event["type"] == "response.output_item.done" && event["item"]["type"] == "function_call" {
+        if event["type"] == "response.output_item.done" && event["item"]["type"] == "function_call"
+        {
             assert!(event["item"]["call_id"].as_str().is_some_and(|id| !id.is_empty()), "{event}");
             assert!(event["item"]["name"].as_str().is_some_and(|name| !name.is_empty()), "{event}");
         }
     }
     assert_eq!(events[0]["type"], "response.created");
     let last = events.last().unwrap();
-    assert!(["response.completed", "response.incomplete"].contains(&last["type"].as_str().unwrap()), "{last}");
+    assert!(
+        ["response.completed", "response.incomplete"].contains(&last["type"].as_str().unwrap()),
+        "{last}"
+    );
     assert!(last["response"]["usage"]["input_tokens"].is_u64(), "{last}");
 }
 
@@ -157,7 +176,9 @@ fn check_chat(chunks: &[Value]) {
     let choices: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"].get(0)).collect();
     assert_eq!(choices.iter().filter(|c| c["finish_reason"].is_string()).count(), 1, "{chunks:?}");
     let mut opened = std::collections::HashSet::new();
-    for call in choices.iter().flat_map(|c| c["delta"]["tool_calls"].as_array().into_iter().flatten()) {
+    for call in
+        choices.iter().flat_map(|c| c["delta"]["tool_calls"].as_array().into_iter().flatten())
+    {
         if opened.insert(call["index"].as_u64().unwrap()) {
             assert!(call["id"].is_string() && call["function"]["name"].is_string(), "{call}");
         }

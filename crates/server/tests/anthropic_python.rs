@@ -14,12 +14,21 @@ use common::{server, Setup};
 fn python_with_anthropic() -> PathBuf {
     let venv = spindle_hub::spindle_home().join("venv-openai");
     let python = venv.join("bin/python");
-    let ready = |p: &Path| Command::new(p).args(["-c", "import anthropic"]).output().is_ok_and(|o| o.status.success());
+    let ready = |p: &Path| {
+        Command::new(p).args(["-c", "import anthropic"]).output().is_ok_and(|o| o.status.success())
+    };
     if !ready(&python) {
         if !python.exists() {
-            assert!(Command::new("python3").args(["-m", "venv"]).arg(&venv).status().unwrap().success());
+            assert!(Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(&venv)
+                .status()
+                .unwrap()
+                .success());
         }
-        let install = Command::new(&python).args(["-m", "pip", "install", "--quiet", "anthropic>=0.40"]).status();
+        let install = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "anthropic>=0.40"])
+            .status();
         assert!(install.unwrap().success(), "installing anthropic failed");
     }
     python

@@ -49,7 +49,8 @@ async fn content(base: &str, file_id: &str) -> Vec<Value> {
 }
 
 fn request_line(custom_id: &str, body: Value) -> String {
-    json!({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}).to_string()
+    json!({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body})
+        .to_string()
 }
 
 fn jsonl(lines: &[String]) -> Vec<u8> {
@@ -74,7 +75,8 @@ async fn wait_for(base: &str, id: &str, want: &str) -> Value {
         }
         assert!(
             Instant::now() < deadline
-                && !["failed", "completed", "cancelled"].contains(&batch["status"].as_str().unwrap()),
+                && !["failed", "completed", "cancelled"]
+                    .contains(&batch["status"].as_str().unwrap()),
             "{batch}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -83,7 +85,8 @@ async fn wait_for(base: &str, id: &str, want: &str) -> Value {
 
 /// Each line's `custom_id`, checking none is answered twice.
 fn custom_ids(lines: &[Value]) -> Vec<String> {
-    let mut ids: Vec<String> = lines.iter().map(|l| l["custom_id"].as_str().unwrap().to_string()).collect();
+    let mut ids: Vec<String> =
+        lines.iter().map(|l| l["custom_id"].as_str().unwrap().to_string()).collect();
     ids.sort();
     let mut unique = ids.clone();
     unique.dedup();
@@ -95,8 +98,11 @@ fn custom_ids(lines: &[Value]) -> Vec<String> {
 async fn a_batch_answers_every_request_once_as_live_requests_are_answered() {
     let base = server(Setup::Default);
     let questions = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?"];
-    let mut lines: Vec<String> =
-        questions.iter().enumerate().map(|(i, q)| request_line(&format!("q{i}"), chat_body(q, 12))).collect();
+    let mut lines: Vec<String> = questions
+        .iter()
+        .enumerate()
+        .map(|(i, q)| request_line(&format!("q{i}"), chat_body(q, 12)))
+        .collect();
     // A line of the right shape whose body is no chat request: it fails alone.
     lines.insert(1, request_line("bad", json!({"messages": "not a list"})));
     let (status, file) = upload(&base, "batch", &jsonl(&lines)).await;
@@ -110,12 +116,18 @@ async fn a_batch_answers_every_request_once_as_live_requests_are_answered() {
     let done = wait_for(&base, batch["id"].as_str().unwrap(), "completed").await;
     assert_eq!(done["request_counts"], json!({"total": 4, "completed": 3, "failed": 1}));
     for stamp in ["in_progress_at", "finalizing_at", "completed_at"] {
-        assert!(done[stamp].as_u64().unwrap() >= batch["created_at"].as_u64().unwrap(), "{stamp}: {done}");
+        assert!(
+            done[stamp].as_u64().unwrap() >= batch["created_at"].as_u64().unwrap(),
+            "{stamp}: {done}"
+        );
     }
     let output = content(&base, done["output_file_id"].as_str().unwrap()).await;
     assert_eq!(custom_ids(&output), ["q0", "q1", "q2"]);
     for line in &output {
-        assert!(line["id"].as_str().unwrap().starts_with("batch_req_") && line["error"].is_null(), "{line}");
+        assert!(
+            line["id"].as_str().unwrap().starts_with("batch_req_") && line["error"].is_null(),
+            "{line}"
+        );
         assert_eq!(line["response"]["status_code"], 200);
         let body = &line["response"]["body"];
         assert_eq!(body["object"], "chat.completion");
@@ -133,10 +145,15 @@ async fn a_batch_answers_every_request_once_as_live_requests_are_answered() {
     let errors = content(&base, done["error_file_id"].as_str().unwrap()).await;
     assert_eq!(custom_ids(&errors), ["bad"]);
     assert_eq!(errors[0]["response"]["status_code"], 400);
-    assert!(errors[0]["error"]["message"].as_str().unwrap().contains("invalid request body"), "{}", errors[0]);
+    assert!(
+        errors[0]["error"]["message"].as_str().unwrap().contains("invalid request body"),
+        "{}",
+        errors[0]
+    );
     assert_eq!(errors[0]["response"]["body"]["error"]["type"], "invalid_request_error");
 
-    let (_, output_file) = get(&base, &format!("/v1/files/{}", done["output_file_id"].as_str().unwrap())).await;
+    let (_, output_file) =
+        get(&base, &format!("/v1/files/{}", done["output_file_id"].as_str().unwrap())).await;
     assert_eq!(output_file["purpose"], "batch_output");
 }
 
@@ -148,16 +165,24 @@ async fn files_are_checked_listed_and_deleted() {
         config.batch.max_requests = 3;
     });
     let good = request_line("a", chat_body("Hi", 4));
-    let error_of =
-        |(status, body): (u16, Value)| (status, body["error"]["message"].as_str().unwrap_or_default().to_string());
+    let error_of = |(status, body): (u16, Value)| {
+        (status, body["error"]["message"].as_str().unwrap_or_default().to_string())
+    };
 
-    let (status, message) = error_of(upload(&base, "batch", &jsonl(&[good.clone(), "{oops".into()])).await);
+    let (status, message) =
+        error_of(upload(&base, "batch", &jsonl(&[good.clone(), "{oops".into()])).await);
     assert_eq!(status, 400);
     assert!(message.starts_with("line 2 of the file: not a batch request"), "{message}");
     let embeddings = good.replace("/v1/chat/completions", "/v1/embeddings");
-    let (status, message) = error_of(upload(&base, "batch", &jsonl(&[good.clone(), embeddings])).await);
-    assert!(status == 400 && message.starts_with("line 2 of the file: url must be /v1/chat/completions"), "{message}");
-    let four: Vec<String> = (0..4).map(|i| request_line(&format!("r{i}"), chat_body("Hi", 4))).collect();
+    let (status, message) =
+        error_of(upload(&base, "batch", &jsonl(&[good.clone(), embeddings])).await);
+    assert!(
+        status == 400
+            && message.starts_with("line 2 of the file: url must be /v1/chat/completions"),
+        "{message}"
+    );
+    let four: Vec<String> =
+        (0..4).map(|i| request_line(&format!("r{i}"), chat_body("Hi", 4))).collect();
     let (status, message) = error_of(upload(&base, "batch", &jsonl(&four)).await);
     assert!(status == 400 && message.contains("more than 3 requests"), "{message}");
     let (status, message) = error_of(upload(&base, "batch", &vec![b' '; 100_001]).await);
@@ -165,7 +190,11 @@ async fn files_are_checked_listed_and_deleted() {
     let long = request_line("long", chat_body(&"word ".repeat(16_000), 4));
     let (status, file) = upload(&base, "batch", &jsonl(&[long])).await;
     assert!(status == 200 && file["bytes"].as_u64().unwrap() > 80_000, "{file}");
-    client().delete(format!("{base}/v1/files/{}", file["id"].as_str().unwrap())).send().await.unwrap();
+    client()
+        .delete(format!("{base}/v1/files/{}", file["id"].as_str().unwrap()))
+        .send()
+        .await
+        .unwrap();
     let (status, body) = upload(&base, "fine-tune", &jsonl(std::slice::from_ref(&good))).await;
     assert_eq!((status, body["error"]["param"].as_str()), (400, Some("purpose")));
 
@@ -190,43 +219,62 @@ async fn files_are_checked_listed_and_deleted() {
     assert_eq!((status, body["error"]["param"].as_str()), (400, Some("endpoint")));
     let (status, body) = post(&base, "/v1/batches", &bad_batch("completion_window", "1h")).await;
     assert_eq!((status, body["error"]["param"].as_str()), (400, Some("completion_window")));
-    let (status, body) = post(&base, "/v1/batches", &bad_batch("input_file_id", "file-missing")).await;
+    let (status, body) =
+        post(&base, "/v1/batches", &bad_batch("input_file_id", "file-missing")).await;
     assert_eq!((status, body["error"]["type"].as_str()), (404, Some("not_found_error")));
     assert_eq!(get(&base, "/v1/batches/batch_missing").await.0, 404);
     assert_eq!(post(&base, "/v1/batches/batch_missing/cancel", &json!({})).await.0, 404);
 
     let response = client().delete(format!("{base}/v1/files/{id}")).send().await.unwrap();
-    assert_eq!(response.json::<Value>().await.unwrap(), json!({"object": "file", "id": id, "deleted": true}));
+    assert_eq!(
+        response.json::<Value>().await.unwrap(),
+        json!({"object": "file", "id": id, "deleted": true})
+    );
     assert_eq!(get(&base, &format!("/v1/files/{id}")).await.0, 404);
-    assert_eq!(client().get(format!("{base}/v1/files/{id}/content")).send().await.unwrap().status(), 404);
-    assert_eq!(client().delete(format!("{base}/v1/files/{id}")).send().await.unwrap().status(), 404);
+    assert_eq!(
+        client().get(format!("{base}/v1/files/{id}/content")).send().await.unwrap().status(),
+        404
+    );
+    assert_eq!(
+        client().delete(format!("{base}/v1/files/{id}")).send().await.unwrap().status(),
+        404
+    );
 }
 
 #[tokio::test]
 async fn batches_are_listed_newest_first_and_cancel() {
     let base = start_with(Setup::Default, |_| {});
     // Long answers, so the first batch is still running when it is cancelled.
-    let lines: Vec<String> =
-        (0..3).map(|i| request_line(&format!("c{i}"), chat_body("Count from 1 to 1000.", 400))).collect();
+    let lines: Vec<String> = (0..3)
+        .map(|i| request_line(&format!("c{i}"), chat_body("Count from 1 to 1000.", 400)))
+        .collect();
     let (_, file) = upload(&base, "batch", &jsonl(&lines)).await;
     let file_id = file["id"].as_str().unwrap();
     let running = create_batch(&base, file_id).await;
     let queued = create_batch(&base, file_id).await;
     let (_, page) = get(&base, "/v1/batches?limit=1").await;
-    assert_eq!((page["data"][0]["id"].clone(), page["has_more"].clone()), (queued["id"].clone(), json!(true)));
-    let (_, next) = get(&base, &format!("/v1/batches?limit=1&after={}", page["last_id"].as_str().unwrap())).await;
+    assert_eq!(
+        (page["data"][0]["id"].clone(), page["has_more"].clone()),
+        (queued["id"].clone(), json!(true))
+    );
+    let (_, next) =
+        get(&base, &format!("/v1/batches?limit=1&after={}", page["last_id"].as_str().unwrap()))
+            .await;
     assert_eq!(next["data"][0]["id"], running["id"]);
     assert_eq!(get(&base, "/v1/batches?limit=0").await.0, 400);
 
     // The second has not started: cancelled at once, with nothing to show.
     let (status, cancelled) =
-        post(&base, &format!("/v1/batches/{}/cancel", queued["id"].as_str().unwrap()), &json!({})).await;
+        post(&base, &format!("/v1/batches/{}/cancel", queued["id"].as_str().unwrap()), &json!({}))
+            .await;
     assert_eq!((status, cancelled["status"].as_str()), (200, Some("cancelled")), "{cancelled}");
     let running_id = running["id"].as_str().unwrap();
     wait_for(&base, running_id, "in_progress").await;
-    let (status, cancelling) = post(&base, &format!("/v1/batches/{running_id}/cancel"), &json!({})).await;
+    let (status, cancelling) =
+        post(&base, &format!("/v1/batches/{running_id}/cancel"), &json!({})).await;
     assert!(
-        status == 200 && ["cancelling", "cancelled"].contains(&cancelling["status"].as_str().unwrap()),
+        status == 200
+            && ["cancelling", "cancelled"].contains(&cancelling["status"].as_str().unwrap()),
         "{cancelling}"
     );
     let done = wait_for(&base, running_id, "cancelled").await;
@@ -234,7 +282,11 @@ async fn batches_are_listed_newest_first_and_cancel() {
     let counts = &done["request_counts"];
     assert!(counts["completed"].as_u64().unwrap() < 3, "{done}");
     let (status, body) = post(&base, &format!("/v1/batches/{running_id}/cancel"), &json!({})).await;
-    assert_eq!((status, body["status"].as_str()), (200, Some("cancelled")), "cancelling twice changes nothing");
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("cancelled")),
+        "cancelling twice changes nothing"
+    );
 }
 
 /// What a server left behind when it stopped mid-batch: an input of three requests, one
@@ -243,7 +295,8 @@ fn half_done_batch(dir: &Path) -> (String, String) {
     let (file_id, batch_id) = ("file-00000000000000010000abcd", "batch_00000000000000020000abcd");
     std::fs::create_dir_all(dir.join("files")).unwrap();
     std::fs::create_dir_all(dir.join("batches")).unwrap();
-    let lines: Vec<String> = ["a", "b", "c"].iter().map(|id| request_line(id, chat_body("Say hi.", 6))).collect();
+    let lines: Vec<String> =
+        ["a", "b", "c"].iter().map(|id| request_line(id, chat_body("Say hi.", 6))).collect();
     let input = jsonl(&lines);
     let file = json!({"object": "file", "id": file_id, "bytes": input.len(), "created_at": 1, "filename": "in.jsonl", "purpose": "batch", "status": "processed"});
     std::fs::write(dir.join(format!("files/{file_id}.jsonl")), &input).unwrap();
@@ -277,7 +330,10 @@ async fn a_restarted_server_finishes_a_batch_without_redoing_answered_requests()
     let output = content(&base, done["output_file_id"].as_str().unwrap()).await;
     assert_eq!(custom_ids(&output), ["a", "b", "c"]);
     let a = output.iter().find(|l| l["custom_id"] == "a").unwrap();
-    assert_eq!(a["response"]["body"]["marker"], "answered before the restart", "request a was run again");
+    assert_eq!(
+        a["response"]["body"]["marker"], "answered before the restart",
+        "request a was run again"
+    );
     assert!(done["error_file_id"].is_null(), "{done}");
 }
 
@@ -285,8 +341,11 @@ async fn a_restarted_server_finishes_a_batch_without_redoing_answered_requests()
 async fn a_server_stopped_mid_batch_leaves_it_to_the_next_one() {
     let dir = fresh_dir("restart");
     let first = start_stoppable(Setup::Default, |config| config.batch.dir = dir.clone());
-    let lines: Vec<String> =
-        (0..5).map(|i| request_line(&format!("r{i}"), chat_body(&format!("Count from {i} to 1000."), 200))).collect();
+    let lines: Vec<String> = (0..5)
+        .map(|i| {
+            request_line(&format!("r{i}"), chat_body(&format!("Count from {i} to 1000."), 200))
+        })
+        .collect();
     let (_, file) = upload(&first.url, "batch", &jsonl(&lines)).await;
     let batch = create_batch(&first.url, file["id"].as_str().unwrap()).await;
     let id = batch["id"].as_str().unwrap().to_string();
@@ -324,11 +383,13 @@ async fn gauge(base: &str, name: &str) -> f64 {
 #[tokio::test]
 async fn a_live_request_goes_before_the_batch_request_in_flight() {
     // One slot and no queue: a live request that had to wait for batch work would be refused.
-    let base = start_with(Setup::Default, |config| (config.max_concurrent, config.max_queue) = (1, 0));
+    let base =
+        start_with(Setup::Default, |config| (config.max_concurrent, config.max_queue) = (1, 0));
     // A schema that needs 3,000 characters: the batch request cannot end early.
     let mut long = chat_body("Count from 1 to 1000.", 1500);
     let schema = json!({"type": "object", "properties": {"numbers": {"type": "string", "minLength": 3000}}, "required": ["numbers"]});
-    long["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "long", "schema": schema}});
+    long["response_format"] =
+        json!({"type": "json_schema", "json_schema": {"name": "long", "schema": schema}});
     let lines: Vec<String> = (0..2).map(|i| request_line(&format!("n{i}"), long.clone())).collect();
     let (_, file) = upload(&base, "batch", &jsonl(&lines)).await;
     let batch = create_batch(&base, file["id"].as_str().unwrap()).await;
@@ -337,7 +398,8 @@ async fn a_live_request_goes_before_the_batch_request_in_flight() {
     while gauge(&base, "vllm:num_requests_running").await < 1.0 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (status, live) = post(&base, "/v1/chat/completions", &chat_body("What is the capital of France?", 8)).await;
+    let (status, live) =
+        post(&base, "/v1/chat/completions", &chat_body("What is the capital of France?", 8)).await;
     assert_eq!(status, 200, "{live}");
     // The first batch request needs 3,000 characters; the live one did not wait for them.
     let (_, during) = get(&base, &format!("/v1/batches/{id}")).await;
@@ -354,11 +416,16 @@ async fn a_live_request_goes_before_the_batch_request_in_flight() {
 fn python_with_openai() -> PathBuf {
     let venv = spindle_hub::spindle_home().join("venv-openai");
     let python = venv.join("bin/python");
-    let ready = |p: &Path| Command::new(p).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
+    let ready = |p: &Path| {
+        Command::new(p).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success())
+    };
     if !ready(&python) {
         let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().unwrap();
         assert!(status.success());
-        let status = Command::new(&python).args(["-m", "pip", "install", "--quiet", "openai>=1.66"]).status().unwrap();
+        let status = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "openai>=1.66"])
+            .status()
+            .unwrap();
         assert!(status.success());
     }
     python

@@ -23,14 +23,23 @@ async fn non_streaming_response_has_the_openai_shape() {
     let choice = &body["choices"][0];
     assert_eq!(choice["message"]["role"], "assistant");
     assert!(content(&body).contains("Paris"), "{body}");
-    assert!(choice["message"].get("reasoning_content").is_none(), "no think tags in SmolLM2's template");
+    assert!(
+        choice["message"].get("reasoning_content").is_none(),
+        "no think tags in SmolLM2's template"
+    );
     assert!(choice["logprobs"].is_null());
     let usage = &body["usage"];
     let completion = usage["completion_tokens"].as_u64().unwrap();
     assert!(completion > 0 && completion <= 24);
-    assert_eq!(usage["total_tokens"].as_u64().unwrap(), usage["prompt_tokens"].as_u64().unwrap() + completion);
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + completion
+    );
     // Other tests on this server may have cached the same prompt.
-    assert!(usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() <= usage["prompt_tokens"].as_u64().unwrap());
+    assert!(
+        usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+            <= usage["prompt_tokens"].as_u64().unwrap()
+    );
     let reason = choice["finish_reason"].as_str().unwrap();
     assert!(reason == "stop" || (reason == "length" && completion == 24), "{reason}");
 }
@@ -45,7 +54,8 @@ async fn prompt_tokens_match_tokenize_of_the_same_messages() {
     let (_, chat) = post(&base, "/v1/chat/completions", &body).await;
     assert_eq!(chat["usage"]["prompt_tokens"], tokenized["count"]);
     // `developer` renders exactly as `system`.
-    let system = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION}]);
+    let system =
+        json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION}]);
     let (_, as_system) = post(&base, "/v1/tokenize", &json!({"messages": system})).await;
     assert_eq!(tokenized["tokens"], as_system["tokens"]);
 }
@@ -53,7 +63,9 @@ async fn prompt_tokens_match_tokenize_of_the_same_messages() {
 #[tokio::test]
 async fn streaming_gives_the_same_text_as_non_streaming() {
     let base = server(Setup::Default);
-    for sampling in [json!({"temperature": 0}), json!({"temperature": 0.9, "top_p": 0.95, "seed": 7})] {
+    for sampling in
+        [json!({"temperature": 0}), json!({"temperature": 0.9, "top_p": 0.95, "seed": 7})]
+    {
         let mut body = chat_body("Write a haiku about rivers.", 40);
         body.as_object_mut().unwrap().extend(sampling.as_object().unwrap().clone());
         let (_, whole) = post(&base, "/v1/chat/completions", &body).await;
@@ -64,8 +76,12 @@ async fn streaming_gives_the_same_text_as_non_streaming() {
         assert_eq!(streamed.finish_reason, whole["choices"][0]["finish_reason"]);
         // The second run of the same prompt starts from the prefix cache, and gives the same text.
         let mut usage = streamed.usage.clone().unwrap();
-        assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], whole["usage"]["prompt_tokens"], "{sampling}");
-        usage["prompt_tokens_details"]["cached_tokens"] = whole["usage"]["prompt_tokens_details"]["cached_tokens"].clone();
+        assert_eq!(
+            usage["prompt_tokens_details"]["cached_tokens"], whole["usage"]["prompt_tokens"],
+            "{sampling}"
+        );
+        usage["prompt_tokens_details"]["cached_tokens"] =
+            whole["usage"]["prompt_tokens_details"]["cached_tokens"].clone();
         assert_eq!(usage, whole["usage"]);
         // The usage chunk comes last and has no choices.
         let last = streamed.chunks.last().unwrap();

@@ -25,7 +25,10 @@ async fn each_call_of_a_growing_conversation_resumes_where_the_last_prompt_ended
         let prompt = usage["prompt_tokens"].as_u64().unwrap();
         let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
         if let Some(previous) = previous_prompt {
-            assert_eq!(cached, previous, "turn {turn}: the previous prompt ({previous} tokens) is reused whole");
+            assert_eq!(
+                cached, previous,
+                "turn {turn}: the previous prompt ({previous} tokens) is reused whole"
+            );
         }
         assert!(cached < prompt);
         previous_prompt = Some(prompt);

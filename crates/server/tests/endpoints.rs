@@ -24,11 +24,13 @@ fn gauge(metrics: &str, name: &str) -> f64 {
 #[tokio::test]
 async fn models_health_and_metrics() {
     let base = server(Setup::Default);
-    let models: Value = client().get(format!("{base}/v1/models")).send().await.unwrap().json().await.unwrap();
+    let models: Value =
+        client().get(format!("{base}/v1/models")).send().await.unwrap().json().await.unwrap();
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["id"], "smollm2-135m");
     assert_eq!(models["data"][0]["object"], "model");
-    let health: Value = client().get(format!("{base}/health")).send().await.unwrap().json().await.unwrap();
+    let health: Value =
+        client().get(format!("{base}/health")).send().await.unwrap().json().await.unwrap();
     assert_eq!(health["status"], "ok");
 
     let (status, _) = post(&base, "/v1/chat/completions", &chat_body("Hi there", 3)).await;
@@ -54,8 +56,14 @@ async fn models_health_and_metrics() {
     }
     assert!(gauge(&text, "spindle_generated_tokens_total") >= 3.0);
     // vLLM's prefix-cache counters read the same totals as ours.
-    assert_eq!(gauge(&text, "vllm:prefix_cache_queries_total"), gauge(&text, "spindle_prompt_tokens_total"));
-    assert_eq!(gauge(&text, "vllm:prefix_cache_hits_total"), gauge(&text, "spindle_cached_prompt_tokens_total"));
+    assert_eq!(
+        gauge(&text, "vllm:prefix_cache_queries_total"),
+        gauge(&text, "spindle_prompt_tokens_total")
+    );
+    assert_eq!(
+        gauge(&text, "vllm:prefix_cache_hits_total"),
+        gauge(&text, "spindle_cached_prompt_tokens_total")
+    );
     let usage = gauge(&text, "vllm:kv_cache_usage_perc");
     assert!((0.0..=1.0).contains(&usage), "{usage}");
     assert!(gauge(&text, "spindle_time_to_first_token_seconds_count") >= 1.0);
@@ -66,9 +74,13 @@ async fn models_health_and_metrics() {
 async fn tokenize_and_detokenize_round_trip() {
     let base = server(Setup::Default);
     let text = "Grüße, 世界! 🦀 fn main() {}";
-    let (status, tokens) = post(&base, "/v1/tokenize", &json!({"prompt": text, "add_special_tokens": false})).await;
+    let (status, tokens) =
+        post(&base, "/v1/tokenize", &json!({"prompt": text, "add_special_tokens": false})).await;
     assert_eq!(status, 200, "{tokens}");
-    assert_eq!(tokens["count"].as_u64().unwrap() as usize, tokens["tokens"].as_array().unwrap().len());
+    assert_eq!(
+        tokens["count"].as_u64().unwrap() as usize,
+        tokens["tokens"].as_array().unwrap().len()
+    );
     assert_eq!(tokens["max_model_len"], 2048);
     let (_, back) = post(&base, "/v1/detokenize", &json!({"tokens": tokens["tokens"]})).await;
     assert_eq!(back["prompt"], text);
@@ -87,7 +99,15 @@ async fn legacy_completions_stream_and_not() {
     assert!(text.contains("Paris"), "{text}");
     let logprobs = &whole["choices"][0]["logprobs"];
     assert_eq!(logprobs["tokens"].as_array().unwrap().len(), 8);
-    assert_eq!(logprobs["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect::<String>(), text);
+    assert_eq!(
+        logprobs["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect::<String>(),
+        text
+    );
     assert_eq!(logprobs["top_logprobs"][0].as_object().unwrap().len(), 2);
 
     let mut streamed_body = body.clone();
@@ -96,7 +116,12 @@ async fn legacy_completions_stream_and_not() {
     assert_eq!(data.last().unwrap(), "[DONE]");
     let streamed: String = data[..data.len() - 1]
         .iter()
-        .map(|d| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap().to_string())
+        .map(|d| {
+            serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     assert_eq!(streamed, text);
 
@@ -111,10 +136,13 @@ async fn legacy_completions_stream_and_not() {
 async fn start_long_stream(base: &str) -> (reqwest::Response, String) {
     let mut body = chat_body("Write a very long story about a dragon and a knight.", 1500);
     body["stream"] = json!(true);
-    let mut response = client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+    let mut response =
+        client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
     let mut seen = String::new();
     while !seen.contains("\n\n") {
-        seen.push_str(&String::from_utf8_lossy(&response.chunk().await.unwrap().expect("a first chunk")));
+        seen.push_str(&String::from_utf8_lossy(
+            &response.chunk().await.unwrap().expect("a first chunk"),
+        ));
     }
     let first: Value = serde_json::from_str(&sse_data(&seen)[0]).unwrap();
     (response, first["id"].as_str().unwrap().to_string())
@@ -158,13 +186,17 @@ async fn the_cancel_endpoint_ends_a_running_request() {
     let _turn = TINY_TURN.lock().await;
     let base = server(Setup::Tiny);
     let (response, id) = start_long_stream(&base).await;
-    let (status, cancelled) = post(&base, &format!("/v1/chat/completions/{id}/cancel"), &json!({})).await;
+    let (status, cancelled) =
+        post(&base, &format!("/v1/chat/completions/{id}/cancel"), &json!({})).await;
     assert_eq!(status, 200, "{cancelled}");
     assert_eq!(cancelled["cancelled"], true);
     // The stream ends promptly instead of running to 1500 tokens.
-    let rest = tokio::time::timeout(Duration::from_secs(30), response.text()).await.expect("the stream ended");
+    let rest = tokio::time::timeout(Duration::from_secs(30), response.text())
+        .await
+        .expect("the stream ended");
     assert!(rest.is_ok());
     wait_until_idle(&base).await;
-    let (status, missing) = post(&base, "/v1/chat/completions/chatcmpl-unknown/cancel", &json!({})).await;
+    let (status, missing) =
+        post(&base, "/v1/chat/completions/chatcmpl-unknown/cancel", &json!({})).await;
     assert_eq!(status, 404, "{missing}");
 }

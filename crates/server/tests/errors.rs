@@ -111,12 +111,8 @@ async fn the_api_key_is_required_when_set() {
     let base = server(Setup::ApiKey);
     let (status, response) = post(&base, "/v1/chat/completions", &chat_body("Hi", 2)).await;
     assert_error(status, &response, 401, "API key");
-    let wrong = client()
-        .get(format!("{base}/v1/models"))
-        .bearer_auth("sk-wrong")
-        .send()
-        .await
-        .unwrap();
+    let wrong =
+        client().get(format!("{base}/v1/models")).bearer_auth("sk-wrong").send().await.unwrap();
     assert_eq!(wrong.status(), 401);
     let right = client()
         .post(format!("{base}/v1/chat/completions"))
@@ -146,10 +142,16 @@ async fn a_full_queue_is_429_with_retry_after() {
     // Hold the only slot with a long streamed generation.
     let mut body = chat_body("Write a long essay about the history of Rome.", 2000);
     body["stream"] = json!(true);
-    let mut holder = client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+    let mut holder =
+        client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
     assert_eq!(holder.status(), 200);
     holder.chunk().await.unwrap().expect("first chunk");
-    let refused = client().post(format!("{base}/v1/chat/completions")).json(&chat_body("Hi", 2)).send().await.unwrap();
+    let refused = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&chat_body("Hi", 2))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(refused.status(), 429);
     assert_eq!(refused.headers()["retry-after"], "1");
     let body: Value = refused.json().await.unwrap();
@@ -158,7 +160,14 @@ async fn a_full_queue_is_429_with_retry_after() {
     drop(holder);
     let mut status = 0;
     for _ in 0..100 {
-        status = client().post(format!("{base}/v1/chat/completions")).json(&chat_body("Hi", 2)).send().await.unwrap().status().as_u16();
+        status = client()
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&chat_body("Hi", 2))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
         if status == 200 {
             break;
         }

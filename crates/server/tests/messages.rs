@@ -30,8 +30,9 @@ async fn post_events(base: &str, path: &str, body: &Value) -> Vec<(String, Value
     text.split("\n\n")
         .filter(|event| !event.trim().is_empty())
         .map(|event| {
-            let field =
-                |name: &str| event.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_string());
+            let field = |name: &str| {
+                event.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_string())
+            };
             let data = field("data:").unwrap_or_else(|| panic!("no data in {event:?}"));
             (
                 field("event:").unwrap_or_else(|| panic!("no event line in {event:?}")),
@@ -79,17 +80,29 @@ fn read_stream(events: &[(String, Value)]) -> Streamed {
                 partial_json.clear();
             }
             "content_block_delta" => {
-                assert_eq!(index.filter(|_| open.is_some()), open, "a delta outside the open block: {names:?}");
+                assert_eq!(
+                    index.filter(|_| open.is_some()),
+                    open,
+                    "a delta outside the open block: {names:?}"
+                );
                 let block = &mut out.content[index.unwrap()];
                 let delta = &data["delta"];
                 let append = |block: &mut Value, field: &str, more: &Value| {
-                    block[field] = json!(format!("{}{}", block[field].as_str().unwrap(), more.as_str().unwrap()));
+                    block[field] = json!(format!(
+                        "{}{}",
+                        block[field].as_str().unwrap(),
+                        more.as_str().unwrap()
+                    ));
                 };
                 match (block["type"].as_str().unwrap(), delta["type"].as_str().unwrap()) {
                     ("text", "text_delta") => append(block, "text", &delta["text"]),
                     ("thinking", "thinking_delta") => append(block, "thinking", &delta["thinking"]),
-                    ("thinking", "signature_delta") => append(block, "signature", &delta["signature"]),
-                    ("tool_use", "input_json_delta") => partial_json.push_str(delta["partial_json"].as_str().unwrap()),
+                    ("thinking", "signature_delta") => {
+                        append(block, "signature", &delta["signature"])
+                    }
+                    ("tool_use", "input_json_delta") => {
+                        partial_json.push_str(delta["partial_json"].as_str().unwrap())
+                    }
                     other => panic!("delta {other:?} on the wrong block"),
                 }
             }
@@ -101,7 +114,10 @@ fn read_stream(events: &[(String, Value)]) -> Streamed {
                         block["input"] = serde_json::from_str(&partial_json).unwrap()
                     }
                     "thinking" => {
-                        assert!(!block["signature"].as_str().unwrap().is_empty(), "an unsigned thinking block")
+                        assert!(
+                            !block["signature"].as_str().unwrap().is_empty(),
+                            "an unsigned thinking block"
+                        )
                     }
                     _ => {}
                 }
@@ -121,16 +137,26 @@ fn read_stream(events: &[(String, Value)]) -> Streamed {
 }
 
 fn usage_counts(usage: &Value) -> (u64, u64, u64) {
-    let count = |field: &str| usage[field].as_u64().unwrap_or_else(|| panic!("no {field} in {usage}"));
+    let count =
+        |field: &str| usage[field].as_u64().unwrap_or_else(|| panic!("no {field} in {usage}"));
     assert_eq!(count("cache_creation_input_tokens"), 0);
     (count("input_tokens"), count("cache_read_input_tokens"), count("output_tokens"))
 }
 
-fn assert_anthropic_error(status: u16, body: &Value, expected_status: u16, kind: &str, needle: &str) {
+fn assert_anthropic_error(
+    status: u16,
+    body: &Value,
+    expected_status: u16,
+    kind: &str,
+    needle: &str,
+) {
     assert_eq!(status, expected_status, "{body}");
     assert_eq!(body["type"], "error", "{body}");
     assert_eq!(body["error"]["type"], kind, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains(needle), "{needle:?} not in {body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains(needle),
+        "{needle:?} not in {body}"
+    );
 }
 
 #[tokio::test]
@@ -180,11 +206,23 @@ async fn a_stop_sequence_is_reported_by_name() {
         } else {
             let (status, whole) = post(&base, "/v1/messages", &stopped).await;
             assert_eq!(status, 200, "{whole}");
-            (whole["content"].as_array().unwrap().clone(), whole["stop_reason"].clone(), whole["stop_sequence"].clone())
+            (
+                whole["content"].as_array().unwrap().clone(),
+                whole["stop_reason"].clone(),
+                whole["stop_sequence"].clone(),
+            )
         };
-        assert_eq!((stop_reason, stop_sequence), (json!("stop_sequence"), json!("Paris")), "stream {stream}");
+        assert_eq!(
+            (stop_reason, stop_sequence),
+            (json!("stop_sequence"), json!("Paris")),
+            "stream {stream}"
+        );
         let before = text.split("Paris").next().unwrap().trim_start();
-        assert_eq!(content.first().map_or("", |b| b["text"].as_str().unwrap()), before, "stream {stream}");
+        assert_eq!(
+            content.first().map_or("", |b| b["text"].as_str().unwrap()),
+            before,
+            "stream {stream}"
+        );
     }
 }
 
@@ -195,7 +233,11 @@ fn thinking_and_text(message: &Value) -> (Option<String>, String) {
         assert!(!b["signature"].as_str().unwrap().is_empty(), "{message}");
         b["thinking"].as_str().unwrap().to_string()
     });
-    let text = content.iter().filter(|b| b["type"] == "text").map(|b| b["text"].as_str().unwrap()).collect();
+    let text = content
+        .iter()
+        .filter(|b| b["type"] == "text")
+        .map(|b| b["text"].as_str().unwrap())
+        .collect();
     if thinking.is_some() {
         assert_eq!(content[0]["type"], "thinking", "thinking comes first: {message}");
     }
@@ -239,7 +281,11 @@ async fn thinking_follows_the_request_on_a_thinking_template() {
     chat["thinking_budget"] = json!(3);
     let (_, reference) = post(&base, "/v1/chat/completions", &chat).await;
     let message = &reference["choices"][0]["message"];
-    assert_eq!(thinking, message["reasoning_content"].as_str().unwrap().trim_start(), "{budgeted}\n{reference}");
+    assert_eq!(
+        thinking,
+        message["reasoning_content"].as_str().unwrap().trim_start(),
+        "{budgeted}\n{reference}"
+    );
     assert_eq!(text, message["content"].as_str().unwrap().trim_start());
     assert!(thinking.len() < default_thinking.len(), "the budget did not bind: {budgeted}");
 
@@ -249,7 +295,11 @@ async fn thinking_follows_the_request_on_a_thinking_template() {
     let streamed = read_stream(&post_events(&base, "/v1/messages", &streaming).await);
     let types: Vec<&str> = streamed.content.iter().map(|b| b["type"].as_str().unwrap()).collect();
     assert_eq!(types, ["thinking", "text"]);
-    assert_eq!(streamed.content, default["content"].as_array().unwrap().clone(), "signatures included");
+    assert_eq!(
+        streamed.content,
+        default["content"].as_array().unwrap().clone(),
+        "signatures included"
+    );
 }
 
 #[tokio::test]
@@ -264,7 +314,12 @@ async fn errors_come_in_anthropics_shape() {
             "invalid_request_error",
             "image",
         ),
-        (json!({"messages": [{"role": "user", "content": "hi"}]}), 400, "invalid_request_error", "max_tokens"),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+            400,
+            "invalid_request_error",
+            "max_tokens",
+        ),
         (
             json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}),
             400,
@@ -294,8 +349,7 @@ async fn errors_come_in_anthropics_shape() {
     assert_anthropic_error(status, &response, 404, "not_found_error", "/v1/messages/batches");
     // Server tools are ignored, not refused.
     let mut request = body("Hi", 2);
-    request["tools"] =
-        json!([{"type": "web_search_20250305", "name": "web_search"}, {"type": "bash_20250124", "name": "bash"}]);
+    request["tools"] = json!([{"type": "web_search_20250305", "name": "web_search"}, {"type": "bash_20250124", "name": "bash"}]);
     let (status, response) = post(&base, "/v1/messages", &request).await;
     assert_eq!(status, 200, "{response}");
 }
@@ -321,15 +375,23 @@ async fn the_key_may_come_as_x_api_key() {
         assert_anthropic_error(status, &response, 401, "authentication_error", "x-api-key");
         let (status, response) = send(vec![("x-api-key", "wrong".into())], path).await;
         assert_anthropic_error(status, &response, 401, "authentication_error", "x-api-key");
-        let (status, response) =
-            send(vec![("x-api-key", API_KEY.into()), ("anthropic-beta", "whatever-2025".into())], path).await;
+        let (status, response) = send(
+            vec![("x-api-key", API_KEY.into()), ("anthropic-beta", "whatever-2025".into())],
+            path,
+        )
+        .await;
         assert_eq!(status, 200, "{response}");
-        let (status, response) = send(vec![("authorization", format!("Bearer {API_KEY}"))], path).await;
+        let (status, response) =
+            send(vec![("authorization", format!("Bearer {API_KEY}"))], path).await;
         assert_eq!(status, 200, "{response}");
     }
     // The OpenAI routes keep their own error shape.
     let (status, response) = send(vec![], "/v1/chat/completions").await;
-    assert_eq!((status, response["error"]["type"].as_str()), (401, Some("authentication_error")), "{response}");
+    assert_eq!(
+        (status, response["error"]["type"].as_str()),
+        (401, Some("authentication_error")),
+        "{response}"
+    );
     assert!(response.get("type").is_none(), "{response}");
 }
 
@@ -346,8 +408,14 @@ async fn count_tokens_is_what_the_request_is_charged() {
     let (input, cached, _) = usage_counts(&message["usage"]);
     assert_eq!(count["input_tokens"].as_u64(), Some(input + cached), "{count} vs {message}");
     // A longer conversation counts more.
-    request["messages"].as_array_mut().unwrap().push(json!({"role": "assistant", "content": "Marseille."}));
-    request["messages"].as_array_mut().unwrap().push(json!({"role": "user", "content": "And Paris?"}));
+    request["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": "Marseille."}));
+    request["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "user", "content": "And Paris?"}));
     let (_, longer) = post(&base, "/v1/messages/count_tokens", &request).await;
     assert!(longer["input_tokens"].as_u64() > count["input_tokens"].as_u64(), "{longer}");
 }
@@ -355,7 +423,8 @@ async fn count_tokens_is_what_the_request_is_charged() {
 #[tokio::test]
 async fn claude_codes_billing_line_does_not_defeat_the_prefix_cache() {
     let base = server(Setup::Default);
-    let mut system = String::from("You are the assistant of the Musée des Confluences in Lyon. Rules:\n");
+    let mut system =
+        String::from("You are the assistant of the Musée des Confluences in Lyon. Rules:\n");
     for i in 1..=30 {
         system.push_str(&format!(
             "{i}. Answer visitors' question number {i} about exhibits, tickets and opening hours briefly.\n"
@@ -375,7 +444,9 @@ async fn claude_codes_billing_line_does_not_defeat_the_prefix_cache() {
     let (_, second) = post(&base, "/v1/messages", &request("9c2")).await;
     let (_, cached, _) = usage_counts(&second["usage"]);
     let rendered = format!("<|im_start|>system\n{system}<|im_end|>\n");
-    let (_, tokens) = post(&base, "/v1/tokenize", &json!({"prompt": rendered, "add_special_tokens": false})).await;
+    let (_, tokens) =
+        post(&base, "/v1/tokenize", &json!({"prompt": rendered, "add_special_tokens": false}))
+            .await;
     let system_tokens = tokens["count"].as_u64().unwrap();
     assert!(
         cached >= system_tokens,
@@ -415,7 +486,10 @@ async fn a_tool_round_trip_on_qwen() {
     assert_eq!(status, 200, "{whole}");
     assert_eq!(whole["stop_reason"], "tool_use", "{whole}");
     let content = whole["content"].as_array().unwrap();
-    let call = content.iter().find(|b| b["type"] == "tool_use").unwrap_or_else(|| panic!("no tool_use: {whole}"));
+    let call = content
+        .iter()
+        .find(|b| b["type"] == "tool_use")
+        .unwrap_or_else(|| panic!("no tool_use: {whole}"));
     assert!(call["id"].as_str().unwrap().starts_with("toolu_"), "{call}");
     assert_eq!(call["name"], "get_weather");
     assert!(call["input"]["city"].as_str().unwrap().contains("Paris"), "{call}");
@@ -446,7 +520,10 @@ async fn a_tool_round_trip_on_qwen() {
     ]}));
     let (status, answer) = post(&base, "/v1/messages", &request).await;
     assert_eq!(status, 200, "{answer}");
-    assert!(answer["stop_reason"] == "end_turn" || answer["stop_reason"] == "max_tokens", "{answer}");
+    assert!(
+        answer["stop_reason"] == "end_turn" || answer["stop_reason"] == "max_tokens",
+        "{answer}"
+    );
     let text = answer["content"][0]["text"].as_str().unwrap_or_else(|| panic!("no text: {answer}"));
     assert!(!text.trim().is_empty() && !text.contains("<tool_call>"), "{answer}");
     assert_eq!(answer["content"].as_array().unwrap().len(), 1, "{answer}");

@@ -24,7 +24,9 @@ fn run(cmd: &mut Command) {
 fn python_with_openai() -> PathBuf {
     let venv = spindle_hub::spindle_home().join("venv-openai");
     let python = venv.join("bin/python");
-    let ready = |p: &Path| Command::new(p).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
+    let ready = |p: &Path| {
+        Command::new(p).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success())
+    };
     if !ready(&python) {
         run(Command::new("python3").args(["-m", "venv"]).arg(&venv));
         run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "openai>=1.40"]));

@@ -29,7 +29,9 @@ fn system_prompt(name: &str) -> String {
         "Do not discuss other bakeries, the weather or politics; steer back to the bakery.",
         "If a question is unclear, ask one short question back rather than guessing.",
     ];
-    let mut text = format!("You are the assistant of {name}, a family bakery in the old town of Lyon. Rules:\n");
+    let mut text = format!(
+        "You are the assistant of {name}, a family bakery in the old town of Lyon. Rules:\n"
+    );
     for round in 0..3 {
         for (i, rule) in rules.iter().enumerate() {
             text.push_str(&format!("{}. {rule}\n", round * rules.len() + i + 1));
@@ -73,7 +75,8 @@ async fn send(base: &str, body: &Value) -> (Answer, Value) {
             .filter_map(|c| c["choices"].get(0)?["logprobs"].get("content").cloned())
             .flat_map(|c| c.as_array().unwrap().clone())
             .collect();
-        let answer = Answer { text: streamed.content, finish_reason: streamed.finish_reason, logprobs };
+        let answer =
+            Answer { text: streamed.content, finish_reason: streamed.finish_reason, logprobs };
         (answer, streamed.usage.expect("a usage chunk"))
     } else {
         let (status, whole) = post(base, "/v1/chat/completions", body).await;
@@ -89,13 +92,16 @@ async fn send(base: &str, body: &Value) -> (Answer, Value) {
 }
 
 fn cached_tokens(usage: &Value) -> u64 {
-    usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or_else(|| panic!("no cached_tokens in {usage}"))
+    usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no cached_tokens in {usage}"))
 }
 
 /// Tokens of the rendered system message alone: where a request with another user turn resumes.
 async fn system_tokens(base: &str, system: &str) -> u64 {
     let rendered = format!("<|im_start|>system\n{system}<|im_end|>\n");
-    let (status, tokens) = post(base, "/v1/tokenize", &json!({"prompt": rendered, "add_special_tokens": false})).await;
+    let (status, tokens) =
+        post(base, "/v1/tokenize", &json!({"prompt": rendered, "add_special_tokens": false})).await;
     assert_eq!(status, 200, "{tokens}");
     tokens["count"].as_u64().unwrap()
 }
@@ -111,7 +117,10 @@ async fn check_same_answer_everywhere(name: &str, sampling: Value, cold_streamed
     let user = "Can I order a birthday cake for Saturday, and what should I tell you?";
     let (cold, usage) = send(&base, &chat_request(&system, user, &sampling, cold_streamed)).await;
     let prompt_tokens = usage["prompt_tokens"].as_u64().unwrap();
-    assert!(prompt_tokens > 256, "the system prompt should span more than one prefill chunk ({prompt_tokens} tokens)");
+    assert!(
+        prompt_tokens > 256,
+        "the system prompt should span more than one prefill chunk ({prompt_tokens} tokens)"
+    );
     assert_eq!(cached_tokens(&usage), 0, "{name}: the first request should be cold");
     assert_eq!(cold.logprobs.len() as u64, usage["completion_tokens"].as_u64().unwrap());
     assert!(!cold.text.is_empty());
@@ -122,9 +131,16 @@ async fn check_same_answer_everywhere(name: &str, sampling: Value, cold_streamed
             .collect();
         let results = join_all(bodies.iter().map(|b| send(&base, b))).await;
         for (i, (answer, usage)) in results.iter().enumerate() {
-            let how = format!("{name}, {sampling}: request {i} of {concurrency} (stream {})", bodies[i]["stream"]);
+            let how = format!(
+                "{name}, {sampling}: request {i} of {concurrency} (stream {})",
+                bodies[i]["stream"]
+            );
             assert_eq!(answer, &cold, "{how} differs from the cold answer");
-            assert_eq!(cached_tokens(usage), prompt_tokens, "{how} was not served from the cache in full");
+            assert_eq!(
+                cached_tokens(usage),
+                prompt_tokens,
+                "{how} was not served from the cache in full"
+            );
             assert_eq!(usage["prompt_tokens"].as_u64(), Some(prompt_tokens));
         }
     }
@@ -132,7 +148,11 @@ async fn check_same_answer_everywhere(name: &str, sampling: Value, cold_streamed
     let expected = system_tokens(&base, &system).await;
     let other = chat_request(&system, "Which bread keeps longest?", &sampling, !cold_streamed);
     let (_, usage) = send(&base, &other).await;
-    assert_eq!(cached_tokens(&usage), expected, "{name}: another user turn should resume after the system message");
+    assert_eq!(
+        cached_tokens(&usage),
+        expected,
+        "{name}: another user turn should resume after the system message"
+    );
 }
 
 #[tokio::test]
@@ -142,5 +162,10 @@ async fn greedy_answers_are_identical_streamed_or_not_cold_or_cached_alone_or_co
 
 #[tokio::test]
 async fn seeded_answers_are_identical_streamed_or_not_cold_or_cached_alone_or_concurrent() {
-    check_same_answer_everywhere("Boulangerie Perret", json!({"temperature": 0.9, "seed": 1234}), true).await;
+    check_same_answer_everywhere(
+        "Boulangerie Perret",
+        json!({"temperature": 0.9, "seed": 1234}),
+        true,
+    )
+    .await;
 }

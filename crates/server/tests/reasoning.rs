@@ -11,7 +11,10 @@ const QUESTION: &str = "What is the capital of Japan?";
 
 fn message(response: &Value) -> (String, String) {
     let m = &response["choices"][0]["message"];
-    (m["content"].as_str().unwrap_or("").to_string(), m["reasoning_content"].as_str().unwrap_or("").to_string())
+    (
+        m["content"].as_str().unwrap_or("").to_string(),
+        m["reasoning_content"].as_str().unwrap_or("").to_string(),
+    )
 }
 
 fn assert_no_tags(text: &str) {
@@ -20,7 +23,12 @@ fn assert_no_tags(text: &str) {
 
 /// Tokens of the close tag the engine forces.
 async fn close_tag_tokens(base: &str) -> u64 {
-    let (_, tokens) = post(base, "/v1/tokenize", &json!({"prompt": "\n</think>\n\n", "add_special_tokens": false})).await;
+    let (_, tokens) = post(
+        base,
+        "/v1/tokenize",
+        &json!({"prompt": "\n</think>\n\n", "add_special_tokens": false}),
+    )
+    .await;
     tokens["count"].as_u64().unwrap()
 }
 
@@ -31,7 +39,8 @@ async fn a_small_max_tokens_still_leaves_an_answer() {
     // SmolLM2 answers the question inside the block and ends there: the engine closes the block
     // instead. The essay rambles on in the block until a quarter of max_tokens is left.
     for question in [QUESTION, "Write a long essay about the history of Rome."] {
-        let (status, response) = post(&base, "/v1/chat/completions", &chat_body(question, 50)).await;
+        let (status, response) =
+            post(&base, "/v1/chat/completions", &chat_body(question, 50)).await;
         assert_eq!(status, 200, "{response}");
         let (content, reasoning) = message(&response);
         assert!(!reasoning.is_empty(), "{response}");
@@ -39,8 +48,12 @@ async fn a_small_max_tokens_still_leaves_an_answer() {
         assert_no_tags(&content);
         assert_no_tags(&reasoning);
         let usage = &response["usage"];
-        let reasoning_tokens = usage["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap();
-        assert!(reasoning_tokens > close && reasoning_tokens < usage["completion_tokens"].as_u64().unwrap());
+        let reasoning_tokens =
+            usage["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap();
+        assert!(
+            reasoning_tokens > close
+                && reasoning_tokens < usage["completion_tokens"].as_u64().unwrap()
+        );
         // Content got at least a quarter of max_tokens to work with.
         assert!(reasoning_tokens <= 50 - 50 / 4, "{usage}");
     }
@@ -51,13 +64,15 @@ async fn the_thinking_budget_closes_the_block() {
     let base = server(Setup::Thinking);
     let close = close_tag_tokens(&base).await;
     let (_, free) = post(&base, "/v1/chat/completions", &chat_body(QUESTION, 200)).await;
-    let unlimited = free["usage"]["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap();
+    let unlimited =
+        free["usage"]["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap();
     for field in ["thinking_budget", "max_reasoning_tokens"] {
         let mut body = chat_body(QUESTION, 200);
         body[field] = json!(3);
         let (_, response) = post(&base, "/v1/chat/completions", &body).await;
         let (content, reasoning) = message(&response);
-        let reasoning_tokens = response["usage"]["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap();
+        let reasoning_tokens =
+            response["usage"]["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap();
         // 3 budget tokens, then the forced close tag (the newlines after it are content).
         assert!((4..=3 + close).contains(&reasoning_tokens), "{field}: {response}");
         assert!(reasoning_tokens < unlimited, "{field}: the budget did not bind");
@@ -80,7 +95,9 @@ async fn streaming_splits_reasoning_the_same_way() {
     // No chunk carries a tag, and none mixes the two kinds inside a tag.
     for chunk in &streamed.chunks {
         for field in ["content", "reasoning_content"] {
-            assert_no_tags(chunk["choices"].get(0).and_then(|c| c["delta"][field].as_str()).unwrap_or(""));
+            assert_no_tags(
+                chunk["choices"].get(0).and_then(|c| c["delta"][field].as_str()).unwrap_or(""),
+            );
         }
     }
 }
@@ -156,7 +173,13 @@ async fn response_format_binds_the_answer_and_leaves_reasoning_free() {
     // close its block; free, it is the model's prose.
     assert!(!reasoning.trim().is_empty() && !reasoning.trim_start().starts_with('{'), "{response}");
     assert_no_tags(&reasoning);
-    let answer: Value = serde_json::from_str(&content).unwrap_or_else(|e| panic!("{e}: {response}"));
-    assert!(answer["name"].is_string() && answer["age"].is_u64() && answer.as_object().unwrap().len() == 2, "{answer}");
+    let answer: Value =
+        serde_json::from_str(&content).unwrap_or_else(|e| panic!("{e}: {response}"));
+    assert!(
+        answer["name"].is_string()
+            && answer["age"].is_u64()
+            && answer.as_object().unwrap().len() == 2,
+        "{answer}"
+    );
     assert_eq!(response["choices"][0]["finish_reason"], "stop", "{response}");
 }

@@ -68,14 +68,19 @@ async fn chat(base: &str, messages: Value, max_tokens: u32) -> (String, u64) {
 async fn a_string_input_is_one_user_message() {
     let base = server(Setup::Default);
     let question = "What is the capital of France? Answer in one sentence.";
-    let response = create(&base, &json!({"input": question, "max_output_tokens": 32, "temperature": 0})).await;
-    let (text, prompt_tokens) = chat(&base, json!([{"role": "user", "content": question}]), 32).await;
+    let response =
+        create(&base, &json!({"input": question, "max_output_tokens": 32, "temperature": 0})).await;
+    let (text, prompt_tokens) =
+        chat(&base, json!([{"role": "user", "content": question}]), 32).await;
     assert_eq!(output_text(&response), text);
     assert!(text.contains("Paris"), "{response}");
     assert_eq!(response["usage"]["input_tokens"], prompt_tokens);
     assert!(response["usage"]["output_tokens"].as_u64().unwrap() < 32, "{response}");
     let message = &response["output"][0];
-    assert!(message["id"].as_str().unwrap().starts_with("msg_") && message["status"] == "completed", "{response}");
+    assert!(
+        message["id"].as_str().unwrap().starts_with("msg_") && message["status"] == "completed",
+        "{response}"
+    );
     assert_eq!(response["status"], "completed");
     assert_eq!(response["incomplete_details"], Value::Null);
 }
@@ -94,7 +99,8 @@ async fn instructions_and_system_roles_lead_as_one_system_message() {
         "temperature": 0,
     });
     let response = create(&base, &body).await;
-    let system = "You are a terse geography assistant.\n\nAnswer in one sentence.\n\nNever use lists.";
+    let system =
+        "You are a terse geography assistant.\n\nAnswer in one sentence.\n\nNever use lists.";
     let (text, prompt_tokens) =
         chat(&base, json!([{"role": "system", "content": system}, {"role": "user", "content": "Where is Rome?"}]), 20)
             .await;
@@ -112,8 +118,9 @@ async fn stream_events(base: &str, body: &Value) -> Vec<(String, Value)> {
     text.split("\n\n")
         .filter(|frame| !frame.trim().is_empty())
         .map(|frame| {
-            let field =
-                |name: &str| frame.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_string());
+            let field = |name: &str| {
+                frame.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_string())
+            };
             let data: Value = serde_json::from_str(&field("data:").unwrap()).unwrap();
             (field("event:").unwrap_or_default(), data)
         })
@@ -138,7 +145,10 @@ fn check_stream(events: &[(String, Value)]) -> (Vec<String>, Value) {
                 assert!(open.is_none(), "items interleave: {data}");
                 assert_eq!(data["output_index"], done_items.len() as u64);
                 assert_eq!(data["item"]["status"], "in_progress");
-                open = Some((done_items.len() as u64, data["item"]["id"].as_str().unwrap().to_string()));
+                open = Some((
+                    done_items.len() as u64,
+                    data["item"]["id"].as_str().unwrap().to_string(),
+                ));
             }
             "response.output_item.done" => {
                 let (index, id) = open.take().expect("done without added");
@@ -148,8 +158,12 @@ fn check_stream(events: &[(String, Value)]) -> (Vec<String>, Value) {
                 );
                 done_items.push(data["item"].clone());
             }
-            "response.created" | "response.in_progress" => assert_eq!(data["response"]["status"], "in_progress"),
-            "response.completed" | "response.incomplete" | "response.failed" => assert_eq!(i, events.len() - 1),
+            "response.created" | "response.in_progress" => {
+                assert_eq!(data["response"]["status"], "in_progress")
+            }
+            "response.completed" | "response.incomplete" | "response.failed" => {
+                assert_eq!(i, events.len() - 1)
+            }
             _ => {
                 let (index, id) = open.as_ref().expect("an item event outside an item");
                 assert_eq!(
@@ -160,7 +174,11 @@ fn check_stream(events: &[(String, Value)]) -> (Vec<String>, Value) {
         }
     }
     let last = events.last().unwrap().1["response"].clone();
-    assert_eq!(last["output"], Value::Array(done_items), "the final response holds other items than the stream closed");
+    assert_eq!(
+        last["output"],
+        Value::Array(done_items),
+        "the final response holds other items than the stream closed"
+    );
     (kinds, last)
 }
 
@@ -175,7 +193,10 @@ async fn a_stream_sends_reasoning_then_text_as_typed_events_and_matches_the_whol
     let whole = create(&base, &body).await;
     body["stream"] = json!(true);
     let (kinds, last) = check_stream(&stream_events(&base, &body).await);
-    let end = format!("response.{}", if last["status"] == "completed" { "completed" } else { "incomplete" });
+    let end = format!(
+        "response.{}",
+        if last["status"] == "completed" { "completed" } else { "incomplete" }
+    );
     let mut golden = strings(&[
         "created",
         "in_progress",
@@ -201,15 +222,25 @@ async fn a_stream_sends_reasoning_then_text_as_typed_events_and_matches_the_whol
     assert_eq!(without_ids(&last), without_ids(&whole));
     // The repeat reads its prompt from the cache; everything else counts the same.
     let counts = |r: &Value| {
-        [&r["usage"]["input_tokens"], &r["usage"]["output_tokens"], &r["usage"]["output_tokens_details"]]
-            .map(Value::clone)
+        [
+            &r["usage"]["input_tokens"],
+            &r["usage"]["output_tokens"],
+            &r["usage"]["output_tokens_details"],
+        ]
+        .map(Value::clone)
     };
     assert_eq!(counts(&last), counts(&whole));
     let reasoning = &whole["output"][0];
-    assert!(reasoning["type"] == "reasoning" && reasoning["id"].as_str().unwrap().starts_with("rs_"), "{whole}");
+    assert!(
+        reasoning["type"] == "reasoning" && reasoning["id"].as_str().unwrap().starts_with("rs_"),
+        "{whole}"
+    );
     assert_eq!(reasoning["summary"], json!([]));
     assert_eq!(reasoning["content"][0]["type"], "reasoning_text");
-    assert!(whole["usage"]["output_tokens_details"]["reasoning_tokens"].as_u64().unwrap() > 0, "{whole}");
+    assert!(
+        whole["usage"]["output_tokens_details"]["reasoning_tokens"].as_u64().unwrap() > 0,
+        "{whole}"
+    );
 }
 
 #[tokio::test]
@@ -217,7 +248,8 @@ async fn reasoning_effort_none_turns_thinking_off() {
     let base = server(Setup::Thinking);
     let body = json!({"input": "What is the capital of Japan?", "reasoning": {"effort": "none"}, "max_output_tokens": 24, "temperature": 0});
     let response = create(&base, &body).await;
-    let kinds: Vec<&Value> = response["output"].as_array().unwrap().iter().map(|item| &item["type"]).collect();
+    let kinds: Vec<&Value> =
+        response["output"].as_array().unwrap().iter().map(|item| &item["type"]).collect();
     assert_eq!(kinds, [&json!("message")], "{response}");
     assert_eq!(response["usage"]["output_tokens_details"]["reasoning_tokens"], 0);
     assert_eq!(response["reasoning"]["effort"], "none");
@@ -227,7 +259,9 @@ async fn reasoning_effort_none_turns_thinking_off() {
 async fn a_quiet_stream_repeats_in_progress_while_the_prompt_is_read() {
     let base = server(Setup::KeepAlive);
     // About 1,700 tokens: seconds of prefill on 2 cores, many keep-alive intervals.
-    let long: String = (0..110).map(|i| format!("Line {i}: the quick brown fox jumps over the lazy dog. ")).collect();
+    let long: String = (0..110)
+        .map(|i| format!("Line {i}: the quick brown fox jumps over the lazy dog. "))
+        .collect();
     let body = json!({"input": long, "max_output_tokens": 4, "temperature": 0, "stream": true, "store": false});
     let events = stream_events(&base, &body).await;
     let (kinds, last) = check_stream(&events);
@@ -257,7 +291,9 @@ async fn the_output_limit_leaves_an_incomplete_response() {
 async fn previous_response_id_continues_the_stored_conversation() {
     let base = server(Setup::Default);
     let first_input = "My name is Ada and I like tea.";
-    let first = create(&base, &json!({"input": first_input, "max_output_tokens": 12, "temperature": 0})).await;
+    let first =
+        create(&base, &json!({"input": first_input, "max_output_tokens": 12, "temperature": 0}))
+            .await;
     assert_eq!(first["store"], true);
     let body = json!({"previous_response_id": first["id"], "input": "What is my name?", "max_output_tokens": 12, "temperature": 0});
     let second = create(&base, &body).await;
@@ -271,15 +307,21 @@ async fn previous_response_id_continues_the_stored_conversation() {
     let (text, prompt_tokens) = chat(&base, messages, 12).await;
     assert_eq!(second["usage"]["input_tokens"], prompt_tokens);
     assert_eq!(output_text(&second), text);
-    let first_total =
-        first["usage"]["input_tokens"].as_u64().unwrap() + first["usage"]["output_tokens"].as_u64().unwrap();
+    let first_total = first["usage"]["input_tokens"].as_u64().unwrap()
+        + first["usage"]["output_tokens"].as_u64().unwrap();
     assert!(prompt_tokens > first_total, "{second}");
-    assert!(second["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0, "{second}");
+    assert!(
+        second["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0,
+        "{second}"
+    );
 
     let path = format!("/v1/responses/{}", first["id"].as_str().unwrap());
     assert_eq!(get(&base, &path).await, (200, first.clone()));
     let (status, deleted) = delete(&base, &path).await;
-    assert_eq!((status, &deleted), (200, &json!({"object": "response.deleted", "id": first["id"], "deleted": true})));
+    assert_eq!(
+        (status, &deleted),
+        (200, &json!({"object": "response.deleted", "id": first["id"], "deleted": true}))
+    );
     assert_eq!(get(&base, &path).await.0, 404);
 }
 
@@ -290,16 +332,19 @@ async fn unknown_and_unstored_ids_are_404s() {
     assert_eq!(status, 404, "{error}");
     assert_eq!(error["error"]["type"], "not_found_error");
     let (status, error) =
-        post(&base, "/v1/responses", &json!({"previous_response_id": "resp_nope", "input": "Hi"})).await;
+        post(&base, "/v1/responses", &json!({"previous_response_id": "resp_nope", "input": "Hi"}))
+            .await;
     assert_eq!(status, 404, "{error}");
     assert_eq!(error["error"]["code"], "previous_response_not_found");
     assert_eq!(error["error"]["param"], "previous_response_id");
 
-    let unstored = create(&base, &json!({"input": "Hi", "max_output_tokens": 4, "store": false})).await;
+    let unstored =
+        create(&base, &json!({"input": "Hi", "max_output_tokens": 4, "store": false})).await;
     assert_eq!(unstored["store"], false);
     let id = unstored["id"].as_str().unwrap();
     assert_eq!(get(&base, &format!("/v1/responses/{id}")).await.0, 404);
-    let (status, _) = post(&base, "/v1/responses", &json!({"previous_response_id": id, "input": "Hi"})).await;
+    let (status, _) =
+        post(&base, "/v1/responses", &json!({"previous_response_id": id, "input": "Hi"})).await;
     assert_eq!(status, 404);
 }
 
@@ -315,13 +360,16 @@ async fn hosted_and_freeform_tools_are_ignored_and_echoed() {
         {"type": "mcp", "server_label": "x", "server_url": "http://127.0.0.1:1"},
         {"type": "tool_search"},
     ]);
-    let body =
-        json!({"input": "What is the capital of France?", "tools": tools, "max_output_tokens": 24, "temperature": 0});
+    let body = json!({"input": "What is the capital of France?", "tools": tools, "max_output_tokens": 24, "temperature": 0});
     let response = create(&base, &body).await;
     assert_eq!(response["tools"], tools);
     let (text, prompt_tokens) =
-        chat(&base, json!([{"role": "user", "content": "What is the capital of France?"}]), 24).await;
-    assert_eq!((output_text(&response), response["usage"]["input_tokens"].as_u64().unwrap()), (text, prompt_tokens));
+        chat(&base, json!([{"role": "user", "content": "What is the capital of France?"}]), 24)
+            .await;
+    assert_eq!(
+        (output_text(&response), response["usage"]["input_tokens"].as_u64().unwrap()),
+        (text, prompt_tokens)
+    );
 }
 
 #[tokio::test]
@@ -339,10 +387,19 @@ async fn bad_requests_are_400s_naming_the_field() {
         (json!({"input": [], "instructions": null}), "input"),
         (json!({"input": [user], "max_output_tokens": 0}), "max_output_tokens"),
         (json!({"input": [user], "text": {"format": {"type": "xml"}}}), "text.format.type"),
-        (json!({"input": [user], "text": {"format": {"type": "json_schema", "name": "x"}}}), "text.format.schema"),
+        (
+            json!({"input": [user], "text": {"format": {"type": "json_schema", "name": "x"}}}),
+            "text.format.schema",
+        ),
         (json!({"input": [user], "reasoning": {"effort": "extreme"}}), "reasoning.effort"),
-        (json!({"input": [user], "tools": [{"type": "function", "description": "no name"}]}), "tools[0].name"),
-        (json!({"input": [user], "tool_choice": {"type": "function", "name": "nope"}}), "tool_choice"),
+        (
+            json!({"input": [user], "tools": [{"type": "function", "description": "no name"}]}),
+            "tools[0].name",
+        ),
+        (
+            json!({"input": [user], "tool_choice": {"type": "function", "name": "nope"}}),
+            "tool_choice",
+        ),
     ];
     for (body, param) in cases {
         let (status, error) = post(&base, "/v1/responses", &body).await;
@@ -350,7 +407,8 @@ async fn bad_requests_are_400s_naming_the_field() {
         assert_eq!(error["error"]["param"], param, "{body}: {error}");
         assert_eq!(error["error"]["type"], "invalid_request_error");
     }
-    let response = client().post(format!("{base}/v1/responses")).body("{not json").send().await.unwrap();
+    let response =
+        client().post(format!("{base}/v1/responses")).body("{not json").send().await.unwrap();
     assert_eq!(response.status(), 400);
 }
 
@@ -380,11 +438,22 @@ fn crm_namespace() -> Value {
 
 /// The function calls of a response, checked: a call id to answer, a JSON object of arguments.
 fn calls(response: &Value) -> Vec<Value> {
-    let calls: Vec<Value> =
-        response["output"].as_array().unwrap().iter().filter(|i| i["type"] == "function_call").cloned().collect();
+    let calls: Vec<Value> = response["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .cloned()
+        .collect();
     for call in &calls {
-        assert!(call["call_id"].as_str().is_some_and(|id| id.starts_with("call_") && id.len() > 5), "{call}");
-        assert!(call["id"].as_str().unwrap().starts_with("fc_") && call["status"] == "completed", "{call}");
+        assert!(
+            call["call_id"].as_str().is_some_and(|id| id.starts_with("call_") && id.len() > 5),
+            "{call}"
+        );
+        assert!(
+            call["id"].as_str().unwrap().starts_with("fc_") && call["status"] == "completed",
+            "{call}"
+        );
         let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
         assert!(arguments.is_object(), "{call}");
     }
@@ -413,14 +482,19 @@ async fn a_tool_round_trip_streamed_and_whole_makes_the_same_call_then_answers()
     let events = stream_events(&base, &body).await;
     let (kinds, last) = check_stream(&events);
     assert!(
-        kinds
-            .windows(3)
-            .any(|w| w
-                == strings(&["output_item.added", "function_call_arguments.delta", "function_call_arguments.done"])),
+        kinds.windows(3).any(|w| w
+            == strings(&[
+                "output_item.added",
+                "function_call_arguments.delta",
+                "function_call_arguments.done"
+            ])),
         "{kinds:?}"
     );
     let fields = |c: &Value| (c["name"].clone(), c["arguments"].clone());
-    assert_eq!(calls(&last).iter().map(fields).collect::<Vec<_>>(), whole_calls.iter().map(fields).collect::<Vec<_>>());
+    assert_eq!(
+        calls(&last).iter().map(fields).collect::<Vec<_>>(),
+        whole_calls.iter().map(fields).collect::<Vec<_>>()
+    );
 
     let call = &whole_calls[0];
     let body = json!({
@@ -455,7 +529,11 @@ async fn a_namespaced_tool_call_comes_back_under_its_namespace() {
     let response = create(&base, &body).await;
     let calls = calls(&response);
     assert_eq!(calls.len(), 1, "{response}");
-    assert_eq!((&calls[0]["name"], &calls[0]["namespace"]), (&json!("get_customer"), &json!("crm")), "{response}");
+    assert_eq!(
+        (&calls[0]["name"], &calls[0]["namespace"]),
+        (&json!("get_customer"), &json!("crm")),
+        "{response}"
+    );
     // Replayed with its namespace, the call reads back as the model wrote it.
     let replay = json!({
         "model": QWEN,
@@ -508,9 +586,15 @@ fn python_with_openai() -> PathBuf {
             .is_ok_and(|o| o.status.success())
     };
     if !ready(&python) {
-        assert!(Command::new("python3").args(["-m", "venv"]).arg(&venv).status().unwrap().success());
-        let install =
-            Command::new(&python).args(["-m", "pip", "install", "--quiet", "--upgrade", "openai>=1.66"]).status();
+        assert!(Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .unwrap()
+            .success());
+        let install = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--upgrade", "openai>=1.66"])
+            .status();
         assert!(install.unwrap().success());
     }
     python

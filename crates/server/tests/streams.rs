@@ -26,7 +26,8 @@ async fn the_first_event_precedes_the_prompt_and_keep_alives_fill_the_wait() {
         "stream": true,
     });
     let sent = Instant::now();
-    let response = client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
+    let response =
+        client().post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap();
     if response.status() != 200 {
         panic!("{}: {}", response.status(), response.text().await.unwrap());
     }
@@ -58,8 +59,12 @@ async fn the_first_event_precedes_the_prompt_and_keep_alives_fill_the_wait() {
         "the prompt took a while to read ({first_content:?}), so the role chunk ({first_event:?}) came first"
     );
     assert!(first_event < Duration::from_secs(1), "the first event waited {first_event:?}");
-    let expected = ((first_content - first_event).as_secs_f64() / KEEP_ALIVE.as_secs_f64()) as usize;
-    assert!(keep_alives_before_content >= expected / 2, "{keep_alives_before_content} keep-alives in {first_content:?}");
+    let expected =
+        ((first_content - first_event).as_secs_f64() / KEEP_ALIVE.as_secs_f64()) as usize;
+    assert!(
+        keep_alives_before_content >= expected / 2,
+        "{keep_alives_before_content} keep-alives in {first_content:?}"
+    );
     // Parsed as a client parses it: the comments are not events.
     let streamed = parse_chat_stream(&sse_data(&text));
     assert!(!streamed.content.contains("keep-alive"));
@@ -79,15 +84,20 @@ async fn return_progress_streams_how_far_the_prompt_is_read() {
     });
     let data = common::post_stream(&base, "/v1/chat/completions", &body).await;
     let streamed = parse_chat_stream(&data);
-    let progress: Vec<_> = streamed.chunks.iter().filter_map(|c| c.get("prompt_progress").cloned()).collect();
+    let progress: Vec<_> =
+        streamed.chunks.iter().filter_map(|c| c.get("prompt_progress").cloned()).collect();
     assert!(progress.len() >= 2, "one per prefill chunk of a long prompt: {progress:?}");
     let processed: Vec<u64> = progress.iter().map(|p| p["processed"].as_u64().unwrap()).collect();
     assert!(processed.windows(2).all(|w| w[0] < w[1]), "{processed:?}");
     let total = progress[0]["total"].as_u64().unwrap();
     assert_eq!(processed.last(), Some(&total), "the last report is the whole prompt");
     // Progress chunks come before any content and carry none.
-    let first_content = streamed.chunks.iter().position(|c| c["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()));
-    let last_progress = streamed.chunks.iter().rposition(|c| c.get("prompt_progress").is_some()).unwrap();
+    let first_content = streamed
+        .chunks
+        .iter()
+        .position(|c| c["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()));
+    let last_progress =
+        streamed.chunks.iter().rposition(|c| c.get("prompt_progress").is_some()).unwrap();
     assert!(first_content.is_none_or(|i| i > last_progress));
     // Without the flag there are none.
     body["return_progress"] = json!(false);

@@ -67,7 +67,10 @@ fn assert_call_valid(call: &Value) {
         "get_weather" => {
             assert!(args["city"].is_string(), "{text}");
             assert!(args["days"].is_i64() || args["days"].is_u64(), "{text}");
-            assert!(args.get("unit").is_none_or(|u| u.is_null() || u == "celsius" || u == "fahrenheit"), "{text}");
+            assert!(
+                args.get("unit").is_none_or(|u| u.is_null() || u == "celsius" || u == "fahrenheit"),
+                "{text}"
+            );
         }
         "get_time" => assert!(args["timezone"].is_string(), "{text}"),
         other => panic!("unknown tool {other}"),
@@ -99,7 +102,8 @@ async fn strict_json_schema_answers_always_parse_and_validate() {
         let choice = &answer["choices"][0];
         let text = choice["message"]["content"].as_str().unwrap();
         assert_eq!(choice["finish_reason"], "stop", "seed {seed} ran out of tokens: {text}");
-        let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
+        let value: Value =
+            serde_json::from_str(text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
         assert_person(&value, text);
     }
 }
@@ -118,7 +122,9 @@ async fn json_object_answers_are_objects() {
         assert_eq!(status, 200, "{answer}");
         let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
         if answer["choices"][0]["finish_reason"] == "stop" {
-            assert!(serde_json::from_str::<Value>(text).unwrap_or_else(|e| panic!("{e}: {text}")).is_object());
+            assert!(serde_json::from_str::<Value>(text)
+                .unwrap_or_else(|e| panic!("{e}: {text}"))
+                .is_object());
         } else {
             assert!(text.starts_with('{'), "{text}");
         }
@@ -154,7 +160,8 @@ async fn required_and_named_tool_choice_always_give_valid_calls() {
     .await;
     for (body, (status, answer)) in answers {
         assert_eq!(status, 200, "{answer}");
-        let (message, finish) = (&answer["choices"][0]["message"], &answer["choices"][0]["finish_reason"]);
+        let (message, finish) =
+            (&answer["choices"][0]["message"], &answer["choices"][0]["finish_reason"]);
         // Parallel calls end when the model stops calling, which a small model at temperature
         // 0.8 may put off past max_tokens; every call it finished must still be valid.
         let open_ended = body["tool_choice"] == "required" && body["parallel_tool_calls"] == true;
@@ -177,12 +184,24 @@ fn streamed_calls(chunks: &[Value]) -> Vec<Value> {
         for piece in chunk["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten() {
             let index = piece["index"].as_u64().unwrap() as usize;
             if index == calls.len() {
-                assert!(piece["id"].is_string() && piece["type"] == "function" && piece["function"]["name"].is_string(), "{piece}");
+                assert!(
+                    piece["id"].is_string()
+                        && piece["type"] == "function"
+                        && piece["function"]["name"].is_string(),
+                    "{piece}"
+                );
                 calls.push(json!({"id": piece["id"], "type": "function", "function": {"name": piece["function"]["name"], "arguments": ""}}));
             } else {
-                assert!(piece.get("id").is_none() && piece["function"].get("name").is_none(), "name sent twice: {piece}");
+                assert!(
+                    piece.get("id").is_none() && piece["function"].get("name").is_none(),
+                    "name sent twice: {piece}"
+                );
             }
-            let arguments = format!("{}{}", calls[index]["function"]["arguments"].as_str().unwrap(), piece["function"]["arguments"].as_str().unwrap_or(""));
+            let arguments = format!(
+                "{}{}",
+                calls[index]["function"]["arguments"].as_str().unwrap(),
+                piece["function"]["arguments"].as_str().unwrap_or("")
+            );
             calls[index]["function"]["arguments"] = json!(arguments);
         }
     }
@@ -193,25 +212,53 @@ fn streamed_calls(chunks: &[Value]) -> Vec<Value> {
 async fn streamed_calls_reassemble_to_the_same_valid_calls() {
     let base = server(Setup::Qwen);
     for seed in 0..3 {
-        let data = post_stream(&base, "/v1/chat/completions", &tool_request(json!("required"), seed, true, false)).await;
+        let data = post_stream(
+            &base,
+            "/v1/chat/completions",
+            &tool_request(json!("required"), seed, true, false),
+        )
+        .await;
         let streamed = parse_chat_stream(&data);
         assert_eq!(streamed.finish_reason, "tool_calls");
         let calls = streamed_calls(&streamed.chunks);
         assert!(!calls.is_empty());
         calls.iter().for_each(assert_call_valid);
-        let (_, whole) = post(&base, "/v1/chat/completions", &tool_request(json!("required"), seed, false, false)).await;
+        let (_, whole) = post(
+            &base,
+            "/v1/chat/completions",
+            &tool_request(json!("required"), seed, false, false),
+        )
+        .await;
         // Ids name each response's own calls; everything else must match.
-        let without_ids = |calls: &[Value]| calls.iter().map(|c| c["function"].clone()).collect::<Vec<_>>();
+        let without_ids =
+            |calls: &[Value]| calls.iter().map(|c| c["function"].clone()).collect::<Vec<_>>();
         let whole_calls = whole["choices"][0]["message"]["tool_calls"].as_array().unwrap();
-        assert_eq!(without_ids(whole_calls), without_ids(&calls), "streamed and whole calls differ");
-        assert!(whole_calls.iter().chain(&calls).all(|c| c["id"].as_str().is_some_and(|id| id.starts_with("call_"))));
+        assert_eq!(
+            without_ids(whole_calls),
+            without_ids(&calls),
+            "streamed and whole calls differ"
+        );
+        assert!(whole_calls
+            .iter()
+            .chain(&calls)
+            .all(|c| c["id"].as_str().is_some_and(|id| id.starts_with("call_"))));
     }
 }
 
 #[tokio::test]
 async fn a_tool_round_trip_ends_in_a_text_answer() {
     let base = server(Setup::Qwen);
-    let (_, first) = post(&base, "/v1/chat/completions", &tool_request(json!({"type": "function", "function": {"name": "get_weather"}}), 1, false, true)).await;
+    let (_, first) = post(
+        &base,
+        "/v1/chat/completions",
+        &tool_request(
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+            1,
+            false,
+            true,
+        ),
+    )
+    .await;
     let call = first["choices"][0]["message"]["tool_calls"][0].clone();
     assert_call_valid(&call);
     let body = json!({
@@ -229,20 +276,37 @@ async fn a_tool_round_trip_ends_in_a_text_answer() {
     let (status, answer) = post(&base, "/v1/chat/completions", &body).await;
     assert_eq!(status, 200, "{answer}");
     let message = &answer["choices"][0]["message"];
-    assert!(message.get("tool_calls").is_none_or(|c| c.as_array().is_some_and(Vec::is_empty)), "{answer}");
-    assert!(message["content"].as_str().is_some_and(|c| !c.trim().is_empty() && !c.contains("<tool_call>")), "{answer}");
+    assert!(
+        message.get("tool_calls").is_none_or(|c| c.as_array().is_some_and(Vec::is_empty)),
+        "{answer}"
+    );
+    assert!(
+        message["content"]
+            .as_str()
+            .is_some_and(|c| !c.trim().is_empty() && !c.contains("<tool_call>")),
+        "{answer}"
+    );
 }
 
 #[tokio::test]
 async fn bad_tool_and_format_requests_are_400s_naming_the_field() {
     let base = server(Setup::Qwen);
     let cases = [
-        (json!({"tools": weather_tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice"),
+        (
+            json!({"tools": weather_tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice",
+        ),
         (json!({"tool_choice": "required"}), "tool_choice"),
         (json!({"tools": weather_tools(), "tool_choice": "sometimes"}), "tool_choice"),
         (json!({"response_format": {"type": "yaml"}}), "response_format"),
-        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}), "response_format"),
-        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "decimal"}}}}), "response_format"),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "decimal"}}}}),
+            "response_format",
+        ),
     ];
     for (extra, param) in cases {
         let mut body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
@@ -274,11 +338,17 @@ async fn a_null_content_beside_tool_calls_renders_as_empty_text() {
 #[tokio::test]
 async fn guided_json_shapes_answers_unless_the_request_asks_for_text() {
     let base = server(Setup::GuidedJson);
-    let (status, answer) = post(&base, "/v1/chat/completions", &chat_body("What is the capital of France?", 60)).await;
+    let (status, answer) =
+        post(&base, "/v1/chat/completions", &chat_body("What is the capital of France?", 60)).await;
     assert_eq!(status, 200, "{answer}");
     let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
     let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {answer}"));
-    assert!(value["answer"].is_string() && value["sure"].is_boolean() && value.as_object().unwrap().len() == 2, "{value}");
+    assert!(
+        value["answer"].is_string()
+            && value["sure"].is_boolean()
+            && value.as_object().unwrap().len() == 2,
+        "{value}"
+    );
     // A request's own response_format wins: text stays free.
     let mut body = chat_body("What is the capital of France?", 60);
     body["response_format"] = json!({"type": "text"});
@@ -294,13 +364,18 @@ async fn calls_without_a_system_message_share_the_templates_tools_preamble() {
     // Qwen2.5's template writes a system turn of its own around the tools: with this third tool
     // it is well past one 256-token prefill chunk and short of two.
     let mut tools = weather_tools();
-    let notes = "Plans a trip: takes the cities in visiting order and returns trains, times and prices. ".repeat(6);
+    let notes =
+        "Plans a trip: takes the cities in visiting order and returns trains, times and prices. "
+            .repeat(6);
     tools.as_array_mut().unwrap().push(json!({"type": "function", "function": {
         "name": "plan_trip", "description": notes,
         "parameters": {"type": "object", "properties": {"cities": {"type": "array", "items": {"type": "string"}}}, "required": ["cities"]}}}));
     let call = |user: &str| json!({"model": MODEL, "messages": [{"role": "user", "content": user}], "tools": tools, "max_tokens": 1});
-    let cached = |answer: &Value| answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
-    let (_, first) = post(&base, "/v1/chat/completions", &call("Plan a trip from Lyon to Turin.")).await;
+    let cached = |answer: &Value| {
+        answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+    };
+    let (_, first) =
+        post(&base, "/v1/chat/completions", &call("Plan a trip from Lyon to Turin.")).await;
     assert_eq!(cached(&first), 0, "{first}");
     let mut resumed = Vec::new();
     for user in ["What's the weather in Oslo?", "What time is it in Lima?"] {

@@ -78,7 +78,9 @@ impl Allowed {
     fn gather(&mut self, schema: &Value) {
         match schema.get("type") {
             Some(Value::String(name)) => self.allow(name),
-            Some(Value::Array(names)) => names.iter().filter_map(Value::as_str).for_each(|name| self.allow(name)),
+            Some(Value::Array(names)) => {
+                names.iter().filter_map(Value::as_str).for_each(|name| self.allow(name))
+            }
             _ => {}
         }
         for union in ["anyOf", "oneOf"] {
@@ -111,7 +113,8 @@ impl Allowed {
 
     /// Strings are fine here: the schema allows them, or declares no type at all.
     fn keeps_strings(&self) -> bool {
-        let declares_other = self.null || self.boolean || self.integer || self.number || self.object || self.array;
+        let declares_other =
+            self.null || self.boolean || self.integer || self.number || self.object || self.array;
         self.string || (!declares_other && self.members.is_empty())
     }
 
@@ -125,7 +128,11 @@ impl Allowed {
             .or_else(|| (self.null && trimmed == "null").then_some(Value::Null))
             .or_else(|| self.boolean.then(|| parse_bool(trimmed)).flatten())
             .or_else(|| self.integer.then(|| fits(|v| v.is_i64() || v.is_u64())).flatten())
-            .or_else(|| self.number.then(|| fits(Value::is_number).or_else(|| parse_float(trimmed))).flatten())
+            .or_else(|| {
+                self.number
+                    .then(|| fits(Value::is_number).or_else(|| parse_float(trimmed)))
+                    .flatten()
+            })
             .or_else(|| self.object.then(|| fits(Value::is_object)).flatten())
             .or_else(|| self.array.then(|| fits(Value::is_array)).flatten());
         chosen.unwrap_or_else(|| Value::String(text.to_string()))
@@ -154,7 +161,10 @@ mod tests {
     use serde_json::json;
 
     fn schemas(properties: Value) -> ToolSchemas {
-        ToolSchemas::new(&[ToolSchema { name: "f".into(), parameters: json!({"type": "object", "properties": properties}) }])
+        ToolSchemas::new(&[ToolSchema {
+            name: "f".into(),
+            parameters: json!({"type": "object", "properties": properties}),
+        }])
     }
 
     /// `text` written for a property with schema `property`.
@@ -252,13 +262,16 @@ mod tests {
         assert_eq!(tools.coerce_text("f", "other", "3"), json!("3"));
         assert_eq!(tools.coerce_text("g", "n", "3"), json!("3"));
         assert_eq!(coerce(json!({"description": "untyped"}), "3"), json!("3"));
-        let no_parameters = ToolSchemas::new(&[ToolSchema { name: "f".into(), parameters: Value::Null }]);
+        let no_parameters =
+            ToolSchemas::new(&[ToolSchema { name: "f".into(), parameters: Value::Null }]);
         assert_eq!(no_parameters.coerce_text("f", "n", "3"), json!("3"));
     }
 
     #[test]
     fn json_strings_are_read_only_where_strings_are_not_allowed() {
-        let tools = schemas(json!({"n": {"type": "integer"}, "s": {"type": ["string", "integer"]}, "u": {}}));
+        let tools = schemas(
+            json!({"n": {"type": "integer"}, "s": {"type": ["string", "integer"]}, "u": {}}),
+        );
         assert_eq!(tools.coerce_value("f", "n", json!("3")), json!(3));
         assert_eq!(tools.coerce_value("f", "n", json!("x")), json!("x"));
         assert_eq!(tools.coerce_value("f", "s", json!("3")), json!("3"));

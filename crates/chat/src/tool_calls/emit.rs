@@ -59,7 +59,8 @@ impl Emitter {
     /// Ends the open call's arguments.
     pub(super) fn close_call(&mut self) {
         let fragment = if self.has_arguments { "}" } else { "{}" };
-        self.events.push(ToolEvent::Arguments { index: self.calls, fragment: fragment.to_string() });
+        self.events
+            .push(ToolEvent::Arguments { index: self.calls, fragment: fragment.to_string() });
         self.calls += 1;
         self.after_call = true;
     }
@@ -149,6 +150,9 @@ mod tests {
         out.argument("days", &json!(3));
         out.close_call();
         let events = out.take_events();
-        assert_eq!(events[1..], [args(0, r#"{"city": "Paris \"Nord\"""#), args(0, r#", "days": 3"#), args(0, "}")]);
+        assert_eq!(
+            events[1..],
+            [args(0, r#"{"city": "Paris \"Nord\"""#), args(0, r#", "days": 3"#), args(0, "}")]
+        );
     }
 }

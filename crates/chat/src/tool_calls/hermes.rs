@@ -23,7 +23,9 @@ const CALL_CLOSE: &str = "</tool_call>";
 enum State {
     Content,
     /// Inside a block; its closing tag does not start before byte `scanned` of the pending text.
-    Block { scanned: usize },
+    Block {
+        scanned: usize,
+    },
 }
 
 #[derive(Debug)]
@@ -61,7 +63,9 @@ impl FormatParser for HermesParser {
                         self.state = State::Content;
                     }
                     None => {
-                        self.state = State::Block { scanned: partial_match_start(&self.pending, &[CALL_CLOSE]) };
+                        self.state = State::Block {
+                            scanned: partial_match_start(&self.pending, &[CALL_CLOSE]),
+                        };
                         return;
                     }
                 },
@@ -105,7 +109,10 @@ mod tests {
 
     fn parser() -> HermesParser {
         let parameters = json!({"properties": {"days": {"type": "integer"}}});
-        HermesParser::new(ToolSchemas::new(&[ToolSchema { name: "get_weather".into(), parameters }]))
+        HermesParser::new(ToolSchemas::new(&[ToolSchema {
+            name: "get_weather".into(),
+            parameters,
+        }]))
     }
 
     fn run(text: &str) -> Vec<ToolEvent> {
@@ -121,7 +128,10 @@ mod tests {
     }
 
     fn call(index: usize, name: &str, arguments: &str) -> [ToolEvent; 2] {
-        [ToolEvent::CallStart { index, name: name.into() }, ToolEvent::Arguments { index, fragment: arguments.into() }]
+        [
+            ToolEvent::CallStart { index, name: name.into() },
+            ToolEvent::Arguments { index, fragment: arguments.into() },
+        ]
     }
 
     #[test]
@@ -144,7 +154,10 @@ mod tests {
     #[test]
     fn unclosed_block_is_a_call_when_its_json_is_whole() {
         assert_eq!(run("<tool_call>\n{\"name\": \"f\"}\n</tool"), call(0, "f", "{}"));
-        assert_eq!(run("<tool_call>\n{\"name\": \"f\""), [content("<tool_call>\n{\"name\": \"f\"")]);
+        assert_eq!(
+            run("<tool_call>\n{\"name\": \"f\""),
+            [content("<tool_call>\n{\"name\": \"f\"")]
+        );
     }
 
     #[test]

@@ -55,7 +55,8 @@ mod tests {
     use serde_json::json;
 
     fn schemas() -> ToolSchemas {
-        let parameters = json!({"properties": {"days": {"type": "integer"}, "city": {"type": "string"}}});
+        let parameters =
+            json!({"properties": {"days": {"type": "integer"}, "city": {"type": "string"}}});
         ToolSchemas::new(&[ToolSchema { name: "get_weather".into(), parameters }])
     }
 
@@ -68,20 +69,32 @@ mod tests {
         let expected = Some(("get_weather".to_string(), json!({"city": "Paris"})));
         assert_eq!(call(r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#), expected);
         assert_eq!(call(r#" {"name": "get_weather", "parameters": {"city": "Paris"}} "#), expected);
-        assert_eq!(call(r#"{"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}"#), expected);
+        assert_eq!(
+            call(r#"{"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}"#),
+            expected
+        );
     }
 
     #[test]
     fn missing_arguments_are_empty() {
-        for text in [r#"{"name": "f"}"#, r#"{"name": "f", "arguments": null}"#, r#"{"name": "f", "arguments": " "}"#] {
+        for text in [
+            r#"{"name": "f"}"#,
+            r#"{"name": "f", "arguments": null}"#,
+            r#"{"name": "f", "arguments": " "}"#,
+        ] {
             assert_eq!(call(text), Some(("f".to_string(), json!({}))), "{text}");
         }
     }
 
     #[test]
     fn quoted_values_are_typed_by_schema() {
-        let parsed = call(r#"{"name": "get_weather", "arguments": {"city": "75001", "days": "3", "extra": "4"}}"#);
-        assert_eq!(parsed, Some(("get_weather".to_string(), json!({"city": "75001", "days": 3, "extra": "4"}))));
+        let parsed = call(
+            r#"{"name": "get_weather", "arguments": {"city": "75001", "days": "3", "extra": "4"}}"#,
+        );
+        assert_eq!(
+            parsed,
+            Some(("get_weather".to_string(), json!({"city": "75001", "days": 3, "extra": "4"})))
+        );
     }
 
     #[test]

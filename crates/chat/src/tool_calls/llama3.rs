@@ -55,9 +55,12 @@ impl FormatParser for Llama3Parser {
 
     fn finish(&mut self, out: &mut Emitter) {
         let pending = std::mem::take(&mut self.pending);
-        let calls = if self.mode == Mode::Calls { parse_calls(&pending, &self.schemas) } else { None };
+        let calls =
+            if self.mode == Mode::Calls { parse_calls(&pending, &self.schemas) } else { None };
         match calls {
-            Some(calls) => calls.into_iter().for_each(|call| out.whole_call(&call.name, call.arguments)),
+            Some(calls) => {
+                calls.into_iter().for_each(|call| out.whole_call(&call.name, call.arguments))
+            }
             None => out.content(&pending),
         }
     }
@@ -106,16 +109,24 @@ mod tests {
 
     #[test]
     fn calls_are_separated_by_semicolons_or_whitespace() {
-        let expected = vec![("get_weather".to_string(), json!({"days": 2})), ("now".to_string(), json!({}))];
+        let expected =
+            vec![("get_weather".to_string(), json!({"days": 2})), ("now".to_string(), json!({}))];
         let semicolons = r#"<|python_tag|>{"name": "get_weather", "parameters": {"days": "2"}}; {"name": "now", "parameters": {}};"#;
         assert_eq!(names_and_arguments(semicolons), Some(expected.clone()));
-        let lines = "\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 2}}\n{\"name\": \"now\"}\n";
+        let lines =
+            "\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 2}}\n{\"name\": \"now\"}\n";
         assert_eq!(names_and_arguments(lines), Some(expected));
     }
 
     #[test]
     fn anything_else_is_no_calls() {
-        for text in ["<|python_tag|>", "{\"name\": \"f\"} and more", "{\"name\": \"f\"} 3", "{\"x\": 1}", "{\"name\": \"f\""] {
+        for text in [
+            "<|python_tag|>",
+            "{\"name\": \"f\"} and more",
+            "{\"name\": \"f\"} 3",
+            "{\"x\": 1}",
+            "{\"name\": \"f\"",
+        ] {
             assert_eq!(names_and_arguments(text), None, "{text}");
         }
     }

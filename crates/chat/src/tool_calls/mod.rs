@@ -162,7 +162,9 @@ impl ParsedMessage {
         for event in events {
             match event {
                 ToolEvent::Content(text) => message.content.push_str(&text),
-                ToolEvent::CallStart { name, .. } => message.calls.push(ParsedCall { name, arguments: String::new() }),
+                ToolEvent::CallStart { name, .. } => {
+                    message.calls.push(ParsedCall { name, arguments: String::new() })
+                }
                 ToolEvent::Arguments { index, fragment } => {
                     if let Some(call) = message.calls.get_mut(index) {
                         call.arguments.push_str(&fragment);

@@ -5,7 +5,8 @@ use serde_json::{json, Value};
 
 use super::*;
 
-const FORMATS: [ToolCallFormat; 3] = [ToolCallFormat::QwenXml, ToolCallFormat::Hermes, ToolCallFormat::Llama3Json];
+const FORMATS: [ToolCallFormat; 3] =
+    [ToolCallFormat::QwenXml, ToolCallFormat::Hermes, ToolCallFormat::Llama3Json];
 
 #[test]
 fn names_round_trip_and_aliases_resolve() {
@@ -49,7 +50,8 @@ fn collect_folds_fragments_by_call() {
         ToolEvent::Arguments { index: 7, fragment: "ignored".into() },
     ]);
     assert_eq!(message.content, "ab");
-    let calls = [("f", "{\"x\": 1}"), ("g", "{}")].map(|(name, arguments)| ParsedCall { name: name.into(), arguments: arguments.into() });
+    let calls = [("f", "{\"x\": 1}"), ("g", "{}")]
+        .map(|(name, arguments)| ParsedCall { name: name.into(), arguments: arguments.into() });
     assert_eq!(message.calls, calls);
 }
 
@@ -74,18 +76,75 @@ impl Rng {
 /// Each format's call, cut into the pieces the generator drops or keeps.
 const SKELETONS: [&[&str]; 3] = [
     &[
-        "<tool_call>", "\n", "<function=get_weather>", "\n", "<parameter=days>", "\n3\n", "</parameter>", "\n",
-        "<parameter=city>", "{\"a\": 1}", "</parameter>", "</function>", "\n", "</tool_call>",
+        "<tool_call>",
+        "\n",
+        "<function=get_weather>",
+        "\n",
+        "<parameter=days>",
+        "\n3\n",
+        "</parameter>",
+        "\n",
+        "<parameter=city>",
+        "{\"a\": 1}",
+        "</parameter>",
+        "</function>",
+        "\n",
+        "</tool_call>",
     ],
-    &["<tool_call>", "\n", "{\"name\": \"get_weather\", ", "\"arguments\": ", "{\"days\": \"3\", \"city\": \"x\"}", "}", "\n", "</tool_call>"],
-    &["<|python_tag|>", "{\"name\": \"get_weather\", ", "\"parameters\": ", "{\"days\": 3}", "}", ";", " "],
+    &[
+        "<tool_call>",
+        "\n",
+        "{\"name\": \"get_weather\", ",
+        "\"arguments\": ",
+        "{\"days\": \"3\", \"city\": \"x\"}",
+        "}",
+        "\n",
+        "</tool_call>",
+    ],
+    &[
+        "<|python_tag|>",
+        "{\"name\": \"get_weather\", ",
+        "\"parameters\": ",
+        "{\"days\": 3}",
+        "}",
+        ";",
+        " ",
+    ],
 ];
 
 /// Loose pieces of every format's syntax, plus text that looks like values or JSON.
 const PIECES: &[&str] = &[
-    "<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", "<|python_tag|>",
-    "<tool", "</para", "<func", "get_weather", "city", "days", ">", "<", "\n", " ", ";", "{", "}", "\"", ":", ",",
-    "3", "null", "true", "[1, {\"a\": 2}]", "é", "日本", "🦀", "Paris",
+    "<tool_call>",
+    "</tool_call>",
+    "<function=",
+    "</function>",
+    "<parameter=",
+    "</parameter>",
+    "<|python_tag|>",
+    "<tool",
+    "</para",
+    "<func",
+    "get_weather",
+    "city",
+    "days",
+    ">",
+    "<",
+    "\n",
+    " ",
+    ";",
+    "{",
+    "}",
+    "\"",
+    ":",
+    ",",
+    "3",
+    "null",
+    "true",
+    "[1, {\"a\": 2}]",
+    "é",
+    "日本",
+    "🦀",
+    "Paris",
 ];
 
 /// Calls with pieces left out at random: of one format only, or of any between loose pieces.
@@ -131,7 +190,11 @@ fn assert_well_formed(events: &[ToolEvent], context: &str) {
         match event {
             ToolEvent::Content(_) => {}
             ToolEvent::CallStart { index, .. } => {
-                assert_eq!(*index, arguments.len(), "{context}: call started out of order in {events:?}");
+                assert_eq!(
+                    *index,
+                    arguments.len(),
+                    "{context}: call started out of order in {events:?}"
+                );
                 arguments.push(String::new());
             }
             ToolEvent::Arguments { index, fragment } => match arguments.get_mut(*index) {
@@ -142,7 +205,10 @@ fn assert_well_formed(events: &[ToolEvent], context: &str) {
     }
     for text in arguments {
         let parsed: Result<Value, _> = serde_json::from_str(&text);
-        assert!(matches!(parsed, Ok(Value::Object(_))), "{context}: arguments {text:?} are not one JSON object");
+        assert!(
+            matches!(parsed, Ok(Value::Object(_))),
+            "{context}: arguments {text:?} are not one JSON object"
+        );
     }
 }
 
@@ -164,7 +230,8 @@ fn random_text_never_breaks_a_format() {
             assert_well_formed(&chunked, &context);
             assert_eq!(ParsedMessage::collect(chunked), whole, "{context}: chunked differs");
             let chars: Vec<String> = text.chars().map(String::from).collect();
-            let by_char = stream(format, &tools, &chars.iter().map(String::as_str).collect::<Vec<_>>());
+            let by_char =
+                stream(format, &tools, &chars.iter().map(String::as_str).collect::<Vec<_>>());
             assert_eq!(ParsedMessage::collect(by_char), whole, "{context}: char by char differs");
         }
     }

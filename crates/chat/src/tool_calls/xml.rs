@@ -257,7 +257,10 @@ impl XmlParser {
 
 /// The earliest complete occurrence of any of `markers` in `text`: its offset and the marker.
 fn earliest(text: &str, markers: &[&'static str]) -> Option<(usize, &'static str)> {
-    markers.iter().filter_map(|&marker| Some((text.find(marker)?, marker))).min_by_key(|&(at, _)| at)
+    markers
+        .iter()
+        .filter_map(|&marker| Some((text.find(marker)?, marker)))
+        .min_by_key(|&(at, _)| at)
 }
 
 #[cfg(test)]
@@ -267,7 +270,8 @@ mod tests {
     use serde_json::json;
 
     fn parser() -> XmlParser {
-        let parameters = json!({"properties": {"city": {"type": "string"}, "days": {"type": "integer"}}});
+        let parameters =
+            json!({"properties": {"city": {"type": "string"}, "days": {"type": "integer"}}});
         XmlParser::new(ToolSchemas::new(&[ToolSchema { name: "get_weather".into(), parameters }]))
     }
 
@@ -311,13 +315,25 @@ mod tests {
     #[test]
     fn values_keep_inner_newlines_and_angle_brackets() {
         let events = run(&["<function=f>\n<parameter=code>\n\nif a < b:\n    x = '</p>'\n\n</parameter>\n</function>"]);
-        assert_eq!(events, [start(0, "f"), args(0, r#"{"code": "\nif a < b:\n    x = '</p>'\n""#), args(0, "}")]);
+        assert_eq!(
+            events,
+            [start(0, "f"), args(0, r#"{"code": "\nif a < b:\n    x = '</p>'\n""#), args(0, "}")]
+        );
     }
 
     #[test]
     fn missing_parameter_close_ends_at_next_tag() {
-        let events = run(&["<function=get_weather><parameter=city>Paris<parameter=days>2</function>"]);
-        assert_eq!(events, [start(0, "get_weather"), args(0, r#"{"city": "Paris""#), args(0, r#", "days": 2"#), args(0, "}")]);
+        let events =
+            run(&["<function=get_weather><parameter=city>Paris<parameter=days>2</function>"]);
+        assert_eq!(
+            events,
+            [
+                start(0, "get_weather"),
+                args(0, r#"{"city": "Paris""#),
+                args(0, r#", "days": 2"#),
+                args(0, "}")
+            ]
+        );
     }
 
     #[test]
@@ -328,13 +344,26 @@ mod tests {
 
     #[test]
     fn function_without_parameters_has_empty_arguments() {
-        assert_eq!(run(&["<tool_call><function=now></function></tool_call>"]), [start(0, "now"), args(0, "{}")]);
+        assert_eq!(
+            run(&["<tool_call><function=now></function></tool_call>"]),
+            [start(0, "now"), args(0, "{}")]
+        );
     }
 
     #[test]
     fn call_close_or_next_function_closes_a_function_left_open() {
         let events = run(&["<tool_call><function=a><parameter=x>1</parameter></tool_call>\nok <function=b></function>"]);
-        assert_eq!(events, [start(0, "a"), args(0, r#"{"x": "1""#), args(0, "}"), content("\nok"), start(1, "b"), args(1, "{}")]);
+        assert_eq!(
+            events,
+            [
+                start(0, "a"),
+                args(0, r#"{"x": "1""#),
+                args(0, "}"),
+                content("\nok"),
+                start(1, "b"),
+                args(1, "{}")
+            ]
+        );
         let events = run(&["<function=a><function=b>"]);
         assert_eq!(events, [start(0, "a"), args(0, "{}"), start(1, "b"), args(1, "{}")]);
     }
@@ -348,7 +377,10 @@ mod tests {
     #[test]
     fn opening_that_never_names_a_function_is_content() {
         assert_eq!(run(&["a <tool_call>\n<func"]), [content("a <tool_call>\n<func")]);
-        assert_eq!(run(&["<tool_call>{\"name\": 1}</tool_call>"]), [content("<tool_call>{\"name\": 1}</tool_call>")]);
+        assert_eq!(
+            run(&["<tool_call>{\"name\": 1}</tool_call>"]),
+            [content("<tool_call>{\"name\": 1}</tool_call>")]
+        );
         assert_eq!(run(&["x <function=\nf>"]), [content("x <function=\nf>")]);
         assert_eq!(run(&["<function=> y"]), [content("<function=> y")]);
     }

@@ -15,7 +15,12 @@ pub fn gguf_metadata(model: &str, file: &str) -> HashMap<String, Value> {
             other => panic!("{model}: {other:?}"),
         }
     };
-    assert_eq!(path.file_name().and_then(|n| n.to_str()), Some(file), "{model}: unexpected file {}", path.display());
+    assert_eq!(
+        path.file_name().and_then(|n| n.to_str()),
+        Some(file),
+        "{model}: unexpected file {}",
+        path.display()
+    );
     let mut f = std::fs::File::open(&path)
         .unwrap_or_else(|e| panic!("{}: {e}; run `spindle pull {model}` first", path.display()));
     Content::read(&mut f).unwrap_or_else(|e| panic!("{}: {e}", path.display())).metadata

@@ -6,9 +6,9 @@
 use candle_core::{Tensor, D};
 use rayon::prelude::*;
 
-use crate::BatchEntry;
 use crate::error::Result;
 use crate::layers::{self, Linear, RmsNorm, Rotary};
+use crate::BatchEntry;
 
 pub struct GatedAttention {
     /// `heads × 2 × head_dim` rows: per head, its query rows then its gate rows.
@@ -27,7 +27,14 @@ pub struct GatedAttention {
 impl GatedAttention {
     /// The batch's rows `x` (tokens × hidden), sequence `s` being rows `rows[s]` after the
     /// positions its cache holds; projections over all rows, attention per sequence.
-    pub fn forward(&self, x: &Tensor, layer: usize, rotary: &Rotary, batch: &mut [BatchEntry<'_>], rows: &[(usize, usize)]) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        layer: usize,
+        rotary: &Rotary,
+        batch: &mut [BatchEntry<'_>],
+        rows: &[(usize, usize)],
+    ) -> Result<Tensor> {
         let (tokens, hd) = (x.dim(0)?, self.head_dim);
         let q_and_gate = self.q_and_gate.forward(x)?.reshape((tokens, self.heads, 2 * hd))?;
         let gate = q_and_gate.narrow(2, hd, hd)?.reshape((tokens, self.heads * hd))?;
@@ -41,8 +48,16 @@ impl GatedAttention {
             .map(|(entry, &(first, n))| -> Result<Tensor> {
                 let start = entry.cache.len();
                 // Norm per head, then (1, heads, tokens, head_dim).
-                let q = self.q_norm.forward(&q_all.narrow(0, first, n)?)?.transpose(0, 1)?.unsqueeze(0)?;
-                let k = self.k_norm.forward(&k_all.narrow(0, first, n)?)?.transpose(0, 1)?.unsqueeze(0)?;
+                let q = self
+                    .q_norm
+                    .forward(&q_all.narrow(0, first, n)?)?
+                    .transpose(0, 1)?
+                    .unsqueeze(0)?;
+                let k = self
+                    .k_norm
+                    .forward(&k_all.narrow(0, first, n)?)?
+                    .transpose(0, 1)?
+                    .unsqueeze(0)?;
                 let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.kv_heads, hd)?;
                 let q = self.rotate(&q, rotary, start)?;
                 let k = self.rotate(&k, rotary, start)?;

@@ -96,12 +96,14 @@ fn one() -> usize {
 }
 
 /// `model_type`s of the hybrid family.
-const MODEL_TYPES: [&str; 5] = ["qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_text"];
+const MODEL_TYPES: [&str; 5] =
+    ["qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_text"];
 
 impl HybridConfig {
     /// The config when `config.json` describes a hybrid model, `None` for any other model.
     pub fn detect(text: &str) -> Result<Option<Self>> {
-        let root: Value = serde_json::from_str(text).map_err(|e| ModelError::BadConfig(e.to_string()))?;
+        let root: Value =
+            serde_json::from_str(text).map_err(|e| ModelError::BadConfig(e.to_string()))?;
         let model_type = root.get("model_type").and_then(Value::as_str).unwrap_or_default();
         if MODEL_TYPES.contains(&model_type) {
             Self::from_hf_json(text).map(Some)
@@ -111,7 +113,11 @@ impl HybridConfig {
     }
 
     /// Reads the `{arch}.*` keys llama.cpp writes for `qwen3next`, `qwen35moe` and `qwen35`.
-    pub fn from_gguf(meta: &HashMap<String, GgufValue>, vocab_size: usize, tied: bool) -> Result<Self> {
+    pub fn from_gguf(
+        meta: &HashMap<String, GgufValue>,
+        vocab_size: usize,
+        tied: bool,
+    ) -> Result<Self> {
         let arch = meta_str(meta, "general.architecture")?;
         let key = |k: &str| format!("{arch}.{k}");
         let usize_of = |k: &str| meta_usize(meta, &key(k));
@@ -121,7 +127,14 @@ impl HybridConfig {
             Some(GgufValue::Array(flags)) => Some(
                 flags
                     .iter()
-                    .map(|f| if matches!(f, GgufValue::Bool(true)) { "linear_attention" } else { "full_attention" }.to_string())
+                    .map(|f| {
+                        if matches!(f, GgufValue::Bool(true)) {
+                            "linear_attention"
+                        } else {
+                            "full_attention"
+                        }
+                        .to_string()
+                    })
                     .collect(),
             ),
             _ => None,
@@ -155,7 +168,11 @@ impl HybridConfig {
             rope_parameters: None,
             rope_theta: meta_f64(meta, &key("rope.freq_base")).ok(),
             partial_rotary_factor: Some(usize_of("rope.dimension_count")? as f64 / head_dim as f64),
-            rope_scaling: RopeScaling::from_gguf(meta, arch, usize_of("context_length").unwrap_or(default_max_positions()))?,
+            rope_scaling: RopeScaling::from_gguf(
+                meta,
+                arch,
+                usize_of("context_length").unwrap_or(default_max_positions()),
+            )?,
             tiled_value_heads: arch != "qwen3next",
         };
         cfg.validate()
@@ -174,7 +191,9 @@ impl HybridConfig {
             .unwrap_or_default()
             .to_string();
         // transformers ≥ 5 keeps the scaling in `rope_parameters`, earlier versions in `rope_scaling`.
-        if let Some(rope) = body.get("rope_parameters").or(body.get("rope_scaling")).filter(|r| !r.is_null()) {
+        if let Some(rope) =
+            body.get("rope_parameters").or(body.get("rope_scaling")).filter(|r| !r.is_null())
+        {
             cfg.rope_scaling = RopeScaling::from_hf(rope, cfg.max_position_embeddings)?;
         }
         cfg.validate()
@@ -192,10 +211,19 @@ impl HybridConfig {
             return bad("num_attention_heads is not a multiple of num_key_value_heads".into());
         }
         if self.layer_types().len() != self.num_hidden_layers {
-            return bad(format!("layer_types has {} entries for {} layers", self.layer_types().len(), self.num_hidden_layers));
+            return bad(format!(
+                "layer_types has {} entries for {} layers",
+                self.layer_types().len(),
+                self.num_hidden_layers
+            ));
         }
-        if self.num_experts > 0 && (self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts) {
-            return bad(format!("num_experts_per_tok {} with {} experts", self.num_experts_per_tok, self.num_experts));
+        if self.num_experts > 0
+            && (self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts)
+        {
+            return bad(format!(
+                "num_experts_per_tok {} with {} experts",
+                self.num_experts_per_tok, self.num_experts
+            ));
         }
         Ok(self)
     }
@@ -210,17 +238,24 @@ impl HybridConfig {
     /// default) is full attention.
     pub fn layer_types(&self) -> Vec<Mixer> {
         match &self.layer_types {
-            Some(types) => types.iter().map(|t| if t == "full_attention" { Mixer::Full } else { Mixer::Linear }).collect(),
+            Some(types) => types
+                .iter()
+                .map(|t| if t == "full_attention" { Mixer::Full } else { Mixer::Linear })
+                .collect(),
             None => {
                 let interval = self.full_attention_interval.unwrap_or(4).max(1);
-                (0..self.num_hidden_layers).map(|i| if (i + 1) % interval == 0 { Mixer::Full } else { Mixer::Linear }).collect()
+                (0..self.num_hidden_layers)
+                    .map(|i| if (i + 1) % interval == 0 { Mixer::Full } else { Mixer::Linear })
+                    .collect()
             }
         }
     }
 
     /// Whether layer `i` has routed experts (otherwise a dense MLP).
     pub fn is_moe_layer(&self, i: usize) -> bool {
-        self.num_experts > 0 && !self.mlp_only_layers.contains(&i) && (i + 1).is_multiple_of(self.decoder_sparse_step.max(1))
+        self.num_experts > 0
+            && !self.mlp_only_layers.contains(&i)
+            && (i + 1).is_multiple_of(self.decoder_sparse_step.max(1))
     }
 
     /// Qwen3.5 always renormalises the top-k router weights; Qwen3-Next when configured.
@@ -229,7 +264,11 @@ impl HybridConfig {
     }
 
     pub fn rope_theta(&self) -> f64 {
-        self.rope_parameters.as_ref().and_then(|r| r.rope_theta).or(self.rope_theta).unwrap_or(10_000.0)
+        self.rope_parameters
+            .as_ref()
+            .and_then(|r| r.rope_theta)
+            .or(self.rope_theta)
+            .unwrap_or(10_000.0)
     }
 
     /// Dimensions of each head that rotate (the rest pass through).

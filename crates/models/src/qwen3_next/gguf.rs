@@ -34,7 +34,12 @@ impl Qwen3Next {
             .map(|(i, kind)| layer(&cfg, w, i, kind))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            rotary: Rotary::new(cfg.rotary_dim(), cfg.rope_theta(), &cfg.rope_scaling, RopeStyle::Halves),
+            rotary: Rotary::new(
+                cfg.rotary_dim(),
+                cfg.rope_theta(),
+                &cfg.rope_scaling,
+                RopeStyle::Halves,
+            ),
             norm: RmsNorm::new(w.dense("output_norm.weight")?, cfg.rms_norm_eps),
             embed,
             head,
@@ -49,7 +54,9 @@ impl Qwen3Next {
 fn layer(cfg: &HybridConfig, w: &mut WeightSource, i: usize, kind: Mixer) -> Result<Layer> {
     let p = format!("blk.{i}");
     let eps = cfg.rms_norm_eps;
-    let norm = |w: &mut WeightSource, name: &str| -> Result<RmsNorm> { Ok(RmsNorm::new(w.dense(&format!("{p}.{name}.weight"))?, eps)) };
+    let norm = |w: &mut WeightSource, name: &str| -> Result<RmsNorm> {
+        Ok(RmsNorm::new(w.dense(&format!("{p}.{name}.weight"))?, eps))
+    };
     let mixer = match kind {
         Mixer::Full => TokenMixer::Full(GatedAttention {
             q_and_gate: w.linear(&format!("{p}.attn_q"))?,
@@ -75,7 +82,12 @@ fn layer(cfg: &HybridConfig, w: &mut WeightSource, i: usize, kind: Mixer) -> Res
             Activation::Silu,
         )?)
     };
-    Ok(Layer { input_norm: norm(w, "attn_norm")?, mixer, post_attention_norm: norm(w, "post_attention_norm")?, ffn })
+    Ok(Layer {
+        input_norm: norm(w, "attn_norm")?,
+        mixer,
+        post_attention_norm: norm(w, "post_attention_norm")?,
+        ffn,
+    })
 }
 
 fn delta_net(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<GatedDeltaNet> {
@@ -85,8 +97,9 @@ fn delta_net(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<GatedD
         let h = cfg.delta_net_shape().heads;
         let per_group = h.v_heads / h.k_heads;
         let rows = |offset: usize| -> Result<Tensor> {
-            let ids: Vec<u32> =
-                (0..h.k_heads).flat_map(|g| (0..per_group).map(move |r| (g * 2 * per_group + offset + r) as u32)).collect();
+            let ids: Vec<u32> = (0..h.k_heads)
+                .flat_map(|g| (0..per_group).map(move |r| (g * 2 * per_group + offset + r) as u32))
+                .collect();
             let n = ids.len();
             Ok(ba.index_select(&Tensor::from_vec(ids, n, &Device::Cpu)?, 0)?)
         };
@@ -94,10 +107,17 @@ fn delta_net(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<GatedD
     } else {
         (w.weight(&format!("{p}.ssm_beta.weight"))?, w.weight(&format!("{p}.ssm_alpha.weight"))?)
     };
-    let vector = |w: &mut WeightSource, name: &str| -> Result<Vec<f32>> { Ok(w.dense(&format!("{p}.{name}"))?.flatten_all()?.to_vec1()?) };
+    let vector = |w: &mut WeightSource, name: &str| -> Result<Vec<f32>> {
+        Ok(w.dense(&format!("{p}.{name}"))?.flatten_all()?.to_vec1()?)
+    };
     Ok(GatedDeltaNet {
         shape: cfg.delta_net_shape(),
-        in_proj: Projections::new(vec![w.weight(&format!("{p}.attn_qkv.weight"))?, w.weight(&format!("{p}.attn_gate.weight"))?, in_b, in_a])?,
+        in_proj: Projections::new(vec![
+            w.weight(&format!("{p}.attn_qkv.weight"))?,
+            w.weight(&format!("{p}.attn_gate.weight"))?,
+            in_b,
+            in_a,
+        ])?,
         conv_weight: vector(w, "ssm_conv1d.weight")?,
         neg_decay_rate: vector(w, "ssm_a")?,
         dt_bias: vector(w, "ssm_dt.bias")?,
@@ -112,7 +132,12 @@ fn moe(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<SparseMoe> {
     let down = w.weight(&format!("{p}.ffn_down_exps.weight"))?;
     let experts = (0..cfg.num_experts)
         .map(|e| {
-            GatedMlp::new(gate.expert(e)?, up.expert(e)?, Linear::new(down.expert(e)?, None)?, Activation::Silu)
+            GatedMlp::new(
+                gate.expert(e)?,
+                up.expert(e)?,
+                Linear::new(down.expert(e)?, None)?,
+                Activation::Silu,
+            )
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(SparseMoe {

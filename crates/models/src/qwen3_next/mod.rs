@@ -83,7 +83,12 @@ impl Qwen3Next {
             dense_linear(table.clone())?
         };
         Ok(Self {
-            rotary: Rotary::new(cfg.rotary_dim(), cfg.rope_theta(), &cfg.rope_scaling, RopeStyle::Halves),
+            rotary: Rotary::new(
+                cfg.rotary_dim(),
+                cfg.rope_theta(),
+                &cfg.rope_scaling,
+                RopeStyle::Halves,
+            ),
             embed: Embedding::new(Weight::Dense(table))?,
             norm: norm("norm.weight")?,
             head,
@@ -141,7 +146,10 @@ impl CausalLm for Qwen3Next {
             let h = layer.input_norm.forward(&x)?;
             let mixed = match &layer.mixer {
                 TokenMixer::Linear(net) => {
-                    let mut states = batch.iter_mut().map(|e| e.cache.linear_state(i)).collect::<Result<Vec<_>>>()?;
+                    let mut states = batch
+                        .iter_mut()
+                        .map(|e| e.cache.linear_state(i))
+                        .collect::<Result<Vec<_>>>()?;
                     net.forward(&h, &rows, &mut states)?
                 }
                 TokenMixer::Full(attn) => attn.forward(&h, i, &self.rotary, batch, &rows)?,
@@ -159,7 +167,11 @@ impl CausalLm for Qwen3Next {
 
     fn kv_shapes(&self) -> Vec<Option<KvShape>> {
         let shape = KvShape { kv_heads: self.cfg.num_key_value_heads, head_dim: self.cfg.head_dim };
-        self.cfg.layer_types().into_iter().map(|kind| (kind == Mixer::Full).then_some(shape)).collect()
+        self.cfg
+            .layer_types()
+            .into_iter()
+            .map(|kind| (kind == Mixer::Full).then_some(shape))
+            .collect()
     }
 
     fn initial_recurrent_state(&self) -> RecurrentState {
@@ -198,8 +210,16 @@ fn summary(cfg: &HybridConfig) -> TransformerConfig {
 }
 
 /// Decoder layer at `p` (`layers.3`, `mtp.layers.0`).
-fn load_layer(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str, kind: Mixer, moe: bool) -> Result<Layer> {
-    let norm = |name: &str| RmsNorm::new_offset_by_one(w.model_tensor(&format!("{p}.{name}.weight"))?, cfg.rms_norm_eps);
+fn load_layer(
+    cfg: &HybridConfig,
+    w: &SafetensorsWeights,
+    p: &str,
+    kind: Mixer,
+    moe: bool,
+) -> Result<Layer> {
+    let norm = |name: &str| {
+        RmsNorm::new_offset_by_one(w.model_tensor(&format!("{p}.{name}.weight"))?, cfg.rms_norm_eps)
+    };
     let linear = |name: &str| dense_linear(w.model_tensor(&format!("{p}.{name}.weight"))?);
     let mixer = match kind {
         Mixer::Linear => TokenMixer::Linear(load_delta_net(cfg, w, &format!("{p}.linear_attn"))?),
@@ -216,8 +236,17 @@ fn load_layer(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str, kind: Mixer, 
             rotary_dim: cfg.rotary_dim(),
         }),
     };
-    let ffn = if moe { FeedForward::Moe(load_moe(cfg, w, &format!("{p}.mlp"))?) } else { FeedForward::Dense(mlp(w, &format!("{p}.mlp"))?) };
-    Ok(Layer { input_norm: norm("input_layernorm")?, mixer, post_attention_norm: norm("post_attention_layernorm")?, ffn })
+    let ffn = if moe {
+        FeedForward::Moe(load_moe(cfg, w, &format!("{p}.mlp"))?)
+    } else {
+        FeedForward::Dense(mlp(w, &format!("{p}.mlp"))?)
+    };
+    Ok(Layer {
+        input_norm: norm("input_layernorm")?,
+        mixer,
+        post_attention_norm: norm("post_attention_layernorm")?,
+        ffn,
+    })
 }
 
 fn dense_linear(weight: Tensor) -> Result<Linear> {
@@ -226,7 +255,9 @@ fn dense_linear(weight: Tensor) -> Result<Linear> {
 
 fn mlp(w: &SafetensorsWeights, p: &str) -> Result<GatedMlp> {
     let linear = |name: &str| dense_linear(w.model_tensor(&format!("{p}.{name}.weight"))?);
-    let weight = |name: &str| -> Result<Weight> { Ok(Weight::Dense(w.model_tensor(&format!("{p}.{name}.weight"))?)) };
+    let weight = |name: &str| -> Result<Weight> {
+        Ok(Weight::Dense(w.model_tensor(&format!("{p}.{name}.weight"))?))
+    };
     GatedMlp::new(weight("gate_proj")?, weight("up_proj")?, linear("down_proj")?, Activation::Silu)
 }
 
@@ -238,7 +269,10 @@ fn load_moe(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result<Spars
         let down = w.model_tensor(&format!("{p}.experts.down_proj"))?;
         for e in 0..cfg.num_experts {
             let (both, width) = (gate_up.get(e)?, gate_up.dim(1)? / 2);
-            let (gate, up) = (Weight::Dense(both.narrow(0, 0, width)?), Weight::Dense(both.narrow(0, width, width)?));
+            let (gate, up) = (
+                Weight::Dense(both.narrow(0, 0, width)?),
+                Weight::Dense(both.narrow(0, width, width)?),
+            );
             experts.push(GatedMlp::new(gate, up, dense_linear(down.get(e)?)?, Activation::Silu)?);
         }
     } else {
@@ -246,7 +280,12 @@ fn load_moe(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result<Spars
         for e in 0..cfg.num_experts {
             let t = |name: &str| w.model_tensor(&format!("{p}.experts.{e}.{name}.weight"));
             let (gate, up) = (Weight::Dense(t("gate_proj")?), Weight::Dense(t("up_proj")?));
-            experts.push(GatedMlp::new(gate, up, dense_linear(t("down_proj")?)?, Activation::Silu)?);
+            experts.push(GatedMlp::new(
+                gate,
+                up,
+                dense_linear(t("down_proj")?)?,
+                Activation::Silu,
+            )?);
         }
     }
     Ok(SparseMoe {
@@ -265,7 +304,12 @@ fn load_delta_net(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result
     let (in_qkv, in_z, in_b, in_a) = if cfg.fused_in_projections() {
         split_fused_projections(cfg, &t("in_proj_qkvz.weight")?, &t("in_proj_ba.weight")?)?
     } else {
-        (t("in_proj_qkv.weight")?, t("in_proj_z.weight")?, t("in_proj_b.weight")?, t("in_proj_a.weight")?)
+        (
+            t("in_proj_qkv.weight")?,
+            t("in_proj_z.weight")?,
+            t("in_proj_b.weight")?,
+            t("in_proj_a.weight")?,
+        )
     };
     let a_log: Vec<f32> = t("A_log")?.to_vec1()?;
     Ok(GatedDeltaNet {
@@ -283,13 +327,19 @@ fn load_delta_net(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result
 /// Qwen3-Next's fused rows are grouped per key head: `[q, k, v…, z…]` and `[b…, a…]`, with
 /// `v_heads / k_heads` value heads per group. Regroup them into q of all heads, k of all
 /// heads, v of all heads (the convolution's channel order), and z, b, a.
-fn split_fused_projections(cfg: &HybridConfig, qkvz: &Tensor, ba: &Tensor) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+fn split_fused_projections(
+    cfg: &HybridConfig,
+    qkvz: &Tensor,
+    ba: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
     let h = cfg.delta_net_shape().heads;
     let per_group = h.v_heads / h.k_heads;
     let (dk, vz) = (h.k_dim, per_group * h.v_dim);
     let group = 2 * dk + 2 * vz;
     let rows = |offset: usize, len: usize, stride: usize| -> Result<Tensor> {
-        let ids: Vec<u32> = (0..h.k_heads).flat_map(|g| (0..len).map(move |r| (g * stride + offset + r) as u32)).collect();
+        let ids: Vec<u32> = (0..h.k_heads)
+            .flat_map(|g| (0..len).map(move |r| (g * stride + offset + r) as u32))
+            .collect();
         let n = ids.len();
         Ok(Tensor::from_vec(ids, n, &Device::Cpu)?)
     };

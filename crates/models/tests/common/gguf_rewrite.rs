@@ -25,10 +25,14 @@ pub fn rewrite_gguf(src: &Path, dst: &Path, dtype: GgmlDType) -> usize {
             let fits = dims[dims.len() - 1].is_multiple_of(dtype.block_size());
             requantized += usize::from(fits);
             let w = q.dequantize(&Device::Cpu).unwrap();
-            (name.clone(), QTensor::quantize(&w, if fits { dtype } else { GgmlDType::F32 }).unwrap())
+            (
+                name.clone(),
+                QTensor::quantize(&w, if fits { dtype } else { GgmlDType::F32 }).unwrap(),
+            )
         })
         .collect();
-    let metadata: Vec<(&str, &gguf_file::Value)> = content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let metadata: Vec<(&str, &gguf_file::Value)> =
+        content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     gguf_file::write(&mut std::fs::File::create(dst).unwrap(), &metadata, &tensors).unwrap();
     requantized

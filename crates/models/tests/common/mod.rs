@@ -64,7 +64,8 @@ pub const BF16_WEIGHTS: Tolerance = Tolerance { logprob: 0.25, near_tie: 0.16 };
 impl Reference {
     /// transformers' run of catalogue model `name`, and the GGUF it ran (pulled on first use).
     pub fn transformers(name: &str) -> (Self, PathBuf) {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/reference/transformers");
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/data/reference/transformers");
         let text = std::fs::read_to_string(root.join(format!("{name}.json"))).unwrap();
         let reference: Self = serde_json::from_str(&text).unwrap();
         assert_eq!(reference.model, name);
@@ -127,18 +128,25 @@ impl Reference {
         let (mut steps, mut worst, mut flips, mut widest_flip) = (0, 0f64, 0, 0f64);
         for g in &self.generations {
             teacher_force(model, g, |step, ours| {
-                let at = format!("{}: {what} vs {by}: prompt {:?} step {step}", self.model, g.prompt);
+                let at =
+                    format!("{}: {what} vs {by}: prompt {:?} step {step}", self.model, g.prompt);
                 let (expected, gap) = (g.top_logprobs[step][0].0, g.top2_gap[step]);
                 let top1 = argmax(ours);
                 if top1 != expected {
-                    assert!(gap <= tol.near_tie, "{at}: top-1 {top1} instead of {expected}, whose margin is {gap}");
+                    assert!(
+                        gap <= tol.near_tie,
+                        "{at}: top-1 {top1} instead of {expected}, whose margin is {gap}"
+                    );
                     flips += 1;
                     widest_flip = widest_flip.max(gap);
                 }
                 for &(id, reference) in &g.top_logprobs[step] {
                     let lp = ours[id as usize];
                     worst = worst.max((lp - reference).abs());
-                    assert!((lp - reference).abs() <= tol.logprob, "{at}: logprob of {id} is {lp} instead of {reference}");
+                    assert!(
+                        (lp - reference).abs() <= tol.logprob,
+                        "{at}: logprob of {id} is {lp} instead of {reference}"
+                    );
                 }
                 steps += 1;
             });

@@ -12,7 +12,8 @@ use std::sync::{Arc, OnceLock};
 use spindle_hub::ModelFiles;
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
-    model_fingerprint, CacheConfig, DiskConfig, Engine, EngineConfig, ModelBundle, ReasoningMode, SequenceEvent, SequenceRequest,
+    model_fingerprint, CacheConfig, DiskConfig, Engine, EngineConfig, ModelBundle, ReasoningMode,
+    SequenceEvent, SequenceRequest,
 };
 
 /// Small enough that short prompts span several chunks and blocks.
@@ -20,7 +21,8 @@ pub const PREFILL_CHUNK: usize = 32;
 pub const BLOCK_SIZE: usize = 16;
 
 pub fn smollm2_files() -> ModelFiles {
-    spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true).unwrap_or_else(|e| panic!("{e}"))
+    spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub fn smollm2() -> Arc<ModelBundle> {
@@ -33,9 +35,11 @@ pub fn hybrid() -> Arc<ModelBundle> {
     static BUNDLE: OnceLock<Arc<ModelBundle>> = OnceLock::new();
     BUNDLE
         .get_or_init(|| {
-            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe");
+            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/data/hybrid/qwen3_5_moe");
             let model = spindle_models::load_safetensors(&dir).unwrap().model;
-            let ModelBundle { tokenizer, template, .. } = ModelBundle::load(&smollm2_files()).unwrap();
+            let ModelBundle { tokenizer, template, .. } =
+                ModelBundle::load(&smollm2_files()).unwrap();
             let fingerprint = model_fingerprint(&ModelFiles::Safetensors { dir }).unwrap();
             Arc::new(ModelBundle { model, tokenizer, template, fingerprint })
         })
@@ -47,7 +51,11 @@ pub fn engine(bundle: &Arc<ModelBundle>, disk: Option<&Path>) -> Engine {
 }
 
 /// [`engine`] reading at most `orphan_prefill_tokens` of a dropped prompt while idle (0: none).
-pub fn engine_with_orphans(bundle: &Arc<ModelBundle>, disk: Option<&Path>, orphan_prefill_tokens: usize) -> Engine {
+pub fn engine_with_orphans(
+    bundle: &Arc<ModelBundle>,
+    disk: Option<&Path>,
+    orphan_prefill_tokens: usize,
+) -> Engine {
     let cache = CacheConfig {
         kv_bytes: 64 << 20,
         snapshot_bytes: 64 << 20,
@@ -55,8 +63,13 @@ pub fn engine_with_orphans(bundle: &Arc<ModelBundle>, disk: Option<&Path>, orpha
         disk: disk.map(|dir| DiskConfig { dir: dir.to_path_buf(), bytes: 1 << 30 }),
         ..CacheConfig::default()
     };
-    let config =
-        EngineConfig { max_active: 2, prefill_chunk: PREFILL_CHUNK, step_tokens: 2 * PREFILL_CHUNK, cache, orphan_prefill_tokens };
+    let config = EngineConfig {
+        max_active: 2,
+        prefill_chunk: PREFILL_CHUNK,
+        step_tokens: 2 * PREFILL_CHUNK,
+        cache,
+        orphan_prefill_tokens,
+    };
     Engine::start(bundle.clone(), config)
 }
 
@@ -65,7 +78,12 @@ pub fn greedy() -> SamplingParams {
 }
 
 pub fn seeded() -> SamplingParams {
-    SamplingParams { temperature: 0.9, seed: Some(7), top_logprobs: Some(3), ..SamplingParams::default() }
+    SamplingParams {
+        temperature: 0.9,
+        seed: Some(7),
+        top_logprobs: Some(3),
+        ..SamplingParams::default()
+    }
 }
 
 /// What a client sees of a generation, floats as bits so equality means identical bytes.
@@ -83,7 +101,13 @@ pub struct Token {
 }
 
 /// Runs one request to the end; the output and the prompt positions taken from the cache.
-pub fn run(engine: &Engine, prompt: &[u32], snapshots: &[usize], sampling: SamplingParams, context: usize) -> (Output, usize) {
+pub fn run(
+    engine: &Engine,
+    prompt: &[u32],
+    snapshots: &[usize],
+    sampling: SamplingParams,
+    context: usize,
+) -> (Output, usize) {
     let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
     engine
         .submit(SequenceRequest {
@@ -105,8 +129,13 @@ pub fn run(engine: &Engine, prompt: &[u32], snapshots: &[usize], sampling: Sampl
     loop {
         match inbox.blocking_recv().expect("the engine ends every sequence with an event") {
             SequenceEvent::Token { token, text, .. } => {
-                let top_logprobs = token.top_logprobs.iter().map(|&(id, lp)| (id, lp.to_bits())).collect();
-                output.tokens.push(Token { id: token.id, logprob: token.logprob.to_bits(), top_logprobs });
+                let top_logprobs =
+                    token.top_logprobs.iter().map(|&(id, lp)| (id, lp.to_bits())).collect();
+                output.tokens.push(Token {
+                    id: token.id,
+                    logprob: token.logprob.to_bits(),
+                    top_logprobs,
+                });
                 output.text += &text.content;
             }
             SequenceEvent::Finished(summary) => {
@@ -119,4 +148,3 @@ pub fn run(engine: &Engine, prompt: &[u32], snapshots: &[usize], sampling: Sampl
         }
     }
 }
-

@@ -11,8 +11,11 @@ const POOL_BLOCKS: usize = 24;
 const SNAPSHOT_BUDGET: usize = 100;
 const MAX_LIVE: usize = 6;
 /// Prompts start with a prefix of one of these, so that they share blocks and partial runs.
-const STEMS: [[u32; 10]; 3] =
-    [[1, 2, 3, 1, 2, 3, 1, 2, 3, 1], [1, 2, 3, 1, 3, 3, 2, 1, 1, 2], [2, 2, 1, 3, 1, 1, 2, 3, 3, 2]];
+const STEMS: [[u32; 10]; 3] = [
+    [1, 2, 3, 1, 2, 3, 1, 2, 3, 1],
+    [1, 2, 3, 1, 3, 3, 2, 1, 1, 2],
+    [2, 2, 1, 3, 1, 1, 2, 3, 3, 2],
+];
 
 /// Ways to cut prompts into chunks: 0 and 1 compute positions up to 6 alike, 2 nothing like the
 /// others.
@@ -47,7 +50,9 @@ struct Sequence {
 
 impl Sequence {
     fn keys(&self) -> Vec<u64> {
-        (1..=self.blocks.len()).map(|i| key(self.chunking, (i * BLOCK_SIZE).min(self.tokens.len()))).collect()
+        (1..=self.blocks.len())
+            .map(|i| key(self.chunking, (i * BLOCK_SIZE).min(self.tokens.len())))
+            .collect()
     }
 }
 
@@ -127,7 +132,8 @@ impl World {
             }
         }
         let resume_at = blocks.len() * BLOCK_SIZE + resumed.len();
-        let mut sequence = Sequence { tokens: tokens[..blocks.len() * BLOCK_SIZE].to_vec(), blocks, chunking };
+        let mut sequence =
+            Sequence { tokens: tokens[..blocks.len() * BLOCK_SIZE].to_vec(), blocks, chunking };
         // A resumed partial block is copied into the sequence's own first new block.
         let copied = self.extend(&mut sequence, &resumed);
         if !copied || !self.extend(&mut sequence, &tokens[resume_at..]) {
@@ -140,8 +146,12 @@ impl World {
 
     fn grow_sequence(&mut self) {
         let index = self.rng.below(self.live.len());
-        let mut sequence = std::mem::replace(&mut self.live[index], Sequence { tokens: vec![], blocks: vec![], chunking: 0 });
-        let more: Vec<u32> = (0..1 + self.rng.below(5)).map(|_| 1 + self.rng.below(3) as u32).collect();
+        let mut sequence = std::mem::replace(
+            &mut self.live[index],
+            Sequence { tokens: vec![], blocks: vec![], chunking: 0 },
+        );
+        let more: Vec<u32> =
+            (0..1 + self.rng.below(5)).map(|_| 1 + self.rng.below(3) as u32).collect();
         if self.extend(&mut sequence, &more) {
             self.insert(&sequence);
         }
@@ -151,7 +161,8 @@ impl World {
     /// Writes `more` after the sequence's tokens, allocating blocks (making room) as needed;
     /// false when the pool cannot hold them.
     fn extend(&mut self, sequence: &mut Sequence, more: &[u32]) -> bool {
-        let needed = (sequence.tokens.len() + more.len()).div_ceil(BLOCK_SIZE) - sequence.blocks.len();
+        let needed =
+            (sequence.tokens.len() + more.len()).div_ceil(BLOCK_SIZE) - sequence.blocks.len();
         if self.pool.free_blocks() < needed {
             let dropped = self.tree.make_room(&mut self.pool, needed);
             self.forget_snapshots(&dropped);
@@ -188,7 +199,13 @@ impl World {
             };
             (SnapshotId(self.next_snapshot), bytes)
         });
-        let inserted = self.tree.insert(&sequence.tokens, &sequence.keys(), &sequence.blocks, snapshot, &mut self.pool);
+        let inserted = self.tree.insert(
+            &sequence.tokens,
+            &sequence.keys(),
+            &sequence.blocks,
+            snapshot,
+            &mut self.pool,
+        );
         if inserted.snapshot_stored {
             let (id, _) = snapshot.expect("only an offered snapshot is stored");
             self.snapshots.insert(id, (sequence.tokens.clone(), sequence.chunking));
@@ -262,10 +279,18 @@ impl World {
             }
         }
         expected_snapshots.sort_by_key(|&(position, _)| std::cmp::Reverse(position));
-        let snapshot_points: Vec<_> = points.iter().filter_map(|p| Some((p.position, p.snapshot?))).collect();
-        assert_eq!(snapshot_points, expected_snapshots, "lookup {tokens:?} under chunking {chunking}");
+        let snapshot_points: Vec<_> =
+            points.iter().filter_map(|p| Some((p.position, p.snapshot?))).collect();
+        assert_eq!(
+            snapshot_points, expected_snapshots,
+            "lookup {tokens:?} under chunking {chunking}"
+        );
         if self.tree.kind() == CacheKind::AttentionOnly {
-            assert_eq!(points.first().map_or(0, |p| p.position), longest, "lookup {tokens:?} under chunking {chunking}");
+            assert_eq!(
+                points.first().map_or(0, |p| p.position),
+                longest,
+                "lookup {tokens:?} under chunking {chunking}"
+            );
         } else {
             assert_eq!(points.len(), snapshot_points.len(), "hybrid lookups return snapshots only");
         }
@@ -281,16 +306,32 @@ impl World {
                 assert_eq!(self.contents[block.0 as usize], run, "full block {i} of {point:?}");
                 let end = (i + 1) * BLOCK_SIZE;
                 let writer = self.writers[block.0 as usize];
-                assert_eq!(key(writer, end), key(chunking, end), "full block {i} of {point:?} was cut otherwise");
+                assert_eq!(
+                    key(writer, end),
+                    key(chunking, end),
+                    "full block {i} of {point:?} was cut otherwise"
+                );
             }
             assert_eq!(point.partial.is_some(), point.position > full);
             if let Some(partial) = point.partial {
                 let written = &self.contents[partial.0 as usize];
-                assert_eq!(written[..point.position - full], tokens[full..point.position], "{point:?}");
+                assert_eq!(
+                    written[..point.position - full],
+                    tokens[full..point.position],
+                    "{point:?}"
+                );
                 // A snapshot's node ends at it; a longest match's node ends where the prompt's block does.
-                let end = if point.snapshot.is_some() { point.position } else { (full + BLOCK_SIZE).min(tokens.len()) };
+                let end = if point.snapshot.is_some() {
+                    point.position
+                } else {
+                    (full + BLOCK_SIZE).min(tokens.len())
+                };
                 let writer = self.writers[partial.0 as usize];
-                assert_eq!(key(writer, end), key(chunking, end), "the partial block of {point:?} was cut otherwise");
+                assert_eq!(
+                    key(writer, end),
+                    key(chunking, end),
+                    "the partial block of {point:?} was cut otherwise"
+                );
             }
             if let Some(snapshot) = point.snapshot {
                 let (taken_after, taker) = &self.snapshots[&snapshot];
@@ -307,10 +348,20 @@ impl World {
         for node in self.tree.nodes() {
             expected[node.block.0 as usize] += 1;
             let written = &self.contents[node.block.0 as usize];
-            assert_eq!(&written[..node.tokens.len()], node.tokens, "node {:?} names another KV", node.id);
+            assert_eq!(
+                &written[..node.tokens.len()],
+                node.tokens,
+                "node {:?} names another KV",
+                node.id
+            );
             let end = node.start + node.tokens.len();
             let writer = self.writers[node.block.0 as usize];
-            assert_eq!(node.key, key(writer, end), "node {:?} names a KV computed otherwise", node.id);
+            assert_eq!(
+                node.key,
+                key(writer, end),
+                "node {:?} names a KV computed otherwise",
+                node.id
+            );
             if let Some(snapshot) = node.snapshot {
                 let (tokens, taker) = &self.snapshots[&snapshot];
                 assert_eq!(tokens, &self.path_tokens(node.id));
@@ -320,7 +371,8 @@ impl World {
         for block in self.live.iter().flat_map(|s| &s.blocks) {
             expected[block.0 as usize] += 1;
         }
-        let held: Vec<u32> = (0..POOL_BLOCKS as u32).map(|b| self.pool.holders(BlockId(b))).collect();
+        let held: Vec<u32> =
+            (0..POOL_BLOCKS as u32).map(|b| self.pool.holders(BlockId(b))).collect();
         assert_eq!(held, expected, "holders == tree references + sequence references");
         assert_eq!(self.pool.free_blocks(), held.iter().filter(|&&h| h == 0).count());
         assert_eq!(self.tree.snapshots(), self.snapshots.keys().copied().collect::<Vec<_>>());
@@ -339,7 +391,11 @@ fn run(kind: CacheKind, seed: u64) {
     let dropped = world.tree.make_room(&mut world.pool, POOL_BLOCKS);
     world.forget_snapshots(&dropped);
     world.check();
-    assert_eq!((world.pool.free_blocks(), world.tree.node_count()), (POOL_BLOCKS, 0), "everything can go");
+    assert_eq!(
+        (world.pool.free_blocks(), world.tree.node_count()),
+        (POOL_BLOCKS, 0),
+        "everything can go"
+    );
 }
 
 #[test]

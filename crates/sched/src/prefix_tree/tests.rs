@@ -64,7 +64,9 @@ type Shape = Vec<(u32, Option<u32>, Vec<u32>, u32, Option<u64>)>;
 
 fn shape(tree: &PrefixTree) -> Shape {
     tree.nodes()
-        .map(|n| (n.id.0, n.parent.map(|p| p.0), n.tokens.to_vec(), n.block.0, n.snapshot.map(|s| s.0)))
+        .map(|n| {
+            (n.id.0, n.parent.map(|p| p.0), n.tokens.to_vec(), n.block.0, n.snapshot.map(|s| s.0))
+        })
         .collect()
 }
 
@@ -73,8 +75,18 @@ fn node_keys(tree: &PrefixTree) -> Vec<u64> {
     tree.nodes().map(|n| n.key).collect()
 }
 
-fn point(position: usize, blocks: &[u32], partial: Option<u32>, snapshot: Option<u64>) -> ResumePoint {
-    ResumePoint { position, blocks: ids(blocks), partial: partial.map(BlockId), snapshot: snapshot.map(SnapshotId) }
+fn point(
+    position: usize,
+    blocks: &[u32],
+    partial: Option<u32>,
+    snapshot: Option<u64>,
+) -> ResumePoint {
+    ResumePoint {
+        position,
+        blocks: ids(blocks),
+        partial: partial.map(BlockId),
+        snapshot: snapshot.map(SnapshotId),
+    }
 }
 
 fn stored() -> Inserted {
@@ -129,7 +141,13 @@ fn insert_adopts_only_blocks_the_tree_lacks() {
 
     // The same tokens again add nothing but the snapshot.
     let third = pool.allocate(3).unwrap();
-    let inserted = insert(&mut tree, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], &third, Some((SnapshotId(7), 5)), &mut pool);
+    let inserted = insert(
+        &mut tree,
+        &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+        &third,
+        Some((SnapshotId(7), 5)),
+        &mut pool,
+    );
     assert_eq!(inserted, stored());
     assert_eq!(holders(&pool, &[0, 1, 2, 6, 7, 8]), [2, 2, 2, 1, 1, 1]);
     assert_eq!(tree.node_count(), 4);
@@ -147,7 +165,10 @@ fn a_node_keeps_its_first_snapshot() {
     let blocks = pool.allocate(1).unwrap();
     let inserted = insert(&mut tree, &[A, B], &blocks, Some((SnapshotId(99), 10)), &mut pool);
     let expected = Inserted { existing: Some(SnapshotId(2)), ..not_stored() };
-    assert_eq!(inserted, expected, "the caller drops snapshot 99's payload (or upgrades snapshot 2 with it)");
+    assert_eq!(
+        inserted, expected,
+        "the caller drops snapshot 99's payload (or upgrades snapshot 2 with it)"
+    );
     assert_eq!(tree.snapshots(), [SnapshotId(2), SnapshotId(6)]);
     assert_eq!(pool.holders(blocks[0]), 1, "the existing node kept its own block");
 }
@@ -157,7 +178,11 @@ fn attention_lookup_returns_the_longest_match_and_every_snapshot_on_the_way() {
     let (mut tree, mut pool) = doc_tree(CacheKind::AttentionOnly);
     assert_eq!(
         tree.lookup(&[A, B, C, D, E, F, G, H, 9], same),
-        [point(8, &[0, 1], None, None), point(6, &[0], Some(3), Some(6)), point(2, &[], Some(2), Some(2))],
+        [
+            point(8, &[0, 1], None, None),
+            point(6, &[0], Some(3), Some(6)),
+            point(2, &[], Some(2), Some(2))
+        ],
         "the partial siblings `a b` and `e f` are prefixes of the full path"
     );
     assert_eq!(
@@ -169,20 +194,41 @@ fn attention_lookup_returns_the_longest_match_and_every_snapshot_on_the_way() {
     // a prompt whose block ends at 6 computes it otherwise than one whose block ends at 8 or 5.
     assert_eq!(
         tree.lookup(&[A, B, C, D, E, F, G, 9], same),
-        [point(7, &[0], Some(1), None), point(6, &[0], Some(3), Some(6)), point(2, &[], Some(2), Some(2))]
+        [
+            point(7, &[0], Some(1), None),
+            point(6, &[0], Some(3), Some(6)),
+            point(2, &[], Some(2), Some(2))
+        ]
     );
-    assert_eq!(tree.lookup(&[A, B, C, D, E, 9], same), [point(5, &[0], Some(3), None), point(2, &[], Some(2), Some(2))]);
-    assert_eq!(tree.lookup(&[A, B, C], same), [point(2, &[], Some(2), Some(2))], "not `a b c d`: cut past 3");
+    assert_eq!(
+        tree.lookup(&[A, B, C, D, E, 9], same),
+        [point(5, &[0], Some(3), None), point(2, &[], Some(2), Some(2))]
+    );
+    assert_eq!(
+        tree.lookup(&[A, B, C], same),
+        [point(2, &[], Some(2), Some(2))],
+        "not `a b c d`: cut past 3"
+    );
     assert_eq!(tree.lookup(&[A, B, 9], same), [point(2, &[], Some(2), Some(2))]);
-    assert_eq!(tree.lookup(&[A, 9], same), [point(1, &[], Some(2), None)], "`a b` ends at 2 like the prompt");
+    assert_eq!(
+        tree.lookup(&[A, 9], same),
+        [point(1, &[], Some(2), None)],
+        "`a b` ends at 2 like the prompt"
+    );
     assert_eq!(tree.lookup(&[G], same), []);
     assert_eq!(tree.lookup(&[], same), [], "never position 0");
 
     // `e f` and `e g` hold the same key and both match one token: the lowest node id wins.
     let blocks = [ids(&[0]), pool.allocate(1).unwrap()].concat();
     insert(&mut tree, &[A, B, C, D, E, G], &blocks, None, &mut pool);
-    assert_eq!(tree.lookup(&[A, B, C, D, E, 9], same), [point(5, &[0], Some(3), None), point(2, &[], Some(2), Some(2))]);
-    assert_eq!(tree.lookup(&[A, B, C, D, E, G], same), [point(6, &[0], Some(5), None), point(2, &[], Some(2), Some(2))]);
+    assert_eq!(
+        tree.lookup(&[A, B, C, D, E, 9], same),
+        [point(5, &[0], Some(3), None), point(2, &[], Some(2), Some(2))]
+    );
+    assert_eq!(
+        tree.lookup(&[A, B, C, D, E, G], same),
+        [point(6, &[0], Some(5), None), point(2, &[], Some(2), Some(2))]
+    );
     tree.check_invariants(&pool);
 }
 
@@ -193,10 +239,18 @@ fn hybrid_lookup_returns_only_snapshot_points() {
     assert_eq!(tree.node_count(), 4);
     assert_eq!(
         tree.lookup(&[A, B, C, D, E, F, G, H, 9], same),
-        [point(8, &[0, 1], None, Some(8)), point(6, &[0], Some(3), Some(6)), point(2, &[], Some(2), Some(2))]
+        [
+            point(8, &[0, 1], None, Some(8)),
+            point(6, &[0], Some(3), Some(6)),
+            point(2, &[], Some(2), Some(2))
+        ]
     );
     assert_eq!(tree.lookup(&[A, B, C, D, E, 9], same), [point(2, &[], Some(2), Some(2))]);
-    assert_eq!(tree.lookup(&[A, B, C, D], same), [point(2, &[], Some(2), Some(2))], "no snapshot at 4");
+    assert_eq!(
+        tree.lookup(&[A, B, C, D], same),
+        [point(2, &[], Some(2), Some(2))],
+        "no snapshot at 4"
+    );
     assert_eq!(tree.lookup(&[A], same), []);
 }
 
@@ -209,9 +263,16 @@ fn a_block_named_by_a_partial_and_a_full_node_is_freed_when_both_go() {
     // The sequence writes on into its block, which the tree adopts again as a full node.
     insert(&mut tree, &[A, B, C, D], &block, None, &mut pool);
     assert_eq!(pool.holders(block[0]), 3);
-    assert_eq!(shape(&tree), vec![(0, None, vec![A, B], 0, None), (1, None, vec![A, B, C, D], 0, None)]);
+    assert_eq!(
+        shape(&tree),
+        vec![(0, None, vec![A, B], 0, None), (1, None, vec![A, B, C, D], 0, None)]
+    );
     pool.release(&block);
-    assert_eq!(tree.lookup(&[A, B, C, D, E], same), [point(4, &[0], None, None)], "touches node 1 only");
+    assert_eq!(
+        tree.lookup(&[A, B, C, D, E], same),
+        [point(4, &[0], None, None)],
+        "touches node 1 only"
+    );
     assert_eq!(tree.make_room(&mut pool, 1), []);
     assert_eq!(pool.free_blocks(), 1);
     assert_eq!(tree.node_count(), 0);
@@ -313,7 +374,10 @@ fn the_snapshot_budget_drops_least_recently_used_snapshots() {
     assert_eq!(offer(&mut tree, 4, 4, 101), not_stored(), "alone over the budget");
     assert_eq!(tree.snapshot_bytes(), 80);
     let fifth = offer(&mut tree, 5, 5, 100);
-    assert_eq!(fifth, Inserted { dropped_snapshots: vec![SnapshotId(1), SnapshotId(3)], ..stored() });
+    assert_eq!(
+        fifth,
+        Inserted { dropped_snapshots: vec![SnapshotId(1), SnapshotId(3)], ..stored() }
+    );
     assert_eq!(tree.node_count(), 5, "attention-only nodes stay useful without snapshots");
 }
 
@@ -344,7 +408,8 @@ fn equal_tokens_under_another_key_are_another_node() {
     tree.insert(&tokens, &keys(10, same), &first, Some((SnapshotId(1), 1)), &mut pool);
     // Cut alike in the first block only: the rest is computed again and kept beside the first.
     let second = pool.allocate(3).unwrap();
-    let inserted = tree.insert(&tokens, &keys(10, mixed), &second, Some((SnapshotId(2), 1)), &mut pool);
+    let inserted =
+        tree.insert(&tokens, &keys(10, mixed), &second, Some((SnapshotId(2), 1)), &mut pool);
     assert_eq!(inserted, stored(), "another node: its own snapshot");
     assert_eq!(
         shape(&tree),
@@ -357,7 +422,11 @@ fn equal_tokens_under_another_key_are_another_node() {
         ]
     );
     assert_eq!(node_keys(&tree), [same(4), same(8), same(10), other(8), other(10)]);
-    assert_eq!(holders(&pool, &[0, 1, 2, 3, 4, 5]), [2, 2, 2, 1, 2, 2], "block 3 is block 0 cut alike");
+    assert_eq!(
+        holders(&pool, &[0, 1, 2, 3, 4, 5]),
+        [2, 2, 2, 1, 2, 2],
+        "block 3 is block 0 cut alike"
+    );
     tree.check_invariants(&pool);
 
     // Each chunking finds its own blocks and snapshot, and nothing of a third.
@@ -365,12 +434,17 @@ fn equal_tokens_under_another_key_are_another_node() {
     assert_eq!(tree.lookup(&tokens, mixed), [point(10, &[0, 4], Some(5), Some(2))]);
     assert_eq!(tree.lookup(&tokens, other), [], "not even the first block: cut otherwise");
     let cut_after_8 = |end| if end <= 8 { mixed(end) } else { key(2, end) };
-    assert_eq!(tree.lookup(&tokens, cut_after_8), [point(8, &[0, 4], None, None)], "blocks 0 and 4, not `9 10`");
+    assert_eq!(
+        tree.lookup(&tokens, cut_after_8),
+        [point(8, &[0, 4], None, None)],
+        "blocks 0 and 4, not `9 10`"
+    );
 
     // Inserting under an existing key follows that node again.
     let blocks = [vec![BlockId(0)], pool.allocate(1).unwrap()].concat();
     pool.share(&blocks[..1]);
-    let inserted = tree.insert(&tokens[..8], &keys(8, mixed), &blocks, Some((SnapshotId(3), 1)), &mut pool);
+    let inserted =
+        tree.insert(&tokens[..8], &keys(8, mixed), &blocks, Some((SnapshotId(3), 1)), &mut pool);
     assert_eq!(inserted, stored(), "the node `5 6 7 8` under `mixed` had no snapshot");
     assert_eq!(tree.node_count(), 5);
     assert_eq!(tree.lookup(&tokens[..8], mixed), [point(8, &[0, 4], None, Some(3))]);
@@ -385,22 +459,31 @@ fn a_prompt_cut_otherwise_does_not_resume_from_snapshots_or_blocks() {
     assert_eq!(tree.lookup(&[A, B], other), []);
     // Cut alike up to 4: the snapshot at 2 and the first block, but not `e f` (snapshot 6) nor
     // `e f g h`.
-    assert_eq!(tree.lookup(&prompt, mixed), [point(4, &[0], None, None), point(2, &[], Some(2), Some(2))]);
-    assert_eq!(tree.lookup(&[A, B, C, D, E, 9], mixed), [point(4, &[0], None, None), point(2, &[], Some(2), Some(2))]);
+    assert_eq!(
+        tree.lookup(&prompt, mixed),
+        [point(4, &[0], None, None), point(2, &[], Some(2), Some(2))]
+    );
+    assert_eq!(
+        tree.lookup(&[A, B, C, D, E, 9], mixed),
+        [point(4, &[0], None, None), point(2, &[], Some(2), Some(2))]
+    );
     // The longest match only looks at nodes under the prompt's own key for that block: `a b c`
     // of a prompt ending at 3 is cut otherwise than the block `a b c d` was.
     assert_eq!(tree.lookup(&[A, B, C], same), [point(2, &[], Some(2), Some(2))]);
-    assert_eq!(tree.lookup(&[A, B, C], |end| if end == 3 { same(4) } else { same(end) }), [
-        point(3, &[], Some(0), None),
-        point(2, &[], Some(2), Some(2))
-    ]);
+    assert_eq!(
+        tree.lookup(&[A, B, C], |end| if end == 3 { same(4) } else { same(end) }),
+        [point(3, &[], Some(0), None), point(2, &[], Some(2), Some(2))]
+    );
 
     let (mut tree, _pool) = doc_tree(CacheKind::Hybrid);
-    assert_eq!(tree.lookup(&prompt, same), [
-        point(8, &[0, 1], None, Some(8)),
-        point(6, &[0], Some(3), Some(6)),
-        point(2, &[], Some(2), Some(2))
-    ]);
+    assert_eq!(
+        tree.lookup(&prompt, same),
+        [
+            point(8, &[0, 1], None, Some(8)),
+            point(6, &[0], Some(3), Some(6)),
+            point(2, &[], Some(2), Some(2))
+        ]
+    );
     assert_eq!(tree.lookup(&prompt, mixed), [point(2, &[], Some(2), Some(2))]);
     assert_eq!(tree.lookup(&prompt, other), []);
 }
@@ -417,7 +500,11 @@ fn a_snapshot_grows_within_the_budget() {
     assert_eq!(tree.resize_snapshot(SnapshotId(3), 101, &mut pool), None, "alone over the budget");
     assert_eq!(tree.resize_snapshot(SnapshotId(9), 1, &mut pool), None, "not held");
     assert_eq!(tree.snapshot_bytes(), 90);
-    assert_eq!(tree.resize_snapshot(SnapshotId(3), 50, &mut pool), Some(vec![SnapshotId(2)]), "the least recent other");
+    assert_eq!(
+        tree.resize_snapshot(SnapshotId(3), 50, &mut pool),
+        Some(vec![SnapshotId(2)]),
+        "the least recent other"
+    );
     assert_eq!((tree.snapshots(), tree.snapshot_bytes()), (vec![SnapshotId(1), SnapshotId(3)], 80));
     assert_eq!(tree.resize_snapshot(SnapshotId(1), 10, &mut pool), Some(vec![]));
     assert_eq!(tree.snapshot_bytes(), 60);

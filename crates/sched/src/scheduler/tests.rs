@@ -63,7 +63,10 @@ impl FakeRunner {
             }
         }
         for &id in &plan.decode {
-            assert_eq!(self.prefilled[&id], self.scripts[&id].uncached, "{id:?} decodes before its prompt is in");
+            assert_eq!(
+                self.prefilled[&id], self.scripts[&id].uncached,
+                "{id:?} decodes before its prompt is in"
+            );
             if self.sample(id) {
                 finished.push(id);
             }
@@ -160,12 +163,21 @@ fn chunks_fill_the_budget_left_by_decoding_in_admission_order() {
     assert_eq!(engine.step(), plan(&[(1, 8)], &[3]));
     // Sequence 1 gets one chunk per step, so sequence 2 still waits behind it.
     assert_eq!(engine.step(), plan(&[(1, 4)], &[3]));
-    assert_eq!(engine.step(), plan(&[(2, 6), (4, 1)], &[1, 3]), "1 decodes from the step after its last chunk");
+    assert_eq!(
+        engine.step(),
+        plan(&[(2, 6), (4, 1)], &[1, 3]),
+        "1 decodes from the step after its last chunk"
+    );
     assert_eq!(engine.step(), plan(&[], &[1, 2, 3, 4]));
     assert_eq!(engine.counts(), (0, 0), "all four reached EOS");
     assert_eq!(engine.step(), StepPlan::default());
     assert_eq!(
-        [engine.runner.output(1), engine.runner.output(2), engine.runner.output(3), engine.runner.output(4)],
+        [
+            engine.runner.output(1),
+            engine.runner.output(2),
+            engine.runner.output(3),
+            engine.runner.output(4)
+        ],
         [&[11, 12, EOS][..], &[21, EOS], &[31, 32, 33, EOS], &[41, EOS]]
     );
 }
@@ -186,7 +198,11 @@ fn admission_is_fifo_within_max_active_and_room() {
     assert_eq!(engine.step(), plan(&[(1, 4)], &[]));
     assert_eq!(engine.counts(), (3, 1));
     assert_eq!(engine.step(), plan(&[], &[1]));
-    assert_eq!((engine.counts(), engine.runner.free_blocks), ((3, 0), 6), "1 finished and gave its blocks back");
+    assert_eq!(
+        (engine.counts(), engine.runner.free_blocks),
+        ((3, 0), 6),
+        "1 finished and gave its blocks back"
+    );
     // Room for 2 and 3; max_active keeps 4 waiting although a block is left for it.
     assert_eq!(engine.step(), plan(&[(2, 4), (3, 4)], &[]));
     assert_eq!((engine.counts(), engine.runner.free_blocks), ((1, 2), 1));

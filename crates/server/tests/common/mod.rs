@@ -54,7 +54,8 @@ pub fn guided_schema() -> Value {
 /// The base URL of a running server for `setup`, started on first use.
 pub fn server(setup: Setup) -> String {
     static SERVERS: OnceLock<Mutex<HashMap<Setup, String>>> = OnceLock::new();
-    let mut servers = SERVERS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut servers =
+        SERVERS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
     servers.entry(setup).or_insert_with(|| start(setup)).clone()
 }
 
@@ -86,7 +87,8 @@ impl StoppableServer {
 /// [`start_with`], keeping the means to stop the server.
 pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> StoppableServer {
     let model = if setup == Setup::Qwen { "qwen2.5-coder-0.5b" } else { "smollm2-135m" };
-    let files = spindle_hub::resolve(model, &spindle_hub::spindle_home(), true).expect("pull the test model");
+    let files = spindle_hub::resolve(model, &spindle_hub::spindle_home(), true)
+        .expect("pull the test model");
     let mut bundle = spindle_runner::ModelBundle::load(&files).expect("load the test model");
     let mut config = ServerConfig {
         model_id: model.into(),
@@ -110,7 +112,9 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
         Setup::ApiKey => config.api_key = Some(API_KEY.into()),
         Setup::Tiny => (config.max_concurrent, config.max_queue) = (1, 0),
         Setup::Thinking | Setup::NoThinking => {
-            bundle.template = spindle_chat::ChatTemplate::new(THINKING_TEMPLATE, None, Some("<|im_end|>")).unwrap();
+            bundle.template =
+                spindle_chat::ChatTemplate::new(THINKING_TEMPLATE, None, Some("<|im_end|>"))
+                    .unwrap();
             config.thinking_default = setup == Setup::Thinking;
         }
         Setup::SmallContext => config.ctx_size = 64,
@@ -120,14 +124,20 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
             let bytes_per_token = config.cache.kv_bytes / config.cache.kv_tokens(&bundle);
             config.cache.kv_bytes = SMALL_KV_TOKENS * bytes_per_token;
         }
-        Setup::Qwen => (config.max_concurrent, config.max_queue, config.max_body_bytes) = (16, 64, 1024 * 1024),
+        Setup::Qwen => {
+            (config.max_concurrent, config.max_queue, config.max_body_bytes) = (16, 64, 1024 * 1024)
+        }
     }
     change(&mut config);
     let state = spindle_server::start(config, bundle);
     let (tx, rx) = std::sync::mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
         runtime.block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(format!("http://{}", listener.local_addr().unwrap())).unwrap();
@@ -146,7 +156,11 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
 /// A folder path of its own under the system's temporary folder, not created yet (the batch
 /// store creates its folder on first use, so servers that run no batch leave nothing behind).
 pub fn fresh_dir(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("spindle-test-{name}-{}-{:016x}", std::process::id(), rand::random::<u64>()))
+    std::env::temp_dir().join(format!(
+        "spindle-test-{name}-{}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ))
 }
 
 /// Generous: a burst of requests waits its turn behind the other tests' requests on 2 cores.
@@ -182,7 +196,9 @@ pub async fn post_stream(base: &str, path: &str, body: &Value) -> Vec<String> {
 
 pub fn sse_data(body: &str) -> Vec<String> {
     body.split("\n\n")
-        .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data:")).map(|d| d.trim_start().to_string()))
+        .filter_map(|event| {
+            event.lines().find_map(|l| l.strip_prefix("data:")).map(|d| d.trim_start().to_string())
+        })
         .collect()
 }
 
@@ -198,9 +214,16 @@ pub struct Streamed {
 
 pub fn parse_chat_stream(data: &[String]) -> Streamed {
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
-    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let chunks: Vec<Value> =
+        data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    let mut out = Streamed { content: String::new(), reasoning: String::new(), finish_reason: String::new(), chunks: chunks.clone(), usage: None };
+    let mut out = Streamed {
+        content: String::new(),
+        reasoning: String::new(),
+        finish_reason: String::new(),
+        chunks: chunks.clone(),
+        usage: None,
+    };
     for chunk in &chunks {
         assert_eq!(chunk["object"], "chat.completion.chunk");
         if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
