@@ -13,7 +13,7 @@ use std::sync::{mpsc, Arc};
 
 use spindle_constrain::Constraint;
 use spindle_models::BatchEntry;
-use spindle_sched::{PrefillPlan, Scheduler, SchedulerConfig, SeqId, StepPlan};
+use spindle_sched::{Scheduler, SchedulerConfig, SeqId, StepPlan};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::bundle::ModelBundle;
@@ -287,7 +287,7 @@ impl EngineState<'_> {
             }
             let len = request.prompt_ids.len();
             let plan =
-                PrefillPlan::new(len, &request.snapshot_positions, self.config.prefill_chunk);
+                self.prefix.plan(len, &request.snapshot_positions, self.config.prefill_chunk);
             if self.prefix.blocks_for(len + 1) > self.prefix.total_blocks() {
                 let message = format!(
                     "the prompt needs {} KV blocks but the cache holds {}; raise --kv-cache-memory",
@@ -354,7 +354,10 @@ impl EngineState<'_> {
             });
             match begun {
                 Ok(tokens) => jobs.push(Job { id, seq, tokens, prefill: prefill.is_some() }),
-                Err(_) => self.end(id, seq),
+                Err(_) => {
+                    seq.keep_reply(&mut self.prefix);
+                    self.end(id, seq)
+                }
             }
         }
         if jobs.is_empty() {

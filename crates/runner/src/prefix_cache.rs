@@ -2,11 +2,14 @@
 //! one pool; when a prompt reaches one of its snapshot positions (end of a chat message, end of
 //! the prompt) its blocks so far go into the prefix tree together with a snapshot: the
 //! recurrent state there (hybrid models) and, at the end of a prompt, the logits that follow.
-//! A later prompt with the same tokens and the same chunking up to such a position starts from
-//! it: the tree's blocks are shared, the partly filled last block is copied, and only the rest
-//! is prefilled. Every block goes into the tree under the chunking key of the prompt that
+//! A later prompt with the same tokens up to such a position starts from it: the tree's blocks
+//! are shared, the partly filled last block is copied, and only the rest is prefilled.
+//!
+//! On a hybrid model every block goes into the tree under the chunking key of the prompt that
 //! computed it ([`PrefillPlan::block_key`]), since other cuts round differently: a prompt only
-//! ever resumes on blocks it would have computed bit for bit itself.
+//! ever resumes on blocks it would have computed bit for bit itself. On an attention-only model
+//! the cuts change nothing, so a prompt resumes at the last position it shares with any cached
+//! prompt, and a finished reply stays cached after its prompt (see [`PrefillPlan`]).
 //!
 //! With a disk tier every snapshot kept in memory is also written to disk, and a prompt whose
 //! deepest usable snapshot is only on disk (after a restart, or after eviction) loads it into the
@@ -92,6 +95,13 @@ impl Snapshot {
     }
 }
 
+/// Where a snapshot is kept.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tiers {
+    Memory,
+    MemoryAndDisk,
+}
+
 /// A new sequence's cache, and how much of its prompt the prefix cache covered.
 pub struct Started {
     pub cache: SequenceCache,
@@ -141,6 +151,17 @@ impl PrefixCache {
             initial,
             disk,
         }
+    }
+
+    /// Whether the model has recurrent state, which decides where prompts can resume.
+    pub fn kind(&self) -> CacheKind {
+        self.tree.kind()
+    }
+
+    /// How a prompt of `len` tokens with snapshots at `snapshots` is cut into `chunk`-sized
+    /// prefill chunks on this model.
+    pub fn plan(&self, len: usize, snapshots: &[usize], chunk: usize) -> PrefillPlan {
+        PrefillPlan::for_model(self.kind(), len, snapshots, chunk)
     }
 
     pub fn total_blocks(&self) -> usize {
@@ -215,7 +236,7 @@ impl PrefixCache {
 
     /// The deepest point of the tree that `plan` continues exactly: a snapshot written under the
     /// same chunking, holding the logits if it is the end of the prompt; or, for a model without
-    /// recurrent state, the last of the plan's cuts within the longest cached match.
+    /// recurrent state, the longest cached match (short of the prompt's end).
     fn resume_point(&mut self, prompt: &[u32], plan: &PrefillPlan) -> Option<ResumePoint> {
         let points = self.tree.lookup(prompt, |end| plan.block_key(end));
         let at_snapshot = points.iter().find(|point| {
@@ -239,10 +260,10 @@ impl PrefixCache {
         }
     }
 
-    /// `longest` cut back to the last cut of `plan` within it and before the prompt's end
-    /// (which would need the logits). Attention keys and values are all a resume needs, and the
-    /// lookup matched every block there under `plan`'s chunking keys, so they are the bits a
-    /// cold prefill computes; the prompt then goes on with its own next chunk.
+    /// `longest` cut back to the last place within it and before the prompt's end (which would
+    /// need the logits) where `plan` can resume. Attention keys and values are all a resume
+    /// needs, and they are the bits a cold prefill computes under any cuts; the prompt then goes
+    /// on with its own next chunk.
     fn cut_within(&self, longest: &ResumePoint, plan: &PrefillPlan) -> Option<ResumePoint> {
         let position =
             plan.last_cut_before(longest.position.min(plan.len().saturating_sub(1)) + 1)?;
@@ -338,6 +359,23 @@ impl PrefixCache {
         plan: &PrefillPlan,
         logits: Option<&[f32]>,
     ) {
+        self.store_in(Tiers::MemoryAndDisk, tokens, cache, plan, logits);
+    }
+
+    /// [`Self::store`] in memory only: for a reply, which a client may send back soon but
+    /// which is not worth another whole copy of its prefix on disk.
+    pub fn store_in_memory(&mut self, tokens: &[u32], cache: &SequenceCache, plan: &PrefillPlan) {
+        self.store_in(Tiers::Memory, tokens, cache, plan, None);
+    }
+
+    fn store_in(
+        &mut self,
+        tiers: Tiers,
+        tokens: &[u32],
+        cache: &SequenceCache,
+        plan: &PrefillPlan,
+        logits: Option<&[f32]>,
+    ) {
         debug_assert_eq!(tokens.len(), cache.len());
         let key = plan.key(tokens.len()).expect("snapshots are stored at cuts");
         let snapshot = Snapshot {
@@ -351,7 +389,9 @@ impl PrefixCache {
             .collect();
         let keys = plan.block_keys(tokens.len(), self.pool.block_size());
         let Some(id) = self.insert(tokens, &keys, &blocks, snapshot) else { return };
-        let Some(disk) = &self.disk else { return };
+        let Some(disk) = self.disk.as_ref().filter(|_| tiers == Tiers::MemoryAndDisk) else {
+            return;
+        };
         let snapshot = &self.snapshots[&id];
         disk.save(StoredSnapshot {
             tokens: tokens.to_vec(),

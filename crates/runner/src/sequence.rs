@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 use spindle_models::SequenceCache;
-use spindle_sched::PrefillPlan;
+use spindle_sched::{CacheKind, PrefillPlan};
 
 use crate::bundle::ModelBundle;
 use crate::engine::{SequenceEvent, SequenceRequest, SequenceSummary};
@@ -30,6 +30,8 @@ pub struct Sequence {
     /// Logits for the next token, once the prompt is in.
     logits: Option<Vec<f32>>,
     generated: usize,
+    /// The generated tokens that went into the model, in order.
+    reply: Vec<u32>,
     reasoning_tokens: usize,
     /// Close-tag tokens still to force, front first.
     forcing: VecDeque<u32>,
@@ -55,6 +57,7 @@ impl Sequence {
             cached: started.cached,
             logits: started.logits,
             generated: 0,
+            reply: Vec::new(),
             reasoning_tokens: 0,
             forcing: VecDeque::new(),
             close_forced: false,
@@ -142,6 +145,20 @@ impl Sequence {
         if in_progress && !self.plan.snapshots().contains(&read) {
             prefix.store(&self.request.prompt_ids[..read], &self.cache, &self.plan, None);
         }
+    }
+
+    /// Keeps the prompt and the reply that went into the model in the prefix cache, so that a
+    /// client sending the reply back as history resumes after it. Attention-only models only:
+    /// there a decoded position's keys and values are the bits a prefill of the same tokens
+    /// computes, while a recurrent state decoded token by token rounds unlike a chunked prefill.
+    pub fn keep_reply(&self, prefix: &mut PrefixCache) {
+        let prompt = &self.request.prompt_ids;
+        let len = self.cache.len();
+        if prefix.kind() != CacheKind::AttentionOnly || len <= prompt.len() {
+            return;
+        }
+        let tokens: Vec<u32> = prompt.iter().chain(&self.reply).copied().take(len).collect();
+        prefix.store_in_memory(&tokens, &self.cache, &self.plan);
     }
 
     /// Reports a failure; the sequence is over.
@@ -252,6 +269,7 @@ impl Sequence {
             tracing::warn!("the KV cache is full: a sequence ends early; raise --kv-cache-memory");
             return Err(self.finish(FinishReason::Length));
         }
+        self.reply.push(id);
         Ok(id)
     }
 

@@ -45,6 +45,21 @@ impl Model {
         PagedKv::block_bytes(&self.bundle.model.kv_shapes(), KvType::default(), BLOCK)
     }
 
+    fn attention_only(&self) -> bool {
+        self.bundle.model.initial_recurrent_state().is_empty()
+    }
+
+    /// Where `prompt` resumes once `earlier` is cached, when the two share a snapshot at
+    /// `snapshot`: on an attention-only model wherever they part (short of `prompt`'s end, whose
+    /// logits are not cached), on a hybrid one at the snapshot.
+    fn resumes_at(&self, earlier: &[u32], prompt: &[u32], snapshot: usize) -> usize {
+        if !self.attention_only() {
+            return snapshot;
+        }
+        let shared = earlier.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        shared.min(prompt.len() - 1)
+    }
+
     /// Bytes of one end-of-prompt snapshot: the recurrent state and the logits.
     fn snapshot_bytes(&self) -> usize {
         self.bundle.model.initial_recurrent_state().bytes()
@@ -333,8 +348,10 @@ fn check_system_length(len: usize) {
 // 1. Cold vs cache hit.
 
 /// On one engine: a cold prompt; the identical prompt again (resumes at its end, from the kept
-/// logits); another user turn after the same system prompt (resumes at the system prompt); the
-/// same tokens cut into other chunks (must not resume: its chunking differs, so would its bits).
+/// logits); another user turn after the same system prompt (resumes at the system prompt, or
+/// on an attention-only model where the two part); the same tokens cut into other chunks (a
+/// hybrid model must not resume: its chunking differs, so would its bits; an attention-only one
+/// computes the same bits under any cuts and resumes at the end).
 fn check_cold_vs_cached(model: &Model, prompts: &Prompts, seed: Option<u64>, max_tokens: usize) {
     let engine = engine(model, 4, roomy(model));
     let first = prompts.request(0, seed, max_tokens);
@@ -342,12 +359,14 @@ fn check_cold_vs_cached(model: &Model, prompts: &Prompts, seed: Option<u64>, max
     let mut rechunked = other.clone();
     rechunked.snapshots = vec![10, prompts.system.len()];
     let s = prompts.system.len();
+    let other_resumes_at = model.resumes_at(&first.prompt, &other.prompt, s);
+    let rechunked_resumes_at = if model.attention_only() { other.prompt.len() } else { 0 };
     for (request, expected_cached, what) in [
         (&first, 0, "the first prompt"),
         (&first, first.prompt.len(), "the identical prompt"),
-        (&other, s, "another user turn after the cached system prompt"),
+        (&other, other_resumes_at, "another user turn after the cached system prompt"),
         (&other, other.prompt.len(), "that prompt again"),
-        (&rechunked, 0, "the same tokens with other chunk cuts"),
+        (&rechunked, rechunked_resumes_at, "the same tokens with other chunk cuts"),
     ] {
         let run = run_one(&engine, model, request);
         let what = format!("{what} (seed {seed:?})");
@@ -371,14 +390,14 @@ fn cache_hits_give_the_cold_output_on_the_hybrid_model() {
 }
 
 /// Two prompts without snapshot positions that share a long run of tokens and then differ (a
-/// changed suffix anywhere, not at a message end): on the dense model the second resumes at its
-/// last chunk cut within the shared run and gives its cold output; the hybrid model has no
-/// recurrent state there to resume from and prefills it all.
+/// changed suffix anywhere, not at a message end): on the dense model the second resumes where
+/// the shared run ends and gives its cold output; the hybrid model has no recurrent state there
+/// to resume from and prefills it all.
 #[test]
-fn a_changed_suffix_resumes_at_the_last_chunk_cut_on_an_attention_only_model() {
+fn a_changed_suffix_resumes_where_it_parts_on_an_attention_only_model() {
     let (model, hybrid_model) = (dense(), hybrid());
     let shared = ids(3 * CHUNK + 7, 3);
-    for (model, expected) in [(model, 3 * CHUNK), (hybrid_model, 0)] {
+    for (model, expected) in [(model, shared.len()), (hybrid_model, 0)] {
         let engine = engine(model, 2, roomy(model));
         let request = |tail: u32| Request {
             prompt: [shared.clone(), ids(9, tail)].concat(),
@@ -395,7 +414,7 @@ fn a_changed_suffix_resumes_at_the_last_chunk_cut_on_an_attention_only_model() {
         assert_eq!(run_one(&engine, model, &first).cached, 0);
         let run = run_one(&engine, model, &second);
         assert_eq!(run.cached, expected, "{}: cached tokens after a changed suffix", model.name);
-        assert_matches_cold(model, &run, &second, "a prompt resumed at a chunk cut");
+        assert_matches_cold(model, &run, &second, "a prompt resumed where it parts");
     }
 }
 
@@ -403,11 +422,13 @@ fn a_changed_suffix_resumes_at_the_last_chunk_cut_on_an_attention_only_model() {
 // 2. Concurrent requests on a cached system prompt.
 
 /// Warms the system prompt with one request, then sends 8 with other user turns at once: each
-/// resumes from the system prompt (so all 8 start from the same partly filled block) and must
-/// give exactly its own cold output.
+/// resumes from the system prompt (or, on an attention-only model, where it parts from the
+/// warming prompt; so all 8 start from the same partly filled block) and must give exactly its
+/// own cold output.
 fn check_concurrent_shared_prefix(model: &Model, prompts: &Prompts, max_tokens: usize) {
     let engine = engine(model, 8, roomy(model));
-    let warm = run_one(&engine, model, &prompts.request(0, None, max_tokens));
+    let warming = prompts.request(0, None, max_tokens);
+    let warm = run_one(&engine, model, &warming);
     assert_eq!(warm.cached, 0);
     let requests: Vec<Request> =
         (1..=8).map(|u| prompts.request(u, (u % 2 == 0).then_some(u as u64), max_tokens)).collect();
@@ -415,7 +436,7 @@ fn check_concurrent_shared_prefix(model: &Model, prompts: &Prompts, max_tokens: 
     for (i, (run, request)) in runs.iter().zip(&requests).enumerate() {
         assert_eq!(
             run.cached,
-            prompts.system.len(),
+            model.resumes_at(&warming.prompt, &request.prompt, prompts.system.len()),
             "{}: request {i} did not resume at the system prompt",
             model.name
         );

@@ -3,13 +3,22 @@
 //! messages, end of the prompt) — never on load, because different cuts round differently and
 //! the same request must give the same bits alone or in a crowd, cold or cached.
 //!
-//! A prompt can resume from a cached snapshot at `p` only if `p` is one of its own cuts and it
-//! would have cut `0..p` exactly as the snapshot's writer did; [`PrefillPlan::key`] names that
-//! chunking so the two can be compared.
+//! On a model with recurrent layers the cuts change the bits (the chunked delta rule rounds per
+//! chunk): a prompt can resume from a cached snapshot at `p` only if `p` is one of its own cuts
+//! and it would have cut `0..p` exactly as the snapshot's writer did; [`PrefillPlan::key`] names
+//! that chunking so the two can be compared. On an attention-only model every kernel computes a
+//! row alone and attention adds its keys in position order wherever a chunk starts, so the cuts
+//! change nothing ([`CacheKind::AttentionOnly`]): any position is a place to resume, and all keys are equal.
+
+use crate::CacheKind;
+
+/// The key of every position of an attention-only model: all chunkings compute the same bits.
+const FREE_KEY: u64 = 0;
 
 /// The chunk ends of one prompt and where it leaves snapshots.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PrefillPlan {
+    kind: CacheKind,
     chunk: usize,
     /// Requested snapshot positions within the prompt, ascending, always ending with its length.
     snapshots: Vec<usize>,
@@ -21,6 +30,11 @@ impl PrefillPlan {
     /// The plan for a prompt of `len` tokens cut every `chunk` positions and at `snapshots`
     /// (positions outside `1..=len` are ignored; `len` itself is always one).
     pub fn new(len: usize, snapshots: &[usize], chunk: usize) -> Self {
+        Self::for_model(CacheKind::Hybrid, len, snapshots, chunk)
+    }
+
+    /// [`Self::new`] for a model of `kind`: cuts change the bits only where it is hybrid.
+    pub fn for_model(kind: CacheKind, len: usize, snapshots: &[usize], chunk: usize) -> Self {
         let chunk = chunk.max(1);
         let mut wanted: Vec<usize> =
             snapshots.iter().copied().filter(|&p| p > 0 && p < len).chain([len]).collect();
@@ -34,7 +48,7 @@ impl PrefillPlan {
         ends.sort_unstable();
         ends.dedup();
         ends.retain(|&p| p > 0);
-        Self { chunk, snapshots: wanted, ends }
+        Self { kind, chunk, snapshots: wanted, ends }
     }
 
     pub fn len(&self) -> usize {
@@ -45,9 +59,15 @@ impl PrefillPlan {
         self.len() == 0
     }
 
-    /// The last cut before `p` (a position [`Self::chunks_after`] can resume from), if any.
+    /// The last position before `p` (and within the prompt) that [`Self::chunks_after`] can
+    /// resume from, if any: a cut, or on an attention-only model any position.
     pub fn last_cut_before(&self, p: usize) -> Option<usize> {
-        self.ends.iter().rev().copied().find(|&end| end < p)
+        match self.kind {
+            CacheKind::Hybrid => self.ends.iter().rev().copied().find(|&end| end < p),
+            CacheKind::AttentionOnly => {
+                Some(p.saturating_sub(1).min(self.len())).filter(|&p| p > 0)
+            }
+        }
     }
 
     /// Positions after which a snapshot is kept, ascending (the last is the prompt length).
@@ -55,13 +75,15 @@ impl PrefillPlan {
         &self.snapshots
     }
 
-    /// Sizes of the chunks that follow position `start`, which must be 0 or a chunk end.
+    /// Sizes of the chunks that follow position `start`, which must be 0 or a chunk end unless
+    /// the model is attention-only (then the rest keeps the plan's later cuts).
     ///
     /// # Panics
-    /// If `start` is neither: resuming there would cut the rest differently from a cold run.
+    /// If cuts matter and `start` is neither: resuming there would cut the rest differently from
+    /// a cold run.
     pub fn chunks_after(&self, start: usize) -> Vec<usize> {
         assert!(
-            start == 0 || self.ends.contains(&start),
+            start == 0 || self.kind == CacheKind::AttentionOnly || self.ends.contains(&start),
             "position {start} is not a cut of this prompt"
         );
         let mut previous = start;
@@ -77,7 +99,11 @@ impl PrefillPlan {
     /// prompt at `p` continues the other exactly. The cuts before `p` are the chunk multiples
     /// and the snapshot positions before it, so those name them; at a snapshot position this is
     /// the hash of the snapshot positions up to it, also when a chunk multiple falls there.
+    /// On an attention-only model every position has the one key all plans share.
     pub fn key(&self, p: usize) -> Option<u64> {
+        if self.kind == CacheKind::AttentionOnly {
+            return Some(FREE_KEY);
+        }
         if !self.ends.contains(&p) {
             return None;
         }
@@ -96,8 +122,12 @@ impl PrefillPlan {
     /// tokens hold the same bits exactly when their keys are equal too.
     ///
     /// For a full block `block_end` is its end; for the last, partly filled block of a prefix it
-    /// is the prefix's length.
+    /// is the prefix's length. On an attention-only model every block has the one key all plans
+    /// share.
     pub fn block_key(&self, block_end: usize) -> u64 {
+        if self.kind == CacheKind::AttentionOnly {
+            return FREE_KEY;
+        }
         let mut hash = Fnv::new();
         hash.write(self.chunk as u64);
         for &end in &self.ends {
@@ -241,5 +271,28 @@ mod tests {
             (1..=10).map(|i| a.block_key((i * 16).min(150))).collect::<Vec<_>>()
         );
         assert_eq!(a.block_keys(0, 16), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn attention_only_plans_resume_anywhere_under_one_key() {
+        let free = |len, snapshots: &[usize]| {
+            PrefillPlan::for_model(CacheKind::AttentionOnly, len, snapshots, 256)
+        };
+        let a = free(600, &[150]);
+        // The same chunks as a plan whose cuts matter...
+        assert_eq!(a.chunks_after(0), PrefillPlan::new(600, &[150], 256).chunks_after(0));
+        // ... but any position is a place to resume, the rest keeping the later cuts.
+        assert_eq!(a.chunks_after(79), vec![71, 106, 256, 88]);
+        assert_eq!(a.chunks_after(300), vec![212, 88]);
+        assert_eq!(a.last_cut_before(80), Some(79));
+        assert_eq!(a.last_cut_before(1), None);
+        assert_eq!(a.last_cut_before(700), Some(600));
+        // Every position and block shares one key with every other plan.
+        let b = free(300, &[17, 40]);
+        for p in [1, 16, 79, 150, 256, 300] {
+            assert_eq!(a.key(p), b.key(p));
+            assert!(a.key(p).is_some());
+            assert_eq!(a.block_key(p), b.block_key(p));
+        }
     }
 }

@@ -452,19 +452,22 @@ impl PrefixTree {
             .collect()
     }
 
-    /// Drops the least recently used snapshots other than `keep`'s until the budget holds.
+    /// Drops the least recently used snapshots other than `keep`'s until the budget holds. A
+    /// lookup touches every snapshot on its path, so a conversation's snapshots are equally
+    /// recent: among those the shallowest (its oldest turns) go first, so that each live
+    /// conversation keeps its most recent ones longest.
     fn enforce_snapshot_budget(&mut self, keep: NodeId, pool: &mut BlockPool) -> Vec<SnapshotId> {
         let mut dropped = Vec::new();
         if self.snapshot_bytes <= self.snapshot_budget_bytes {
             return dropped;
         }
-        let mut victims: Vec<(u64, NodeId)> = self
+        let mut victims: Vec<(u64, usize, NodeId)> = self
             .live_ids()
             .filter(|&id| id != keep && self.node(id).snapshot.is_some())
-            .map(|id| (self.node(id).last_used, id))
+            .map(|id| (self.node(id).last_used, self.node(id).start, id))
             .collect();
         victims.sort_unstable();
-        for (_, id) in victims {
+        for (_, _, id) in victims {
             if self.snapshot_bytes <= self.snapshot_budget_bytes {
                 break;
             }

@@ -381,6 +381,35 @@ fn the_snapshot_budget_drops_least_recently_used_snapshots() {
     assert_eq!(tree.node_count(), 5, "attention-only nodes stay useful without snapshots");
 }
 
+/// A conversation's snapshots are all touched by its latest call; when another conversation
+/// needs room, the conversation keeps its deepest (most recent) snapshots and gives up the
+/// shallow ones first, whatever slots its nodes took.
+#[test]
+fn the_snapshot_budget_keeps_the_deepest_snapshots_of_a_conversation() {
+    let mut pool = BlockPool::new(16, 4);
+    let mut tree = PrefixTree::new(4, CacheKind::Hybrid, 100);
+    let talk: Vec<u32> = (1..=16).collect();
+    let path = pool.allocate(4).unwrap();
+    let mut single = || pool.allocate(1).unwrap();
+    let (other, later, last) = (single(), single(), single());
+    insert(&mut tree, &[90], &other, Some((SnapshotId(1), 10)), &mut pool);
+    for (len, id, bytes) in [(4, 2, 30), (8, 3, 50), (12, 4, 10)] {
+        let blocks = &path[..len / 4];
+        insert(&mut tree, &talk[..len], blocks, Some((SnapshotId(id), bytes)), &mut pool);
+    }
+    // Another conversation's first call drops the oldest snapshot (and frees node 0's slot)...
+    let fifth = insert(&mut tree, &[70], &later, Some((SnapshotId(5), 10)), &mut pool);
+    assert_eq!(fifth.dropped_snapshots, [SnapshotId(1)]);
+    // ... which the conversation's next call takes for its deepest node.
+    let sixth = insert(&mut tree, &talk, &path, Some((SnapshotId(6), 10)), &mut pool);
+    assert_eq!(sixth.dropped_snapshots, [SnapshotId(5)]);
+    // A third conversation needs 40 bytes: the shallowest snapshots of the first go.
+    let seventh = insert(&mut tree, &[80], &last, Some((SnapshotId(7), 40)), &mut pool);
+    assert_eq!(seventh.dropped_snapshots, [SnapshotId(2), SnapshotId(3)]);
+    assert_eq!(tree.snapshots(), [SnapshotId(4), SnapshotId(6), SnapshotId(7)]);
+    tree.check_invariants(&pool);
+}
+
 #[test]
 fn hybrid_budget_eviction_prunes_the_nodes_it_empties() {
     let mut pool = BlockPool::new(4, 4);
