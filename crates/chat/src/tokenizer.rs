@@ -14,6 +14,9 @@ use crate::gguf_vocab::{self, VocabKind};
 pub(crate) const END_OF_TURN: [&str; 5] =
     ["<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|endoftext|>"];
 
+/// Where a token's text lies in the encoded string: `start..end` in bytes.
+pub type ByteSpan = (usize, usize);
+
 /// A model's tokenizer, from a `tokenizer.json` or a GGUF header.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -118,10 +121,7 @@ impl Tokenizer {
 
     /// [`Self::encode`] without special tokens added, and the byte span in `text` of each token
     /// (tokens of one multi-byte character share its span).
-    pub fn encode_with_spans(
-        &self,
-        text: &str,
-    ) -> Result<(Vec<u32>, Vec<(usize, usize)>), ChatError> {
+    pub fn encode_with_spans(&self, text: &str) -> Result<(Vec<u32>, Vec<ByteSpan>), ChatError> {
         let encoding = self.inner.encode(text, false)?;
         Ok((encoding.get_ids().to_vec(), encoding.get_offsets().to_vec()))
     }

@@ -86,7 +86,7 @@ fn collect(mut inbox: UnboundedReceiver<SequenceEvent>) -> Vec<(u32, u32)> {
 }
 
 fn check_burst_outgrowing_the_pool(bundle: &Arc<ModelBundle>, vocab: u32) {
-    let sampling = |i: usize| if i % 2 == 0 { greedy() } else { seeded() };
+    let sampling = |i: usize| if i.is_multiple_of(2) { greedy() } else { seeded() };
     // Room for the longest request alone, and about two and a half in all.
     let blocks = 2 * CONTEXT / BLOCK_SIZE + CONTEXT / (2 * BLOCK_SIZE);
     let shared = engine(bundle, blocks);
