@@ -1,5 +1,5 @@
 //! `spindle bench-agent`: the agent workload of `spindle-bench` (cold, warm, new-user, restart
-//! calls; concurrent bursts) against a server. With `--url` it measures any running
+//! calls; concurrent bursts), or one growing conversation, against a server. With `--url` it measures any running
 //! OpenAI-compatible server and skips the restart; otherwise it starts `spindle serve` itself,
 //! restarts it for the restart phase, and stops it at the end.
 
@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use spindle_bench::conversation::conversation;
 use spindle_bench::{report, Client, TokenCount, Workload};
 
 use crate::random_hybrid::{shape_path, HybridShape};
@@ -53,6 +54,13 @@ pub struct BenchAgentArgs {
     /// serve the cold call). Printed, so a run can be repeated.
     #[arg(long)]
     seed: Option<u64>,
+    /// Instead of the agent phases and bursts: one growing conversation of this many calls,
+    /// each adding the reply and a tool result of --turn-tokens to the previous call's messages.
+    #[arg(long, value_name = "TURNS")]
+    conversation: Option<usize>,
+    /// Tokens of each tool result in --conversation (sized like the system prompt).
+    #[arg(long, default_value_t = 1000)]
+    turn_tokens: usize,
     /// Bearer key for the server.
     #[arg(long, env = "SPINDLE_API_KEY")]
     api_key: Option<String>,
@@ -90,6 +98,18 @@ async fn bench(args: BenchAgentArgs, mut server: Option<ServerProcess>) -> anyho
         args.max_tokens,
         workload.system.len()
     );
+    if let Some(turns) = args.conversation {
+        workload.warm_up(&client).await?;
+        let turn_chars = (args.turn_tokens as f64 * workload.chars_per_token()).round() as usize;
+        let done =
+            conversation(&client, &workload.system, turns, turn_chars, args.max_tokens).await?;
+        done.iter().for_each(|t| println!("{}", report::turn_line(t)));
+        println!("{}", report::conversation_summary(&done));
+        if let Some(s) = &mut server {
+            s.stop();
+        }
+        return Ok(());
+    }
     let mut phases = workload.agent(&client).await?;
     phases.iter().for_each(|p| println!("{}", report::phase_line(p)));
     match &mut server {

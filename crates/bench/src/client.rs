@@ -133,8 +133,18 @@ impl Client {
         user: &str,
         max_tokens: u32,
     ) -> Result<Measurement, BenchError> {
+        let messages = messages(system, user);
+        self.chat_messages(&messages, max_tokens).await.map(|(measurement, _)| measurement)
+    }
+
+    /// [`Self::chat`] with the whole `messages` list given; also returns the answer text.
+    pub async fn chat_messages(
+        &self,
+        messages: &Value,
+        max_tokens: u32,
+    ) -> Result<(Measurement, String), BenchError> {
         let body = self.with_model(json!({
-            "messages": messages(system, user),
+            "messages": messages,
             "stream": true,
             "stream_options": {"include_usage": true},
             "temperature": 0,
@@ -158,7 +168,8 @@ impl Client {
         if let Some(payload) = decoder.finish() {
             tracker.on_payload(&payload, start.elapsed())?;
         }
-        tracker.finish(start.elapsed())
+        let reply = tracker.reply().to_owned();
+        Ok((tracker.finish(start.elapsed())?, reply))
     }
 }
 

@@ -11,6 +11,8 @@
 //! - **burst**: N concurrent calls sharing a warmed system prompt: errors, latency
 //!   percentiles, how many calls re-read the whole prompt, and aggregate completion tokens/s
 //!   against one call alone.
+//! - **conversation**: one growing agent conversation (each call adds the reply and a tool
+//!   result): per call the tokens read and the time to first token, and how that time grows.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), spindle_bench::BenchError> {
@@ -29,6 +31,7 @@
 //! ```
 
 mod client;
+pub mod conversation;
 mod error;
 pub mod prompt;
 pub mod report;

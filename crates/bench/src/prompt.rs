@@ -201,6 +201,18 @@ fn note(i: usize) -> String {
     format!("- `crates/{krate}/src/{module}.rs` (note {i}): {role}.\n")
 }
 
+/// What a tool returned at turn `turn` of a conversation: about `target_chars` characters of
+/// repository notes no other turn shows (a file listing, as an agent's `grep` or `ls` gives).
+pub fn tool_result(turn: usize, target_chars: usize) -> String {
+    let mut text = format!("Tool result {turn}:\n");
+    // Far apart per turn, so no two turns repeat a line.
+    let mut lines = (turn * 100_000..).map(note);
+    while text.len() < target_chars {
+        text.push_str(&lines.next().expect("notes never run out"));
+    }
+    text
+}
+
 /// The `index`-th user message: a short coding request, different for every index.
 pub fn user_message(index: usize) -> String {
     let task = TASKS[index % TASKS.len()]
@@ -235,6 +247,15 @@ mod tests {
                 "{tokens}×{cpt}: {len} chars for {target}"
             );
         }
+    }
+
+    #[test]
+    fn tool_results_are_sized_and_differ_per_turn() {
+        let (a, b) = (tool_result(1, 4000), tool_result(2, 4000));
+        assert!(a.len() >= 4000 && a.len() < 4200, "{}", a.len());
+        assert_eq!(a, tool_result(1, 4000));
+        let lines_a: std::collections::HashSet<&str> = a.lines().skip(1).collect();
+        assert!(b.lines().skip(1).all(|line| !lines_a.contains(line)), "turns share lines");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::conversation::{ttft_growth_ms_per_1k, Turn};
 use crate::stats::percentile;
 use crate::workload::{prefix_ratio, BurstRun, Phase, PhaseKind};
 
@@ -57,6 +58,34 @@ pub fn burst_line(run: &BurstRun, system_tokens: usize) -> String {
         aggregate,
         single,
         aggregate / single
+    )
+}
+
+/// `turn   3  ttft    812.4 ms  total    990.1 ms  prompt   5210  cached   4102  read   1108`
+pub fn turn_line(turn: &Turn) -> String {
+    let m = &turn.measurement;
+    format!(
+        "turn {:>3}  ttft {:>9.1} ms  total {:>9.1} ms  prompt {:>6}  cached {:>6}  read {:>6}",
+        turn.index,
+        ms(m.ttft),
+        ms(m.latency),
+        m.prompt_tokens,
+        m.cached_tokens,
+        turn.read()
+    )
+}
+
+/// Totals of a conversation, and how the time to first token grows with its length.
+pub fn conversation_summary(turns: &[Turn]) -> String {
+    let total: Duration = turns.iter().map(|t| t.measurement.latency).sum();
+    let read: u64 = turns.iter().map(|t| u64::from(t.read())).sum();
+    let prompts: u64 = turns.iter().map(|t| u64::from(t.measurement.prompt_tokens)).sum();
+    let growth = ttft_growth_ms_per_1k(turns)
+        .map_or_else(|| "n/a".to_string(), |g| format!("{g:.1} ms per 1K prompt tokens"));
+    format!(
+        "conversation: {} turns in {:.1} s, read {read} of {prompts} prompt tokens; ttft grows {growth}",
+        turns.len(),
+        total.as_secs_f64()
     )
 }
 

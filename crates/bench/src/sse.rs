@@ -68,6 +68,8 @@ pub struct ChunkInfo {
     /// A choice finished in it.
     pub finished: bool,
     pub usage: Option<Usage>,
+    /// The answer text it carries (`content` deltas).
+    pub content: String,
 }
 
 /// One payload: `[DONE]`, or a chunk.
@@ -100,6 +102,7 @@ pub fn parse_payload(payload: &str) -> Result<Payload, BenchError> {
         let tools =
             delta.get("tool_calls").and_then(|t| t.as_array()).is_some_and(|t| !t.is_empty());
         info.token |= text("content") || text("reasoning_content") || tools;
+        info.content.extend(delta.get("content").and_then(|t| t.as_str()));
         info.finished |= choice.get("finish_reason").is_some_and(|r| !r.is_null());
     }
     if let Some(usage) = value.get("usage").filter(|u| !u.is_null()) {
@@ -133,9 +136,15 @@ pub struct CallTracker {
     token_chunks: u32,
     usage: Option<Usage>,
     done: bool,
+    reply: String,
 }
 
 impl CallTracker {
+    /// The answer text so far.
+    pub fn reply(&self) -> &str {
+        &self.reply
+    }
+
     pub fn on_payload(&mut self, payload: &str, at: Duration) -> Result<(), BenchError> {
         match parse_payload(payload)? {
             Payload::Done => self.done = true,
@@ -150,6 +159,7 @@ impl CallTracker {
                 if chunk.usage.is_some() {
                     self.usage = chunk.usage;
                 }
+                self.reply += &chunk.content;
             }
         }
         Ok(())
@@ -214,7 +224,7 @@ mod tests {
         let text = r#"{"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}"#;
         assert_eq!(
             parse_payload(text).unwrap(),
-            Payload::Chunk(ChunkInfo { token: true, ..Default::default() })
+            Payload::Chunk(ChunkInfo { token: true, content: "Hi".into(), ..Default::default() })
         );
         let think = r#"{"choices":[{"delta":{"reasoning_content":"hm"}}]}"#;
         assert_eq!(

@@ -164,6 +164,11 @@ impl Workload {
         Self { salt, target_tokens, chars_per_token, max_tokens, system, system_tokens }
     }
 
+    /// Characters per token of the server's tokenizer (or the default estimate).
+    pub fn chars_per_token(&self) -> f64 {
+        self.chars_per_token
+    }
+
     /// A one-token call with an unrelated short prompt, so the first measured call pays for
     /// its prompt and not for a fresh process (weights paged in, buffers allocated). The text is
     /// long enough (~60 tokens) for a mixture of experts to touch most of its experts.

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use spindle_bench::conversation::conversation;
 use spindle_bench::{Client, PhaseKind, TokenCount, Workload};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -225,4 +226,34 @@ async fn burst_counts_errors_and_rereads() {
     // A burst's system prompt has its own salt.
     assert_ne!(bodies[0]["messages"][0]["content"], workload.system.as_str());
     assert!(bodies.iter().all(|b| b["messages"][0] == bodies[0]["messages"][0]));
+}
+
+#[tokio::test]
+async fn a_conversation_sends_each_reply_and_tool_result_back() {
+    let (url, seen) = start_mock().await;
+    let mut client = Client::new(&url, None).unwrap();
+    client.discover_model().await;
+    let turns = conversation(&client, "You are a coding agent.", 3, 400, 8).await.unwrap();
+    assert_eq!(turns.iter().map(|t| t.index).collect::<Vec<_>>(), [0, 1, 2]);
+    for t in &turns {
+        assert!(t.measurement.ttft >= FIRST_TOKEN_DELAY, "{t:?}");
+        assert_eq!((t.measurement.prompt_tokens, t.read()), (600, 600));
+    }
+    let bodies = seen.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 3);
+    for (k, body) in bodies.iter().enumerate() {
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 2 + 2 * k, "call {k}");
+        assert_eq!(messages[..2], bodies[0]["messages"].as_array().unwrap()[..]);
+        for turn in 0..k {
+            // The streamed reply ("Hel" + "lo"), then that turn's tool result.
+            assert_eq!(messages[2 + 2 * turn]["role"], "assistant");
+            assert_eq!(messages[2 + 2 * turn]["content"], "Hello");
+            let result = messages[3 + 2 * turn]["content"].as_str().unwrap();
+            assert!(result.starts_with(&format!("Tool result {turn}:")) && result.len() >= 400);
+        }
+    }
+    let summary = spindle_bench::report::conversation_summary(&turns);
+    assert!(summary.starts_with("conversation: 3 turns"), "{summary}");
+    assert!(summary.contains("read 1800 of 1800 prompt tokens"), "{summary}");
 }
