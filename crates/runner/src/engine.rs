@@ -142,6 +142,8 @@ pub struct EngineLoad {
     pub active: AtomicUsize,
     /// Prompt positions read for requests whose client had gone (kept for a retry).
     pub orphan_prefill_tokens: AtomicUsize,
+    /// Of those, positions later requests took from the prefix cache (each time they did).
+    pub orphan_tokens_reused: AtomicUsize,
     /// Sequences sent back to the queue because the KV pool ran out.
     pub preemptions: AtomicUsize,
     /// KV blocks running sequences hold (shared ones once), and blocks in the pool.
@@ -382,6 +384,8 @@ impl EngineState<'_> {
         for (mut job, logits) in jobs.into_iter().zip(logits) {
             if job.prefill && job.seq.client_gone() {
                 self.load.orphan_prefill_tokens.fetch_add(job.tokens.len(), Ordering::Relaxed);
+                let end = job.seq.cache().len();
+                self.prefix.note_orphan_read(job.seq.cache(), end - job.tokens.len(), end);
             }
             if job.prefill {
                 job.seq.end_prefill(&mut self.prefix, logits);
@@ -450,6 +454,7 @@ impl EngineState<'_> {
         self.load.kv_blocks_used.store(self.used_blocks.len(), Ordering::Relaxed);
         self.load.kv_blocks_total.store(self.prefix.total_blocks(), Ordering::Relaxed);
         self.load.snapshot_bytes.store(self.prefix.snapshot_bytes(), Ordering::Relaxed);
+        self.load.orphan_tokens_reused.store(self.prefix.orphan_tokens_reused(), Ordering::Relaxed);
     }
 
     /// Frees an ended sequence's blocks and its place in the scheduler.

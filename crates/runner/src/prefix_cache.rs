@@ -119,6 +119,11 @@ pub struct PrefixCache {
     next_snapshot: u64,
     initial: RecurrentState,
     disk: Option<DiskTier>,
+    /// Per block, the positions in it (`start..end` within the block) that were read for a
+    /// request whose client had gone; cleared when the block is allocated anew.
+    orphan_reads: HashMap<BlockId, (usize, usize)>,
+    /// Prompt positions a resume took from the cache that a dropped request had read.
+    orphan_tokens_reused: usize,
 }
 
 impl PrefixCache {
@@ -150,6 +155,8 @@ impl PrefixCache {
             next_snapshot: 0,
             initial,
             disk,
+            orphan_reads: HashMap::new(),
+            orphan_tokens_reused: 0,
         }
     }
 
@@ -228,6 +235,7 @@ impl PrefixCache {
         } else {
             self.pool.share(&blocks);
         }
+        self.count_orphan_reuse(&point);
         let ids = blocks.iter().map(|b| b.0).collect();
         let cache = SequenceCache::resume(self.kv.clone(), ids, point.position, recurrent, limit);
         let logits = logits.filter(|_| point.position == prompt.len());
@@ -347,7 +355,40 @@ impl PrefixCache {
 
     fn allocate(&mut self, n: usize) -> Result<Vec<BlockId>, PoolExhausted> {
         self.make_room(n);
-        self.pool.allocate(n)
+        let blocks = self.pool.allocate(n)?;
+        for block in &blocks {
+            self.orphan_reads.remove(block);
+        }
+        Ok(blocks)
+    }
+
+    /// Records that `cache` read positions `start..end` for a request whose client had gone.
+    pub fn note_orphan_read(&mut self, cache: &SequenceCache, start: usize, end: usize) {
+        let bs = self.pool.block_size();
+        for (index, &block) in
+            cache.blocks().iter().enumerate().take(end.div_ceil(bs)).skip(start / bs)
+        {
+            let base = index * bs;
+            let (from, to) = (start.max(base) - base, end.min(base + bs) - base);
+            let range = self.orphan_reads.entry(BlockId(block)).or_insert((from, to));
+            *range = (range.0.min(from), range.1.max(to));
+        }
+    }
+
+    /// Prompt positions resumes took from the cache that dropped requests had read.
+    pub fn orphan_tokens_reused(&self) -> usize {
+        self.orphan_tokens_reused
+    }
+
+    /// Adds the positions of `point` that a dropped request had read to the reuse count.
+    fn count_orphan_reuse(&mut self, point: &ResumePoint) {
+        let bs = self.pool.block_size();
+        let within = |block: &BlockId, end: usize| {
+            self.orphan_reads.get(block).map_or(0, |&(from, to)| to.min(end).saturating_sub(from))
+        };
+        let full: usize = point.blocks.iter().map(|block| within(block, bs)).sum();
+        let partial = point.partial.map_or(0, |block| within(&block, point.position % bs));
+        self.orphan_tokens_reused += full + partial;
     }
 
     /// Keeps the prefix `tokens` (all `cache` has processed, a cut of `plan`) with

@@ -133,6 +133,10 @@ fn check_idle_engine_finishes_the_prompt(bundle: &Arc<ModelBundle>, vocab: u32) 
     let (retried, cached) = run(&warm, &prompt, &[], greedy(), CONTEXT);
     assert_eq!(cached, prompt.len(), "the whole prompt was read while idle");
     assert_eq!(retried, cold(bundle, &prompt));
+    // Every position read after the drop was reused by the retry (published after its first
+    // step, long before its last).
+    let reused = warm.load().orphan_tokens_reused.load(Ordering::Relaxed);
+    assert_eq!(reused, orphan_tokens, "positions of the dropped prompt the retry reused");
 }
 
 #[test]

@@ -25,6 +25,7 @@ pub struct Metrics {
     /// Read speed of each request's new prompt positions.
     pub prefill_tokens_per_second: Histogram,
     orphan_prefill_tokens: Counter,
+    orphan_tokens_reused: Counter,
     snapshot_bytes: Gauge,
     queue_depth: Gauge,
     running: Gauge,
@@ -105,6 +106,7 @@ impl Default for Metrics {
         // 4 .. ~130k tokens/s, doubling.
         let prefill_tokens_per_second = Histogram::new(exponential_buckets(4.0, 2.0, 16));
         let orphan_prefill_tokens = Counter::default();
+        let orphan_tokens_reused = Counter::default();
         let snapshot_bytes = Gauge::default();
         let queue_depth = Gauge::default();
         let running = Gauge::default();
@@ -137,6 +139,11 @@ impl Default for Metrics {
             orphan_prefill_tokens.clone(),
         );
         registry.register(
+            "orphan_prefill_reused_tokens",
+            "Prompt positions read after their client gave up that later requests took from the prefix cache",
+            orphan_tokens_reused.clone(),
+        );
+        registry.register(
             "prefix_cache_snapshot_bytes",
             "Memory of prefix-cache snapshots",
             snapshot_bytes.clone(),
@@ -154,6 +161,7 @@ impl Default for Metrics {
             inter_token_latency,
             prefill_tokens_per_second,
             orphan_prefill_tokens,
+            orphan_tokens_reused,
             snapshot_bytes,
             queue_depth,
             running,
@@ -178,6 +186,10 @@ impl Metrics {
         catch_up(
             &self.orphan_prefill_tokens,
             load.orphan_prefill_tokens.load(Ordering::Relaxed) as u64,
+        );
+        catch_up(
+            &self.orphan_tokens_reused,
+            load.orphan_tokens_reused.load(Ordering::Relaxed) as u64,
         );
         self.snapshot_bytes.set(load.snapshot_bytes.load(Ordering::Relaxed) as i64);
         self.vllm.update(load, self.prompt_tokens.get(), self.cached_prompt_tokens.get());
