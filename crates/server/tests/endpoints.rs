@@ -47,6 +47,7 @@ async fn models_health_and_metrics() {
         "spindle_prefill_tokens_per_second_bucket",
         "spindle_prefix_cache_snapshot_bytes",
         "spindle_orphan_prefill_tokens_total",
+        "spindle_orphan_prefill_reused_tokens_total",
         "vllm:num_requests_waiting",
         "vllm:num_requests_running",
         "vllm:kv_cache_usage_perc",
