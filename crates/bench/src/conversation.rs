@@ -50,12 +50,14 @@ pub async fn conversation(
     Ok(done)
 }
 
-/// How the time to first token grows with the prompt: the least-squares slope in milliseconds
-/// per 1,000 prompt tokens (about 0 when each call reads only its new turn). `None` for fewer
-/// than two turns or prompts all of one length.
+/// How the time to first token grows with the prompt over the calls after the first (which
+/// reads the whole system prompt on any server): the least-squares slope in milliseconds per
+/// 1,000 prompt tokens (near 0 when each call reads only its new turn and depth costs nothing).
+/// `None` for fewer than two such calls or prompts all of one length.
 pub fn ttft_growth_ms_per_1k(turns: &[Turn]) -> Option<f64> {
     let points: Vec<(f64, f64)> = turns
         .iter()
+        .skip(1)
         .map(|t| {
             let m = &t.measurement;
             (f64::from(m.prompt_tokens) / 1000.0, m.ttft.as_secs_f64() * 1000.0)
@@ -92,11 +94,15 @@ mod tests {
         let rereads: Vec<Turn> =
             (0..4).map(|i| turn(i, 1000 * (i as u32 + 1), 0, 10_000 * (i as u64 + 1))).collect();
         assert!((ttft_growth_ms_per_1k(&rereads).unwrap() - 10_000.0).abs() < 1e-6);
-        // Reading only the new turn: flat.
-        let resumed: Vec<Turn> =
-            (0..4).map(|i| turn(i, 1000 * (i as u32 + 1), 1000 * i as u32, 10_000)).collect();
+        // Reading only the new turn after a slow cold first call: flat.
+        let resumed: Vec<Turn> = (0..4)
+            .map(|i| {
+                let ttft = if i == 0 { 30_000 } else { 1_000 };
+                turn(i, 1000 * (i as u32 + 1), 1000 * i as u32, ttft)
+            })
+            .collect();
         assert!(ttft_growth_ms_per_1k(&resumed).unwrap().abs() < 1e-6);
         assert_eq!(resumed[3].read(), 1000);
-        assert_eq!(ttft_growth_ms_per_1k(&resumed[..1]), None);
+        assert_eq!(ttft_growth_ms_per_1k(&resumed[..2]), None);
     }
 }

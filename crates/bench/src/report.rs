@@ -75,7 +75,8 @@ pub fn turn_line(turn: &Turn) -> String {
     )
 }
 
-/// Totals of a conversation, and how the time to first token grows with its length.
+/// Totals of a conversation, and how the time to first token grows with its length after the
+/// first call.
 pub fn conversation_summary(turns: &[Turn]) -> String {
     let total: Duration = turns.iter().map(|t| t.measurement.latency).sum();
     let read: u64 = turns.iter().map(|t| u64::from(t.read())).sum();
@@ -83,7 +84,7 @@ pub fn conversation_summary(turns: &[Turn]) -> String {
     let growth = ttft_growth_ms_per_1k(turns)
         .map_or_else(|| "n/a".to_string(), |g| format!("{g:.1} ms per 1K prompt tokens"));
     format!(
-        "conversation: {} turns in {:.1} s, read {read} of {prompts} prompt tokens; ttft grows {growth}",
+        "conversation: {} turns in {:.1} s, read {read} of {prompts} prompt tokens; ttft grows {growth} after the first call",
         turns.len(),
         total.as_secs_f64()
     )
