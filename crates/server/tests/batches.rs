@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{chat_body, client, fresh_dir, post, server, start_stoppable, start_with, Setup};
+use common::{
+    chat_body, client, fresh_dir, post, python_with, server, start_stoppable, start_with, Setup,
+};
 use serde_json::{json, Value};
 
 /// A multipart upload of `contents` as `purpose`.
@@ -412,28 +414,9 @@ async fn a_live_request_goes_before_the_batch_request_in_flight() {
     wait_for(&base, id, "cancelled").await;
 }
 
-/// A Python interpreter that can import `openai`.
-fn python_with_openai() -> PathBuf {
-    let venv = spindle_hub::spindle_home().join("venv-openai");
-    let python = venv.join("bin/python");
-    let ready = |p: &Path| {
-        Command::new(p).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success())
-    };
-    if !ready(&python) {
-        let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().unwrap();
-        assert!(status.success());
-        let status = Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "openai>=1.66"])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-    python
-}
-
 #[test]
 fn the_openai_python_client_runs_a_batch() {
-    let python = python_with_openai();
+    let python = python_with("import openai", "openai>=1.66");
     let base = start_with(Setup::Default, |_| {});
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_batches.py");
     let output = Command::new(python).arg(script).arg(base).output().unwrap();

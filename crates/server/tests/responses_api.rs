@@ -5,10 +5,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-use common::{client, post, server, Setup};
+use common::{client, post, python_with, server, Setup};
 use serde_json::{json, Value};
 
 const QWEN: &str = "qwen2.5-coder-0.5b";
@@ -575,34 +575,9 @@ async fn a_json_schema_text_format_shapes_the_answer() {
     assert_eq!(response["text"]["format"]["name"], "place");
 }
 
-/// A Python interpreter that can import `openai` with the Responses API.
-fn python_with_openai() -> PathBuf {
-    let venv = spindle_hub::spindle_home().join("venv-openai");
-    let python = venv.join("bin/python");
-    let ready = |p: &Path| {
-        Command::new(p)
-            .args(["-c", "from openai.resources import responses"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !ready(&python) {
-        assert!(Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .unwrap()
-            .success());
-        let install = Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "--upgrade", "openai>=1.66"])
-            .status();
-        assert!(install.unwrap().success());
-    }
-    python
-}
-
 #[test]
 fn the_official_openai_python_client_reads_responses_unchanged() {
-    let python = python_with_openai();
+    let python = python_with("from openai.resources import responses", "openai>=1.66");
     let base = server(Setup::Default);
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_responses.py");
     let output = Command::new(python).arg(script).arg(base).output().unwrap();

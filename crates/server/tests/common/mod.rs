@@ -239,3 +239,25 @@ pub fn parse_chat_stream(data: &[String]) -> Streamed {
     }
     out
 }
+
+/// The Python interpreter of `$SPINDLE_HOME/venv-openai` (where `.ci/run` installs the official
+/// clients), once it can run `check` (e.g. `import anthropic`); `requirement` is installed into it
+/// first when it cannot (the venv made first if missing).
+pub fn python_with(check: &str, requirement: &str) -> std::path::PathBuf {
+    use std::process::Command;
+    let venv = spindle_hub::spindle_home().join("venv-openai");
+    let python = venv.join("bin/python");
+    let ready =
+        Command::new(&python).args(["-c", check]).output().is_ok_and(|o| o.status.success());
+    if !ready {
+        if !python.exists() {
+            let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).status();
+            assert!(made.is_ok_and(|s| s.success()), "making the venv {} failed", venv.display());
+        }
+        let install = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--upgrade", requirement])
+            .status();
+        assert!(install.is_ok_and(|s| s.success()), "installing {requirement} failed");
+    }
+    python
+}
