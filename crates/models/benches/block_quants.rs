@@ -1,5 +1,5 @@
-//! Spindle's AVX2 kernel for Q4_1 / Q5_0 / Q5_1 against candle's (scalar) kernels for the same
-//! types, both as the server runs them: candle's through `QuantizedMatrix` (row shards on our
+//! Spindle's tile kernels for Q5_0 / Q4_1 / Q8_0 against candle's kernels for the same types,
+//! both as the server runs them: candle's through `QuantizedMatrix` (row shards on our
 //! rayon pool, candle's own pool off), ours through `BlockMatrix`. Qwen2.5-0.5B's shapes, one
 //! token (decode) and 64 (a prefill chunk); A and B alternate, medians with min and max.
 //! Run: `cargo bench -p spindle-models --bench block_quants`.
@@ -23,7 +23,7 @@ fn main() {
     let formats = [
         (GgmlDType::Q5_0, BlockFormat::Q5_0),
         (GgmlDType::Q4_1, BlockFormat::Q4_1),
-        (GgmlDType::Q5_1, BlockFormat::Q5_1),
+        (GgmlDType::Q8_0, BlockFormat::Q8_0),
     ];
     for (dtype, format) in formats {
         // Attention output (896 × 896) and the MLP's down projection (896 × 4864).
@@ -31,8 +31,7 @@ fn main() {
             let weights = Tensor::randn(0f32, 0.05, (rows, cols), &Device::Cpu).unwrap();
             let q = Arc::new(QTensor::quantize(&weights, dtype).unwrap());
             let candle = QuantizedMatrix::new(q.clone(), rayon::current_num_threads()).unwrap();
-            let ours =
-                BlockMatrix::new(format, rows, cols, q.data().unwrap().into_owned()).unwrap();
+            let ours = BlockMatrix::new(format, rows, cols, &q.data().unwrap()).unwrap();
             for tokens in [1, 64] {
                 let x = Tensor::randn(0f32, 1.0, (tokens, cols), &Device::Cpu).unwrap();
                 let products = (4096 / tokens).clamp(4, 256);

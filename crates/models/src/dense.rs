@@ -85,6 +85,28 @@ where
     Ok(Tensor::from_vec(out_t, (rows, tokens), &Device::Cpu)?.t()?.contiguous()?)
 }
 
+/// A `(tokens, rows)` output buffer that parallel tasks fill in disjoint parts.
+pub(crate) struct SharedOutput(*mut f32, usize);
+
+// SAFETY: tasks write disjoint elements (the promise of `write`), within the buffer's lifetime.
+unsafe impl Sync for SharedOutput {}
+
+impl SharedOutput {
+    pub(crate) fn new(out: &mut [f32]) -> Self {
+        Self(out.as_mut_ptr(), out.len())
+    }
+
+    /// Copies `values` to elements `at..`.
+    ///
+    /// # Safety
+    /// No other task writes these elements, and the buffer outlives every write.
+    pub(crate) unsafe fn write(&self, at: usize, values: &[f32]) {
+        assert!(at + values.len() <= self.1, "output write out of bounds");
+        // SAFETY: in bounds (checked), exclusive by the caller's promise.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.0.add(at), values.len()) };
+    }
+}
+
 /// `a · b` with `LANES` running sums (lane `i` takes elements `i, i + LANES, ...`), added up
 /// in lane order at the end, then the tail in order.
 fn dot(a: &[f32], b: &[f32]) -> f32 {

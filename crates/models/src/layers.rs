@@ -5,9 +5,9 @@
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 
+use crate::block_quants::{BlockFormat, BlockMatrix};
 use crate::dense::DenseMatrix;
 use crate::error::Result;
-use crate::legacy_quants::{BlockFormat, BlockMatrix};
 use crate::projections::Projections;
 use crate::q4_k::Q4KMatrix;
 use crate::quantized::QuantizedMatrix;
@@ -22,7 +22,8 @@ pub struct Linear {
 
 enum LinearWeight {
     Candle(QuantizedMatrix),
-    /// candle's Q4_1 / Q5_0 / Q5_1 dot products are scalar; ours are SIMD.
+    /// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 in 16-row tiles (candle's kernels for these are
+    /// scalar or slower).
     Block(BlockMatrix),
     /// Ours on CPUs with AVX-512 VNNI: ~1.27× candle's kernel per core.
     Q4K(Q4KMatrix),
@@ -36,9 +37,9 @@ impl Linear {
             Weight::Quantized(q) => {
                 let (rows, cols) = q.shape().dims2()?;
                 match q.dtype() {
-                    dtype if let Some(format) = BlockFormat::of(dtype) => LinearWeight::Block(
-                        BlockMatrix::new(format, rows, cols, q.data()?.into_owned())?,
-                    ),
+                    dtype if let Some(format) = BlockFormat::of(dtype) => {
+                        LinearWeight::Block(BlockMatrix::new(format, rows, cols, &q.data()?)?)
+                    }
                     GgmlDType::Q4K if Q4KMatrix::supported() && Q4KMatrix::fits(rows, cols) => {
                         LinearWeight::Q4K(Q4KMatrix::new(rows, cols, &q.data()?)?)
                     }

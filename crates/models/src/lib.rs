@@ -12,6 +12,7 @@
 //! # Ok(()) }
 //! ```
 
+mod block_quants;
 mod cache;
 mod config;
 mod delta_rule;
@@ -22,7 +23,6 @@ mod gemma3;
 mod isa;
 mod kv_type;
 mod layers;
-mod legacy_quants;
 mod llama;
 mod moe;
 mod paged_attention;
@@ -45,7 +45,7 @@ pub use error::{ModelError, Result};
 pub use kv_type::KvType;
 pub use paged_kv::{KvShape, PagedKv};
 // The matrix kernels, public for the benchmarks that weigh them against each other.
-pub use legacy_quants::{BlockFormat, BlockMatrix};
+pub use block_quants::{BlockFormat, BlockMatrix};
 pub use quantized::QuantizedMatrix;
 use weights::{GgufWeights, SafetensorsWeights, WeightSource};
 

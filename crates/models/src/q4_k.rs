@@ -15,7 +15,7 @@ use candle_core::{Device, Tensor};
 use half::f16;
 use rayon::prelude::*;
 
-use crate::dense::check_cols;
+use crate::dense::{check_cols, SharedOutput};
 use crate::error::{ModelError, Result};
 
 /// Values per Q4_K block (one scale and one minimum of its own, 8 sub-blocks of 32).
@@ -182,7 +182,7 @@ impl Q4KMatrix {
         let tokens = acts.tokens();
         let blocks = self.cols / BLOCK;
         let mut out = vec![0f32; tokens * self.rows];
-        let target = Output(out.as_mut_ptr());
+        let target = SharedOutput::new(&mut out);
         let tile_outputs = |tile: usize| {
             let target = &target;
             for first in (0..tokens).step_by(GROUP) {
@@ -196,14 +196,9 @@ impl Q4KMatrix {
                     &mut sums,
                 );
                 for (t, row_sums) in sums[..group].iter().enumerate() {
-                    // SAFETY: in bounds, and only this tile's task writes these 16 columns.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            row_sums.as_ptr(),
-                            target.0.add((first + t) * self.rows + tile * TILE_ROWS),
-                            TILE_ROWS,
-                        )
-                    };
+                    let at = (first + t) * self.rows + tile * TILE_ROWS;
+                    // SAFETY: only this tile's task writes these 16 columns.
+                    unsafe { target.write(at, row_sums) };
                 }
             }
         };
@@ -216,11 +211,6 @@ impl Q4KMatrix {
         Ok(Tensor::from_vec(out, (tokens, self.rows), &Device::Cpu)?)
     }
 }
-
-/// The output buffer, written by tile tasks in disjoint column ranges.
-struct Output(*mut f32);
-// SAFETY: tasks write disjoint elements, and the buffer outlives them (the scope of the loop).
-unsafe impl Sync for Output {}
 
 /// The 6-bit scale and minimum of sub-block `j` from a Q4_K block's 12 packed bytes.
 fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {

@@ -28,11 +28,14 @@ use spindle_runner::sampler::{SampledToken, SamplingParams, MAX_TOP_LOGPROBS};
 use spindle_runner::{CacheConfig, Engine, EngineConfig, Generation, ModelBundle};
 
 /// Largest difference allowed between our and llama.cpp's log-probability of a token.
-/// Measured (2026-11-23): max 0.47 (smollm2, Q4_1), 0.10 (qwen2.5, Q4_K_M), 0.46 (gemma3).
+/// Measured (2026-11-23): max 0.47 (smollm2, Q4_1), 0.10 (qwen2.5, Q4_K_M), 0.46 (gemma3);
+/// (2026-11-26, tiled block kernels): 0.27, 0.13, 0.26.
 const LOGPROB_TOLERANCE: f32 = 0.6;
-/// A top-1 difference is accepted only where the reference's own top-2 gap is below this.
-/// Measured: the largest such gap among our differing steps is 0.12 nats.
-const NEAR_TIE: f32 = 0.15;
+/// A top-1 difference is accepted only where the reference's own gap between its top-1 and
+/// ours is below this. Two tokens' log-probabilities each move by up to ~0.27 between the
+/// engines, so a lead below about twice that may flip. Measured: the largest such gap among
+/// our differing steps is 0.28 nats (gemma3, with our Q8_0 kernel; 0.12 with candle's).
+const NEAR_TIE: f32 = 0.35;
 /// Against transformers on the very weights it ran, in float32: summation-order noise only.
 /// Measured (2026-11-23, 480 values per model) at most 7.2e-5; the smallest top-1/top-2 margin
 /// in the fixtures is 5e-3, so no top-1 may differ.

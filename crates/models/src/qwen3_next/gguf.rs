@@ -73,7 +73,7 @@ fn layer(cfg: &HybridConfig, w: &mut WeightSource, i: usize, kind: Mixer) -> Res
         Mixer::Linear => TokenMixer::Linear(delta_net(cfg, w, &p)?),
     };
     let ffn = if cfg.is_moe_layer(i) {
-        FeedForward::Moe(moe(cfg, w, &p)?)
+        FeedForward::Moe(Box::new(moe(cfg, w, &p)?))
     } else {
         FeedForward::Dense(GatedMlp::new(
             w.weight(&format!("{p}.ffn_gate.weight"))?,

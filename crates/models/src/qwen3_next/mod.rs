@@ -32,7 +32,7 @@ enum TokenMixer {
 }
 
 enum FeedForward {
-    Moe(SparseMoe),
+    Moe(Box<SparseMoe>),
     Dense(GatedMlp),
 }
 
@@ -237,7 +237,7 @@ fn load_layer(
         }),
     };
     let ffn = if moe {
-        FeedForward::Moe(load_moe(cfg, w, &format!("{p}.mlp"))?)
+        FeedForward::Moe(Box::new(load_moe(cfg, w, &format!("{p}.mlp"))?))
     } else {
         FeedForward::Dense(mlp(w, &format!("{p}.mlp"))?)
     };

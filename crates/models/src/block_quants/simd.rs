@@ -1,0 +1,220 @@
+//! The tile kernels with AVX-512 VNNI and with AVX2: the same exact integer block sums as
+//! [`super::row_dot`] and the same float steps per block, so the same bits.
+
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+use super::{Activations, BlockFormat, TileLayout, BLOCK, GROUP, GROUP_BYTES, TILE_ROWS};
+
+/// [`super::Kernel::tile_dot`] with `vpdpbusd` on whole tiles.
+///
+/// # Safety
+/// The CPU has AVX-512F, AVX-512BW and AVX-512 VNNI (and F16C).
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn vnni_tile_dot(
+    format: BlockFormat,
+    layout: TileLayout,
+    tile: &[u8],
+    acts: &Activations,
+    first: usize,
+    group: usize,
+    sums: &mut [[f32; TILE_ROWS]; GROUP],
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        match group {
+            1 => vnni::<1>(format, layout, tile, acts, first, sums),
+            2 => vnni::<2>(format, layout, tile, acts, first, sums),
+            3 => vnni::<3>(format, layout, tile, acts, first, sums),
+            _ => vnni::<GROUP>(format, layout, tile, acts, first, sums),
+        }
+    }
+}
+
+/// [`super::Kernel::tile_dot`] with `vpmaddubsw` on 8-row halves.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn avx2_tile_dot(
+    format: BlockFormat,
+    layout: TileLayout,
+    tile: &[u8],
+    acts: &Activations,
+    first: usize,
+    group: usize,
+    sums: &mut [[f32; TILE_ROWS]; GROUP],
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        match group {
+            1 => avx2::<1>(format, layout, tile, acts, first, sums),
+            2 => avx2::<2>(format, layout, tile, acts, first, sums),
+            3 => avx2::<3>(format, layout, tile, acts, first, sums),
+            _ => avx2::<GROUP>(format, layout, tile, acts, first, sums),
+        }
+    }
+}
+
+/// Checks what the kernels read without bounds checks.
+fn check(layout: TileLayout, tile: &[u8], acts: &Activations, first: usize, tokens: usize) {
+    assert!(
+        tile.len() == acts.cols / BLOCK * layout.bytes && first + tokens <= acts.tokens(),
+        "tile kernel: operands do not match"
+    );
+}
+
+/// `M` tokens from `first`. Each unpacked group of weights serves all `M`; a block's products
+/// go to two integer sums per token (low and high half of the block) to keep two chains busy.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+unsafe fn vnni<const M: usize>(
+    format: BlockFormat,
+    layout: TileLayout,
+    tile: &[u8],
+    acts: &Activations,
+    first: usize,
+    sums: &mut [[f32; TILE_ROWS]; GROUP],
+) {
+    check(layout, tile, acts, first, M);
+    let (fifth, minimum, bias) = (format.has_fifth_bits(), format.has_minimum(), format.bias());
+    let low_nibbles = _mm512_set1_epi8(0x0F);
+    let bit4 = _mm512_set1_epi8(0x10);
+    let sign_bits = _mm512_set1_epi8(i8::MIN);
+    let mut acc = [_mm512_setzero_ps(); M];
+    for b in 0..acts.cols / BLOCK {
+        let tb = tile.as_ptr().add(b * layout.bytes);
+        let load = |at: usize| _mm512_loadu_si512(tb.add(at) as *const _);
+        let quants = |m: usize| acts.quants.as_ptr().add(acts.block(first + m, b) * BLOCK);
+        let broadcast = |at: *const i8| _mm512_set1_epi32((at as *const i32).read_unaligned());
+        let (mut low_sums, mut high_sums) =
+            ([_mm512_setzero_si512(); M], [_mm512_setzero_si512(); M]);
+        let bits = if fifth { load(layout.fifth_at) } else { _mm512_setzero_si512() };
+        for g in 0..4 {
+            // Values 4g..4g+4 and 16+4g..16+4g+4 of every row, as unsigned bytes.
+            let (low, high) = if format.nibbles() {
+                let w = load(g * GROUP_BYTES);
+                let mut low = _mm512_and_si512(w, low_nibbles);
+                let mut high = _mm512_and_si512(_mm512_srli_epi16::<4>(w), low_nibbles);
+                if fifth {
+                    // x | (bits & 0x10) after moving bit g (low) or 4 + g (high) to bit 4.
+                    let up = _mm512_sll_epi16(bits, _mm_cvtsi32_si128(4 - g as i32));
+                    let down = _mm512_srl_epi16(bits, _mm_cvtsi32_si128(g as i32));
+                    low = _mm512_ternarylogic_epi32::<0xF8>(low, up, bit4);
+                    high = _mm512_ternarylogic_epi32::<0xF8>(high, down, bit4);
+                }
+                (low, high)
+            } else {
+                // Signed bytes with the sign bit flipped: the value + 128.
+                let low = _mm512_xor_si512(load(g * GROUP_BYTES), sign_bits);
+                (low, _mm512_xor_si512(load((4 + g) * GROUP_BYTES), sign_bits))
+            };
+            for m in 0..M {
+                let q = quants(m).add(4 * g);
+                low_sums[m] = _mm512_dpbusd_epi32(low_sums[m], low, broadcast(q));
+                high_sums[m] = _mm512_dpbusd_epi32(high_sums[m], high, broadcast(q.add(16)));
+            }
+        }
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(tb.add(layout.scales_at) as *const _));
+        let minima = if minimum {
+            _mm512_cvtph_ps(_mm256_loadu_si256(tb.add(layout.minima_at) as *const _))
+        } else {
+            _mm512_setzero_ps()
+        };
+        for m in 0..M {
+            let at = acts.block(first + m, b);
+            let dot = _mm512_sub_epi32(
+                _mm512_add_epi32(low_sums[m], high_sums[m]),
+                _mm512_set1_epi32(bias * acts.sums[at]),
+            );
+            let scale = _mm512_mul_ps(d, _mm512_set1_ps(acts.d[at]));
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[m]);
+            if minimum {
+                acc[m] = _mm512_fmadd_ps(minima, _mm512_set1_ps(acts.s[at]), acc[m]);
+            }
+        }
+    }
+    for m in 0..M {
+        _mm512_storeu_ps(sums[m].as_mut_ptr(), acc[m]);
+    }
+}
+
+/// `M` tokens from `first`, rows 0..8 then 8..16. `vpmaddubsw` adds pairs of unsigned × signed
+/// byte products into 16 bits, exact here: nibble quants are below 32, and Q8_0's signed
+/// weights lend their sign to the activations (|w| ≤ 128, |a| ≤ 127).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2<const M: usize>(
+    format: BlockFormat,
+    layout: TileLayout,
+    tile: &[u8],
+    acts: &Activations,
+    first: usize,
+    sums: &mut [[f32; TILE_ROWS]; GROUP],
+) {
+    check(layout, tile, acts, first, M);
+    let (fifth, minimum) = (format.has_fifth_bits(), format.has_minimum());
+    let bias = if format.nibbles() { format.bias() } else { 0 };
+    let low_nibbles = _mm256_set1_epi8(0x0F);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let ones = _mm256_set1_epi16(1);
+    for half in 0..2 {
+        let rows_at = half * GROUP_BYTES / 2;
+        let mut acc = [_mm256_setzero_ps(); M];
+        for b in 0..acts.cols / BLOCK {
+            let tb = tile.as_ptr().add(b * layout.bytes);
+            let load = |at: usize| _mm256_loadu_si256(tb.add(at + rows_at) as *const _);
+            let quants = |m: usize| acts.quants.as_ptr().add(acts.block(first + m, b) * BLOCK);
+            let broadcast = |at: *const i8| _mm256_set1_epi32((at as *const i32).read_unaligned());
+            let mut dots = [_mm256_setzero_si256(); M];
+            if format.nibbles() {
+                let bits = if fifth { load(layout.fifth_at) } else { _mm256_setzero_si256() };
+                for g in 0..4 {
+                    let w = load(g * GROUP_BYTES);
+                    let mut low = _mm256_and_si256(w, low_nibbles);
+                    let mut high = _mm256_and_si256(_mm256_srli_epi16::<4>(w), low_nibbles);
+                    if fifth {
+                        let up = _mm256_sll_epi16(bits, _mm_cvtsi32_si128(4 - g as i32));
+                        let down = _mm256_srl_epi16(bits, _mm_cvtsi32_si128(g as i32));
+                        low = _mm256_or_si256(low, _mm256_and_si256(up, bit4));
+                        high = _mm256_or_si256(high, _mm256_and_si256(down, bit4));
+                    }
+                    for (m, dot) in dots.iter_mut().enumerate() {
+                        let q = quants(m).add(4 * g);
+                        let pairs = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(low, broadcast(q)),
+                            _mm256_maddubs_epi16(high, broadcast(q.add(16))),
+                        );
+                        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+            } else {
+                for g in 0..8 {
+                    let w = load(g * GROUP_BYTES);
+                    let magnitudes = _mm256_sign_epi8(w, w);
+                    for (m, dot) in dots.iter_mut().enumerate() {
+                        let signed = _mm256_sign_epi8(broadcast(quants(m).add(4 * g)), w);
+                        let pairs = _mm256_maddubs_epi16(magnitudes, signed);
+                        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+            }
+            let scales_of = |at: usize| {
+                _mm256_cvtph_ps(_mm_loadu_si128(tb.add(at + half * TILE_ROWS) as *const _))
+            };
+            let d = scales_of(layout.scales_at);
+            let minima = if minimum { scales_of(layout.minima_at) } else { _mm256_setzero_ps() };
+            for m in 0..M {
+                let at = acts.block(first + m, b);
+                let dot = _mm256_sub_epi32(dots[m], _mm256_set1_epi32(bias * acts.sums[at]));
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(acts.d[at]));
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[m]);
+                if minimum {
+                    acc[m] = _mm256_fmadd_ps(minima, _mm256_set1_ps(acts.s[at]), acc[m]);
+                }
+            }
+        }
+        for m in 0..M {
+            _mm256_storeu_ps(sums[m].as_mut_ptr().add(half * TILE_ROWS / 2), acc[m]);
+        }
+    }
+}
