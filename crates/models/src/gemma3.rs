@@ -8,9 +8,10 @@
 use candle_core::Tensor;
 use rayon::prelude::*;
 
+use crate::activation::Activation;
 use crate::config::TransformerConfig;
 use crate::error::Result;
-use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
+use crate::layers::{self, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
 use crate::rope::RopeScaling;
 use crate::weights::WeightSource;
 use crate::{advance_all, batch_rows, BatchEntry, CausalLm};

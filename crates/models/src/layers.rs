@@ -5,6 +5,7 @@
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 
+use crate::activation::Activation;
 use crate::block_quants::{BlockFormat, BlockMatrix};
 use crate::dense::DenseMatrix;
 use crate::error::Result;
@@ -168,14 +169,6 @@ impl Rotary {
     }
 }
 
-/// The MLP's gate activation.
-#[derive(Clone, Copy, Debug)]
-pub enum Activation {
-    Silu,
-    /// GELU, tanh approximation (`gelu_pytorch_tanh`).
-    GeluTanh,
-}
-
 /// `down(act(gate(x)) * up(x))`
 pub struct GatedMlp {
     gate_up: Projections,
@@ -190,11 +183,7 @@ impl GatedMlp {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let [gate, up]: [Tensor; 2] = self.gate_up.forward(x)?.try_into().expect("two projections");
-        let gate = match self.act {
-            Activation::Silu => candle_nn::ops::silu(&gate)?,
-            Activation::GeluTanh => gate.gelu()?,
-        };
-        self.down.forward(&(gate * up)?)
+        self.down.forward(&self.act.gated(&gate, &up)?)
     }
 }
 

@@ -12,6 +12,7 @@
 //! # Ok(()) }
 //! ```
 
+mod activation;
 mod block_quants;
 mod cache;
 mod config;

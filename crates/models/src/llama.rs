@@ -7,9 +7,10 @@
 use candle_core::Tensor;
 use rayon::prelude::*;
 
+use crate::activation::Activation;
 use crate::config::{Architecture, TransformerConfig};
 use crate::error::Result;
-use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
+use crate::layers::{self, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
 use crate::weights::WeightSource;
 use crate::{advance_all, batch_rows, BatchEntry, CausalLm};
 

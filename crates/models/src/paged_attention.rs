@@ -14,6 +14,7 @@
 
 use rayon::prelude::*;
 
+use crate::activation::exp_nonpositive;
 use crate::isa::Isa;
 use crate::kv_type::KvRows;
 
@@ -329,29 +330,6 @@ fn softmax(scores: &mut [f32]) {
     }
     for s in scores.iter_mut() {
         *s /= sum;
-    }
-}
-
-/// `eˣ` for `x ≤ 0` within 2 ulp, in plain arithmetic the compiler vectorizes (the library's
-/// `expf` is a call per score): `x = n·ln 2 + r` with `|r| ≤ ln 2 / 2`, a degree-6 Taylor
-/// polynomial for `eʳ`, and `2ⁿ` put into the exponent bits. Below −87 the result is 0.
-#[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
-    const SHIFT: f32 = 12_582_912.0; // 1.5·2²³: adding it rounds to an integer
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    let clamped = x.max(-87.0);
-    let n = clamped.mul_add(std::f32::consts::LOG2_E, SHIFT) - SHIFT;
-    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, clamped));
-    let mut p: f32 = 1.0 / 720.0;
-    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-        p = p.mul_add(r, c);
-    }
-    let scale = f32::from_bits(((n as i32 + 127).max(0) as u32) << 23);
-    if x < -87.0 {
-        0.0
-    } else {
-        p * scale
     }
 }
 
@@ -698,19 +676,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn exp_is_within_two_ulp_down_to_the_smallest_normal() {
-        for i in 0..=870_000 {
-            let x = -(i as f32) * 1e-4;
-            let (got, want) = (exp_nonpositive(x) as f64, (x as f64).exp());
-            let ulp = (f32::EPSILON as f64) * want.max(f32::MIN_POSITIVE as f64);
-            assert!((got - want).abs() <= 2.0 * ulp, "exp({x}) = {got}, not {want}");
-        }
-        assert_eq!(exp_nonpositive(0.0), 1.0);
-        assert_eq!(exp_nonpositive(-200.0), 0.0);
-        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
     }
 
     /// The portable kernels over all keys in one piece: the order every copy must keep.

@@ -11,9 +11,10 @@ use candle_core::{Device, Tensor};
 
 use super::attention::GatedAttention;
 use super::{summary, FeedForward, HybridConfig, Layer, Mixer, Qwen3Next, TokenMixer};
+use crate::activation::Activation;
 use crate::error::Result;
 use crate::gated_deltanet::GatedDeltaNet;
-use crate::layers::{Activation, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
+use crate::layers::{GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
 use crate::moe::SparseMoe;
 use crate::projections::Projections;
 use crate::weights::{Weight, WeightSource};

@@ -12,11 +12,12 @@ mod gguf;
 
 use candle_core::{Device, Tensor};
 
+use crate::activation::Activation;
 use crate::cache::RecurrentState;
 use crate::config::{Architecture, TransformerConfig};
 use crate::error::Result;
 use crate::gated_deltanet::{GatedDeltaNet, LinearAttentionState};
-use crate::layers::{self, Activation, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
+use crate::layers::{self, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
 use crate::moe::SparseMoe;
 use crate::paged_kv::KvShape;
 use crate::projections::Projections;
