@@ -1,16 +1,18 @@
 //! Causal attention of a sequence's new queries, reading keys and values where the paged KV
 //! store keeps them (no gathered copy of the sequence's cache per layer and step).
 //!
-//! The query heads that share a key/value head run together at one position (so they see the
-//! same keys), every key and value loaded serving all of them. Each row is still computed alone
-//! in a fixed order: a score is a 16-lane fused multiply-add dot product whose lanes are added
-//! pairwise (8, 4, 2, 1 apart), the softmax adds its terms in key order, and the output adds
-//! `p·v` key by key. So a row's result does not depend on the rows beside it (batch, chunking)
-//! nor on the CPU: the AVX-512 copy and the portable one give the same bits.
+//! One task takes one key/value head and a few consecutive new positions: every query row of
+//! those positions that shares the head (up to [`TASK_ROWS`]) sees each key block converted
+//! and loaded once. Each row is still computed alone in a fixed order: a score is the fused
+//! multiply-add chain of its `d` products in dimension order (scaled after), the softmax adds
+//! its terms in key order, and the output adds `p·v` key by key. Keys a row does not see get
+//! probability zero, which adds nothing, bit for bit. So a row's result does not depend on the
+//! rows beside it (batch, chunking, task), nor on the CPU: the SIMD copies give the portable
+//! copy's bits.
 //!
-//! Keys and values stored as f16, bf16 or q8_0 are converted to f32 a block at a time as they
-//! are read (into a block-sized buffer that stays in the L1 cache), and the kernels then run
-//! on those floats exactly as on f32 blocks: the same products in the same order.
+//! Scores run over blocks of 16 keys transposed in a scratch buffer, so a register holds one
+//! row's 16 scores and no sum is folded across lanes. Keys and values stored as f16, bf16 or
+//! q8_0 are converted to f32 a run at a time as they are read, then used exactly as f32 runs.
 
 use rayon::prelude::*;
 
@@ -18,9 +20,12 @@ use crate::activation::exp_nonpositive;
 use crate::isa::Isa;
 use crate::kv_type::KvRows;
 
-/// Query rows per pass at most (accumulators held in registers).
+/// Query rows per task at most (when a key/value head serves fewer query heads, a task takes
+/// several positions).
+const TASK_ROWS: usize = 16;
+/// Query rows per register pass at most (accumulators held in registers).
 const MAX_ROWS: usize = 8;
-/// Dot-product lanes.
+/// Output lanes per register.
 const LANES: usize = 16;
 
 /// One key/value head's cached positions: per block, `(keys, values)` of `positions × head_dim`.
@@ -49,6 +54,13 @@ impl Visibility {
     }
 }
 
+/// Query rows that share their keys: each row's query and the keys `first..=last` it sees,
+/// counted from the first key of the runs.
+struct Rows<'q> {
+    queries: Vec<&'q [f32]>,
+    ranges: Vec<(usize, usize)>,
+}
+
 /// `q`: `(heads, new, d)`, heads sharing key/value head `h` being `h·group .. (h+1)·group`.
 /// Returns `(heads, new, d)`.
 pub fn attend(
@@ -61,28 +73,32 @@ pub fn attend(
     visibility: Visibility,
 ) -> Vec<f32> {
     let group = query_heads / heads.len().max(1);
-    // One task per key/value head and position: a prefill's new positions spread over the
-    // cores, a decode step's heads too.
+    let positions = (TASK_ROWS / group.max(1)).max(1);
+    // One task per key/value head and few positions: a prefill's new positions spread over
+    // the cores, a decode step's heads too.
     let tasks: Vec<(usize, usize)> =
-        (0..heads.len()).flat_map(|h| (0..new).map(move |i| (h, i))).collect();
+        (0..heads.len()).flat_map(|h| (0..new).step_by(positions).map(move |i| (h, i))).collect();
     let outputs: Vec<Vec<f32>> = tasks
         .par_iter()
-        .map(|&(h, i)| {
-            let (first, last) = visibility.range(i);
-            let keys = visible_runs(&heads[h], d, first, last + 1);
-            let rows: Vec<usize> = (h * group..(h + 1) * group).collect();
-            rows.chunks(MAX_ROWS)
-                .flat_map(|rows| {
-                    let queries: Vec<&[f32]> =
-                        rows.iter().map(|&head| &q[(head * new + i) * d..][..d]).collect();
-                    attend_rows(&keys, &queries, d, scale)
-                })
-                .collect()
+        .map(|&(h, first_i)| {
+            let last_i = (first_i + positions).min(new) - 1;
+            let (from, to) = (visibility.range(first_i).0, visibility.range(last_i).1);
+            let keys = visible_runs(&heads[h], d, from, to + 1);
+            let mut rows = Rows { queries: Vec::new(), ranges: Vec::new() };
+            for i in first_i..=last_i {
+                let (first, last) = visibility.range(i);
+                for head in h * group..(h + 1) * group {
+                    rows.queries.push(&q[(head * new + i) * d..][..d]);
+                    rows.ranges.push((first - from, last - from));
+                }
+            }
+            attend_rows(&keys, &rows, d, scale)
         })
         .collect();
     let mut out = vec![0f32; q.len()];
-    for (&(h, i), o) in tasks.iter().zip(&outputs) {
-        for (head, o) in (h * group..(h + 1) * group).zip(o.chunks_exact(d)) {
+    for (&(h, first_i), o) in tasks.iter().zip(&outputs) {
+        for (row, o) in o.chunks_exact(d).enumerate() {
+            let (i, head) = (first_i + row / group, h * group + row % group);
             out[(head * new + i) * d..][..d].copy_from_slice(o);
         }
     }
@@ -109,13 +125,13 @@ fn visible_runs<'a>(
     runs
 }
 
-/// The outputs (`rows × d`) of query rows that all see the keys of `runs`.
-fn attend_rows(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32) -> Vec<f32> {
+/// The outputs (`rows × d`) of `rows` over the keys of `runs`.
+fn attend_rows(runs: HeadRunsSlice<'_>, rows: &Rows<'_>, d: usize, scale: f32) -> Vec<f32> {
     let isa = match Isa::best() {
         Isa::Avx512 if !d.is_multiple_of(LANES) => Isa::Avx2,
         isa => isa,
     };
-    attend_rows_on(isa, runs, queries, d, scale)
+    attend_rows_on(isa, runs, rows, d, scale)
 }
 
 /// [`attend_rows`] with the copy for `isa`, which the CPU must run (the AVX-512 copy needs `d` a
@@ -123,19 +139,19 @@ fn attend_rows(runs: HeadRunsSlice<'_>, queries: &[&[f32]], d: usize, scale: f32
 fn attend_rows_on(
     isa: Isa,
     runs: HeadRunsSlice<'_>,
-    queries: &[&[f32]],
+    rows: &Rows<'_>,
     d: usize,
     scale: f32,
 ) -> Vec<f32> {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has the features the copy is compiled for (the caller's promise).
-        Isa::Avx512 => unsafe { avx512::attend_rows(runs, queries, d, scale) },
+        Isa::Avx512 => unsafe { avx512::attend_rows(runs, rows, d, scale) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { attend_rows_avx2(runs, queries, d, scale) },
+        Isa::Avx2 => unsafe { attend_rows_avx2(runs, rows, d, scale) },
         // SAFETY: the portable copy runs anywhere.
-        _ => unsafe { attend_rows_with(Isa::Portable, runs, queries, d, scale) },
+        _ => unsafe { attend_rows_with(Isa::Portable, runs, rows, d, scale) },
     }
 }
 
@@ -145,16 +161,18 @@ fn attend_rows_on(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn attend_rows_avx2(
     runs: HeadRunsSlice<'_>,
-    queries: &[&[f32]],
+    rows: &Rows<'_>,
     d: usize,
     scale: f32,
 ) -> Vec<f32> {
     // SAFETY: this function's features are those of the AVX2 copy.
-    unsafe { attend_rows_with(Isa::Avx2, runs, queries, d, scale) }
+    unsafe { attend_rows_with(Isa::Avx2, runs, rows, d, scale) }
 }
 
-/// Scores block by block, the softmax per row, then the outputs block by block, each block's
-/// keys or values converted to f32 (when stored otherwise) just before they are used.
+/// Scores run by run, the softmax, then the outputs run by run, each run's keys or values
+/// converted to f32 (when stored otherwise) just before they are used. Scores and
+/// probabilities are kept key by key with the rows side by side (`keys × TASK_ROWS`), so one
+/// register holds one key's scores for every row and the softmax runs down the lanes.
 ///
 /// # Safety
 /// The CPU runs `isa`.
@@ -164,123 +182,91 @@ unsafe fn attend_rows_avx2(
 unsafe fn attend_rows_with(
     isa: Isa,
     runs: HeadRunsSlice<'_>,
-    queries: &[&[f32]],
+    rows: &Rows<'_>,
     d: usize,
     scale: f32,
 ) -> Vec<f32> {
-    let mut passes = Passes::new(runs, queries.len(), d);
+    let count = rows.queries.len();
+    assert!(count <= TASK_ROWS, "attention task of {count} rows");
+    let keys: usize = runs.iter().map(|(k, _)| k.values() / d).sum();
+    // The queries transposed: `d × TASK_ROWS`, missing rows zero.
+    let mut queries = vec![0f32; d * TASK_ROWS];
+    for (r, q) in rows.queries.iter().enumerate() {
+        for (c, &x) in q[..d].iter().enumerate() {
+            queries[c * TASK_ROWS + r] = x;
+        }
+    }
+    let mut probs = vec![0f32; keys * TASK_ROWS];
     let mut scratch = Vec::new();
     let mut first = 0;
-    for &(keys, _) in runs {
-        let keys = keys.to_f32_on(isa, &mut scratch);
-        // SAFETY: the caller's promise.
-        unsafe { scores_on(isa, keys, queries, d, scale, &mut passes, first) };
-        first += keys.len() / d;
+    for &(run, _) in runs {
+        let run = run.to_f32_on(isa, &mut scratch);
+        scores(run, &queries, d, scale, &mut probs[first * TASK_ROWS..]);
+        first += run.len() / d;
     }
-    passes.softmax();
+    softmax(&mut probs, &rows.ranges);
+    let mut out = vec![0f32; count * d];
     let mut first = 0;
     for &(_, values) in runs {
         let values = values.to_f32_on(isa, &mut scratch);
-        // SAFETY: the caller's promise.
-        unsafe { outputs_on(isa, values, &mut passes, first, d) };
+        for (r0, out) in (0..).step_by(MAX_ROWS).zip(out.chunks_mut(MAX_ROWS * d)) {
+            let probs = &probs[first * TASK_ROWS + r0..];
+            // SAFETY: the caller's promise.
+            unsafe { outputs_on(isa, values, probs, d, out) };
+        }
         first += values.len() / d;
     }
-    passes.out
+    out
 }
 
-/// Scores of the keys `keys` (those from key `first` on) by the kernels of `isa`.
+/// Keys scored together (independent chains of fused multiply-adds).
+const KEYS_AT_ONCE: usize = 4;
+
+/// `probs[j · TASK_ROWS + r]` = `scale · Σ_c query r[c] · key j[c]`, one fused chain in
+/// dimension order, for the keys `keys` (`n × d`) and the transposed `queries`.
 #[inline(always)]
-unsafe fn scores_on(
-    isa: Isa,
-    keys: &[f32],
-    queries: &[&[f32]],
-    d: usize,
-    scale: f32,
-    passes: &mut Passes,
-    first: usize,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: the caller's promise.
-        return unsafe {
-            avx512::scores(keys, queries, d, scale, &mut passes.probs, passes.keys, first)
-        };
-    }
-    let _ = isa;
-    scores_portable(keys, queries, d, scale, &mut passes.probs, passes.keys, first)
-}
-
-/// Adds the values `values` (those from key `first` on) to the outputs by the kernels of `isa`.
-#[inline(always)]
-unsafe fn outputs_on(isa: Isa, values: &[f32], passes: &mut Passes, first: usize, d: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: the caller's promise.
-        return unsafe {
-            avx512::outputs(values, &passes.probs, passes.keys, first, d, &mut passes.out)
-        };
-    }
-    let _ = isa;
-    outputs_portable(values, &passes.probs, passes.keys, first, d, &mut passes.out)
-}
-
-/// The buffers of attention's three passes over `rows` query rows: scores, a softmax per
-/// row, then the outputs.
-struct Passes {
-    keys: usize,
-    /// `rows × keys`
-    probs: Vec<f32>,
-    /// `rows × d`
-    out: Vec<f32>,
-}
-
-impl Passes {
-    #[inline(always)]
-    fn new(runs: HeadRunsSlice<'_>, rows: usize, d: usize) -> Self {
-        let keys: usize = runs.iter().map(|(k, _)| k.values() / d).sum();
-        Self { keys, probs: vec![0f32; rows * keys], out: vec![0f32; rows * d] }
-    }
-
-    #[inline(always)]
-    fn softmax(&mut self) {
-        for row in self.probs.chunks_exact_mut(self.keys.max(1)) {
-            softmax(row);
+fn scores(keys: &[f32], queries: &[f32], d: usize, scale: f32, probs: &mut [f32]) {
+    let n = keys.len() / d;
+    for j0 in (0..n).step_by(KEYS_AT_ONCE) {
+        // A short last group repeats its last key; the repeats are not stored.
+        let key = |t: usize| &keys[(j0 + t).min(n - 1) * d..][..d];
+        let group = [key(0), key(1), key(2), key(3)];
+        let mut sums = [[0f32; TASK_ROWS]; KEYS_AT_ONCE];
+        for (c, q) in queries.chunks_exact(TASK_ROWS).enumerate() {
+            for (sums, k) in sums.iter_mut().zip(group) {
+                let x = k[c];
+                for (s, q) in sums.iter_mut().zip(q) {
+                    *s = q.mul_add(x, *s);
+                }
+            }
+        }
+        for (t, sums) in sums.iter().enumerate().take(n - j0) {
+            for (p, s) in probs[(j0 + t) * TASK_ROWS..][..TASK_ROWS].iter_mut().zip(sums) {
+                *p = s * scale;
+            }
         }
     }
 }
 
-/// `probs[r · keys + j]` = `scale · (query r · key j)` for the keys `ks`, key `first` on.
+/// Adds the values `values` (`n × d`) to the outputs of up to [`MAX_ROWS`] rows by the kernels
+/// of `isa`; `probs[j · TASK_ROWS + r]` is row `r`'s probability of value `j`.
 #[inline(always)]
-fn scores_portable(
-    ks: &[f32],
-    queries: &[&[f32]],
-    d: usize,
-    scale: f32,
-    probs: &mut [f32],
-    keys: usize,
-    first: usize,
-) {
-    for (j, k) in (first..).zip(ks.chunks_exact(d)) {
-        for (r, q) in queries.iter().enumerate() {
-            probs[r * keys + j] = dot(q, k) * scale;
-        }
+unsafe fn outputs_on(isa: Isa, values: &[f32], probs: &[f32], d: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: the caller's promise.
+        return unsafe { avx512::outputs(values, probs, d, out) };
     }
+    let _ = isa;
+    outputs_portable(values, probs, d, out)
 }
 
-/// `out[r] += Σ_j probs[r · keys + j] · value j` for the values `vs`, key `first` on, in key
-/// order.
+/// `out[r] += Σ_j probs[j · TASK_ROWS + r] · value j`, in key order.
 #[inline(always)]
-fn outputs_portable(
-    vs: &[f32],
-    probs: &[f32],
-    keys: usize,
-    first: usize,
-    d: usize,
-    out: &mut [f32],
-) {
-    for (j, v) in (first..).zip(vs.chunks_exact(d)) {
+fn outputs_portable(values: &[f32], probs: &[f32], d: usize, out: &mut [f32]) {
+    for (j, v) in values.chunks_exact(d).enumerate() {
         for (r, o) in out.chunks_exact_mut(d).enumerate() {
-            let p = probs[r * keys + j];
+            let p = probs[j * TASK_ROWS + r];
             for (o, x) in o.iter_mut().zip(v) {
                 *o = p.mul_add(*x, *o);
             }
@@ -288,48 +274,36 @@ fn outputs_portable(
     }
 }
 
-/// 16 running fused sums (lane `l` takes elements `l, l + 16, ...`) added pairwise 8, 4, 2
-/// and 1 lanes apart, then the tail in order.
+/// Per row (lane), the softmax of the scores of the keys `first..=last` it sees, terms added
+/// in key order; every other key gets probability zero.
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; LANES];
-    let body = a.len() - a.len() % LANES;
-    for (xa, xb) in a[..body].chunks_exact(LANES).zip(b[..body].chunks_exact(LANES)) {
-        for l in 0..LANES {
-            lanes[l] = xa[l].mul_add(xb[l], lanes[l]);
+fn softmax(probs: &mut [f32], ranges: &[(usize, usize)]) {
+    let (mut first, mut last) = ([usize::MAX; TASK_ROWS], [0usize; TASK_ROWS]);
+    for (r, &(f, l)) in ranges.iter().enumerate() {
+        (first[r], last[r]) = (f, l);
+    }
+    let mut max = [f32::NEG_INFINITY; TASK_ROWS];
+    for (j, p) in probs.chunks_exact(TASK_ROWS).enumerate() {
+        for r in 0..TASK_ROWS {
+            if first[r] <= j && j <= last[r] {
+                max[r] = max[r].max(p[r]);
+            }
         }
     }
-    let mut sum = fold_lanes(lanes);
-    for (x, y) in a[body..].iter().zip(&b[body..]) {
-        sum = x.mul_add(*y, sum);
-    }
-    sum
-}
-
-#[inline(always)]
-fn fold_lanes(mut lanes: [f32; LANES]) -> f32 {
-    for apart in [8, 4, 2, 1] {
-        for l in 0..apart {
-            lanes[l] += lanes[l + apart];
+    let mut sum = [0f32; TASK_ROWS];
+    for (j, p) in probs.chunks_exact_mut(TASK_ROWS).enumerate() {
+        for r in 0..TASK_ROWS {
+            let e = exp_nonpositive(p[r] - max[r]);
+            p[r] = if first[r] <= j && j <= last[r] { e } else { 0.0 };
+            sum[r] += p[r];
         }
     }
-    lanes[0]
-}
-
-/// In place, terms added in order.
-#[inline(always)]
-fn softmax(scores: &mut [f32]) {
-    let mut max = f32::NEG_INFINITY;
-    for &s in scores.iter() {
-        max = max.max(s);
-    }
-    let mut sum = 0f32;
-    for s in scores.iter_mut() {
-        *s = exp_nonpositive(*s - max);
-        sum += *s;
-    }
-    for s in scores.iter_mut() {
-        *s /= sum;
+    // Rows past the last have no keys: their zeros stay zeros.
+    let divisor = sum.map(|s| if s > 0.0 { s } else { 1.0 });
+    for p in probs.chunks_exact_mut(TASK_ROWS) {
+        for r in 0..TASK_ROWS {
+            p[r] /= divisor[r];
+        }
     }
 }
 
@@ -337,130 +311,46 @@ fn softmax(scores: &mut [f32]) {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{attend_rows_with, HeadRunsSlice, Isa, LANES, MAX_ROWS};
+    use super::{attend_rows_with, HeadRunsSlice, Isa, Rows, LANES, MAX_ROWS, TASK_ROWS};
 
     /// [`super::attend_rows_with`] with AVX-512 scores, outputs and conversions.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub unsafe fn attend_rows(
         runs: HeadRunsSlice<'_>,
-        queries: &[&[f32]],
+        rows: &Rows<'_>,
         d: usize,
         scale: f32,
     ) -> Vec<f32> {
         // SAFETY: the caller checked the features these copies are compiled for.
-        unsafe { attend_rows_with(Isa::Avx512, runs, queries, d, scale) }
-    }
-
-    /// [`super::scores_portable`] for `d` a multiple of 16: tiles of 4 queries × 4 keys.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn scores(
-        ks: &[f32],
-        queries: &[&[f32]],
-        d: usize,
-        scale: f32,
-        probs: &mut [f32],
-        keys: usize,
-        j0: usize,
-    ) {
-        let n = ks.len() / d;
-        for r0 in (0..queries.len()).step_by(4) {
-            // Short tiles repeat their last row or key; the repeats are not stored.
-            let q = |i: usize| queries[(r0 + i).min(queries.len() - 1)].as_ptr();
-            let qp = [q(0), q(1), q(2), q(3)];
-            for k0 in (0..n).step_by(4) {
-                let k = |i: usize| ks.as_ptr().add((k0 + i).min(n - 1) * d);
-                let kp = [k(0), k(1), k(2), k(3)];
-                let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-                for c in (0..d).step_by(LANES) {
-                    let kv = [
-                        _mm512_loadu_ps(kp[0].add(c)),
-                        _mm512_loadu_ps(kp[1].add(c)),
-                        _mm512_loadu_ps(kp[2].add(c)),
-                        _mm512_loadu_ps(kp[3].add(c)),
-                    ];
-                    for (a, &qr) in acc.iter_mut().zip(&qp) {
-                        let qv = _mm512_loadu_ps(qr.add(c));
-                        for (a, kv) in a.iter_mut().zip(&kv) {
-                            *a = _mm512_fmadd_ps(qv, *kv, *a);
-                        }
-                    }
-                }
-                for (i, a) in acc.iter().enumerate().take(queries.len() - r0) {
-                    let sums = fold4(a);
-                    for (t, sum) in sums.iter().enumerate().take(n - k0) {
-                        probs[(r0 + i) * keys + j0 + k0 + t] = sum * scale;
-                    }
-                }
-            }
-        }
-    }
-
-    /// [`super::fold_lanes`] of four registers at once: each step adds the same lane pairs
-    /// (8, 4, 2, then 1 apart), with the registers' halves and quarters side by side.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn fold4(x: &[__m512; 4]) -> [f32; 4] {
-        // [a0..7 + a8..15 | b0..7 + b8..15], likewise c and d (128-bit quarters: 0,1 + 2,3).
-        let ab = _mm512_add_ps(
-            _mm512_shuffle_f32x4(x[0], x[1], 0b01_00_01_00),
-            _mm512_shuffle_f32x4(x[0], x[1], 0b11_10_11_10),
-        );
-        let cd = _mm512_add_ps(
-            _mm512_shuffle_f32x4(x[2], x[3], 0b01_00_01_00),
-            _mm512_shuffle_f32x4(x[2], x[3], 0b11_10_11_10),
-        );
-        // One quarter each: lanes l + l+4 of a, b, c, d.
-        let abcd = _mm512_add_ps(
-            _mm512_shuffle_f32x4(ab, cd, 0b10_00_10_00),
-            _mm512_shuffle_f32x4(ab, cd, 0b11_01_11_01),
-        );
-        // Within each quarter: l + l+2, then l + l+1.
-        let twos = _mm512_add_ps(abcd, _mm512_permute_ps(abcd, 0b01_00_11_10));
-        let ones = _mm512_add_ps(twos, _mm512_permute_ps(twos, 0b10_11_00_01));
-        let mut lanes = [0f32; 16];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), ones);
-        [lanes[0], lanes[4], lanes[8], lanes[12]]
+        unsafe { attend_rows_with(Isa::Avx512, runs, rows, d, scale) }
     }
 
     /// [`super::outputs_portable`] for `d` a multiple of 16, up to [`MAX_ROWS`] rows.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn outputs(
-        vs: &[f32],
-        probs: &[f32],
-        keys: usize,
-        first: usize,
-        d: usize,
-        out: &mut [f32],
-    ) {
+    pub unsafe fn outputs(vs: &[f32], probs: &[f32], d: usize, out: &mut [f32]) {
         match out.len() / d {
-            1 => outputs_of::<1>(vs, probs, keys, first, d, out),
-            2 => outputs_of::<2>(vs, probs, keys, first, d, out),
-            3 => outputs_of::<3>(vs, probs, keys, first, d, out),
-            4 => outputs_of::<4>(vs, probs, keys, first, d, out),
-            5 => outputs_of::<5>(vs, probs, keys, first, d, out),
-            6 => outputs_of::<6>(vs, probs, keys, first, d, out),
-            7 => outputs_of::<7>(vs, probs, keys, first, d, out),
+            1 => outputs_of::<1>(vs, probs, d, out),
+            2 => outputs_of::<2>(vs, probs, d, out),
+            3 => outputs_of::<3>(vs, probs, d, out),
+            4 => outputs_of::<4>(vs, probs, d, out),
+            5 => outputs_of::<5>(vs, probs, d, out),
+            6 => outputs_of::<6>(vs, probs, d, out),
+            7 => outputs_of::<7>(vs, probs, d, out),
             rows => {
                 assert_eq!(rows, MAX_ROWS);
-                outputs_of::<MAX_ROWS>(vs, probs, keys, first, d, out)
+                outputs_of::<MAX_ROWS>(vs, probs, d, out)
             }
         }
     }
 
     /// `ROWS` rows' accumulators in registers, 32 output floats at a time (then 16), so each
     /// broadcast probability serves two products. The accumulators start from `out` (what the
-    /// earlier blocks added), so a row's sums run through all keys in order, block after block.
+    /// earlier runs added), so a row's sums run through all keys in order, run after run.
     #[target_feature(enable = "avx512f")]
-    unsafe fn outputs_of<const ROWS: usize>(
-        vs: &[f32],
-        probs: &[f32],
-        keys: usize,
-        first: usize,
-        d: usize,
-        out: &mut [f32],
-    ) {
-        assert!(
-            probs.len() >= ROWS * keys && out.len() == ROWS * d && first + vs.len() / d <= keys
-        );
+    unsafe fn outputs_of<const ROWS: usize>(vs: &[f32], probs: &[f32], d: usize, out: &mut [f32]) {
+        let keys = vs.len() / d;
+        assert!(keys == 0 || probs.len() > (keys - 1) * TASK_ROWS + ROWS - 1);
+        assert!(out.len() == ROWS * d);
         let pairs = d / (2 * LANES) * 2 * LANES;
         for c in (0..pairs).step_by(2 * LANES) {
             let mut acc = [[_mm512_setzero_ps(); 2]; ROWS];
@@ -470,13 +360,13 @@ mod avx512 {
                     _mm512_loadu_ps(out.as_ptr().add(r * d + c + LANES)),
                 ];
             }
-            for (j, v) in (first..).zip(vs.chunks_exact(d)) {
+            for (j, v) in vs.chunks_exact(d).enumerate() {
                 let v = [
                     _mm512_loadu_ps(v.as_ptr().add(c)),
                     _mm512_loadu_ps(v.as_ptr().add(c + LANES)),
                 ];
                 for (r, a) in acc.iter_mut().enumerate() {
-                    let p = _mm512_set1_ps(*probs.get_unchecked(r * keys + j));
+                    let p = _mm512_set1_ps(*probs.get_unchecked(j * TASK_ROWS + r));
                     a[0] = _mm512_fmadd_ps(p, v[0], a[0]);
                     a[1] = _mm512_fmadd_ps(p, v[1], a[1]);
                 }
@@ -491,10 +381,14 @@ mod avx512 {
             for (r, a) in acc.iter_mut().enumerate() {
                 *a = _mm512_loadu_ps(out.as_ptr().add(r * d + c));
             }
-            for (j, v) in (first..).zip(vs.chunks_exact(d)) {
+            for (j, v) in vs.chunks_exact(d).enumerate() {
                 let v = _mm512_loadu_ps(v.as_ptr().add(c));
                 for (r, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*probs.get_unchecked(r * keys + j)), v, *a);
+                    *a = _mm512_fmadd_ps(
+                        _mm512_set1_ps(*probs.get_unchecked(j * TASK_ROWS + r)),
+                        v,
+                        *a,
+                    );
                 }
             }
             for (r, a) in acc.iter().enumerate() {
@@ -634,51 +528,41 @@ mod tests {
 
     #[test]
     fn a_row_does_not_depend_on_the_rows_beside_it_or_the_block_size() {
-        let (group, d, past, new) = (8, 64, 30, 6);
+        let (d, past, new) = (64, 30, 6);
         let total = past + new;
-        let q = sample(group * new * d, 3);
-        let visibility = Visibility { past, window: None };
-        for kind in KvType::ALL {
-            let (keys, values) = (
-                Stored::new(kind, &sample(total * d, 1)),
-                Stored::new(kind, &sample(total * d, 2)),
-            );
-            let together = attend(
-                &[runs(keys.rows(), values.rows(), d, 16)],
-                &q,
-                group,
-                new,
-                d,
-                0.125,
-                visibility,
-            );
-            // Each query alone, as a decode step would run it, over other block boundaries.
-            for i in 0..new {
-                let qi: Vec<f32> =
-                    (0..group).flat_map(|h| q[(h * new + i) * d..][..d].to_vec()).collect();
-                let seen = past + i + 1;
-                let (k, v) = (keys.rows().rows(d, 0, seen), values.rows().rows(d, 0, seen));
-                let alone = attend(
-                    &[runs(k, v, d, 7)],
-                    &qi,
-                    group,
-                    1,
-                    d,
-                    0.125,
-                    Visibility { past: past + i, window: None },
+        // 8 query heads per key/value head: a task takes 2 positions; 2 heads: all 6, each
+        // seeing other keys through the window.
+        for (group, window) in [(8, None), (2, Some(20))] {
+            let q = sample(group * new * d, 3);
+            for kind in KvType::ALL {
+                let (keys, values) = (
+                    Stored::new(kind, &sample(total * d, 1)),
+                    Stored::new(kind, &sample(total * d, 2)),
                 );
-                for h in 0..group {
-                    assert_eq!(
-                        bits(&alone[h * d..][..d]),
-                        bits(&together[(h * new + i) * d..][..d]),
-                        "{kind}: head {h} query {i}"
-                    );
+                let heads = [runs(keys.rows(), values.rows(), d, 16)];
+                let together =
+                    attend(&heads, &q, group, new, d, 0.125, Visibility { past, window });
+                // Each query alone, as a decode step would run it, over other block boundaries.
+                for i in 0..new {
+                    let qi: Vec<f32> =
+                        (0..group).flat_map(|h| q[(h * new + i) * d..][..d].to_vec()).collect();
+                    let seen = past + i + 1;
+                    let (k, v) = (keys.rows().rows(d, 0, seen), values.rows().rows(d, 0, seen));
+                    let visibility = Visibility { past: past + i, window };
+                    let alone = attend(&[runs(k, v, d, 7)], &qi, group, 1, d, 0.125, visibility);
+                    for h in 0..group {
+                        assert_eq!(
+                            bits(&alone[h * d..][..d]),
+                            bits(&together[(h * new + i) * d..][..d]),
+                            "{kind}: group {group}, head {h} query {i}"
+                        );
+                    }
                 }
             }
         }
     }
 
-    /// The portable kernels over all keys in one piece: the order every copy must keep.
+    /// The portable copy over all keys in one run: the order every copy must keep.
     fn one_piece(
         keys: &[f32],
         values: &[f32],
@@ -687,12 +571,10 @@ mod tests {
         scale: f32,
     ) -> Vec<f32> {
         let total = keys.len() / d;
-        let mut probs = vec![0f32; queries.len() * total];
-        let mut out = vec![0f32; queries.len() * d];
-        scores_portable(keys, queries, d, scale, &mut probs, total, 0);
-        probs.chunks_exact_mut(total).for_each(softmax);
-        outputs_portable(values, &probs, total, 0, d, &mut out);
-        out
+        let rows = Rows { queries: queries.to_vec(), ranges: vec![(0, total - 1); queries.len()] };
+        let run = [(KvRows::F32(keys), KvRows::F32(values))];
+        // SAFETY: the portable copy runs anywhere.
+        unsafe { attend_rows_with(Isa::Portable, &run, &rows, d, scale) }
     }
 
     #[test]
@@ -707,16 +589,18 @@ mod tests {
                 Stored::new(kind, &sample(total * d, 6)),
             );
             let head = runs(keys.rows(), values.rows(), d, 8);
-            for rows in [1, 3, 8] {
+            for rows in [1, 3, 8, 13] {
                 let queries: Vec<Vec<f32>> = (0..rows).map(|h| sample(d, 40 + h as u32)).collect();
                 let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
                 let want =
                     bits(&one_piece(&keys.dequantized(), &values.dequantized(), &queries, d, 0.2));
+                let rows = Rows { queries, ranges: vec![(0, total - 1); rows] };
                 for isa in Isa::available() {
                     assert_eq!(
-                        bits(&attend_rows_on(isa, &head.runs, &queries, d, 0.2)),
+                        bits(&attend_rows_on(isa, &head.runs, &rows, d, 0.2)),
                         want,
-                        "{kind}, {rows} rows, {isa:?}"
+                        "{kind}, {} rows, {isa:?}",
+                        rows.queries.len()
                     );
                 }
             }
