@@ -188,7 +188,22 @@ impl Engine {
         let thread_load = load.clone();
         let thread = std::thread::Builder::new()
             .name("spindle-engine".into())
-            .spawn(move || run(&bundle, &config, &inbox, &thread_load))
+            .spawn(move || {
+                // The engine thread is a worker of its own compute pool: a kernel it starts runs
+                // here and on the other workers, one thread per core, instead of waking as many
+                // workers while this thread sleeps (a decode step starts hundreds of kernels).
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .thread_name(|i| format!("spindle-compute-{i}"))
+                    .use_current_thread()
+                    .build();
+                if let Err(e) = &pool {
+                    tracing::warn!(
+                        "no compute pool for the engine thread ({e}); using the global one"
+                    );
+                }
+                run(&bundle, &config, &inbox, &thread_load);
+                drop(pool);
+            })
             .expect("spawning the engine thread");
         Self { requests, load, _thread: Arc::new(JoinOnDrop(Some(thread))) }
     }
