@@ -3,8 +3,8 @@
 //! Q4_K_M file; each file is written once under `$SPINDLE_HOME/bench/`.
 //!
 //! Two shapes: [`HybridShape::QWEN35_35B_A3B`] (`spindle bench --hybrid-blocks`) and
-//! [`HybridShape::AGENT_BAR`] (`spindle bench-agent --hybrid`), which carries the default model's
-//! tokenizer and chat template so `spindle serve` can load it.
+//! [`HybridShape::AGENT_BAR`] (`spindle bench-agent --hybrid`). Both carry the default model's
+//! tokenizer and chat template, so llama.cpp and `spindle serve` load them.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -20,17 +20,9 @@ use rand_chacha::ChaCha8Rng;
 const CONV_KERNEL: usize = 4;
 /// Bumped whenever the written bytes change, so a file from an older writer is not reused.
 /// Revision 2: the convolution as a (channels, kernel) matrix and the rope sections, as
-/// llama.cpp's converter writes them, so llama-server loads the same file.
-const FILE_REVISION: u32 = 2;
-
-/// Where a shape's vocabulary comes from.
-#[derive(Clone, Copy)]
-enum Vocab {
-    /// This many ids and no tokenizer: enough for token-id benchmarks.
-    Size(usize),
-    /// The `tokenizer.*` keys (and so the vocabulary size) of the default model's GGUF.
-    DefaultModel,
-}
+/// llama.cpp's converter writes them, so llama-server loads the same file. Revision 3: every
+/// shape carries the default model's tokenizer (llama.cpp refuses a file without one).
+const FILE_REVISION: u32 = 3;
 
 /// The per-layer sizes of a Qwen3.5-MoE: hybrid blocks of 3 linear-attention layers and 1
 /// full-attention layer, every layer a sparse MoE with a shared expert.
@@ -47,7 +39,6 @@ pub struct HybridShape {
     k_heads: usize,
     v_heads: usize,
     linear_head_dim: usize,
-    vocab: Vocab,
 }
 
 impl HybridShape {
@@ -65,7 +56,6 @@ impl HybridShape {
         k_heads: 16,
         v_heads: 32,
         linear_head_dim: 128,
-        vocab: Vocab::Size(32_768),
     };
 
     /// The llama-server comparison of the agent benchmark: hidden 1024 and 64 experts top-8,
@@ -75,7 +65,6 @@ impl HybridShape {
         stem: "qwen35moe-h1024-e64-random",
         hidden: 1024,
         experts: 64,
-        vocab: Vocab::DefaultModel,
         ..Self::QWEN35_35B_A3B
     };
 }
@@ -91,10 +80,7 @@ pub fn shape_path(shape: &HybridShape, blocks: usize) -> anyhow::Result<PathBuf>
     let path = dir.join(format!("{}-{blocks}x4-r{FILE_REVISION}.gguf", shape.stem));
     if !path.exists() {
         std::fs::create_dir_all(&dir)?;
-        let tokenizer = match shape.vocab {
-            Vocab::Size(_) => HashMap::new(),
-            Vocab::DefaultModel => default_model_tokenizer()?,
-        };
+        let tokenizer = default_model_tokenizer()?;
         eprintln!("writing {} (once)…", path.display());
         let partial = path.with_extension("partial");
         write(&partial, shape, blocks, tokenizer)?;
@@ -171,12 +157,9 @@ fn write(
     blocks: usize,
     tokenizer: HashMap<String, Value>,
 ) -> anyhow::Result<()> {
-    let vocab = match shape.vocab {
-        Vocab::Size(n) => n,
-        Vocab::DefaultModel => match tokenizer.get("tokenizer.ggml.tokens") {
-            Some(Value::Array(tokens)) => tokens.len(),
-            _ => anyhow::bail!("the default model's GGUF lists no tokenizer.ggml.tokens"),
-        },
+    let vocab = match tokenizer.get("tokenizer.ggml.tokens") {
+        Some(Value::Array(tokens)) => tokens.len(),
+        _ => anyhow::bail!("the default model's GGUF lists no tokenizer.ggml.tokens"),
     };
     let hidden = shape.hidden;
     let mut w = Writer { rng: ChaCha8Rng::seed_from_u64(35), tensors: Vec::new() };

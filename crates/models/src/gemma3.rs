@@ -6,12 +6,13 @@
 //! (local RoPE base) for each global layer (global RoPE base, optionally linearly scaled).
 
 use candle_core::Tensor;
-use rayon::prelude::*;
 
 use crate::activation::Activation;
 use crate::config::TransformerConfig;
 use crate::error::Result;
-use crate::layers::{self, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
+use crate::layers::{
+    self, AttentionShape, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary,
+};
 use crate::rope::RopeScaling;
 use crate::weights::WeightSource;
 use crate::{advance_all, batch_rows, BatchEntry, CausalLm};
@@ -100,8 +101,8 @@ impl Gemma3 {
         })
     }
 
-    /// Attention of layer `i` for the batch's rows `x`: projections over all rows, then each
-    /// sequence normalises, rotates, extends its cache and attends on its own.
+    /// Attention of layer `i` for the batch's rows `x`: projections and per-head norms over all
+    /// rows, then each sequence rotates, extends its cache and attends on its own.
     fn attention(
         &self,
         i: usize,
@@ -111,36 +112,21 @@ impl Gemma3 {
     ) -> Result<Tensor> {
         let l = &self.layers[i];
         let hd = self.cfg.head_dim();
-        let (q_all, k_all, v_all) = (l.q.forward(x)?, l.k.forward(x)?, l.v.forward(x)?);
+        let (heads, kv_heads) = (self.cfg.num_attention_heads, self.cfg.num_kv_heads());
+        let tokens = x.dim(0)?;
+        // Each head's query and key normalised (a row of `hd` at a time).
+        let per_head = |t: Tensor, norm: &RmsNorm, heads: usize| -> Result<Tensor> {
+            Ok(norm.forward(&t.reshape((tokens, heads, hd))?)?.reshape((tokens, heads * hd))?)
+        };
+        let q = per_head(l.q.forward(x)?, &l.q_norm, heads)?;
+        let k = per_head(l.k.forward(x)?, &l.k_norm, kv_heads)?;
+        let v = l.v.forward(x)?;
         let rotary = if l.window.is_some() { &self.local_rotary } else { &self.global_rotary };
-        let scale = self.cfg.query_pre_attn_scalar.unwrap_or(hd as f64).powf(-0.5);
-        // Sequences attend to their own caches: in parallel.
-        let outs = batch
-            .par_iter_mut()
-            .zip(rows)
-            .map(|(entry, &(first, n))| -> Result<Tensor> {
-                let start = entry.cache.len();
-                // 1. split heads and normalise each head
-                let q = l.q_norm.forward(&layers::split_heads(
-                    &q_all.narrow(0, first, n)?,
-                    self.cfg.num_attention_heads,
-                    hd,
-                )?)?;
-                let k = l.k_norm.forward(&layers::split_heads(
-                    &k_all.narrow(0, first, n)?,
-                    self.cfg.num_kv_heads(),
-                    hd,
-                )?)?;
-                let v =
-                    layers::split_heads(&v_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
-                // 2. rotate with this layer's base, 3. extend the cache, 4. attend within the window
-                let q = rotary.apply(&q, start)?;
-                let k = rotary.apply(&k, start)?;
-                let out = entry.cache.attend(i, &q, &k, &v, scale as f32, l.window)?;
-                layers::merge_heads(&out)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        l.o.forward(&Tensor::cat(&outs, 0)?)
+        let scale = self.cfg.query_pre_attn_scalar.unwrap_or(hd as f64).powf(-0.5) as f32;
+        let shape = AttentionShape { heads, kv_heads, head_dim: hd, scale, window: l.window };
+        let rotate = |x: &Tensor, start| rotary.apply(x, start);
+        let out = layers::attend_sequences(i, [&q, &k, &v], &shape, batch, rows, rotate)?;
+        l.o.forward(&out)
     }
 }
 

@@ -4,6 +4,7 @@
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
 
 use crate::activation::Activation;
 use crate::block_quants::{BlockFormat, BlockMatrix};
@@ -14,6 +15,7 @@ use crate::q4_k::Q4KMatrix;
 use crate::quantized::QuantizedMatrix;
 use crate::rope::RopeScaling;
 use crate::weights::Weight;
+use crate::BatchEntry;
 
 /// `y = x Wᵀ + b`, with `W` kept in its stored quantization.
 pub struct Linear {
@@ -185,6 +187,45 @@ impl GatedMlp {
         let [gate, up]: [Tensor; 2] = self.gate_up.forward(x)?.try_into().expect("two projections");
         self.down.forward(&self.act.gated(&gate, &up)?)
     }
+}
+
+/// Heads and scaling of one attention layer.
+pub struct AttentionShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    /// Keys further back than this are out of a sliding window.
+    pub window: Option<usize>,
+}
+
+/// Attention of layer `layer` for every sequence of a batch, in parallel, each over its own
+/// cache. `q`, `k`, `v` are the batch's rows `(tokens, heads · head_dim)`, sequence `s` being
+/// rows `rows[s]` (queries and keys already normalised where the architecture does): each
+/// sequence's queries and keys are rotated from its cache's length by `rotate`, its keys and
+/// values appended to its cache, and its queries attended. Returns `(tokens, heads · head_dim)`.
+pub fn attend_sequences(
+    layer: usize,
+    [q, k, v]: [&Tensor; 3],
+    shape: &AttentionShape,
+    batch: &mut [BatchEntry<'_>],
+    rows: &[(usize, usize)],
+    rotate: impl Fn(&Tensor, usize) -> Result<Tensor> + Sync,
+) -> Result<Tensor> {
+    let hd = shape.head_dim;
+    let outs = batch
+        .par_iter_mut()
+        .zip(rows)
+        .map(|(entry, &(first, n))| -> Result<Tensor> {
+            let start = entry.cache.len();
+            let q = rotate(&split_heads(&q.narrow(0, first, n)?, shape.heads, hd)?, start)?;
+            let k = rotate(&split_heads(&k.narrow(0, first, n)?, shape.kv_heads, hd)?, start)?;
+            let v = split_heads(&v.narrow(0, first, n)?, shape.kv_heads, hd)?;
+            let out = entry.cache.attend(layer, &q, &k, &v, shape.scale, shape.window)?;
+            merge_heads(&out)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&outs, 0)?)
 }
 
 /// Splits (tokens, heads*d) into (1, heads, tokens, d).

@@ -5,12 +5,13 @@
 //! `x += down(silu(gate(norm(x))) * up(norm(x)))`.
 
 use candle_core::Tensor;
-use rayon::prelude::*;
 
 use crate::activation::Activation;
 use crate::config::{Architecture, TransformerConfig};
 use crate::error::Result;
-use crate::layers::{self, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
+use crate::layers::{
+    self, AttentionShape, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary,
+};
 use crate::weights::WeightSource;
 use crate::{advance_all, batch_rows, BatchEntry, CausalLm};
 
@@ -83,31 +84,17 @@ impl Llama {
     ) -> Result<Tensor> {
         let a = &self.layers[i].attn;
         let hd = self.cfg.head_dim();
-        let (q_all, k_all, v_all) = (a.q.forward(x)?, a.k.forward(x)?, a.v.forward(x)?);
-        // Sequences attend to their own caches: in parallel.
-        let outs = batch
-            .par_iter_mut()
-            .zip(rows)
-            .map(|(entry, &(first, n))| -> Result<Tensor> {
-                let start = entry.cache.len();
-                // 1. split into heads: (1, heads, tokens, head_dim)
-                let q = layers::split_heads(
-                    &q_all.narrow(0, first, n)?,
-                    self.cfg.num_attention_heads,
-                    hd,
-                )?;
-                let k =
-                    layers::split_heads(&k_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
-                let v =
-                    layers::split_heads(&v_all.narrow(0, first, n)?, self.cfg.num_kv_heads(), hd)?;
-                // 2. rotate by absolute position, 3. extend the cache, 4. attend
-                let q = self.rotary.apply(&q, start)?;
-                let k = self.rotary.apply(&k, start)?;
-                let out = entry.cache.attend(i, &q, &k, &v, 1.0 / (hd as f32).sqrt(), None)?;
-                layers::merge_heads(&out)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        a.o.forward(&Tensor::cat(&outs, 0)?)
+        let (q, k, v) = (a.q.forward(x)?, a.k.forward(x)?, a.v.forward(x)?);
+        let shape = AttentionShape {
+            heads: self.cfg.num_attention_heads,
+            kv_heads: self.cfg.num_kv_heads(),
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window: None,
+        };
+        let rotate = |x: &Tensor, start| self.rotary.apply(x, start);
+        let out = layers::attend_sequences(i, [&q, &k, &v], &shape, batch, rows, rotate)?;
+        a.o.forward(&out)
     }
 }
 

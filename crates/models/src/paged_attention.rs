@@ -3,7 +3,8 @@
 //!
 //! One task takes one key/value head and a few consecutive new positions: every query row of
 //! those positions that shares the head (up to [`TASK_ROWS`]) sees each key block converted
-//! and loaded once. Each row is still computed alone in a fixed order: a score is the fused
+//! and loaded once. A decode step with fewer key/value heads than cores splits each head's
+//! query rows instead. Each row is still computed alone in a fixed order: a score is the fused
 //! multiply-add chain of its `d` products in dimension order (scaled after), the softmax adds
 //! its terms in key order, and the output adds `p·v` key by key. Keys a row does not see get
 //! probability zero, which adds nothing, bit for bit. So a row's result does not depend on the
@@ -73,21 +74,18 @@ pub fn attend(
     visibility: Visibility,
 ) -> Vec<f32> {
     let group = query_heads / heads.len().max(1);
-    let positions = (TASK_ROWS / group.max(1)).max(1);
-    // One task per key/value head and few positions: a prefill's new positions spread over
-    // the cores, a decode step's heads too.
-    let tasks: Vec<(usize, usize)> =
-        (0..heads.len()).flat_map(|h| (0..new).step_by(positions).map(move |i| (h, i))).collect();
+    let tasks = Tasks::plan(heads.len(), group, new, rayon::current_num_threads());
     let outputs: Vec<Vec<f32>> = tasks
+        .list
         .par_iter()
-        .map(|&(h, first_i)| {
-            let last_i = (first_i + positions).min(new) - 1;
+        .map(|&(h, first_i, first_head)| {
+            let last_i = (first_i + tasks.positions).min(new) - 1;
             let (from, to) = (visibility.range(first_i).0, visibility.range(last_i).1);
             let keys = visible_runs(&heads[h], d, from, to + 1);
             let mut rows = Rows { queries: Vec::new(), ranges: Vec::new() };
             for i in first_i..=last_i {
                 let (first, last) = visibility.range(i);
-                for head in h * group..(h + 1) * group {
+                for head in h * group + first_head..h * group + tasks.part_end(first_head) {
                     rows.queries.push(&q[(head * new + i) * d..][..d]);
                     rows.ranges.push((first - from, last - from));
                 }
@@ -96,13 +94,50 @@ pub fn attend(
         })
         .collect();
     let mut out = vec![0f32; q.len()];
-    for (&(h, first_i), o) in tasks.iter().zip(&outputs) {
+    for (&(h, first_i, first_head), o) in tasks.list.iter().zip(&outputs) {
+        let part = tasks.part_end(first_head) - first_head;
         for (row, o) in o.chunks_exact(d).enumerate() {
-            let (i, head) = (first_i + row / group, h * group + row % group);
+            let (i, head) = (first_i + row / part, h * group + first_head + row % part);
             out[(head * new + i) * d..][..d].copy_from_slice(o);
         }
     }
     out
+}
+
+/// How attention is cut into tasks: per key/value head, groups of positions and of the query
+/// heads that share it, at most [`TASK_ROWS`] rows each.
+struct Tasks {
+    /// `(key/value head, first position, first query head of the group)` per task.
+    list: Vec<(usize, usize, usize)>,
+    positions: usize,
+    /// Query heads per task.
+    part: usize,
+    group: usize,
+}
+
+impl Tasks {
+    fn plan(kv_heads: usize, group: usize, new: usize, threads: usize) -> Self {
+        let group = group.max(1);
+        let positions = (TASK_ROWS / group).max(1);
+        // Too few tasks for the cores (a decode step of a model with few key/value heads):
+        // the query heads of one key/value head split, each part reading the keys again.
+        let whole = kv_heads * new.div_ceil(positions);
+        let parts = if whole < threads { threads.div_ceil(whole.max(1)) } else { 1 };
+        let part = group.div_ceil(parts).min(TASK_ROWS);
+        let list = (0..kv_heads)
+            .flat_map(|h| {
+                (0..new).step_by(positions).flat_map(move |i| {
+                    (0..group).step_by(part).map(move |first_head| (h, i, first_head))
+                })
+            })
+            .collect();
+        Self { list, positions, part, group }
+    }
+
+    /// One past the last query head (within its group) of the part starting at `first_head`.
+    fn part_end(&self, first_head: usize) -> usize {
+        (first_head + self.part).min(self.group)
+    }
 }
 
 /// The parts of `head`'s runs holding positions `first..end`.
@@ -530,9 +565,10 @@ mod tests {
     fn a_row_does_not_depend_on_the_rows_beside_it_or_the_block_size() {
         let (d, past, new) = (64, 30, 6);
         let total = past + new;
-        // 8 query heads per key/value head: a task takes 2 positions; 2 heads: all 6, each
-        // seeing other keys through the window.
-        for (group, window) in [(8, None), (2, Some(20))] {
+        // 8 query heads per key/value head: a task takes 2 positions (a decode step, alone,
+        // splits them on 2 cores); 2 heads: all 6 positions, each seeing other keys through
+        // the window; 20 heads: more than a task's 16 rows.
+        for (group, window) in [(8, None), (2, Some(20)), (20, None)] {
             let q = sample(group * new * d, 3);
             for kind in KvType::ALL {
                 let (keys, values) = (

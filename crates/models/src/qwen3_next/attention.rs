@@ -4,10 +4,9 @@
 //! by `sigmoid(gate)` before the output projection.
 
 use candle_core::{Tensor, D};
-use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::layers::{self, Linear, RmsNorm, Rotary};
+use crate::layers::{self, AttentionShape, Linear, RmsNorm, Rotary};
 use crate::BatchEntry;
 
 pub struct GatedAttention {
@@ -38,34 +37,22 @@ impl GatedAttention {
         let (tokens, hd) = (x.dim(0)?, self.head_dim);
         let q_and_gate = self.q_and_gate.forward(x)?.reshape((tokens, self.heads, 2 * hd))?;
         let gate = q_and_gate.narrow(2, hd, hd)?.reshape((tokens, self.heads * hd))?;
-        let q_all = q_and_gate.narrow(2, 0, hd)?;
-        let k_all = self.k.forward(x)?.reshape((tokens, self.kv_heads, hd))?;
-        let v_all = self.v.forward(x)?;
-        // Sequences attend to their own caches: in parallel.
-        let outs = batch
-            .par_iter_mut()
-            .zip(rows)
-            .map(|(entry, &(first, n))| -> Result<Tensor> {
-                let start = entry.cache.len();
-                // Norm per head, then (1, heads, tokens, head_dim).
-                let q = self
-                    .q_norm
-                    .forward(&q_all.narrow(0, first, n)?)?
-                    .transpose(0, 1)?
-                    .unsqueeze(0)?;
-                let k = self
-                    .k_norm
-                    .forward(&k_all.narrow(0, first, n)?)?
-                    .transpose(0, 1)?
-                    .unsqueeze(0)?;
-                let v = layers::split_heads(&v_all.narrow(0, first, n)?, self.kv_heads, hd)?;
-                let q = self.rotate(&q, rotary, start)?;
-                let k = self.rotate(&k, rotary, start)?;
-                let out = entry.cache.attend(layer, &q, &k, &v, 1.0 / (hd as f32).sqrt(), None)?;
-                layers::merge_heads(&out)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let out = (Tensor::cat(&outs, 0)? * candle_nn::ops::sigmoid(&gate)?)?;
+        // Each head's query and key normalised, then `(tokens, heads · head_dim)`.
+        let q = self.q_norm.forward(&q_and_gate.narrow(2, 0, hd)?)?;
+        let q = q.reshape((tokens, self.heads * hd))?;
+        let k = self.k.forward(x)?.reshape((tokens, self.kv_heads, hd))?;
+        let k = self.k_norm.forward(&k)?.reshape((tokens, self.kv_heads * hd))?;
+        let v = self.v.forward(x)?;
+        let shape = AttentionShape {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window: None,
+        };
+        let rotate = |x: &Tensor, start| self.rotate(x, rotary, start);
+        let out = layers::attend_sequences(layer, [&q, &k, &v], &shape, batch, rows, rotate)?;
+        let out = (out * candle_nn::ops::sigmoid(&gate)?)?;
         self.o.forward(&out)
     }
 
