@@ -220,6 +220,45 @@ impl BlockMatrix {
     }
 }
 
+impl BlockMatrix {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Rows `ids` as f32 `(ids, cols)`: the values candle's dequantization gives (an embedding
+    /// lookup in a table tied to an output projection held here).
+    pub fn dequantize_rows(&self, ids: &[u32]) -> Result<Tensor> {
+        let blocks = self.cols / BLOCK;
+        let mut out = Vec::with_capacity(ids.len() * self.cols);
+        for &id in ids {
+            let row = id as usize;
+            if row >= self.rows {
+                return Err(ModelError::BadConfig(format!(
+                    "row {id} of a {}-row matrix",
+                    self.rows
+                )));
+            }
+            let (tile, r) = (row / TILE_ROWS, row % TILE_ROWS);
+            let tile =
+                &self.tiles[tile * blocks * self.layout.bytes..][..blocks * self.layout.bytes];
+            for block in tile.chunks_exact(self.layout.bytes) {
+                let f16_at =
+                    |at: usize| f16::from_le_bytes([block[at + 2 * r], block[at + 2 * r + 1]]);
+                let d = f16_at(self.layout.scales_at).to_f32();
+                let m = if self.format.has_minimum() {
+                    f16_at(self.layout.minima_at).to_f32()
+                } else {
+                    0.0
+                };
+                for i in 0..BLOCK {
+                    out.push(d * tile_value(self.format, self.layout, block, r, i) as f32 + m);
+                }
+            }
+        }
+        Ok(Tensor::from_vec(out, (ids.len(), self.cols), &Device::Cpu)?)
+    }
+}
+
 /// Writes row `r`'s part of a tile block from its GGUF block.
 fn pack_row(format: BlockFormat, layout: TileLayout, gguf_block: &[u8], r: usize, out: &mut [u8]) {
     let (quants, d, m) = format.decode(gguf_block);
@@ -501,23 +540,12 @@ mod tests {
             let q = matrix(dtype, rows, cols, 13);
             let dense = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
             let m = BlockMatrix::new(format, rows, cols, &q.data().unwrap()).unwrap();
-            let tile_blocks: Vec<&[u8]> = m.tiles.chunks(m.layout.bytes).collect();
-            for (row, expected) in dense.iter().enumerate() {
-                let ours: Vec<f32> = (0..cols)
-                    .map(|c| {
-                        let block = tile_blocks[row / TILE_ROWS * (cols / BLOCK) + c / BLOCK];
-                        let r = row % TILE_ROWS;
-                        let scale = |at: usize| {
-                            f16::from_le_bytes([block[at + 2 * r], block[at + 2 * r + 1]]).to_f32()
-                        };
-                        let minimum =
-                            if format.has_minimum() { scale(m.layout.minima_at) } else { 0.0 };
-                        let value = tile_value(format, m.layout, block, r, c % BLOCK) as f32;
-                        scale(m.layout.scales_at) * value + minimum
-                    })
-                    .collect();
-                assert_eq!(&ours, expected, "{format:?} row {row}");
+            let ids: Vec<u32> = (0..rows as u32).rev().collect();
+            let ours = m.dequantize_rows(&ids).unwrap().to_vec2::<f32>().unwrap();
+            for (row, got) in ids.iter().zip(&ours) {
+                assert_eq!(got, &dense[*row as usize], "{format:?} row {row}");
             }
+            assert!(m.dequantize_rows(&[rows as u32]).is_err());
         }
     }
 

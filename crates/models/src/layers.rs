@@ -3,6 +3,8 @@
 //! `paged_attention`).
 
 use candle_core::quantized::GgmlDType;
+use std::sync::Arc;
+
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
@@ -26,8 +28,8 @@ pub struct Linear {
 enum LinearWeight {
     Candle(QuantizedMatrix),
     /// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 in 16-row tiles (candle's kernels for these are
-    /// scalar or slower).
-    Block(BlockMatrix),
+    /// scalar or slower); shared with a tied embedding table.
+    Block(Arc<BlockMatrix>),
     /// Ours on CPUs with AVX-512 VNNI: ~1.27× candle's kernel per core.
     Q4K(Q4KMatrix),
     /// Float weights, with a reduction order that does not depend on the row count.
@@ -40,9 +42,9 @@ impl Linear {
             Weight::Quantized(q) => {
                 let (rows, cols) = q.shape().dims2()?;
                 match q.dtype() {
-                    dtype if let Some(format) = BlockFormat::of(dtype) => {
-                        LinearWeight::Block(BlockMatrix::new(format, rows, cols, &q.data()?)?)
-                    }
+                    dtype if let Some(format) = BlockFormat::of(dtype) => LinearWeight::Block(
+                        Arc::new(BlockMatrix::new(format, rows, cols, &q.data()?)?),
+                    ),
                     GgmlDType::Q4K if Q4KMatrix::supported() && Q4KMatrix::fits(rows, cols) => {
                         LinearWeight::Q4K(Q4KMatrix::new(rows, cols, &q.data()?)?)
                     }
@@ -54,6 +56,14 @@ impl Linear {
             Weight::Dense(t) => LinearWeight::Dense(DenseMatrix::new(&t)?),
         };
         Ok(Self { weight, bias })
+    }
+
+    /// The weight's tiles, for a tied embedding table to read (a projection without bias).
+    fn tiles(&self) -> Option<Arc<BlockMatrix>> {
+        match (&self.weight, &self.bias) {
+            (LinearWeight::Block(tiles), None) => Some(tiles.clone()),
+            _ => None,
+        }
     }
 
     /// x: (tokens, in) → (tokens, out)
@@ -73,28 +83,48 @@ impl Linear {
 
 /// Token embedding lookup that never dequantizes the whole table.
 pub struct Embedding {
-    table: Weight,
+    table: EmbeddingTable,
+}
+
+enum EmbeddingTable {
+    Weight(Weight),
+    /// The tiles of the output projection the table is tied to: the table is not held twice.
+    Tiles(Arc<BlockMatrix>),
 }
 
 impl Embedding {
     pub fn new(table: Weight) -> Result<Self> {
-        Ok(Self { table })
+        Ok(Self { table: EmbeddingTable::Weight(table) })
     }
 
-    /// ids → (tokens, hidden)
-    /// Rows of the table.
-    pub fn vocab_size(&self) -> Result<usize> {
-        Ok(match &self.table {
-            Weight::Quantized(q) => q.shape().dims()[0],
-            Weight::Dense(t) => t.dim(0)?,
+    /// The table of an output projection tied to it: read from the projection's own tiles when
+    /// it keeps them (so `table` is dropped), else kept as it is.
+    pub fn tied(table: Weight, head: &Linear) -> Result<Self> {
+        Ok(match head.tiles() {
+            Some(tiles) => Self { table: EmbeddingTable::Tiles(tiles) },
+            None => Self::new(table)?,
         })
     }
 
-    pub fn forward(&self, ids: &[u32]) -> Result<Tensor> {
-        let ids = Tensor::new(ids, &Device::Cpu)?;
+    /// Rows of the table.
+    pub fn vocab_size(&self) -> Result<usize> {
         Ok(match &self.table {
-            Weight::Quantized(q) => q.embedding(&ids)?,
-            Weight::Dense(t) => t.index_select(&ids, 0)?,
+            EmbeddingTable::Weight(Weight::Quantized(q)) => q.shape().dims()[0],
+            EmbeddingTable::Weight(Weight::Dense(t)) => t.dim(0)?,
+            EmbeddingTable::Tiles(tiles) => tiles.rows(),
+        })
+    }
+
+    /// ids → (tokens, hidden)
+    pub fn forward(&self, ids: &[u32]) -> Result<Tensor> {
+        Ok(match &self.table {
+            EmbeddingTable::Weight(Weight::Quantized(q)) => {
+                q.embedding(&Tensor::new(ids, &Device::Cpu)?)?
+            }
+            EmbeddingTable::Weight(Weight::Dense(t)) => {
+                t.index_select(&Tensor::new(ids, &Device::Cpu)?, 0)?
+            }
+            EmbeddingTable::Tiles(tiles) => tiles.dequantize_rows(ids)?,
         })
     }
 }

@@ -203,12 +203,11 @@ impl WeightSource {
     /// The token embedding table, and the output projection (tied to it when the file has none).
     pub fn embedding_and_head(&mut self) -> Result<(Embedding, Linear)> {
         let table = self.weight("token_embd.weight")?;
-        let head = if self.contains("output.weight") {
-            self.linear("output")?
-        } else {
-            Linear::new(table.share(), None)?
-        };
-        Ok((Embedding::new(table)?, head))
+        if self.contains("output.weight") {
+            return Ok((Embedding::new(table)?, self.linear("output")?));
+        }
+        let head = Linear::new(table.share(), None)?;
+        Ok((Embedding::tied(table, &head)?, head))
     }
 }
 
