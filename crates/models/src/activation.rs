@@ -74,13 +74,15 @@ fn gelu_tanh(x: f32) -> f32 {
 
 /// `eˣ` for `x ≤ 0` within 2 ulp, in plain arithmetic the compiler vectorizes (the library's
 /// `expf` is a call per score): `x = n·ln 2 + r` with `|r| ≤ ln 2 / 2`, a degree-6 Taylor
-/// polynomial for `eʳ`, and `2ⁿ` put into the exponent bits. Below −87 the result is 0.
+/// polynomial for `eʳ`, and `2ⁿ` put into the exponent bits. Below −87 the result is 0; above 0, 1.
 #[inline(always)]
 pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     const SHIFT: f32 = 12_582_912.0; // 1.5·2²³: adding it rounds to an integer
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
-    let clamped = x.max(-87.0);
+    // Softmax also passes scores it then discards (keys a row does not see), which may be
+    // positive or infinite: clamped, they cannot overflow the exponent arithmetic.
+    let clamped = x.max(-87.0).min(0.0);
     let n = clamped.mul_add(std::f32::consts::LOG2_E, SHIFT) - SHIFT;
     let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, clamped));
     let mut p: f32 = 1.0 / 720.0;
