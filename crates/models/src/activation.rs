@@ -82,7 +82,7 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     const LN2_LO: f32 = 1.428_606_8e-6;
     // Softmax also passes scores it then discards (keys a row does not see), which may be
     // positive or infinite: clamped, they cannot overflow the exponent arithmetic.
-    let clamped = x.max(-87.0).min(0.0);
+    let clamped = x.clamp(-87.0, 0.0);
     let n = clamped.mul_add(std::f32::consts::LOG2_E, SHIFT) - SHIFT;
     let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, clamped));
     let mut p: f32 = 1.0 / 720.0;
