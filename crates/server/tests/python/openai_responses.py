@@ -42,7 +42,9 @@ tools = [{
     "type": "function",
     "name": "get_weather",
     "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    # OpenAI's strict mode requires additionalProperties false; the grammar then allows no other key.
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                   "additionalProperties": False},
     "strict": True,
 }]
 question = [{"role": "user", "content": "What's the weather in Paris?"}]
