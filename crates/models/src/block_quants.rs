@@ -466,16 +466,8 @@ fn row_dot(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_data::sample;
     use candle_core::quantized::QTensor;
-
-    fn sample(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0)
-                    - 1.0
-            })
-            .collect()
-    }
 
     const FORMATS: [(GgmlDType, BlockFormat); 5] = [
         (GgmlDType::Q4_0, BlockFormat::Q4_0),

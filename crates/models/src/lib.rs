@@ -34,6 +34,8 @@ mod quantized;
 mod qwen3_next;
 mod rope;
 mod small_matmul;
+#[cfg(test)]
+mod test_data;
 mod weights;
 
 use std::collections::HashMap;

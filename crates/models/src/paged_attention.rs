@@ -437,15 +437,7 @@ mod avx512 {
 mod tests {
     use super::*;
     use crate::kv_type::{encode_bf16, encode_f16, encode_q8_0, KvType};
-
-    fn sample(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0)
-                    - 1.0
-            })
-            .collect()
-    }
+    use crate::test_data::sample;
 
     /// Rows of f32 stored as `kind`.
     enum Stored {

@@ -431,16 +431,8 @@ mod vnni {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_data::sample;
     use candle_core::quantized::{GgmlDType, QTensor};
-
-    fn sample(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0)
-                    - 1.0
-            })
-            .collect()
-    }
 
     fn quantized(rows: usize, cols: usize, seed: u32) -> QTensor {
         let w = Tensor::from_vec(sample(rows * cols, seed), (rows, cols), &Device::Cpu).unwrap();
