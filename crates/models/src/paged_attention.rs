@@ -11,9 +11,12 @@
 //! rows beside it (batch, chunking, task), nor on the CPU: the SIMD copies give the portable
 //! copy's bits.
 //!
-//! Scores run over blocks of 16 keys transposed in a scratch buffer, so a register holds one
-//! row's 16 scores and no sum is folded across lanes. Keys and values stored as f16, bf16 or
+//! Scores keep one row per lane (queries transposed), so no sum is folded across lanes; a task
+//! of at most four rows (a decode step) keeps 16 keys per lane instead on AVX-512 (`few_rows`). Keys and values stored as f16, bf16 or
 //! q8_0 are converted to f32 a run at a time as they are read, then used exactly as f32 runs.
+
+#[cfg(target_arch = "x86_64")]
+mod few_rows;
 
 use rayon::prelude::*;
 
@@ -221,6 +224,27 @@ unsafe fn attend_rows_with(
     d: usize,
     scale: f32,
 ) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && rows.queries.len() <= few_rows::FEW_ROWS {
+        // SAFETY: the caller's promise (AVX-512 is chosen only for `d` a multiple of 16).
+        return unsafe { few_rows::attend(runs, rows, d, scale) };
+    }
+    // SAFETY: the caller's promise.
+    unsafe { attend_wide_with(isa, runs, rows, d, scale) }
+}
+
+/// The wide layout: one row per lane.
+///
+/// # Safety
+/// The CPU runs `isa`.
+#[inline(always)]
+unsafe fn attend_wide_with(
+    isa: Isa,
+    runs: HeadRunsSlice<'_>,
+    rows: &Rows<'_>,
+    d: usize,
+    scale: f32,
+) -> Vec<f32> {
     let count = rows.queries.len();
     assert!(count <= TASK_ROWS, "attention task of {count} rows");
     let keys: usize = runs.iter().map(|(k, _)| k.values() / d).sum();
@@ -247,7 +271,7 @@ unsafe fn attend_rows_with(
         for (r0, out) in (0..).step_by(MAX_ROWS).zip(out.chunks_mut(MAX_ROWS * d)) {
             let probs = &probs[first * TASK_ROWS + r0..];
             // SAFETY: the caller's promise.
-            unsafe { outputs_on(isa, values, probs, d, out) };
+            unsafe { outputs_on(isa, values, probs, (TASK_ROWS, 1), d, out) };
         }
         first += values.len() / d;
     }
@@ -283,25 +307,35 @@ fn scores(keys: &[f32], queries: &[f32], d: usize, scale: f32, probs: &mut [f32]
     }
 }
 
+/// Steps between probabilities `(of consecutive keys, of consecutive rows)`.
+type ProbSteps = (usize, usize);
+
 /// Adds the values `values` (`n × d`) to the outputs of up to [`MAX_ROWS`] rows by the kernels
-/// of `isa`; `probs[j · TASK_ROWS + r]` is row `r`'s probability of value `j`.
+/// of `isa`; `probs[j · steps.0 + r · steps.1]` is row `r`'s probability of value `j`.
 #[inline(always)]
-unsafe fn outputs_on(isa: Isa, values: &[f32], probs: &[f32], d: usize, out: &mut [f32]) {
+unsafe fn outputs_on(
+    isa: Isa,
+    values: &[f32],
+    probs: &[f32],
+    steps: ProbSteps,
+    d: usize,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         // SAFETY: the caller's promise.
-        return unsafe { avx512::outputs(values, probs, d, out) };
+        return unsafe { avx512::outputs(values, probs, steps, d, out) };
     }
     let _ = isa;
-    outputs_portable(values, probs, d, out)
+    outputs_portable(values, probs, steps, d, out)
 }
 
-/// `out[r] += Σ_j probs[j · TASK_ROWS + r] · value j`, in key order.
+/// `out[r] += Σ_j probs[j · steps.0 + r · steps.1] · value j`, in key order.
 #[inline(always)]
-fn outputs_portable(values: &[f32], probs: &[f32], d: usize, out: &mut [f32]) {
+fn outputs_portable(values: &[f32], probs: &[f32], steps: ProbSteps, d: usize, out: &mut [f32]) {
     for (j, v) in values.chunks_exact(d).enumerate() {
         for (r, o) in out.chunks_exact_mut(d).enumerate() {
-            let p = probs[j * TASK_ROWS + r];
+            let p = probs[j * steps.0 + r * steps.1];
             for (o, x) in o.iter_mut().zip(v) {
                 *o = p.mul_add(*x, *o);
             }
@@ -346,7 +380,7 @@ fn softmax(probs: &mut [f32], ranges: &[(usize, usize)]) {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{attend_rows_with, HeadRunsSlice, Isa, Rows, LANES, MAX_ROWS, TASK_ROWS};
+    use super::{attend_rows_with, HeadRunsSlice, Isa, ProbSteps, Rows, LANES, MAX_ROWS};
 
     /// [`super::attend_rows_with`] with AVX-512 scores, outputs and conversions.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -362,18 +396,18 @@ mod avx512 {
 
     /// [`super::outputs_portable`] for `d` a multiple of 16, up to [`MAX_ROWS`] rows.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn outputs(vs: &[f32], probs: &[f32], d: usize, out: &mut [f32]) {
+    pub unsafe fn outputs(vs: &[f32], probs: &[f32], steps: ProbSteps, d: usize, out: &mut [f32]) {
         match out.len() / d {
-            1 => outputs_of::<1>(vs, probs, d, out),
-            2 => outputs_of::<2>(vs, probs, d, out),
-            3 => outputs_of::<3>(vs, probs, d, out),
-            4 => outputs_of::<4>(vs, probs, d, out),
-            5 => outputs_of::<5>(vs, probs, d, out),
-            6 => outputs_of::<6>(vs, probs, d, out),
-            7 => outputs_of::<7>(vs, probs, d, out),
+            1 => outputs_of::<1>(vs, probs, steps, d, out),
+            2 => outputs_of::<2>(vs, probs, steps, d, out),
+            3 => outputs_of::<3>(vs, probs, steps, d, out),
+            4 => outputs_of::<4>(vs, probs, steps, d, out),
+            5 => outputs_of::<5>(vs, probs, steps, d, out),
+            6 => outputs_of::<6>(vs, probs, steps, d, out),
+            7 => outputs_of::<7>(vs, probs, steps, d, out),
             rows => {
                 assert_eq!(rows, MAX_ROWS);
-                outputs_of::<MAX_ROWS>(vs, probs, d, out)
+                outputs_of::<MAX_ROWS>(vs, probs, steps, d, out)
             }
         }
     }
@@ -382,9 +416,15 @@ mod avx512 {
     /// broadcast probability serves two products. The accumulators start from `out` (what the
     /// earlier runs added), so a row's sums run through all keys in order, run after run.
     #[target_feature(enable = "avx512f")]
-    unsafe fn outputs_of<const ROWS: usize>(vs: &[f32], probs: &[f32], d: usize, out: &mut [f32]) {
+    unsafe fn outputs_of<const ROWS: usize>(
+        vs: &[f32],
+        probs: &[f32],
+        (key_step, row_step): ProbSteps,
+        d: usize,
+        out: &mut [f32],
+    ) {
         let keys = vs.len() / d;
-        assert!(keys == 0 || probs.len() > (keys - 1) * TASK_ROWS + ROWS - 1);
+        assert!(keys == 0 || probs.len() > (keys - 1) * key_step + (ROWS - 1) * row_step);
         assert!(out.len() == ROWS * d);
         let pairs = d / (2 * LANES) * 2 * LANES;
         for c in (0..pairs).step_by(2 * LANES) {
@@ -401,7 +441,7 @@ mod avx512 {
                     _mm512_loadu_ps(v.as_ptr().add(c + LANES)),
                 ];
                 for (r, a) in acc.iter_mut().enumerate() {
-                    let p = _mm512_set1_ps(*probs.get_unchecked(j * TASK_ROWS + r));
+                    let p = _mm512_set1_ps(*probs.get_unchecked(j * key_step + r * row_step));
                     a[0] = _mm512_fmadd_ps(p, v[0], a[0]);
                     a[1] = _mm512_fmadd_ps(p, v[1], a[1]);
                 }
@@ -420,7 +460,7 @@ mod avx512 {
                 let v = _mm512_loadu_ps(v.as_ptr().add(c));
                 for (r, a) in acc.iter_mut().enumerate() {
                     *a = _mm512_fmadd_ps(
-                        _mm512_set1_ps(*probs.get_unchecked(j * TASK_ROWS + r)),
+                        _mm512_set1_ps(*probs.get_unchecked(j * key_step + r * row_step)),
                         v,
                         *a,
                     );
@@ -559,8 +599,9 @@ mod tests {
         let total = past + new;
         // 8 query heads per key/value head: a task takes 2 positions (a decode step, alone,
         // splits them on 2 cores); 2 heads: all 6 positions, each seeing other keys through
-        // the window; 20 heads: more than a task's 16 rows.
-        for (group, window) in [(8, None), (2, Some(20)), (20, None)] {
+        // the window; 20 heads: more than a task's 16 rows; 3 and 4 heads: a decode step's rows
+        // take the few-row layout.
+        for (group, window) in [(8, None), (2, Some(20)), (20, None), (3, None), (4, Some(9))] {
             let q = sample(group * new * d, 3);
             for kind in KvType::ALL {
                 let (keys, values) = (
@@ -590,7 +631,8 @@ mod tests {
         }
     }
 
-    /// The portable copy over all keys in one run: the order every copy must keep.
+    /// The portable copy of the wide layout over all keys in one run: the order every copy and
+    /// layout must keep.
     fn one_piece(
         keys: &[f32],
         values: &[f32],
@@ -602,7 +644,7 @@ mod tests {
         let rows = Rows { queries: queries.to_vec(), ranges: vec![(0, total - 1); queries.len()] };
         let run = [(KvRows::F32(keys), KvRows::F32(values))];
         // SAFETY: the portable copy runs anywhere.
-        unsafe { attend_rows_with(Isa::Portable, &run, &rows, d, scale) }
+        unsafe { attend_wide_with(Isa::Portable, &run, &rows, d, scale) }
     }
 
     #[test]
@@ -617,7 +659,8 @@ mod tests {
                 Stored::new(kind, &sample(total * d, 6)),
             );
             let head = runs(keys.rows(), values.rows(), d, 8);
-            for rows in [1, 3, 8, 13] {
+            // Up to 4 rows take the few-row layout.
+            for rows in [1, 2, 3, 4, 5, 8, 13] {
                 let queries: Vec<Vec<f32>> = (0..rows).map(|h| sample(d, 40 + h as u32)).collect();
                 let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
                 let want =

@@ -1,0 +1,222 @@
+//! Attention of a task with few query rows on AVX-512: a decode step, where a key/value head
+//! serves one to four query heads. The wide layout keeps one row per lane, so such a task would
+//! leave most lanes idle; here one register holds 16 keys' scores of one row, from keys
+//! transposed 16 at a time. The arithmetic is the wide layout's in the same order (a score is
+//! one fused chain over the dimensions, scaled after; the softmax adds its terms in key order;
+//! the outputs add `p·v` key by key), so a row gets the same bits on either path.
+
+use std::arch::x86_64::*;
+
+use super::{avx512::outputs, HeadRunsSlice, Isa, Rows};
+use crate::activation::exp_nonpositive;
+
+/// Query rows a task may have to take this path.
+pub(super) const FEW_ROWS: usize = 4;
+/// Keys per register.
+const KEY_LANES: usize = 16;
+/// Blocks of 16 keys scored together (independent chains of fused multiply-adds per row).
+const BLOCKS_AT_ONCE: usize = 4;
+/// Keys scored together.
+const CHUNK: usize = KEY_LANES * BLOCKS_AT_ONCE;
+
+/// The outputs (`rows × d`) of up to [`FEW_ROWS`] rows over the keys of `runs`.
+///
+/// # Safety
+/// The CPU runs AVX-512F (with the AVX2 set); `d` is a multiple of 16.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(super) unsafe fn attend(
+    runs: HeadRunsSlice<'_>,
+    rows: &Rows<'_>,
+    d: usize,
+    scale: f32,
+) -> Vec<f32> {
+    assert!(d.is_multiple_of(KEY_LANES), "head size {d}");
+    match rows.queries.len() {
+        1 => attend_rows::<1>(runs, rows, d, scale),
+        2 => attend_rows::<2>(runs, rows, d, scale),
+        3 => attend_rows::<3>(runs, rows, d, scale),
+        count => {
+            assert_eq!(count, FEW_ROWS, "few-row attention of {count} rows");
+            attend_rows::<FEW_ROWS>(runs, rows, d, scale)
+        }
+    }
+}
+
+/// Scores chunk by chunk (keys gathered across runs, then transposed), the softmax row by row,
+/// then the outputs run by run. Probabilities are kept row by row (`ROWS × keys`).
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn attend_rows<const ROWS: usize>(
+    runs: HeadRunsSlice<'_>,
+    rows: &Rows<'_>,
+    d: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let queries: [&[f32]; ROWS] = std::array::from_fn(|r| &rows.queries[r][..d]);
+    let keys: usize = runs.iter().map(|(k, _)| k.values() / d).sum();
+    let mut probs = vec![0f32; ROWS * keys];
+    let mut pending = Vec::with_capacity(CHUNK * d);
+    let mut transposed = vec![0f32; CHUNK * d];
+    let mut scratch = Vec::new();
+    let mut scored = 0;
+    for &(run, _) in runs {
+        let mut rest = run.to_f32_on(Isa::Avx512, &mut scratch);
+        while !rest.is_empty() {
+            let take = (CHUNK * d - pending.len()).min(rest.len());
+            pending.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            let n = pending.len() / d;
+            if n == CHUNK || scored + n == keys {
+                transpose(&pending, d, &mut transposed);
+                for (r, sums) in scores::<ROWS>(&transposed, queries, d).iter().enumerate() {
+                    let mut scaled = [0f32; CHUNK];
+                    for (out, sum) in scaled.chunks_exact_mut(KEY_LANES).zip(sums) {
+                        // SAFETY: 16 floats out.
+                        unsafe {
+                            _mm512_storeu_ps(
+                                out.as_mut_ptr(),
+                                _mm512_mul_ps(*sum, _mm512_set1_ps(scale)),
+                            )
+                        };
+                    }
+                    probs[r * keys + scored..][..n].copy_from_slice(&scaled[..n]);
+                }
+                scored += n;
+                pending.clear();
+            }
+        }
+    }
+    for (r, &(first, last)) in rows.ranges.iter().enumerate() {
+        softmax(&mut probs[r * keys..][..keys], first, last);
+    }
+    let mut out = vec![0f32; ROWS * d];
+    let mut first = 0;
+    for &(_, values) in runs {
+        let values = values.to_f32_on(Isa::Avx512, &mut scratch);
+        // SAFETY: this function's features; `d` is a multiple of 16.
+        unsafe { outputs(values, &probs[first..], (1, keys), d, &mut out) };
+        first += values.len() / d;
+    }
+    out
+}
+
+/// Per row and key of the transposed chunk, `Σ_c query[c] · key[c]`, one fused chain in
+/// dimension order (the keys past the chunk's end are zero; their scores are not kept).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn scores<const ROWS: usize>(
+    transposed: &[f32],
+    queries: [&[f32]; ROWS],
+    d: usize,
+) -> [[__m512; BLOCKS_AT_ONCE]; ROWS] {
+    assert!(transposed.len() == CHUNK * d && queries.iter().all(|q| q.len() == d));
+    let mut sums = [[_mm512_setzero_ps(); BLOCKS_AT_ONCE]; ROWS];
+    for c in 0..d {
+        // SAFETY: block `b`'s dimension `c` is 16 floats inside `transposed`.
+        let keys: [__m512; BLOCKS_AT_ONCE] = std::array::from_fn(|b| unsafe {
+            _mm512_loadu_ps(transposed.as_ptr().add((b * d + c) * KEY_LANES))
+        });
+        for (sums, q) in sums.iter_mut().zip(queries) {
+            // SAFETY: `c < d = q.len()`.
+            let x = _mm512_set1_ps(unsafe { *q.get_unchecked(c) });
+            for (s, k) in sums.iter_mut().zip(keys) {
+                *s = _mm512_fmadd_ps(x, k, *s);
+            }
+        }
+    }
+    sums
+}
+
+/// The softmax of one row's scores over the keys `first..=last` (terms added in key order);
+/// every other key gets probability zero. Adding only the seen keys gives the wide layout's
+/// sum, which adds the zeros too: a non-negative sum plus zero is itself.
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn softmax(probs: &mut [f32], first: usize, last: usize) {
+    let max = probs[first..=last].iter().fold(f32::NEG_INFINITY, |m, &p| m.max(p));
+    for (j, p) in probs.iter_mut().enumerate() {
+        let e = exp_nonpositive(*p - max);
+        *p = if first <= j && j <= last { e } else { 0.0 };
+    }
+    let sum = probs[first..=last].iter().fold(0f32, |s, &p| s + p);
+    for p in probs.iter_mut() {
+        *p /= sum;
+    }
+}
+
+/// Writes the keys `keys` (`m × d`, `m ≤ CHUNK`) transposed in blocks of 16: block `b`'s
+/// dimension `c` holds keys `16b..16b + 16` at `transposed[(b·d + c)·16..]`, missing keys zero.
+#[target_feature(enable = "avx512f")]
+fn transpose(keys: &[f32], d: usize, transposed: &mut [f32]) {
+    let m = keys.len() / d;
+    assert!(m <= CHUNK && d.is_multiple_of(KEY_LANES) && transposed.len() == CHUNK * d);
+    for (b, out) in transposed.chunks_exact_mut(d * KEY_LANES).enumerate() {
+        let present = m.saturating_sub(b * KEY_LANES).min(KEY_LANES);
+        for c in (0..d).step_by(KEY_LANES) {
+            let mut tile = [_mm512_setzero_ps(); KEY_LANES];
+            for (j, row) in tile.iter_mut().enumerate().take(present) {
+                // SAFETY: key `16b + j < m` has `d` values, `c + 16 ≤ d`.
+                *row = unsafe { _mm512_loadu_ps(keys.as_ptr().add((b * KEY_LANES + j) * d + c)) };
+            }
+            for (i, column) in transpose16(tile).iter().enumerate() {
+                // SAFETY: `c + i < d` rows of 16 in `out`.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add((c + i) * KEY_LANES), *column) };
+            }
+        }
+    }
+}
+
+/// The 16 × 16 transpose: pairs of rows interleaved, then pairs of pairs, then the 128-bit
+/// quarters exchanged twice.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in (0..16).step_by(2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    let mut u = [_mm512_setzero_ps(); 16];
+    for i in (0..16).step_by(4) {
+        u[i] = _mm512_shuffle_ps::<0x44>(t[i], t[i + 2]);
+        u[i + 1] = _mm512_shuffle_ps::<0xEE>(t[i], t[i + 2]);
+        u[i + 2] = _mm512_shuffle_ps::<0x44>(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_shuffle_ps::<0xEE>(t[i + 1], t[i + 3]);
+    }
+    for i in [0, 8] {
+        for k in 0..4 {
+            t[i + k] = _mm512_shuffle_f32x4::<0x88>(u[i + k], u[i + k + 4]);
+            t[i + k + 4] = _mm512_shuffle_f32x4::<0xDD>(u[i + k], u[i + k + 4]);
+        }
+    }
+    for k in 0..8 {
+        u[k] = _mm512_shuffle_f32x4::<0x88>(t[k], t[k + 8]);
+        u[k + 8] = _mm512_shuffle_f32x4::<0xDD>(t[k], t[k + 8]);
+    }
+    u
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_data::sample;
+
+    #[test]
+    fn keys_transpose_in_full_and_partial_blocks() {
+        if Isa::best() != Isa::Avx512 {
+            return;
+        }
+        let d = 32;
+        for m in [1, 7, 16, 17, 40, CHUNK] {
+            let keys = sample(m * d, m as u32);
+            let mut got = vec![f32::NAN; CHUNK * d];
+            // SAFETY: the CPU runs AVX-512F (checked above).
+            unsafe { transpose(&keys, d, &mut got) };
+            for j in 0..CHUNK {
+                for c in 0..d {
+                    let (b, lane) = (j / KEY_LANES, j % KEY_LANES);
+                    let want = if j < m { keys[j * d + c] } else { 0.0 };
+                    assert_eq!(got[(b * d + c) * KEY_LANES + lane], want, "{m} keys, {j}, {c}");
+                }
+            }
+        }
+    }
+}
