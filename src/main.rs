@@ -16,15 +16,24 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Transparent huge pages cost more than they save here: the allocator asks for them on its
-/// large regions, so every fresh or purged 2 MiB of a step's buffers or a recurrent-state copy
-/// is zeroed whole on first touch (a fifth of a cached call's time). Weights read no slower on
-/// 4 KiB pages (`spindle bench`: the same prefill and decode speed).
+/// Transparent huge pages cost more than they save for a step's buffers: every fresh or purged
+/// 2 MiB of them, or of a recurrent-state copy, would be zeroed whole on first touch (a fifth of
+/// a cached call's time). They pay for the weights, which a decode step streams once
+/// (`huge_pages` in spindle-models advises them). So the process turns huge pages off except
+/// where advised (Linux 6.18+; the allocator is built never to advise its own regions), or,
+/// on older kernels, off entirely.
 fn use_small_pages() {
     #[cfg(target_os = "linux")]
-    // SAFETY: PR_SET_THP_DISABLE takes plain integers and only sets a flag of this process.
-    if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "transparent huge pages stay on");
+    {
+        /// `PR_THP_DISABLE_EXCEPT_ADVISED` of linux/prctl.h (not in the libc crate yet).
+        const EXCEPT_ADVISED: libc::c_ulong = 1 << 1;
+        // SAFETY: PR_SET_THP_DISABLE takes plain integers and only sets a flag of this process.
+        let set = |flags: libc::c_ulong| unsafe {
+            libc::prctl(libc::PR_SET_THP_DISABLE, 1 as libc::c_ulong, flags, 0 as libc::c_ulong, 0 as libc::c_ulong)
+        } == 0;
+        if !set(EXCEPT_ADVISED) && !set(0) {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "transparent huge pages stay on");
+        }
     }
 }
 

@@ -1,7 +1,9 @@
-//! Spindle's tile kernels for Q5_0 / Q4_1 / Q8_0 against candle's kernels for the same types,
-//! both as the server runs them: candle's through `QuantizedMatrix` (row shards on our
-//! rayon pool, candle's own pool off), ours through `BlockMatrix`. Qwen2.5-0.5B's shapes, one
-//! token (decode) and 64 (a prefill chunk); A and B alternate, medians with min and max.
+//! Spindle's tile kernels for Q5_0 / Q4_1 / Q8_0 / Q4_K / Q6_K against candle's kernels for the
+//! same types, both as the server runs them: candle's through `QuantizedMatrix` (row shards on
+//! our rayon pool, candle's own pool off), ours through `BlockMatrix`, `Q4KMatrix` and
+//! `Q6KMatrix` (the K-quant ones on CPUs with AVX-512 VNNI). Qwen2.5's down projections, one token
+//! (decode) and 64 (a prefill chunk); A and B alternate, medians with min and max and the
+//! weight bytes read per second at one token.
 //! Run: `cargo bench -p spindle-models --bench block_quants`.
 
 use std::sync::Arc;
@@ -9,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use spindle_models::{BlockFormat, BlockMatrix, QuantizedMatrix};
+use spindle_models::{
+    k_quant_kernels_run, BlockFormat, BlockMatrix, Q4KMatrix, Q6KMatrix, QuantizedMatrix,
+};
 
 const REPEATS: usize = 9;
 
@@ -20,33 +24,56 @@ fn main() {
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
     }
     println!("{} rayon threads", rayon::current_num_threads());
-    let formats = [
-        (GgmlDType::Q5_0, BlockFormat::Q5_0),
-        (GgmlDType::Q4_1, BlockFormat::Q4_1),
-        (GgmlDType::Q8_0, BlockFormat::Q8_0),
-    ];
-    for (dtype, format) in formats {
-        // Attention output (896 × 896) and the MLP's down projection (896 × 4864).
-        for (rows, cols) in [(896, 896), (896, 4864)] {
+    let formats =
+        [GgmlDType::Q5_0, GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
+    for dtype in formats {
+        // The MLP down projections of Qwen2.5-0.5B (896 × 4864) and 1.5B (1536 × 8960).
+        for (rows, cols) in [(896, 4864), (1536, 8960)] {
             let weights = Tensor::randn(0f32, 0.05, (rows, cols), &Device::Cpu).unwrap();
             let q = Arc::new(QTensor::quantize(&weights, dtype).unwrap());
             let candle = QuantizedMatrix::new(q.clone(), rayon::current_num_threads()).unwrap();
-            let ours = BlockMatrix::new(format, rows, cols, &q.data().unwrap()).unwrap();
+            let Some(ours) = ours(dtype, rows, cols, &q.data().unwrap()) else {
+                println!("{dtype:?}: no kernel of ours on this CPU");
+                break;
+            };
             for tokens in [1, 64] {
                 let x = Tensor::randn(0f32, 1.0, (tokens, cols), &Device::Cpu).unwrap();
                 let products = (4096 / tokens).clamp(4, 256);
                 let (mut base, mut mine) = (Vec::new(), Vec::new());
                 for _ in 0..REPEATS {
                     base.push(time(products, || candle.forward(&x).unwrap()));
-                    mine.push(time(products, || ours.forward(&x).unwrap()));
+                    mine.push(time(products, || ours(&x)));
                 }
                 let (b, m) = (summary(&mut base), summary(&mut mine));
+                let gb_per_s = q.storage_size_in_bytes() as f64 / (m.0 * 1e3);
                 println!(
-                    "{dtype:?} {rows}x{cols}, {tokens:>2} tokens: candle {:>8.1} µs [{:.1}-{:.1}], ours {:>7.1} µs [{:.1}-{:.1}]; ours / candle = {:.3}",
+                    "{dtype:?} {rows}x{cols}, {tokens:>2} tokens: candle {:>8.1} µs [{:.1}-{:.1}], ours {:>7.1} µs [{:.1}-{:.1}] ({gb_per_s:.1} GB/s of weights); ours / candle = {:.3}",
                     b.0, b.1, b.2, m.0, m.1, m.2, m.0 / b.0
                 );
             }
         }
+    }
+}
+
+/// A product `x ↦ x Wᵀ`.
+type Product = Box<dyn Fn(&Tensor) -> Tensor>;
+
+/// Our kernel for `dtype`, as a product function.
+fn ours(dtype: GgmlDType, rows: usize, cols: usize, data: &[u8]) -> Option<Product> {
+    if let Some(format) = BlockFormat::of(dtype) {
+        let m = BlockMatrix::new(format, rows, cols, data).unwrap();
+        return Some(Box::new(move |x| m.forward(x).unwrap()));
+    }
+    match dtype {
+        GgmlDType::Q4K if k_quant_kernels_run() => {
+            let m = Q4KMatrix::new(rows, cols, data).unwrap();
+            Some(Box::new(move |x| m.forward(x).unwrap()))
+        }
+        GgmlDType::Q6K if k_quant_kernels_run() => {
+            let m = Q6KMatrix::new(rows, cols, data).unwrap();
+            Some(Box::new(move |x| m.forward(x).unwrap()))
+        }
+        _ => None,
     }
 }
 

@@ -23,6 +23,7 @@ use rayon::prelude::*;
 
 use crate::dense::{check_cols, SharedOutput};
 use crate::error::{ModelError, Result};
+use crate::huge_pages;
 use crate::isa::Isa;
 
 /// Values per block.
@@ -175,14 +176,16 @@ impl BlockMatrix {
         let blocks = cols / BLOCK;
         let tiles = rows.div_ceil(TILE_ROWS);
         let mut packed = vec![0u8; tiles * blocks * layout.bytes];
-        packed.par_chunks_mut(layout.bytes).enumerate().for_each(|(at, tile_block)| {
-            let (tile, block) = (at / blocks, at % blocks);
-            for r in 0..TILE_ROWS.min(rows - tile * TILE_ROWS) {
-                let row = tile * TILE_ROWS + r;
-                let from = (row * blocks + block) * format.block_bytes();
-                let gguf_block = &data[from..from + format.block_bytes()];
-                pack_row(format, layout, gguf_block, r, tile_block);
-            }
+        huge_pages::fill(&mut packed, |packed| {
+            packed.par_chunks_mut(layout.bytes).enumerate().for_each(|(at, tile_block)| {
+                let (tile, block) = (at / blocks, at % blocks);
+                for r in 0..TILE_ROWS.min(rows - tile * TILE_ROWS) {
+                    let row = tile * TILE_ROWS + r;
+                    let from = (row * blocks + block) * format.block_bytes();
+                    let gguf_block = &data[from..from + format.block_bytes()];
+                    pack_row(format, layout, gguf_block, r, tile_block);
+                }
+            })
         });
         Ok(Self { format, layout, rows, cols, tiles: packed })
     }

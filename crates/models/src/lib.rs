@@ -21,7 +21,9 @@ mod dense;
 mod error;
 mod gated_deltanet;
 mod gemma3;
+mod huge_pages;
 mod isa;
+mod k_quants;
 mod kv_type;
 mod layers;
 mod llama;
@@ -30,6 +32,7 @@ mod paged_attention;
 mod paged_kv;
 mod projections;
 mod q4_k;
+mod q6_k;
 mod quantized;
 mod qwen3_next;
 mod rope;
@@ -49,6 +52,9 @@ pub use kv_type::KvType;
 pub use paged_kv::{KvShape, PagedKv};
 // The matrix kernels, public for the benchmarks that weigh them against each other.
 pub use block_quants::{BlockFormat, BlockMatrix};
+pub use k_quants::supported as k_quant_kernels_run;
+pub use q4_k::Q4KMatrix;
+pub use q6_k::Q6KMatrix;
 pub use quantized::QuantizedMatrix;
 use weights::{GgufWeights, SafetensorsWeights, WeightSource};
 

@@ -11,25 +11,15 @@
 //! the integer parts are exact, so a token's results do not depend on its batch. The portable
 //! [`dot_reference`] performs the same operations and gives the same bits (tested).
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use half::f16;
-use rayon::prelude::*;
 
-use crate::dense::{check_cols, SharedOutput};
 use crate::error::{ModelError, Result};
+use crate::huge_pages;
+use crate::k_quants::{fits, tiled_product, Activations, TileSums, BLOCK, TILE_ROWS};
 
-/// Values per Q4_K block (one scale and one minimum of its own, 8 sub-blocks of 32).
-const BLOCK: usize = 256;
+/// Bytes of a Q4_K block (one scale and one minimum per 32-value sub-block, 8 of them).
 const BLOCK_BYTES: usize = 144;
-/// Weight rows per tile: one AVX-512 register of 32-bit sums.
-const TILE_ROWS: usize = 16;
-/// Tokens sharing one pass over a tile.
-const GROUP: usize = 4;
-/// Smaller matrices run on the calling thread: handing them to the pool costs more than it
-/// saves (and MoE experts already run in parallel with each other).
-const PARALLEL_MIN_WEIGHTS: usize = 1 << 21;
-/// Inputs quantized in parallel from this many values (a prefill chunk, not a decode step).
-const PARALLEL_MIN_VALUES: usize = 1 << 17;
 
 /// One block of 16 weight rows, laid out for `vpdpbusd`: 64 bytes hold 4 consecutive quants of
 /// each row (low nibbles: sub-block `2p`, high nibbles: sub-block `2p + 1`).
@@ -47,74 +37,6 @@ struct TileBlock {
     dmin: [f16; TILE_ROWS],
 }
 
-/// Activations quantized to 8 bits per 256-value block, one token after another.
-pub struct Activations {
-    cols: usize,
-    /// Per block: the step between quantization levels.
-    d: Vec<f32>,
-    quants: Vec<i8>,
-    /// Per block and sub-block pair: the sums of the two sub-blocks' quants as an i16 pair.
-    pair_sums: Vec<i32>,
-}
-
-impl Activations {
-    /// `x` is `(tokens, cols)` row-major; `cols` a multiple of 256. Symmetric rounding to
-    /// the nearest level (ties to even) of `amax / 127`.
-    pub fn quantize(x: &[f32], cols: usize) -> Self {
-        let blocks = x.len() / BLOCK;
-        let mut out = Self {
-            cols,
-            d: vec![0.0; blocks],
-            quants: vec![0; x.len()],
-            pair_sums: vec![0; blocks * 4],
-        };
-        let quantize = |(((xs, qs), d), sums): BlockSlices| *d = quantize_block(xs, qs, sums);
-        if x.len() >= PARALLEL_MIN_VALUES {
-            let blocks =
-                x.par_chunks(BLOCK).zip(out.quants.par_chunks_mut(BLOCK)).zip(out.d.par_iter_mut());
-            blocks.zip(out.pair_sums.par_chunks_mut(4)).with_min_len(16).for_each(quantize);
-        } else {
-            let blocks = x.chunks(BLOCK).zip(out.quants.chunks_mut(BLOCK)).zip(out.d.iter_mut());
-            blocks.zip(out.pair_sums.chunks_mut(4)).for_each(quantize);
-        }
-        out
-    }
-
-    fn tokens(&self) -> usize {
-        self.quants.len() / self.cols.max(1)
-    }
-}
-
-/// Quantizes one block into `qs` and the sums of its sub-block pairs; returns its step.
-fn quantize_block(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if Q4KMatrix::supported() {
-        // SAFETY: the CPU has the features the function is compiled for.
-        return unsafe { vnni::quantize_block(xs, qs, pair_sums) };
-    }
-    quantize_block_reference(xs, qs, pair_sums)
-}
-
-fn quantize_block_reference(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
-    let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
-    let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-    for (q, v) in qs.iter_mut().zip(xs) {
-        *q = (v * inverse).round_ties_even() as i8;
-    }
-    for (pair, sums) in qs.chunks_exact(64).zip(pair_sums) {
-        let sum = |s: &[i8]| s.iter().map(|&q| q as i32).sum::<i32>();
-        *sums = (sum(&pair[..32]) & 0xFFFF) | (sum(&pair[32..]) << 16);
-    }
-    if amax > 0.0 {
-        1.0 / inverse
-    } else {
-        0.0
-    }
-}
-
-/// One block's input, quants, step and pair sums.
-type BlockSlices<'a> = (((&'a [f32], &'a mut [i8]), &'a mut f32), &'a mut [i32]);
-
 /// A Q4_K matrix of `rows` outputs × `cols` inputs, repacked into 16-row tiles.
 pub struct Q4KMatrix {
     rows: usize,
@@ -124,91 +46,36 @@ pub struct Q4KMatrix {
 }
 
 impl Q4KMatrix {
-    /// Whether this CPU runs the kernel.
-    pub fn supported() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vnni")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    }
-
-    /// Whether a `rows × cols` matrix fits the tiling.
-    pub fn fits(rows: usize, cols: usize) -> bool {
-        rows.is_multiple_of(TILE_ROWS) && cols.is_multiple_of(BLOCK) && rows > 0 && cols > 0
-    }
-
     /// `data` in GGUF's Q4_K layout.
     pub fn new(rows: usize, cols: usize, data: &[u8]) -> Result<Self> {
         let blocks = cols / BLOCK;
-        if !Self::fits(rows, cols) || data.len() != rows * blocks * BLOCK_BYTES {
+        if !fits(rows, cols) || data.len() != rows * blocks * BLOCK_BYTES {
             return Err(ModelError::BadConfig(format!(
                 "Q4_K tensor of {rows}x{cols} with {} bytes does not tile",
                 data.len()
             )));
         }
         let row_bytes = blocks * BLOCK_BYTES;
-        let tiles = (0..rows / TILE_ROWS)
-            .flat_map(|t| (0..blocks).map(move |b| (t, b)))
-            .map(|(t, b)| {
+        let tiles = huge_pages::collect(
+            rows / TILE_ROWS * blocks,
+            (0..rows / TILE_ROWS).flat_map(|t| (0..blocks).map(move |b| (t, b))).map(|(t, b)| {
                 let gguf_block = |r: usize| {
                     let at = (t * TILE_ROWS + r) * row_bytes + b * BLOCK_BYTES;
                     &data[at..at + BLOCK_BYTES]
                 };
                 pack_tile_block(gguf_block)
-            })
-            .collect();
+            }),
+        );
         Ok(Self { rows, cols, tiles })
     }
 
     /// x: (tokens, cols) → (tokens, rows)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        check_cols(x, self.rows, self.cols, "q4_k matmul")?;
-        let x: Vec<f32> = x.contiguous()?.flatten_all()?.to_vec1()?;
-        self.forward_quantized(&Activations::quantize(&x, self.cols))
-    }
-
-    /// The product with activations already quantized (shared by several matrices).
-    pub fn forward_quantized(&self, acts: &Activations) -> Result<Tensor> {
-        if acts.cols != self.cols {
-            return Err(ModelError::BadConfig(format!(
-                "q4_k matmul: {} activation columns for {}",
-                acts.cols, self.cols
-            )));
-        }
-        let tokens = acts.tokens();
         let blocks = self.cols / BLOCK;
-        let mut out = vec![0f32; tokens * self.rows];
-        let target = SharedOutput::new(&mut out);
-        let tile_outputs = |tile: usize| {
-            let target = &target;
-            for first in (0..tokens).step_by(GROUP) {
-                let group = GROUP.min(tokens - first);
-                let mut sums = [[0f32; TILE_ROWS]; GROUP];
-                tile_dot(
-                    &self.tiles[tile * blocks..(tile + 1) * blocks],
-                    acts,
-                    first,
-                    group,
-                    &mut sums,
-                );
-                for (t, row_sums) in sums[..group].iter().enumerate() {
-                    let at = (first + t) * self.rows + tile * TILE_ROWS;
-                    // SAFETY: only this tile's task writes these 16 columns.
-                    unsafe { target.write(at, row_sums) };
-                }
-            }
+        let tile_dot = |tile: usize, acts: &Activations, _: &(), first, group, sums: &mut _| {
+            tile_dot(&self.tiles[tile * blocks..][..blocks], acts, first, group, sums)
         };
-        let tiles = self.rows / TILE_ROWS;
-        if self.rows * self.cols >= PARALLEL_MIN_WEIGHTS {
-            (0..tiles).into_par_iter().for_each(tile_outputs);
-        } else {
-            (0..tiles).for_each(tile_outputs);
-        }
-        Ok(Tensor::from_vec(out, (tokens, self.rows), &Device::Cpu)?)
+        tiled_product(x, self.rows, self.cols, "q4_k matmul", |_| (), tile_dot)
     }
 }
 
@@ -260,10 +127,10 @@ fn tile_dot(
     acts: &Activations,
     first: usize,
     group: usize,
-    sums: &mut [[f32; TILE_ROWS]; GROUP],
+    sums: &mut TileSums,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if Q4KMatrix::supported() {
+    if crate::k_quants::supported() {
         // SAFETY: the CPU has the features the kernel is compiled for.
         unsafe {
             match group {
@@ -319,46 +186,7 @@ fn dot_reference(tile: &[TileBlock], acts: &Activations, token: usize, r: usize)
 mod vnni {
     use std::arch::x86_64::*;
 
-    use super::{Activations, TileBlock, BLOCK, GROUP, TILE_ROWS};
-
-    /// [`super::quantize_block_reference`], 16 values at a time (`vcvtps2dq` rounds to
-    /// nearest even, as `round_ties_even`).
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn quantize_block(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
-        assert!(xs.len() == BLOCK && qs.len() == BLOCK && pair_sums.len() == 4);
-        let mut amax = _mm512_setzero_ps();
-        for i in 0..BLOCK / 16 {
-            amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xs.as_ptr().add(16 * i))));
-        }
-        let amax = _mm512_reduce_max_ps(amax);
-        let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-        let scale = _mm512_set1_ps(inverse);
-        for (half, sums) in pair_sums.iter_mut().enumerate() {
-            let mut sub_sums = [0i32; 2];
-            for (sub, sum) in sub_sums.iter_mut().enumerate() {
-                let mut acc = _mm512_setzero_si512();
-                for j in 0..2 {
-                    let at = half * 64 + sub * 32 + j * 16;
-                    let q = _mm512_cvtps_epi32(_mm512_mul_ps(
-                        _mm512_loadu_ps(xs.as_ptr().add(at)),
-                        scale,
-                    ));
-                    _mm_storeu_si128(
-                        qs.as_mut_ptr().add(at) as *mut __m128i,
-                        _mm512_cvtsepi32_epi8(q),
-                    );
-                    acc = _mm512_add_epi32(acc, q);
-                }
-                *sum = _mm512_reduce_add_epi32(acc);
-            }
-            *sums = (sub_sums[0] & 0xFFFF) | (sub_sums[1] << 16);
-        }
-        if amax > 0.0 {
-            1.0 / inverse
-        } else {
-            0.0
-        }
-    }
+    use super::{Activations, TileBlock, TileSums, BLOCK};
 
     /// [`super::dot_reference`] for 16 rows and `M` tokens from `first`: each 64-byte load
     /// of quants is unpacked once for all `M` tokens.
@@ -367,7 +195,7 @@ mod vnni {
         tile: &[TileBlock],
         acts: &Activations,
         first: usize,
-        sums: &mut [[f32; TILE_ROWS]; GROUP],
+        sums: &mut TileSums,
     ) {
         let blocks = acts.cols / BLOCK;
         let low_nibbles = _mm512_set1_epi8(0x0F);
@@ -433,6 +261,7 @@ mod tests {
     use super::*;
     use crate::test_data::sample;
     use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::Device;
 
     fn quantized(rows: usize, cols: usize, seed: u32) -> QTensor {
         let w = Tensor::from_vec(sample(rows * cols, seed), (rows, cols), &Device::Cpu).unwrap();
@@ -502,24 +331,9 @@ mod tests {
     }
 
     #[test]
-    fn simd_quantization_equals_the_reference() {
-        let mut x = sample(BLOCK * 3, 5);
-        x[7] = -3.5;
-        x[BLOCK..2 * BLOCK].fill(0.0);
-        x[2 * BLOCK + 9] = f32::MIN_POSITIVE;
-        for xs in x.chunks(BLOCK) {
-            let (mut qa, mut qb, mut sa, mut sb) =
-                ([0i8; BLOCK], [0i8; BLOCK], [0i32; 4], [0i32; 4]);
-            let da = quantize_block(xs, &mut qa, &mut sa);
-            let db = quantize_block_reference(xs, &mut qb, &mut sb);
-            assert_eq!((da.to_bits(), qa, sa), (db.to_bits(), qb, sb));
-        }
-    }
-
-    #[test]
     fn shapes_that_do_not_tile_are_refused() {
-        assert!(!Q4KMatrix::fits(24, 256));
-        assert!(!Q4KMatrix::fits(16, 320));
+        assert!(!fits(24, 256));
+        assert!(!fits(16, 320));
         assert!(Q4KMatrix::new(16, 256, &[0; 10]).is_err());
         let q = quantized(16, 256, 1);
         let m = Q4KMatrix::new(16, 256, &q.data().unwrap()).unwrap();

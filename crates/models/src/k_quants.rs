@@ -1,0 +1,221 @@
+//! What the K-quant kernels (`q4_k`, `q6_k`) share: activations quantized to 8 bits per
+//! 256-value block, and the product's outer loop over 16-row tiles and groups of tokens.
+//!
+//! Each output is reduced block by block in the same order whatever tokens share its pass, so a
+//! token's results do not depend on its batch.
+
+use candle_core::{Device, Tensor};
+use rayon::prelude::*;
+
+use crate::dense::{check_cols, SharedOutput};
+use crate::error::{ModelError, Result};
+
+/// Values per K-quant block.
+pub(crate) const BLOCK: usize = 256;
+/// Weight rows per tile: one AVX-512 register of 32-bit sums.
+pub(crate) const TILE_ROWS: usize = 16;
+/// Tokens sharing one pass over a tile.
+pub(crate) const GROUP: usize = 4;
+/// Smaller matrices run on the calling thread: handing them to the pool costs more than it
+/// saves (and MoE experts already run in parallel with each other).
+const PARALLEL_MIN_WEIGHTS: usize = 1 << 21;
+/// Inputs quantized in parallel from this many values (a prefill chunk, not a decode step).
+const PARALLEL_MIN_VALUES: usize = 1 << 17;
+
+/// Whether this CPU runs the K-quant kernels (AVX-512 with VNNI; others keep candle's).
+pub fn supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether a `rows × cols` matrix fits the tiling.
+pub(crate) fn fits(rows: usize, cols: usize) -> bool {
+    rows.is_multiple_of(TILE_ROWS) && cols.is_multiple_of(BLOCK) && rows > 0 && cols > 0
+}
+
+/// Sums of 16 tile rows for up to [`GROUP`] tokens: `sums[t][r]`.
+pub(crate) type TileSums = [[f32; TILE_ROWS]; GROUP];
+
+/// `x (tokens, cols) → (tokens, rows)`: `tile_dot(tile, acts, extra, first, group, sums)`
+/// fills the sums of tile `tile` for tokens `first..first + group`; `extra` is what `prepare`
+/// derives from the quantized activations once per product.
+pub(crate) fn tiled_product<E: Sync>(
+    x: &Tensor,
+    rows: usize,
+    cols: usize,
+    name: &'static str,
+    prepare: impl FnOnce(&Activations) -> E,
+    tile_dot: impl Fn(usize, &Activations, &E, usize, usize, &mut TileSums) + Sync,
+) -> Result<Tensor> {
+    check_cols(x, rows, cols, name)?;
+    let x: Vec<f32> = x.contiguous()?.flatten_all()?.to_vec1()?;
+    let acts = Activations::quantize(&x, cols);
+    if acts.cols != cols {
+        return Err(ModelError::BadConfig(format!("{name}: {} columns for {cols}", acts.cols)));
+    }
+    let extra = prepare(&acts);
+    let tokens = acts.tokens();
+    let mut out = vec![0f32; tokens * rows];
+    let target = SharedOutput::new(&mut out);
+    let tile_outputs = |tile: usize| {
+        let target = &target;
+        for first in (0..tokens).step_by(GROUP) {
+            let group = GROUP.min(tokens - first);
+            let mut sums = [[0f32; TILE_ROWS]; GROUP];
+            tile_dot(tile, &acts, &extra, first, group, &mut sums);
+            for (t, row_sums) in sums[..group].iter().enumerate() {
+                let at = (first + t) * rows + tile * TILE_ROWS;
+                // SAFETY: only this tile's task writes these 16 columns.
+                unsafe { target.write(at, row_sums) };
+            }
+        }
+    };
+    let tiles = rows / TILE_ROWS;
+    if rows * cols >= PARALLEL_MIN_WEIGHTS {
+        (0..tiles).into_par_iter().for_each(tile_outputs);
+    } else {
+        (0..tiles).for_each(tile_outputs);
+    }
+    Ok(Tensor::from_vec(out, (tokens, rows), &Device::Cpu)?)
+}
+
+/// Activations quantized to 8 bits per 256-value block, one token after another.
+pub(crate) struct Activations {
+    pub cols: usize,
+    /// Per block: the step between quantization levels.
+    pub d: Vec<f32>,
+    pub quants: Vec<i8>,
+    /// Per block and sub-block pair: the sums of the two sub-blocks' quants as an i16 pair.
+    pub pair_sums: Vec<i32>,
+}
+
+impl Activations {
+    /// `x` is `(tokens, cols)` row-major; `cols` a multiple of 256. Symmetric rounding to
+    /// the nearest level (ties to even) of `amax / 127`.
+    pub fn quantize(x: &[f32], cols: usize) -> Self {
+        let blocks = x.len() / BLOCK;
+        let mut out = Self {
+            cols,
+            d: vec![0.0; blocks],
+            quants: vec![0; x.len()],
+            pair_sums: vec![0; blocks * 4],
+        };
+        let quantize = |(((xs, qs), d), sums): BlockSlices| *d = quantize_block(xs, qs, sums);
+        if x.len() >= PARALLEL_MIN_VALUES {
+            let blocks =
+                x.par_chunks(BLOCK).zip(out.quants.par_chunks_mut(BLOCK)).zip(out.d.par_iter_mut());
+            blocks.zip(out.pair_sums.par_chunks_mut(4)).with_min_len(16).for_each(quantize);
+        } else {
+            let blocks = x.chunks(BLOCK).zip(out.quants.chunks_mut(BLOCK)).zip(out.d.iter_mut());
+            blocks.zip(out.pair_sums.chunks_mut(4)).for_each(quantize);
+        }
+        out
+    }
+
+    pub fn tokens(&self) -> usize {
+        self.quants.len() / self.cols.max(1)
+    }
+}
+
+/// Quantizes one block into `qs` and the sums of its sub-block pairs; returns its step.
+fn quantize_block(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if supported() {
+        // SAFETY: the CPU has the features the function is compiled for.
+        return unsafe { vnni::quantize_block(xs, qs, pair_sums) };
+    }
+    quantize_block_reference(xs, qs, pair_sums)
+}
+
+fn quantize_block_reference(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
+    let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    for (q, v) in qs.iter_mut().zip(xs) {
+        *q = (v * inverse).round_ties_even() as i8;
+    }
+    for (pair, sums) in qs.chunks_exact(64).zip(pair_sums) {
+        let sum = |s: &[i8]| s.iter().map(|&q| q as i32).sum::<i32>();
+        *sums = (sum(&pair[..32]) & 0xFFFF) | (sum(&pair[32..]) << 16);
+    }
+    if amax > 0.0 {
+        1.0 / inverse
+    } else {
+        0.0
+    }
+}
+
+/// One block's input, quants, step and pair sums.
+type BlockSlices<'a> = (((&'a [f32], &'a mut [i8]), &'a mut f32), &'a mut [i32]);
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use std::arch::x86_64::*;
+
+    use super::BLOCK;
+
+    /// [`super::quantize_block_reference`], 16 values at a time (`vcvtps2dq` rounds to
+    /// nearest even, as `round_ties_even`).
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn quantize_block(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
+        assert!(xs.len() == BLOCK && qs.len() == BLOCK && pair_sums.len() == 4);
+        let mut amax = _mm512_setzero_ps();
+        for i in 0..BLOCK / 16 {
+            amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xs.as_ptr().add(16 * i))));
+        }
+        let amax = _mm512_reduce_max_ps(amax);
+        let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let scale = _mm512_set1_ps(inverse);
+        for (half, sums) in pair_sums.iter_mut().enumerate() {
+            let mut sub_sums = [0i32; 2];
+            for (sub, sum) in sub_sums.iter_mut().enumerate() {
+                let mut acc = _mm512_setzero_si512();
+                for j in 0..2 {
+                    let at = half * 64 + sub * 32 + j * 16;
+                    let q = _mm512_cvtps_epi32(_mm512_mul_ps(
+                        _mm512_loadu_ps(xs.as_ptr().add(at)),
+                        scale,
+                    ));
+                    _mm_storeu_si128(
+                        qs.as_mut_ptr().add(at) as *mut __m128i,
+                        _mm512_cvtsepi32_epi8(q),
+                    );
+                    acc = _mm512_add_epi32(acc, q);
+                }
+                *sum = _mm512_reduce_add_epi32(acc);
+            }
+            *sums = (sub_sums[0] & 0xFFFF) | (sub_sums[1] << 16);
+        }
+        if amax > 0.0 {
+            1.0 / inverse
+        } else {
+            0.0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_data::sample;
+
+    #[test]
+    fn simd_quantization_equals_the_reference() {
+        let mut x = sample(BLOCK * 3, 5);
+        x[7] = -3.5;
+        x[BLOCK..2 * BLOCK].fill(0.0);
+        x[2 * BLOCK + 9] = f32::MIN_POSITIVE;
+        for xs in x.chunks(BLOCK) {
+            let (mut qa, mut qb, mut sa, mut sb) =
+                ([0i8; BLOCK], [0i8; BLOCK], [0i32; 4], [0i32; 4]);
+            let da = quantize_block(xs, &mut qa, &mut sa);
+            let db = quantize_block_reference(xs, &mut qb, &mut sb);
+            assert_eq!((da.to_bits(), qa, sa), (db.to_bits(), qb, sb));
+        }
+    }
+}
