@@ -14,7 +14,7 @@
 # Qwen3.5-MoE of `spindle bench --hybrid-blocks` (35B-A3B per-layer shape, B blocks of 4 layers).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ROUNDS=3 MODELS=smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m THREADS=2 PP=512 TG=128 DEPTH=8192 DEPTH_PP=1024
+ROUNDS=3 MODELS=smollm2-135m,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b,gemma3-270m THREADS=2 PP=512 TG=128 DEPTH=8192 DEPTH_PP=1024
 NPL=8 NPL_PP=128 HYBRID=0
 while [ $# -gt 0 ]; do
   case "$1" in
