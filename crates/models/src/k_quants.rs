@@ -8,7 +8,7 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 use crate::dense::{check_cols, SharedOutput};
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 
 /// Values per K-quant block.
 pub(crate) const BLOCK: usize = 256;
@@ -56,9 +56,6 @@ pub(crate) fn tiled_product<E: Sync>(
     check_cols(x, rows, cols, name)?;
     let x: Vec<f32> = x.contiguous()?.flatten_all()?.to_vec1()?;
     let acts = Activations::quantize(&x, cols);
-    if acts.cols != cols {
-        return Err(ModelError::BadConfig(format!("{name}: {} columns for {cols}", acts.cols)));
-    }
     let extra = prepare(&acts);
     let tokens = acts.tokens();
     let mut out = vec![0f32; tokens * rows];
