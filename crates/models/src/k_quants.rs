@@ -82,6 +82,38 @@ pub(crate) fn tiled_product<E: Sync>(
     Ok(Tensor::from_vec(out, (tokens, rows), &Device::Cpu)?)
 }
 
+/// For the kernels' tests: `product` of `q` (rows × cols) on 3 tokens is the product of the
+/// dequantized weights within what the 8-bit activations move it: each activation by at most
+/// half a level (amax/254 of its block).
+#[cfg(test)]
+pub(crate) fn assert_within_activation_rounding(
+    q: &candle_core::quantized::QTensor,
+    product: impl Fn(&Tensor) -> Result<Tensor>,
+) {
+    let (rows, cols) = q.shape().dims2().unwrap();
+    let tokens = 3;
+    let dense = q.dequantize(&Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+    let x = crate::test_data::sample(tokens * cols, 3);
+    let input = Tensor::from_vec(x.clone(), (tokens, cols), &Device::Cpu).unwrap();
+    let got = product(&input).unwrap().to_vec2::<f32>().unwrap();
+    assert_eq!((got.len(), got[0].len()), (tokens, rows));
+    for (t, xs) in x.chunks(cols).enumerate() {
+        for (r, w) in dense.iter().enumerate() {
+            let exact: f32 = w.iter().zip(xs).map(|(a, b)| a * b).sum();
+            let bound = w.iter().zip(xs.chunks(BLOCK).flat_map(|b| {
+                let amax = b.iter().fold(0f32, |a, v| a.max(v.abs()));
+                std::iter::repeat_n(amax / 254.0, BLOCK)
+            }));
+            let bound = bound.map(|(w, e)| w.abs() * e).sum::<f32>() * 1.01 + 1e-4;
+            assert!(
+                (exact - got[t][r]).abs() <= bound,
+                "({t}, {r}): {exact} vs {} (bound {bound})",
+                got[t][r]
+            );
+        }
+    }
+}
+
 /// Activations quantized to 8 bits per 256-value block, one token after another.
 pub(crate) struct Activations {
     pub cols: usize,
