@@ -21,8 +21,11 @@ const CONV_KERNEL: usize = 4;
 /// Bumped whenever the written bytes change, so a file from an older writer is not reused.
 /// Revision 2: the convolution as a (channels, kernel) matrix and the rope sections, as
 /// llama.cpp's converter writes them, so llama-server loads the same file. Revision 3: every
-/// shape carries the default model's tokenizer (llama.cpp refuses a file without one).
-const FILE_REVISION: u32 = 3;
+/// shape carries the default model's tokenizer (llama.cpp refuses a file without one). Revision 4:
+/// Qwen3.5's trained context (262,144), so long prompts are measured on the shape too.
+const FILE_REVISION: u32 = 4;
+/// Qwen3.5-MoE's `context_length`.
+const TRAINED_CONTEXT: usize = 262_144;
 
 /// The per-layer sizes of a Qwen3.5-MoE: hybrid blocks of 3 linear-attention layers and 1
 /// full-attention layer, every layer a sparse MoE with a shared expert.
@@ -234,7 +237,7 @@ fn metadata(s: &HybridShape, layers: usize) -> Vec<(String, Value)> {
     vec![
         ("general.architecture".into(), Value::String(arch.into())),
         (format!("{arch}.block_count"), u(layers)),
-        (format!("{arch}.context_length"), u(8192)),
+        (format!("{arch}.context_length"), u(TRAINED_CONTEXT)),
         (format!("{arch}.embedding_length"), u(s.hidden)),
         (format!("{arch}.attention.head_count"), u(s.heads)),
         (format!("{arch}.attention.head_count_kv"), u(s.kv_heads)),
