@@ -81,7 +81,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.hybrid_blocks > 0 {
         let path = crate::random_hybrid::path(args.hybrid_blocks)?;
-        let model = spindle_models::load_gguf(&path)?.model;
+        let model = spindle_models::load_gguf(&path)?;
         let vocab = model.config().vocab_size as u32;
         // Random weights: any fixed token sequence serves.
         let prompt: Vec<u32> =

@@ -57,6 +57,9 @@ impl Gemma3 {
                 Ok(RmsNorm::new(t, eps))
             }
         };
+        // The largest tensor first, while little else is in memory: loading it briefly needs
+        // twice its size (the file's bytes, then candle's copy) and then its tiles.
+        let (embed, head) = w.embedding_and_head()?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let b = format!("blk.{i}");
@@ -81,7 +84,6 @@ impl Gemma3 {
                 window: if global { None } else { cfg.sliding_window },
             });
         }
-        let (embed, head) = w.embedding_and_head()?;
         let norm = norm(w, "output_norm.weight".to_string())?;
         let hd = cfg.head_dim();
         Ok(Self {

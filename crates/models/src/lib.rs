@@ -5,10 +5,10 @@
 //!
 //! ```no_run
 //! # fn main() -> spindle_models::Result<()> {
-//! let loaded = spindle_models::load_gguf(std::path::Path::new("model.gguf"))?;
-//! let mut cache = loaded.model.new_cache(2048);
-//! let logits = loaded.model.forward(&[1, 2, 3], &mut cache)?; // prefill
-//! let next = loaded.model.forward(&[4], &mut cache)?;        // one decode step
+//! let model = spindle_models::load_gguf(std::path::Path::new("model.gguf"))?;
+//! let mut cache = model.new_cache(2048);
+//! let logits = model.forward(&[1, 2, 3], &mut cache)?; // prefill
+//! let next = model.forward(&[4], &mut cache)?;        // one decode step
 //! # Ok(()) }
 //! ```
 
@@ -135,54 +135,49 @@ pub(crate) fn advance_all(batch: &mut [BatchEntry<'_>]) {
     }
 }
 
-/// A loaded model, plus the GGUF header it came from (tokenizer and chat template live there).
-pub struct LoadedModel {
-    pub model: Box<dyn CausalLm>,
-    pub gguf_metadata: Option<HashMap<String, Value>>,
+/// The header of a `.gguf` file (architecture, tokenizer, chat template), without its tensors.
+pub fn read_gguf_metadata(path: &Path) -> Result<HashMap<String, Value>> {
+    Ok(GgufWeights::open(path, false)?.into_metadata())
 }
 
-/// Loads a `.gguf` file.
-pub fn load_gguf(path: &Path) -> Result<LoadedModel> {
+/// Loads a `.gguf` file's model (its tokenizer comes from [`read_gguf_metadata`]).
+pub fn load_gguf(path: &Path) -> Result<Box<dyn CausalLm>> {
     open_gguf(path, false)
 }
 
 /// Loads a `.gguf` file with every weight dequantized to f32 and run as dense f32 matmuls:
 /// several times larger and slower, but free of activation quantization, so its logits can be
 /// compared tightly with an f32 reference (transformers) to check the model math itself.
-pub fn load_gguf_f32(path: &Path) -> Result<LoadedModel> {
+pub fn load_gguf_f32(path: &Path) -> Result<Box<dyn CausalLm>> {
     open_gguf(path, true)
 }
 
-fn open_gguf(path: &Path, dequantize: bool) -> Result<LoadedModel> {
+fn open_gguf(path: &Path, dequantize: bool) -> Result<Box<dyn CausalLm>> {
     let gguf = GgufWeights::open(path, dequantize)?;
     let arch =
         gguf.metadata().get("general.architecture").and_then(|v| v.to_string().ok()).cloned();
     if arch.is_some_and(|a| qwen3_next::GGUF_ARCHITECTURES.contains(&a.as_str())) {
+        let gguf = gguf.without_tokenizer();
         let metadata = gguf.metadata().clone();
-        let model =
-            Box::new(qwen3_next::Qwen3Next::load_gguf(&mut WeightSource::Gguf(gguf), &metadata)?);
-        return Ok(LoadedModel { model, gguf_metadata: Some(metadata) });
+        let model = qwen3_next::Qwen3Next::load_gguf(&mut WeightSource::Gguf(gguf), &metadata)?;
+        return Ok(Box::new(model));
     }
     let cfg = TransformerConfig::from_gguf(gguf.metadata())?;
-    let metadata = gguf.metadata().clone();
-    let model = build(cfg, &mut WeightSource::Gguf(gguf))?;
-    Ok(LoadedModel { model, gguf_metadata: Some(metadata) })
+    build(cfg, &mut WeightSource::Gguf(gguf.without_tokenizer()))
 }
 
 /// Loads a folder with `config.json` and `*.safetensors`.
-pub fn load_safetensors(dir: &Path) -> Result<LoadedModel> {
+pub fn load_safetensors(dir: &Path) -> Result<Box<dyn CausalLm>> {
     let config_path = dir.join("config.json");
     let text = std::fs::read_to_string(&config_path)
         .map_err(|source| ModelError::Io { path: config_path, source })?;
     if let Some(hybrid) = qwen3_next::HybridConfig::detect(&text)? {
         let source = SafetensorsWeights::open(dir, Architecture::Qwen3Next)?;
-        let model = Box::new(qwen3_next::Qwen3Next::load_safetensors(hybrid, &source)?);
-        return Ok(LoadedModel { model, gguf_metadata: None });
+        return Ok(Box::new(qwen3_next::Qwen3Next::load_safetensors(hybrid, &source)?));
     }
     let cfg = TransformerConfig::from_hf_json(&text)?;
     let source = SafetensorsWeights::open(dir, cfg.architecture)?;
-    let model = build(cfg, &mut WeightSource::Safetensors(source))?;
-    Ok(LoadedModel { model, gguf_metadata: None })
+    build(cfg, &mut WeightSource::Safetensors(source))
 }
 
 fn build(cfg: TransformerConfig, weights: &mut WeightSource) -> Result<Box<dyn CausalLm>> {

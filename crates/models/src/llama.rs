@@ -48,6 +48,9 @@ impl Llama {
         };
         let rotary = Rotary::new(cfg.head_dim(), cfg.rope_theta, &cfg.rope_scaling, style);
         let eps = cfg.rms_norm_eps;
+        // The largest tensor first, while little else is in memory: loading it briefly needs
+        // twice its size (the file's bytes, then candle's copy) and then its tiles.
+        let (embed, head) = w.embedding_and_head()?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let b = format!("blk.{i}");
@@ -68,7 +71,6 @@ impl Llama {
                 )?,
             });
         }
-        let (embed, head) = w.embedding_and_head()?;
         let norm = RmsNorm::new(w.dense("output_norm.weight")?, eps);
         Ok(Self { cfg, embed, layers, norm, head, rotary })
     }

@@ -56,6 +56,17 @@ impl GgufWeights {
     pub fn metadata(&self) -> &HashMap<String, gguf_file::Value> {
         &self.content.metadata
     }
+
+    pub fn into_metadata(self) -> HashMap<String, gguf_file::Value> {
+        self.content.metadata
+    }
+
+    /// Drops the `tokenizer.*` keys: the weights never read them, and a 262K-token vocabulary's
+    /// strings and scores would otherwise stay in memory while every tensor is loaded.
+    pub fn without_tokenizer(mut self) -> Self {
+        self.content.metadata.retain(|key, _| !key.starts_with("tokenizer."));
+        self
+    }
 }
 
 /// Turns candle's GGUF parse errors into ones that name the problem.

@@ -44,17 +44,17 @@ fn rewritten(dtype: GgmlDType, matrices: usize) -> (Reference, PathBuf, tempfile
 fn fast_path_follows_f32_path(dtype: GgmlDType, matrices: usize, tol: Tolerance) {
     let (reference, path, _dir) = rewritten(dtype, matrices);
     let f32_path = {
-        let model = load_gguf_f32(&path).unwrap().model;
+        let model = load_gguf_f32(&path).unwrap();
         reference.recorded(model.as_ref(), &format!("load_gguf_f32 of the {dtype:?} file"))
     };
-    let model = load_gguf(&path).unwrap().model;
+    let model = load_gguf(&path).unwrap();
     f32_path.assert_followed_by(model.as_ref(), "load_gguf", tol);
 }
 
 /// A float file, whose two paths coincide, against transformers.
 fn float_file_follows_transformers(dtype: GgmlDType, tol: Tolerance) {
     let (reference, path, _dir) = rewritten(dtype, MATRICES);
-    let model = load_gguf(&path).unwrap().model;
+    let model = load_gguf(&path).unwrap();
     reference.assert_followed_by(model.as_ref(), &format!("load_gguf of the {dtype:?} file"), tol);
 }
 

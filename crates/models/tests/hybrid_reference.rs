@@ -69,7 +69,7 @@ fn load(name: &str, format: Format) -> (Box<dyn CausalLm>, Fixture) {
         Format::Safetensors => load_safetensors(&dir),
         Format::Gguf => load_gguf(&dir.join("model.gguf")),
     };
-    (model.unwrap().model, fixture)
+    (model.unwrap(), fixture)
 }
 
 fn check_against_transformers(name: &str, format: Format) {
@@ -171,8 +171,8 @@ fn quantized_hybrid_gguf_follows_its_dequantized_weights() {
             common::gguf_rewrite::rewrite_gguf(&dir(name).join("model.gguf"), &q8, GgmlDType::Q8_0)
                 > 0
         );
-        let quantized = load_gguf(&q8).unwrap().model;
-        let dequantized = load_gguf_f32(&q8).unwrap().model;
+        let quantized = load_gguf(&q8).unwrap();
+        let dequantized = load_gguf_f32(&q8).unwrap();
         let (_, fx) = load(name, Format::Gguf);
         for p in &fx.prompts {
             let a = quantized.forward(&p.ids, &mut quantized.new_cache(256)).unwrap();
@@ -224,7 +224,7 @@ fn an_mtp_head_is_loaded_when_present() {
     );
     candle_core::safetensors::save(&mtp, tmp.path().join("mtp.safetensors")).unwrap();
 
-    let with_mtp = load_safetensors(tmp.path()).unwrap().model;
+    let with_mtp = load_safetensors(tmp.path()).unwrap();
     let (without, fx) = load("qwen3_5_moe", Format::Safetensors);
     assert_eq!(with_mtp.mtp_layers(), 1);
     assert_eq!(without.mtp_layers(), 0);

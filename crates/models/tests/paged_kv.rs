@@ -25,18 +25,18 @@ fn smollm2() -> Box<dyn CausalLm> {
             spindle_hub::ModelFiles::Gguf(p) => p,
             other => panic!("smollm2-135m resolved to {other:?}"),
         };
-    load_gguf(&path).unwrap().model
+    load_gguf(&path).unwrap()
 }
 
 fn tiny_hybrid() -> Box<dyn CausalLm> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe");
-    load_safetensors(&dir).unwrap().model
+    load_safetensors(&dir).unwrap()
 }
 
 fn tiny_hybrid_gguf() -> Box<dyn CausalLm> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/data/hybrid/qwen3_5_moe/model.gguf");
-    load_gguf(&path).unwrap().model
+    load_gguf(&path).unwrap()
 }
 
 fn prompt(len: usize, seed: u32) -> Vec<u32> {
@@ -221,7 +221,7 @@ fn sequences_batched_together_match_sequences_alone() {
         .join("../../tests/data/hybrid/qwen3_5_moe/model.gguf");
     assert!(common::gguf_rewrite::rewrite_gguf(&source, &q8, GgmlDType::Q8_0) > 0);
     check_batch_invariance(
-        load_gguf(&q8).unwrap().model.as_ref(),
+        load_gguf(&q8).unwrap().as_ref(),
         KvType::default(),
         "qwen3_5_moe (Q8_0 GGUF)",
     );

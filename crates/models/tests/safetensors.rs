@@ -164,7 +164,7 @@ fn check(name: &str, dtype: DType, tol: Tolerance) {
             tensors.into_iter().map(|(k, t)| (k, t.to_dtype(dtype).unwrap())).collect();
         candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
     }
-    let model = spindle_models::load_safetensors(dir.path()).unwrap().model;
+    let model = spindle_models::load_safetensors(dir.path()).unwrap();
     reference.assert_followed_by(model.as_ref(), &format!("{dtype:?} safetensors"), tol);
 }
 

@@ -16,7 +16,7 @@ use spindle_models::load_gguf_f32;
 
 fn check_model(name: &str) {
     let (reference, gguf) = Reference::transformers(name);
-    let model = load_gguf_f32(&gguf).unwrap().model;
+    let model = load_gguf_f32(&gguf).unwrap();
     reference.assert_followed_by(model.as_ref(), "load_gguf_f32", SAME_WEIGHTS);
 }
 

@@ -38,7 +38,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn yarn_logits_follow_transformers_past_the_original_context() {
     let fx = fixture();
-    let model = load_safetensors(&dir()).unwrap().model;
+    let model = load_safetensors(&dir()).unwrap();
     // A prefill that crosses position 32, then one token at a time through the cache to 99.
     let prefill = 40;
     let mut cache = model.new_cache(128);
@@ -68,7 +68,7 @@ fn the_same_weights_without_yarn_do_not_match() {
     std::fs::write(scratch.path().join("config.json"), config.to_string()).unwrap();
     std::fs::copy(dir().join("model.safetensors"), scratch.path().join("model.safetensors"))
         .unwrap();
-    let model = load_safetensors(scratch.path()).unwrap().model;
+    let model = load_safetensors(scratch.path()).unwrap();
     let logits = model.forward(&fx.ids, &mut model.new_cache(128)).unwrap();
     let d = max_diff(&logits, fx.position_logits.last().unwrap());
     eprintln!("without yarn: max |logit diff| {d}");

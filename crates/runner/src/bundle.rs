@@ -32,25 +32,26 @@ impl ModelBundle {
             .map_err(|e| RunnerError::Load(format!("cannot read the model files: {e}")))?;
         match files {
             ModelFiles::Gguf(path) => {
-                let loaded = spindle_models::load_gguf(path)?;
-                let meta = loaded
-                    .gguf_metadata
-                    .as_ref()
-                    .ok_or_else(|| RunnerError::Load("GGUF header missing".into()))?;
-                let tokenizer = Tokenizer::from_gguf(meta)?;
-                let template =
-                    ChatTemplate::from_gguf(meta, &tokenizer)?.unwrap_or_else(ChatTemplate::chatml);
-                Ok(Self { model: loaded.model, tokenizer, template, fingerprint })
+                // The weights before the tokenizer, whose vocabulary the weights' load does not
+                // hold: their peak (the largest tensor, loaded first) and the tokenizer's (a few
+                // times its own size while it is built: ~135 MB for Gemma 3's 262K vocabulary)
+                // fall at different times.
+                let model = spindle_models::load_gguf(path)?;
+                let meta = spindle_models::read_gguf_metadata(path)?;
+                let tokenizer = Tokenizer::from_gguf(&meta)?;
+                let template = ChatTemplate::from_gguf(&meta, &tokenizer)?
+                    .unwrap_or_else(ChatTemplate::chatml);
+                Ok(Self { model, tokenizer, template, fingerprint })
             }
             ModelFiles::Safetensors { dir } => {
-                let loaded = spindle_models::load_safetensors(dir)?;
+                let model = spindle_models::load_safetensors(dir)?;
                 let tokenizer = Tokenizer::from_tokenizer_json(&dir.join("tokenizer.json"))?;
                 let template = ChatTemplate::from_tokenizer_config(
                     &dir.join("tokenizer_config.json"),
                     &tokenizer,
                 )?
                 .unwrap_or_else(ChatTemplate::chatml);
-                Ok(Self { model: loaded.model, tokenizer, template, fingerprint })
+                Ok(Self { model, tokenizer, template, fingerprint })
             }
         }
     }

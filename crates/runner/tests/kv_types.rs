@@ -100,10 +100,10 @@ fn bundle(model: &str, weights: Weights) -> Arc<ModelBundle> {
     match weights {
         Weights::Served => Arc::new(ModelBundle::load(&ModelFiles::Gguf(path)).unwrap()),
         Weights::F32 => {
-            let loaded = spindle_models::load_gguf_f32(&path).unwrap();
-            let tokenizer = Tokenizer::from_gguf(loaded.gguf_metadata.as_ref().unwrap()).unwrap();
+            let tokenizer =
+                Tokenizer::from_gguf(&spindle_models::read_gguf_metadata(&path).unwrap()).unwrap();
             Arc::new(ModelBundle {
-                model: loaded.model,
+                model: spindle_models::load_gguf_f32(&path).unwrap(),
                 tokenizer,
                 template: ChatTemplate::chatml(),
                 fingerprint: "f32".into(),

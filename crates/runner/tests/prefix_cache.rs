@@ -93,7 +93,7 @@ fn hybrid() -> &'static Model {
     MODEL.get_or_init(|| {
         let dir =
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe");
-        let model = spindle_models::load_safetensors(&dir).unwrap().model;
+        let model = spindle_models::load_safetensors(&dir).unwrap();
         let fingerprint = model_fingerprint(&ModelFiles::Safetensors { dir }).unwrap();
         let ModelBundle { tokenizer, template, .. } = smollm2_bundle();
         let bundle = ModelBundle { model, tokenizer, template, fingerprint };

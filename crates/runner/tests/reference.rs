@@ -222,10 +222,10 @@ fn check_transformers(name: &str) {
     assert!(fx.generations.len() >= 3);
     let path = gguf(name);
     assert!(path.ends_with(&fx.gguf_file), "{}", path.display());
-    let loaded = spindle_models::load_gguf_f32(&path).unwrap();
-    let tokenizer = Tokenizer::from_gguf(loaded.gguf_metadata.as_ref().unwrap()).unwrap();
+    let tokenizer =
+        Tokenizer::from_gguf(&spindle_models::read_gguf_metadata(&path).unwrap()).unwrap();
     let bundle = ModelBundle {
-        model: loaded.model,
+        model: spindle_models::load_gguf_f32(&path).unwrap(),
         tokenizer,
         template: ChatTemplate::chatml(),
         fingerprint: "f32".into(),

@@ -37,7 +37,7 @@ pub fn hybrid() -> Arc<ModelBundle> {
         .get_or_init(|| {
             let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("../../tests/data/hybrid/qwen3_5_moe");
-            let model = spindle_models::load_safetensors(&dir).unwrap().model;
+            let model = spindle_models::load_safetensors(&dir).unwrap();
             let ModelBundle { tokenizer, template, .. } =
                 ModelBundle::load(&smollm2_files()).unwrap();
             let fingerprint = model_fingerprint(&ModelFiles::Safetensors { dir }).unwrap();
