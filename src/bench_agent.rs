@@ -1,48 +1,64 @@
-//! `spindle bench-agent`: the agent workload of `spindle-bench` (cold, warm, new-user, restart
-//! calls; concurrent bursts), or one growing conversation, against a server. With `--url` it measures any running
-//! OpenAI-compatible server and skips the restart; otherwise it starts `spindle serve` itself,
-//! restarts it for the restart phase, and stops it at the end.
+//! `spindle bench`: without a subcommand, the in-process prefill and decode speed of models
+//! (`src/bench.rs`); with one, a panel of the coding-agent workload (crate `spindle-bench`)
+//! against any OpenAI-compatible server (Spindle, llama-server, vLLM, LM Studio, Ollama):
+//!
+//! - `agentic`: cold, warm, prefix-test ×3 and cold-prefix calls, `--runs` times, with the
+//!   prefix-cache verdict;
+//! - `conversation`: one growing agent conversation of tool calls and results;
+//! - `burst`: concurrent calls on a warmed system prompt, at several concurrencies.
+//!
+//! With `--base-url` it measures a running server; without, it starts `spindle serve` itself
+//! (and restarts it for the cold-prefix phase) and stops it at the end.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::io::IsTerminal;
 
-use anyhow::Context;
-use clap::Args;
+use clap::{Args, Subcommand};
+use spindle_bench::agentic::{run_panel, AgenticOptions, Restart};
 use spindle_bench::conversation::conversation;
-use spindle_bench::{report, Client, TokenCount, Workload};
+use spindle_bench::{report, BenchError, Client, PhaseKind, TokenCount, Workload};
 
-use crate::random_hybrid::{shape_path, HybridShape};
+use crate::bench_server::{run_restart_command, ServeOptions, ServerProcess};
 
-/// How long a started server may take to load its model and answer `/health`.
-const READY_TIMEOUT: Duration = Duration::from_secs(600);
-/// How long a started server gets to shut down after SIGINT before it is killed.
-const STOP_TIMEOUT: Duration = Duration::from_secs(10);
-
+/// `spindle bench [--models …]` or `spindle bench <panel> …`.
 #[derive(Args)]
-pub struct BenchAgentArgs {
-    /// A running OpenAI-compatible server, e.g. http://127.0.0.1:8080 (the restart phase is
-    /// skipped); without it, `spindle serve` is started on a free port.
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchCli {
+    #[command(subcommand)]
+    panel: Option<Panel>,
+    #[command(flatten)]
+    speed: crate::bench::BenchArgs,
+}
+
+#[derive(Subcommand)]
+enum Panel {
+    /// Cold, warm, prefix-test ×3 (same system prompt, new user text) and, when the server can
+    /// be restarted, cold-prefix calls: TTFT, prefill and decode speed, prompt / cached /
+    /// completion tokens, and the verdict on prefix cache reuse.
+    Agentic(AgenticArgs),
+    /// One growing agent conversation (each turn adds a tool call and its result): per-turn
+    /// latency, tokens re-read and cached, and how the cost per turn grows with depth.
+    Conversation(ConversationArgs),
+    /// Bursts of concurrent calls on a warmed system prompt: errors, 429s, latency and TTFT
+    /// percentiles, throughput, calls that re-read the prompt, and whether calls serialise.
+    Burst(BurstArgs),
+}
+
+/// The server measured and how to reach it; shared by every panel.
+#[derive(Args)]
+struct Target {
+    /// A running OpenAI-compatible server, e.g. http://127.0.0.1:8080 (with or without /v1);
+    /// without it, `spindle serve` is started on a free port.
+    #[arg(long, visible_alias = "url")]
+    base_url: Option<String>,
+    /// With --base-url: the model name sent in requests (default: the first of /v1/models).
+    /// Without: the model the started server serves (catalogue name, .gguf file or folder;
+    /// default smollm2-135m).
     #[arg(long)]
-    url: Option<String>,
-    /// Model for the started server: catalogue name, .gguf file or folder.
-    #[arg(long, default_value = spindle_hub::DEFAULT_MODEL)]
-    model: String,
+    model: Option<String>,
     /// Serve a random-weight Qwen3.5-MoE instead of --model: 8 layers (2 × [3 linear + 1 full
-    /// attention]), hidden 1024, 64 experts top-8, the default model's tokenizer. Written once
-    /// under $SPINDLE_HOME/bench.
-    #[arg(long, conflicts_with_all = ["url", "model"])]
+    /// attention]), hidden 1024, 64 experts top-8, the default model's tokenizer.
+    #[arg(long, conflicts_with_all = ["base_url", "model"])]
     hybrid: bool,
-    /// Size of the system prompt in tokens (sized with the server's tokenizer when it has
-    /// /v1/tokenize, else at 4 characters per token).
-    #[arg(long, default_value_t = 2150)]
-    system_tokens: usize,
-    /// Concurrent calls of each burst, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [8, 32, 64])]
-    burst: Vec<usize>,
-    /// Completion tokens per call at most.
-    #[arg(long, default_value_t = 16)]
-    max_tokens: u32,
     /// CPU threads of the started server (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -50,89 +66,234 @@ pub struct BenchAgentArgs {
     /// --serve-arg "--max-concurrent 8".
     #[arg(long = "serve-arg", allow_hyphen_values = true)]
     serve_args: Vec<String>,
+    /// Bearer key for the server.
+    #[arg(long, env = "SPINDLE_API_KEY")]
+    api_key: Option<String>,
     /// Salt of the system prompts (default: from the clock, so no cache from an earlier run can
     /// serve the cold call). Printed, so a run can be repeated.
     #[arg(long)]
     seed: Option<u64>,
-    /// Instead of the agent phases and bursts: one growing conversation of this many calls,
-    /// each adding the reply and a tool result of --turn-tokens to the previous call's messages.
-    #[arg(long, value_name = "TURNS")]
-    conversation: Option<usize>,
-    /// Tokens of each tool result in --conversation (sized like the system prompt).
-    #[arg(long, default_value_t = 1000)]
-    turn_tokens: usize,
-    /// Bearer key for the server.
-    #[arg(long, env = "SPINDLE_API_KEY")]
-    api_key: Option<String>,
+    /// Completion tokens per call at most.
+    #[arg(long, default_value_t = 16)]
+    max_tokens: u32,
 }
 
-pub fn run(args: BenchAgentArgs) -> anyhow::Result<()> {
-    let server = match &args.url {
+#[derive(Args)]
+struct AgenticArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Size of the shared system prompt in tokens (~7 KB of text at the default; sized with the
+    /// server's tokenizer when it has /v1/tokenize, else at 4 characters per token).
+    #[arg(long, default_value_t = 2150)]
+    system_tokens: usize,
+    /// Repeats of the whole panel, each with a new system prompt; figures are then
+    /// median [min–max].
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Restarts a server given by --base-url (run with `sh -c`), so the cold-prefix phase can
+    /// measure a persistent cache. A started server is restarted without it.
+    #[arg(long, requires = "base_url")]
+    restart_cmd: Option<String>,
+}
+
+#[derive(Args)]
+struct ConversationArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Calls of the conversation.
+    #[arg(long, default_value_t = 80)]
+    turns: usize,
+    /// Prompt tokens of the first call (the system prompt).
+    #[arg(long, default_value_t = 10_000)]
+    start_tokens: usize,
+    /// Prompt tokens of the last call: each turn adds (end - start) / turns tokens.
+    #[arg(long, default_value_t = 50_000)]
+    end_tokens: usize,
+}
+
+#[derive(Args)]
+struct BurstArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Size of the shared system prompt in tokens.
+    #[arg(long, default_value_t = 2150)]
+    system_tokens: usize,
+    /// Concurrent calls of each burst, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [8, 30, 60, 80])]
+    concurrency: Vec<usize>,
+    /// Bursts at each concurrency; figures are then median [min–max].
+    #[arg(long, default_value_t = 1)]
+    burst_runs: usize,
+}
+
+pub fn run(cli: BenchCli) -> anyhow::Result<()> {
+    let Some(panel) = cli.panel else { return crate::bench::run(cli.speed) };
+    let (target, max_queue) = match &panel {
+        Panel::Agentic(a) => (&a.target, 0),
+        Panel::Conversation(c) => (&c.target, 0),
+        Panel::Burst(b) => (&b.target, b.concurrency.iter().copied().max().unwrap_or(0)),
+    };
+    let server = match &target.base_url {
         Some(_) => None,
-        None => Some(ServerProcess::new(&args)?),
+        None => Some(ServerProcess::new(&ServeOptions {
+            model: target.model.as_deref(),
+            hybrid: target.hybrid,
+            threads: target.threads,
+            extra: &target.serve_args,
+            max_queue,
+        })?),
     };
-    tokio::runtime::Runtime::new()?.block_on(bench(args, server))
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let mut session = Session::open(target, server).await?;
+        let result = match &panel {
+            Panel::Agentic(args) => agentic(&mut session, args).await,
+            Panel::Conversation(args) => conversation_panel(&session, args).await,
+            Panel::Burst(args) => burst(&session, args).await,
+        };
+        session.close();
+        result
+    })
 }
 
-async fn bench(args: BenchAgentArgs, mut server: Option<ServerProcess>) -> anyhow::Result<()> {
-    let url = match (&args.url, &server) {
-        (Some(url), _) => url.clone(),
-        (None, Some(s)) => s.url(),
-        (None, None) => unreachable!("a server is started when no --url is given"),
-    };
-    let mut client = Client::new(&url, args.api_key.clone())?;
-    if let Some(s) = &mut server {
-        s.start()?;
-        s.wait_ready(&client).await?;
+/// The server under test, the client that reaches it, and the run's salt.
+struct Session {
+    client: Client,
+    server: Option<ServerProcess>,
+    url: String,
+    salt: u64,
+    max_tokens: u32,
+}
+
+impl Session {
+    /// Starts the server when there is one to start, and names the model.
+    async fn open(target: &Target, mut server: Option<ServerProcess>) -> anyhow::Result<Self> {
+        let url = match (&target.base_url, &server) {
+            (Some(url), _) => url.clone(),
+            (None, Some(s)) => s.url(),
+            (None, None) => unreachable!("a server is started when no --base-url is given"),
+        };
+        let mut client = Client::new(&url, target.api_key.clone())?;
+        if let Some(s) = &mut server {
+            s.start()?;
+            s.wait_ready(&client).await?;
+        }
+        match (&target.base_url, &target.model) {
+            (Some(_), Some(model)) => client.set_model(model),
+            _ => client.discover_model().await,
+        }
+        let salt = target.seed.unwrap_or_else(clock_salt);
+        Ok(Self { client, server, url, salt, max_tokens: target.max_tokens })
     }
-    client.discover_model().await;
-    let salt = args.seed.unwrap_or_else(clock_salt);
-    let workload = Workload::prepare(&client, salt, args.system_tokens, args.max_tokens).await;
-    let system_tokens = match workload.system_tokens {
+
+    fn close(&mut self) {
+        finish_progress();
+        if let Some(s) = &mut self.server {
+            s.stop();
+        }
+    }
+
+    /// The system prompt for `salt` of `tokens` tokens, and the run's header line.
+    async fn workload(&self, salt: u64, tokens: usize) -> Workload {
+        let workload = Workload::prepare(&self.client, salt, tokens, self.max_tokens).await;
+        println!("{}", header_line(&self.url, &self.client, &workload));
+        workload
+    }
+}
+
+/// `server URL  model M  seed S  max_tokens N  system prompt C chars, shared prefix T tokens`.
+fn header_line(url: &str, client: &Client, workload: &Workload) -> String {
+    let shared = match workload.system_tokens {
         TokenCount::Counted(n) => format!("{n} (counted by /v1/tokenize)"),
         TokenCount::Estimated(n) => format!("≈{n} (estimated from characters)"),
     };
-    println!(
-        "server {url}  model {}  seed {salt}  max_tokens {}  system prompt {} chars, shared prefix {system_tokens} tokens",
+    finish_progress();
+    format!(
+        "server {url}  model {}  seed {}  max_tokens {}  system prompt {} chars, shared prefix {shared} tokens",
         client.model().unwrap_or("(unnamed)"),
-        args.max_tokens,
+        workload.salt(),
+        workload.max_tokens(),
         workload.system.len()
-    );
-    if let Some(turns) = args.conversation {
-        workload.warm_up(&client).await?;
-        let turn_chars = (args.turn_tokens as f64 * workload.chars_per_token()).round() as usize;
-        let done =
-            conversation(&client, &workload.system, turns, turn_chars, args.max_tokens).await?;
-        done.iter().for_each(|t| println!("{}", report::turn_line(t)));
-        println!("{}", report::conversation_summary(&done));
-        if let Some(s) = &mut server {
-            s.stop();
-        }
-        return Ok(());
+    )
+}
+
+async fn agentic(session: &mut Session, args: &AgenticArgs) -> anyhow::Result<()> {
+    let options = AgenticOptions {
+        salt: session.salt,
+        system_tokens: args.system_tokens,
+        max_tokens: session.max_tokens,
+        runs: args.runs,
+    };
+    let mut restarter = match (&mut session.server, &args.restart_cmd) {
+        (Some(server), _) => Restarter::Own(server, &session.client),
+        (None, Some(command)) => Restarter::Command(command, &session.client),
+        (None, None) => Restarter::Cannot,
+    };
+    let header = |w: &Workload| header_line(&session.url, &session.client, w);
+    let panel = run_panel(&session.client, &options, &mut restarter, &mut progress, &mut |w| {
+        println!("{}", header(w))
+    })
+    .await?;
+    finish_progress();
+    report::agentic_table(&panel).iter().for_each(|l| println!("{l}"));
+    if !panel.kinds().contains(&PhaseKind::ColdPrefix) {
+        println!("cold-prefix    skipped (--base-url without --restart-cmd)");
     }
-    let mut phases = workload.agent(&client).await?;
-    phases.iter().for_each(|p| println!("{}", report::phase_line(p)));
-    match &mut server {
-        Some(s) => {
-            s.restart(&client).await?;
-            let phase = workload.after_restart(&client).await?;
-            println!("{}", report::phase_line(&phase));
-            phases.push(phase);
+    report::verdict_lines(&panel).iter().for_each(|l| println!("{l}"));
+    Ok(())
+}
+
+/// How the cold-prefix phase restarts the server.
+enum Restarter<'a> {
+    /// The server this command started.
+    Own(&'a mut ServerProcess, &'a Client),
+    /// The caller's `--restart-cmd`.
+    Command(&'a str, &'a Client),
+    Cannot,
+}
+
+impl Restart for Restarter<'_> {
+    async fn restart(&mut self) -> Result<bool, BenchError> {
+        let failed = |e: anyhow::Error| BenchError::Restart(format!("{e:#}"));
+        match self {
+            Restarter::Own(server, client) => server.restart(client).await.map_err(failed)?,
+            Restarter::Command(command, client) => {
+                run_restart_command(command, client).await.map_err(failed)?
+            }
+            Restarter::Cannot => return Ok(false),
         }
-        None => println!("restart    skipped (--url: the server is not ours to restart)"),
+        Ok(true)
     }
-    report::ratio_lines(&phases).iter().for_each(|l| println!("{l}"));
+}
+
+async fn conversation_panel(session: &Session, args: &ConversationArgs) -> anyhow::Result<()> {
+    let workload = session.workload(session.salt, args.start_tokens).await;
+    workload.warm_up(&session.client).await?;
+    let per_turn = args.end_tokens.saturating_sub(args.start_tokens) / args.turns.max(1);
+    let turn_chars = (per_turn as f64 * workload.chars_per_token()).round() as usize;
+    let done =
+        conversation(&session.client, &workload.system, args.turns, turn_chars, session.max_tokens)
+            .await?;
+    done.iter().for_each(|t| println!("{}", report::turn_line(t)));
+    println!("{}", report::conversation_summary(&done));
+    Ok(())
+}
+
+async fn burst(session: &Session, args: &BurstArgs) -> anyhow::Result<()> {
+    let workload = session.workload(session.salt, args.system_tokens).await;
     let mut failed = 0;
-    for (index, &n) in args.burst.iter().enumerate().filter(|(_, &n)| n > 0) {
-        let run = workload.burst(&client, index, n).await?;
-        println!("{}", report::burst_line(&run, workload.system_tokens.value()));
-        if let Some(first) = run.errors().first() {
-            eprintln!("burst {n}: first error: {first}");
+    let levels = args.concurrency.iter().copied().filter(|&n| n > 0);
+    for (index, n) in levels.enumerate() {
+        for round in 0..args.burst_runs.max(1) {
+            progress(&format!("burst {n}: run {}/{}", round + 1, args.burst_runs));
+            let run = workload.burst(&session.client, index * 1000 + round, n).await?;
+            finish_progress();
+            println!("{}", report::burst_line(&run, workload.system_tokens.value()));
+            if let Some(first) = run.errors().first() {
+                eprintln!("burst {n}: first error: {first}");
+            }
+            failed += run.errors().len();
         }
-        failed += run.errors().len();
-    }
-    if let Some(s) = &mut server {
-        s.stop();
     }
     anyhow::ensure!(failed == 0, "{failed} burst calls failed");
     Ok(())
@@ -145,141 +306,16 @@ fn clock_salt() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// A `spindle serve` child process on a free local port, its output in a log file.
-struct ServerProcess {
-    port: u16,
-    args: Vec<String>,
-    log: PathBuf,
-    /// The disk tier folder made for this run, removed at the end.
-    cache_dir: Option<PathBuf>,
-    child: Option<Child>,
-}
-
-impl ServerProcess {
-    /// Resolves the model (downloading or writing it now, not under the readiness timeout) and
-    /// prepares the command line; nothing is started yet.
-    fn new(args: &BenchAgentArgs) -> anyhow::Result<Self> {
-        let model = if args.hybrid {
-            shape_path(&HybridShape::AGENT_BAR, 2)?.display().to_string()
-        } else {
-            spindle_hub::resolve(&args.model, &spindle_hub::spindle_home(), true)?;
-            args.model.clone()
-        };
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let mut serve: Vec<String> =
-            ["serve", "--model", &model, "--host", "127.0.0.1", "--port", &port.to_string()]
-                .map(String::from)
-                .into();
-        if let Some(threads) = args.threads {
-            serve.extend(["--threads".to_string(), threads.to_string()]);
-        }
-        let extra: Vec<String> =
-            args.serve_args.iter().flat_map(|a| a.split_whitespace()).map(String::from).collect();
-        // The biggest burst must fit the queue; a --max-queue of the caller's wins.
-        let biggest = args.burst.iter().copied().max().unwrap_or(0);
-        if !extra.iter().any(|a| a == "--max-queue" || a.starts_with("--max-queue=")) {
-            serve.extend(["--max-queue".to_string(), biggest.max(64).to_string()]);
-        }
-        // The restart phase is there to measure the disk tier: a started server gets one in a
-        // fresh folder unless the caller names its own.
-        let cache_dir = (!extra.iter().any(|a| a.starts_with("--prefix-cache-dir")))
-            .then(|| std::env::temp_dir().join(format!("spindle-bench-agent-{port}-cache")));
-        if let Some(dir) = &cache_dir {
-            serve.extend(["--prefix-cache-dir".to_string(), dir.display().to_string()]);
-        }
-        serve.extend(extra);
-        let log = std::env::temp_dir().join(format!("spindle-bench-agent-{port}.log"));
-        Ok(Self { port, args: serve, log, cache_dir, child: None })
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn start(&mut self) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
-        let exe = std::env::current_exe().context("cannot find the spindle executable")?;
-        eprintln!(
-            "starting {} {} (log: {})",
-            exe.display(),
-            self.args.join(" "),
-            self.log.display()
-        );
-        let child = Command::new(exe)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("cannot start spindle serve")?;
-        self.child = Some(child);
-        Ok(())
-    }
-
-    /// Waits for `/health`; fails with the end of the log if the server exits first.
-    async fn wait_ready(&mut self, client: &Client) -> anyhow::Result<()> {
-        let start = Instant::now();
-        loop {
-            if let Some(status) =
-                self.child.as_mut().and_then(|c| c.try_wait().transpose()).transpose()?
-            {
-                anyhow::bail!(
-                    "spindle serve exited ({status}) before it was ready:\n{}",
-                    self.log_tail()
-                );
-            }
-            if client.is_ready().await {
-                eprintln!("server ready after {:.1} s", start.elapsed().as_secs_f64());
-                return Ok(());
-            }
-            anyhow::ensure!(
-                start.elapsed() < READY_TIMEOUT,
-                "spindle serve not ready after {READY_TIMEOUT:?}:\n{}",
-                self.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn restart(&mut self, client: &Client) -> anyhow::Result<()> {
-        self.stop();
-        self.start()?;
-        self.wait_ready(client).await
-    }
-
-    /// SIGINT (a graceful shutdown, as Ctrl-C), then SIGKILL if it lingers.
-    fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else { return };
-        let interrupted = Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        let start = Instant::now();
-        while interrupted && start.elapsed() < STOP_TIMEOUT {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+/// Rewrites the progress line on a terminal (nothing when stderr is a file or pipe).
+fn progress(text: &str) {
+    if std::io::stderr().is_terminal() {
+        eprint!("\r\x1b[2K{text}");
     }
 }
 
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if let Some(dir) = &self.cache_dir {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+/// Clears the progress line before a result is printed.
+fn finish_progress() {
+    if std::io::stderr().is_terminal() {
+        eprint!("\r\x1b[2K");
     }
 }

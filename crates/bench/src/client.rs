@@ -74,6 +74,11 @@ impl Client {
         Ok(())
     }
 
+    /// Names `model` in later requests.
+    pub fn set_model(&mut self, model: &str) {
+        self.model = Some(model.to_string());
+    }
+
     /// Names the first model of `GET /v1/models` in later requests (servers such as vLLM
     /// refuse a request for another name). Leaves the model unset when the listing fails.
     pub async fn discover_model(&mut self) {

@@ -16,20 +16,21 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), spindle_bench::BenchError> {
-//! use spindle_bench::{report, Client, Workload};
+//! use spindle_bench::{report, AgenticPanel, Client, Workload};
 //!
 //! let mut client = Client::new("http://127.0.0.1:8080", None)?;
 //! client.discover_model().await;
 //! let workload = Workload::prepare(&client, 42, 2150, 16).await;
-//! let phases = workload.agent(&client).await?;
-//! phases.iter().for_each(|p| println!("{}", report::phase_line(p)));
-//! report::ratio_lines(&phases).iter().for_each(|l| println!("{l}"));
+//! let panel = AgenticPanel { runs: vec![workload.agent(&client).await?] };
+//! report::agentic_table(&panel).iter().for_each(|l| println!("{l}"));
+//! report::verdict_lines(&panel).iter().for_each(|l| println!("{l}"));
 //! let run = workload.burst(&client, 0, 8).await?;
 //! println!("{}", report::burst_line(&run, workload.system_tokens.value()));
 //! # Ok(())
 //! # }
 //! ```
 
+pub mod agentic;
 mod client;
 pub mod conversation;
 mod error;
@@ -39,10 +40,8 @@ mod sse;
 pub mod stats;
 mod workload;
 
+pub use agentic::{AgenticPanel, Phase, PhaseKind, Verdict, PREFIX_CALLS};
 pub use client::Client;
 pub use error::BenchError;
 pub use sse::{parse_payload, CallTracker, ChunkInfo, Measurement, Payload, SseDecoder};
-pub use workload::{
-    prefix_ratio, BurstRun, Phase, PhaseKind, TokenCount, Workload, PREFIX_CALLS,
-    REREAD_SLACK_TOKENS,
-};
+pub use workload::{BurstRun, TokenCount, Workload, REREAD_SLACK_TOKENS};

@@ -2,37 +2,56 @@
 
 use std::time::Duration;
 
+use crate::agentic::{AgenticPanel, PhaseSummary, REUSE_THRESHOLD};
 use crate::conversation::{ttft_growth_ms_per_1k, Turn};
-use crate::stats::percentile;
-use crate::workload::{prefix_ratio, BurstRun, Phase, PhaseKind};
+use crate::stats::{percentile, Spread};
+use crate::workload::BurstRun;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// `cold       ttft   4012.3 ms  total   4100.0 ms  prompt   2163  cached      0  completion 16`
-pub fn phase_line(phase: &Phase) -> String {
-    let m = &phase.measurement;
+/// The header of [`phase_row`]s.
+pub fn phase_header() -> String {
     format!(
-        "{:<10} ttft {:>9.1} ms  total {:>9.1} ms  prompt {:>6}  cached {:>6}  completion {}",
-        phase.kind.to_string(),
-        ms(m.ttft),
-        ms(m.latency),
-        m.prompt_tokens,
-        m.cached_tokens,
-        m.completion_tokens
+        "{:<14} {:>24} {:>22} {:>20} {:>8} {:>8} {:>10}",
+        "phase", "ttft ms", "prefill tok/s", "decode tok/s", "prompt", "cached", "completion"
     )
 }
 
-/// `median(prefix)/cold = X`, and `restart/cold = Y` when there was a restart.
-pub fn ratio_lines(phases: &[Phase]) -> Vec<String> {
-    let ttft = |kind: PhaseKind| phases.iter().find(|p| p.kind == kind).map(|p| p.measurement.ttft);
+/// One phase over all runs, each figure `median [min–max]` when the runs differ.
+pub fn phase_row(s: &PhaseSummary) -> String {
+    let speed = |v: Option<Spread>| v.map_or_else(|| "-".to_string(), |v| v.display(1));
+    format!(
+        "{:<14} {:>24} {:>22} {:>20} {:>8} {:>8} {:>10}",
+        s.kind.to_string(),
+        s.ttft_ms.display(1),
+        speed(s.prefill_tokens_per_second),
+        speed(s.decode_tokens_per_second),
+        s.prompt_tokens.display(0),
+        s.cached_tokens.display(0),
+        s.completion_tokens.display(0)
+    )
+}
+
+/// The header and one row per phase of the panel.
+pub fn agentic_table(panel: &AgenticPanel) -> Vec<String> {
+    let rows = panel.kinds().into_iter().filter_map(|k| panel.summary(k)).map(|s| phase_row(&s));
+    std::iter::once(phase_header()).chain(rows).collect()
+}
+
+/// `prefix cache reuse: YES (median(prefix-test)/cold = 0.028, threshold 0.2)`, and
+/// `cold-prefix/cold = 0.500` when the server restarted.
+pub fn verdict_lines(panel: &AgenticPanel) -> Vec<String> {
     let mut lines = Vec::new();
-    if let Some(ratio) = prefix_ratio(phases) {
-        lines.push(format!("median(prefix)/cold = {ratio:.3}"));
+    if let (Some(verdict), Some(ratio)) = (panel.verdict(), panel.ratio()) {
+        lines.push(format!(
+            "prefix cache reuse: {verdict} (median(prefix-test)/cold = {}, threshold {REUSE_THRESHOLD})",
+            ratio.display(3)
+        ));
     }
-    if let (Some(restart), Some(cold)) = (ttft(PhaseKind::Restart), ttft(PhaseKind::Cold)) {
-        lines.push(format!("restart/cold = {:.3}", restart.as_secs_f64() / cold.as_secs_f64()));
+    if let Some(ratio) = panel.cold_prefix_ratio() {
+        lines.push(format!("cold-prefix/cold = {}", ratio.display(3)));
     }
     lines
 }
@@ -93,27 +112,33 @@ pub fn conversation_summary(turns: &[Turn]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::tests::{agent_phases, burst, m};
+    use crate::agentic::tests::{agent_phases, m};
+    use crate::agentic::{Phase, PhaseKind};
+    use crate::workload::tests::burst;
 
     #[test]
-    fn phase_lines() {
-        let phases = agent_phases();
+    fn agentic_table_and_verdict() {
+        let mut restarted = agent_phases();
+        restarted.push(Phase { kind: PhaseKind::ColdPrefix, measurement: m(2000, 2050, 0, 16) });
+        let panel = AgenticPanel { runs: vec![restarted, agent_phases()] };
+        let table = agentic_table(&panel);
+        assert_eq!(table.len(), 7, "{table:#?}");
+        assert!(table[0].starts_with("phase "), "{}", table[0]);
         assert_eq!(
-            phase_line(&phases[0]),
-            "cold       ttft    4000.0 ms  total    4050.0 ms  prompt    700  cached      0  completion 16"
+            table[1],
+            "cold                             4000.0                  175.0                300.0      700        0         16"
         );
+        assert!(table[3].starts_with("prefix-test-1 "), "{}", table[3]);
+        assert!(table[6].starts_with("cold-prefix "), "{}", table[6]);
         assert_eq!(
-            phase_line(&phases[3]),
-            "prefix 2   ttft      90.0 ms  total     140.0 ms  prompt    700  cached      0  completion 16"
+            verdict_lines(&panel),
+            [
+                "prefix cache reuse: YES (median(prefix-test)/cold = 0.028, threshold 0.2)",
+                "cold-prefix/cold = 0.500"
+            ]
         );
-    }
-
-    #[test]
-    fn ratios_with_and_without_restart() {
-        let mut phases = agent_phases();
-        assert_eq!(ratio_lines(&phases), ["median(prefix)/cold = 0.028"]);
-        phases.push(Phase { kind: PhaseKind::Restart, measurement: m(2000, 2050, 0, 16) });
-        assert_eq!(ratio_lines(&phases), ["median(prefix)/cold = 0.028", "restart/cold = 0.500"]);
+        let warm_only = AgenticPanel { runs: vec![agent_phases()[1..].to_vec()] };
+        assert!(verdict_lines(&warm_only).is_empty());
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The agent pattern and the burst, run against a [`Client`].
 //!
 //! ```text
-//! agent:  warm-up ─▶ cold ─▶ warm (same messages) ─▶ prefix 1..3 (same system, new user)
-//!         ─▶ [server restart] ─▶ warm-up ─▶ restart (same system, new user)
+//! agent:  warm-up ─▶ cold ─▶ warm (same messages) ─▶ prefix-test 1..3 (same system, new user)
+//!         ─▶ [server restart] ─▶ warm-up ─▶ cold-prefix (same system, new user)
 //! burst:  warm (new system) ─▶ single (new user, alone) ─▶ N at once (new users)
 //! ```
 //! Each burst has its own system prompt (another salt), so its warm-up is the only call that
@@ -11,19 +11,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::agentic::{Phase, PhaseKind, PREFIX_CALLS};
 use crate::client::Client;
 use crate::error::BenchError;
 use crate::prompt::{system_prompt, user_message, CHARS_PER_TOKEN};
 use crate::sse::Measurement;
-use crate::stats::median;
 
 /// The user message of [`Workload::warm_up`].
 const WARM_UP_TEXT: &str = "Good morning! Before we start, a quick question about the weather in \
     Lisbon, the history of the printing press, prime numbers below 100, a recipe for lentil soup, \
     and why the sky looks blue at noon but red at sunset. One line each, please.";
-
-/// Calls of the agent pattern with the same system prompt and a new user message.
-pub const PREFIX_CALLS: usize = 3;
 
 /// A count of tokens, and whether the server counted it or it was estimated from characters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,47 +35,6 @@ impl TokenCount {
             TokenCount::Counted(n) | TokenCount::Estimated(n) => n,
         }
     }
-}
-
-/// One step of the agent pattern.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PhaseKind {
-    /// First sight of the system prompt.
-    Cold,
-    /// The cold call's messages again.
-    Warm,
-    /// Same system prompt, the n-th new user message (from 1).
-    Prefix(usize),
-    /// A new user message after the server restarted.
-    Restart,
-}
-
-impl std::fmt::Display for PhaseKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PhaseKind::Cold => f.write_str("cold"),
-            PhaseKind::Warm => f.write_str("warm"),
-            PhaseKind::Prefix(n) => write!(f, "prefix {n}"),
-            PhaseKind::Restart => f.write_str("restart"),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Phase {
-    pub kind: PhaseKind,
-    pub measurement: Measurement,
-}
-
-/// The TTFT of the median prefix call over the cold call's, `None` without both.
-pub fn prefix_ratio(phases: &[Phase]) -> Option<f64> {
-    let cold = phases.iter().find(|p| p.kind == PhaseKind::Cold)?.measurement.ttft;
-    let prefix: Vec<Duration> = phases
-        .iter()
-        .filter(|p| matches!(p.kind, PhaseKind::Prefix(_)))
-        .map(|p| p.measurement.ttft)
-        .collect();
-    Some(median(&prefix)?.as_secs_f64() / cold.as_secs_f64())
 }
 
 /// One burst: its warm-up, a lone call, and the concurrent calls (an error as its text).
@@ -164,6 +120,16 @@ impl Workload {
         Self { salt, target_tokens, chars_per_token, max_tokens, system, system_tokens }
     }
 
+    /// The salt of the system prompt.
+    pub fn salt(&self) -> u64 {
+        self.salt
+    }
+
+    /// Completion tokens per call at most.
+    pub fn max_tokens(&self) -> u32 {
+        self.max_tokens
+    }
+
     /// Characters per token of the server's tokenizer (or the default estimate).
     pub fn chars_per_token(&self) -> f64 {
         self.chars_per_token
@@ -198,7 +164,7 @@ impl Workload {
         self.warm_up(client).await?;
         let measurement =
             client.chat(&self.system, &user_message(PREFIX_CALLS + 1), self.max_tokens).await?;
-        Ok(Phase { kind: PhaseKind::Restart, measurement })
+        Ok(Phase { kind: PhaseKind::ColdPrefix, measurement })
     }
 
     /// Burst number `index` of `concurrency` calls. Fails only when the warm-up or the lone
@@ -237,46 +203,7 @@ impl Workload {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-
-    pub fn m(ttft_ms: u64, latency_ms: u64, cached: u32, completion: u32) -> Measurement {
-        Measurement {
-            ttft: Duration::from_millis(ttft_ms),
-            latency: Duration::from_millis(latency_ms),
-            prompt_tokens: 700,
-            cached_tokens: cached,
-            completion_tokens: completion,
-        }
-    }
-
-    pub fn agent_phases() -> Vec<Phase> {
-        [
-            (PhaseKind::Cold, 4000),
-            (PhaseKind::Warm, 100),
-            (PhaseKind::Prefix(1), 130),
-            (PhaseKind::Prefix(2), 90),
-            (PhaseKind::Prefix(3), 110),
-        ]
-        .into_iter()
-        .map(|(kind, ttft)| Phase { kind, measurement: m(ttft, ttft + 50, 0, 16) })
-        .collect()
-    }
-
-    #[test]
-    fn ratio_is_median_prefix_over_cold() {
-        assert_eq!(prefix_ratio(&agent_phases()), Some(0.11 / 4.0));
-        assert_eq!(prefix_ratio(&agent_phases()[..2]), None);
-        assert_eq!(prefix_ratio(&agent_phases()[1..]), None);
-    }
-
-    #[test]
-    fn phase_names() {
-        let names: Vec<String> =
-            [PhaseKind::Cold, PhaseKind::Warm, PhaseKind::Prefix(2), PhaseKind::Restart]
-                .iter()
-                .map(|k| k.to_string())
-                .collect();
-        assert_eq!(names, ["cold", "warm", "prefix 2", "restart"]);
-    }
+    use crate::agentic::tests::m;
 
     pub fn burst() -> BurstRun {
         BurstRun {

@@ -5,13 +5,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use spindle_bench::agentic::{run_panel, AgenticOptions, NoRestart, Restart};
 use spindle_bench::conversation::conversation;
-use spindle_bench::{Client, PhaseKind, TokenCount, Workload};
+use spindle_bench::{BenchError, Client, PhaseKind, TokenCount, Verdict, Workload};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// Delay before the first content chunk of every chat stream.
 const FIRST_TOKEN_DELAY: Duration = Duration::from_millis(30);
+/// Delay before the first content chunk of a call the mock serves without cache: user
+/// message 0 (the cold and warm phases, a burst's warm-up, every conversation turn).
+const COLD_DELAY: Duration = Duration::from_millis(300);
 
 /// Serves until the test ends; records every chat request body.
 async fn start_mock() -> (String, Arc<Mutex<Vec<Value>>>) {
@@ -132,8 +136,9 @@ async fn stream_chat(socket: &mut TcpStream, user: &str) {
         .await
         .unwrap();
     socket.flush().await.unwrap();
-    tokio::time::sleep(FIRST_TOKEN_DELAY).await;
-    let cached = if user.starts_with("Request 0:") { 0 } else { 500 };
+    let cold = user.starts_with("Request 0:");
+    tokio::time::sleep(if cold { COLD_DELAY } else { FIRST_TOKEN_DELAY }).await;
+    let cached = if cold { 0 } else { 500 };
     let rest = [
         chunk(json!({"content": "Hel"}), Value::Null),
         chunk(json!({"content": "lo"}), Value::Null),
@@ -256,4 +261,74 @@ async fn a_conversation_sends_each_reply_and_tool_result_back() {
     let summary = spindle_bench::report::conversation_summary(&turns);
     assert!(summary.starts_with("conversation: 3 turns"), "{summary}");
     assert!(summary.contains("read 1800 of 1800 prompt tokens"), "{summary}");
+}
+
+/// Counts restarts; the mock needs none.
+struct CountingRestart(usize);
+
+impl Restart for CountingRestart {
+    async fn restart(&mut self) -> Result<bool, BenchError> {
+        self.0 += 1;
+        Ok(true)
+    }
+}
+
+#[tokio::test]
+async fn agentic_panel_repeats_runs_with_a_restart_each() {
+    let (url, seen) = start_mock().await;
+    let mut client = Client::new(&url, None).unwrap();
+    client.set_model("chosen");
+    let options = AgenticOptions { salt: 5, system_tokens: 300, max_tokens: 24, runs: 2 };
+    let (mut restarts, mut messages, mut salts) = (CountingRestart(0), Vec::new(), Vec::new());
+    let panel = run_panel(
+        &client,
+        &options,
+        &mut restarts,
+        &mut |m| messages.push(m.to_string()),
+        &mut |w| salts.push(w.salt()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(restarts.0, 2);
+    assert_eq!(salts, [options.run_salt(0), options.run_salt(1)]);
+    assert_ne!(salts[0], salts[1]);
+    assert!(messages.iter().any(|m| m == "agentic run 2/2: cold-prefix"), "{messages:?}");
+    assert_eq!(panel.runs.len(), 2);
+    for run in &panel.runs {
+        let kinds: Vec<String> = run.iter().map(|p| p.kind.to_string()).collect();
+        assert_eq!(
+            kinds,
+            ["cold", "warm", "prefix-test-1", "prefix-test-2", "prefix-test-3", "cold-prefix"]
+        );
+    }
+    // Cold calls wait 300 ms, the cached ones 30 ms: a ratio near 0.1.
+    let ratio = panel.ratio().unwrap();
+    assert!(ratio.max < 0.2 && ratio.min > 0.05, "{ratio:?}");
+    assert_eq!(panel.verdict(), Some(Verdict::Yes));
+    let cold_prefix = panel.summary(PhaseKind::ColdPrefix).unwrap();
+    assert_eq!(cold_prefix.cached_tokens.median, 500.0);
+
+    let bodies = seen.lock().unwrap().clone();
+    // Per run: warm-up, 5 phases, warm-up after the restart, cold-prefix.
+    assert_eq!(bodies.len(), 16);
+    for (i, b) in bodies.iter().enumerate() {
+        let warm_up = b["messages"][0]["content"] == "You are a helpful assistant.";
+        assert_eq!(warm_up, [0, 6, 8, 14].contains(&i), "call {i}");
+        assert_eq!(
+            (&b["model"], &b["max_tokens"]),
+            (&json!("chosen"), &json!(if warm_up { 1 } else { 24 }))
+        );
+    }
+    let system = |i: usize| bodies[i]["messages"][0]["content"].as_str().unwrap().to_string();
+    assert_eq!(system(1), system(7), "cold-prefix keeps the run's system prompt");
+    assert_ne!(system(1), system(9), "each run has its own system prompt");
+    let user = |i: usize| bodies[i]["messages"][1]["content"].as_str().unwrap().to_string();
+    assert!(user(7).starts_with("Request 4:"), "{}", user(7));
+
+    // A server that cannot restart: no cold-prefix, no warm-up for it.
+    let before = seen.lock().unwrap().len();
+    let options = AgenticOptions { runs: 1, ..options };
+    let panel = run_panel(&client, &options, &mut NoRestart, &mut |_| {}, &mut |_| {}).await;
+    assert_eq!(panel.unwrap().runs[0].len(), 5);
+    assert_eq!(seen.lock().unwrap().len() - before, 6);
 }
