@@ -14,7 +14,7 @@ use std::io::IsTerminal;
 
 use clap::{Args, Subcommand};
 use spindle_bench::agentic::{run_panel, AgenticOptions, Restart};
-use spindle_bench::conversation::conversation;
+use spindle_bench::conversation::{run_conversation, ConversationOptions};
 use spindle_bench::{report, BenchError, Client, PhaseKind, TokenCount, Workload};
 
 use crate::bench_server::{run_restart_command, ServeOptions, ServerProcess};
@@ -267,15 +267,27 @@ impl Restart for Restarter<'_> {
 }
 
 async fn conversation_panel(session: &Session, args: &ConversationArgs) -> anyhow::Result<()> {
-    let workload = session.workload(session.salt, args.start_tokens).await;
-    workload.warm_up(&session.client).await?;
-    let per_turn = args.end_tokens.saturating_sub(args.start_tokens) / args.turns.max(1);
-    let turn_chars = (per_turn as f64 * workload.chars_per_token()).round() as usize;
-    let done =
-        conversation(&session.client, &workload.system, args.turns, turn_chars, session.max_tokens)
-            .await?;
-    done.iter().for_each(|t| println!("{}", report::turn_line(t)));
-    println!("{}", report::conversation_summary(&done));
+    let options = ConversationOptions {
+        salt: session.salt,
+        turns: args.turns,
+        start_tokens: args.start_tokens,
+        end_tokens: args.end_tokens,
+        max_tokens: session.max_tokens,
+    };
+    println!(
+        "server {}  model {}  seed {}  max_tokens {}  {} turns, {} -> {} prompt tokens",
+        session.url,
+        session.client.model().unwrap_or("(unnamed)"),
+        session.salt,
+        session.max_tokens,
+        args.turns,
+        args.start_tokens,
+        args.end_tokens
+    );
+    let run = run_conversation(&session.client, &options, &mut progress).await?;
+    finish_progress();
+    run.turns.iter().for_each(|t| println!("{}", report::turn_line(t)));
+    report::conversation_summary(&run).iter().for_each(|l| println!("{l}"));
     Ok(())
 }
 

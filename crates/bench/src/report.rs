@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::agentic::{AgenticPanel, PhaseSummary, REUSE_THRESHOLD};
-use crate::conversation::{ttft_growth_ms_per_1k, Turn};
+use crate::conversation::{ConversationRun, Turn};
 use crate::stats::{percentile, Spread};
 use crate::workload::BurstRun;
 
@@ -94,19 +94,23 @@ pub fn turn_line(turn: &Turn) -> String {
     )
 }
 
-/// Totals of a conversation, and how the time to first token grows with its length after the
-/// first call.
-pub fn conversation_summary(turns: &[Turn]) -> String {
-    let total: Duration = turns.iter().map(|t| t.measurement.latency).sum();
-    let read: u64 = turns.iter().map(|t| u64::from(t.read())).sum();
-    let prompts: u64 = turns.iter().map(|t| u64::from(t.measurement.prompt_tokens)).sum();
-    let growth = ttft_growth_ms_per_1k(turns)
-        .map_or_else(|| "n/a".to_string(), |g| format!("{g:.1} ms per 1K prompt tokens"));
-    format!(
-        "conversation: {} turns in {:.1} s, read {read} of {prompts} prompt tokens; ttft grows {growth} after the first call",
-        turns.len(),
-        total.as_secs_f64()
-    )
+/// Totals of a conversation, and how the cost of a call grows with its depth after the first.
+pub fn conversation_summary(run: &ConversationRun) -> Vec<String> {
+    let (prompt, cached, read) = run.total_tokens();
+    let per_1k = |g: Option<f64>| g.map_or_else(|| "n/a".to_string(), |g| format!("{g:.1} ms"));
+    let depth = run.depth_cost_ratio().map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x"));
+    vec![
+        format!(
+            "conversation: {} turns in {:.1} s, {prompt} prompt tokens: {cached} cached, {read} re-read",
+            run.turns.len(),
+            run.total_seconds()
+        ),
+        format!(
+            "cost vs depth: latency +{} and ttft +{} per 1K prompt tokens; last/first quarter latency {depth}",
+            per_1k(run.latency_growth_ms_per_1k()),
+            per_1k(run.ttft_growth_ms_per_1k())
+        ),
+    ]
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use spindle_bench::agentic::{run_panel, AgenticOptions, NoRestart, Restart};
-use spindle_bench::conversation::conversation;
+use spindle_bench::conversation::{run_conversation, ConversationOptions};
 use spindle_bench::{BenchError, Client, PhaseKind, TokenCount, Verdict, Workload};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -234,33 +234,58 @@ async fn burst_counts_errors_and_rereads() {
 }
 
 #[tokio::test]
-async fn a_conversation_sends_each_reply_and_tool_result_back() {
+async fn a_conversation_sends_each_tool_call_and_result_back() {
     let (url, seen) = start_mock().await;
     let mut client = Client::new(&url, None).unwrap();
     client.discover_model().await;
-    let turns = conversation(&client, "You are a coding agent.", 3, 400, 8).await.unwrap();
-    assert_eq!(turns.iter().map(|t| t.index).collect::<Vec<_>>(), [0, 1, 2]);
-    for t in &turns {
-        assert!(t.measurement.ttft >= FIRST_TOKEN_DELAY, "{t:?}");
+    let options = ConversationOptions {
+        salt: 3,
+        turns: 3,
+        start_tokens: 300,
+        end_tokens: 600,
+        max_tokens: 8,
+    };
+    let mut heard = Vec::new();
+    let run =
+        run_conversation(&client, &options, &mut |m| heard.push(m.to_string())).await.unwrap();
+    assert_eq!(run.turns.iter().map(|t| t.index).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(heard.len(), 3);
+    assert!(
+        heard[2].starts_with("conversation turn 3/3: 600 prompt tokens, 0 cached"),
+        "{heard:?}"
+    );
+    for t in &run.turns {
+        assert!(t.measurement.ttft >= COLD_DELAY, "{t:?}");
         assert_eq!((t.measurement.prompt_tokens, t.read()), (600, 600));
     }
     let bodies = seen.lock().unwrap().clone();
-    assert_eq!(bodies.len(), 3);
-    for (k, body) in bodies.iter().enumerate() {
+    // The warm-up, then the three turns.
+    assert_eq!(bodies.len(), 4);
+    let calls = &bodies[1..];
+    let system = calls[0]["messages"][0]["content"].as_str().unwrap();
+    // 300 tokens at the mock's 3 characters per token.
+    assert!(system.len() >= 900 && system.len() < 1500, "{}", system.len());
+    for (k, body) in calls.iter().enumerate() {
+        assert_eq!(body["max_tokens"], 8);
         let messages = body["messages"].as_array().unwrap();
         assert_eq!(messages.len(), 2 + 2 * k, "call {k}");
-        assert_eq!(messages[..2], bodies[0]["messages"].as_array().unwrap()[..]);
+        assert_eq!(messages[..2], calls[0]["messages"].as_array().unwrap()[..]);
         for turn in 0..k {
-            // The streamed reply ("Hel" + "lo"), then that turn's tool result.
-            assert_eq!(messages[2 + 2 * turn]["role"], "assistant");
-            assert_eq!(messages[2 + 2 * turn]["content"], "Hello");
-            let result = messages[3 + 2 * turn]["content"].as_str().unwrap();
-            assert!(result.starts_with(&format!("Tool result {turn}:")) && result.len() >= 400);
+            let (call, result) = (&messages[2 + 2 * turn], &messages[3 + 2 * turn]);
+            assert_eq!(call["role"], "assistant");
+            let id = format!("call_{turn}");
+            assert_eq!(call["tool_calls"][0]["id"], id.as_str());
+            let arguments = call["tool_calls"][0]["function"]["arguments"].as_str().unwrap();
+            assert!(serde_json::from_str::<Value>(arguments).unwrap().is_object());
+            assert_eq!((&result["role"], &result["tool_call_id"]), (&json!("tool"), &json!(id)));
+            let text = result["content"].as_str().unwrap();
+            // 100 tokens per turn at 3 characters each.
+            assert!(text.starts_with(&format!("Tool result {turn}:")) && text.len() >= 300);
         }
     }
-    let summary = spindle_bench::report::conversation_summary(&turns);
-    assert!(summary.starts_with("conversation: 3 turns"), "{summary}");
-    assert!(summary.contains("read 1800 of 1800 prompt tokens"), "{summary}");
+    let summary = spindle_bench::report::conversation_summary(&run);
+    assert!(summary[0].starts_with("conversation: 3 turns"), "{summary:?}");
+    assert!(summary[0].contains("1800 prompt tokens: 0 cached, 1800 re-read"), "{summary:?}");
 }
 
 /// Counts restarts; the mock needs none.
