@@ -14,6 +14,7 @@ use std::io::IsTerminal;
 
 use clap::{Args, Subcommand};
 use spindle_bench::agentic::{run_panel, AgenticOptions, Restart};
+use spindle_bench::burst::run_bursts;
 use spindle_bench::conversation::{run_conversation, ConversationOptions};
 use spindle_bench::{report, BenchError, Client, PhaseKind, TokenCount, Workload};
 
@@ -293,21 +294,25 @@ async fn conversation_panel(session: &Session, args: &ConversationArgs) -> anyho
 
 async fn burst(session: &Session, args: &BurstArgs) -> anyhow::Result<()> {
     let workload = session.workload(session.salt, args.system_tokens).await;
-    let mut failed = 0;
-    let levels = args.concurrency.iter().copied().filter(|&n| n > 0);
-    for (index, n) in levels.enumerate() {
-        for round in 0..args.burst_runs.max(1) {
-            progress(&format!("burst {n}: run {}/{}", round + 1, args.burst_runs));
-            let run = workload.burst(&session.client, index * 1000 + round, n).await?;
-            finish_progress();
-            println!("{}", report::burst_line(&run, workload.system_tokens.value()));
-            if let Some(first) = run.errors().first() {
-                eprintln!("burst {n}: first error: {first}");
-            }
-            failed += run.errors().len();
-        }
+    let system_tokens = workload.system_tokens.value();
+    let runs = args.burst_runs.max(1);
+    let levels = args.concurrency.iter().copied().filter(|&n| n > 0).collect::<Vec<_>>();
+    if let Some(&first) = levels.first() {
+        progress(&format!("burst {first}: run 1/{runs}"));
     }
-    anyhow::ensure!(failed == 0, "{failed} burst calls failed");
+    let mut next = levels.iter().flat_map(|&n| (1..=runs).map(move |r| (n, r))).skip(1);
+    let levels = run_bursts(&session.client, &workload, &levels, runs, &mut |run, _| {
+        finish_progress();
+        println!("{}", report::burst_line(run, system_tokens));
+        if let Some(first) = run.errors().first() {
+            println!("burst {}: first error: {first}", run.concurrency);
+        }
+        if let Some((n, r)) = next.next() {
+            progress(&format!("burst {n}: run {r}/{runs}"));
+        }
+    })
+    .await?;
+    report::burst_table(&levels, system_tokens).iter().for_each(|l| println!("{l}"));
     Ok(())
 }
 

@@ -37,7 +37,7 @@ def phases(path):
         m = re.match(r"(cold|warm|prefix-test-\d|cold-prefix)\s+([\d.]+)", line)
         if m:
             found[m.group(1)] = float(m.group(2))
-        m = re.match(r"burst\s+(\d+): errors (\d+)\s+latency p50 (\d+) p95 \d+ max (\d+) ms.*re-read whole prompt (\d+)/", line)
+        m = re.match(r"burst\s+(\d+): errors (\d+) .*?latency p50 (\d+) p95 \d+ max (\d+) ms.*re-read whole prompt (\d+)/", line)
         if m:
             n, errors, p50, peak, rereads = m.groups()
             found[f"burst {n} p50"] = float(p50)

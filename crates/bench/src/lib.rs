@@ -24,13 +24,14 @@
 //! let panel = AgenticPanel { runs: vec![workload.agent(&client).await?] };
 //! report::agentic_table(&panel).iter().for_each(|l| println!("{l}"));
 //! report::verdict_lines(&panel).iter().for_each(|l| println!("{l}"));
-//! let run = workload.burst(&client, 0, 8).await?;
+//! let run = spindle_bench::burst::run_burst(&client, &workload, 0, 8).await?;
 //! println!("{}", report::burst_line(&run, workload.system_tokens.value()));
 //! # Ok(())
 //! # }
 //! ```
 
 pub mod agentic;
+pub mod burst;
 mod client;
 pub mod conversation;
 mod error;
@@ -41,7 +42,8 @@ pub mod stats;
 mod workload;
 
 pub use agentic::{AgenticPanel, Phase, PhaseKind, Verdict, PREFIX_CALLS};
+pub use burst::{BurstLevel, BurstRun, BurstStats, REREAD_SLACK_TOKENS};
 pub use client::Client;
 pub use error::BenchError;
 pub use sse::{parse_payload, CallTracker, ChunkInfo, Measurement, Payload, SseDecoder};
-pub use workload::{BurstRun, TokenCount, Workload, REREAD_SLACK_TOKENS};
+pub use workload::{TokenCount, Workload};

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use crate::agentic::{AgenticPanel, PhaseSummary, REUSE_THRESHOLD};
+use crate::burst::{BurstLevel, BurstRun, BurstStats};
 use crate::conversation::{ConversationRun, Turn};
-use crate::stats::{percentile, Spread};
-use crate::workload::BurstRun;
+use crate::stats::Spread;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
@@ -56,28 +56,73 @@ pub fn verdict_lines(panel: &AgenticPanel) -> Vec<String> {
     lines
 }
 
-/// One line per burst: errors, latency and TTFT percentiles, re-reads, throughput.
+/// One line per burst: successes, errors and 429s, latency and TTFT percentiles, re-reads,
+/// throughput, the serialised flag.
 pub fn burst_line(run: &BurstRun, system_tokens: usize) -> String {
-    let latencies: Vec<Duration> = run.succeeded().map(|m| m.latency).collect();
-    let ttfts: Vec<Duration> = run.succeeded().map(|m| m.ttft).collect();
-    let p = |values: &[Duration], q: f64| percentile(values, q).map_or(f64::NAN, ms);
-    let (aggregate, single) = (run.aggregate_tokens_per_second(), run.single_tokens_per_second());
+    let s = run.stats(system_tokens);
     format!(
-        "burst {:>3}: errors {}  latency p50 {:.0} p95 {:.0} max {:.0} ms  ttft p50 {:.0} p95 {:.0} ms  \
-         re-read whole prompt {}/{}  {:.1} tok/s aggregate vs {:.1} single-stream ({:.2}x)",
-        run.concurrency,
-        run.errors().len(),
-        p(&latencies, 50.0),
-        p(&latencies, 95.0),
-        p(&latencies, 100.0),
-        p(&ttfts, 50.0),
-        p(&ttfts, 95.0),
-        run.rereads(system_tokens),
+        "burst {:>3}: errors {} (429: {})  latency p50 {:.0} p95 {:.0} max {:.0} ms  ttft p50 {:.0} p95 {:.0} ms  \
+         re-read whole prompt {}/{}  wall {:.1} s  {:.1} tok/s aggregate, {:.1} per request vs {:.1} \
+         single-stream ({:.2}x)  serialised {}",
+        s.concurrency,
+        s.errors,
+        s.rate_limited,
+        s.latency_p50_ms,
+        s.latency_p95_ms,
+        s.latency_max_ms,
+        s.ttft_p50_ms,
+        s.ttft_p95_ms,
+        s.rereads,
         run.calls.len(),
-        aggregate,
-        single,
-        aggregate / single
+        s.wall_ms / 1000.0,
+        s.aggregate_tokens_per_second,
+        s.per_request_tokens_per_second,
+        s.single_tokens_per_second,
+        s.aggregate_tokens_per_second / s.single_tokens_per_second,
+        if s.serialised { "YES" } else { "no" }
     )
+}
+
+/// The header and one row per concurrency: each figure `median [min–max]` over the runs.
+pub fn burst_table(levels: &[BurstLevel], system_tokens: usize) -> Vec<String> {
+    let head = format!(
+        "{:>5}  {:>5}  {:>5}  {:>5}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}  {:>14}  {:>7}  {:>10}",
+        "N",
+        "ok",
+        "err",
+        "429",
+        "wall s",
+        "latency p50 ms",
+        "latency p95 ms",
+        "latency max ms",
+        "ttft p50 ms",
+        "aggregate tok/s",
+        "req tok/s",
+        "re-read",
+        "serialised"
+    );
+    let rows = levels.iter().map(|level| {
+        let f = |figure: fn(&BurstStats) -> f64, decimals| {
+            level.spread(system_tokens, figure).map_or_else(|| "-".into(), |s| s.display(decimals))
+        };
+        format!(
+            "{:>5}  {:>5}  {:>5}  {:>5}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}  {:>14}  {:>7}  {:>10}",
+            level.concurrency,
+            f(|s| s.successes as f64, 0),
+            f(|s| s.errors as f64, 0),
+            f(|s| s.rate_limited as f64, 0),
+            f(|s| s.wall_ms / 1000.0, 1),
+            f(|s| s.latency_p50_ms, 0),
+            f(|s| s.latency_p95_ms, 0),
+            f(|s| s.latency_max_ms, 0),
+            f(|s| s.ttft_p50_ms, 0),
+            f(|s| s.aggregate_tokens_per_second, 1),
+            f(|s| s.per_request_tokens_per_second, 1),
+            f(|s| s.rereads as f64, 0),
+            if level.serialised() { "YES" } else { "no" }
+        )
+    });
+    std::iter::once(head).chain(rows).collect()
 }
 
 /// `turn   3  ttft    812.4 ms  total    990.1 ms  prompt   5210  cached   4102  read   1108`
@@ -118,7 +163,7 @@ mod tests {
     use super::*;
     use crate::agentic::tests::{agent_phases, m};
     use crate::agentic::{Phase, PhaseKind};
-    use crate::workload::tests::burst;
+    use crate::burst::tests::burst;
 
     #[test]
     fn agentic_table_and_verdict() {
@@ -149,8 +194,19 @@ mod tests {
     fn burst_report() {
         assert_eq!(
             burst_line(&burst(), 640),
-            "burst   4: errors 1  latency p50 1200 p95 1600 max 1600 ms  ttft p50 150 p95 200 ms  \
-             re-read whole prompt 1/4  20.0 tok/s aggregate vs 32.0 single-stream (0.62x)"
+            "burst   4: errors 1 (429: 1)  latency p50 1200 p95 1600 max 1600 ms  ttft p50 150 p95 200 ms  \
+             re-read whole prompt 1/4  wall 2.0 s  20.0 tok/s aggregate, 10.0 per request vs 32.0 \
+             single-stream (0.62x)  serialised YES"
         );
+        let fast = BurstRun { wall: std::time::Duration::from_millis(1000), ..burst() };
+        let levels = [BurstLevel { concurrency: 4, runs: vec![burst(), fast.clone(), fast] }];
+        let table = burst_table(&levels, 640);
+        assert_eq!(table.len(), 2);
+        let cells: Vec<&str> =
+            table[1].split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+        assert_eq!(cells[..3], ["4", "3", "1"]);
+        assert!(cells.contains(&"1.0 [1.0–2.0]"), "{cells:?}");
+        assert!(cells.contains(&"40.0 [20.0–40.0]"), "{cells:?}");
+        assert!(table[1].ends_with(" no"), "two of three runs were not serialised");
     }
 }

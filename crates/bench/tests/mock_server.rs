@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use spindle_bench::agentic::{run_panel, AgenticOptions, NoRestart, Restart};
+use spindle_bench::burst::{run_burst, run_bursts};
 use spindle_bench::conversation::{run_conversation, ConversationOptions};
 use spindle_bench::{BenchError, Client, PhaseKind, TokenCount, Verdict, Workload};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -219,9 +220,10 @@ async fn burst_counts_errors_and_rereads() {
     let client = Client::new(&url, None).unwrap();
     let workload = Workload::prepare(&client, 9, 300, 16).await;
     // Users 2..=5: "Request 5" is refused with 429.
-    let run = workload.burst(&client, 0, 4).await.unwrap();
+    let run = run_burst(&client, &workload, 0, 4).await.unwrap();
     assert_eq!(run.calls.len(), 4);
     assert_eq!(run.errors(), [r#"status 429: {"error":{"message":"queue full"}}"#]);
+    assert_eq!(run.rate_limited(), 1);
     // The mock reports 500 cached tokens: below a ~1,000-token system prompt.
     assert_eq!(run.rereads(workload.system_tokens.value()), 3);
     assert_eq!(run.rereads(500 + 64), 0);
@@ -231,6 +233,42 @@ async fn burst_counts_errors_and_rereads() {
     // A burst's system prompt has its own salt.
     assert_ne!(bodies[0]["messages"][0]["content"], workload.system.as_str());
     assert!(bodies.iter().all(|b| b["messages"][0] == bodies[0]["messages"][0]));
+}
+
+#[tokio::test]
+async fn bursts_at_each_level_and_run() {
+    let (url, seen) = start_mock().await;
+    let client = Client::new(&url, None).unwrap();
+    let workload = Workload::prepare(&client, 11, 300, 16).await;
+    let mut heard = Vec::new();
+    let levels = run_bursts(&client, &workload, &[2, 0, 5], 2, &mut |run, round| {
+        heard.push((run.concurrency, round))
+    })
+    .await
+    .unwrap();
+    assert_eq!(heard, [(2, 0), (2, 1), (5, 0), (5, 1)]);
+    assert_eq!(
+        levels.iter().map(|l| (l.concurrency, l.runs.len())).collect::<Vec<_>>(),
+        [(2, 2), (5, 2)]
+    );
+    let system_tokens = workload.system_tokens.value();
+    for run in &levels[1].runs {
+        // Users 2..=6: "Request 5" is refused.
+        let s = run.stats(system_tokens);
+        assert_eq!((s.successes, s.errors, s.rate_limited), (4, 1, 1));
+        assert!(s.latency_p50_ms >= 30.0 && s.latency_p50_ms <= s.latency_max_ms, "{s:?}");
+        assert!(s.aggregate_tokens_per_second > 0.0 && s.per_request_tokens_per_second > 0.0);
+    }
+    let bodies = seen.lock().unwrap().clone();
+    // Per burst: its warm-up, the lone call, then N calls.
+    assert_eq!(bodies.len(), 2 * (2 + 2) + 2 * (2 + 5));
+    let system = |i: usize| bodies[i]["messages"][0]["content"].clone();
+    let starts = [0, 4, 8, 15];
+    for (k, &start) in starts.iter().enumerate() {
+        let end = starts.get(k + 1).copied().unwrap_or(bodies.len());
+        assert!((start..end).all(|i| system(i) == system(start)), "burst {k} shares one prompt");
+        assert!(starts[..k].iter().all(|&o| system(o) != system(start)), "burst {k} is new");
+    }
 }
 
 #[tokio::test]
