@@ -13,12 +13,11 @@
 use std::io::IsTerminal;
 
 use clap::{Args, Subcommand};
-use spindle_bench::agentic::{run_panel, AgenticOptions, Restart};
-use spindle_bench::burst::run_bursts;
-use spindle_bench::conversation::{run_conversation, ConversationOptions};
-use spindle_bench::{report, BenchError, Client, PhaseKind, TokenCount, Workload};
+use spindle_bench::gates::{GateWatch, Probe, IDLE_WATCH};
+use spindle_bench::{report, Client, TokenCount, Workload};
 
-use crate::bench_server::{run_restart_command, ServeOptions, ServerProcess};
+use crate::bench_panels as panels;
+use crate::bench_server::{ServeOptions, ServerProcess};
 
 /// `spindle bench [--models …]` or `spindle bench <panel> …`.
 #[derive(Args)]
@@ -80,51 +79,51 @@ struct Target {
 }
 
 #[derive(Args)]
-struct AgenticArgs {
+pub struct AgenticArgs {
     #[command(flatten)]
     target: Target,
     /// Size of the shared system prompt in tokens (~7 KB of text at the default; sized with the
     /// server's tokenizer when it has /v1/tokenize, else at 4 characters per token).
     #[arg(long, default_value_t = 2150)]
-    system_tokens: usize,
+    pub system_tokens: usize,
     /// Repeats of the whole panel, each with a new system prompt; figures are then
     /// median [min–max].
     #[arg(long, default_value_t = 1)]
-    runs: usize,
+    pub runs: usize,
     /// Restarts a server given by --base-url (run with `sh -c`), so the cold-prefix phase can
     /// measure a persistent cache. A started server is restarted without it.
     #[arg(long, requires = "base_url")]
-    restart_cmd: Option<String>,
+    pub restart_cmd: Option<String>,
 }
 
 #[derive(Args)]
-struct ConversationArgs {
+pub struct ConversationArgs {
     #[command(flatten)]
     target: Target,
     /// Calls of the conversation.
     #[arg(long, default_value_t = 80)]
-    turns: usize,
+    pub turns: usize,
     /// Prompt tokens of the first call (the system prompt).
     #[arg(long, default_value_t = 10_000)]
-    start_tokens: usize,
+    pub start_tokens: usize,
     /// Prompt tokens of the last call: each turn adds (end - start) / turns tokens.
     #[arg(long, default_value_t = 50_000)]
-    end_tokens: usize,
+    pub end_tokens: usize,
 }
 
 #[derive(Args)]
-struct BurstArgs {
+pub struct BurstArgs {
     #[command(flatten)]
     target: Target,
     /// Size of the shared system prompt in tokens.
     #[arg(long, default_value_t = 2150)]
-    system_tokens: usize,
+    pub system_tokens: usize,
     /// Concurrent calls of each burst, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [8, 30, 60, 80])]
-    concurrency: Vec<usize>,
+    pub concurrency: Vec<usize>,
     /// Bursts at each concurrency; figures are then median [min–max].
     #[arg(long, default_value_t = 1)]
-    burst_runs: usize,
+    pub burst_runs: usize,
 }
 
 pub fn run(cli: BenchCli) -> anyhow::Result<()> {
@@ -147,23 +146,33 @@ pub fn run(cli: BenchCli) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let mut session = Session::open(target, server).await?;
-        let result = match &panel {
-            Panel::Agentic(args) => agentic(&mut session, args).await,
-            Panel::Conversation(args) => conversation_panel(&session, args).await,
-            Panel::Burst(args) => burst(&session, args).await,
-        };
+        let result = run_panel(&mut session, &panel).await;
         session.close();
         result
     })
 }
 
+/// Runs one panel with the gates watching, then prints the gates.
+async fn run_panel(session: &mut Session, panel: &Panel) -> anyhow::Result<()> {
+    let watch = GateWatch::begin(session.probe(), IDLE_WATCH).await;
+    let mut outcome = match panel {
+        Panel::Agentic(args) => panels::agentic(session, args).await?,
+        Panel::Conversation(args) => panels::conversation(session, args).await?,
+        Panel::Burst(args) => panels::burst(session, args).await?,
+    };
+    let gates = watch.end(&outcome.results.completions()).await;
+    report::gate_lines(&gates).iter().for_each(|l| println!("{l}"));
+    outcome.results.gates = Some(gates);
+    Ok(())
+}
+
 /// The server under test, the client that reaches it, and the run's salt.
-struct Session {
-    client: Client,
-    server: Option<ServerProcess>,
-    url: String,
-    salt: u64,
-    max_tokens: u32,
+pub struct Session {
+    pub client: Client,
+    pub server: Option<ServerProcess>,
+    pub url: String,
+    pub salt: u64,
+    pub max_tokens: u32,
 }
 
 impl Session {
@@ -187,6 +196,12 @@ impl Session {
         Ok(Self { client, server, url, salt, max_tokens: target.max_tokens })
     }
 
+    /// Where the server's footprint is read.
+    fn probe(&self) -> Probe {
+        let pid = self.server.as_ref().map_or_else(Default::default, ServerProcess::pid);
+        Probe::new(self.client.clone(), pid)
+    }
+
     fn close(&mut self) {
         finish_progress();
         if let Some(s) = &mut self.server {
@@ -195,7 +210,7 @@ impl Session {
     }
 
     /// The system prompt for `salt` of `tokens` tokens, and the run's header line.
-    async fn workload(&self, salt: u64, tokens: usize) -> Workload {
+    pub async fn workload(&self, salt: u64, tokens: usize) -> Workload {
         let workload = Workload::prepare(&self.client, salt, tokens, self.max_tokens).await;
         println!("{}", header_line(&self.url, &self.client, &workload));
         workload
@@ -203,7 +218,7 @@ impl Session {
 }
 
 /// `server URL  model M  seed S  max_tokens N  system prompt C chars, shared prefix T tokens`.
-fn header_line(url: &str, client: &Client, workload: &Workload) -> String {
+pub fn header_line(url: &str, client: &Client, workload: &Workload) -> String {
     let shared = match workload.system_tokens {
         TokenCount::Counted(n) => format!("{n} (counted by /v1/tokenize)"),
         TokenCount::Estimated(n) => format!("≈{n} (estimated from characters)"),
@@ -218,104 +233,6 @@ fn header_line(url: &str, client: &Client, workload: &Workload) -> String {
     )
 }
 
-async fn agentic(session: &mut Session, args: &AgenticArgs) -> anyhow::Result<()> {
-    let options = AgenticOptions {
-        salt: session.salt,
-        system_tokens: args.system_tokens,
-        max_tokens: session.max_tokens,
-        runs: args.runs,
-    };
-    let mut restarter = match (&mut session.server, &args.restart_cmd) {
-        (Some(server), _) => Restarter::Own(server, &session.client),
-        (None, Some(command)) => Restarter::Command(command, &session.client),
-        (None, None) => Restarter::Cannot,
-    };
-    let header = |w: &Workload| header_line(&session.url, &session.client, w);
-    let panel = run_panel(&session.client, &options, &mut restarter, &mut progress, &mut |w| {
-        println!("{}", header(w))
-    })
-    .await?;
-    finish_progress();
-    report::agentic_table(&panel).iter().for_each(|l| println!("{l}"));
-    if !panel.kinds().contains(&PhaseKind::ColdPrefix) {
-        println!("cold-prefix    skipped (--base-url without --restart-cmd)");
-    }
-    report::verdict_lines(&panel).iter().for_each(|l| println!("{l}"));
-    Ok(())
-}
-
-/// How the cold-prefix phase restarts the server.
-enum Restarter<'a> {
-    /// The server this command started.
-    Own(&'a mut ServerProcess, &'a Client),
-    /// The caller's `--restart-cmd`.
-    Command(&'a str, &'a Client),
-    Cannot,
-}
-
-impl Restart for Restarter<'_> {
-    async fn restart(&mut self) -> Result<bool, BenchError> {
-        let failed = |e: anyhow::Error| BenchError::Restart(format!("{e:#}"));
-        match self {
-            Restarter::Own(server, client) => server.restart(client).await.map_err(failed)?,
-            Restarter::Command(command, client) => {
-                run_restart_command(command, client).await.map_err(failed)?
-            }
-            Restarter::Cannot => return Ok(false),
-        }
-        Ok(true)
-    }
-}
-
-async fn conversation_panel(session: &Session, args: &ConversationArgs) -> anyhow::Result<()> {
-    let options = ConversationOptions {
-        salt: session.salt,
-        turns: args.turns,
-        start_tokens: args.start_tokens,
-        end_tokens: args.end_tokens,
-        max_tokens: session.max_tokens,
-    };
-    println!(
-        "server {}  model {}  seed {}  max_tokens {}  {} turns, {} -> {} prompt tokens",
-        session.url,
-        session.client.model().unwrap_or("(unnamed)"),
-        session.salt,
-        session.max_tokens,
-        args.turns,
-        args.start_tokens,
-        args.end_tokens
-    );
-    let run = run_conversation(&session.client, &options, &mut progress).await?;
-    finish_progress();
-    run.turns.iter().for_each(|t| println!("{}", report::turn_line(t)));
-    report::conversation_summary(&run).iter().for_each(|l| println!("{l}"));
-    Ok(())
-}
-
-async fn burst(session: &Session, args: &BurstArgs) -> anyhow::Result<()> {
-    let workload = session.workload(session.salt, args.system_tokens).await;
-    let system_tokens = workload.system_tokens.value();
-    let runs = args.burst_runs.max(1);
-    let levels = args.concurrency.iter().copied().filter(|&n| n > 0).collect::<Vec<_>>();
-    if let Some(&first) = levels.first() {
-        progress(&format!("burst {first}: run 1/{runs}"));
-    }
-    let mut next = levels.iter().flat_map(|&n| (1..=runs).map(move |r| (n, r))).skip(1);
-    let levels = run_bursts(&session.client, &workload, &levels, runs, &mut |run, _| {
-        finish_progress();
-        println!("{}", report::burst_line(run, system_tokens));
-        if let Some(first) = run.errors().first() {
-            println!("burst {}: first error: {first}", run.concurrency);
-        }
-        if let Some((n, r)) = next.next() {
-            progress(&format!("burst {n}: run {r}/{runs}"));
-        }
-    })
-    .await?;
-    report::burst_table(&levels, system_tokens).iter().for_each(|l| println!("{l}"));
-    Ok(())
-}
-
 /// A salt no earlier run used: nanoseconds since the epoch.
 fn clock_salt() -> u64 {
     std::time::SystemTime::now()
@@ -324,14 +241,14 @@ fn clock_salt() -> u64 {
 }
 
 /// Rewrites the progress line on a terminal (nothing when stderr is a file or pipe).
-fn progress(text: &str) {
+pub fn progress(text: &str) {
     if std::io::stderr().is_terminal() {
         eprint!("\r\x1b[2K{text}");
     }
 }
 
 /// Clears the progress line before a result is printed.
-fn finish_progress() {
+pub fn finish_progress() {
     if std::io::stderr().is_terminal() {
         eprint!("\r\x1b[2K");
     }

@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -38,6 +40,8 @@ pub struct ServerProcess {
     /// The disk tier folder made for this run, removed at the end.
     cache_dir: Option<PathBuf>,
     child: Option<Child>,
+    /// The running child's process id (0: none), shared with the footprint probe.
+    pid: Arc<AtomicU32>,
 }
 
 impl ServerProcess {
@@ -74,11 +78,16 @@ impl ServerProcess {
         }
         serve.extend(extra);
         let log = std::env::temp_dir().join(format!("spindle-bench-{port}.log"));
-        Ok(Self { port, args: serve, log, cache_dir, child: None })
+        Ok(Self { port, args: serve, log, cache_dir, child: None, pid: Arc::default() })
     }
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The running child's process id, updated across restarts (0 while none runs).
+    pub fn pid(&self) -> Arc<AtomicU32> {
+        self.pid.clone()
     }
 
     pub fn start(&mut self) -> anyhow::Result<()> {
@@ -97,6 +106,7 @@ impl ServerProcess {
             .stderr(log)
             .spawn()
             .context("cannot start spindle serve")?;
+        self.pid.store(child.id(), Ordering::Relaxed);
         self.child = Some(child);
         Ok(())
     }
@@ -135,6 +145,7 @@ impl ServerProcess {
     /// SIGINT (a graceful shutdown, as Ctrl-C), then SIGKILL if it lingers.
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else { return };
+        self.pid.store(0, Ordering::Relaxed);
         let interrupted = Command::new("kill")
             .args(["-INT", &child.id().to_string()])
             .status()

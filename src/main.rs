@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_agent;
+mod bench_panels;
 mod bench_server;
 mod generate;
 mod kv_memory;

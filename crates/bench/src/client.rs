@@ -86,6 +86,17 @@ impl Client {
         self.model = listing.and_then(|v| v["data"][0]["id"].as_str().map(str::to_string));
     }
 
+    /// The Prometheus text at `GET /metrics`, if the server exports one.
+    pub async fn metrics(&self) -> Option<String> {
+        let response = self
+            .request(reqwest::Method::GET, "/metrics")
+            .timeout(PROBE_TIMEOUT)
+            .send()
+            .await
+            .ok()?;
+        response.error_for_status().ok()?.text().await.ok()
+    }
+
     async fn get_json(&self, path: &str) -> Option<Value> {
         let response =
             self.request(reqwest::Method::GET, path).timeout(PROBE_TIMEOUT).send().await.ok()?;

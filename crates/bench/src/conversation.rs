@@ -54,6 +54,7 @@ impl ConversationOptions {
 /// A finished conversation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConversationRun {
+    pub system_chars: usize,
     pub system_tokens: TokenCount,
     pub turns: Vec<Turn>,
 }
@@ -144,7 +145,8 @@ pub async fn run_conversation(
         turns.push(Turn { index, measurement });
         messages.extend(tool_turn(index, turn_chars));
     }
-    Ok(ConversationRun { system_tokens: workload.system_tokens, turns })
+    let (system_chars, system_tokens) = (workload.system.len(), workload.system_tokens);
+    Ok(ConversationRun { system_chars, system_tokens, turns })
 }
 
 /// The assistant's tool call of turn `index` and the tool's answer of `chars` characters.
@@ -177,7 +179,7 @@ mod tests {
     }
 
     fn run(turns: Vec<Turn>) -> ConversationRun {
-        ConversationRun { system_tokens: TokenCount::Estimated(1000), turns }
+        ConversationRun { system_chars: 4000, system_tokens: TokenCount::Estimated(1000), turns }
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::agentic::{AgenticPanel, PhaseSummary, REUSE_THRESHOLD};
 use crate::burst::{BurstLevel, BurstRun, BurstStats};
 use crate::conversation::{ConversationRun, Turn};
+use crate::gates::{Gates, EARLY_STOP_FRACTION, KV_METRIC};
 use crate::stats::Spread;
 
 fn ms(d: Duration) -> f64 {
@@ -158,6 +159,41 @@ pub fn conversation_summary(run: &ConversationRun) -> Vec<String> {
     ]
 }
 
+/// The quality gates and footprint: early_stop, memory, KV occupancy, another busy process.
+pub fn gate_lines(gates: &Gates) -> Vec<String> {
+    let e = &gates.early_stop;
+    let mib = |b: Option<u64>| {
+        b.map_or_else(|| "n/a".to_string(), |b| format!("{:.1} MiB", b as f64 / 1048576.0))
+    };
+    let mut lines = vec![format!(
+        "early_stop: {} ({} of {} calls under {EARLY_STOP_FRACTION} × the median {:.0} completion tokens)",
+        if e.tripped() { "YES" } else { "no" },
+        e.short,
+        e.runs,
+        e.median_completion
+    )];
+    if gates.idle.rss_bytes.is_some() || gates.under_load.rss_bytes.is_some() {
+        lines.push(format!(
+            "server memory: {} idle, {} peak under load ({})",
+            mib(gates.idle.rss_bytes),
+            mib(gates.under_load.rss_bytes),
+            gates.memory_source
+        ));
+    } else {
+        lines
+            .push("server memory: not reported (no /metrics process_resident_memory_bytes)".into());
+    }
+    if let Some(peak) = gates.under_load.kv_usage {
+        lines.push(format!("kv cache: peak usage {:.1}% ({KV_METRIC})", peak * 100.0));
+    }
+    if let Some(cores) = gates.foreign_load() {
+        lines.push(format!(
+            "warning: another process kept {cores:.1} cores busy beside the benchmark; timings are not reliable"
+        ));
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +244,31 @@ mod tests {
         assert!(cells.contains(&"1.0 [1.0–2.0]"), "{cells:?}");
         assert!(cells.contains(&"40.0 [20.0–40.0]"), "{cells:?}");
         assert!(table[1].ends_with(" no"), "two of three runs were not serialised");
+    }
+
+    #[test]
+    fn gate_report() {
+        use crate::gates::{EarlyStop, Footprint};
+        let mut gates = Gates {
+            early_stop: EarlyStop::of(&[16, 16, 3, 2, 16]),
+            memory_source: "/proc/PID/status VmRSS".into(),
+            idle: Footprint { rss_bytes: Some(100 << 20), kv_usage: Some(0.0) },
+            under_load: Footprint { rss_bytes: Some(150 << 20), kv_usage: Some(0.125) },
+            foreign_cores_before: Some(0.0),
+            foreign_cores_during: Some(1.5),
+        };
+        assert_eq!(
+            gate_lines(&gates),
+            [
+                "early_stop: YES (2 of 5 calls under 0.5 × the median 16 completion tokens)",
+                "server memory: 100.0 MiB idle, 150.0 MiB peak under load (/proc/PID/status VmRSS)",
+                "kv cache: peak usage 12.5% (vllm:kv_cache_usage_perc)",
+                "warning: another process kept 1.5 cores busy beside the benchmark; timings are not reliable"
+            ]
+        );
+        gates.under_load = Footprint::default();
+        gates.idle = Footprint::default();
+        gates.foreign_cores_during = None;
+        assert_eq!(gate_lines(&gates).len(), 2);
     }
 }

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use spindle_bench::agentic::{run_panel, AgenticOptions, NoRestart, Restart};
 use spindle_bench::burst::{run_burst, run_bursts};
 use spindle_bench::conversation::{run_conversation, ConversationOptions};
+use spindle_bench::gates::{GateWatch, Probe};
 use spindle_bench::{BenchError, Client, PhaseKind, TokenCount, Verdict, Workload};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -98,6 +99,12 @@ async fn answer(mut socket: TcpStream, seen: Arc<Mutex<Vec<Value>>>) {
                 r#"{"object":"list","data":[{"id":"mock-1"}]}"#,
             )
             .await
+        }
+        "/metrics" => {
+            let text = "# TYPE process_resident_memory_bytes gauge\n\
+                        process_resident_memory_bytes 3.0e8\n\
+                        vllm:kv_cache_usage_perc{engine=\"0\"} 0.375\n";
+            reply(&mut socket, "200 OK", "text/plain; version=0.0.4", text).await
         }
         "/v1/tokenize" => {
             let tokens = fake_tokens(&body);
@@ -394,4 +401,31 @@ async fn agentic_panel_repeats_runs_with_a_restart_each() {
     let panel = run_panel(&client, &options, &mut NoRestart, &mut |_| {}, &mut |_| {}).await;
     assert_eq!(panel.unwrap().runs[0].len(), 5);
     assert_eq!(seen.lock().unwrap().len() - before, 6);
+}
+
+#[tokio::test]
+async fn gates_read_metrics_or_the_started_process() {
+    let (url, _) = start_mock().await;
+    let client = Client::new(&url, None).unwrap();
+    // A remote server: memory and KV occupancy from /metrics.
+    let probe = Probe::new(client.clone(), Arc::default());
+    let watch = GateWatch::begin(probe, Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let gates = watch.end(&[16, 16, 2, 1, 16]).await;
+    assert!(gates.early_stop.tripped());
+    assert_eq!(gates.memory_source, "/metrics process_resident_memory_bytes");
+    assert_eq!(gates.idle.rss_bytes, Some(300_000_000));
+    assert_eq!(gates.under_load.kv_usage, Some(0.375));
+    assert!(gates.foreign_cores_before.is_some());
+    assert_eq!(gates.foreign_cores_during, None, "the server's own work is not known");
+
+    // A started server (this test process stands in for it): memory from /proc.
+    let pid = Arc::new(std::sync::atomic::AtomicU32::new(std::process::id()));
+    let watch = GateWatch::begin(Probe::new(client, pid), Duration::from_millis(100)).await;
+    let gates = watch.end(&[16, 16]).await;
+    assert!(!gates.early_stop.tripped());
+    assert_eq!(gates.memory_source, "/proc/PID/status VmRSS");
+    let rss = gates.idle.rss_bytes.unwrap();
+    assert!(rss > 1 << 20 && rss != 300_000_000, "{rss}");
+    assert!(gates.foreign_cores_during.is_some());
 }
