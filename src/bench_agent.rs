@@ -11,9 +11,11 @@
 //! (and restarts it for the cold-prefix phase) and stops it at the end.
 
 use std::io::IsTerminal;
+use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use spindle_bench::gates::{GateWatch, Probe, IDLE_WATCH};
+use spindle_bench::results::Meta;
 use spindle_bench::{report, Client, TokenCount, Workload};
 
 use crate::bench_panels as panels;
@@ -76,6 +78,10 @@ struct Target {
     /// Completion tokens per call at most.
     #[arg(long, default_value_t = 16)]
     max_tokens: u32,
+    /// Also write DIR/<panel>.json (every measurement) and DIR/<panel>.html (a self-contained
+    /// report with charts).
+    #[arg(long, value_name = "DIR")]
+    output: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -152,8 +158,14 @@ pub fn run(cli: BenchCli) -> anyhow::Result<()> {
     })
 }
 
-/// Runs one panel with the gates watching, then prints the gates.
+/// Runs one panel with the gates watching, prints the gates, and writes the output files.
 async fn run_panel(session: &mut Session, panel: &Panel) -> anyhow::Result<()> {
+    let started_unix = clock_salt() / 1_000_000_000;
+    let (name, target) = match panel {
+        Panel::Agentic(a) => ("agentic", &a.target),
+        Panel::Conversation(c) => ("conversation", &c.target),
+        Panel::Burst(b) => ("burst", &b.target),
+    };
     let watch = GateWatch::begin(session.probe(), IDLE_WATCH).await;
     let mut outcome = match panel {
         Panel::Agentic(args) => panels::agentic(session, args).await?,
@@ -163,6 +175,20 @@ async fn run_panel(session: &mut Session, panel: &Panel) -> anyhow::Result<()> {
     let gates = watch.end(&outcome.results.completions()).await;
     report::gate_lines(&gates).iter().for_each(|l| println!("{l}"));
     outcome.results.gates = Some(gates);
+    let Some(dir) = &target.output else { return Ok(()) };
+    let meta = Meta {
+        panel: name.to_string(),
+        server: session.url.clone(),
+        model: session.client.model().map(str::to_string),
+        seed: session.salt,
+        max_tokens: session.max_tokens,
+        system_chars: outcome.system_chars,
+        system_tokens: outcome.system_tokens,
+        started_unix,
+    };
+    let json = spindle_bench::json::write(dir, &meta, &outcome.results)?;
+    let html = spindle_bench::html::write(dir, &meta, &outcome.results)?;
+    println!("wrote {} and {}", json.display(), html.display());
     Ok(())
 }
 

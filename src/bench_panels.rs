@@ -5,7 +5,7 @@ use spindle_bench::agentic::{run_panel, AgenticOptions, Restart};
 use spindle_bench::burst::run_bursts;
 use spindle_bench::conversation::{run_conversation, ConversationOptions};
 use spindle_bench::results::Results;
-use spindle_bench::{report, BenchError, Client, PhaseKind, Workload};
+use spindle_bench::{report, BenchError, Client, PhaseKind, TokenCount, Workload};
 
 use crate::bench_agent::{
     finish_progress, header_line, progress, AgenticArgs, BurstArgs, ConversationArgs, Session,
@@ -15,6 +15,8 @@ use crate::bench_server::{run_restart_command, ServerProcess};
 /// What a panel measured, and the system prompt it measured with.
 pub struct Outcome {
     pub results: Results,
+    pub system_chars: usize,
+    pub system_tokens: TokenCount,
 }
 
 pub async fn agentic(session: &mut Session, args: &AgenticArgs) -> anyhow::Result<Outcome> {
@@ -30,8 +32,10 @@ pub async fn agentic(session: &mut Session, args: &AgenticArgs) -> anyhow::Resul
         (None, None) => Restarter::Cannot,
     };
     let header = |w: &Workload| header_line(&session.url, &session.client, w);
+    let mut first = None;
     let panel = run_panel(&session.client, &options, &mut restarter, &mut progress, &mut |w| {
         println!("{}", header(w));
+        first.get_or_insert((w.system.len(), w.system_tokens));
     })
     .await?;
     finish_progress();
@@ -41,7 +45,8 @@ pub async fn agentic(session: &mut Session, args: &AgenticArgs) -> anyhow::Resul
     }
     report::verdict_lines(&panel).iter().for_each(|l| println!("{l}"));
     let results = Results { agentic: Some(panel), ..Results::default() };
-    Ok(Outcome { results })
+    let (system_chars, system_tokens) = first.unwrap_or((0, TokenCount::Estimated(0)));
+    Ok(Outcome { results, system_chars, system_tokens })
 }
 
 /// How the cold-prefix phase restarts the server.
@@ -92,8 +97,9 @@ pub async fn conversation(
     finish_progress();
     run.turns.iter().for_each(|t| println!("{}", report::turn_line(t)));
     report::conversation_summary(&run).iter().for_each(|l| println!("{l}"));
+    let (system_chars, system_tokens) = (run.system_chars, run.system_tokens);
     let results = Results { conversation: Some(run), ..Results::default() };
-    Ok(Outcome { results })
+    Ok(Outcome { results, system_chars, system_tokens })
 }
 
 pub async fn burst(session: &mut Session, args: &BurstArgs) -> anyhow::Result<Outcome> {
@@ -118,5 +124,6 @@ pub async fn burst(session: &mut Session, args: &BurstArgs) -> anyhow::Result<Ou
     .await?;
     report::burst_table(&levels, system_tokens).iter().for_each(|l| println!("{l}"));
     let results = Results { bursts: levels, ..Results::default() };
-    Ok(Outcome { results })
+    let (system_chars, system_tokens) = (workload.system.len(), workload.system_tokens);
+    Ok(Outcome { results, system_chars, system_tokens })
 }

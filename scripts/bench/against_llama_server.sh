@@ -5,6 +5,7 @@
 # 1024, 64 experts top-8, Q4_K), each phase side by side with Spindle's time as a fraction of
 # llama-server's. Builds llama-server b11434 first (scripts/reference/build_llama_cpp.sh, ~10 min
 # once). llama-server gets one slot per call of the largest burst, so a burst runs concurrently.
+# Each side's JSON and HTML reports land in $OUT/spindle and $OUT/llama-server (printed).
 # Usage: against_llama_server.sh [BURSTS]   (comma-separated, default 8)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,8 +15,8 @@ LLAMA_SERVER=$(scripts/reference/build_llama_cpp.sh | tail -1)
 cargo build --release -q
 OUT=$(mktemp -d)
 echo "== Spindle" >&2
-{ target/release/spindle bench agentic --hybrid
-  target/release/spindle bench burst --hybrid --concurrency "$BURSTS"; } 2>&1 |
+{ target/release/spindle bench agentic --hybrid --output "$OUT/spindle"
+  target/release/spindle bench burst --hybrid --concurrency "$BURSTS" --output "$OUT/spindle"; } 2>&1 |
   tee "$OUT/spindle.txt"
 MODEL=$(grep -o -- '--model [^ ]*' "$OUT/spindle.txt" | head -1 | cut -d' ' -f2)
 PORT=$((20000 + RANDOM % 20000))
@@ -26,8 +27,8 @@ trap 'kill $LLAMA_PID 2>/dev/null || true' EXIT
 for _ in $(seq 120); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 0.5; done
 echo "== llama-server (log: $OUT/llama-server.log)" >&2
 URL="http://127.0.0.1:$PORT"
-{ target/release/spindle bench agentic --base-url "$URL"
-  target/release/spindle bench burst --base-url "$URL" --concurrency "$BURSTS"; } 2>&1 |
+{ target/release/spindle bench agentic --base-url "$URL" --output "$OUT/llama-server"
+  target/release/spindle bench burst --base-url "$URL" --concurrency "$BURSTS" --output "$OUT/llama-server"; } 2>&1 |
   tee "$OUT/llama-server.txt"
 python3 - "$OUT/llama-server.txt" "$OUT/spindle.txt" <<'PY'
 import re, sys

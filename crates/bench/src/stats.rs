@@ -58,7 +58,8 @@ impl Spread {
 /// The least-squares slope of `y` over `x`; `None` for fewer than two points or all `x` equal.
 pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
     let n = points.len() as f64;
-    if points.len() < 2 {
+    // Equal x compared exactly: their mean may round, leaving a tiny spread that is not there.
+    if points.len() < 2 || points.iter().all(|p| p.0 == points[0].0) {
         return None;
     }
     let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
@@ -113,5 +114,6 @@ mod tests {
         assert_eq!(slope(&[(1.0, 3.0), (3.0, 3.0)]), Some(0.0));
         assert_eq!(slope(&[(1.0, 3.0)]), None);
         assert_eq!(slope(&[(2.0, 3.0), (2.0, 9.0)]), None);
+        assert_eq!(slope(&[(0.7, 3.0); 8]), None, "a mean that rounds is still no spread");
     }
 }

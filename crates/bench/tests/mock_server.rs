@@ -9,6 +9,7 @@ use spindle_bench::agentic::{run_panel, AgenticOptions, NoRestart, Restart};
 use spindle_bench::burst::{run_burst, run_bursts};
 use spindle_bench::conversation::{run_conversation, ConversationOptions};
 use spindle_bench::gates::{GateWatch, Probe};
+use spindle_bench::results::{Meta, Results};
 use spindle_bench::{BenchError, Client, PhaseKind, TokenCount, Verdict, Workload};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -428,4 +429,50 @@ async fn gates_read_metrics_or_the_started_process() {
     let rss = gates.idle.rss_bytes.unwrap();
     assert!(rss > 1 << 20 && rss != 300_000_000, "{rss}");
     assert!(gates.foreign_cores_during.is_some());
+}
+
+#[tokio::test]
+async fn a_burst_panel_writes_json_and_html() {
+    let (url, _) = start_mock().await;
+    let mut client = Client::new(&url, None).unwrap();
+    client.discover_model().await;
+    let workload = Workload::prepare(&client, 21, 300, 16).await;
+    let watch = GateWatch::begin(Probe::new(client.clone(), Arc::default()), Duration::ZERO).await;
+    let bursts = run_bursts(&client, &workload, &[3, 5], 1, &mut |_, _| {}).await.unwrap();
+    let mut results = Results { bursts, ..Results::default() };
+    results.gates = Some(watch.end(&results.completions()).await);
+    let meta = Meta {
+        panel: "burst".into(),
+        server: url.clone(),
+        model: client.model().map(str::to_string),
+        seed: 21,
+        max_tokens: 16,
+        system_chars: workload.system.len(),
+        system_tokens: workload.system_tokens,
+        started_unix: 0,
+    };
+    let dir = std::env::temp_dir().join(format!("spindle-bench-mock-{}", std::process::id()));
+    let json_path = spindle_bench::json::write(&dir, &meta, &results).unwrap();
+    let html_path = spindle_bench::html::write(&dir, &meta, &results).unwrap();
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(json_path).unwrap()).unwrap();
+    assert_eq!((doc["panel"].clone(), doc["model"].clone()), (json!("burst"), json!("mock-1")));
+    assert_eq!(doc["system_prompt"]["counted"], true);
+    let levels = doc["burst"]["levels"].as_array().unwrap();
+    assert_eq!(
+        levels.iter().map(|l| l["concurrency"].as_u64().unwrap()).collect::<Vec<_>>(),
+        [3, 5]
+    );
+    // Users 2..=4, then 2..=6 of which "Request 5" is refused.
+    let calls = |k: usize| levels[k]["runs"][0]["calls"].as_array().unwrap().clone();
+    assert!(calls(0).iter().all(|c| c["ok"] == true && c["cached_tokens"] == 500));
+    let refused: Vec<Value> = calls(1).into_iter().filter(|c| c["ok"] == false).collect();
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0]["status"], 429);
+    assert_eq!(levels[1]["runs"][0]["stats"]["rate_limited"], 1);
+    assert_eq!(doc["gates"]["kv_cache_usage"]["peak"], 0.375);
+    assert_eq!(doc["gates"]["early_stop"]["calls"], 7);
+    let page = std::fs::read_to_string(html_path).unwrap();
+    assert_eq!(page.matches("<svg").count(), 2);
+    assert!(!page.contains("src=\"http") && !page.contains("href=\"http"));
+    std::fs::remove_dir_all(dir).unwrap();
 }
