@@ -79,14 +79,18 @@ fn short(value: f64) -> String {
     match value.abs() {
         v if v >= 1e6 => format!("{:.1}M", value / 1e6),
         v if v >= 1e4 => format!("{:.0}k", value / 1e3),
-        v if v >= 10.0 || v == 0.0 => format!("{value:.0}"),
+        v if v >= 10.0 || v.fract() == 0.0 => format!("{value:.0}"),
         _ => format!("{value:.2}"),
     }
 }
 
-/// A y range that holds `values` (at least 1), rounded up a little.
+/// A y range that holds `values`: the next 1, 2, 4, 5 or 8 × 10^k above the largest, so the
+/// four grid steps are round numbers.
 fn y_max(values: impl Iterator<Item = f64>) -> f64 {
-    values.filter(|v| v.is_finite()).fold(0.0, f64::max).max(1e-9) * 1.1
+    let top = values.filter(|v| v.is_finite()).fold(0.0, f64::max).max(1e-9);
+    let scale = 10f64.powf(top.log10().floor());
+    let step = [1.0, 2.0, 4.0, 5.0, 8.0, 10.0].into_iter().find(|s| s * scale >= top);
+    step.unwrap_or(10.0) * scale
 }
 
 /// Bars with whiskers from `min` to `max`.
@@ -154,12 +158,19 @@ pub fn line_chart(
         let _ = write!(
             svg,
             "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" fill=\"{color}\">{}</text>",
-            WIDTH - RIGHT - 150.0,
-            TOP + 14.0 * (k as f64 + 1.0),
+            WIDTH - RIGHT - 130.0 * (series.len() - k) as f64,
+            HEIGHT - 8.0,
             escape(&s.name)
         );
     }
-    for x in [x_min, x_max].into_iter().filter(|x| x.is_finite()) {
+    // Every x of a short series (burst levels), else the ends.
+    let mut ticks: Vec<f64> = points().map(|p| p.0).collect();
+    ticks.sort_by(f64::total_cmp);
+    ticks.dedup();
+    if ticks.len() > 8 {
+        ticks = vec![x_min, x_max];
+    }
+    for x in ticks.into_iter().filter(|x| x.is_finite()) {
         let _ = write!(
             svg,
             "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"11\">{}</text>",
@@ -171,7 +182,7 @@ pub fn line_chart(
     let _ = write!(
         svg,
         "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"11\">{}</text>",
-        (LEFT + WIDTH - RIGHT) / 2.0,
+        LEFT + 100.0,
         HEIGHT - 8.0,
         escape(x_label)
     );
@@ -233,8 +244,8 @@ mod tests {
         assert!(svg.contains("data-series=\"ttft\""));
         assert!(svg.contains("TTFT &lt;per&gt; phase"), "titles are escaped");
         assert_eq!(svg.matches("<rect").count(), 2);
-        // The cold bar's whisker top (150) sits at 150 / 165 of the plot height.
-        let top = y_of(150.0, 165.0);
+        // The cold bar's whisker top (150) sits at 150 / 200 of the plot height.
+        let top = y_of(150.0, 200.0);
         assert!(svg.contains(&format!("y2=\"{top:.1}\"")), "{svg}");
     }
 
@@ -252,14 +263,23 @@ mod tests {
         assert_eq!(svg.matches("<circle").count(), 3);
         let strip = strip_chart("lat", "Latency", "ms", &[("8".into(), vec![1.0, 2.0, 3.0])]);
         assert_eq!(strip.matches("<circle").count(), 3);
-        assert!(strip.contains("<title>median 2.00</title>"), "{strip}");
+        assert!(strip.contains("<title>median 2</title>"), "{strip}");
+    }
+
+    #[test]
+    fn round_y_ranges() {
+        assert_eq!(y_max([0.9, 0.3].into_iter()), 1.0);
+        assert_eq!(y_max([2181.0].into_iter()), 4000.0);
+        assert_eq!(y_max([4500.0].into_iter()), 5000.0);
+        assert_eq!(y_max([12.9].into_iter()), 20.0);
+        assert_eq!(y_max([100.0].into_iter()), 100.0);
     }
 
     #[test]
     fn short_numbers() {
         assert_eq!(
-            [0.0, 0.25, 12.4, 1234.0, 45678.0, 2.5e6].map(short),
-            ["0", "0.25", "12", "1234", "46k", "2.5M"]
+            [0.0, 0.25, 2.0, 12.4, 1234.0, 45678.0, 2.5e6].map(short),
+            ["0", "0.25", "2", "12", "1234", "46k", "2.5M"]
         );
     }
 }
