@@ -80,7 +80,7 @@ pub struct CpuSample {
     pub total: u64,
     /// All CPUs' ticks not idle nor waiting for I/O.
     pub busy: u64,
-    /// Ticks of this process and the server it started.
+    /// Ticks of this process, its finished children and the server it runs now.
     pub own: u64,
     pub cpus: u32,
 }
@@ -120,12 +120,14 @@ pub fn parse_cpu_line(stat: &str) -> Option<(u64, u64)> {
     Some((total, total - idle))
 }
 
-/// `utime + stime` of a `/proc/PID/stat` text (fields 14 and 15, after the command name).
+/// CPU ticks of a `/proc/PID/stat` text: its own (`utime`, `stime`, fields 14 and 15) and its
+/// waited-for children's (`cutime`, `cstime`, 16 and 17), so a server the benchmark restarted
+/// still counts as its own.
 pub fn parse_pid_ticks(stat: &str) -> Option<u64> {
     let after_name = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = after_name.split_whitespace().collect();
-    // Field 3 (state) is the first after the name: utime is field 14, stime 15.
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+    // Field 3 (state) is the first after the name.
+    (11..15).map(|i| fields.get(i)?.parse::<u64>().ok()).sum()
 }
 
 /// What one look at the server's footprint found.
@@ -338,8 +340,9 @@ mod tests {
     fn proc_stat_parsing() {
         let stat = "cpu  100 5 50 800 20 3 2 0 0 0\ncpu0 50 2 25 400 10 1 1 0 0 0\n";
         assert_eq!(parse_cpu_line(stat), Some((980, 160)));
-        let pid = "4242 (spin dle) S 1 4242 4242 0 -1 4194304 100 0 0 0 70 30 0 0 20 0 4 0";
-        assert_eq!(parse_pid_ticks(pid), Some(100));
+        let pid = "4242 (spin dle) S 1 4242 4242 0 -1 4194304 100 0 0 0 70 30 5 1 20 0 4 0";
+        assert_eq!(parse_pid_ticks(pid), Some(106));
+        assert_eq!(parse_pid_ticks("1 (x) S 1 1 1 0 -1 0 0 0 0 0 70 30"), None);
     }
 
     #[test]
