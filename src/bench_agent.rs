@@ -5,7 +5,8 @@
 //! - `agentic`: cold, warm, prefix-test ×3 and cold-prefix calls, `--runs` times, with the
 //!   prefix-cache verdict;
 //! - `conversation`: one growing agent conversation of tool calls and results;
-//! - `burst`: concurrent calls on a warmed system prompt, at several concurrencies.
+//! - `burst`: concurrent calls on a warmed system prompt, at several concurrencies;
+//! - `quality`: tool-call cleanliness, its thinking ablation, and instruction following.
 //!
 //! With `--base-url` it measures a running server; without, it starts `spindle serve` itself
 //! (and restarts it for the cold-prefix phase) and stops it at the end.
@@ -43,6 +44,9 @@ enum Panel {
     /// Bursts of concurrent calls on a warmed system prompt: errors, 429s, latency and TTFT
     /// percentiles, throughput, calls that re-read the prompt, and whether calls serialise.
     Burst(BurstArgs),
+    /// Agent quality probes at temperature 0 with a fixed seed: tool-call cleanliness over a
+    /// multi-turn edit task (--code), its thinking ablation, and instruction following.
+    Quality(QualityArgs),
 }
 
 /// The server measured and how to reach it; shared by every panel.
@@ -75,9 +79,6 @@ struct Target {
     /// serve the cold call). Printed, so a run can be repeated.
     #[arg(long)]
     seed: Option<u64>,
-    /// Completion tokens per call at most.
-    #[arg(long, default_value_t = 16)]
-    max_tokens: u32,
     /// Also write DIR/<panel>.json (every measurement) and DIR/<panel>.html (a self-contained
     /// report with charts).
     #[arg(long, value_name = "DIR")]
@@ -88,6 +89,9 @@ struct Target {
 pub struct AgenticArgs {
     #[command(flatten)]
     target: Target,
+    /// Completion tokens per call at most.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: u32,
     /// Size of the shared system prompt in tokens (~7 KB of text at the default; sized with the
     /// server's tokenizer when it has /v1/tokenize, else at 4 characters per token).
     #[arg(long, default_value_t = 2150)]
@@ -106,6 +110,9 @@ pub struct AgenticArgs {
 pub struct ConversationArgs {
     #[command(flatten)]
     target: Target,
+    /// Completion tokens per call at most.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: u32,
     /// Calls of the conversation.
     #[arg(long, default_value_t = 80)]
     pub turns: usize,
@@ -121,6 +128,9 @@ pub struct ConversationArgs {
 pub struct BurstArgs {
     #[command(flatten)]
     target: Target,
+    /// Completion tokens per call at most.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: u32,
     /// Size of the shared system prompt in tokens.
     #[arg(long, default_value_t = 2150)]
     pub system_tokens: usize,
@@ -132,12 +142,37 @@ pub struct BurstArgs {
     pub burst_runs: usize,
 }
 
+#[derive(Args)]
+pub struct QualityArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Completion tokens per call at most (room for a tool call, or a brief, after thinking).
+    #[arg(long, default_value_t = 1024)]
+    pub max_tokens: u32,
+    /// Tool-call cleanliness over a scripted multi-turn edit task (the default probe).
+    #[arg(long)]
+    pub code: bool,
+    /// The code probe with thinking off, on and preserved, and on but dropped
+    /// (chat_template_kwargs enable_thinking / preserve_thinking).
+    #[arg(long)]
+    pub thinking_ablation: bool,
+    /// A research brief with five required sections, thinking off and on.
+    #[arg(long)]
+    pub instruct: bool,
+    /// Repeats of every probe (greedy with a fixed seed: runs should agree).
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+}
+
 pub fn run(cli: BenchCli) -> anyhow::Result<()> {
     let Some(panel) = cli.panel else { return crate::bench::run(cli.speed) };
-    let (target, max_queue) = match &panel {
-        Panel::Agentic(a) => (&a.target, 0),
-        Panel::Conversation(c) => (&c.target, 0),
-        Panel::Burst(b) => (&b.target, b.concurrency.iter().copied().max().unwrap_or(0)),
+    let (target, max_queue, max_tokens) = match &panel {
+        Panel::Agentic(a) => (&a.target, 0, a.max_tokens),
+        Panel::Conversation(c) => (&c.target, 0, c.max_tokens),
+        Panel::Burst(b) => {
+            (&b.target, b.concurrency.iter().copied().max().unwrap_or(0), b.max_tokens)
+        }
+        Panel::Quality(q) => (&q.target, 0, q.max_tokens),
     };
     let server = match &target.base_url {
         Some(_) => None,
@@ -151,7 +186,7 @@ pub fn run(cli: BenchCli) -> anyhow::Result<()> {
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
-        let mut session = Session::open(target, server).await?;
+        let mut session = Session::open(target, max_tokens, server).await?;
         let result = run_panel(&mut session, &panel).await;
         session.close();
         result
@@ -165,12 +200,14 @@ async fn run_panel(session: &mut Session, panel: &Panel) -> anyhow::Result<()> {
         Panel::Agentic(a) => ("agentic", &a.target),
         Panel::Conversation(c) => ("conversation", &c.target),
         Panel::Burst(b) => ("burst", &b.target),
+        Panel::Quality(q) => ("quality", &q.target),
     };
     let watch = GateWatch::begin(session.probe(), IDLE_WATCH).await;
     let mut outcome = match panel {
         Panel::Agentic(args) => panels::agentic(session, args).await?,
         Panel::Conversation(args) => panels::conversation(session, args).await?,
         Panel::Burst(args) => panels::burst(session, args).await?,
+        Panel::Quality(args) => panels::quality(session, args).await?,
     };
     let gates = watch.end(&outcome.results.completions()).await;
     report::gate_lines(&gates).iter().for_each(|l| println!("{l}"));
@@ -203,7 +240,11 @@ pub struct Session {
 
 impl Session {
     /// Starts the server when there is one to start, and names the model.
-    async fn open(target: &Target, mut server: Option<ServerProcess>) -> anyhow::Result<Self> {
+    async fn open(
+        target: &Target,
+        max_tokens: u32,
+        mut server: Option<ServerProcess>,
+    ) -> anyhow::Result<Self> {
         let url = match (&target.base_url, &server) {
             (Some(url), _) => url.clone(),
             (None, Some(s)) => s.url(),
@@ -219,7 +260,7 @@ impl Session {
             _ => client.discover_model().await,
         }
         let salt = target.seed.unwrap_or_else(clock_salt);
-        Ok(Self { client, server, url, salt, max_tokens: target.max_tokens })
+        Ok(Self { client, server, url, salt, max_tokens })
     }
 
     /// Where the server's footprint is read.

@@ -4,11 +4,13 @@
 use spindle_bench::agentic::{run_panel, AgenticOptions, Restart};
 use spindle_bench::burst::run_bursts;
 use spindle_bench::conversation::{run_conversation, ConversationOptions};
+use spindle_bench::quality::{run_code, run_instruct, QualityReport, Thinking, SEED};
 use spindle_bench::results::Results;
 use spindle_bench::{report, BenchError, Client, PhaseKind, TokenCount, Workload};
 
 use crate::bench_agent::{
-    finish_progress, header_line, progress, AgenticArgs, BurstArgs, ConversationArgs, Session,
+    finish_progress, header_line, progress, AgenticArgs, BurstArgs, ConversationArgs, QualityArgs,
+    Session,
 };
 use crate::bench_server::{run_restart_command, ServerProcess};
 
@@ -126,4 +128,36 @@ pub async fn burst(session: &mut Session, args: &BurstArgs) -> anyhow::Result<Ou
     let results = Results { bursts: levels, ..Results::default() };
     let (system_chars, system_tokens) = (workload.system.len(), workload.system_tokens);
     Ok(Outcome { results, system_chars, system_tokens })
+}
+
+pub async fn quality(session: &mut Session, args: &QualityArgs) -> anyhow::Result<Outcome> {
+    println!(
+        "server {}  model {}  seed {SEED} (fixed)  temperature 0  max_tokens {}",
+        session.url,
+        session.client.model().unwrap_or("(unnamed)"),
+        session.max_tokens
+    );
+    let code = args.code || !(args.thinking_ablation || args.instruct);
+    let ablation = [Thinking::Off, Thinking::OnPreserved, Thinking::OnDropped];
+    let code_runs = code.then_some(Thinking::Default).into_iter();
+    let code_runs: Vec<Thinking> =
+        code_runs.chain(ablation.into_iter().filter(|_| args.thinking_ablation)).collect();
+    let instruct_runs =
+        if args.instruct { vec![Thinking::Off, Thinking::OnPreserved] } else { vec![] };
+    let (runs, client, max_tokens) = (args.runs.max(1), &session.client, session.max_tokens);
+    let mut report = QualityReport::default();
+    for run in 1..=runs {
+        for &thinking in &code_runs {
+            progress(&format!("quality run {run}/{runs}: code [{thinking}]"));
+            report.code.push(run_code(client, thinking, max_tokens).await);
+        }
+        for &thinking in &instruct_runs {
+            progress(&format!("quality run {run}/{runs}: instruct [{thinking}]"));
+            report.instruct.push(run_instruct(client, thinking, max_tokens).await);
+        }
+    }
+    finish_progress();
+    report::quality_lines(&report).iter().for_each(|l| println!("{l}"));
+    let results = Results { quality: Some(report), ..Results::default() };
+    Ok(Outcome { results, system_chars: 0, system_tokens: TokenCount::Estimated(0) })
 }

@@ -142,6 +142,20 @@ impl Client {
         Some(x.iter().zip(&y).take_while(|(p, q)| p == q).count())
     }
 
+    /// One non-streamed chat call with the request `body` as given (the model added): the
+    /// response's JSON.
+    pub async fn chat_completion(&self, body: Value) -> Result<Value, BenchError> {
+        let body = self.with_model(body);
+        let response =
+            self.request(reqwest::Method::POST, "/v1/chat/completions").json(&body).send().await?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            return Err(BenchError::Status { status: status.as_u16(), body });
+        }
+        Ok(response.json().await?)
+    }
+
     /// One streamed chat call (greedy, `max_tokens` at most), timed from sending the request.
     pub async fn chat(
         &self,

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use crate::agentic::AgenticPanel;
 use crate::burst::BurstLevel;
 use crate::conversation::ConversationRun;
+use crate::quality::{percent, QualityReport, Thinking, SECTIONS};
 use crate::report;
 use crate::results::{Meta, Results};
 use crate::svg::{bar_chart, escape, line_chart, strip_chart, Bar, Series};
@@ -40,6 +41,9 @@ pub fn render(meta: &Meta, results: &Results) -> String {
     }
     if let Some(run) = &results.conversation {
         page += &conversation(run);
+    }
+    if let Some(report) = &results.quality {
+        page += &quality(report);
     }
     if let Some(gates) = &results.gates {
         page += "<h2>Quality gates and footprint</h2>";
@@ -132,6 +136,48 @@ fn conversation(run: &ConversationRun) -> String {
     out + "<details><summary>Every turn</summary>" + &pre(&turns) + "</details>"
 }
 
+fn quality(report: &QualityReport) -> String {
+    let mut out = String::from("<h2>Agent quality probes</h2>");
+    out += &pre(&report::quality_lines(report));
+    let bar = |label: String, value: f64| Bar { label, value, min: value, max: value };
+    if !report.code.is_empty() {
+        let bars: Vec<Bar> = report
+            .code
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                bar(format!("{} #{}", short_thinking(p.thinking), i + 1), percent(p.clean()))
+            })
+            .collect();
+        out += &bar_chart("tool-call-clean", "Clean tool calls per run", "% of turns", &bars);
+    }
+    if !report.instruct.is_empty() {
+        let bars: Vec<Bar> = report
+            .instruct
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                bar(
+                    format!("{} #{}", short_thinking(p.thinking), i + 1),
+                    percent((p.sections, SECTIONS.len())),
+                )
+            })
+            .collect();
+        out += &bar_chart("instruct-sections", "Brief sections delivered per run", "%", &bars);
+    }
+    out
+}
+
+/// A label short enough for a bar.
+fn short_thinking(thinking: Thinking) -> &'static str {
+    match thinking {
+        Thinking::Default => "default",
+        Thinking::Off => "think off",
+        Thinking::OnPreserved => "on+preserve",
+        Thinking::OnDropped => "on, dropped",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,9 +217,16 @@ mod tests {
         assert!(!page.contains("<script") && !page.contains("<link"));
         assert_eq!(
             series_ids(&page),
-            ["ttft-per-phase", "burst-latency", "throughput-vs-concurrency", "cost-vs-depth"]
+            [
+                "ttft-per-phase",
+                "burst-latency",
+                "throughput-vs-concurrency",
+                "cost-vs-depth",
+                "tool-call-clean",
+                "instruct-sections"
+            ]
         );
-        assert_eq!(page.matches("<svg").count(), 4);
+        assert_eq!(page.matches("<svg").count(), 6);
         assert!(page.contains("prefix cache reuse: YES"));
         assert!(page.contains("Quality gates"));
     }

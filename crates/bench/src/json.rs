@@ -10,6 +10,7 @@ use crate::agentic::AgenticPanel;
 use crate::burst::{BurstLevel, BurstRun, BurstStats};
 use crate::conversation::ConversationRun;
 use crate::gates::Gates;
+use crate::quality::{percent, QualityReport, SECTIONS};
 use crate::results::{Meta, Results};
 use crate::sse::Measurement;
 use crate::stats::Spread;
@@ -40,10 +41,14 @@ pub fn document(meta: &Meta, results: &Results) -> Value {
         doc["agentic"] = agentic(panel);
     }
     if !results.bursts.is_empty() {
-        doc["burst"] = json!({"levels": results.bursts.iter().map(|l| level(l, system_tokens)).collect::<Vec<_>>()});
+        let levels: Vec<Value> = results.bursts.iter().map(|l| level(l, system_tokens)).collect();
+        doc["burst"] = json!({ "levels": levels });
     }
     if let Some(run) = &results.conversation {
         doc["conversation"] = conversation(run);
+    }
+    if let Some(report) = &results.quality {
+        doc["quality"] = quality(report);
     }
     if let Some(gates) = &results.gates {
         doc["gates"] = gates_json(gates);
@@ -190,11 +195,47 @@ fn conversation(run: &ConversationRun) -> Value {
         run.turns.iter().map(|t| with(json!({"turn": t.index}), &t.measurement)).collect();
     json!({
         "turns": turns,
-        "totals": {"seconds": run.total_seconds(), "prompt_tokens": prompt, "cached_tokens": cached, "read_tokens": read},
+        "totals": {
+            "seconds": run.total_seconds(),
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "read_tokens": read,
+        },
         "latency_growth_ms_per_1k_prompt_tokens": run.latency_growth_ms_per_1k(),
         "ttft_growth_ms_per_1k_prompt_tokens": run.ttft_growth_ms_per_1k(),
         "depth_cost_ratio": run.depth_cost_ratio(),
     })
+}
+
+fn quality(report: &QualityReport) -> Value {
+    let code: Vec<Value> = report
+        .code
+        .iter()
+        .map(|p| {
+            let turns: Vec<Value> = p
+                .turns
+                .iter()
+                .map(|t| {
+                    json!({"turn": t.turn, "script_tool": t.expected, "called": t.check.called,
+                        "clean": t.clean(), "problem": t.check.problem,
+                        "completion_tokens": t.completion_tokens})
+                })
+                .collect();
+            json!({"thinking": p.thinking.to_string(), "chat_template_kwargs": p.thinking.kwargs(),
+                "clean_percent": percent(p.clean()), "edit_clean_percent": percent(p.edit_clean()),
+                "turns": turns})
+        })
+        .collect();
+    let instruct: Vec<Value> = report
+        .instruct
+        .iter()
+        .map(|p| {
+            json!({"thinking": p.thinking.to_string(), "chat_template_kwargs": p.thinking.kwargs(),
+                "sections": p.sections, "of": SECTIONS.len(),
+                "completion_tokens": p.completion_tokens, "error": p.error})
+        })
+        .collect();
+    json!({"seed": crate::quality::SEED, "code": code, "instruct": instruct})
 }
 
 fn gates_json(g: &Gates) -> Value {
@@ -252,6 +293,7 @@ pub(crate) mod tests {
                 system_tokens: TokenCount::Estimated(25),
                 turns,
             }),
+            quality: Some(quality_report()),
             gates: Some(Gates {
                 early_stop: EarlyStop::of(&[16, 16]),
                 memory_source: "/proc/PID/status VmRSS".into(),
@@ -260,6 +302,34 @@ pub(crate) mod tests {
                 foreign_cores_before: Some(0.0),
                 foreign_cores_during: None,
             }),
+        }
+    }
+
+    pub fn quality_report() -> QualityReport {
+        use crate::quality::{CallCheck, CodeProbe, InstructProbe, Thinking, TurnCheck};
+        let turn = |turn, problem: Option<&str>| TurnCheck {
+            turn,
+            expected: "edit_file",
+            check: CallCheck {
+                called: Some("edit_file".into()),
+                problem: problem.map(str::to_string),
+            },
+            completion_tokens: 30,
+        };
+        QualityReport {
+            code: vec![CodeProbe {
+                thinking: Thinking::Off,
+                turns: vec![
+                    turn(0, None),
+                    turn(1, Some("edit_file: edits: expected array, got object")),
+                ],
+            }],
+            instruct: vec![InstructProbe {
+                thinking: Thinking::OnPreserved,
+                sections: 4,
+                completion_tokens: 300,
+                error: None,
+            }],
         }
     }
 
@@ -299,6 +369,15 @@ pub(crate) mod tests {
             Value::Null,
             "one prompt length"
         );
+
+        let code = &doc["quality"]["code"][0];
+        assert_eq!(code["chat_template_kwargs"], json!({"enable_thinking": false}));
+        assert_eq!(
+            (code["clean_percent"].clone(), code["edit_clean_percent"].clone()),
+            (json!(50.0), json!(50.0))
+        );
+        assert_eq!(code["turns"][1]["problem"], "edit_file: edits: expected array, got object");
+        assert_eq!(doc["quality"]["instruct"][0]["sections"], 4);
 
         assert_eq!(doc["gates"]["memory"]["peak_bytes"], 2000);
         assert_eq!(doc["gates"]["kv_cache_usage"]["peak"], 0.5);

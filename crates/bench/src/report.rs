@@ -6,6 +6,7 @@ use crate::agentic::{AgenticPanel, PhaseSummary, REUSE_THRESHOLD};
 use crate::burst::{BurstLevel, BurstRun, BurstStats};
 use crate::conversation::{ConversationRun, Turn};
 use crate::gates::{Gates, EARLY_STOP_FRACTION, KV_METRIC};
+use crate::quality::{percent, QualityReport, SECTIONS};
 use crate::stats::Spread;
 
 fn ms(d: Duration) -> f64 {
@@ -159,19 +160,58 @@ pub fn conversation_summary(run: &ConversationRun) -> Vec<String> {
     ]
 }
 
+/// One line per probe run: clean tool calls and edit turns, or sections delivered; then each
+/// dirty turn's problem.
+pub fn quality_lines(report: &QualityReport) -> Vec<String> {
+    let mut lines = Vec::new();
+    for probe in &report.code {
+        let (clean, edit) = (probe.clean(), probe.edit_clean());
+        lines.push(format!(
+            "code [{}]: tool calls clean {}/{} ({:.1}%), edit turns clean {}/{} ({:.1}%)",
+            probe.thinking,
+            clean.0,
+            clean.1,
+            percent(clean),
+            edit.0,
+            edit.1,
+            percent(edit)
+        ));
+        for turn in probe.turns.iter().filter(|t| !t.clean()) {
+            let problem = turn.check.problem.as_deref().unwrap_or_default();
+            let problem: String = problem.chars().take(120).collect();
+            lines.push(format!("  turn {} (script: {}): {problem}", turn.turn + 1, turn.expected));
+        }
+    }
+    for probe in &report.instruct {
+        let error = probe.error.as_deref().map_or_else(String::new, |e| format!("  error: {e}"));
+        lines.push(format!(
+            "instruct [{}]: sections delivered {}/{} ({:.0}%), {} completion tokens{error}",
+            probe.thinking,
+            probe.sections,
+            SECTIONS.len(),
+            percent((probe.sections, SECTIONS.len())),
+            probe.completion_tokens
+        ));
+    }
+    lines
+}
+
 /// The quality gates and footprint: early_stop, memory, KV occupancy, another busy process.
 pub fn gate_lines(gates: &Gates) -> Vec<String> {
     let e = &gates.early_stop;
     let mib = |b: Option<u64>| {
         b.map_or_else(|| "n/a".to_string(), |b| format!("{:.1} MiB", b as f64 / 1048576.0))
     };
-    let mut lines = vec![format!(
-        "early_stop: {} ({} of {} calls under {EARLY_STOP_FRACTION} × the median {:.0} completion tokens)",
-        if e.tripped() { "YES" } else { "no" },
-        e.short,
-        e.runs,
-        e.median_completion
-    )];
+    let mut lines = vec![match e.runs {
+        0 => "early_stop: n/a (no completion to compare)".to_string(),
+        _ => format!(
+            "early_stop: {} ({} of {} calls under {EARLY_STOP_FRACTION} × the median {:.0} completion tokens)",
+            if e.tripped() { "YES" } else { "no" },
+            e.short,
+            e.runs,
+            e.median_completion
+        ),
+    }];
     if gates.idle.rss_bytes.is_some() || gates.under_load.rss_bytes.is_some() {
         lines.push(format!(
             "server memory: {} idle, {} peak under load ({})",
@@ -269,6 +309,26 @@ mod tests {
         gates.under_load = Footprint::default();
         gates.idle = Footprint::default();
         gates.foreign_cores_during = None;
-        assert_eq!(gate_lines(&gates).len(), 2);
+        gates.early_stop = EarlyStop::of(&[]);
+        assert_eq!(
+            gate_lines(&gates),
+            [
+                "early_stop: n/a (no completion to compare)",
+                "server memory: not reported (no /metrics process_resident_memory_bytes)"
+            ]
+        );
+    }
+
+    #[test]
+    fn quality_report_lines() {
+        let lines = quality_lines(&crate::json::tests::quality_report());
+        assert_eq!(
+            lines,
+            [
+                "code [enable_thinking=off]: tool calls clean 1/2 (50.0%), edit turns clean 1/2 (50.0%)",
+                "  turn 2 (script: edit_file): edit_file: edits: expected array, got object",
+                "instruct [enable_thinking=on + preserve_thinking=on]: sections delivered 4/5 (80%), 300 completion tokens"
+            ]
+        );
     }
 }

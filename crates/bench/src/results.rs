@@ -4,12 +4,13 @@ use crate::agentic::AgenticPanel;
 use crate::burst::BurstLevel;
 use crate::conversation::ConversationRun;
 use crate::gates::Gates;
+use crate::quality::QualityReport;
 use crate::workload::TokenCount;
 
 /// The server and the settings of a run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Meta {
-    /// `agentic`, `conversation` or `burst`.
+    /// `agentic`, `conversation`, `burst` or `quality`.
     pub panel: String,
     pub server: String,
     pub model: Option<String>,
@@ -28,12 +29,13 @@ pub struct Results {
     pub agentic: Option<AgenticPanel>,
     pub bursts: Vec<BurstLevel>,
     pub conversation: Option<ConversationRun>,
+    pub quality: Option<QualityReport>,
     pub gates: Option<Gates>,
 }
 
 impl Results {
-    /// Completion tokens of every measured call (warm-ups and a burst's lone and warming calls
-    /// left out), for the `early_stop` gate.
+    /// Completion tokens of every measured call (warm-ups, a burst's lone and warming calls
+    /// and the quality probes, whose answers differ by design, left out), for `early_stop`.
     pub fn completions(&self) -> Vec<u32> {
         let agentic = self.agentic.iter().flat_map(|p| p.runs.iter().flatten());
         let bursts = self.bursts.iter().flat_map(|l| &l.runs).flat_map(|r| r.succeeded());

@@ -9,6 +9,7 @@ use spindle_bench::agentic::{run_panel, AgenticOptions, NoRestart, Restart};
 use spindle_bench::burst::{run_burst, run_bursts};
 use spindle_bench::conversation::{run_conversation, ConversationOptions};
 use spindle_bench::gates::{GateWatch, Probe};
+use spindle_bench::quality::{run_code, run_instruct, Thinking, SEED};
 use spindle_bench::results::{Meta, Results};
 use spindle_bench::{BenchError, Client, PhaseKind, TokenCount, Verdict, Workload};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -115,6 +116,9 @@ async fn answer(mut socket: TcpStream, seen: Arc<Mutex<Vec<Value>>>) {
         }
         "/v1/chat/completions" => {
             seen.lock().unwrap().push(body.clone());
+            if body["stream"] == false {
+                return probe_reply(&mut socket, &body).await;
+            }
             let user = body["messages"][1]["content"].as_str().unwrap();
             if user.starts_with("Request 5:") {
                 return reply(
@@ -129,6 +133,43 @@ async fn answer(mut socket: TcpStream, seen: Arc<Mutex<Vec<Value>>>) {
         }
         other => panic!("unexpected path {other}"),
     }
+}
+
+/// A non-streamed answer to a quality probe. With tools: at turn `n` (tool results so far) a
+/// `read_file` call, except turn 1's `edit_file` whose edits collapse to `{}`; with thinking on
+/// and not preserved, HTTP 500 from turn 2 on. Without tools (the brief): all five sections
+/// with thinking on, only the summary otherwise.
+async fn probe_reply(socket: &mut TcpStream, body: &Value) {
+    let kwargs = &body["chat_template_kwargs"];
+    let thinking = kwargs["enable_thinking"] == true;
+    let messages = body["messages"].as_array().unwrap();
+    let turn = messages.iter().filter(|m| m["role"] == "tool").count();
+    if thinking && kwargs["preserve_thinking"] == false && turn >= 2 {
+        let error = r#"{"error":{"message":"context corrupted"}}"#;
+        return reply(socket, "500 Internal Server Error", "application/json", error).await;
+    }
+    let message = if body.get("tools").is_some() {
+        let (name, arguments) = match turn {
+            1 => ("edit_file", r#"{"path":"src/stats.py","edits":{}}"#),
+            _ => ("read_file", r#"{"path":"src/stats.py"}"#),
+        };
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("m{turn}"),
+            "type": "function", "function": {"name": name, "arguments": arguments}}]})
+    } else if thinking {
+        let brief =
+            "## Summary\nYes.\n## Findings\nx\n## Risks\ny\n## Recommendation\nz\n## Next steps\nw";
+        json!({"role": "assistant", "content": brief})
+    } else {
+        json!({"role": "assistant", "content": "## Summary\nAdopt it."})
+    };
+    let mut message = message;
+    if thinking {
+        message["reasoning_content"] = json!(format!("thinking about turn {turn}"));
+    }
+    let answer = json!({"id": "x", "object": "chat.completion", "choices": [{"index": 0,
+        "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 12, "total_tokens": 112}});
+    reply(socket, "200 OK", "application/json", &answer.to_string()).await
 }
 
 /// Role chunk, a pause, two content chunks, the finish chunk, usage (cached tokens only for
@@ -475,4 +516,56 @@ async fn a_burst_panel_writes_json_and_html() {
     assert_eq!(page.matches("<svg").count(), 2);
     assert!(!page.contains("src=\"http") && !page.contains("href=\"http"));
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn quality_probes_score_tool_calls_and_sections() {
+    let (url, seen) = start_mock().await;
+    let mut client = Client::new(&url, None).unwrap();
+    client.discover_model().await;
+
+    let off = run_code(&client, Thinking::Off, 256).await;
+    assert_eq!(off.turns.len(), 8);
+    // Turn 1's edits collapse to {}: the one dirty turn; the mock never edits afterwards.
+    assert_eq!((off.clean(), off.edit_clean()), ((7, 8), (0, 4)));
+    assert_eq!(
+        off.turns[1].check.problem.as_deref(),
+        Some("edit_file: edits: expected array, got object")
+    );
+    let bodies = seen.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 8);
+    for (turn, body) in bodies.iter().enumerate() {
+        assert_eq!((body["temperature"].clone(), body["seed"].clone()), (json!(0), json!(SEED)));
+        assert_eq!(body["chat_template_kwargs"], json!({"enable_thinking": false}));
+        assert_eq!(body["tools"].as_array().unwrap().len(), 4);
+        let messages = body["messages"].as_array().unwrap();
+        // The history holds the script's calls and results, not the model's answers.
+        let calls: Vec<&Value> = messages.iter().filter(|m| m["role"] == "assistant").collect();
+        assert_eq!(calls.len(), turn);
+        assert!(calls.iter().all(|m| m.get("reasoning_content").is_none()));
+        if turn >= 2 {
+            assert_eq!(calls[1]["tool_calls"][0]["function"]["name"], "edit_file");
+            let args = calls[1]["tool_calls"][0]["function"]["arguments"].as_str().unwrap();
+            assert!(serde_json::from_str::<Value>(args).unwrap()["edits"].is_array());
+        }
+    }
+
+    let preserved = run_code(&client, Thinking::OnPreserved, 256).await;
+    assert_eq!(preserved.clean(), (7, 8));
+    let last = seen.lock().unwrap().last().unwrap().clone();
+    let replayed: Vec<&Value> =
+        last["messages"].as_array().unwrap().iter().filter(|m| m["role"] == "assistant").collect();
+    assert_eq!(replayed[3]["reasoning_content"], "thinking about turn 3");
+
+    // Reasoning on but dropped: HTTP 500 from turn 2 on.
+    let dropped = run_code(&client, Thinking::OnDropped, 256).await;
+    assert_eq!(dropped.clean(), (1, 8));
+    assert!(dropped.turns[5].check.problem.as_deref().unwrap().starts_with("status 500"));
+
+    let brief_off = run_instruct(&client, Thinking::Off, 512).await;
+    let brief_on = run_instruct(&client, Thinking::OnPreserved, 512).await;
+    assert_eq!((brief_off.sections, brief_on.sections), (1, 5));
+    let last = seen.lock().unwrap().last().unwrap().clone();
+    assert!(last.get("tools").is_none());
+    assert_eq!(last["max_tokens"], 512);
 }
