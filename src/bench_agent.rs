@@ -320,3 +320,65 @@ pub fn finish_progress() {
         eprint!("\r\x1b[2K");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchCli,
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchCli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.bench)
+    }
+
+    #[test]
+    fn the_speed_invocation_is_unchanged() {
+        let cli = parse(&["--models", "smollm2-135m", "--prompt-tokens", "512"]).unwrap();
+        assert!(cli.panel.is_none());
+        assert!(parse(&[]).unwrap().panel.is_none());
+        assert!(parse(&["--prompt-tokens", "8", "agentic"]).is_err(), "flags or a panel, not both");
+    }
+
+    #[test]
+    fn panels_and_their_flags() {
+        let cli = parse(&[
+            "agentic",
+            "--base-url",
+            "http://h:1",
+            "--model",
+            "m",
+            "--runs",
+            "3",
+            "--restart-cmd",
+            "true",
+            "--output",
+            "out",
+        ])
+        .unwrap();
+        let Some(Panel::Agentic(a)) = cli.panel else { panic!("agentic") };
+        assert_eq!((a.runs, a.max_tokens, a.system_tokens), (3, 16, 2150));
+        assert_eq!(a.target.model.as_deref(), Some("m"));
+        assert_eq!(a.target.output, Some(PathBuf::from("out")));
+        assert!(parse(&["agentic", "--restart-cmd", "true"]).is_err(), "needs --base-url");
+        assert!(parse(&["agentic", "--hybrid", "--model", "m"]).is_err());
+
+        let Some(Panel::Burst(b)) = parse(&["burst", "--url", "u"]).unwrap().panel else {
+            panic!("burst")
+        };
+        assert_eq!((b.concurrency, b.burst_runs), (vec![8, 30, 60, 80], 1));
+        let Some(Panel::Conversation(c)) = parse(&["conversation"]).unwrap().panel else {
+            panic!("conversation")
+        };
+        assert_eq!((c.turns, c.start_tokens, c.end_tokens), (80, 10_000, 50_000));
+        let Some(Panel::Quality(q)) = parse(&["quality", "--instruct"]).unwrap().panel else {
+            panic!("quality")
+        };
+        assert!(q.instruct && !q.code && q.max_tokens == 1024);
+    }
+}
