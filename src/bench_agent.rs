@@ -92,8 +92,9 @@ pub struct AgenticArgs {
     /// Completion tokens per call at most.
     #[arg(long, default_value_t = 16)]
     pub max_tokens: u32,
-    /// Size of the shared system prompt in tokens (~7 KB of text at the default; sized with the
-    /// server's tokenizer when it has /v1/tokenize, else at 4 characters per token).
+    /// Size of the shared system prompt in tokens (8-9 KB of rules, tool schemas and notes at
+    /// the default; sized with the server's tokenizer when it has /v1/tokenize, else at 4
+    /// characters per token).
     #[arg(long, default_value_t = 2150)]
     pub system_tokens: usize,
     /// Repeats of the whole panel, each with a new system prompt; figures are then

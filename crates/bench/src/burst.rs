@@ -14,7 +14,7 @@ use crate::client::Client;
 use crate::error::BenchError;
 use crate::prompt::user_message;
 use crate::sse::Measurement;
-use crate::stats::{percentile, Spread};
+use crate::stats::{percentile, slope, Spread};
 use crate::workload::Workload;
 
 /// Below this many cached tokens short of the whole system prompt, a call counts as having
@@ -169,6 +169,38 @@ impl BurstLevel {
     }
 }
 
+/// How the slowest call grows with the burst's size over the levels: the least-squares slope
+/// of the median `max latency` over N, in milliseconds per added call, and the median lone
+/// call's latency. `None` for fewer than two levels.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Growth {
+    pub ms_per_call: f64,
+    pub single_ms: f64,
+}
+
+impl Growth {
+    pub fn of(levels: &[BurstLevel], system_tokens: usize) -> Option<Self> {
+        let points: Vec<(f64, f64)> = levels
+            .iter()
+            .filter_map(|l| {
+                Some((l.concurrency as f64, l.spread(system_tokens, |s| s.latency_max_ms)?.median))
+            })
+            .collect();
+        let singles: Vec<f64> = levels
+            .iter()
+            .flat_map(|l| &l.runs)
+            .map(|r| r.single.latency.as_secs_f64() * 1000.0)
+            .collect();
+        Some(Self { ms_per_call: slope(&points)?, single_ms: Spread::of(&singles)?.median })
+    }
+
+    /// Each added call adds at least [`SERIAL_FRACTION`] of a lone call to the slowest one:
+    /// the server serialises at every size measured.
+    pub fn serialised(&self) -> bool {
+        self.ms_per_call >= SERIAL_FRACTION * self.single_ms
+    }
+}
+
 /// Burst number `index` of `concurrency` calls, on its own system prompt. Fails only when the
 /// warm-up or the lone call fails; the concurrent calls' failures are kept in the result.
 pub async fn run_burst(
@@ -305,6 +337,23 @@ pub(crate) mod tests {
         assert!(!shaped(8, |_| 6000, 6390).serialised());
         assert!(shaped(8, |_| 6000, 6400).serialised());
         assert!(!shaped(1, |_| 1000, 1000).serialised(), "one call cannot serialise");
+    }
+
+    #[test]
+    fn growth_over_levels() {
+        let level = |n: u64, max_ms: u64| BurstLevel {
+            concurrency: n as usize,
+            runs: vec![shaped(n, |_| max_ms, max_ms)],
+        };
+        // Lone calls of 1 s; the slowest call grows 1 s per call: serialised.
+        let fifo = [level(8, 8000), level(30, 30_000), level(60, 60_000)];
+        let growth = Growth::of(&fifo, 600).unwrap();
+        assert!((growth.ms_per_call - 1000.0).abs() < 1e-6 && growth.single_ms == 1000.0);
+        assert!(growth.serialised());
+        // 100 ms per call: batched.
+        let batched = [level(8, 1800), level(30, 4000), level(60, 7000)];
+        assert!(!Growth::of(&batched, 600).unwrap().serialised());
+        assert_eq!(Growth::of(&fifo[..1], 600), None);
     }
 
     #[test]

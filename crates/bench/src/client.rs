@@ -55,11 +55,14 @@ impl Client {
         }
     }
 
-    /// Whether `GET /health` answers with a success status now.
+    /// Whether the server answers now: `GET /health` with a success status, or, for servers
+    /// without that endpoint (Ollama, LM Studio), `GET /v1/models`.
     pub async fn is_ready(&self) -> bool {
-        let probe =
-            self.request(reqwest::Method::GET, "/health").timeout(PROBE_TIMEOUT).send().await;
-        probe.is_ok_and(|r| r.status().is_success())
+        let probe = |path| self.request(reqwest::Method::GET, path).timeout(PROBE_TIMEOUT).send();
+        if probe("/health").await.is_ok_and(|r| r.status().is_success()) {
+            return true;
+        }
+        probe("/v1/models").await.is_ok_and(|r| r.status().is_success())
     }
 
     /// Polls [`Client::is_ready`] until it holds or `timeout` passes.

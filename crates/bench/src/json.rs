@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::agentic::AgenticPanel;
-use crate::burst::{BurstLevel, BurstRun, BurstStats};
+use crate::burst::{BurstLevel, BurstRun, BurstStats, Growth};
 use crate::conversation::ConversationRun;
 use crate::gates::Gates;
 use crate::quality::{percent, QualityReport, SECTIONS};
@@ -42,7 +42,11 @@ pub fn document(meta: &Meta, results: &Results) -> Value {
     }
     if !results.bursts.is_empty() {
         let levels: Vec<Value> = results.bursts.iter().map(|l| level(l, system_tokens)).collect();
-        doc["burst"] = json!({ "levels": levels });
+        let growth = Growth::of(&results.bursts, system_tokens).map(|g| {
+            json!({"max_latency_ms_per_added_call": g.ms_per_call, "single_latency_ms": g.single_ms,
+                "serialised": g.serialised()})
+        });
+        doc["burst"] = json!({ "levels": levels, "growth": growth });
     }
     if let Some(run) = &results.conversation {
         doc["conversation"] = conversation(run);
@@ -359,6 +363,7 @@ pub(crate) mod tests {
         assert_eq!(calls[0]["latency_ms"], 800.0);
         assert_eq!(level["runs"][0]["stats"]["rate_limited"], 1);
         assert_eq!(level["summary"]["latency_p95_ms"]["median"], 1600.0);
+        assert_eq!(doc["burst"]["growth"], Value::Null, "one level has no growth");
 
         let conversation = &doc["conversation"];
         assert_eq!(conversation["turns"].as_array().unwrap().len(), 9);

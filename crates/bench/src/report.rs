@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::agentic::{AgenticPanel, PhaseSummary, REUSE_THRESHOLD};
-use crate::burst::{BurstLevel, BurstRun, BurstStats};
+use crate::burst::{BurstLevel, BurstRun, BurstStats, Growth};
 use crate::conversation::{ConversationRun, Turn};
 use crate::gates::{Gates, EARLY_STOP_FRACTION, KV_METRIC};
 use crate::quality::{percent, QualityReport, SECTIONS};
@@ -124,7 +124,15 @@ pub fn burst_table(levels: &[BurstLevel], system_tokens: usize) -> Vec<String> {
             if level.serialised() { "YES" } else { "no" }
         )
     });
-    std::iter::once(head).chain(rows).collect()
+    let growth = Growth::of(levels, system_tokens).map(|g| {
+        format!(
+            "slowest call grows {:.0} ms per added call (a lone call takes {:.0} ms): {}",
+            g.ms_per_call,
+            g.single_ms,
+            if g.serialised() { "serialised across levels" } else { "calls overlap" }
+        )
+    });
+    std::iter::once(head).chain(rows).chain(growth).collect()
 }
 
 /// `turn   3  ttft    812.4 ms  total    990.1 ms  prompt   5210  cached   4102  read   1108`
@@ -284,6 +292,15 @@ mod tests {
         assert!(cells.contains(&"1.0 [1.0–2.0]"), "{cells:?}");
         assert!(cells.contains(&"40.0 [20.0–40.0]"), "{cells:?}");
         assert!(table[1].ends_with(" no"), "two of three runs were not serialised");
+        let bigger =
+            BurstRun { concurrency: 8, wall: std::time::Duration::from_millis(4000), ..burst() };
+        let levels = [levels[0].clone(), BurstLevel { concurrency: 8, runs: vec![bigger] }];
+        let table = burst_table(&levels, 640);
+        // The slowest call stays at 1600 ms from 4 to 8 calls.
+        assert_eq!(
+            table[3],
+            "slowest call grows 0 ms per added call (a lone call takes 500 ms): calls overlap"
+        );
     }
 
     #[test]
