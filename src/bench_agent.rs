@@ -165,15 +165,24 @@ pub struct QualityArgs {
     pub runs: usize,
 }
 
+impl Panel {
+    /// The panel's name (of its output files), its server, and its completion budget.
+    fn parts(&self) -> (&'static str, &Target, u32) {
+        match self {
+            Panel::Agentic(a) => ("agentic", &a.target, a.max_tokens),
+            Panel::Conversation(c) => ("conversation", &c.target, c.max_tokens),
+            Panel::Burst(b) => ("burst", &b.target, b.max_tokens),
+            Panel::Quality(q) => ("quality", &q.target, q.max_tokens),
+        }
+    }
+}
+
 pub fn run(cli: BenchCli) -> anyhow::Result<()> {
     let Some(panel) = cli.panel else { return crate::bench::run(cli.speed) };
-    let (target, max_queue, max_tokens) = match &panel {
-        Panel::Agentic(a) => (&a.target, 0, a.max_tokens),
-        Panel::Conversation(c) => (&c.target, 0, c.max_tokens),
-        Panel::Burst(b) => {
-            (&b.target, b.concurrency.iter().copied().max().unwrap_or(0), b.max_tokens)
-        }
-        Panel::Quality(q) => (&q.target, 0, q.max_tokens),
+    let (_, target, max_tokens) = panel.parts();
+    let max_queue = match &panel {
+        Panel::Burst(b) => b.concurrency.iter().copied().max().unwrap_or(0),
+        _ => 0,
     };
     let server = match &target.base_url {
         Some(_) => None,
@@ -197,12 +206,7 @@ pub fn run(cli: BenchCli) -> anyhow::Result<()> {
 /// Runs one panel with the gates watching, prints the gates, and writes the output files.
 async fn run_panel(session: &mut Session, panel: &Panel) -> anyhow::Result<()> {
     let started_unix = clock_salt() / 1_000_000_000;
-    let (name, target) = match panel {
-        Panel::Agentic(a) => ("agentic", &a.target),
-        Panel::Conversation(c) => ("conversation", &c.target),
-        Panel::Burst(b) => ("burst", &b.target),
-        Panel::Quality(q) => ("quality", &q.target),
-    };
+    let (name, target, _) = panel.parts();
     let watch = GateWatch::begin(session.probe(), IDLE_WATCH).await;
     let mut outcome = match panel {
         Panel::Agentic(args) => panels::agentic(session, args).await?,

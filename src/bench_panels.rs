@@ -1,4 +1,4 @@
-//! The panels of `spindle bench` (agentic, conversation, burst): each runs its workload from
+//! The panels of `spindle bench` (agentic, conversation, burst, quality): each runs its workload
 //! `spindle-bench` against the session's server and prints its table as it goes.
 
 use spindle_bench::agentic::{run_panel, AgenticOptions, Restart};
