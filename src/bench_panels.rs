@@ -1,5 +1,5 @@
 //! The panels of `spindle bench` (agentic, conversation, burst, quality): each runs its workload
-//! `spindle-bench` against the session's server and prints its table as it goes.
+//! from `spindle-bench` against the session's server and prints its table as it goes.
 
 use spindle_bench::agentic::{run_panel, AgenticOptions, Restart};
 use spindle_bench::burst::run_bursts;
