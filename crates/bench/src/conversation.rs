@@ -57,6 +57,8 @@ pub struct ConversationRun {
     pub system_chars: usize,
     pub system_tokens: TokenCount,
     pub turns: Vec<Turn>,
+    /// Why the conversation ended before its last turn (e.g. the server's context ran out).
+    pub stopped: Option<String>,
 }
 
 impl ConversationRun {
@@ -117,6 +119,8 @@ impl ConversationRun {
 
 /// Runs the conversation: a warm-up, then `options.turns` calls, each followed by an assistant
 /// tool call and its result of [`ConversationOptions::turn_tokens`]. `progress` hears each turn.
+/// A failed call ends the conversation with the turns so far (a server whose context is too
+/// short for the last turns still shows how the first ones grew); a failed warm-up fails it.
 pub async fn run_conversation(
     client: &Client,
     options: &ConversationOptions,
@@ -133,7 +137,14 @@ pub async fn run_conversation(
     let mut turns = Vec::with_capacity(options.turns);
     for index in 0..options.turns {
         let history = Value::Array(messages.clone());
-        let (measurement, _) = client.chat_messages(&history, options.max_tokens).await?;
+        let measurement = match client.chat_messages(&history, options.max_tokens).await {
+            Ok((measurement, _)) => measurement,
+            Err(e) => {
+                let (system_chars, system_tokens) = (workload.system.len(), workload.system_tokens);
+                let stopped = Some(format!("turn {index}: {e}"));
+                return Ok(ConversationRun { system_chars, system_tokens, turns, stopped });
+            }
+        };
         progress(&format!(
             "conversation turn {}/{}: {} prompt tokens, {} cached, {:.0} ms",
             index + 1,
@@ -146,7 +157,7 @@ pub async fn run_conversation(
         messages.extend(tool_turn(index, turn_chars));
     }
     let (system_chars, system_tokens) = (workload.system.len(), workload.system_tokens);
-    Ok(ConversationRun { system_chars, system_tokens, turns })
+    Ok(ConversationRun { system_chars, system_tokens, turns, stopped: None })
 }
 
 /// The assistant's tool call of turn `index` and the tool's answer of `chars` characters.
@@ -179,7 +190,12 @@ mod tests {
     }
 
     fn run(turns: Vec<Turn>) -> ConversationRun {
-        ConversationRun { system_chars: 4000, system_tokens: TokenCount::Estimated(1000), turns }
+        ConversationRun {
+            system_chars: 4000,
+            system_tokens: TokenCount::Estimated(1000),
+            turns,
+            stopped: None,
+        }
     }
 
     #[test]

@@ -208,6 +208,7 @@ fn conversation(run: &ConversationRun) -> Value {
         "latency_growth_ms_per_1k_prompt_tokens": run.latency_growth_ms_per_1k(),
         "ttft_growth_ms_per_1k_prompt_tokens": run.ttft_growth_ms_per_1k(),
         "depth_cost_ratio": run.depth_cost_ratio(),
+        "stopped": run.stopped,
     })
 }
 
@@ -296,6 +297,7 @@ pub(crate) mod tests {
                 system_chars: 100,
                 system_tokens: TokenCount::Estimated(25),
                 turns,
+                stopped: None,
             }),
             quality: Some(quality_report()),
             gates: Some(Gates {

@@ -154,7 +154,8 @@ pub fn conversation_summary(run: &ConversationRun) -> Vec<String> {
     let (prompt, cached, read) = run.total_tokens();
     let per_1k = |g: Option<f64>| g.map_or_else(|| "n/a".to_string(), |g| format!("{g:.1} ms"));
     let depth = run.depth_cost_ratio().map_or_else(|| "n/a".to_string(), |r| format!("{r:.2}x"));
-    vec![
+    let stopped = run.stopped.iter().map(|why| format!("conversation stopped early at {why}"));
+    stopped.chain([
         format!(
             "conversation: {} turns in {:.1} s, {prompt} prompt tokens: {cached} cached, {read} re-read",
             run.turns.len(),
@@ -165,7 +166,8 @@ pub fn conversation_summary(run: &ConversationRun) -> Vec<String> {
             per_1k(run.latency_growth_ms_per_1k()),
             per_1k(run.ttft_growth_ms_per_1k())
         ),
-    ]
+    ])
+    .collect()
 }
 
 /// One line per probe run: clean tool calls and edit turns, or sections delivered; then each

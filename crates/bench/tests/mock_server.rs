@@ -21,6 +21,9 @@ const FIRST_TOKEN_DELAY: Duration = Duration::from_millis(30);
 /// message 0 (the cold and warm phases, a burst's warm-up, every conversation turn).
 const COLD_DELAY: Duration = Duration::from_millis(300);
 
+/// Characters of message content the mock accepts in one chat call (a context limit).
+const CONTEXT_CHARS: usize = 6000;
+
 /// Serves until the test ends; records every chat request body.
 async fn start_mock() -> (String, Arc<Mutex<Vec<Value>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -118,6 +121,10 @@ async fn answer(mut socket: TcpStream, seen: Arc<Mutex<Vec<Value>>>) {
             seen.lock().unwrap().push(body.clone());
             if body["stream"] == false {
                 return probe_reply(&mut socket, &body).await;
+            }
+            if fake_tokens(&body).len() > CONTEXT_CHARS {
+                let error = r#"{"error":{"message":"the prompt exceeds the context"}}"#;
+                return reply(&mut socket, "400 Bad Request", "application/json", error).await;
             }
             let user = body["messages"][1]["content"].as_str().unwrap();
             if user.starts_with("Request 5:") {
@@ -568,4 +575,26 @@ async fn quality_probes_score_tool_calls_and_sections() {
     let last = seen.lock().unwrap().last().unwrap().clone();
     assert!(last.get("tools").is_none());
     assert_eq!(last["max_tokens"], 512);
+}
+
+#[tokio::test]
+async fn a_conversation_past_the_context_stops_with_the_turns_so_far() {
+    let (url, seen) = start_mock().await;
+    let client = Client::new(&url, None).unwrap();
+    // 500 tokens (1,500 characters) per turn: the fifth call passes 6,000 characters.
+    let options = ConversationOptions {
+        salt: 4,
+        turns: 6,
+        start_tokens: 300,
+        end_tokens: 3300,
+        max_tokens: 8,
+    };
+    let run = run_conversation(&client, &options, &mut |_| {}).await.unwrap();
+    assert_eq!(run.turns.len(), 4);
+    let stopped = run.stopped.as_deref().unwrap();
+    assert!(stopped.starts_with("turn 4: status 400"), "{stopped}");
+    assert_eq!(seen.lock().unwrap().len(), 1 + 5, "the warm-up, four turns, the refused one");
+    let summary = spindle_bench::report::conversation_summary(&run);
+    assert!(summary[0].starts_with("conversation stopped early at turn 4: status 400"));
+    assert!(summary[1].starts_with("conversation: 4 turns"), "{summary:?}");
 }
