@@ -347,6 +347,11 @@ mod tests {
         let cli = parse(&["--models", "smollm2-135m", "--prompt-tokens", "512"]).unwrap();
         assert!(cli.panel.is_none());
         assert!(parse(&[]).unwrap().panel.is_none());
+        // As scripts/bench/against_llama_bench.sh calls it.
+        let script = "--threads 2 --repeats 1 --models smollm2-135m --decode-tokens 64 \
+                      --hybrid-blocks 1 --prompt-tokens 1024 --depth 8192 --concurrent 1";
+        let script: Vec<&str> = script.split_whitespace().collect();
+        assert!(parse(&script).unwrap().panel.is_none());
         assert!(parse(&["--prompt-tokens", "8", "agentic"]).is_err(), "flags or a panel, not both");
     }
 
