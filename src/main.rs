@@ -61,7 +61,8 @@ enum Command {
     /// Serve the OpenAI API (pulls the default model on first run).
     Serve(serve::ServeArgs),
     /// Measure prefill and decode speed in-process, or, with a subcommand (agentic,
-    /// conversation, burst), the agent benchmark panel against any OpenAI-compatible server.
+    /// conversation, burst, quality), the agent benchmark panel against any OpenAI-compatible
+    /// server.
     Bench(bench_agent::BenchCli),
 }
 
