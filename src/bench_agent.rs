@@ -1,48 +1,70 @@
-//! `spindle bench-agent`: the agent workload of `spindle-bench` (cold, warm, new-user, restart
-//! calls; concurrent bursts), or one growing conversation, against a server. With `--url` it measures any running
-//! OpenAI-compatible server and skips the restart; otherwise it starts `spindle serve` itself,
-//! restarts it for the restart phase, and stops it at the end.
+//! `spindle bench`: without a subcommand, the in-process prefill and decode speed of models
+//! (`src/bench.rs`); with one, a panel of the coding-agent workload (crate `spindle-bench`)
+//! against any OpenAI-compatible server (Spindle, llama-server, vLLM, LM Studio, Ollama):
+//!
+//! - `agentic`: cold, warm, prefix-test ×3 and cold-prefix calls, `--runs` times, with the
+//!   prefix-cache verdict;
+//! - `conversation`: one growing agent conversation of tool calls and results;
+//! - `burst`: concurrent calls on a warmed system prompt, at several concurrencies;
+//! - `quality`: tool-call cleanliness, its thinking ablation, and instruction following.
+//!
+//! With `--base-url` it measures a running server; without, it starts `spindle serve` itself
+//! (and restarts it for the cold-prefix phase) and stops it at the end.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use clap::Args;
-use spindle_bench::conversation::conversation;
+use clap::{Args, Subcommand};
+use spindle_bench::gates::{GateWatch, Probe, IDLE_WATCH};
+use spindle_bench::results::Meta;
 use spindle_bench::{report, Client, TokenCount, Workload};
 
-use crate::random_hybrid::{shape_path, HybridShape};
+use crate::bench_panels as panels;
+use crate::bench_server::{ServeOptions, ServerProcess};
 
-/// How long a started server may take to load its model and answer `/health`.
-const READY_TIMEOUT: Duration = Duration::from_secs(600);
-/// How long a started server gets to shut down after SIGINT before it is killed.
-const STOP_TIMEOUT: Duration = Duration::from_secs(10);
-
+/// `spindle bench [--models …]` or `spindle bench <panel> …`.
 #[derive(Args)]
-pub struct BenchAgentArgs {
-    /// A running OpenAI-compatible server, e.g. http://127.0.0.1:8080 (the restart phase is
-    /// skipped); without it, `spindle serve` is started on a free port.
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchCli {
+    #[command(subcommand)]
+    panel: Option<Panel>,
+    #[command(flatten)]
+    speed: crate::bench::BenchArgs,
+}
+
+#[derive(Subcommand)]
+enum Panel {
+    /// Cold, warm, prefix-test ×3 (same system prompt, new user text) and, when the server can
+    /// be restarted, cold-prefix calls: TTFT, prefill and decode speed, prompt / cached /
+    /// completion tokens, and the verdict on prefix cache reuse.
+    Agentic(AgenticArgs),
+    /// One growing agent conversation (each turn adds a tool call and its result): per-turn
+    /// latency, tokens re-read and cached, and how the cost per turn grows with depth.
+    Conversation(ConversationArgs),
+    /// Bursts of concurrent calls on a warmed system prompt: errors, 429s, latency and TTFT
+    /// percentiles, throughput, calls that re-read the prompt, and whether calls serialise.
+    Burst(BurstArgs),
+    /// Agent quality probes at temperature 0 with a fixed seed: tool-call cleanliness over a
+    /// multi-turn edit task (--code), its thinking ablation, and instruction following.
+    Quality(QualityArgs),
+}
+
+/// The server measured and how to reach it; shared by every panel.
+#[derive(Args)]
+struct Target {
+    /// A running OpenAI-compatible server, e.g. http://127.0.0.1:8080 (with or without /v1);
+    /// without it, `spindle serve` is started on a free port.
+    #[arg(long, visible_alias = "url")]
+    base_url: Option<String>,
+    /// With --base-url: the model name sent in requests (default: the first of /v1/models).
+    /// Without: the model the started server serves (catalogue name, .gguf file or folder;
+    /// default smollm2-135m).
     #[arg(long)]
-    url: Option<String>,
-    /// Model for the started server: catalogue name, .gguf file or folder.
-    #[arg(long, default_value = spindle_hub::DEFAULT_MODEL)]
-    model: String,
+    model: Option<String>,
     /// Serve a random-weight Qwen3.5-MoE instead of --model: 8 layers (2 × [3 linear + 1 full
-    /// attention]), hidden 1024, 64 experts top-8, the default model's tokenizer. Written once
-    /// under $SPINDLE_HOME/bench.
-    #[arg(long, conflicts_with_all = ["url", "model"])]
+    /// attention]), hidden 1024, 64 experts top-8, the default model's tokenizer.
+    #[arg(long, conflicts_with_all = ["base_url", "model"])]
     hybrid: bool,
-    /// Size of the system prompt in tokens (sized with the server's tokenizer when it has
-    /// /v1/tokenize, else at 4 characters per token).
-    #[arg(long, default_value_t = 2150)]
-    system_tokens: usize,
-    /// Concurrent calls of each burst, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [8, 32, 64])]
-    burst: Vec<usize>,
-    /// Completion tokens per call at most.
-    #[arg(long, default_value_t = 16)]
-    max_tokens: u32,
     /// CPU threads of the started server (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -50,92 +72,237 @@ pub struct BenchAgentArgs {
     /// --serve-arg "--max-concurrent 8".
     #[arg(long = "serve-arg", allow_hyphen_values = true)]
     serve_args: Vec<String>,
+    /// Bearer key for the server.
+    #[arg(long, env = "SPINDLE_API_KEY")]
+    api_key: Option<String>,
     /// Salt of the system prompts (default: from the clock, so no cache from an earlier run can
     /// serve the cold call). Printed, so a run can be repeated.
     #[arg(long)]
     seed: Option<u64>,
-    /// Instead of the agent phases and bursts: one growing conversation of this many calls,
-    /// each adding the reply and a tool result of --turn-tokens to the previous call's messages.
-    #[arg(long, value_name = "TURNS")]
-    conversation: Option<usize>,
-    /// Tokens of each tool result in --conversation (sized like the system prompt).
-    #[arg(long, default_value_t = 1000)]
-    turn_tokens: usize,
-    /// Bearer key for the server.
-    #[arg(long, env = "SPINDLE_API_KEY")]
-    api_key: Option<String>,
+    /// Also write DIR/<panel>.json (every measurement) and DIR/<panel>.html (a self-contained
+    /// report with charts).
+    #[arg(long, value_name = "DIR")]
+    output: Option<PathBuf>,
 }
 
-pub fn run(args: BenchAgentArgs) -> anyhow::Result<()> {
-    let server = match &args.url {
-        Some(_) => None,
-        None => Some(ServerProcess::new(&args)?),
-    };
-    tokio::runtime::Runtime::new()?.block_on(bench(args, server))
+#[derive(Args)]
+pub struct AgenticArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Completion tokens per call at most.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: u32,
+    /// Size of the shared system prompt in tokens (8-9 KB of rules, tool schemas and notes at
+    /// the default; sized with the server's tokenizer when it has /v1/tokenize, else at 4
+    /// characters per token).
+    #[arg(long, default_value_t = 2150)]
+    pub system_tokens: usize,
+    /// Repeats of the whole panel, each with a new system prompt; figures are then
+    /// median [min–max].
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+    /// Restarts a server given by --base-url (run with `sh -c`), so the cold-prefix phase can
+    /// measure a persistent cache. A started server is restarted without it.
+    #[arg(long, requires = "base_url")]
+    pub restart_cmd: Option<String>,
 }
 
-async fn bench(args: BenchAgentArgs, mut server: Option<ServerProcess>) -> anyhow::Result<()> {
-    let url = match (&args.url, &server) {
-        (Some(url), _) => url.clone(),
-        (None, Some(s)) => s.url(),
-        (None, None) => unreachable!("a server is started when no --url is given"),
-    };
-    let mut client = Client::new(&url, args.api_key.clone())?;
-    if let Some(s) = &mut server {
-        s.start()?;
-        s.wait_ready(&client).await?;
+#[derive(Args)]
+pub struct ConversationArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Completion tokens per call at most.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: u32,
+    /// Calls of the conversation.
+    #[arg(long, default_value_t = 80)]
+    pub turns: usize,
+    /// Prompt tokens of the first call (the system prompt).
+    #[arg(long, default_value_t = 10_000)]
+    pub start_tokens: usize,
+    /// Prompt tokens of the last call: each turn adds (end - start) / turns tokens.
+    #[arg(long, default_value_t = 50_000)]
+    pub end_tokens: usize,
+}
+
+#[derive(Args)]
+pub struct BurstArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Completion tokens per call at most.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: u32,
+    /// Size of the shared system prompt in tokens.
+    #[arg(long, default_value_t = 2150)]
+    pub system_tokens: usize,
+    /// Concurrent calls of each burst, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [8, 30, 60, 80])]
+    pub concurrency: Vec<usize>,
+    /// Bursts at each concurrency; figures are then median [min–max].
+    #[arg(long, default_value_t = 1)]
+    pub burst_runs: usize,
+}
+
+#[derive(Args)]
+pub struct QualityArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Completion tokens per call at most (room for a tool call, or a brief, after thinking).
+    #[arg(long, default_value_t = 1024)]
+    pub max_tokens: u32,
+    /// Tool-call cleanliness over a scripted multi-turn edit task (the default probe).
+    #[arg(long)]
+    pub code: bool,
+    /// The code probe with thinking off, on and preserved, and on but dropped
+    /// (chat_template_kwargs enable_thinking / preserve_thinking).
+    #[arg(long)]
+    pub thinking_ablation: bool,
+    /// A research brief with five required sections, thinking off and on.
+    #[arg(long)]
+    pub instruct: bool,
+    /// Repeats of every probe (greedy with a fixed seed: runs should agree).
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+}
+
+impl Panel {
+    /// The panel's name (of its output files), its server, and its completion budget.
+    fn parts(&self) -> (&'static str, &Target, u32) {
+        match self {
+            Panel::Agentic(a) => ("agentic", &a.target, a.max_tokens),
+            Panel::Conversation(c) => ("conversation", &c.target, c.max_tokens),
+            Panel::Burst(b) => ("burst", &b.target, b.max_tokens),
+            Panel::Quality(q) => ("quality", &q.target, q.max_tokens),
+        }
     }
-    client.discover_model().await;
-    let salt = args.seed.unwrap_or_else(clock_salt);
-    let workload = Workload::prepare(&client, salt, args.system_tokens, args.max_tokens).await;
-    let system_tokens = match workload.system_tokens {
+}
+
+pub fn run(cli: BenchCli) -> anyhow::Result<()> {
+    let Some(panel) = cli.panel else { return crate::bench::run(cli.speed) };
+    let (_, target, max_tokens) = panel.parts();
+    let max_queue = match &panel {
+        Panel::Burst(b) => b.concurrency.iter().copied().max().unwrap_or(0),
+        _ => 0,
+    };
+    let server = match &target.base_url {
+        Some(_) => None,
+        None => Some(ServerProcess::new(&ServeOptions {
+            model: target.model.as_deref(),
+            hybrid: target.hybrid,
+            threads: target.threads,
+            extra: &target.serve_args,
+            max_queue,
+        })?),
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let mut session = Session::open(target, max_tokens, server).await?;
+        let result = run_panel(&mut session, &panel).await;
+        session.close();
+        result
+    })
+}
+
+/// Runs one panel with the gates watching, prints the gates, and writes the output files.
+async fn run_panel(session: &mut Session, panel: &Panel) -> anyhow::Result<()> {
+    let started_unix = clock_salt() / 1_000_000_000;
+    let (name, target, _) = panel.parts();
+    let watch = GateWatch::begin(session.probe(), IDLE_WATCH).await;
+    let mut outcome = match panel {
+        Panel::Agentic(args) => panels::agentic(session, args).await?,
+        Panel::Conversation(args) => panels::conversation(session, args).await?,
+        Panel::Burst(args) => panels::burst(session, args).await?,
+        Panel::Quality(args) => panels::quality(session, args).await?,
+    };
+    let gates = watch.end(&outcome.results.completions()).await;
+    report::gate_lines(&gates).iter().for_each(|l| println!("{l}"));
+    outcome.results.gates = Some(gates);
+    let Some(dir) = &target.output else { return Ok(()) };
+    let meta = Meta {
+        panel: name.to_string(),
+        server: session.url.clone(),
+        model: session.client.model().map(str::to_string),
+        seed: session.salt,
+        max_tokens: session.max_tokens,
+        system_chars: outcome.system_chars,
+        system_tokens: outcome.system_tokens,
+        started_unix,
+    };
+    let json = spindle_bench::json::write(dir, &meta, &outcome.results)?;
+    let html = spindle_bench::html::write(dir, &meta, &outcome.results)?;
+    println!("wrote {} and {}", json.display(), html.display());
+    Ok(())
+}
+
+/// The server under test, the client that reaches it, and the run's salt.
+pub struct Session {
+    pub client: Client,
+    pub server: Option<ServerProcess>,
+    pub url: String,
+    pub salt: u64,
+    pub max_tokens: u32,
+}
+
+impl Session {
+    /// Starts the server when there is one to start, and names the model.
+    async fn open(
+        target: &Target,
+        max_tokens: u32,
+        mut server: Option<ServerProcess>,
+    ) -> anyhow::Result<Self> {
+        let url = match (&target.base_url, &server) {
+            (Some(url), _) => url.clone(),
+            (None, Some(s)) => s.url(),
+            (None, None) => unreachable!("a server is started when no --base-url is given"),
+        };
+        let mut client = Client::new(&url, target.api_key.clone())?;
+        if let Some(s) = &mut server {
+            s.start()?;
+            s.wait_ready(&client).await?;
+        }
+        match (&target.base_url, &target.model) {
+            (Some(_), Some(model)) => client.set_model(model),
+            _ => client.discover_model().await,
+        }
+        let salt = target.seed.unwrap_or_else(clock_salt);
+        Ok(Self { client, server, url, salt, max_tokens })
+    }
+
+    /// Where the server's footprint is read.
+    fn probe(&self) -> Probe {
+        let pid = self.server.as_ref().map_or_else(Default::default, ServerProcess::pid);
+        Probe::new(self.client.clone(), pid)
+    }
+
+    fn close(&mut self) {
+        finish_progress();
+        if let Some(s) = &mut self.server {
+            s.stop();
+        }
+    }
+
+    /// The system prompt for `salt` of `tokens` tokens, and the run's header line.
+    pub async fn workload(&self, salt: u64, tokens: usize) -> Workload {
+        let workload = Workload::prepare(&self.client, salt, tokens, self.max_tokens).await;
+        println!("{}", header_line(&self.url, &self.client, &workload));
+        workload
+    }
+}
+
+/// `server URL  model M  seed S  max_tokens N  system prompt C chars, shared prefix T tokens`.
+pub fn header_line(url: &str, client: &Client, workload: &Workload) -> String {
+    let shared = match workload.system_tokens {
         TokenCount::Counted(n) => format!("{n} (counted by /v1/tokenize)"),
         TokenCount::Estimated(n) => format!("≈{n} (estimated from characters)"),
     };
-    println!(
-        "server {url}  model {}  seed {salt}  max_tokens {}  system prompt {} chars, shared prefix {system_tokens} tokens",
+    finish_progress();
+    format!(
+        "server {url}  model {}  seed {}  max_tokens {}  system prompt {} chars, shared prefix {shared} tokens",
         client.model().unwrap_or("(unnamed)"),
-        args.max_tokens,
+        workload.salt(),
+        workload.max_tokens(),
         workload.system.len()
-    );
-    if let Some(turns) = args.conversation {
-        workload.warm_up(&client).await?;
-        let turn_chars = (args.turn_tokens as f64 * workload.chars_per_token()).round() as usize;
-        let done =
-            conversation(&client, &workload.system, turns, turn_chars, args.max_tokens).await?;
-        done.iter().for_each(|t| println!("{}", report::turn_line(t)));
-        println!("{}", report::conversation_summary(&done));
-        if let Some(s) = &mut server {
-            s.stop();
-        }
-        return Ok(());
-    }
-    let mut phases = workload.agent(&client).await?;
-    phases.iter().for_each(|p| println!("{}", report::phase_line(p)));
-    match &mut server {
-        Some(s) => {
-            s.restart(&client).await?;
-            let phase = workload.after_restart(&client).await?;
-            println!("{}", report::phase_line(&phase));
-            phases.push(phase);
-        }
-        None => println!("restart    skipped (--url: the server is not ours to restart)"),
-    }
-    report::ratio_lines(&phases).iter().for_each(|l| println!("{l}"));
-    let mut failed = 0;
-    for (index, &n) in args.burst.iter().enumerate().filter(|(_, &n)| n > 0) {
-        let run = workload.burst(&client, index, n).await?;
-        println!("{}", report::burst_line(&run, workload.system_tokens.value()));
-        if let Some(first) = run.errors().first() {
-            eprintln!("burst {n}: first error: {first}");
-        }
-        failed += run.errors().len();
-    }
-    if let Some(s) = &mut server {
-        s.stop();
-    }
-    anyhow::ensure!(failed == 0, "{failed} burst calls failed");
-    Ok(())
+    )
 }
 
 /// A salt no earlier run used: nanoseconds since the epoch.
@@ -145,141 +312,83 @@ fn clock_salt() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// A `spindle serve` child process on a free local port, its output in a log file.
-struct ServerProcess {
-    port: u16,
-    args: Vec<String>,
-    log: PathBuf,
-    /// The disk tier folder made for this run, removed at the end.
-    cache_dir: Option<PathBuf>,
-    child: Option<Child>,
+/// Rewrites the progress line on a terminal (nothing when stderr is a file or pipe).
+pub fn progress(text: &str) {
+    if std::io::stderr().is_terminal() {
+        eprint!("\r\x1b[2K{text}");
+    }
 }
 
-impl ServerProcess {
-    /// Resolves the model (downloading or writing it now, not under the readiness timeout) and
-    /// prepares the command line; nothing is started yet.
-    fn new(args: &BenchAgentArgs) -> anyhow::Result<Self> {
-        let model = if args.hybrid {
-            shape_path(&HybridShape::AGENT_BAR, 2)?.display().to_string()
-        } else {
-            spindle_hub::resolve(&args.model, &spindle_hub::spindle_home(), true)?;
-            args.model.clone()
+/// Clears the progress line before a result is printed.
+pub fn finish_progress() {
+    if std::io::stderr().is_terminal() {
+        eprint!("\r\x1b[2K");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchCli,
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchCli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.bench)
+    }
+
+    #[test]
+    fn the_speed_invocation_is_unchanged() {
+        let cli = parse(&["--models", "smollm2-135m", "--prompt-tokens", "512"]).unwrap();
+        assert!(cli.panel.is_none());
+        assert!(parse(&[]).unwrap().panel.is_none());
+        // As scripts/bench/against_llama_bench.sh calls it.
+        let script = "--threads 2 --repeats 1 --models smollm2-135m --decode-tokens 64 \
+                      --hybrid-blocks 1 --prompt-tokens 1024 --depth 8192 --concurrent 1";
+        let script: Vec<&str> = script.split_whitespace().collect();
+        assert!(parse(&script).unwrap().panel.is_none());
+        assert!(parse(&["--prompt-tokens", "8", "agentic"]).is_err(), "flags or a panel, not both");
+    }
+
+    #[test]
+    fn panels_and_their_flags() {
+        let cli = parse(&[
+            "agentic",
+            "--base-url",
+            "http://h:1",
+            "--model",
+            "m",
+            "--runs",
+            "3",
+            "--restart-cmd",
+            "true",
+            "--output",
+            "out",
+        ])
+        .unwrap();
+        let Some(Panel::Agentic(a)) = cli.panel else { panic!("agentic") };
+        assert_eq!((a.runs, a.max_tokens, a.system_tokens), (3, 16, 2150));
+        assert_eq!(a.target.model.as_deref(), Some("m"));
+        assert_eq!(a.target.output, Some(PathBuf::from("out")));
+        assert!(parse(&["agentic", "--restart-cmd", "true"]).is_err(), "needs --base-url");
+        assert!(parse(&["agentic", "--hybrid", "--model", "m"]).is_err());
+
+        let Some(Panel::Burst(b)) = parse(&["burst", "--url", "u"]).unwrap().panel else {
+            panic!("burst")
         };
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let mut serve: Vec<String> =
-            ["serve", "--model", &model, "--host", "127.0.0.1", "--port", &port.to_string()]
-                .map(String::from)
-                .into();
-        if let Some(threads) = args.threads {
-            serve.extend(["--threads".to_string(), threads.to_string()]);
-        }
-        let extra: Vec<String> =
-            args.serve_args.iter().flat_map(|a| a.split_whitespace()).map(String::from).collect();
-        // The biggest burst must fit the queue; a --max-queue of the caller's wins.
-        let biggest = args.burst.iter().copied().max().unwrap_or(0);
-        if !extra.iter().any(|a| a == "--max-queue" || a.starts_with("--max-queue=")) {
-            serve.extend(["--max-queue".to_string(), biggest.max(64).to_string()]);
-        }
-        // The restart phase is there to measure the disk tier: a started server gets one in a
-        // fresh folder unless the caller names its own.
-        let cache_dir = (!extra.iter().any(|a| a.starts_with("--prefix-cache-dir")))
-            .then(|| std::env::temp_dir().join(format!("spindle-bench-agent-{port}-cache")));
-        if let Some(dir) = &cache_dir {
-            serve.extend(["--prefix-cache-dir".to_string(), dir.display().to_string()]);
-        }
-        serve.extend(extra);
-        let log = std::env::temp_dir().join(format!("spindle-bench-agent-{port}.log"));
-        Ok(Self { port, args: serve, log, cache_dir, child: None })
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn start(&mut self) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
-        let exe = std::env::current_exe().context("cannot find the spindle executable")?;
-        eprintln!(
-            "starting {} {} (log: {})",
-            exe.display(),
-            self.args.join(" "),
-            self.log.display()
-        );
-        let child = Command::new(exe)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("cannot start spindle serve")?;
-        self.child = Some(child);
-        Ok(())
-    }
-
-    /// Waits for `/health`; fails with the end of the log if the server exits first.
-    async fn wait_ready(&mut self, client: &Client) -> anyhow::Result<()> {
-        let start = Instant::now();
-        loop {
-            if let Some(status) =
-                self.child.as_mut().and_then(|c| c.try_wait().transpose()).transpose()?
-            {
-                anyhow::bail!(
-                    "spindle serve exited ({status}) before it was ready:\n{}",
-                    self.log_tail()
-                );
-            }
-            if client.is_ready().await {
-                eprintln!("server ready after {:.1} s", start.elapsed().as_secs_f64());
-                return Ok(());
-            }
-            anyhow::ensure!(
-                start.elapsed() < READY_TIMEOUT,
-                "spindle serve not ready after {READY_TIMEOUT:?}:\n{}",
-                self.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn restart(&mut self, client: &Client) -> anyhow::Result<()> {
-        self.stop();
-        self.start()?;
-        self.wait_ready(client).await
-    }
-
-    /// SIGINT (a graceful shutdown, as Ctrl-C), then SIGKILL if it lingers.
-    fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else { return };
-        let interrupted = Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        let start = Instant::now();
-        while interrupted && start.elapsed() < STOP_TIMEOUT {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if let Some(dir) = &self.cache_dir {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        assert_eq!((b.concurrency, b.burst_runs), (vec![8, 30, 60, 80], 1));
+        let Some(Panel::Conversation(c)) = parse(&["conversation"]).unwrap().panel else {
+            panic!("conversation")
+        };
+        assert_eq!((c.turns, c.start_tokens, c.end_tokens), (80, 10_000, 50_000));
+        let Some(Panel::Quality(q)) = parse(&["quality", "--instruct"]).unwrap().panel else {
+            panic!("quality")
+        };
+        assert!(q.instruct && !q.code && q.max_tokens == 1024);
     }
 }

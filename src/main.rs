@@ -2,6 +2,8 @@
 
 mod bench;
 mod bench_agent;
+mod bench_panels;
+mod bench_server;
 mod generate;
 mod kv_memory;
 mod random_hybrid;
@@ -58,11 +60,10 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Serve the OpenAI API (pulls the default model on first run).
     Serve(serve::ServeArgs),
-    /// Measure prefill and decode speed.
-    Bench(bench::BenchArgs),
-    /// Time the agent pattern (shared system prompt, new user text) and concurrent bursts
-    /// against a server.
-    BenchAgent(bench_agent::BenchAgentArgs),
+    /// Measure prefill and decode speed in-process, or, with a subcommand (agentic,
+    /// conversation, burst, quality), the agent benchmark panel against any OpenAI-compatible
+    /// server.
+    Bench(bench_agent::BenchCli),
 }
 
 fn main() -> ExitCode {
@@ -77,8 +78,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Pull { name, list } => pull(name, list),
         Command::Generate(args) => generate::run(args),
-        Command::Bench(args) => bench::run(args),
-        Command::BenchAgent(args) => bench_agent::run(args),
+        Command::Bench(args) => bench_agent::run(args),
         Command::Serve(args) => serve::run(args),
     };
     match result {

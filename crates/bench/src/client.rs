@@ -55,11 +55,14 @@ impl Client {
         }
     }
 
-    /// Whether `GET /health` answers with a success status now.
+    /// Whether the server answers now: `GET /health` with a success status, or, for servers
+    /// without that endpoint (Ollama, LM Studio), `GET /v1/models`.
     pub async fn is_ready(&self) -> bool {
-        let probe =
-            self.request(reqwest::Method::GET, "/health").timeout(PROBE_TIMEOUT).send().await;
-        probe.is_ok_and(|r| r.status().is_success())
+        let probe = |path| self.request(reqwest::Method::GET, path).timeout(PROBE_TIMEOUT).send();
+        if probe("/health").await.is_ok_and(|r| r.status().is_success()) {
+            return true;
+        }
+        probe("/v1/models").await.is_ok_and(|r| r.status().is_success())
     }
 
     /// Polls [`Client::is_ready`] until it holds or `timeout` passes.
@@ -74,11 +77,27 @@ impl Client {
         Ok(())
     }
 
+    /// Names `model` in later requests.
+    pub fn set_model(&mut self, model: &str) {
+        self.model = Some(model.to_string());
+    }
+
     /// Names the first model of `GET /v1/models` in later requests (servers such as vLLM
     /// refuse a request for another name). Leaves the model unset when the listing fails.
     pub async fn discover_model(&mut self) {
         let listing = self.get_json("/v1/models").await;
         self.model = listing.and_then(|v| v["data"][0]["id"].as_str().map(str::to_string));
+    }
+
+    /// The Prometheus text at `GET /metrics`, if the server exports one.
+    pub async fn metrics(&self) -> Option<String> {
+        let response = self
+            .request(reqwest::Method::GET, "/metrics")
+            .timeout(PROBE_TIMEOUT)
+            .send()
+            .await
+            .ok()?;
+        response.error_for_status().ok()?.text().await.ok()
     }
 
     async fn get_json(&self, path: &str) -> Option<Value> {
@@ -124,6 +143,20 @@ impl Client {
         let body = |user: &str| json!({"messages": messages(system, user)});
         let (x, y) = (self.tokenize(body(a)).await?, self.tokenize(body(b)).await?);
         Some(x.iter().zip(&y).take_while(|(p, q)| p == q).count())
+    }
+
+    /// One non-streamed chat call with the request `body` as given (the model added): the
+    /// response's JSON.
+    pub async fn chat_completion(&self, body: Value) -> Result<Value, BenchError> {
+        let body = self.with_model(body);
+        let response =
+            self.request(reqwest::Method::POST, "/v1/chat/completions").json(&body).send().await?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            return Err(BenchError::Status { status: status.as_u16(), body });
+        }
+        Ok(response.json().await?)
     }
 
     /// One streamed chat call (greedy, `max_tokens` at most), timed from sending the request.

@@ -21,6 +21,9 @@ pub enum BenchError {
     /// The stream ended before `[DONE]` or a finish reason.
     #[error("the stream ended early")]
     Truncated,
+    /// The server could not be restarted.
+    #[error("restart: {0}")]
+    Restart(String),
     /// The server did not become ready in time.
     #[error("not ready after {0:?}")]
     NotReady(Duration),

@@ -213,6 +213,26 @@ pub fn tool_result(turn: usize, target_chars: usize) -> String {
     text
 }
 
+/// The tool call an agent makes at turn `turn` of a conversation: `(name, arguments)`, the
+/// arguments a JSON object text that fits the tool's schema in the system prompt. A read, a
+/// search or a test run in turn, on a different file each time.
+pub fn tool_call(turn: usize) -> (&'static str, String) {
+    let krate = CRATES[turn % CRATES.len()];
+    let module = MODULES[(turn * 7 + turn / CRATES.len()) % MODULES.len()];
+    let path = format!("crates/{krate}/src/{module}.rs");
+    match turn % 3 {
+        0 => ("read_file", json!({"path": path, "start_line": 1, "end_line": 200}).to_string()),
+        1 => {
+            let pattern = SYMBOLS[turn % SYMBOLS.len()];
+            ("grep", json!({"pattern": pattern, "path": format!("crates/{krate}")}).to_string())
+        }
+        _ => (
+            "run_tests",
+            json!({"filter": module, "package": format!("spindle-{krate}")}).to_string(),
+        ),
+    }
+}
+
 /// The `index`-th user message: a short coding request, different for every index.
 pub fn user_message(index: usize) -> String {
     let task = TASKS[index % TASKS.len()]
@@ -292,6 +312,24 @@ mod tests {
             user_message(0),
             "Request 0: Find why the test `prefill_chunk` fails intermittently and fix it. Start in crates/api. Reply with your first tool call only."
         );
+    }
+
+    #[test]
+    fn tool_calls_cycle_through_tools_with_valid_arguments() {
+        let names: Vec<&str> = (0..4).map(|t| tool_call(t).0).collect();
+        assert_eq!(names, ["read_file", "grep", "run_tests", "read_file"]);
+        assert_eq!(
+            tool_call(0).1,
+            r#"{"path":"crates/api/src/lib.rs","start_line":1,"end_line":200}"#
+        );
+        for turn in 0..30 {
+            let (name, arguments) = tool_call(turn);
+            let args: serde_json::Value = serde_json::from_str(&arguments).unwrap();
+            let (_, _, params) = TOOLS.iter().find(|t| t.0 == name).unwrap();
+            // Every key is a parameter of the tool, and the first (required) one is given.
+            assert!(args.as_object().unwrap().keys().all(|k| params.iter().any(|p| p.0 == k)));
+            assert!(args.get(params[0].0).is_some(), "{name}: {arguments}");
+        }
     }
 
     #[test]

@@ -127,6 +127,31 @@ pub struct Measurement {
     pub completion_tokens: u32,
 }
 
+impl Measurement {
+    /// Prompt tokens the server read rather than took from its cache.
+    pub fn read_tokens(&self) -> u32 {
+        self.prompt_tokens.saturating_sub(self.cached_tokens)
+    }
+
+    /// Prompt tokens read over the time to first token (NaN without them).
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        match self.read_tokens() {
+            0 => f64::NAN,
+            n => f64::from(n) / self.ttft.as_secs_f64(),
+        }
+    }
+
+    /// Completion tokens after the first over the time they took (NaN for fewer than two).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        let decode = self.latency.saturating_sub(self.ttft).as_secs_f64();
+        match self.completion_tokens {
+            0 | 1 => f64::NAN,
+            _ if decode <= 0.0 => f64::NAN,
+            n => f64::from(n - 1) / decode,
+        }
+    }
+}
+
 /// Gathers a [`Measurement`] from payloads and the times they arrived (since the request was
 /// sent).
 #[derive(Debug, Default)]
@@ -302,6 +327,23 @@ mod tests {
                 completion_tokens: 2
             }
         );
+    }
+
+    #[test]
+    fn speeds_of_a_measurement() {
+        let m = Measurement {
+            ttft: ms(500),
+            latency: ms(1500),
+            prompt_tokens: 700,
+            cached_tokens: 600,
+            completion_tokens: 11,
+        };
+        assert_eq!(m.read_tokens(), 100);
+        assert_eq!(m.prefill_tokens_per_second(), 200.0);
+        assert_eq!(m.decode_tokens_per_second(), 10.0);
+        let all_cached = Measurement { cached_tokens: 700, completion_tokens: 1, ..m };
+        assert!(all_cached.prefill_tokens_per_second().is_nan());
+        assert!(all_cached.decode_tokens_per_second().is_nan());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Order statistics over call latencies.
+//! Order statistics over call latencies, the spread of repeated runs, and least-squares slopes.
 
 use std::time::Duration;
 
@@ -21,6 +21,52 @@ pub fn median(values: &[Duration]) -> Option<Duration> {
         _ if n % 2 == 1 => Some(sorted[n / 2]),
         _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2),
     }
+}
+
+/// The median and range of one figure over repeated runs: `median [min–max]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `values`, NaNs left out; `None` when none is left.
+    pub fn of(values: &[f64]) -> Option<Self> {
+        let mut sorted: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median = match n {
+            0 => return None,
+            _ if n % 2 == 1 => sorted[n / 2],
+            _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+        };
+        Some(Self { median, min: sorted[0], max: sorted[n - 1] })
+    }
+
+    /// `12.3`, or `12.3 [10.1–14.0]` when the runs differ; `decimals` digits after the point.
+    pub fn display(&self, decimals: usize) -> String {
+        if self.min == self.max {
+            format!("{:.decimals$}", self.median)
+        } else {
+            format!("{:.d$} [{:.d$}–{:.d$}]", self.median, self.min, self.max, d = decimals)
+        }
+    }
+}
+
+/// The least-squares slope of `y` over `x`; `None` for fewer than two points or all `x` equal.
+pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
+    let n = points.len() as f64;
+    // Equal x compared exactly: their mean may round, leaving a tiny spread that is not there.
+    if points.len() < 2 || points.iter().all(|p| p.0 == points[0].0) {
+        return None;
+    }
+    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+    (sxx > 0.0).then(|| sxy / sxx)
 }
 
 #[cfg(test)]
@@ -51,5 +97,23 @@ mod tests {
         assert_eq!(median(&ms(&[30, 10, 20])), Some(Duration::from_millis(20)));
         assert_eq!(median(&ms(&[40, 10, 20, 30])), Some(Duration::from_millis(25)));
         assert_eq!(median(&[]), None);
+    }
+
+    #[test]
+    fn spreads_skip_nan_and_show_the_range_only_when_runs_differ() {
+        let s = Spread::of(&[3.0, f64::NAN, 1.0, 2.0, 10.0]).unwrap();
+        assert_eq!(s, Spread { median: 2.5, min: 1.0, max: 10.0 });
+        assert_eq!(s.display(1), "2.5 [1.0–10.0]");
+        assert_eq!(Spread::of(&[4.0]).unwrap().display(0), "4");
+        assert_eq!(Spread::of(&[f64::NAN]), None);
+    }
+
+    #[test]
+    fn slopes() {
+        assert_eq!(slope(&[(1.0, 3.0), (2.0, 5.0), (3.0, 7.0)]), Some(2.0));
+        assert_eq!(slope(&[(1.0, 3.0), (3.0, 3.0)]), Some(0.0));
+        assert_eq!(slope(&[(1.0, 3.0)]), None);
+        assert_eq!(slope(&[(2.0, 3.0), (2.0, 9.0)]), None);
+        assert_eq!(slope(&[(0.7, 3.0); 8]), None, "a mean that rounds is still no spread");
     }
 }

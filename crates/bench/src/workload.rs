@@ -1,29 +1,20 @@
-//! The agent pattern and the burst, run against a [`Client`].
+//! The system prompt of a run, sized with the server's tokenizer, and the agent pattern run
+//! against a [`Client`]:
 //!
 //! ```text
-//! agent:  warm-up ─▶ cold ─▶ warm (same messages) ─▶ prefix 1..3 (same system, new user)
-//!         ─▶ [server restart] ─▶ warm-up ─▶ restart (same system, new user)
-//! burst:  warm (new system) ─▶ single (new user, alone) ─▶ N at once (new users)
+//! agent:  warm-up ─▶ cold ─▶ warm (same messages) ─▶ prefix-test 1..3 (same system, new user)
+//!         ─▶ [server restart] ─▶ warm-up ─▶ cold-prefix (same system, new user)
 //! ```
-//! Each burst has its own system prompt (another salt), so its warm-up is the only call that
-//! must compute it and the bursts do not depend on their order.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
+use crate::agentic::{Phase, PhaseKind, PREFIX_CALLS};
 use crate::client::Client;
 use crate::error::BenchError;
 use crate::prompt::{system_prompt, user_message, CHARS_PER_TOKEN};
-use crate::sse::Measurement;
-use crate::stats::median;
 
 /// The user message of [`Workload::warm_up`].
 const WARM_UP_TEXT: &str = "Good morning! Before we start, a quick question about the weather in \
     Lisbon, the history of the printing press, prime numbers below 100, a recipe for lentil soup, \
     and why the sky looks blue at noon but red at sunset. One line each, please.";
-
-/// Calls of the agent pattern with the same system prompt and a new user message.
-pub const PREFIX_CALLS: usize = 3;
 
 /// A count of tokens, and whether the server counted it or it was estimated from characters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,91 +28,6 @@ impl TokenCount {
         match self {
             TokenCount::Counted(n) | TokenCount::Estimated(n) => n,
         }
-    }
-}
-
-/// One step of the agent pattern.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PhaseKind {
-    /// First sight of the system prompt.
-    Cold,
-    /// The cold call's messages again.
-    Warm,
-    /// Same system prompt, the n-th new user message (from 1).
-    Prefix(usize),
-    /// A new user message after the server restarted.
-    Restart,
-}
-
-impl std::fmt::Display for PhaseKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PhaseKind::Cold => f.write_str("cold"),
-            PhaseKind::Warm => f.write_str("warm"),
-            PhaseKind::Prefix(n) => write!(f, "prefix {n}"),
-            PhaseKind::Restart => f.write_str("restart"),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Phase {
-    pub kind: PhaseKind,
-    pub measurement: Measurement,
-}
-
-/// The TTFT of the median prefix call over the cold call's, `None` without both.
-pub fn prefix_ratio(phases: &[Phase]) -> Option<f64> {
-    let cold = phases.iter().find(|p| p.kind == PhaseKind::Cold)?.measurement.ttft;
-    let prefix: Vec<Duration> = phases
-        .iter()
-        .filter(|p| matches!(p.kind, PhaseKind::Prefix(_)))
-        .map(|p| p.measurement.ttft)
-        .collect();
-    Some(median(&prefix)?.as_secs_f64() / cold.as_secs_f64())
-}
-
-/// One burst: its warm-up, a lone call, and the concurrent calls (an error as its text).
-#[derive(Debug, Clone)]
-pub struct BurstRun {
-    pub concurrency: usize,
-    pub warm: Measurement,
-    pub single: Measurement,
-    pub calls: Vec<Result<Measurement, String>>,
-    /// From the start of the burst to the end of its last call.
-    pub wall: Duration,
-}
-
-/// Below this many cached tokens short of the whole system prompt, a call counts as having
-/// re-read the prompt. The slack admits caches that keep only whole blocks (up to 64 tokens)
-/// or stop at the message boundary rather than after the next role header.
-pub const REREAD_SLACK_TOKENS: usize = 64;
-
-impl BurstRun {
-    pub fn succeeded(&self) -> impl Iterator<Item = &Measurement> {
-        self.calls.iter().filter_map(|c| c.as_ref().ok())
-    }
-
-    pub fn errors(&self) -> Vec<&str> {
-        self.calls.iter().filter_map(|c| c.as_ref().err().map(String::as_str)).collect()
-    }
-
-    /// Successful calls that got less than the system prompt (`system_tokens`, less
-    /// [`REREAD_SLACK_TOKENS`]) from the server's cache.
-    pub fn rereads(&self, system_tokens: usize) -> usize {
-        let needed = system_tokens.saturating_sub(REREAD_SLACK_TOKENS);
-        self.succeeded().filter(|m| (m.cached_tokens as usize) < needed).count()
-    }
-
-    /// Completion tokens of all successful calls over the burst's wall time.
-    pub fn aggregate_tokens_per_second(&self) -> f64 {
-        let tokens: u32 = self.succeeded().map(|m| m.completion_tokens).sum();
-        tokens as f64 / self.wall.as_secs_f64()
-    }
-
-    /// Completion tokens of the lone call over its latency.
-    pub fn single_tokens_per_second(&self) -> f64 {
-        self.single.completion_tokens as f64 / self.single.latency.as_secs_f64()
     }
 }
 
@@ -164,6 +70,21 @@ impl Workload {
         Self { salt, target_tokens, chars_per_token, max_tokens, system, system_tokens }
     }
 
+    /// The salt of the system prompt.
+    pub fn salt(&self) -> u64 {
+        self.salt
+    }
+
+    /// Completion tokens per call at most.
+    pub fn max_tokens(&self) -> u32 {
+        self.max_tokens
+    }
+
+    /// Another system prompt of this size, for `salt`.
+    pub fn system_for(&self, salt: u64) -> String {
+        system_prompt(salt, self.target_tokens, self.chars_per_token)
+    }
+
     /// Characters per token of the server's tokenizer (or the default estimate).
     pub fn chars_per_token(&self) -> f64 {
         self.chars_per_token
@@ -198,111 +119,6 @@ impl Workload {
         self.warm_up(client).await?;
         let measurement =
             client.chat(&self.system, &user_message(PREFIX_CALLS + 1), self.max_tokens).await?;
-        Ok(Phase { kind: PhaseKind::Restart, measurement })
-    }
-
-    /// Burst number `index` of `concurrency` calls. Fails only when the warm-up or the lone
-    /// call fails; the concurrent calls' errors are counted in the result.
-    pub async fn burst(
-        &self,
-        client: &Client,
-        index: usize,
-        concurrency: usize,
-    ) -> Result<BurstRun, BenchError> {
-        let salt = self.salt.wrapping_add(1 + index as u64);
-        let system: Arc<str> = system_prompt(salt, self.target_tokens, self.chars_per_token).into();
-        let warm = client.chat(&system, &user_message(0), self.max_tokens).await?;
-        let single = client.chat(&system, &user_message(1), self.max_tokens).await?;
-        let start = Instant::now();
-        let tasks: Vec<_> = (0..concurrency)
-            .map(|i| {
-                let (client, system, max_tokens) =
-                    (client.clone(), system.clone(), self.max_tokens);
-                tokio::spawn(
-                    async move { client.chat(&system, &user_message(2 + i), max_tokens).await },
-                )
-            })
-            .collect();
-        let mut calls = Vec::with_capacity(concurrency);
-        for task in tasks {
-            calls.push(match task.await {
-                Ok(result) => result.map_err(|e| e.to_string()),
-                Err(join) => Err(join.to_string()),
-            });
-        }
-        Ok(BurstRun { concurrency, warm, single, calls, wall: start.elapsed() })
-    }
-}
-
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-
-    pub fn m(ttft_ms: u64, latency_ms: u64, cached: u32, completion: u32) -> Measurement {
-        Measurement {
-            ttft: Duration::from_millis(ttft_ms),
-            latency: Duration::from_millis(latency_ms),
-            prompt_tokens: 700,
-            cached_tokens: cached,
-            completion_tokens: completion,
-        }
-    }
-
-    pub fn agent_phases() -> Vec<Phase> {
-        [
-            (PhaseKind::Cold, 4000),
-            (PhaseKind::Warm, 100),
-            (PhaseKind::Prefix(1), 130),
-            (PhaseKind::Prefix(2), 90),
-            (PhaseKind::Prefix(3), 110),
-        ]
-        .into_iter()
-        .map(|(kind, ttft)| Phase { kind, measurement: m(ttft, ttft + 50, 0, 16) })
-        .collect()
-    }
-
-    #[test]
-    fn ratio_is_median_prefix_over_cold() {
-        assert_eq!(prefix_ratio(&agent_phases()), Some(0.11 / 4.0));
-        assert_eq!(prefix_ratio(&agent_phases()[..2]), None);
-        assert_eq!(prefix_ratio(&agent_phases()[1..]), None);
-    }
-
-    #[test]
-    fn phase_names() {
-        let names: Vec<String> =
-            [PhaseKind::Cold, PhaseKind::Warm, PhaseKind::Prefix(2), PhaseKind::Restart]
-                .iter()
-                .map(|k| k.to_string())
-                .collect();
-        assert_eq!(names, ["cold", "warm", "prefix 2", "restart"]);
-    }
-
-    pub fn burst() -> BurstRun {
-        BurstRun {
-            concurrency: 4,
-            warm: m(900, 1000, 0, 16),
-            single: m(100, 500, 600, 16),
-            calls: vec![
-                Ok(m(100, 800, 640, 16)),
-                Ok(m(200, 1600, 0, 16)),
-                Ok(m(150, 1200, 576, 8)),
-                Err("status 429: full".into()),
-            ],
-            wall: Duration::from_millis(2000),
-        }
-    }
-
-    #[test]
-    fn burst_counts() {
-        let b = burst();
-        assert_eq!(b.errors(), ["status 429: full"]);
-        assert_eq!(b.succeeded().count(), 3);
-        // Needed: 640 - 64 = 576 cached tokens; only the call with 0 falls short.
-        assert_eq!(b.rereads(640), 1);
-        assert_eq!(b.rereads(641), 2);
-        assert_eq!(b.rereads(10), 0);
-        assert_eq!(b.aggregate_tokens_per_second(), 20.0);
-        assert_eq!(b.single_tokens_per_second(), 32.0);
+        Ok(Phase { kind: PhaseKind::ColdPrefix, measurement })
     }
 }

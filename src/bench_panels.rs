@@ -1,0 +1,163 @@
+//! The panels of `spindle bench` (agentic, conversation, burst, quality): each runs its workload
+//! from `spindle-bench` against the session's server and prints its table as it goes.
+
+use spindle_bench::agentic::{run_panel, AgenticOptions, Restart};
+use spindle_bench::burst::run_bursts;
+use spindle_bench::conversation::{run_conversation, ConversationOptions};
+use spindle_bench::quality::{run_code, run_instruct, QualityReport, Thinking, SEED};
+use spindle_bench::results::Results;
+use spindle_bench::{report, BenchError, Client, PhaseKind, TokenCount, Workload};
+
+use crate::bench_agent::{
+    finish_progress, header_line, progress, AgenticArgs, BurstArgs, ConversationArgs, QualityArgs,
+    Session,
+};
+use crate::bench_server::{run_restart_command, ServerProcess};
+
+/// What a panel measured, and the system prompt it measured with.
+pub struct Outcome {
+    pub results: Results,
+    pub system_chars: usize,
+    pub system_tokens: TokenCount,
+}
+
+pub async fn agentic(session: &mut Session, args: &AgenticArgs) -> anyhow::Result<Outcome> {
+    let options = AgenticOptions {
+        salt: session.salt,
+        system_tokens: args.system_tokens,
+        max_tokens: session.max_tokens,
+        runs: args.runs,
+    };
+    let mut restarter = match (&mut session.server, &args.restart_cmd) {
+        (Some(server), _) => Restarter::Own(server, &session.client),
+        (None, Some(command)) => Restarter::Command(command, &session.client),
+        (None, None) => Restarter::Cannot,
+    };
+    let header = |w: &Workload| header_line(&session.url, &session.client, w);
+    let mut first = None;
+    let panel = run_panel(&session.client, &options, &mut restarter, &mut progress, &mut |w| {
+        println!("{}", header(w));
+        first.get_or_insert((w.system.len(), w.system_tokens));
+    })
+    .await?;
+    finish_progress();
+    report::agentic_table(&panel).iter().for_each(|l| println!("{l}"));
+    if !panel.kinds().contains(&PhaseKind::ColdPrefix) {
+        println!("cold-prefix    skipped (--base-url without --restart-cmd)");
+    }
+    report::verdict_lines(&panel).iter().for_each(|l| println!("{l}"));
+    let results = Results { agentic: Some(panel), ..Results::default() };
+    let (system_chars, system_tokens) = first.unwrap_or((0, TokenCount::Estimated(0)));
+    Ok(Outcome { results, system_chars, system_tokens })
+}
+
+/// How the cold-prefix phase restarts the server.
+enum Restarter<'a> {
+    /// The server this command started.
+    Own(&'a mut ServerProcess, &'a Client),
+    /// The caller's `--restart-cmd`.
+    Command(&'a str, &'a Client),
+    Cannot,
+}
+
+impl Restart for Restarter<'_> {
+    async fn restart(&mut self) -> Result<bool, BenchError> {
+        let failed = |e: anyhow::Error| BenchError::Restart(format!("{e:#}"));
+        match self {
+            Restarter::Own(server, client) => server.restart(client).await.map_err(failed)?,
+            Restarter::Command(command, client) => {
+                run_restart_command(command, client).await.map_err(failed)?
+            }
+            Restarter::Cannot => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+pub async fn conversation(
+    session: &mut Session,
+    args: &ConversationArgs,
+) -> anyhow::Result<Outcome> {
+    let options = ConversationOptions {
+        salt: session.salt,
+        turns: args.turns,
+        start_tokens: args.start_tokens,
+        end_tokens: args.end_tokens,
+        max_tokens: session.max_tokens,
+    };
+    println!(
+        "server {}  model {}  seed {}  max_tokens {}  {} turns, {} -> {} prompt tokens",
+        session.url,
+        session.client.model().unwrap_or("(unnamed)"),
+        session.salt,
+        session.max_tokens,
+        args.turns,
+        args.start_tokens,
+        args.end_tokens
+    );
+    let run = run_conversation(&session.client, &options, &mut progress).await?;
+    finish_progress();
+    run.turns.iter().for_each(|t| println!("{}", report::turn_line(t)));
+    report::conversation_summary(&run).iter().for_each(|l| println!("{l}"));
+    let (system_chars, system_tokens) = (run.system_chars, run.system_tokens);
+    let results = Results { conversation: Some(run), ..Results::default() };
+    Ok(Outcome { results, system_chars, system_tokens })
+}
+
+pub async fn burst(session: &mut Session, args: &BurstArgs) -> anyhow::Result<Outcome> {
+    let workload = session.workload(session.salt, args.system_tokens).await;
+    let system_tokens = workload.system_tokens.value();
+    let runs = args.burst_runs.max(1);
+    let levels = args.concurrency.iter().copied().filter(|&n| n > 0).collect::<Vec<_>>();
+    if let Some(&first) = levels.first() {
+        progress(&format!("burst {first}: run 1/{runs}"));
+    }
+    let mut next = levels.iter().flat_map(|&n| (1..=runs).map(move |r| (n, r))).skip(1);
+    let levels = run_bursts(&session.client, &workload, &levels, runs, &mut |run, _| {
+        finish_progress();
+        println!("{}", report::burst_line(run, system_tokens));
+        if let Some(first) = run.errors().first() {
+            println!("burst {}: first error: {first}", run.concurrency);
+        }
+        if let Some((n, r)) = next.next() {
+            progress(&format!("burst {n}: run {r}/{runs}"));
+        }
+    })
+    .await?;
+    report::burst_table(&levels, system_tokens).iter().for_each(|l| println!("{l}"));
+    let results = Results { bursts: levels, ..Results::default() };
+    let (system_chars, system_tokens) = (workload.system.len(), workload.system_tokens);
+    Ok(Outcome { results, system_chars, system_tokens })
+}
+
+pub async fn quality(session: &mut Session, args: &QualityArgs) -> anyhow::Result<Outcome> {
+    println!(
+        "server {}  model {}  seed {SEED} (fixed)  temperature 0  max_tokens {}",
+        session.url,
+        session.client.model().unwrap_or("(unnamed)"),
+        session.max_tokens
+    );
+    let code = args.code || !(args.thinking_ablation || args.instruct);
+    let ablation = [Thinking::Off, Thinking::OnPreserved, Thinking::OnDropped];
+    let code_runs = code.then_some(Thinking::Default).into_iter();
+    let code_runs: Vec<Thinking> =
+        code_runs.chain(ablation.into_iter().filter(|_| args.thinking_ablation)).collect();
+    let instruct_runs =
+        if args.instruct { vec![Thinking::Off, Thinking::OnPreserved] } else { vec![] };
+    let (runs, client, max_tokens) = (args.runs.max(1), &session.client, session.max_tokens);
+    let mut report = QualityReport::default();
+    for run in 1..=runs {
+        for &thinking in &code_runs {
+            progress(&format!("quality run {run}/{runs}: code [{thinking}]"));
+            report.code.push(run_code(client, thinking, max_tokens).await);
+        }
+        for &thinking in &instruct_runs {
+            progress(&format!("quality run {run}/{runs}: instruct [{thinking}]"));
+            report.instruct.push(run_instruct(client, thinking, max_tokens).await);
+        }
+    }
+    finish_progress();
+    report::quality_lines(&report).iter().for_each(|l| println!("{l}"));
+    let results = Results { quality: Some(report), ..Results::default() };
+    Ok(Outcome { results, system_chars: 0, system_tokens: TokenCount::Estimated(0) })
+}
