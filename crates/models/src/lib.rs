@@ -74,12 +74,6 @@ pub trait CausalLm: Send + Sync {
     /// each row in a fixed order, so each sequence's logits are bitwise what it gets alone.
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>>;
 
-    /// Layers of the model's multi-token-prediction head (for speculative decoding); 0 when it
-    /// has none.
-    fn mtp_layers(&self) -> usize {
-        0
-    }
-
     /// The key/value shape of each layer; `None` for layers without softmax attention.
     fn kv_shapes(&self) -> Vec<Option<KvShape>> {
         let cfg = self.config();

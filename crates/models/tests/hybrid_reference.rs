@@ -193,10 +193,10 @@ fn chunked_and_recurrent_forms_agree_and_snapshots_resume_exactly() {
 
 /// Released Qwen3-Next / Qwen3.5 checkpoints carry a multi-token-prediction head (`mtp.*`: a
 /// projection of [embedding; hidden], its norms, one full-attention MoE layer, a final norm).
-/// It is loaded when present, changes nothing about the main model's logits, and an incomplete
-/// head is refused with the missing tensor named.
+/// Nothing runs it yet (no speculative decoding), so it is not loaded: a checkpoint with it, even
+/// an incomplete one, loads and gives the main model's logits unchanged.
 #[test]
-fn an_mtp_head_is_loaded_when_present() {
+fn an_mtp_head_is_ignored() {
     let src = dir("qwen3_5_moe");
     let tmp = tempfile::tempdir().unwrap();
     for file in ["config.json", "model.safetensors"] {
@@ -224,19 +224,15 @@ fn an_mtp_head_is_loaded_when_present() {
     );
     candle_core::safetensors::save(&mtp, tmp.path().join("mtp.safetensors")).unwrap();
 
-    let with_mtp = load_safetensors(tmp.path()).unwrap();
     let (without, fx) = load("qwen3_5_moe", Format::Safetensors);
-    assert_eq!(with_mtp.mtp_layers(), 1);
-    assert_eq!(without.mtp_layers(), 0);
     let ids = &fx.prompts[0].ids;
-    assert_eq!(
-        with_mtp.forward(ids, &mut with_mtp.new_cache(64)).unwrap(),
-        without.forward(ids, &mut without.new_cache(64)).unwrap()
-    );
-
-    mtp.remove("mtp.norm.weight");
-    candle_core::safetensors::save(&mtp, tmp.path().join("mtp.safetensors")).unwrap();
-    let error =
-        load_safetensors(tmp.path()).err().expect("an MTP head without its final norm").to_string();
-    assert!(error.contains("mtp.norm.weight"), "{error}");
+    let expected = without.forward(ids, &mut without.new_cache(64)).unwrap();
+    for complete in [true, false] {
+        if !complete {
+            mtp.remove("mtp.norm.weight");
+            candle_core::safetensors::save(&mtp, tmp.path().join("mtp.safetensors")).unwrap();
+        }
+        let with_mtp = load_safetensors(tmp.path()).unwrap();
+        assert_eq!(with_mtp.forward(ids, &mut with_mtp.new_cache(64)).unwrap(), expected);
+    }
 }

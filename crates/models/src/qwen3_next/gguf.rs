@@ -45,7 +45,6 @@ impl Qwen3Next {
             embed,
             head,
             layers,
-            mtp: None,
             summary: summary(&cfg),
             cfg,
         })

@@ -62,7 +62,6 @@ pub struct Qwen3Next {
     norm: RmsNorm,
     head: Linear,
     rotary: Rotary,
-    mtp: Option<MtpHead>,
 }
 
 impl Qwen3Next {
@@ -76,7 +75,6 @@ impl Qwen3Next {
             .enumerate()
             .map(|(i, kind)| load_layer(&cfg, w, &format!("layers.{i}"), kind, cfg.is_moe_layer(i)))
             .collect::<Result<Vec<_>>>()?;
-        let mtp = MtpHead::load_if_present(&cfg, w)?;
         let table = w.model_tensor("embed_tokens.weight")?;
         let head = if !cfg.tie_word_embeddings && w.has_model_tensor("lm_head.weight") {
             linear("lm_head.weight")?
@@ -94,44 +92,9 @@ impl Qwen3Next {
             norm: norm("norm.weight")?,
             head,
             layers,
-            mtp,
             summary: summary(&cfg),
             cfg,
         })
-    }
-}
-
-/// The multi-token-prediction head (`mtp.*`, Qwen3-Next / Qwen3.5): from the last hidden state
-/// and the next token's embedding it predicts the token after, through its own full-attention
-/// layer(s) and the shared LM head. Loaded now; speculative decoding will run it.
-#[allow(dead_code)] // read by speculative decoding, which comes with the batching issue
-struct MtpHead {
-    /// `hidden × 2·hidden`: joins the normed embedding and the normed hidden state.
-    fc: Linear,
-    embed_norm: RmsNorm,
-    hidden_norm: RmsNorm,
-    layers: Vec<Layer>,
-    norm: RmsNorm,
-}
-
-impl MtpHead {
-    fn load_if_present(cfg: &HybridConfig, w: &SafetensorsWeights) -> Result<Option<Self>> {
-        if !w.has_model_tensor("mtp.fc.weight") {
-            return Ok(None);
-        }
-        let norm = |name: &str| RmsNorm::new_offset_by_one(w.model_tensor(name)?, cfg.rms_norm_eps);
-        let mut layers = Vec::new();
-        while w.has_model_tensor(&format!("mtp.layers.{}.input_layernorm.weight", layers.len())) {
-            let p = format!("mtp.layers.{}", layers.len());
-            layers.push(load_layer(cfg, w, &p, Mixer::Full, cfg.num_experts > 0)?);
-        }
-        Ok(Some(Self {
-            fc: dense_linear(w.model_tensor("mtp.fc.weight")?)?,
-            embed_norm: norm("mtp.pre_fc_norm_embedding.weight")?,
-            hidden_norm: norm("mtp.pre_fc_norm_hidden.weight")?,
-            layers,
-            norm: norm("mtp.norm.weight")?,
-        }))
     }
 }
 
@@ -160,10 +123,6 @@ impl CausalLm for Qwen3Next {
         }
         advance_all(batch);
         layers::logits_of_last_rows(&x, &rows, &self.norm, &self.head)
-    }
-
-    fn mtp_layers(&self) -> usize {
-        self.mtp.as_ref().map_or(0, |m| m.layers.len())
     }
 
     fn kv_shapes(&self) -> Vec<Option<KvShape>> {
@@ -210,7 +169,7 @@ fn summary(cfg: &HybridConfig) -> TransformerConfig {
     }
 }
 
-/// Decoder layer at `p` (`layers.3`, `mtp.layers.0`).
+/// Decoder layer at `p` (`layers.3`).
 fn load_layer(
     cfg: &HybridConfig,
     w: &SafetensorsWeights,
