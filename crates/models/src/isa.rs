@@ -14,9 +14,27 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The widest copy this machine runs (the features are detected once, then cached).
+    /// The widest copy this machine runs, or a narrower one named by `SPINDLE_ISA`
+    /// (`portable`, `avx2`, `avx512`: to measure or rule out a copy). Decided once.
     pub fn best() -> Self {
-        [Isa::Avx512, Isa::Avx2].into_iter().find(|isa| isa.runs()).unwrap_or(Isa::Portable)
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let widest = [Isa::Avx512, Isa::Avx2].into_iter().find(|isa| isa.runs());
+            let widest = widest.unwrap_or(Isa::Portable);
+            match std::env::var("SPINDLE_ISA").ok().as_deref().and_then(Isa::named) {
+                Some(asked) if (asked as u8) < (widest as u8) => asked,
+                _ => widest,
+            }
+        })
+    }
+
+    fn named(name: &str) -> Option<Self> {
+        match name {
+            "portable" => Some(Isa::Portable),
+            "avx2" => Some(Isa::Avx2),
+            "avx512" => Some(Isa::Avx512),
+            _ => None,
+        }
     }
 
     /// Every copy this machine runs, narrowest first (the tests compare them).
