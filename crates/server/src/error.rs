@@ -5,7 +5,10 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use spindle_api::ApiError;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use serde_path_to_error::{Path, Segment};
+use spindle_api::{ApiError, SamplingParams};
 
 /// Seconds a client should wait before retrying when the queue is full.
 const RETRY_AFTER_SECONDS: &str = "1";
@@ -52,16 +55,102 @@ pub fn error_response(error: &ApiError, body: impl IntoResponse) -> Response {
     response
 }
 
-/// Parses a JSON body into `T`, naming what is wrong (bad syntax, a missing field, a field of
-/// the wrong type) in the 400 message.
-pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, HttpError> {
-    serde_json::from_slice(body).map_err(|e| {
-        let what = match e.classify() {
-            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
-                "malformed JSON"
+/// Parses a JSON body into `T`. A body that is not JSON is a 400 "malformed JSON"; one that does
+/// not fit `T` (a missing field, a field of the wrong type) is a 400 whose message and `param`
+/// name the field's JSON path, e.g. `messages[2].content`.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, HttpError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        request_error(error, || {
+            serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(body))
+        })
+    })?;
+    deserializer.end().map_err(malformed)?;
+    Ok(value)
+}
+
+/// [`parse_json`] for a body already read as JSON, e.g. one line of a batch input file.
+pub fn parse_json_value<T: DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(body)
+        .map_err(|error| request_error(error, || serde_path_to_error::deserialize(body)))
+}
+
+type TrackedError = serde_path_to_error::Error<serde_json::Error>;
+
+fn malformed(error: serde_json::Error) -> HttpError {
+    HttpError(ApiError::bad_request(format!("malformed JSON: {error}"), None))
+}
+
+/// The 400 for a body that failed to parse, naming the path of the field at fault.
+/// `sampling_alone` reads the body as [`SamplingParams`] (see [`flattened_sampling_path`]).
+fn request_error(
+    error: TrackedError,
+    sampling_alone: impl FnOnce() -> Result<SamplingParams, TrackedError>,
+) -> ApiError {
+    let inner = error.inner();
+    if inner.is_syntax() || inner.is_eof() {
+        return malformed(error.into_inner()).0;
+    }
+    let mut path = json_path(error.path());
+    if path.is_empty() {
+        path = flattened_sampling_path(sampling_alone(), inner).unwrap_or_default();
+    }
+    // serde reports a missing field at the object that lacks it; the field itself is at fault.
+    if let Some(field) = missing_field(inner) {
+        path = if path.is_empty() { field } else { format!("{path}.{field}") };
+    }
+    if path.is_empty() {
+        ApiError::bad_request(format!("invalid request: {inner}"), None)
+    } else {
+        ApiError::bad_request(format!("invalid request: {path}: {inner}"), Some(&path))
+    }
+}
+
+/// `messages[2].content`: the path as an OpenAI `param`. Segments serde could not name (inside
+/// an untagged enum) end it, so the path stops at the last field it knows.
+fn json_path(path: &Path) -> String {
+    let mut out = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
             }
-            _ => "invalid request",
-        };
-        HttpError(ApiError::bad_request(format!("{what}: {e}"), None))
-    })
+            Segment::Unknown => break,
+        }
+    }
+    out
+}
+
+/// The field of a "missing field `name`" error (serde's fixed wording in every format).
+fn missing_field(error: &serde_json::Error) -> Option<String> {
+    let message = error.to_string();
+    let name = message.strip_prefix("missing field `")?.split('`').next()?;
+    Some(name.to_owned())
+}
+
+/// Chat, completion and Responses requests flatten [`SamplingParams`] into their top level, and
+/// serde reads flattened fields from a buffer that has lost their path, so `"temperature":
+/// "hot"` fails at the root. Reading the body as the sampling fields alone finds the field; it
+/// is the one at fault when that fails with the same complaint (a request type without sampling
+/// fields ignores them and fails for another reason).
+fn flattened_sampling_path(
+    sampling_alone: Result<SamplingParams, TrackedError>,
+    original: &serde_json::Error,
+) -> Option<String> {
+    let error = sampling_alone.err()?;
+    let path = json_path(error.path());
+    let same_complaint = without_position(error.inner()) == without_position(original);
+    (same_complaint && !path.is_empty()).then_some(path)
+}
+
+/// The error's message without serde_json's " at line L column C", which differs between two
+/// reads that fail on the same value.
+fn without_position(error: &serde_json::Error) -> String {
+    let text = error.to_string();
+    let position = format!(" at line {} column {}", error.line(), error.column());
+    text.strip_suffix(&position).unwrap_or(&text).to_owned()
 }

@@ -56,6 +56,63 @@ async fn malformed_and_invalid_requests_are_400_naming_the_problem() {
     still_serves(&base).await;
 }
 
+/// A body that parses as JSON but does not fit the request type names the JSON path of the
+/// field at fault, in the message and in `param`.
+#[tokio::test]
+async fn a_field_that_does_not_fit_is_a_400_naming_its_json_path() {
+    let base = server(Setup::Default);
+    let hi = r#"{"role": "user", "content": "hi"}"#;
+    let cases = [
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"messages": [{hi}, {{"role": "assistant", "content": "ok"}},
+                {{"role": "user", "content": {{"text": "a map"}}}}]}}"#
+            ),
+            "messages[2].content",
+        ),
+        // Sampling fields are flattened into the request, where serde loses their path.
+        (
+            "/v1/chat/completions",
+            format!(r#"{{"messages": [{hi}], "temperature": "hot"}}"#),
+            "temperature",
+        ),
+        ("/v1/chat/completions", r#"{"messages": [{"content": "hi"}]}"#.into(), "messages[0].role"),
+        ("/v1/chat/completions", r#"{"temperature": 0}"#.into(), "messages"),
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"messages": [{hi}], "tools": [{{"type": "function", "function": {{"name": 7}}}}]}}"#
+            ),
+            "tools[0].function.name",
+        ),
+        ("/v1/completions", r#"{"prompt": "hi", "top_p": [1]}"#.into(), "top_p"),
+        ("/v1/completions", r#"{"prompt": "hi", "max_tokens": "ten"}"#.into(), "max_tokens"),
+        ("/v1/responses", r#"{"input": "hi", "seed": "lucky"}"#.into(), "seed"),
+        (
+            "/v1/tokenize",
+            r#"{"messages": [{"role": "user", "content": 5}]}"#.into(),
+            "messages[0].content",
+        ),
+        ("/v1/batches", r#"{"input_file_id": 5}"#.into(), "input_file_id"),
+    ];
+    for (path, body, param) in &cases {
+        let (status, response) = raw(&base, path, body).await;
+        assert_error(status, &response, 400, param);
+        assert_eq!(response["error"]["param"], *param, "{path} {body}: {response}");
+    }
+    // The Messages route keeps Anthropic's error shape, the path in its message.
+    let body = r#"{"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}, {"role": 5}]}"#;
+    let (status, response) = raw(&base, "/v1/messages", body).await;
+    assert_eq!(status, 400, "{response}");
+    assert_eq!(response["type"], "error", "{response}");
+    assert!(
+        response["error"]["message"].as_str().unwrap().contains("messages[1].role"),
+        "{response}"
+    );
+    still_serves(&base).await;
+}
+
 #[tokio::test]
 async fn unknown_model_and_route_are_404() {
     let base = server(Setup::Default);
