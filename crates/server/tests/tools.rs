@@ -335,6 +335,32 @@ async fn a_null_content_beside_tool_calls_renders_as_empty_text() {
     assert!(prompt.contains("<|im_start|>assistant\n<|im_end|>"), "{prompt}");
 }
 
+/// History replayed with the arguments as a JSON object (and fields OpenAI does not define on
+/// messages) renders the prompt that OpenAI's own shape, arguments as a string, renders.
+#[tokio::test]
+async fn arguments_given_as_an_object_render_as_the_string_form_does() {
+    let base = server(Setup::Qwen);
+    let history = |arguments: Value| {
+        json!({"messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+            {"role": "assistant", "content": null, "refusal": null, "tool_calls": [{"id": "c1",
+             "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny", "cache_control": {}},
+        ], "tools": weather_tools()})
+    };
+    let (status, as_string) =
+        post(&base, "/v1/tokenize", &history(json!("{\"city\": \"Paris\", \"days\": 1}"))).await;
+    assert_eq!(status, 200, "{as_string}");
+    let (status, as_object) =
+        post(&base, "/v1/tokenize", &history(json!({"city": "Paris", "days": 1}))).await;
+    assert_eq!(status, 200, "{as_object}");
+    assert_eq!(as_object["tokens"], as_string["tokens"]);
+    let mut chat = history(json!({"city": "Paris", "days": 1}));
+    chat["max_tokens"] = json!(4);
+    let (status, answer) = post(&base, "/v1/chat/completions", &chat).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
 #[tokio::test]
 async fn guided_json_shapes_answers_unless_the_request_asks_for_text() {
     let base = server(Setup::GuidedJson);
