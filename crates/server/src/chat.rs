@@ -131,6 +131,9 @@ fn plan(
                 .map_err(|e| ApiError::internal(e.to_string()))?,
         }),
     };
+    if let Some(budget) = &reasoning_budget {
+        check_room_to_answer(max_tokens, budget)?;
+    }
     Ok(Plan {
         prompt_ids,
         snapshot_positions,
@@ -142,6 +145,24 @@ fn plan(
         logprobs: request.logprobs.then(|| request.top_logprobs.unwrap_or(0) as usize),
         constraint,
     })
+}
+
+/// With thinking on, the engine may have to close the reasoning block itself and then owes the
+/// answer a token: `max_tokens` too small for both could only end in an empty answer.
+fn check_room_to_answer(max_tokens: usize, budget: &ReasoningBudget) -> Result<(), ApiError> {
+    let needed = budget.close_ids.len() + 1;
+    if max_tokens >= needed {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(
+        format!(
+            "the output may have {max_tokens} tokens (max_tokens, or the room the prompt leaves \
+             in the context), but with thinking on it needs at least {needed}: {} to close the \
+             reasoning block and one to answer; raise max_tokens or turn thinking off",
+            budget.close_ids.len()
+        ),
+        Some("max_tokens"),
+    ))
 }
 
 /// The token positions of the byte offsets `ends` in a prompt whose tokens cover `spans`: the
