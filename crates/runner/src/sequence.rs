@@ -11,6 +11,7 @@ use spindle_sched::{CacheKind, PrefillPlan};
 
 use crate::bundle::ModelBundle;
 use crate::engine::{SequenceEvent, SequenceRequest, SequenceSummary};
+use crate::error::RunnerError;
 use crate::output::{OutputPipeline, TextDelta};
 use crate::prefix_cache::{PrefixCache, Started};
 use crate::sampler::{SampledToken, Sampler};
@@ -79,7 +80,7 @@ impl Sequence {
         }
         if let Some(constraint) = &mut self.request.constraint {
             if let Err(e) = constraint.reset() {
-                self.fail(format!("internal error: the grammar could not restart: {e}"));
+                self.fail(RunnerError::Internal(format!("the grammar could not restart: {e}")));
                 return None;
             }
         }
@@ -167,8 +168,8 @@ impl Sequence {
     }
 
     /// Reports a failure; the sequence is over.
-    pub fn fail(&mut self, message: String) -> Ended {
-        let _ = self.request.events.send(SequenceEvent::Failed(message));
+    pub fn fail(&mut self, error: RunnerError) -> Ended {
+        let _ = self.request.events.send(SequenceEvent::Failed(error));
         Ended
     }
 
@@ -184,7 +185,9 @@ impl Sequence {
     ) -> Result<Vec<u32>, Ended> {
         let start = self.cache.len();
         if let Err(e) = prefix.reserve(&mut self.cache, size) {
-            return Err(self.fail(format!("the KV cache is full ({e}); raise --kv-cache-memory")));
+            let full =
+                format!("no KV blocks for a prefill chunk of a prompt that fits the pool: {e}");
+            return Err(self.fail(RunnerError::Internal(full)));
         }
         Ok(self.request.prompt_ids[start..start + size].to_vec())
     }
@@ -222,7 +225,7 @@ impl Sequence {
         prefix: &mut PrefixCache,
     ) -> Result<u32, Ended> {
         let Some(mut logits) = self.logits.take() else {
-            return Err(self.fail("internal error: decode before the prompt was in".into()));
+            return Err(self.fail(RunnerError::Internal("decode before the prompt was in".into())));
         };
         let reasoning = self.output.in_reasoning();
         self.apply_reasoning_budget(reasoning);
@@ -230,7 +233,7 @@ impl Sequence {
             Some(id) => self.sampler.force(&logits, id),
             None => match self.sample(&mut logits, reasoning) {
                 Ok(token) => token,
-                Err(e) => return Err(self.fail(e.to_string())),
+                Err(error) => return Err(self.fail(error)),
             },
         };
         // Ending inside an open reasoning block would leave the answer empty: close the block
@@ -277,21 +280,25 @@ impl Sequence {
     /// Samples the next token from `logits`. Reasoning stays free; the grammar governs what
     /// comes after it. Right after the engine closed the reasoning block no stop id may come,
     /// or the answer it closed the block for would be empty.
-    fn sample(
-        &mut self,
-        logits: &mut [f32],
-        reasoning: bool,
-    ) -> Result<SampledToken, ConstrainError> {
+    fn sample(&mut self, logits: &mut [f32], reasoning: bool) -> Result<SampledToken, RunnerError> {
         let mut constraint = self.request.constraint.as_mut().filter(|_| !reasoning);
         if let Some(constraint) = &mut constraint {
-            constraint.mask(logits)?;
+            // A grammar with no way forward: what the request asked the answer to follow
+            // cannot be met from here.
+            constraint.mask(logits).map_err(|e| RunnerError::GrammarDeadEnd(e.to_string()))?;
+            if logits.iter().all(|&logit| logit == f32::NEG_INFINITY) {
+                let nothing = "no token can continue the answer".to_owned();
+                return Err(RunnerError::GrammarDeadEnd(nothing));
+            }
         }
         if std::mem::take(&mut self.answer_owed) {
             mask_unless_nothing_else(logits, &self.request.stop_ids);
         }
         let token = self.sampler.sample(logits);
         if let Some(constraint) = constraint {
-            constraint.advance(token.id)?;
+            // The mask allowed the token, so the grammar refusing it is a fault of ours.
+            let refused = |e: ConstrainError| RunnerError::Internal(e.to_string());
+            constraint.advance(token.id).map_err(refused)?;
         }
         Ok(token)
     }

@@ -1,6 +1,8 @@
 //! The one place where failures become HTTP responses: every error leaves with its status (and
 //! `Retry-After` on 429), as the OpenAI error JSON (Anthropic's on the Messages routes).
 
+use std::fmt::Display;
+
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -9,6 +11,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use serde_path_to_error::{Path, Segment};
 use spindle_api::{ApiError, SamplingParams};
+use spindle_chat::ChatError;
+use spindle_runner::RunnerError;
 
 /// Seconds a client should wait before retrying when the queue is full.
 const RETRY_AFTER_SECONDS: &str = "1";
@@ -53,6 +57,55 @@ pub fn error_response(error: &ApiError, body: impl IntoResponse) -> Response {
             .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
     }
     response
+}
+
+/// The one mapping of runner failures to HTTP. What the request caused is a 4xx naming the
+/// field to change; anything else is a 500 whose message names only `request_id`, the detail
+/// (panic text, model error, file paths) going to the log under that id.
+pub fn runner_failure(request_id: &str, error: RunnerError) -> ApiError {
+    match &error {
+        RunnerError::PromptExceedsContext { .. } => ApiError {
+            param: Some("messages".into()),
+            ..ApiError::context_length_exceeded(format!("{error}; shorten the messages"))
+        },
+        RunnerError::PromptExceedsKvPool { .. } => ApiError {
+            param: Some("messages".into()),
+            ..ApiError::context_length_exceeded(format!(
+                "{error}; shorten the messages or raise --kv-cache-memory"
+            ))
+        },
+        RunnerError::GrammarDeadEnd(_) => ApiError::bad_request(
+            format!("{error}; the schema of response_format (or of the tools) cannot be met"),
+            Some("response_format"),
+        ),
+        RunnerError::Chat(ChatError::TemplateRaised(_)) => {
+            ApiError::bad_request(error.to_string(), Some("messages"))
+        }
+        RunnerError::Sampling(e) => ApiError::bad_request(error.to_string(), Some(e.field)),
+        RunnerError::EmptyPrompt => ApiError::bad_request(error.to_string(), Some("prompt")),
+        _ => internal_error(request_id, &error),
+    }
+}
+
+/// [`runner_failure`] before the request has a response id: a fresh id ties the answer to
+/// its log line.
+pub fn failure(error: impl Into<RunnerError>) -> ApiError {
+    runner_failure(&fresh_request_id(), error.into())
+}
+
+/// A 500 for a fault of the server's own: the client learns the request id, the log the detail.
+pub fn internal_error(request_id: &str, detail: &dyn Display) -> ApiError {
+    tracing::error!(request_id, %detail, "request failed");
+    ApiError::internal(format!("the server failed on request {request_id}; its log has the detail"))
+}
+
+/// [`internal_error`] before the request has a response id.
+pub fn internal(detail: impl Display) -> ApiError {
+    internal_error(&fresh_request_id(), &detail)
+}
+
+fn fresh_request_id() -> String {
+    format!("req_{:016x}", rand::random::<u64>())
 }
 
 /// Parses a JSON body into `T`. A body that is not JSON is a 400 "malformed JSON"; one that does
@@ -153,4 +206,51 @@ fn without_position(error: &serde_json::Error) -> String {
     let text = error.to_string();
     let position = format!(" at line {} column {}", error.line(), error.column());
     text.strip_suffix(&position).unwrap_or(&text).to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use spindle_chat::ChatError;
+    use spindle_runner::RunnerError;
+
+    use super::runner_failure;
+
+    #[test]
+    fn what_the_request_caused_is_a_4xx_naming_the_field() {
+        let cases = [
+            (RunnerError::PromptExceedsContext { prompt: 90, context: 64 }, 400, "messages"),
+            (RunnerError::PromptExceedsKvPool { prompt: 90, kv_tokens: 64 }, 400, "messages"),
+            (RunnerError::GrammarDeadEnd("no way on".into()), 400, "response_format"),
+            (
+                RunnerError::Chat(ChatError::TemplateRaised("roles must alternate".into())),
+                400,
+                "messages",
+            ),
+            (RunnerError::EmptyPrompt, 400, "prompt"),
+        ];
+        for (error, status, param) in cases {
+            let detail = error.to_string();
+            let answer = runner_failure("chatcmpl-1", error);
+            assert_eq!((answer.status, answer.param.as_deref()), (status, Some(param)), "{detail}");
+            assert!(answer.message.contains(&detail), "{answer}");
+        }
+    }
+
+    #[test]
+    fn a_fault_of_the_server_is_a_500_naming_only_the_request_id() {
+        let faults = [
+            RunnerError::Internal("a sequence step panicked: index out of bounds".into()),
+            RunnerError::Load("cannot read /models/secret/model.gguf".into()),
+            RunnerError::Chat(ChatError::Template("unknown method no_such_method".into())),
+        ];
+        for fault in faults {
+            let detail = fault.to_string();
+            let answer = runner_failure("chatcmpl-7", fault);
+            assert_eq!((answer.status, answer.param.as_deref()), (500, None), "{detail}");
+            assert!(answer.message.contains("chatcmpl-7"), "{answer}");
+            for word in detail.split_whitespace().filter(|w| w.len() > 6) {
+                assert!(!answer.message.contains(word), "{word:?} leaked: {answer}");
+            }
+        }
+    }
 }
