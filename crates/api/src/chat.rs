@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use crate::common::null_as_default;
@@ -268,8 +268,23 @@ pub struct ToolCall {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FunctionCall {
     pub name: String,
-    /// JSON text, as OpenAI sends it; not parsed here.
+    /// JSON text, as OpenAI sends it; not parsed here. Some clients replay history with the
+    /// arguments as a JSON object; that is read as its text.
+    #[serde(deserialize_with = "arguments_text")]
     pub arguments: String,
+}
+
+fn arguments_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged, expecting = "a string of JSON or a JSON object")]
+    enum Arguments {
+        Text(String),
+        Object(Map<String, Value>),
+    }
+    Ok(match Arguments::deserialize(deserializer)? {
+        Arguments::Text(text) => text,
+        Arguments::Object(object) => Value::Object(object).to_string(),
+    })
 }
 
 /// The whole response of a non-streaming request.

@@ -155,6 +155,27 @@ fn seed_takes_the_full_signed_64_bit_range() {
     }
 }
 
+/// What a client may send in another shape than OpenAI's when its meaning is unambiguous:
+/// tool-call arguments as a JSON object, and fields Spindle does not know on a message.
+#[test]
+fn arguments_as_an_object_and_unknown_message_fields_are_accepted() {
+    let request: ChatCompletionRequest = serde_json::from_value(json!({
+        "messages": [
+            {"role": "user", "content": "Weather?", "cache_control": {"type": "ephemeral"}},
+            {"role": "assistant", "content": null, "refusal": null, "annotations": [],
+             "tool_calls": [{"id": "c1", "type": "function",
+                             "function": {"name": "f", "arguments": {"city": "Paris", "days": 2}}}]},
+        ],
+    }))
+    .unwrap();
+    request.validate().unwrap();
+    let arguments = &request.messages[1].tool_calls[0].function.arguments;
+    assert_eq!(arguments, r#"{"city":"Paris","days":2}"#);
+    // It is sent on as the string OpenAI's shape has.
+    let written = serde_json::to_value(&request).unwrap();
+    assert_eq!(written["messages"][1]["tool_calls"][0]["function"]["arguments"], json!(arguments));
+}
+
 #[test]
 fn tool_call_type_may_be_left_out_in_history() {
     let request: ChatCompletionRequest = serde_json::from_value(json!({"messages": [{
@@ -260,7 +281,9 @@ fn wrong_json_types_fail_to_deserialize() {
         json!({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}),
         json!({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}),
         json!({"messages": [{"role": "assistant", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}]}),
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": 5}}]}]}),
+        json!({"messages": [{"role": "assistant", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": ["x"]}}]}]}),
         json!({"messages": user, "tools": [{"type": "retrieval", "function": {"name": "f"}}]}),
         json!({"messages": user, "tools": [{"type": "function", "function": {"description": "no name"}}]}),
         json!({"messages": user, "tools": {"type": "function"}}),

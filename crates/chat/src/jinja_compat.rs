@@ -13,9 +13,16 @@ pub fn install(env: &mut minijinja::Environment<'_>) {
     env.add_function("strftime_now", |fmt: String| strftime(&fmt, now_unix_secs()));
 }
 
-/// `raise_exception(msg)`: the template's own error, surfaced with its message.
+/// The message of a template's `raise_exception`: the template refusing its input (e.g.
+/// "Conversation roles must alternate"), unlike a template that fails by itself.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct TemplateException(pub String);
+
+/// `raise_exception(msg)`: the template's own error, surfaced with its message and marked as
+/// raised (its source is a [`TemplateException`]).
 fn raise_exception(msg: String) -> Result<Value, Error> {
-    Err(Error::new(ErrorKind::InvalidOperation, msg))
+    Err(Error::new(ErrorKind::InvalidOperation, msg.clone()).with_source(TemplateException(msg)))
 }
 
 /// `json.dumps(value, ensure_ascii=False, indent=indent, separators=..., sort_keys=...)`, as

@@ -198,11 +198,22 @@ mod tests {
     }
 
     #[test]
-    fn raise_exception_surfaces_as_a_render_error() {
+    fn raise_exception_surfaces_as_the_templates_refusal() {
         let t = ChatTemplate::new("{% if messages[0].role != 'user' %}{{ raise_exception('first message must be from the user') }}{% endif %}", None, None)
             .unwrap();
         let err = render(&t, &[json!({"role": "assistant", "content": "x"})], false).unwrap_err();
-        assert!(err.to_string().contains("first message must be from the user"), "{err}");
+        assert!(
+            matches!(&err, ChatError::TemplateRaised(m) if m == "first message must be from the user"),
+            "{err:?}"
+        );
         assert!(render(&t, &[json!({"role": "user", "content": "x"})], false).is_ok());
+    }
+
+    #[test]
+    fn a_template_failing_by_itself_is_no_refusal() {
+        let t =
+            ChatTemplate::new("{{ messages[0].content | int + none_such() }}", None, None).unwrap();
+        let err = render(&t, &[json!({"role": "user", "content": "1"})], false).unwrap_err();
+        assert!(matches!(err, ChatError::Template(_)), "{err:?}");
     }
 }

@@ -7,8 +7,6 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use spindle_models::ModelError;
-
 use crate::bundle::ModelBundle;
 use crate::engine::{Engine, EngineStopped, SequenceEvent, SequenceRequest, SequenceSummary};
 use crate::error::{Result, RunnerError};
@@ -69,8 +67,8 @@ impl Engine {
             return Err(RunnerError::EmptyPrompt);
         }
         if request.prompt_ids.len() >= request.context {
-            let needed = request.prompt_ids.len() + 1;
-            return Err(ModelError::ContextExceeded { needed, limit: request.context }.into());
+            let (prompt, context) = (request.prompt_ids.len(), request.context);
+            return Err(RunnerError::PromptExceedsContext { prompt, context });
         }
         request.sampling.validate()?;
         let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
@@ -106,7 +104,7 @@ impl Engine {
                         decode_time: ended - first,
                     });
                 }
-                SequenceEvent::Failed(message) => return Err(RunnerError::Failed(message)),
+                SequenceEvent::Failed(error) => return Err(error),
                 SequenceEvent::Prefilled { .. } => {}
             }
         }

@@ -17,6 +17,7 @@ use spindle_sched::{Scheduler, SchedulerConfig, SeqId, StepPlan};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::bundle::ModelBundle;
+use crate::error::RunnerError;
 use crate::output::{ReasoningMode, TextDelta};
 use crate::prefix_cache::{CacheConfig, PrefixCache};
 use crate::sampler::{SampledToken, SamplingParams};
@@ -107,7 +108,7 @@ pub enum SequenceEvent {
         reasoning: bool,
     },
     Finished(SequenceSummary),
-    Failed(String),
+    Failed(RunnerError),
 }
 
 /// Why a sequence ended.
@@ -305,13 +306,16 @@ impl EngineState<'_> {
             let len = request.prompt_ids.len();
             let plan =
                 self.prefix.plan(len, &request.snapshot_positions, self.config.prefill_chunk);
+            if len >= request.context {
+                failed.push((
+                    id,
+                    RunnerError::PromptExceedsContext { prompt: len, context: request.context },
+                ));
+                return true;
+            }
             if self.prefix.blocks_for(len + 1) > self.prefix.total_blocks() {
-                let message = format!(
-                    "the prompt needs {} KV blocks but the cache holds {}; raise --kv-cache-memory",
-                    self.prefix.blocks_for(len + 1),
-                    self.prefix.total_blocks()
-                );
-                failed.push((id, message));
+                let kv_tokens = self.prefix.total_blocks() * self.config.cache.block_size;
+                failed.push((id, RunnerError::PromptExceedsKvPool { prompt: len, kv_tokens }));
                 return true;
             }
             let Ok(started) = self.prefix.start(&request.prompt_ids, &plan, request.context) else {
@@ -325,9 +329,9 @@ impl EngineState<'_> {
             self.running.insert(id, Sequence::new(request, plan, started, sent));
             true
         });
-        for (id, message) in failed {
+        for (id, error) in failed {
             if let Some(waiting) = self.waiting.remove(&id) {
-                let _ = waiting.request.events.send(SequenceEvent::Failed(message));
+                let _ = waiting.request.events.send(SequenceEvent::Failed(error));
             }
             self.scheduler.remove(id);
         }
@@ -393,7 +397,8 @@ impl EngineState<'_> {
             // The caches of a failed pass are in an unknown state: every sequence in it ends.
             Ok(Err(e)) => return self.fail_all(jobs, e.to_string()),
             Err(panic) => {
-                return self.fail_all(jobs, format!("internal error: {}", panic_message(&panic)))
+                return self
+                    .fail_all(jobs, format!("the model step panicked: {}", panic_message(&panic)))
             }
         };
         for (mut job, logits) in jobs.into_iter().zip(logits) {
@@ -414,7 +419,7 @@ impl EngineState<'_> {
     fn fail_all(&mut self, jobs: Vec<Job>, message: String) {
         tracing::error!(%message, sequences = jobs.len(), "a model step failed");
         for mut job in jobs {
-            job.seq.fail(message.clone());
+            job.seq.fail(RunnerError::Internal(message.clone()));
             self.end(job.id, job.seq);
         }
     }
@@ -504,7 +509,7 @@ fn guarded<T>(
         Err(panic) => {
             let message = panic_message(&panic);
             tracing::error!(%message, "a sequence step panicked");
-            Err(seq.fail(format!("internal error: {message}")))
+            Err(seq.fail(RunnerError::Internal(format!("a sequence step panicked: {message}"))))
         }
     }
 }

@@ -1,4 +1,6 @@
-//! The runner's error type: what can fail between token ids and generated text.
+//! The runner's error type: what can fail between token ids and generated text. Some failures
+//! are the request's own (it can never fit, its grammar has no way on); the rest are faults of
+//! the engine or the model.
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -15,9 +17,21 @@ pub enum RunnerError {
     EmptyPrompt,
     #[error(transparent)]
     EngineStopped(#[from] crate::engine::EngineStopped),
-    /// The engine ended the sequence with this message.
-    #[error("generation failed: {0}")]
-    Failed(String),
+    /// The prompt leaves its context no room for a generated token. The request's fault.
+    #[error("the prompt is {prompt} tokens but the context holds {context}")]
+    PromptExceedsContext { prompt: usize, context: usize },
+    /// The prompt needs more KV positions than the whole pool holds, so it could never run.
+    /// The request's fault (or a pool sized too small for it).
+    #[error("the prompt is {prompt} tokens but the KV cache holds {kv_tokens}")]
+    PromptExceedsKvPool { prompt: usize, kv_tokens: usize },
+    /// The answer's grammar (a JSON schema, the tool calls) allows no next token: what the
+    /// request asked the answer to follow cannot be satisfied from where it got to.
+    #[error("the answer's grammar allows nothing more: {0}")]
+    GrammarDeadEnd(String),
+    /// A fault of the engine or the model (a failed step, a panic, a broken invariant); the
+    /// detail is for the log.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 pub type Result<T> = std::result::Result<T, RunnerError>;

@@ -5,14 +5,16 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
+use spindle_constrain::ConstrainError;
 use spindle_models::SequenceCache;
 use spindle_sched::{CacheKind, PrefillPlan};
 
 use crate::bundle::ModelBundle;
 use crate::engine::{SequenceEvent, SequenceRequest, SequenceSummary};
+use crate::error::RunnerError;
 use crate::output::{OutputPipeline, TextDelta};
 use crate::prefix_cache::{PrefixCache, Started};
-use crate::sampler::Sampler;
+use crate::sampler::{SampledToken, Sampler};
 use crate::FinishReason;
 
 /// The sequence is over (its end, if any, has been reported).
@@ -37,6 +39,9 @@ pub struct Sequence {
     forcing: VecDeque<u32>,
     /// The engine has forced the close tag (it does so at most once).
     close_forced: bool,
+    /// The engine has just forced the close tag: the next token starts the answer, so it may
+    /// not end the sequence.
+    answer_owed: bool,
     /// The client is gone: the prompt may still be read for the cache, nothing is reported.
     orphan: bool,
     /// Tokens the client already has from a run that was preempted: this run produces the
@@ -61,6 +66,7 @@ impl Sequence {
             reasoning_tokens: 0,
             forcing: VecDeque::new(),
             close_forced: false,
+            answer_owed: false,
             orphan: false,
             sent,
         }
@@ -74,7 +80,7 @@ impl Sequence {
         }
         if let Some(constraint) = &mut self.request.constraint {
             if let Err(e) = constraint.reset() {
-                self.fail(format!("internal error: the grammar could not restart: {e}"));
+                self.fail(RunnerError::Internal(format!("the grammar could not restart: {e}")));
                 return None;
             }
         }
@@ -162,8 +168,8 @@ impl Sequence {
     }
 
     /// Reports a failure; the sequence is over.
-    pub fn fail(&mut self, message: String) -> Ended {
-        let _ = self.request.events.send(SequenceEvent::Failed(message));
+    pub fn fail(&mut self, error: RunnerError) -> Ended {
+        let _ = self.request.events.send(SequenceEvent::Failed(error));
         Ended
     }
 
@@ -179,7 +185,9 @@ impl Sequence {
     ) -> Result<Vec<u32>, Ended> {
         let start = self.cache.len();
         if let Err(e) = prefix.reserve(&mut self.cache, size) {
-            return Err(self.fail(format!("the KV cache is full ({e}); raise --kv-cache-memory")));
+            let full =
+                format!("no KV blocks for a prefill chunk of a prompt that fits the pool: {e}");
+            return Err(self.fail(RunnerError::Internal(full)));
         }
         Ok(self.request.prompt_ids[start..start + size].to_vec())
     }
@@ -217,33 +225,22 @@ impl Sequence {
         prefix: &mut PrefixCache,
     ) -> Result<u32, Ended> {
         let Some(mut logits) = self.logits.take() else {
-            return Err(self.fail("internal error: decode before the prompt was in".into()));
+            return Err(self.fail(RunnerError::Internal("decode before the prompt was in".into())));
         };
         let reasoning = self.output.in_reasoning();
         self.apply_reasoning_budget(reasoning);
-        let mut token = match self.forcing.pop_front() {
+        let mut token = match self.next_forced() {
             Some(id) => self.sampler.force(&logits, id),
-            // Reasoning stays free; the grammar governs what comes after it.
-            None => match self.request.constraint.as_mut().filter(|_| !reasoning) {
-                Some(constraint) => {
-                    let sampler = &mut self.sampler;
-                    let constrained = constraint
-                        .mask(&mut logits)
-                        .map(|()| sampler.sample(&logits))
-                        .and_then(|token| constraint.advance(token.id).map(|()| token));
-                    match constrained {
-                        Ok(token) => token,
-                        Err(e) => return Err(self.fail(e.to_string())),
-                    }
-                }
-                None => self.sampler.sample(&logits),
+            None => match self.sample(&mut logits, reasoning) {
+                Ok(token) => token,
+                Err(error) => return Err(self.fail(error)),
             },
         };
         // Ending inside an open reasoning block would leave the answer empty: close the block
         // instead and let the model answer.
         if reasoning && self.request.stop_ids.contains(&token.id) && self.start_closing_reasoning()
         {
-            let close = self.forcing.pop_front().expect("close_ids is not empty");
+            let close = self.next_forced().expect("close_ids is not empty");
             token = self.sampler.force(&logits, close);
         }
         if self.request.stop_ids.contains(&token.id) {
@@ -271,6 +268,39 @@ impl Sequence {
         }
         self.reply.push(id);
         Ok(id)
+    }
+
+    /// The next close-tag token to force, if the engine is closing the reasoning block.
+    fn next_forced(&mut self) -> Option<u32> {
+        let id = self.forcing.pop_front()?;
+        self.answer_owed = self.forcing.is_empty();
+        Some(id)
+    }
+
+    /// Samples the next token from `logits`. Reasoning stays free; the grammar governs what
+    /// comes after it. Right after the engine closed the reasoning block no stop id may come,
+    /// or the answer it closed the block for would be empty.
+    fn sample(&mut self, logits: &mut [f32], reasoning: bool) -> Result<SampledToken, RunnerError> {
+        let mut constraint = self.request.constraint.as_mut().filter(|_| !reasoning);
+        if let Some(constraint) = &mut constraint {
+            // A grammar with no way forward: what the request asked the answer to follow
+            // cannot be met from here.
+            constraint.mask(logits).map_err(|e| RunnerError::GrammarDeadEnd(e.to_string()))?;
+            if logits.iter().all(|&logit| logit == f32::NEG_INFINITY) {
+                let nothing = "no token can continue the answer".to_owned();
+                return Err(RunnerError::GrammarDeadEnd(nothing));
+            }
+        }
+        if std::mem::take(&mut self.answer_owed) {
+            mask_unless_nothing_else(logits, &self.request.stop_ids);
+        }
+        let token = self.sampler.sample(logits);
+        if let Some(constraint) = constraint {
+            // The mask allowed the token, so the grammar refusing it is a fault of ours.
+            let refused = |e: ConstrainError| RunnerError::Internal(e.to_string());
+            constraint.advance(token.id).map_err(refused)?;
+        }
+        Ok(token)
     }
 
     /// After a decode step ran: the logits for the next token.
@@ -321,5 +351,37 @@ impl Sequence {
         };
         let _ = self.request.events.send(SequenceEvent::Finished(summary));
         Ended
+    }
+}
+
+/// Makes the tokens `ids` impossible, unless nothing else is possible (a grammar that allows
+/// only the end): then the sequence ends rather than sampling from no distribution.
+fn mask_unless_nothing_else(logits: &mut [f32], ids: &[u32]) {
+    let other_possible = logits
+        .iter()
+        .enumerate()
+        .any(|(id, &logit)| logit > f32::NEG_INFINITY && !ids.contains(&(id as u32)));
+    if other_possible {
+        for &id in ids {
+            if let Some(logit) = logits.get_mut(id as usize) {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mask_unless_nothing_else;
+
+    #[test]
+    fn stop_ids_are_masked_unless_only_they_remain() {
+        let mut logits = [0.5, 2.0, f32::NEG_INFINITY, 1.0];
+        mask_unless_nothing_else(&mut logits, &[1, 3]);
+        assert_eq!(logits, [0.5, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY]);
+        // A grammar that allows only the end keeps it.
+        let mut only_end = [f32::NEG_INFINITY, 2.0, f32::NAN];
+        mask_unless_nothing_else(&mut only_end, &[1]);
+        assert_eq!(only_end[1], 2.0);
     }
 }

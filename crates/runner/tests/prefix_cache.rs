@@ -23,7 +23,7 @@ use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
     model_fingerprint, CacheConfig, Engine, EngineConfig, FinishReason, ModelBundle,
 };
-use spindle_runner::{ReasoningMode, SequenceEvent, SequenceRequest};
+use spindle_runner::{ReasoningMode, RunnerError, SequenceEvent, SequenceRequest};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -200,11 +200,11 @@ fn next_event(receiver: &mut UnboundedReceiver<SequenceEvent>) -> SequenceEvent 
     }
 }
 
-/// Reads a sequence's events to its end; `Err` with the message of a `Failed` event.
+/// Reads a sequence's events to its end; `Err` with the error of a `Failed` event.
 fn collect(
     receiver: &mut UnboundedReceiver<SequenceEvent>,
     request: &Request,
-) -> Result<Run, String> {
+) -> Result<Run, RunnerError> {
     let (mut ids, mut logprobs, mut top_logprobs, mut text) =
         (Vec::new(), Vec::new(), Vec::new(), String::new());
     loop {
@@ -228,7 +228,7 @@ fn collect(
                 return Ok(Run { out, cached: summary.cached_tokens });
             }
             SequenceEvent::Prefilled { .. } => {}
-            SequenceEvent::Failed(message) => return Err(message),
+            SequenceEvent::Failed(error) => return Err(error),
         }
     }
 }
@@ -565,11 +565,11 @@ fn check_eviction(model: &Model, prompts: &Prompts, max_tokens: usize, concurren
             &format!("concurrent request {i} under the tiny cap"),
         );
     }
-    let message =
+    let error =
         collect(&mut failed, &too_long).expect_err("a prompt larger than the pool must fail");
     assert!(
-        message.contains("KV blocks") && message.contains("--kv-cache-memory"),
-        "unclear error: {message}"
+        matches!(error, RunnerError::PromptExceedsKvPool { prompt, .. } if prompt == too_long.prompt.len()),
+        "{error:?}"
     );
 }
 

@@ -23,6 +23,7 @@ use spindle_api::{
 
 use crate::batch_store::ResultLog;
 use crate::chat::{collect, start_chat_as};
+use crate::error::parse_json_value;
 use crate::state::{unix_now, Admission, AppState};
 
 /// How often the worker looks at the engine's load while it waits or runs.
@@ -172,10 +173,7 @@ async fn run_line(
 
 /// The line's body as a chat request; batches answer whole, never streamed.
 fn chat_request(line: &BatchInputLine) -> Result<ChatCompletionRequest, ApiError> {
-    let request: ChatCompletionRequest = serde_json::from_value(Value::Object(line.body.clone()))
-        .map_err(|e| {
-        ApiError::bad_request(format!("invalid request body: {e}"), Some("body"))
-    })?;
+    let request: ChatCompletionRequest = parse_json_value(&Value::Object(line.body.clone()))?;
     if request.stream {
         return Err(ApiError::bad_request("a batch request cannot stream", Some("stream")));
     }

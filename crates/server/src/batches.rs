@@ -12,7 +12,7 @@ use spindle_api::{
     ApiError, Batch, BatchStatus, CreateBatchRequest, ListPage, ListQuery, RequestCounts,
 };
 
-use crate::error::{parse_json, HttpError};
+use crate::error::{internal, parse_json, HttpError};
 use crate::files::{list_query, storage_error};
 use crate::state::{unix_now, AppState};
 
@@ -46,7 +46,7 @@ async fn create_batch(
     let lines =
         tokio::task::spawn_blocking(move || reader.batches.read_input(&file_id, max_requests))
             .await
-            .map_err(|e| ApiError::internal(e.to_string()))??;
+            .map_err(internal)??;
     let batch = Batch {
         id: String::new(),
         endpoint: request.endpoint,

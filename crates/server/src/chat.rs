@@ -21,7 +21,7 @@ use spindle_chat::{prompt_ends_in_reasoning, TemplateInput};
 use spindle_constrain::Constraint;
 use spindle_runner::{FinishReason, ReasoningBudget, ReasoningMode, SequenceSummary, TextDelta};
 
-use crate::error::{parse_json, HttpError};
+use crate::error::{failure, parse_json, HttpError};
 use crate::generation::{Generation, Output, Plan};
 use crate::request::{
     check_model, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead,
@@ -103,10 +103,7 @@ fn plan(
     let rendered = render_prompt(state, &request.messages, &tools, &request.chat_template_kwargs)?;
     let (prompt, thinking) = (&rendered.text, rendered.thinking);
     // The template writes BOS itself where the model wants one.
-    let (prompt_ids, spans) = bundle
-        .tokenizer
-        .encode_with_spans(prompt)
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let (prompt_ids, spans) = bundle.tokenizer.encode_with_spans(prompt).map_err(failure)?;
     let snapshot_positions = token_positions(&rendered.message_ends, &spans);
     let max_tokens = fit_max_tokens(state, prompt_ids.len(), request.max_output_tokens())?;
 
@@ -128,9 +125,12 @@ fn plan(
             close_ids: bundle
                 .tokenizer
                 .encode(&format!("\n{THINK_CLOSE}\n\n"), false)
-                .map_err(|e| ApiError::internal(e.to_string()))?,
+                .map_err(failure)?,
         }),
     };
+    if let Some(budget) = &reasoning_budget {
+        check_room_to_answer(max_tokens, budget)?;
+    }
     Ok(Plan {
         prompt_ids,
         snapshot_positions,
@@ -142,6 +142,24 @@ fn plan(
         logprobs: request.logprobs.then(|| request.top_logprobs.unwrap_or(0) as usize),
         constraint,
     })
+}
+
+/// With thinking on, the engine may have to close the reasoning block itself and then owes the
+/// answer a token: `max_tokens` too small for both could only end in an empty answer.
+fn check_room_to_answer(max_tokens: usize, budget: &ReasoningBudget) -> Result<(), ApiError> {
+    let needed = budget.close_ids.len() + 1;
+    if max_tokens >= needed {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(
+        format!(
+            "the output may have {max_tokens} tokens (max_tokens, or the room the prompt leaves \
+             in the context), but with thinking on it needs at least {needed}: {} to close the \
+             reasoning block and one to answer; raise max_tokens or turn thinking off",
+            budget.close_ids.len()
+        ),
+        Some("max_tokens"),
+    ))
 }
 
 /// The token positions of the byte offsets `ends` in a prompt whose tokens cover `spans`: the
@@ -193,9 +211,8 @@ pub(crate) fn render_prompt(
             extra: &kwargs,
         })
     };
-    let text = render(&messages, true).map_err(|e| {
-        ApiError::bad_request(format!("the chat template failed: {e}"), Some("messages"))
-    })?;
+    // A template refusing the messages (its `raise_exception`) is a 400; failing by itself, a 500.
+    let text = render(&messages, true).map_err(failure)?;
     let leading_system = messages.len() > 1 && messages[0]["role"] == "system";
     let mut prefixes = Vec::new();
     for n in 1..=messages.len() {

@@ -17,7 +17,7 @@ use spindle_api::{
 };
 use spindle_runner::{ReasoningMode, SequenceSummary};
 
-use crate::error::{parse_json, HttpError};
+use crate::error::{failure, parse_json, HttpError};
 use crate::generation::{Generation, Output, Plan};
 use crate::request::{
     check_model, finish_reason, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead,
@@ -46,7 +46,7 @@ pub async fn completions(
             let text = prompt.as_text().ok_or_else(|| {
                 ApiError::bad_request("prompt must hold exactly one text", Some("prompt"))
             })?;
-            tokenizer.encode(text, true).map_err(|e| ApiError::internal(e.to_string()))?
+            tokenizer.encode(text, true).map_err(failure)?
         }
     };
     if prompt_ids.is_empty() {
@@ -60,7 +60,7 @@ pub async fn completions(
         .into());
     }
     let echo = if request.echo {
-        tokenizer.decode(&prompt_ids, false).map_err(|e| ApiError::internal(e.to_string()))?
+        tokenizer.decode(&prompt_ids, false).map_err(failure)?
     } else {
         String::new()
     };

@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use spindle_api::{ApiError, FileDeleted, FileObject, ListPage, ListQuery};
 
 use crate::batch_store::parse_input;
-use crate::error::HttpError;
+use crate::error::{internal, HttpError};
 use crate::state::AppState;
 
 /// Room for the multipart framing and the `purpose` field around the file itself.
@@ -90,7 +90,7 @@ async fn upload_file(
         parse_input(&text, max_requests)?;
         Ok::<_, ApiError>(staged)
     });
-    let staged = checked.await.map_err(|e| ApiError::internal(e.to_string()))??;
+    let staged = checked.await.map_err(internal)??;
     Ok(Json(state.batches.add_file(staged, filename, "batch").map_err(storage_error)?))
 }
 
@@ -111,8 +111,7 @@ fn form_error(error: MultipartError) -> ApiError {
 
 /// The batch folder could not be written or read: the server's fault, logged in full.
 pub fn storage_error(error: std::io::Error) -> ApiError {
-    tracing::error!(%error, "batch storage failed");
-    ApiError::internal(format!("the server could not store or read the file: {error}"))
+    internal(format!("batch storage failed: {error}"))
 }
 
 fn file_or_404(state: &AppState, id: &str) -> Result<FileObject, ApiError> {
@@ -148,7 +147,7 @@ async fn file_content(
     let path = state.batches.content_path(&id);
     let bytes = tokio::task::spawn_blocking(move || std::fs::read(path))
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(internal)?
         .map_err(storage_error)?;
     Ok(([(header::CONTENT_TYPE, "application/jsonl")], bytes).into_response())
 }

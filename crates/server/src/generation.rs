@@ -14,6 +14,7 @@ use spindle_runner::{
 };
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use crate::error::{internal_error, runner_failure};
 use crate::state::{Admission, AppState, Ticket};
 
 /// Everything the engine needs for one request, decided by the endpoint.
@@ -94,7 +95,7 @@ impl Generation {
             events,
             constraint: plan.constraint,
         };
-        state.engine.submit(request).map_err(|e| ApiError::internal(e.to_string()))?;
+        state.engine.submit(request).map_err(|e| runner_failure(id, e.into()))?;
         Ok(Self {
             state: state.clone(),
             events: receiver,
@@ -160,9 +161,9 @@ impl Generation {
                     self.events.close();
                     Output::Done(summary)
                 }
-                SequenceEvent::Failed(message) => {
+                SequenceEvent::Failed(error) => {
                     self.events.close();
-                    Output::Failed(ApiError::internal(message))
+                    Output::Failed(runner_failure(&self.id, error))
                 }
             };
             return Some(output);
@@ -234,7 +235,8 @@ impl Generation {
                 Some(Output::Done(summary)) => return Ok(Collected { pieces, summary }),
                 Some(Output::Failed(error)) => return Err(error),
                 None => {
-                    return Err(ApiError::internal("the engine ended the request without a result"))
+                    let detail = "the engine ended the request without a result";
+                    return Err(internal_error(&self.id, &detail));
                 }
             }
         }

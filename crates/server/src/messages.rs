@@ -18,7 +18,7 @@ use spindle_api::anthropic::{ErrorResponse, Message, MessagesRequest, StreamEven
 use spindle_api::ApiError;
 
 use crate::chat::{render_prompt, start_chat, ChatStart};
-use crate::error::{error_response, parse_json, HttpError};
+use crate::error::{error_response, failure, parse_json, HttpError};
 use crate::generation::{Generation, Output};
 use crate::messages_events::{assemble, MessageEvents};
 use crate::messages_request::chat_request;
@@ -59,11 +59,7 @@ pub async fn count_tokens(
     check_model(&state, chat.model.as_deref())?;
     let tools: Vec<Value> = chat.tools.iter().map(|t| json!(t)).collect();
     let prompt = render_prompt(&state, &chat.messages, &tools, &chat.chat_template_kwargs)?.text;
-    let ids = state
-        .bundle
-        .tokenizer
-        .encode(&prompt, false)
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let ids = state.bundle.tokenizer.encode(&prompt, false).map_err(failure)?;
     Ok(Json(TokenCount { input_tokens: ids.len() as u32 }))
 }
 

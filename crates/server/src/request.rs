@@ -3,7 +3,9 @@
 
 use spindle_api::{ApiError, FinishReason, SamplingParams, Usage};
 use spindle_runner::sampler::SamplingParams as RunnerSampling;
-use spindle_runner::SequenceSummary;
+use spindle_runner::{RunnerError, SequenceSummary};
+
+use crate::error::failure;
 
 use crate::state::{unix_now, AppState};
 
@@ -30,17 +32,13 @@ pub fn fit_max_tokens(
 ) -> Result<usize, ApiError> {
     let context = state.config.ctx_size.min(state.bundle.model.config().max_position_embeddings);
     if prompt_tokens >= context {
-        return Err(ApiError::context_length_exceeded(format!(
-            "the prompt is {prompt_tokens} tokens but the context holds {context}; shorten the messages"
-        )));
+        return Err(failure(RunnerError::PromptExceedsContext { prompt: prompt_tokens, context }));
     }
     // Generated tokens take blocks as they come (a full pool preempts the newest sequence), but
     // a prompt must fit the whole pool on its own.
     let kv_tokens = state.config.cache.kv_tokens(&state.bundle);
     if prompt_tokens >= kv_tokens {
-        return Err(ApiError::context_length_exceeded(format!(
-            "the prompt is {prompt_tokens} tokens but the KV cache holds {kv_tokens}; shorten the messages or raise --kv-cache-memory"
-        )));
+        return Err(failure(RunnerError::PromptExceedsKvPool { prompt: prompt_tokens, kv_tokens }));
     }
     let room = context - prompt_tokens;
     Ok(requested.map_or(room, |n| (n as usize).min(room)))

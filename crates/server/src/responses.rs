@@ -20,7 +20,7 @@ use spindle_api::{
 };
 
 use crate::chat::{start_chat, ChatStart};
-use crate::error::{parse_json, HttpError};
+use crate::error::{internal, parse_json, HttpError};
 use crate::generation::{Generation, Output};
 use crate::request::ResponseHead;
 use crate::responses_input::chat_request;
@@ -176,7 +176,7 @@ async fn collect(
     }
     let response = assembler
         .finished()
-        .ok_or_else(|| ApiError::internal("the engine ended the request without a result"))?;
+        .ok_or_else(|| internal("the engine ended the request without a result"))?;
     Keep::store(keep, response);
     Ok(response.clone())
 }

@@ -21,7 +21,7 @@ use tower_http::cors::CorsLayer;
 use crate::batches;
 use crate::chat::{chat_completions, render_prompt};
 use crate::completions::completions;
-use crate::error::{parse_json, HttpError};
+use crate::error::{failure, parse_json, HttpError};
 use crate::files;
 use crate::messages::{count_tokens, error_for_path, messages};
 use crate::request::check_model;
@@ -139,7 +139,7 @@ async fn tokenize(
             request.add_special_tokens.unwrap_or(true),
         )
     }
-    .map_err(|e| ApiError::internal(e.to_string()))?;
+    .map_err(failure)?;
     Ok(Json(TokenizeResponse { count: tokens.len(), tokens, max_model_len: state.config.ctx_size }))
 }
 
@@ -157,8 +157,7 @@ async fn detokenize(
         )
         .into());
     }
-    let prompt =
-        tokenizer.decode(&request.tokens, false).map_err(|e| ApiError::internal(e.to_string()))?;
+    let prompt = tokenizer.decode(&request.tokens, false).map_err(failure)?;
     Ok(Json(DetokenizeResponse { prompt }))
 }
 

@@ -7,6 +7,7 @@ use spindle_api::{ApiError, ChatCompletionRequest};
 use spindle_chat::{ToolCallFormat, ToolSchema};
 use spindle_constrain::{grammar, CallMode, Constraint, ToolRule, TopLevelGrammar};
 
+use crate::error::internal;
 use crate::state::AppState;
 
 /// How the answer is shaped.
@@ -152,7 +153,7 @@ fn compile(
     grammar: TopLevelGrammar,
     field: &str,
 ) -> Result<Constraint, ApiError> {
-    let grammars = state.grammars().map_err(ApiError::internal)?;
+    let grammars = state.grammars().map_err(internal)?;
     grammars.compile(grammar).map_err(|e| {
         ApiError::bad_request(format!("{field}: the schema can't be enforced: {e}"), Some(field))
     })

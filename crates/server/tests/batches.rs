@@ -147,12 +147,10 @@ async fn a_batch_answers_every_request_once_as_live_requests_are_answered() {
     let errors = content(&base, done["error_file_id"].as_str().unwrap()).await;
     assert_eq!(custom_ids(&errors), ["bad"]);
     assert_eq!(errors[0]["response"]["status_code"], 400);
-    assert!(
-        errors[0]["error"]["message"].as_str().unwrap().contains("invalid request body"),
-        "{}",
-        errors[0]
-    );
+    assert!(errors[0]["error"]["message"].as_str().unwrap().contains("messages"), "{}", errors[0]);
     assert_eq!(errors[0]["response"]["body"]["error"]["type"], "invalid_request_error");
+    // The body's field at fault, named by its path within the body.
+    assert_eq!(errors[0]["response"]["body"]["error"]["param"], "messages");
 
     let (_, output_file) =
         get(&base, &format!("/v1/files/{}", done["output_file_id"].as_str().unwrap())).await;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{chat_body, client, post, server, Setup, API_KEY, SMALL_KV_TOKENS};
+use common::{chat_body, client, post, server, Setup, API_KEY, SMALL_KV_TOKENS, TEMPLATE_BREAKER};
 use serde_json::{json, Value};
 
 async fn raw(base: &str, path: &str, body: &str) -> (u16, Value) {
@@ -53,6 +53,63 @@ async fn malformed_and_invalid_requests_are_400_naming_the_problem() {
     }
     let (status, response) = raw(&base, "/v1/completions", "{\"prompt\": 5}").await;
     assert_error(status, &response, 400, "invalid");
+    still_serves(&base).await;
+}
+
+/// A body that parses as JSON but does not fit the request type names the JSON path of the
+/// field at fault, in the message and in `param`.
+#[tokio::test]
+async fn a_field_that_does_not_fit_is_a_400_naming_its_json_path() {
+    let base = server(Setup::Default);
+    let hi = r#"{"role": "user", "content": "hi"}"#;
+    let cases = [
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"messages": [{hi}, {{"role": "assistant", "content": "ok"}},
+                {{"role": "user", "content": {{"text": "a map"}}}}]}}"#
+            ),
+            "messages[2].content",
+        ),
+        // Sampling fields are flattened into the request, where serde loses their path.
+        (
+            "/v1/chat/completions",
+            format!(r#"{{"messages": [{hi}], "temperature": "hot"}}"#),
+            "temperature",
+        ),
+        ("/v1/chat/completions", r#"{"messages": [{"content": "hi"}]}"#.into(), "messages[0].role"),
+        ("/v1/chat/completions", r#"{"temperature": 0}"#.into(), "messages"),
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"messages": [{hi}], "tools": [{{"type": "function", "function": {{"name": 7}}}}]}}"#
+            ),
+            "tools[0].function.name",
+        ),
+        ("/v1/completions", r#"{"prompt": "hi", "top_p": [1]}"#.into(), "top_p"),
+        ("/v1/completions", r#"{"prompt": "hi", "max_tokens": "ten"}"#.into(), "max_tokens"),
+        ("/v1/responses", r#"{"input": "hi", "seed": "lucky"}"#.into(), "seed"),
+        (
+            "/v1/tokenize",
+            r#"{"messages": [{"role": "user", "content": 5}]}"#.into(),
+            "messages[0].content",
+        ),
+        ("/v1/batches", r#"{"input_file_id": 5}"#.into(), "input_file_id"),
+    ];
+    for (path, body, param) in &cases {
+        let (status, response) = raw(&base, path, body).await;
+        assert_error(status, &response, 400, param);
+        assert_eq!(response["error"]["param"], *param, "{path} {body}: {response}");
+    }
+    // The Messages route keeps Anthropic's error shape, the path in its message.
+    let body = r#"{"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}, {"role": 5}]}"#;
+    let (status, response) = raw(&base, "/v1/messages", body).await;
+    assert_eq!(status, 400, "{response}");
+    assert_eq!(response["type"], "error", "{response}");
+    assert!(
+        response["error"]["message"].as_str().unwrap().contains("messages[1].role"),
+        "{response}"
+    );
     still_serves(&base).await;
 }
 
@@ -156,6 +213,9 @@ async fn a_full_queue_is_429_with_retry_after() {
     assert_eq!(refused.headers()["retry-after"], "1");
     let body: Value = refused.json().await.unwrap();
     assert_eq!(body["error"]["type"], "rate_limit_error");
+    // A streamed request is refused before its first byte too: a 429, not an SSE error.
+    let (status, body) = streamed(&base, "/v1/chat/completions", chat_body("Hi", 2)).await;
+    assert_error(status, &body, 429, "");
     // Dropping the stream frees the slot.
     drop(holder);
     let mut status = 0;
@@ -174,4 +234,77 @@ async fn a_full_queue_is_429_with_retry_after() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(status, 200);
+}
+
+/// A body with `"stream": true`, sent as is: its status and JSON body. A request refused
+/// before the first byte is an HTTP error, not an SSE error event under a 200.
+async fn streamed(base: &str, path: &str, mut body: Value) -> (u16, Value) {
+    body["stream"] = json!(true);
+    let response = client().post(format!("{base}{path}")).json(&body).send().await.unwrap();
+    let status = response.status().as_u16();
+    let content_type = response.headers()["content-type"].to_str().unwrap().to_string();
+    let text = response.text().await.unwrap();
+    assert!(content_type.starts_with("application/json"), "{status} {content_type}: {text}");
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}")))
+}
+
+/// The template's own `raise_exception` is the request's fault: a 400 naming `messages` with
+/// the template's words. A template failing by itself is the server's: a 500 naming a request
+/// id, its detail left in the log.
+#[tokio::test]
+async fn a_template_refusal_is_a_400_and_a_template_fault_a_500_without_detail() {
+    let base = server(Setup::StrictTemplate);
+    let mut refused = chat_body("Hi", 2);
+    refused["messages"] = json!([{"role": "assistant", "content": "Hello"}]);
+    let broken = chat_body(TEMPLATE_BREAKER, 2);
+    for stream in [false, true] {
+        let send = |body: &Value| {
+            let body = body.clone();
+            let base = base.clone();
+            async move {
+                if stream {
+                    streamed(&base, "/v1/chat/completions", body).await
+                } else {
+                    post(&base, "/v1/chat/completions", &body).await
+                }
+            }
+        };
+        let (status, response) = send(&refused).await;
+        assert_error(status, &response, 400, "Conversation must start with a user message");
+        assert_eq!(response["error"]["param"], "messages");
+        let (status, response) = send(&broken).await;
+        assert_error(status, &response, 500, "request req_");
+        assert_eq!(response["error"]["type"], "server_error");
+        let message = response["error"]["message"].as_str().unwrap();
+        assert!(!message.contains("no_such_method") && !message.contains("template"), "{message}");
+    }
+    still_serves(&base).await;
+}
+
+/// What is known before the response starts (the body, the model, the context, the queue)
+/// comes back as an HTTP status on streamed requests too.
+#[tokio::test]
+async fn a_streamed_request_refused_before_its_first_byte_gets_an_http_status() {
+    let base = server(Setup::SmallContext);
+    let mut hot = chat_body("Hi", 2);
+    hot["temperature"] = json!(3);
+    let (status, response) = streamed(&base, "/v1/chat/completions", hot).await;
+    assert_error(status, &response, 400, "temperature");
+    let mut unknown = chat_body("Hi", 2);
+    unknown["model"] = json!("gpt-17");
+    let (status, response) = streamed(&base, "/v1/chat/completions", unknown).await;
+    assert_error(status, &response, 404, "gpt-17");
+    let long = "word ".repeat(200);
+    let (status, response) = streamed(&base, "/v1/chat/completions", chat_body(&long, 2)).await;
+    assert_error(status, &response, 400, "context");
+    let (status, response) =
+        streamed(&base, "/v1/completions", json!({"prompt": long, "max_tokens": 2})).await;
+    assert_error(status, &response, 400, "context");
+    let (status, response) =
+        streamed(&base, "/v1/responses", json!({"input": long, "max_output_tokens": 16})).await;
+    assert_error(status, &response, 400, "context");
+    let messages = json!({"max_tokens": 2, "messages": [{"role": "user", "content": long}]});
+    let (status, response) = streamed(&base, "/v1/messages", messages).await;
+    assert_eq!(status, 400, "{response}");
+    assert_eq!(response["type"], "error", "{response}");
 }

@@ -59,6 +59,30 @@ async fn a_small_max_tokens_still_leaves_an_answer() {
     }
 }
 
+/// With thinking on, the output must have room for the close tag the engine may force plus one
+/// answer token; less is refused naming `max_tokens`, since it could only end in an empty answer.
+#[tokio::test]
+async fn max_tokens_without_room_to_close_the_block_and_answer_is_a_400() {
+    let base = server(Setup::Thinking);
+    let close = close_tag_tokens(&base).await;
+    let (status, response) =
+        post(&base, "/v1/chat/completions", &chat_body(QUESTION, close as u32)).await;
+    assert_eq!(status, 400, "{response}");
+    assert_eq!(response["error"]["param"], "max_tokens", "{response}");
+    // Room for the tag and one token: the engine closes the block at once, and the answer gets
+    // its token (the runner's tests check that it cannot be an end-of-sequence).
+    let (status, response) =
+        post(&base, "/v1/chat/completions", &chat_body(QUESTION, close as u32 + 1)).await;
+    assert_eq!(status, 200, "{response}");
+    assert_eq!(response["usage"]["completion_tokens"], close + 1, "{response}");
+    assert_eq!(response["choices"][0]["finish_reason"], "length", "{response}");
+    // Without thinking no tag is owed.
+    let mut body = chat_body(QUESTION, 1);
+    body["chat_template_kwargs"] = json!({"enable_thinking": false});
+    let (status, response) = post(&base, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{response}");
+}
+
 #[tokio::test]
 async fn the_thinking_budget_closes_the_block() {
     let base = server(Setup::Thinking);

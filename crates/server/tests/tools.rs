@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{chat_body, parse_chat_stream, post, post_stream, server, Setup};
+use common::{chat_body, parse_chat_stream, post, post_stream, server, start_with, Setup};
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 
@@ -335,6 +335,35 @@ async fn a_null_content_beside_tool_calls_renders_as_empty_text() {
     assert!(prompt.contains("<|im_start|>assistant\n<|im_end|>"), "{prompt}");
 }
 
+/// History replayed with the arguments as a JSON object (and fields OpenAI does not define on
+/// messages) renders the prompt that OpenAI's own shape, arguments as a string, renders.
+#[tokio::test]
+async fn arguments_given_as_an_object_render_as_the_string_form_does() {
+    let base = server(Setup::Qwen);
+    // A system message of its own keeps the template's default preamble out of the prefix
+    // cache, which another test here measures.
+    let history = |arguments: Value| {
+        json!({"messages": [
+            {"role": "system", "content": "Answer weather questions briefly."},
+            {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+            {"role": "assistant", "content": null, "refusal": null, "tool_calls": [{"id": "c1",
+             "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny", "cache_control": {}},
+        ], "tools": weather_tools()})
+    };
+    let (status, as_string) =
+        post(&base, "/v1/tokenize", &history(json!("{\"city\": \"Paris\", \"days\": 1}"))).await;
+    assert_eq!(status, 200, "{as_string}");
+    let (status, as_object) =
+        post(&base, "/v1/tokenize", &history(json!({"city": "Paris", "days": 1}))).await;
+    assert_eq!(status, 200, "{as_object}");
+    assert_eq!(as_object["tokens"], as_string["tokens"]);
+    let mut chat = history(json!({"city": "Paris", "days": 1}));
+    chat["max_tokens"] = json!(4);
+    let (status, answer) = post(&base, "/v1/chat/completions", &chat).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
 #[tokio::test]
 async fn guided_json_shapes_answers_unless_the_request_asks_for_text() {
     let base = server(Setup::GuidedJson);
@@ -360,7 +389,9 @@ async fn guided_json_shapes_answers_unless_the_request_asks_for_text() {
 
 #[tokio::test]
 async fn calls_without_a_system_message_share_the_templates_tools_preamble() {
-    let base = server(Setup::Qwen);
+    // A server of its own: the other tests' calls share the template's preamble too, and would
+    // fill this one's prefix cache in whatever order they ran.
+    let base = start_with(Setup::Qwen, |_| {});
     // Qwen2.5's template writes a system turn of its own around the tools: with this third tool
     // it is well past one 256-token prefill chunk and short of two.
     let mut tools = weather_tools();

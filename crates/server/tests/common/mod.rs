@@ -13,6 +13,14 @@ use spindle_server::ServerConfig;
 /// turns SmolLM2 into a "thinking" model so the reasoning path runs on a real model.
 pub const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}";
 
+/// ChatML that refuses a conversation not opened by a user or system message with its own
+/// `raise_exception`, and fails by itself (a method strings lack) on a message saying
+/// [`TEMPLATE_BREAKER`].
+pub const STRICT_TEMPLATE: &str = "{% for m in messages %}{% if loop.first and m.role not in ['user', 'system'] %}{{ raise_exception('Conversation must start with a user message') }}{% endif %}{% if m.content == 'break the template' %}{{ m.content.no_such_method() }}{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// The message content that makes [`STRICT_TEMPLATE`] fail by itself.
+pub const TEMPLATE_BREAKER: &str = "break the template";
+
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Setup {
     Default,
@@ -31,6 +39,8 @@ pub enum Setup {
     KeepAlive,
     /// A 2,048-token context over a KV pool of [`SMALL_KV_TOKENS`].
     SmallKv,
+    /// SmolLM2 behind [`STRICT_TEMPLATE`].
+    StrictTemplate,
 }
 
 /// The KV pool of [`Setup::SmallKv`], in positions (SmolLM2: 30 layers × 3 KV heads × 64 × 2).
@@ -118,6 +128,10 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
             config.thinking_default = setup == Setup::Thinking;
         }
         Setup::SmallContext => config.ctx_size = 64,
+        Setup::StrictTemplate => {
+            bundle.template =
+                spindle_chat::ChatTemplate::new(STRICT_TEMPLATE, None, Some("<|im_end|>")).unwrap();
+        }
         Setup::GuidedJson => config.guided_json = Some(guided_schema()),
         Setup::KeepAlive => config.keep_alive = KEEP_ALIVE,
         Setup::SmallKv => {
