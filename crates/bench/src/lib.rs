@@ -40,6 +40,7 @@ pub mod burst;
 mod client;
 pub mod conversation;
 mod error;
+pub mod eval;
 pub mod gates;
 pub mod html;
 pub mod json;
