@@ -26,7 +26,8 @@ use crate::client::Client;
 /// How much of the suite runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Tier {
-    /// A handful of fast checks: usage, stop, max_tokens, replay, error codes, CORS.
+    /// A handful of fast checks: stop, max_tokens, replay, prefix cache, usage, error codes
+    /// (bad body, unknown route), CORS.
     Smoke,
     /// Every server check.
     Standard,
