@@ -36,8 +36,8 @@ pub struct EvalArgs {
     /// more repetitions and larger concurrency).
     #[arg(long, default_value = "standard", value_parser = parse_tier)]
     tier: Tier,
-    /// Run one section only: sampling, tools, reasoning, serving or protocol.
-    #[arg(long)]
+    /// Run one section only.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(suite::SECTIONS))]
     section: Option<String>,
     /// Bearer key for the server (a started server gets one of its own).
     #[arg(long, env = "SPINDLE_API_KEY")]
@@ -191,6 +191,8 @@ mod tests {
         assert_eq!(parse(&[]).unwrap().tier, Tier::Standard);
         let error = parse(&["--tier", "quick"]).err().unwrap().to_string();
         assert!(error.contains("expected one of smoke, standard, full"), "{error}");
+        let error = parse(&["--section", "speed"]).err().unwrap().to_string();
+        assert!(error.contains("sampling") && error.contains("protocol"), "{error}");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 const KEY: &str = "mock-key";
 const MODEL: &str = "mock-1";
 /// Chat calls the mock holds at once; one more is refused with 429.
-const CAPACITY: usize = 12;
+const CAPACITY: usize = 20;
 /// Largest body the mock reads as a request; a larger one gets 413.
 const BODY_LIMIT: usize = 1 << 20;
 /// Time per prompt token read rather than taken from the cache, so cached calls start sooner.
@@ -375,11 +375,14 @@ async fn stream(socket: &mut TcpStream, fault: Fault, body: &Value, answer: &Ans
 }
 
 async fn eval(fault: Fault, section: Option<&str>) -> Vec<CheckResult> {
+    eval_tier(fault, section, Tier::Standard).await
+}
+
+async fn eval_tier(fault: Fault, section: Option<&str>, tier: Tier) -> Vec<CheckResult> {
     let url = start_mock(fault).await;
     let mut client = Client::new(&url, Some(KEY.to_string())).unwrap();
     client.discover_model().await;
-    let context =
-        EvalContext { client, tier: Tier::Standard, queue_capacity: Some(CAPACITY), salt: 7 };
+    let context = EvalContext { client, tier, queue_capacity: Some(CAPACITY), salt: 7 };
     run_eval(&context, section, &mut |_| {}).await.unwrap()
 }
 
@@ -390,13 +393,13 @@ fn outcome(results: &[CheckResult], name: &str) -> Outcome {
 
 #[tokio::test]
 async fn the_healthy_mock_passes_every_server_check() {
-    let results = eval(Fault::Healthy, None).await;
+    let results = eval_tier(Fault::Healthy, None, Tier::Full).await;
     let server: Vec<&CheckResult> =
         results.iter().filter(|r| r.dependence == Dependence::Server).collect();
     let not_passed: Vec<&&CheckResult> =
         server.iter().filter(|r| r.outcome != Outcome::Pass).collect();
     assert!(not_passed.is_empty(), "{not_passed:#?}");
-    assert_eq!(server.len(), 30, "{server:#?}");
+    assert_eq!(server.len(), 31, "{server:#?}");
     assert!(passed(&results));
     // The mock counts instead of writing JSON it was only asked for: a model-dependent failure,
     // which leaves the run passing.
@@ -453,8 +456,11 @@ async fn an_ignored_stop_fails_the_stop_checks() {
 }
 
 #[tokio::test]
-async fn a_leaked_request_fails_the_isolation_check() {
+async fn a_leaked_request_fails_the_isolation_checks() {
     fault_fails(Fault::LeakOtherRequest, "serving", &["concurrency-isolation"]).await;
+    let streamed = "concurrency-isolation-streamed";
+    let full = eval_tier(Fault::LeakOtherRequest, Some("serving"), Tier::Full).await;
+    assert_eq!(outcome(&full, streamed), Outcome::Fail, "{full:#?}");
 }
 
 async fn agentic_verdict(fault: Fault) -> Option<Verdict> {

@@ -1,11 +1,12 @@
 //! Serving many requests: the prefix cache serves a repeated system prompt
 //! (`usage.prompt_tokens_details.cached_tokens` > 0), concurrent requests never see each
-//! other's text, and the same seed gives the same text when the calls run together.
+//! other's text (plain, and streamed in the full tier), and the same seed gives the same text
+//! when the calls run together.
 
 use serde_json::{json, Value};
 
 use super::checks_sampling::{distinct, seeded_request};
-use super::wire::{clip, content};
+use super::wire::{self, clip, content};
 use super::{Check, CheckResult, EvalContext, Tier};
 use crate::client::Client;
 use crate::error::BenchError;
@@ -20,7 +21,10 @@ pub(super) async fn run(context: &EvalContext) -> Vec<CheckResult> {
     let mut out = vec![prefix_cache(client, context.salt).await];
     if context.runs(Tier::Standard) {
         let n = context.tier.concurrency();
-        out.extend(isolation(client, context.salt, n).await);
+        out.extend(isolation(client, context.salt, n, Mode::Plain).await);
+        if context.runs(Tier::Full) {
+            out.extend(isolation(client, context.salt, n, Mode::Streamed).await);
+        }
         out.push(seed_parity_concurrent(client, n / 2).await);
     }
     out
@@ -58,20 +62,36 @@ async fn prefix_cache(client: &Client, salt: u64) -> CheckResult {
     }))
 }
 
-/// Runs `bodies` as concurrent chat calls; the answers in order.
-async fn concurrently(client: &Client, bodies: Vec<Value>) -> Vec<Result<Value, BenchError>> {
+/// How the concurrent calls are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Plain,
+    Streamed,
+}
+
+/// Runs `bodies` as concurrent chat calls; their texts in order, or the first failure.
+async fn concurrently(
+    client: &Client,
+    bodies: Vec<Value>,
+    mode: Mode,
+) -> Result<Vec<String>, BenchError> {
     let tasks: Vec<_> = bodies
         .into_iter()
         .map(|body| {
             let client = client.clone();
-            tokio::spawn(async move { client.chat_completion(body).await })
+            tokio::spawn(async move {
+                match mode {
+                    Mode::Plain => client.chat_completion(body).await.map(|a| content(&a)),
+                    Mode::Streamed => wire::stream(&client, body).await.map(|s| s.content),
+                }
+            })
         })
         .collect();
-    let mut answers = Vec::new();
+    let mut texts = Vec::new();
     for task in tasks {
-        answers.push(task.await.unwrap_or_else(|e| Err(BenchError::StreamError(e.to_string()))));
+        texts.push(task.await.map_err(|e| BenchError::StreamError(e.to_string()))??);
     }
-    answers
+    Ok(texts)
 }
 
 /// A code no other request of the run carries: letters only, so no tokenizer splits it into
@@ -100,13 +120,19 @@ pub(crate) fn leaks(nonces: &[String], answers: &[String]) -> Vec<(usize, String
     found
 }
 
-async fn isolation(client: &Client, salt: u64, n: usize) -> Vec<CheckResult> {
+/// The isolation check with `mode`'s calls, and (plain calls only) whether each answer
+/// repeated its own code.
+async fn isolation(client: &Client, salt: u64, n: usize, mode: Mode) -> Vec<CheckResult> {
+    let (name, calls) = match mode {
+        Mode::Plain => ("concurrency-isolation", "calls"),
+        Mode::Streamed => ("concurrency-isolation-streamed", "streamed calls"),
+    };
     let leak = Check::server(
         SECTION,
-        "concurrency-isolation",
+        name,
         &format!(
-            "{n} concurrent calls, each asked to repeat its own code: no answer holds \
-                  another call's code"
+            "{n} concurrent {calls}, each asked to repeat its own code: no answer holds another \
+             call's code"
         ),
     );
     let echo = Check::model(SECTION, "nonce-echo", "each concurrent answer repeats its own code");
@@ -119,13 +145,13 @@ async fn isolation(client: &Client, salt: u64, n: usize) -> Vec<CheckResult> {
                 "temperature": 0})
         })
         .collect();
-    let mut answers = Vec::new();
-    for answer in concurrently(client, bodies).await {
-        match answer {
-            Ok(answer) => answers.push(content(&answer)),
-            Err(e) => return vec![leak.error(e), echo.error("a concurrent call failed")],
+    let answers = match concurrently(client, bodies, mode).await {
+        Ok(answers) => answers,
+        Err(e) if mode == Mode::Plain => {
+            return vec![leak.error(e), echo.error("a concurrent call failed")]
         }
-    }
+        Err(e) => return vec![leak.error(e)],
+    };
     let found = leaks(&nonces, &answers);
     let leak = leak.judge(
         found.is_empty(),
@@ -136,6 +162,9 @@ async fn isolation(client: &Client, salt: u64, n: usize) -> Vec<CheckResult> {
             }
         },
     );
+    if mode == Mode::Streamed {
+        return vec![leak];
+    }
     let echoed = nonces.iter().zip(&answers).filter(|(code, a)| a.contains(code.as_str())).count();
     vec![leak, echo.judge(echoed == n, format!("{echoed} of {n} repeated their code"))]
 }
@@ -151,11 +180,9 @@ async fn seed_parity_concurrent(client: &Client, n: usize) -> CheckResult {
         Err(e) => return check.error(e),
     };
     let mut texts = vec![lone];
-    for answer in concurrently(client, vec![seeded_request(7); n]).await {
-        match answer {
-            Ok(answer) => texts.push(content(&answer)),
-            Err(e) => return check.error(e),
-        }
+    match concurrently(client, vec![seeded_request(7); n], Mode::Plain).await {
+        Ok(answers) => texts.extend(answers),
+        Err(e) => return check.error(e),
     }
     let distinct = distinct(&texts);
     check.judge(distinct.len() == 1, format!("{} distinct: {distinct:?}", distinct.len()))

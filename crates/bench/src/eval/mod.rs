@@ -36,8 +36,10 @@ pub enum Tier {
 }
 
 impl Tier {
+    /// The tiers' names on the command line, in order.
     pub const NAMES: [&'static str; 3] = ["smoke", "standard", "full"];
 
+    /// The tier named `name` (one of [`Tier::NAMES`]).
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "smoke" => Some(Tier::Smoke),
@@ -87,6 +89,7 @@ impl Display for Dependence {
     }
 }
 
+/// A check's verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Pass,
