@@ -125,3 +125,14 @@ fn eval_smoke_and_bench_agentic_against_spindle_serve() {
     assert_eq!(phases.len(), 5, "{doc}");
     assert!(phases.iter().all(|p| p["prompt_tokens"].as_u64() > Some(0)), "{doc}");
 }
+
+#[test]
+fn eval_exits_non_zero_when_server_checks_fail() {
+    // A port nothing listens on: every request fails, so every server check does.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    let (ok, text) = spindle(&["eval", "--base-url", &url, "--tier", "smoke"]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("server checks: 0 passed, 8 failed, 0 skipped"), "{text}");
+    assert!(text.contains("error: server checks failed"), "{text}");
+}

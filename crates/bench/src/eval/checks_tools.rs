@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use super::wire::{self, clip, content, finish_reason, user_request};
 use super::{Check, CheckResult, EvalContext, Tier};
 use crate::client::Client;
+use crate::error::BenchError;
 use crate::schema::validate;
 
 const SECTION: &str = "tools";
@@ -93,7 +94,7 @@ fn describe(calls: &[(String, Value)]) -> String {
     format!("{} call(s): {}", calls.len(), text.join(", "))
 }
 
-fn required_call(forced: &Result<Value, crate::BenchError>) -> CheckResult {
+fn required_call(forced: &Result<Value, BenchError>) -> CheckResult {
     let check = Check::server(
         SECTION,
         "tool-call-required",
@@ -113,7 +114,7 @@ fn required_call(forced: &Result<Value, crate::BenchError>) -> CheckResult {
     }
 }
 
-async fn streamed_call(client: &Client, forced: &Result<Value, crate::BenchError>) -> CheckResult {
+async fn streamed_call(client: &Client, forced: &Result<Value, BenchError>) -> CheckResult {
     let check = Check::server(
         SECTION,
         "tool-call-streamed",
@@ -192,7 +193,7 @@ async fn auto_call(client: &Client) -> CheckResult {
 async fn strict_schema(client: &Client, streamed: bool) -> CheckResult {
     let name = if streamed { "json-schema-streamed" } else { "json-schema" };
     let check = Check::server(
-        "tools",
+        SECTION,
         name,
         "response_format json_schema (strict): the answer parses and fits the schema",
     );
