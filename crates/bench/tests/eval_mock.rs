@@ -231,7 +231,8 @@ fn generate(mock: &Mock, body: &Value) -> Answer {
     } else {
         tokens = (1..=40).map(|k| format!("{k}, ")).collect();
     }
-    let limit = body["max_tokens"].as_u64().unwrap_or(64) as usize;
+    let limit = body["max_completion_tokens"].as_u64().or(body["max_tokens"].as_u64());
+    let limit = limit.unwrap_or(64) as usize;
     let mut finish = if calls.is_empty() { "stop" } else { "tool_calls" };
     if tokens.len() > limit {
         tokens.truncate(limit);
@@ -239,6 +240,7 @@ fn generate(mock: &Mock, body: &Value) -> Answer {
     }
     let stops: Vec<String> = match &body["stop"] {
         Value::Array(s) => s.iter().filter_map(|s| s.as_str().map(str::to_string)).collect(),
+        Value::String(s) => vec![s.clone()],
         _ => Vec::new(),
     };
     if mock.fault != Fault::StopIgnored {
@@ -399,7 +401,7 @@ async fn the_healthy_mock_passes_every_server_check() {
     let not_passed: Vec<&&CheckResult> =
         server.iter().filter(|r| r.outcome != Outcome::Pass).collect();
     assert!(not_passed.is_empty(), "{not_passed:#?}");
-    assert_eq!(server.len(), 31, "{server:#?}");
+    assert_eq!(server.len(), 33, "{server:#?}");
     assert!(passed(&results));
     // The mock counts instead of writing JSON it was only asked for: a model-dependent failure,
     // which leaves the run passing.
@@ -452,7 +454,8 @@ async fn no_cache_reuse_fails_the_cache_check() {
 
 #[tokio::test]
 async fn an_ignored_stop_fails_the_stop_checks() {
-    fault_fails(Fault::StopIgnored, "sampling", &["stop", "stop-streamed"]).await;
+    let checks = ["stop", "stop-streamed", "stop-bare-string"];
+    fault_fails(Fault::StopIgnored, "sampling", &checks).await;
 }
 
 #[tokio::test]

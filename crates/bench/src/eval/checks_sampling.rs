@@ -1,6 +1,7 @@
-//! Sampling controls: stop strings (plain, streamed, an empty `stop` array), `max_tokens`,
-//! logprobs (shape and `top_logprobs` bounds), exact replay at temperature 0 and same-seed
-//! parity between a streamed and a plain call.
+//! Sampling controls: stop strings (an array, streamed, a bare string, an empty array), the
+//! output limit (`max_tokens`, `max_completion_tokens`), logprobs (shape and `top_logprobs`
+//! bounds), exact replay at temperature 0 and same-seed parity between a streamed and a plain
+//! call.
 //!
 //! The stop string is cut from the model's own greedy answer, so any model has one to hit: the
 //! answer with the stop must be the greedy answer up to the stop's first occurrence.
@@ -26,12 +27,16 @@ pub(super) async fn run(context: &EvalContext) -> Vec<CheckResult> {
     let mut out = Vec::new();
     let greedy = client.chat_completion(user_request(COUNT_PROMPT, ANSWER_TOKENS)).await;
     let greedy = greedy.as_ref().map(content).map_err(|e| e.to_string());
-    out.push(stop(client, &greedy, false).await);
+    out.push(stop(client, &greedy, StopForm::Array).await);
     if context.runs(Tier::Standard) {
-        out.push(stop(client, &greedy, true).await);
+        out.push(stop(client, &greedy, StopForm::Streamed).await);
+        out.push(stop(client, &greedy, StopForm::BareString).await);
         out.push(empty_stop_array(client, &greedy).await);
     }
-    out.push(max_tokens(client).await);
+    out.push(limit(client, "max_tokens").await);
+    if context.runs(Tier::Standard) {
+        out.push(limit(client, "max_completion_tokens").await);
+    }
     out.push(exact_replay(client, context.tier.replays()).await);
     if context.runs(Tier::Standard) {
         out.push(logprobs_shape(client).await);
@@ -60,8 +65,23 @@ pub(crate) fn pick_stop(text: &str) -> Option<(String, String)> {
     })
 }
 
-async fn stop(client: &Client, greedy: &Result<String, String>, streamed: bool) -> CheckResult {
-    let name = if streamed { "stop-streamed" } else { "stop" };
+/// How the stop check sends its stop string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopForm {
+    /// `"stop": ["…"]`, not streamed.
+    Array,
+    /// `"stop": ["…"]`, streamed.
+    Streamed,
+    /// `"stop": "…"` (OpenAI takes one string as well as an array), not streamed.
+    BareString,
+}
+
+async fn stop(client: &Client, greedy: &Result<String, String>, form: StopForm) -> CheckResult {
+    let name = match form {
+        StopForm::Array => "stop",
+        StopForm::Streamed => "stop-streamed",
+        StopForm::BareString => "stop-bare-string",
+    };
     let check = Check::server(
         SECTION,
         name,
@@ -77,15 +97,15 @@ async fn stop(client: &Client, greedy: &Result<String, String>, streamed: bool) 
     let expected = format!("{before:?} (the greedy answer up to {stop:?}), finish_reason stop");
     let check = Check { expected, ..check };
     let mut body = user_request(COUNT_PROMPT, ANSWER_TOKENS);
-    body["stop"] = json!([stop]);
-    let answer = if streamed {
+    body["stop"] = if form == StopForm::BareString { json!(stop) } else { json!([stop]) };
+    let answer = if form == StopForm::Streamed {
         wire::stream(client, body).await.map(|s| (s.content, s.finish_reason.unwrap_or_default()))
     } else {
         client.chat_completion(body).await.map(|a| (content(&a), finish_reason(&a)))
     };
     check.judge_result(answer.map(|(text, reason)| {
         let passed = text == before && reason == "stop";
-        (passed, format!("{text:?} with finish_reason {reason} (stop {stop:?})"))
+        (passed, format!("{text:?}, finish_reason {reason} (stop {stop:?})"))
     }))
 }
 
@@ -103,17 +123,28 @@ async fn empty_stop_array(client: &Client, greedy: &Result<String, String>) -> C
     }))
 }
 
-async fn max_tokens(client: &Client) -> CheckResult {
-    const LIMIT: u32 = 7;
+/// The output limit `field` (`max_tokens`, or `max_completion_tokens` that replaces it) is
+/// honoured.
+async fn limit(client: &Client, field: &'static str) -> CheckResult {
+    const LIMIT: u64 = 7;
+    let name = if field == "max_tokens" { "max-tokens" } else { "max-completion-tokens" };
     let check = Check::server(
         SECTION,
-        "max-tokens",
-        "completion_tokens <= 7; finish_reason length exactly when 7 were generated",
+        name,
+        &format!(
+            "{field} {LIMIT}: completion_tokens <= {LIMIT}; finish_reason length exactly when \
+             {LIMIT} were generated"
+        ),
     );
-    check.judge_result(client.chat_completion(user_request(COUNT_PROMPT, LIMIT)).await.map(|a| {
+    let mut body = user_request(COUNT_PROMPT, 1);
+    if let Some(fields) = body.as_object_mut() {
+        fields.remove("max_tokens");
+        fields.insert(field.to_string(), json!(LIMIT));
+    }
+    check.judge_result(client.chat_completion(body).await.map(|a| {
         let tokens = a["usage"]["completion_tokens"].as_u64().unwrap_or(u64::MAX);
         let reason = finish_reason(&a);
-        let passed = tokens <= u64::from(LIMIT) && (reason == "length") == (tokens == 7);
+        let passed = tokens <= LIMIT && (reason == "length") == (tokens == LIMIT);
         (passed, format!("completion_tokens {tokens}, finish_reason {reason}"))
     }))
 }
