@@ -65,9 +65,9 @@ impl Client {
         }
     }
 
-    /// Whether requests carry an API key.
-    pub(crate) fn has_api_key(&self) -> bool {
-        self.api_key.is_some()
+    /// The API key requests carry.
+    pub(crate) fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
     }
 
     /// Whether the server answers now: `GET /health` with a success status, or, for servers

@@ -2,8 +2,12 @@
 //! the protocol checks, and whole streamed chat completions gathered into one [`Streamed`]
 //! (text, reasoning, tool calls assembled from their deltas, usage, token count).
 
+use std::time::Duration;
+
 use reqwest::Method;
 use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use crate::client::Client;
 use crate::error::BenchError;
@@ -74,6 +78,97 @@ pub(crate) async fn send(
     let response = request.send().await?;
     let status = response.status().as_u16();
     Ok(Reply { status, body: response.text().await? })
+}
+
+/// Longest the huge-body exchange may take.
+const RAW_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// POSTs `body` over a plain socket while reading the reply at the same time. A server that
+/// refuses a body part-way (413) answers and closes before the body is all sent; an HTTP client
+/// that stops at the failed write (reqwest does) then misses that answer, now and then, as the
+/// close races the write. `https://` servers go through the client, race and all.
+pub(crate) async fn send_while_reading(
+    client: &Client,
+    path: &str,
+    body: Vec<u8>,
+) -> Result<Reply, BenchError> {
+    let url = reqwest::Url::parse(client.base_url())
+        .map_err(|e| BenchError::BadPayload(format!("base URL: {e}")))?;
+    let (Some(host), Some(port), "http") =
+        (url.host_str(), url.port_or_known_default(), url.scheme())
+    else {
+        return send(client, Method::POST, path, Some(body), None).await;
+    };
+    let (mut reader, mut writer) = TcpStream::connect((host, port)).await?.into_split();
+    let mut head = format!(
+        "POST {}{path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n",
+        url.path().trim_end_matches('/'),
+        body.len()
+    );
+    if let Some(key) = client.api_key() {
+        head += &format!("authorization: Bearer {key}\r\n");
+    }
+    head += "\r\n";
+    let writing = tokio::spawn(async move {
+        // A write cut short by the server's answer and close is what this is for.
+        let _ = writer.write_all(head.as_bytes()).await;
+        let _ = writer.write_all(&body).await;
+    });
+    let mut data = Vec::new();
+    let read = tokio::time::timeout(RAW_TIMEOUT, async {
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) => return Ok(()),
+                Ok(n) => data.extend_from_slice(&buf[..n]),
+                // A reset after the answer arrived ends it; before, it is the failure.
+                Err(_) if !data.is_empty() => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await;
+    writing.abort();
+    match read {
+        Ok(result) => result?,
+        Err(_) => {
+            let timeout = format!("no answer in {RAW_TIMEOUT:?}");
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, timeout).into());
+        }
+    }
+    parse_reply(&data).ok_or_else(|| BenchError::BadPayload(clip(&String::from_utf8_lossy(&data))))
+}
+
+/// Status and body of a raw HTTP/1.1 reply (body by Content-Length, chunked, or to the end).
+fn parse_reply(data: &[u8]) -> Option<Reply> {
+    let split = data.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&data[..split]).to_ascii_lowercase();
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let rest = &data[split + 4..];
+    let header =
+        |name: &str| head.lines().find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()));
+    let body = if header("transfer-encoding:").is_some_and(|v| v.contains("chunked")) {
+        dechunk(rest)
+    } else {
+        let length = header("content-length:").and_then(|v| v.parse().ok());
+        rest[..length.unwrap_or(rest.len()).min(rest.len())].to_vec()
+    };
+    Some(Reply { status, body: String::from_utf8_lossy(&body).into_owned() })
+}
+
+/// The payload of a chunked body (as much as arrived).
+fn dechunk(mut rest: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    while let Some(end) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = String::from_utf8_lossy(&rest[..end]);
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16);
+        let Ok(size @ 1..) = size else { break };
+        let chunk = &rest[end + 2..];
+        body.extend_from_slice(&chunk[..size.min(chunk.len())]);
+        rest = chunk.get(size + 2..).unwrap_or_default();
+    }
+    body
 }
 
 /// One user message at temperature 0 with at most `max_tokens` tokens.
@@ -220,6 +315,18 @@ mod tests {
         s.take(&json!({"choices": [{"delta": {"reasoning_content": "r"}}]}));
         assert_eq!((s.text_chunks, s.reasoning_chunks, s.token_count()), (2, 1, 2));
         assert_eq!((s.content.as_str(), s.reasoning.as_str()), ("ab", "r"));
+    }
+
+    #[test]
+    fn raw_replies_by_length_chunks_or_to_the_end() {
+        let by_length = b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\n\r\n{\"a\"}extra";
+        let reply = parse_reply(by_length).unwrap();
+        assert_eq!((reply.status, reply.body.as_str()), (413, "{\"a\""));
+        let chunked = b"HTTP/1.1 400 Bad\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+        assert_eq!(parse_reply(chunked).unwrap().body, "abcde");
+        let to_end = b"HTTP/1.1 200 OK\r\n\r\nall of it";
+        assert_eq!(parse_reply(to_end).unwrap().body, "all of it");
+        assert!(parse_reply(b"HTTP/1.1 200 OK\r\n").is_none());
     }
 
     #[test]
