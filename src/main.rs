@@ -4,6 +4,7 @@ mod bench;
 mod bench_agent;
 mod bench_panels;
 mod bench_server;
+mod eval;
 mod generate;
 mod kv_memory;
 mod random_hybrid;
@@ -64,6 +65,10 @@ enum Command {
     /// conversation, burst, quality), the agent benchmark panel against any OpenAI-compatible
     /// server.
     Bench(bench_agent::BenchCli),
+    /// Pass/fail checks of server behaviour against any OpenAI-compatible server: stop strings,
+    /// max_tokens, logprobs, reasoning, tool calls, structured output, prefix cache, seed
+    /// parity, concurrency isolation, error codes, CORS and usage accounting.
+    Eval(eval::EvalArgs),
 }
 
 fn main() -> ExitCode {
@@ -79,6 +84,7 @@ fn main() -> ExitCode {
         Command::Pull { name, list } => pull(name, list),
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench_agent::run(args),
+        Command::Eval(args) => eval::run(args),
         Command::Serve(args) => serve::run(args),
     };
     match result {

@@ -47,12 +47,27 @@ impl Client {
         self.model.as_deref()
     }
 
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.request_with_key(method, path, self.api_key.as_deref())
+    }
+
+    /// A request that sends `key` (or none) instead of the client's own API key.
+    pub(crate) fn request_with_key(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+    ) -> reqwest::RequestBuilder {
         let builder = self.http.request(method, format!("{}{path}", self.base));
-        match &self.api_key {
+        match key {
             Some(key) => builder.bearer_auth(key),
             None => builder,
         }
+    }
+
+    /// The API key requests carry.
+    pub(crate) fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
     }
 
     /// Whether the server answers now: `GET /health` with a success status, or, for servers
@@ -107,7 +122,7 @@ impl Client {
     }
 
     /// `body` with `"model"` set when a model is known (some servers reject `null`).
-    fn with_model(&self, mut body: Value) -> Value {
+    pub(crate) fn with_model(&self, mut body: Value) -> Value {
         if let (Some(model), Some(map)) = (&self.model, body.as_object_mut()) {
             map.insert("model".into(), Value::from(model.as_str()));
         }

@@ -24,6 +24,9 @@ pub enum BenchError {
     /// The server could not be restarted.
     #[error("restart: {0}")]
     Restart(String),
+    /// A plain socket to the server failed.
+    #[error("socket: {0}")]
+    Socket(#[from] std::io::Error),
     /// The server did not become ready in time.
     #[error("not ready after {0:?}")]
     NotReady(Duration),

@@ -16,40 +16,49 @@ use crate::svg::{bar_chart, escape, line_chart, strip_chart, Bar, Series};
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}\
     pre{background:#f6f8fa;padding:.8em;overflow-x:auto;font-size:12px}\
+    table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:.3em .5em;\
+    text-align:left;vertical-align:top}.pass{color:#1e8e3e}.fail{color:#d93025;font-weight:bold}\
+    .skip{color:#777}\
     .chart{display:block;margin:1em 0}.verdict{font-size:1.2em;font-weight:bold}";
+
+/// A self-contained page titled `title` (plain text) around `body` (HTML), ending the document.
+pub fn page(title: &str, body: &str) -> String {
+    format!(
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>{title}</title><style>{STYLE}</style></head><body><h1>{title}</h1>{body}\
+         </body></html>\n",
+        title = escape(title),
+    )
+}
 
 /// The whole page.
 pub fn render(meta: &Meta, results: &Results) -> String {
-    let mut page = format!(
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <title>spindle bench {panel}</title><style>{STYLE}</style></head><body>\
-         <h1>spindle bench {panel}</h1><p>server {} · model {} · seed {} · max_tokens {} · \
-         system prompt {} chars, {} tokens</p>",
+    let mut body = format!(
+        "<p>server {} · model {} · seed {} · max_tokens {} · system prompt {} chars, {} tokens</p>",
         escape(&meta.server),
         escape(meta.model.as_deref().unwrap_or("(unnamed)")),
         meta.seed,
         meta.max_tokens,
         meta.system_chars,
         meta.system_tokens.value(),
-        panel = escape(&meta.panel),
     );
     if let Some(panel) = &results.agentic {
-        page += &agentic(panel);
+        body += &agentic(panel);
     }
     if !results.bursts.is_empty() {
-        page += &bursts(&results.bursts, meta.system_tokens.value());
+        body += &bursts(&results.bursts, meta.system_tokens.value());
     }
     if let Some(run) = &results.conversation {
-        page += &conversation(run);
+        body += &conversation(run);
     }
     if let Some(report) = &results.quality {
-        page += &quality(report);
+        body += &quality(report);
     }
     if let Some(gates) = &results.gates {
-        page += "<h2>Quality gates and footprint</h2>";
-        page += &pre(&report::gate_lines(gates));
+        body += "<h2>Quality gates and footprint</h2>";
+        body += &pre(&report::gate_lines(gates));
     }
-    page + "</body></html>\n"
+    page(&format!("spindle bench {}", meta.panel), &body)
 }
 
 /// Writes `dir/<panel>.html`; returns its path.
@@ -60,7 +69,8 @@ pub fn write(dir: &Path, meta: &Meta, results: &Results) -> std::io::Result<Path
     Ok(path)
 }
 
-fn pre(lines: &[String]) -> String {
+/// `lines` as a preformatted block.
+pub fn pre(lines: &[String]) -> String {
     format!("<pre>{}</pre>", escape(&lines.join("\n")))
 }
 

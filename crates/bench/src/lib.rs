@@ -1,4 +1,5 @@
-//! Client-side benchmarks of the agent workload against any OpenAI-compatible server.
+//! Client-side benchmarks of the agent workload, and an evaluation of server behaviour, against
+//! any OpenAI-compatible server.
 //!
 //! Coding agents send a long, fixed system prompt (rules and tool definitions) with every
 //! call and change only the last user message. A server with a prefix cache answers such a
@@ -14,6 +15,11 @@
 //!   and whether the calls ran one after another.
 //! - **conversation**: one growing agent conversation (each call adds a tool call and its
 //!   result): per call the tokens read and the latency, and how the cost grows with depth.
+//!
+//! [`eval`] is the pass/fail suite of server behaviour (`spindle eval`): stop strings, limits,
+//! logprobs, tool calls, structured output, reasoning, the prefix cache, seed parity,
+//! concurrency isolation, error codes, CORS and usage, each check with what it expected and
+//! what it got.
 //!
 //! [`gates`] watches the server while a panel runs (early stops, memory, KV occupancy, other
 //! busy processes); [`report`] prints the terminal tables, [`json`] and [`html`] write the
@@ -40,6 +46,7 @@ pub mod burst;
 mod client;
 pub mod conversation;
 mod error;
+pub mod eval;
 pub mod gates;
 pub mod html;
 pub mod json;

@@ -1,0 +1,138 @@
+//! `spindle eval --tier smoke` and a short `spindle bench agentic` against a real
+//! `spindle serve` (this build, smollm2-135m, loopback): the eval passes and the bench writes
+//! its JSON.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const KEY: &str = "eval-test-key";
+
+/// The started server; killed when the test ends, passed or not.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn healthy(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let request =
+        format!("GET /health HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n\r\n");
+    let mut answer = String::new();
+    stream.write_all(request.as_bytes()).is_ok()
+        && stream.read_to_string(&mut answer).is_ok()
+        && answer.starts_with("HTTP/1.1 200")
+}
+
+fn start_server(dir: &Path) -> (Server, String) {
+    spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["serve", "--model", "smollm2-135m", "--host", "127.0.0.1", "--port"])
+        .arg(port.to_string())
+        .args(["--api-key", KEY, "--ctx-size", "2048", "--kv-cache-memory", "256MiB"])
+        .arg("--batch-dir")
+        .arg(dir.join("batches"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut server = Server(child);
+    let start = Instant::now();
+    while !healthy(port) {
+        if let Some(status) = server.0.try_wait().unwrap() {
+            let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+            panic!("spindle serve exited ({status}):\n{log}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "spindle serve not ready");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    (server, format!("http://127.0.0.1:{port}"))
+}
+
+fn spindle(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(args)
+        .env("RUST_LOG", "error")
+        .env_remove("SPINDLE_API_KEY")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn eval_smoke_and_bench_agentic_against_spindle_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, url) = start_server(dir.path());
+    let out = dir.path().join("out");
+    let out_arg = out.to_str().unwrap();
+
+    let (ok, text) = spindle(&[
+        "eval",
+        "--base-url",
+        &url,
+        "--api-key",
+        KEY,
+        "--tier",
+        "smoke",
+        "--output",
+        out_arg,
+    ]);
+    assert!(ok, "{text}");
+    assert!(text.contains("eval: PASS"), "{text}");
+    let log = std::fs::read_to_string(out.join("eval.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> =
+        log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    // stop, max-tokens, exact-replay, prefix-cache-hit, usage-sum, bad-body-400,
+    // unknown-route-404, cors-preflight: each provokable against Spindle, so none is skipped.
+    assert_eq!(lines.len(), 8, "{log}");
+    assert!(
+        lines.iter().all(|l| l["outcome"] == "pass" || l["kind"] == "model-dependent"),
+        "{log}"
+    );
+    assert!(out.join("eval.html").exists());
+
+    let (ok, text) = spindle(&[
+        "bench",
+        "agentic",
+        "--base-url",
+        &url,
+        "--api-key",
+        KEY,
+        "--system-tokens",
+        "300",
+        "--max-tokens",
+        "4",
+        "--runs",
+        "1",
+        "--output",
+        out_arg,
+    ]);
+    assert!(ok, "{text}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("agentic.json")).unwrap()).unwrap();
+    let phases = doc["agentic"]["runs"][0]["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 5, "{doc}");
+    assert!(phases.iter().all(|p| p["prompt_tokens"].as_u64() > Some(0)), "{doc}");
+}
+
+#[test]
+fn eval_exits_non_zero_when_server_checks_fail() {
+    // A port nothing listens on: every request fails, so every server check does.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    let (ok, text) = spindle(&["eval", "--base-url", &url, "--tier", "smoke"]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("server checks: 0 passed, 8 failed, 0 skipped"), "{text}");
+    assert!(text.contains("error: server checks failed"), "{text}");
+}
