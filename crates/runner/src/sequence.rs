@@ -229,9 +229,10 @@ impl Sequence {
         };
         let reasoning = self.output.in_reasoning();
         self.apply_reasoning_budget(reasoning);
+        let mut forced = true;
         let mut token = match self.next_forced() {
             Some(id) => self.sampler.force(&logits, id),
-            None => match self.sample(&mut logits, reasoning) {
+            None => match self.sample(&mut logits, reasoning).inspect(|_| forced = false) {
                 Ok(token) => token,
                 Err(error) => return Err(self.fail(error)),
             },
@@ -242,12 +243,14 @@ impl Sequence {
         {
             let close = self.next_forced().expect("close_ids is not empty");
             token = self.sampler.force(&logits, close);
+            forced = true;
         }
         if self.request.stop_ids.contains(&token.id) {
             return Err(self.finish(FinishReason::Stop));
         }
         self.generated += 1;
-        self.reasoning_tokens += usize::from(reasoning);
+        // The close tag the engine forces is not thinking: the budget counts the model's own.
+        self.reasoning_tokens += usize::from(reasoning && !forced);
         let (text, stopped) = self.output.push(&bundle.tokenizer, token.id);
         let id = token.id;
         let resent = self.generated <= self.sent;
