@@ -4,7 +4,8 @@
 //! `Q6KMatrix` (the K-quant ones on CPUs with AVX-512 VNNI). Qwen2.5's down projections, one token
 //! (decode) and 64 (a prefill chunk); A and B alternate, medians with min and max and the
 //! weight bytes read per second at one token.
-//! Run: `cargo bench -p spindle-models --bench block_quants`.
+//! Run: `cargo bench -p spindle-models --bench block_quants [-- q4k q6k …]` (formats to
+//! measure; all by default). `SPINDLE_ISA=avx2` measures the AVX2 copies on an AVX-512 CPU.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,7 +27,16 @@ fn main() {
     println!("{} rayon threads", rayon::current_num_threads());
     let formats =
         [GgmlDType::Q5_0, GgmlDType::Q4_1, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
-    for dtype in formats {
+    // `cargo bench … -- q4k q6k` measures only the formats named (cargo adds `--bench`).
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .map(|a| a.to_lowercase())
+        .collect();
+    let named = |dtype: &GgmlDType| {
+        only.is_empty() || only.contains(&format!("{dtype:?}").replace('_', "").to_lowercase())
+    };
+    for dtype in formats.into_iter().filter(named) {
         // The MLP down projections of Qwen2.5-0.5B (896 × 4864) and 1.5B (1536 × 8960).
         for (rows, cols) in [(896, 4864), (1536, 8960)] {
             let weights = Tensor::randn(0f32, 0.05, (rows, cols), &Device::Cpu).unwrap();

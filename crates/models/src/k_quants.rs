@@ -9,7 +9,6 @@ use rayon::prelude::*;
 
 use crate::dense::{check_cols, SharedOutput};
 use crate::error::Result;
-use crate::isa::Isa;
 
 /// Values per K-quant block.
 pub(crate) const BLOCK: usize = 256;
@@ -23,56 +22,16 @@ const PARALLEL_MIN_WEIGHTS: usize = 1 << 21;
 /// Inputs quantized in parallel from this many values (a prefill chunk, not a decode step).
 const PARALLEL_MIN_VALUES: usize = 1 << 17;
 
-/// The copies of the K-quant tile kernels. Every copy performs the portable reference's
-/// integer and float operations in its order, so all give the same bits (tested).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kernel {
-    /// Plain Rust (the tests' reference; such CPUs keep candle's kernels).
-    Portable,
-    /// AVX2 with FMA and F16C: `vpmaddubsw` + `vpmaddwd` on 8-row halves of a tile.
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    /// AVX-512 with VNNI: `vpdpbusd` on whole 16-row tiles.
-    #[cfg(target_arch = "x86_64")]
-    Vnni,
-}
-
-impl Kernel {
-    /// The widest copy this machine runs.
-    pub fn best() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if Isa::best() == Isa::Avx512 && has!("avx512bw") && has!("avx512vnni") {
-                return Self::Vnni;
-            }
-            if Isa::best() != Isa::Portable {
-                return Self::Avx2;
-            }
-        }
-        Self::Portable
-    }
-
-    /// Every copy this machine runs (the tests compare them).
-    #[cfg(test)]
-    pub fn available() -> Vec<Self> {
-        let mut kernels = vec![Self::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if Self::best() != Self::Portable {
-                kernels.push(Self::Avx2);
-            }
-            if Self::best() == Self::Vnni {
-                kernels.push(Self::Vnni);
-            }
-        }
-        kernels
-    }
-}
-
-/// Whether this CPU runs the K-quant kernels (AVX2 or AVX-512 VNNI; others keep candle's).
+/// Whether this CPU runs the K-quant kernels (AVX-512 with VNNI; others keep candle's).
 pub fn supported() -> bool {
-    Kernel::best() != Kernel::Portable
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::isa::Isa::best() == crate::isa::Isa::Avx512
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Whether a `rows × cols` matrix fits the tiling.
@@ -196,7 +155,7 @@ impl Activations {
 /// Quantizes one block into `qs` and the sums of its sub-block pairs; returns its step.
 fn quantize_block(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if Kernel::best() == Kernel::Vnni {
+    if supported() {
         // SAFETY: the CPU has the features the function is compiled for.
         return unsafe { vnni::quantize_block(xs, qs, pair_sums) };
     }

@@ -1,5 +1,5 @@
-//! Q4_K weights × 8-bit activations with AVX-512 VNNI or AVX2 (other CPUs keep candle's
-//! kernels).
+//! Q4_K weights × 8-bit activations with AVX-512 VNNI, for CPUs that have it (others keep
+//! candle's kernels).
 //!
 //! candle applies every 32-value sub-block's scale and minimum in float, per token: two fused
 //! multiply-adds in one dependency chain per sub-block, which left its VNNI kernel waiting on
@@ -16,7 +16,7 @@ use half::f16;
 
 use crate::error::{ModelError, Result};
 use crate::huge_pages;
-use crate::k_quants::{fits, tiled_product, Activations, Kernel, TileSums, BLOCK, TILE_ROWS};
+use crate::k_quants::{fits, tiled_product, Activations, TileSums, BLOCK, TILE_ROWS};
 
 /// Bytes of a Q4_K block (one scale and one minimum per 32-value sub-block, 8 of them).
 const BLOCK_BYTES: usize = 144;
@@ -72,9 +72,8 @@ impl Q4KMatrix {
     /// x: (tokens, cols) → (tokens, rows)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let blocks = self.cols / BLOCK;
-        let kernel = Kernel::best();
         let tile_dot = |tile: usize, acts: &Activations, _: &(), first, group, sums: &mut _| {
-            tile_dot(kernel, &self.tiles[tile * blocks..][..blocks], acts, first, group, sums)
+            tile_dot(&self.tiles[tile * blocks..][..blocks], acts, first, group, sums)
         };
         tiled_product(x, self.rows, self.cols, "q4_k matmul", |_| (), tile_dot)
     }
@@ -122,44 +121,30 @@ fn pack_tile_block<'a>(gguf_block: impl Fn(usize) -> &'a [u8]) -> TileBlock {
     tile
 }
 
-/// `sums[t][r]` = row `r` of `tile` · token `first + t`, for `group` tokens, on `kernel`.
+/// `sums[t][r]` = row `r` of `tile` · token `first + t`, for `group` tokens.
 fn tile_dot(
-    kernel: Kernel,
     tile: &[TileBlock],
     acts: &Activations,
     first: usize,
     group: usize,
     sums: &mut TileSums,
 ) {
-    match kernel {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Kernel::best` chose this copy for a CPU with its features.
-        Kernel::Vnni => unsafe {
+    #[cfg(target_arch = "x86_64")]
+    if crate::k_quants::supported() {
+        // SAFETY: the CPU has the features the kernel is compiled for.
+        unsafe {
             match group {
                 1 => vnni::tile_dot::<1>(tile, acts, first, sums),
                 2 => vnni::tile_dot::<2>(tile, acts, first, sums),
                 3 => vnni::tile_dot::<3>(tile, acts, first, sums),
                 _ => vnni::tile_dot::<4>(tile, acts, first, sums),
             }
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above. Two tokens at a time: more would not fit AVX2's 16 registers.
-        Kernel::Avx2 => unsafe {
-            for half in 0..2 {
-                for pair in (0..group).step_by(2) {
-                    match group - pair {
-                        1 => avx2::tile_dot_half::<1>(tile, acts, first + pair, half, sums, pair),
-                        _ => avx2::tile_dot_half::<2>(tile, acts, first + pair, half, sums, pair),
-                    }
-                }
-            }
-        },
-        Kernel::Portable => {
-            for (t, row_sums) in sums[..group].iter_mut().enumerate() {
-                for (r, v) in row_sums.iter_mut().enumerate() {
-                    *v = dot_reference(tile, acts, first + t, r);
-                }
-            }
+        }
+        return;
+    }
+    for (t, row_sums) in sums[..group].iter_mut().enumerate() {
+        for (r, v) in row_sums.iter_mut().enumerate() {
+            *v = dot_reference(tile, acts, first + t, r);
         }
     }
 }
@@ -271,86 +256,6 @@ mod vnni {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use super::{Activations, TileBlock, TileSums, BLOCK};
-
-    /// [`super::dot_reference`] for rows `8 · half..8 · half + 8` of the tile and `M` tokens
-    /// from `first`, into `sums[out + m]`: `vpmaddubsw` multiplies nibbles by activations and
-    /// adds pairs (at most 2·15·128, never saturating), `vpmaddwd` adds those pairs into the
-    /// 32-bit sums `vpdpbusd` forms, so every integer is the reference's.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn tile_dot_half<const M: usize>(
-        tile: &[TileBlock],
-        acts: &Activations,
-        first: usize,
-        half: usize,
-        sums: &mut TileSums,
-        out: usize,
-    ) {
-        let blocks = acts.cols / BLOCK;
-        let rows = 8 * half;
-        let low_nibbles = _mm256_set1_epi8(0x0F);
-        let ones = _mm256_set1_epi16(1);
-        let dot4 =
-            |acc, w, a| _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones));
-        let mut acc = [_mm256_setzero_ps(); M];
-        for (b, tb) in tile.iter().enumerate() {
-            let mut scaled = [_mm256_setzero_si256(); M];
-            for p in 0..4 {
-                let mut lo = [_mm256_setzero_si256(); M];
-                let mut hi = [_mm256_setzero_si256(); M];
-                for g in 0..8 {
-                    let at = tb.quants.as_ptr().add((p * 8 + g) * 64 + 4 * rows);
-                    let w = _mm256_load_si256(at as *const __m256i);
-                    let w_lo = _mm256_and_si256(w, low_nibbles);
-                    let w_hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low_nibbles);
-                    for m in 0..M {
-                        let qs = acts
-                            .quants
-                            .as_ptr()
-                            .add(((first + m) * blocks + b) * BLOCK + 64 * p + 4 * g);
-                        let a_lo = _mm256_set1_epi32((qs as *const i32).read_unaligned());
-                        let a_hi = _mm256_set1_epi32((qs.add(32) as *const i32).read_unaligned());
-                        lo[m] = dot4(lo[m], w_lo, a_lo);
-                        hi[m] = dot4(hi[m], w_hi, a_hi);
-                    }
-                }
-                let scales = |s: usize| {
-                    let at = tb.scales[s].as_ptr().add(rows) as *const __m128i;
-                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(at))
-                };
-                let (sc_lo, sc_hi) = (scales(2 * p), scales(2 * p + 1));
-                for m in 0..M {
-                    scaled[m] = _mm256_add_epi32(scaled[m], _mm256_mullo_epi32(lo[m], sc_lo));
-                    scaled[m] = _mm256_add_epi32(scaled[m], _mm256_mullo_epi32(hi[m], sc_hi));
-                }
-            }
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(tb.d.as_ptr().add(rows) as *const _));
-            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(tb.dmin.as_ptr().add(rows) as *const _));
-            for m in 0..M {
-                let block = (first + m) * blocks + b;
-                let mut min_sum = _mm256_setzero_si256();
-                for q in 0..4 {
-                    let mins = _mm256_loadu_si256(tb.min_pairs[q].as_ptr().add(rows) as *const _);
-                    let sums = _mm256_set1_epi32(acts.pair_sums[block * 4 + q]);
-                    min_sum = _mm256_add_epi32(min_sum, _mm256_madd_epi16(mins, sums));
-                }
-                let dx = _mm256_set1_ps(acts.d[block]);
-                acc[m] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled[m]), _mm256_mul_ps(d, dx), acc[m]);
-                acc[m] =
-                    _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_sum), _mm256_mul_ps(dmin, dx), acc[m]);
-            }
-        }
-        for m in 0..M {
-            _mm256_storeu_ps(sums[out + m].as_mut_ptr().add(rows), acc[m]);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,34 +303,6 @@ mod tests {
                     r % TILE_ROWS,
                 );
                 assert_eq!(reference.to_bits(), got.to_bits(), "token {t}, row {r}");
-            }
-        }
-    }
-
-    #[test]
-    fn every_kernel_copy_gives_the_reference_bits_for_every_group_size() {
-        let (rows, cols) = (32, 512);
-        let q = quantized(rows, cols, 5);
-        let m = Q4KMatrix::new(rows, cols, &q.data().unwrap()).unwrap();
-        let mut x: Vec<f32> = (0..5).flat_map(|t| sample(cols, 40 + t)).collect();
-        x[3] = -1e4;
-        let acts = Activations::quantize(&x, cols);
-        let blocks = cols / BLOCK;
-        let kernels = Kernel::available();
-        assert!(kernels.len() > 1 || !cfg!(target_arch = "x86_64"), "no SIMD copy ran");
-        for kernel in kernels {
-            for tile in 0..rows / TILE_ROWS {
-                let tile_blocks = &m.tiles[tile * blocks..][..blocks];
-                for (first, group) in [(0, 4), (1, 3), (2, 2), (4, 1)] {
-                    let mut sums = [[f32::NAN; TILE_ROWS]; 4];
-                    tile_dot(kernel, tile_blocks, &acts, first, group, &mut sums);
-                    for (t, row_sums) in sums[..group].iter().enumerate() {
-                        for (r, got) in row_sums.iter().enumerate() {
-                            let want = dot_reference(tile_blocks, &acts, first + t, r);
-                            assert_eq!(want.to_bits(), got.to_bits(), "{kernel:?} {t} {r}");
-                        }
-                    }
-                }
             }
         }
     }

@@ -1,4 +1,4 @@
-//! Q6_K weights × 8-bit activations with AVX-512 VNNI or AVX2 (other CPUs keep
+//! Q6_K weights × 8-bit activations with AVX-512 VNNI, for CPUs that have it (others keep
 //! candle's kernels, which decoded Qwen2.5-1.5B's Q6_K LM head and down projections at about
 //! half the speed of our Q4_K tiles: 37% of its decode time for a third of its bytes).
 //!
@@ -14,7 +14,7 @@ use half::f16;
 
 use crate::error::{ModelError, Result};
 use crate::huge_pages;
-use crate::k_quants::{fits, tiled_product, Activations, Kernel, TileSums, BLOCK, TILE_ROWS};
+use crate::k_quants::{fits, tiled_product, Activations, TileSums, BLOCK, TILE_ROWS};
 
 /// Bytes of a Q6_K block: 128 of low nibbles, 64 of high bit pairs, 16 scales, `d`.
 const BLOCK_BYTES: usize = 210;
@@ -85,15 +85,13 @@ impl Q6KMatrix {
     /// x: (tokens, cols) → (tokens, rows)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let blocks = self.cols / BLOCK;
-        let kernel = Kernel::best();
         let tile_dot = |tile: usize,
                         acts: &Activations,
                         sub_sums: &SubBlockSums,
                         first,
                         group,
                         sums: &mut TileSums| {
-            let tile = &self.tiles[tile * blocks..][..blocks];
-            tile_dot(kernel, tile, acts, sub_sums, first, group, sums)
+            tile_dot(&self.tiles[tile * blocks..][..blocks], acts, sub_sums, first, group, sums)
         };
         tiled_product(x, self.rows, self.cols, "q6_k matmul", SubBlockSums::of, tile_dot)
     }
@@ -157,9 +155,8 @@ impl SubBlockSums {
     }
 }
 
-/// `sums[t][r]` = row `r` of `tile` · token `first + t`, for `group` tokens, on `kernel`.
+/// `sums[t][r]` = row `r` of `tile` · token `first + t`, for `group` tokens.
 fn tile_dot(
-    kernel: Kernel,
     tile: &[TileBlock],
     acts: &Activations,
     sub_sums: &SubBlockSums,
@@ -167,33 +164,22 @@ fn tile_dot(
     group: usize,
     sums: &mut TileSums,
 ) {
-    match kernel {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Kernel::best` chose this copy for a CPU with its features.
-        Kernel::Vnni => unsafe {
+    #[cfg(target_arch = "x86_64")]
+    if crate::k_quants::supported() {
+        // SAFETY: the CPU has the features the kernel is compiled for.
+        unsafe {
             match group {
                 1 => vnni::tile_dot::<1>(tile, acts, sub_sums, first, sums),
                 2 => vnni::tile_dot::<2>(tile, acts, sub_sums, first, sums),
                 3 => vnni::tile_dot::<3>(tile, acts, sub_sums, first, sums),
                 _ => vnni::tile_dot::<4>(tile, acts, sub_sums, first, sums),
             }
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above. One token at a time: its four sub-block sums, the four unpacked
-        // vectors and the constants fill AVX2's 16 registers.
-        Kernel::Avx2 => unsafe {
-            for half in 0..2 {
-                for (t, row_sums) in sums[..group].iter_mut().enumerate() {
-                    avx2::tile_dot_half(tile, acts, sub_sums, first + t, half, row_sums);
-                }
-            }
-        },
-        Kernel::Portable => {
-            for (t, row_sums) in sums[..group].iter_mut().enumerate() {
-                for (r, v) in row_sums.iter_mut().enumerate() {
-                    *v = dot_reference(tile, acts, sub_sums, first + t, r);
-                }
-            }
+        }
+        return;
+    }
+    for (t, row_sums) in sums[..group].iter_mut().enumerate() {
+        for (r, v) in row_sums.iter_mut().enumerate() {
+            *v = dot_reference(tile, acts, sub_sums, first + t, r);
         }
     }
 }
@@ -306,74 +292,6 @@ mod vnni {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use super::{Activations, SubBlockSums, TileBlock, BLOCK, SUB_BLOCKS, TILE_ROWS};
-
-    /// [`super::dot_reference`] for rows `8 · half..8 · half + 8` of the tile and token
-    /// `token`, into `sums`: the VNNI copy's passes on 8-row halves, with `vpmaddubsw` (6-bit
-    /// quants times activations, pairs at most 2·63·128: never saturating) and `vpmaddwd` in
-    /// place of `vpdpbusd`, so every integer is the reference's.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn tile_dot_half(
-        tile: &[TileBlock],
-        acts: &Activations,
-        sub_sums: &SubBlockSums,
-        token: usize,
-        half: usize,
-        sums: &mut [f32; TILE_ROWS],
-    ) {
-        let blocks = acts.cols / BLOCK;
-        let rows = 8 * half;
-        let nibble = _mm256_set1_epi8(0x0F);
-        let pair = _mm256_set1_epi8(0x30);
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = _mm256_setzero_ps();
-        for (b, tb) in tile.iter().enumerate() {
-            let block = token * blocks + b;
-            let offsets = &sub_sums.offsets[block * SUB_BLOCKS..];
-            let mut scaled = _mm256_setzero_si256();
-            for s in 0..4 {
-                // Sub-blocks s, s + 4, s + 8, s + 12.
-                let mut dots: [__m256i; 4] =
-                    std::array::from_fn(|k| _mm256_set1_epi32(offsets[4 * k + s]));
-                for g in 4 * s..4 * s + 4 {
-                    let at = |offset| tb.quants.as_ptr().add(offset + 4 * rows) as *const __m256i;
-                    let low_a = _mm256_load_si256(at(TileBlock::low_at(g)));
-                    let low_b = _mm256_load_si256(at(TileBlock::low_at(g + 16)));
-                    let high = _mm256_load_si256(at(TileBlock::high_at(g)));
-                    let join = |low, high| {
-                        _mm256_or_si256(_mm256_and_si256(low, nibble), _mm256_and_si256(high, pair))
-                    };
-                    let q = [
-                        join(low_a, _mm256_slli_epi16(high, 4)),
-                        join(low_b, _mm256_slli_epi16(high, 2)),
-                        join(_mm256_srli_epi16(low_a, 4), high),
-                        join(_mm256_srli_epi16(low_b, 4), _mm256_srli_epi16(high, 2)),
-                    ];
-                    for (k, dot) in dots.iter_mut().enumerate() {
-                        let a = acts.quants.as_ptr().add(block * BLOCK + 64 * k + 4 * g);
-                        let a = _mm256_set1_epi32((a as *const i32).read_unaligned());
-                        let pairs = _mm256_maddubs_epi16(q[k], a);
-                        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
-                    }
-                }
-                for (k, dot) in dots.iter().enumerate() {
-                    let sc = tb.scales[4 * k + s].as_ptr().add(rows) as *const __m128i;
-                    let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sc));
-                    scaled = _mm256_add_epi32(scaled, _mm256_mullo_epi32(*dot, sc));
-                }
-            }
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(tb.d.as_ptr().add(rows) as *const _));
-            let dx = _mm256_set1_ps(acts.d[block]);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled), _mm256_mul_ps(d, dx), acc);
-        }
-        _mm256_storeu_ps(sums.as_mut_ptr().add(rows), acc);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,35 +330,6 @@ mod tests {
         let q = quantized(32, 512, 7);
         let ours = Q6KMatrix::new(32, 512, &q.data().unwrap()).unwrap();
         crate::k_quants::assert_within_activation_rounding(&q, |x| ours.forward(x));
-    }
-
-    #[test]
-    fn every_kernel_copy_gives_the_reference_bits_for_every_group_size() {
-        let (rows, cols) = (32, 512);
-        let q = quantized(rows, cols, 5);
-        let m = Q6KMatrix::new(rows, cols, &q.data().unwrap()).unwrap();
-        let mut x: Vec<f32> = (0..5).flat_map(|t| sample(cols, 40 + t)).collect();
-        x[3] = -1e4;
-        let acts = Activations::quantize(&x, cols);
-        let sub_sums = SubBlockSums::of(&acts);
-        let blocks = cols / BLOCK;
-        let kernels = Kernel::available();
-        assert!(kernels.len() > 1 || !cfg!(target_arch = "x86_64"), "no SIMD copy ran");
-        for kernel in kernels {
-            for tile in 0..rows / TILE_ROWS {
-                let tiles = &m.tiles[tile * blocks..][..blocks];
-                for (first, group) in [(0, 4), (1, 3), (2, 2), (4, 1)] {
-                    let mut sums = [[f32::NAN; TILE_ROWS]; 4];
-                    tile_dot(kernel, tiles, &acts, &sub_sums, first, group, &mut sums);
-                    for (t, row_sums) in sums[..group].iter().enumerate() {
-                        for (r, got) in row_sums.iter().enumerate() {
-                            let want = dot_reference(tiles, &acts, &sub_sums, first + t, r);
-                            assert_eq!(want.to_bits(), got.to_bits(), "{kernel:?} {t} {r}");
-                        }
-                    }
-                }
-            }
-        }
     }
 
     #[test]
