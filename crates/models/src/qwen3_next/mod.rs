@@ -222,7 +222,9 @@ fn mlp(w: &SafetensorsWeights, p: &str) -> Result<GatedMlp> {
 }
 
 fn load_moe(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result<SparseMoe> {
-    let mut experts = Vec::with_capacity(cfg.num_experts);
+    // No capacity from the config: a damaged expert count would be allocated before the first
+    // missing expert is found.
+    let mut experts = Vec::new();
     if w.has_model_tensor(&format!("{p}.experts.gate_up_proj")) {
         // transformers ≥ 5: all experts in two 3-D tensors.
         let gate_up = w.model_tensor(&format!("{p}.experts.gate_up_proj"))?;
