@@ -18,6 +18,11 @@ use spindle_models::{load_gguf, load_safetensors, read_gguf_metadata, CausalLm};
 static ALLOC: spindle_fuzz::CappedAlloc = spindle_fuzz::CappedAlloc;
 
 const CI_CASES: u64 = 1_500;
+/// The hybrid fixture is larger (1.6 MB of weights, eight layers): fewer cases in CI. Cases 17,
+/// 41 and 259 are the regression tests of a zero rotary dimension (a panic in candle's RoPE),
+/// of linear-attention sizes that disagree with the weights (a slice index past the end), and
+/// of a convolution kernel of 2^32 (a 200 GB recurrent state).
+const HYBRID_CI_CASES: u64 = 1_000;
 
 /// The tiny llama both files describe: every dimension a multiple of Q8_0's 32-value block, so
 /// the matrices can be stored quantized and the quantized kernels run on damaged blocks too.
@@ -244,4 +249,46 @@ fn damaged_safetensors_folders_fail_to_load_without_panicking() {
             }
         },
     );
+}
+
+/// A damaged `config.json` beside the weights of the tiny hybrid (Qwen3.5: linear and full
+/// attention layers) fixture, whose config has the most fields a loader reads sizes from.
+#[test]
+fn damaged_hybrid_configs_fail_to_load_without_panicking() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture.join("config.json")).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture.join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
+    let mut keys = Vec::new();
+    collect_keys(&config, &mut keys);
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    spindle_fuzz::run(
+        "hybrid config",
+        HYBRID_CI_CASES,
+        |rng| {
+            let mut damaged = config.clone();
+            mutate_json(rng, &mut damaged, &keys);
+            serde_json::to_vec(&damaged).unwrap()
+        },
+        |config| {
+            std::fs::write(dir.path().join("config.json"), config).unwrap();
+            match load_safetensors(dir.path()) {
+                Ok(model) => forward_once(model.as_ref()),
+                Err(error) => assert!(!error.to_string().is_empty()),
+            }
+        },
+    );
+}
+
+/// Every key of `value`, nested ones included.
+fn collect_keys(value: &serde_json::Value, keys: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => map.iter().for_each(|(key, value)| {
+            keys.push(key.clone());
+            collect_keys(value, keys);
+        }),
+        serde_json::Value::Array(items) => items.iter().for_each(|item| collect_keys(item, keys)),
+        _ => {}
+    }
 }
