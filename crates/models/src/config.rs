@@ -15,6 +15,29 @@ use crate::rope::RopeScaling;
 /// are sized from it before any weight is read, so a damaged config's 2^32 would be allocated.
 pub(crate) const MAX_HEAD_DIM: usize = 4096;
 
+/// The most values per token all heads of one attention projection may have. The largest
+/// released models have 16K-32K (128 heads of 128, q and gate together); shapes and KV caches
+/// are sized from the config's heads before any weight is checked, so a damaged head count
+/// would overflow or be allocated.
+pub(crate) const MAX_ATTENTION_WIDTH: usize = 1 << 20;
+
+/// Refuses `heads` of `head_dim` values (times `per_head`, 2 where a head also has a gate)
+/// wider than [`MAX_ATTENTION_WIDTH`].
+pub(crate) fn check_attention_width(
+    what: &str,
+    heads: usize,
+    head_dim: usize,
+    per_head: usize,
+) -> Result<()> {
+    match heads.checked_mul(head_dim).and_then(|w| w.checked_mul(per_head)) {
+        Some(width) if width <= MAX_ATTENTION_WIDTH => Ok(()),
+        _ => Err(ModelError::BadConfig(format!(
+            "{heads} {what} of {head_dim} values are wider than the {MAX_ATTENTION_WIDTH} any \
+             model uses"
+        ))),
+    }
+}
+
 /// The model families this crate can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
@@ -222,6 +245,8 @@ impl TransformerConfig {
                 self.head_dim()
             ));
         }
+        check_attention_width("attention heads", self.num_attention_heads, self.head_dim(), 1)?;
+        check_attention_width("key/value heads", self.num_kv_heads(), self.head_dim(), 1)?;
         Ok(self)
     }
 }

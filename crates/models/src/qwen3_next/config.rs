@@ -7,7 +7,7 @@ use candle_core::quantized::gguf_file::Value as GgufValue;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{meta_f64, meta_str, meta_usize, MAX_HEAD_DIM};
+use crate::config::{check_attention_width, meta_f64, meta_str, meta_usize, MAX_HEAD_DIM};
 use crate::delta_rule::DeltaHeads;
 use crate::error::{ModelError, Result};
 use crate::gated_deltanet::DeltaNetShape;
@@ -226,6 +226,9 @@ impl HybridConfig {
         if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM {
             return bad(format!("head_dim {} is outside 1..={MAX_HEAD_DIM}", self.head_dim));
         }
+        // The q projection yields a gate per head beside its query.
+        check_attention_width("attention heads", self.num_attention_heads, self.head_dim, 2)?;
+        check_attention_width("key/value heads", self.num_key_value_heads, self.head_dim, 1)?;
         // RoPE rotates pairs of the first `rotary_dim` values of each head (candle's kernel
         // panics on none), which must lie within the head.
         let rotary = self.rotary_dim();
