@@ -113,10 +113,14 @@ fn llama3_rules(tools: &[ToolRule]) -> String {
 fn call_object(tools: &[ToolRule], key: &str) -> Value {
     let variants: Vec<Value> = tools
         .iter()
-        .map(|t| {
+        .enumerate()
+        .map(|(i, t)| {
+            let mut arguments = arguments_schema(t);
+            // The tool's `#/$defs/...` references now resolve against the call object.
+            rebase_refs(&mut arguments, &format!("/anyOf/{i}/properties/{key}"));
             json!({
                 "type": "object",
-                "properties": {"name": {"const": t.name}, key: arguments_schema(t)},
+                "properties": {"name": {"const": t.name}, key: arguments},
                 "required": ["name", key],
                 "additionalProperties": false,
             })
@@ -167,12 +171,46 @@ fn xml_parameters(rules: &mut String, i: usize, schema: &Value) -> String {
         } else if property.get("type") == Some(&json!("string")) {
             "text_value".to_string()
         } else {
-            format!("%json {} \"\\n</parameter>\\n\"", styled(property))
+            format!("%json {} \"\\n</parameter>\\n\"", styled(&with_definitions(property, schema)))
         };
         *rules += &format!("{rule}: {open} {value}\n");
         sequence.push(if required.contains(&key.as_str()) { rule } else { format!("{rule}?") });
     }
     sequence.join(" ")
+}
+
+/// Points every local `$ref` of `schema` (`#/...`) at the same place once `schema` sits at
+/// `pointer` inside a larger schema: tools' parameters (pydantic's `$defs` among them) are
+/// embedded in the call object, whose root is not theirs.
+fn rebase_refs(schema: &mut Value, pointer: &str) {
+    match schema {
+        Value::Object(map) => {
+            for (name, value) in map.iter_mut() {
+                match value {
+                    Value::String(target) if name == "$ref" && target.starts_with('#') => {
+                        target.insert_str(1, pointer);
+                    }
+                    _ => rebase_refs(value, pointer),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|item| rebase_refs(item, pointer)),
+        _ => {}
+    }
+}
+
+/// `property`, compiled as a document of its own (a parameter's value in the XML form), with
+/// the definitions of the tool `schema` it belongs to, which its `$ref`s may name.
+fn with_definitions(property: &Value, schema: &Value) -> Value {
+    let mut property = property.clone();
+    if let Value::Object(map) = &mut property {
+        for key in ["$defs", "definitions"] {
+            if let Some(definitions) = schema.get(key) {
+                map.entry(key).or_insert_with(|| definitions.clone());
+            }
+        }
+    }
+    property
 }
 
 fn arguments_schema(tool: &ToolRule) -> Value {

@@ -164,6 +164,31 @@ fn required_tool_calls_always_parse_and_validate_in_every_format() {
     }
 }
 
+/// Parameters in pydantic's shape, whose properties name `$defs` by `$ref`: the references
+/// must resolve to the tool's own definitions wherever the grammar embeds its parameters (#20:
+/// they failed to compile in every format).
+#[test]
+fn tool_parameters_that_reference_their_definitions_are_enforced_in_every_format() {
+    let parameters = json!({
+        "type": "object",
+        "properties": {"person": {"$ref": "#/$defs/person"}},
+        "required": ["person"],
+        "additionalProperties": false,
+        "$defs": {"person": person_schema()}
+    });
+    let rules = [ToolRule { name: "add".into(), parameters: Some(parameters.clone()) }];
+    let schemas = [ToolSchema { name: "add".into(), parameters }];
+    for format in [ToolCallFormat::Hermes, ToolCallFormat::Llama3Json, ToolCallFormat::QwenXml] {
+        for seed in 0..3 {
+            let text = walk(grammar::tool_calls(format, &rules, CallMode::Required, false), seed);
+            let message = parse_message(format, &schemas, &text);
+            assert_eq!(message.calls.len(), 1, "{format:?} seed {seed}: {text:?}");
+            let arguments: Value = serde_json::from_str(&message.calls[0].arguments).unwrap();
+            assert_person(&arguments["person"], &text);
+        }
+    }
+}
+
 /// XML string values are free text up to their closing tag, which random logits never find;
 /// typed values follow their schema, so this tool has only those.
 #[test]

@@ -11,6 +11,33 @@ use serde::Deserialize;
 use crate::error::{ModelError, Result};
 use crate::rope::RopeScaling;
 
+/// The largest head dimension accepted. Released models use 64 to 512; RoPE frequency tables
+/// are sized from it before any weight is read, so a damaged config's 2^32 would be allocated.
+pub(crate) const MAX_HEAD_DIM: usize = 4096;
+
+/// The most values per token all heads of one attention projection may have. The largest
+/// released models have 16K-32K (128 heads of 128, q and gate together); shapes and KV caches
+/// are sized from the config's heads before any weight is checked, so a damaged head count
+/// would overflow or be allocated.
+pub(crate) const MAX_ATTENTION_WIDTH: usize = 1 << 20;
+
+/// Refuses `heads` of `head_dim` values (times `per_head`, 2 where a head also has a gate)
+/// wider than [`MAX_ATTENTION_WIDTH`].
+pub(crate) fn check_attention_width(
+    what: &str,
+    heads: usize,
+    head_dim: usize,
+    per_head: usize,
+) -> Result<()> {
+    match heads.checked_mul(head_dim).and_then(|w| w.checked_mul(per_head)) {
+        Some(width) if width <= MAX_ATTENTION_WIDTH => Ok(()),
+        _ => Err(ModelError::BadConfig(format!(
+            "{heads} {what} of {head_dim} values are wider than the {MAX_ATTENTION_WIDTH} any \
+             model uses"
+        ))),
+    }
+}
+
 /// The model families this crate can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
@@ -204,6 +231,22 @@ impl TransformerConfig {
         if !self.head_dim().is_multiple_of(2) {
             return bad(format!("head dimension {} is odd", self.head_dim()));
         }
+        // Zero when the heads outnumber the hidden size's values; attention's shapes would then
+        // have no elements per head, and candle's shape arithmetic overflows on such reshapes.
+        if self.head_dim() == 0 {
+            return bad(format!(
+                "head dimension is zero ({} attention heads for a hidden size of {})",
+                self.num_attention_heads, self.hidden_size
+            ));
+        }
+        if self.head_dim() > MAX_HEAD_DIM {
+            return bad(format!(
+                "head dimension {} is above the {MAX_HEAD_DIM} any model uses",
+                self.head_dim()
+            ));
+        }
+        check_attention_width("attention heads", self.num_attention_heads, self.head_dim(), 1)?;
+        check_attention_width("key/value heads", self.num_kv_heads(), self.head_dim(), 1)?;
         Ok(self)
     }
 }
@@ -247,6 +290,29 @@ mod tests {
         assert_eq!(cfg.head_dim(), 2);
         assert_eq!(cfg.num_kv_heads(), 2);
         assert_eq!(cfg.rope_theta, 1e6);
+    }
+
+    /// Issue #20's fuzzing: head dimensions of zero (more heads than hidden values) and of
+    /// 2^32 came through, and panicked in a reshape or allocated 8 GiB of RoPE frequencies.
+    #[test]
+    fn head_dimensions_of_zero_or_absurd_size_are_refused() {
+        let config = |heads: usize, head_dim: usize| {
+            TransformerConfig::from_hf_json(&format!(
+                r#"{{"model_type":"llama","vocab_size":10,"hidden_size":8,"intermediate_size":16,
+                "num_hidden_layers":1,"num_attention_heads":{heads},"head_dim":{head_dim}}}"#
+            ))
+        };
+        assert!(config(4, 2).is_ok());
+        assert!(config(4, MAX_HEAD_DIM).is_ok());
+        let zero = config(4, 0).unwrap_err().to_string();
+        assert!(zero.contains("head dimension is zero"), "{zero}");
+        let huge = config(4, 1 << 32).unwrap_err().to_string();
+        assert!(huge.contains("head dimension 4294967296"), "{huge}");
+        let many_heads = TransformerConfig::from_hf_json(
+            r#"{"model_type":"llama","vocab_size":10,"hidden_size":8,"intermediate_size":16,
+            "num_hidden_layers":1,"num_attention_heads":16}"#,
+        );
+        assert!(many_heads.unwrap_err().to_string().contains("16 attention heads"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 use crate::delta_rule::{self, DeltaHeads, DeltaInputs};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::layers::Linear;
 use crate::projections::Projections;
 
@@ -35,6 +35,18 @@ impl DeltaNetShape {
     /// Channels through the convolution: q, k and v side by side.
     pub fn conv_channels(&self) -> usize {
         2 * self.key_dim() + self.value_dim()
+    }
+}
+
+/// The first of `(what, length, length the shape needs)` whose lengths differ, as an error
+/// (a needed length that overflows differs from any).
+fn mismatch<'a>(mut lengths: impl Iterator<Item = (&'a str, usize, Option<usize>)>) -> Result<()> {
+    match lengths.find(|&(_, got, needed)| Some(got) != needed) {
+        Some((what, got, needed)) => Err(ModelError::BadConfig(format!(
+            "the linear attention's {what} has {got} values where the config's shape needs {}",
+            needed.map_or("more than memory holds".to_string(), |n| n.to_string())
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -90,6 +102,7 @@ impl GatedDeltaNet {
             .collect::<Result<Vec<_>>>()?
             .try_into()
             .expect("four in-projections");
+        self.check_widths(x.dim(0)?, [&qkv_all, &z, &b_all, &a_all])?;
         let (channels, value_dim, v_heads) = (s.conv_channels(), s.value_dim(), s.heads.v_heads);
         // Sequences are independent: each runs on its own thread (and splits further inside).
         let per_sequence: Vec<Vec<f32>> = rows
@@ -106,6 +119,36 @@ impl GatedDeltaNet {
         gated_rms_norm(&mut core, &z, &self.norm_weight, s.norm_eps as f32);
         let core = Tensor::from_vec(core, (x.dim(0)?, value_dim), &Device::Cpu)?;
         self.out.forward(&core)
+    }
+
+    /// `self`, once its vector weights have the lengths its shape (from the config) gives:
+    /// sequences' recurrent states are sized from the shape, so a damaged config would
+    /// otherwise allocate whatever it claims, and the rule index past the weights' ends.
+    pub fn checked(self) -> Result<Self> {
+        let s = &self.shape;
+        let v_heads = s.heads.v_heads;
+        let lengths = [
+            ("convolution", self.conv_weight.len(), s.conv_channels().checked_mul(s.conv_kernel)),
+            ("decay rate", self.neg_decay_rate.len(), Some(v_heads)),
+            ("dt bias", self.dt_bias.len(), Some(v_heads)),
+            ("norm weight", self.norm_weight.len(), Some(s.heads.v_dim)),
+        ];
+        mismatch(lengths.into_iter())?;
+        Ok(self)
+    }
+
+    /// Checks the in-projections' output for `tokens` rows against the shape: a file whose
+    /// matrices disagree with its config would otherwise be indexed past their ends.
+    fn check_widths(&self, tokens: usize, projected: [&Vec<f32>; 4]) -> Result<()> {
+        let s = &self.shape;
+        let v_heads = s.heads.v_heads;
+        let widths = [
+            ("qkv in-projection", projected[0].len(), Some(tokens * s.conv_channels())),
+            ("z in-projection", projected[1].len(), Some(tokens * s.value_dim())),
+            ("b in-projection", projected[2].len(), Some(tokens * v_heads)),
+            ("a in-projection", projected[3].len(), Some(tokens * v_heads)),
+        ];
+        mismatch(widths.into_iter())
     }
 
     /// One sequence's convolution and delta rule over its projected rows; returns the rule's

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use crate::activation::Activation;
 use crate::block_quants::{BlockFormat, BlockMatrix};
 use crate::dense::DenseMatrix;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::k_quants;
 use crate::projections::Projections;
 use crate::q4_k::Q4KMatrix;
@@ -217,7 +217,15 @@ pub struct GatedMlp {
 }
 
 impl GatedMlp {
+    /// Refuses a gate and an up projection of different widths: the activation multiplies them
+    /// element by element (a damaged file's shapes would otherwise fail an assertion there).
     pub fn new(gate: Weight, up: Weight, down: Linear, act: Activation) -> Result<Self> {
+        let (gate_rows, up_rows) = (gate.rows()?, up.rows()?);
+        if gate_rows != up_rows {
+            return Err(ModelError::BadConfig(format!(
+                "the MLP's gate projection has {gate_rows} rows and its up projection {up_rows}"
+            )));
+        }
         Ok(Self { gate_up: Projections::new(vec![gate, up])?, down, act })
     }
 
@@ -295,6 +303,18 @@ pub fn logits_of_last_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue #20's fuzzing: a GGUF file whose ffn_gate and ffn_up widths differ loaded, and
+    /// its first forward pass failed an assertion in the activation.
+    #[test]
+    fn an_mlp_whose_gate_and_up_differ_in_width_is_refused() {
+        let matrix =
+            |rows| Weight::Dense(Tensor::zeros((rows, 8), DType::F32, &Device::Cpu).unwrap());
+        let down = || Linear::new(matrix(8), None).unwrap();
+        assert!(GatedMlp::new(matrix(16), matrix(16), down(), Activation::Silu).is_ok());
+        let error = GatedMlp::new(matrix(16), matrix(15), down(), Activation::Silu).err().unwrap();
+        assert!(error.to_string().contains("gate projection has 16 rows and its up projection 15"));
+    }
 
     #[test]
     fn rotary_styles_agree_on_position_zero_and_differ_after() {

@@ -51,7 +51,9 @@ impl Llama {
         // The largest tensor first, while little else is in memory: loading it briefly needs
         // twice its size (the file's bytes, then candle's copy) and then its tiles.
         let (embed, head) = w.embedding_and_head()?;
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        // No capacity from the header: a damaged block count would be allocated before the
+        // first missing layer is found.
+        let mut layers = Vec::new();
         for i in 0..cfg.num_hidden_layers {
             let b = format!("blk.{i}");
             layers.push(Layer {

@@ -50,6 +50,10 @@ impl GgufWeights {
         let mut file =
             File::open(path).map_err(|source| ModelError::Io { path: path.into(), source })?;
         let content = gguf_file::Content::read(&mut file).map_err(|e| gguf_error(path, e))?;
+        let file_len =
+            file.metadata().map_err(|source| ModelError::Io { path: path.into(), source })?.len();
+        check_tensor_sizes(&content, file_len)
+            .map_err(|reason| ModelError::BadGguf { path: path.into(), reason })?;
         Ok(Self { path: path.into(), file, content, dequantize })
     }
 
@@ -67,6 +71,32 @@ impl GgufWeights {
         self.content.metadata.retain(|key, _| !key.starts_with("tokenizer."));
         self
     }
+}
+
+/// Checks every tensor's shape against the file before candle reads one: candle multiplies the
+/// dimensions unchecked (a damaged header's overflow panics) and casts an empty tensor's
+/// dangling buffer to a block type (misaligned, which is undefined behaviour).
+fn check_tensor_sizes(
+    content: &gguf_file::Content,
+    file_len: u64,
+) -> std::result::Result<(), String> {
+    for (name, info) in &content.tensor_infos {
+        let dims = info.shape.dims();
+        let elements = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        let bytes = elements.and_then(|n| {
+            (n / info.ggml_dtype.block_size()).checked_mul(info.ggml_dtype.type_size())
+        });
+        match (elements, bytes) {
+            (Some(0), _) => return Err(format!("tensor '{name}' of shape {dims:?} is empty")),
+            (Some(_), Some(bytes)) if bytes as u64 <= file_len => {}
+            _ => {
+                return Err(format!(
+                    "tensor '{name}' of shape {dims:?} is larger than the file ({file_len} bytes)"
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Turns candle's GGUF parse errors into ones that name the problem.
@@ -298,6 +328,27 @@ mod tests {
 
     fn dense(w: &Weight) -> Vec<f32> {
         w.to_dense().unwrap().flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    /// Issue #20's fuzzing: a damaged tensor table panicked in candle (dimension overflow, and
+    /// the misaligned cast of an empty tensor's buffer) before any size was checked.
+    #[test]
+    fn tensors_empty_or_larger_than_the_file_are_refused() {
+        let content = |dims: Vec<usize>| gguf_file::Content {
+            magic: gguf_file::VersionedMagic::GgufV3,
+            metadata: HashMap::new(),
+            tensor_infos: HashMap::from([(
+                "w".to_string(),
+                gguf_file::TensorInfo { ggml_dtype: GgmlDType::F32, shape: dims.into(), offset: 0 },
+            )]),
+            tensor_data_offset: 0,
+        };
+        assert_eq!(check_tensor_sizes(&content(vec![4, 8]), 128), Ok(()));
+        let refused = |dims: Vec<usize>| check_tensor_sizes(&content(dims), 128).unwrap_err();
+        assert!(refused(vec![4, 0]).contains("is empty"));
+        assert!(refused(vec![4, 9]).contains("larger than the file (128 bytes)"));
+        assert!(refused(vec![1 << 40, 1 << 40]).contains("larger than the file"));
+        assert!(refused(vec![1 << 62]).contains("larger than the file"));
     }
 
     #[test]

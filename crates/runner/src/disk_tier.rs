@@ -532,6 +532,9 @@ fn yield_to_inference() {
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+
+#[cfg(test)]
 mod tests {
     use std::path::Path;
     use std::time::Duration;

@@ -25,6 +25,9 @@ mod state;
 mod structured;
 mod tool_output;
 
+#[cfg(test)]
+mod fuzz_tests;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -11,6 +11,11 @@ use serde_json::Value;
 
 use super::ToolSchema;
 
+/// Schemas one property's types are gathered from, at most (see [`Allowed::gather`]).
+const MAX_SCHEMAS_GATHERED: usize = 256;
+/// References followed one inside another, at most: a recursive definition is a cycle.
+const MAX_NESTED_REFS: usize = 8;
+
 /// The `parameters` schema of each tool, by tool name.
 #[derive(Debug, Default)]
 pub(super) struct ToolSchemas {
@@ -30,7 +35,7 @@ impl ToolSchemas {
     /// The value of argument `key` of `tool`, written by the model as `text`.
     pub(super) fn coerce_text(&self, tool: &str, key: &str, text: &str) -> Value {
         match self.property(tool, key) {
-            Some(schema) => Allowed::from_schema(schema).coerce(text),
+            Some((schema, root)) => Allowed::from_schema(schema, root).coerce(text),
             None => Value::String(text.to_string()),
         }
     }
@@ -38,10 +43,10 @@ impl ToolSchemas {
     /// A value the model wrote as JSON: a string where the schema does not allow one is read
     /// as text; anything else is kept.
     pub(super) fn coerce_value(&self, tool: &str, key: &str, value: Value) -> Value {
-        let (Value::String(text), Some(schema)) = (&value, self.property(tool, key)) else {
+        let (Value::String(text), Some((schema, root))) = (&value, self.property(tool, key)) else {
             return value;
         };
-        let allowed = Allowed::from_schema(schema);
+        let allowed = Allowed::from_schema(schema, root);
         if allowed.keeps_strings() {
             value
         } else {
@@ -49,8 +54,10 @@ impl ToolSchemas {
         }
     }
 
-    fn property(&self, tool: &str, key: &str) -> Option<&Value> {
-        self.by_name.get(tool)?.get("properties")?.get(key)
+    /// Property `key`'s schema, and the tool's whole schema its `$ref`s point into.
+    fn property(&self, tool: &str, key: &str) -> Option<(&Value, &Value)> {
+        let root = self.by_name.get(tool)?;
+        Some((root.get("properties")?.get(key)?, root))
     }
 }
 
@@ -69,13 +76,25 @@ struct Allowed {
 }
 
 impl Allowed {
-    fn from_schema(schema: &Value) -> Self {
-        let mut allowed = Self::default();
-        allowed.gather(schema);
+    /// What `schema` allows, following its local `$ref`s (`#/$defs/...`, pydantic's shape)
+    /// into `root`.
+    fn from_schema(schema: &Value, root: &Value) -> Self {
+        let (mut allowed, mut budget) = (Self::default(), MAX_SCHEMAS_GATHERED);
+        allowed.gather(schema, root, 0, &mut budget);
         allowed
     }
 
-    fn gather(&mut self, schema: &Value) {
+    /// Gathers `schema` and what it names (`refs` references deep), visiting at most `budget`
+    /// schemas: references may form cycles (recursive definitions) or fan out, and the schema
+    /// comes from a request.
+    fn gather(&mut self, schema: &Value, root: &Value, refs: usize, budget: &mut usize) {
+        let Some(left) = budget.checked_sub(1) else { return };
+        *budget = left;
+        let target = schema.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix('#'));
+        let definition = target.and_then(|pointer| root.pointer(pointer));
+        if let Some(definition) = definition.filter(|_| refs < MAX_NESTED_REFS) {
+            self.gather(definition, root, refs + 1, budget);
+        }
         match schema.get("type") {
             Some(Value::String(name)) => self.allow(name),
             Some(Value::Array(names)) => {
@@ -85,7 +104,7 @@ impl Allowed {
         }
         for union in ["anyOf", "oneOf"] {
             if let Some(Value::Array(members)) = schema.get(union) {
-                members.iter().for_each(|member| self.gather(member));
+                members.iter().for_each(|member| self.gather(member, root, refs, budget));
             }
         }
         if let Some(Value::Array(members)) = schema.get("enum") {
@@ -159,6 +178,25 @@ fn parse_bool(text: &str) -> Option<Value> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Pydantic's shape: the property names a definition. A recursive definition (a cycle of
+    /// references) ends when the budget does, with what was gathered.
+    #[test]
+    fn references_to_definitions_are_followed_and_cycles_end() {
+        let tools = ToolSchemas::new(&[ToolSchema {
+            name: "f".into(),
+            parameters: json!({
+                "properties": {"n": {"$ref": "#/$defs/count"}, "tree": {"$ref": "#/$defs/tree"}},
+                "$defs": {
+                    "count": {"type": "integer"},
+                    "tree": {"anyOf": [{"$ref": "#/$defs/tree"}, {"type": "object"}]}
+                }
+            }),
+        }]);
+        assert_eq!(tools.coerce_text("f", "n", "3"), json!(3));
+        assert_eq!(tools.coerce_text("f", "tree", "{\"a\": 1}"), json!({"a": 1}));
+        assert_eq!(tools.coerce_text("f", "tree", "x"), json!("x"));
+    }
 
     fn schemas(properties: Value) -> ToolSchemas {
         ToolSchemas::new(&[ToolSchema {

@@ -7,7 +7,7 @@ use candle_core::quantized::gguf_file::Value as GgufValue;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{meta_f64, meta_str, meta_usize};
+use crate::config::{check_attention_width, meta_f64, meta_str, meta_usize, MAX_HEAD_DIM};
 use crate::delta_rule::DeltaHeads;
 use crate::error::{ModelError, Result};
 use crate::gated_deltanet::DeltaNetShape;
@@ -201,6 +201,44 @@ impl HybridConfig {
 
     fn validate(self) -> Result<Self> {
         let bad = |m: String| Err(ModelError::BadConfig(m));
+        let counts = [
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("linear_num_key_heads", self.linear_num_key_heads),
+            ("linear_num_value_heads", self.linear_num_value_heads),
+        ];
+        if let Some((name, _)) = counts.iter().find(|(_, n)| *n == 0) {
+            return bad(format!("{name} is zero"));
+        }
+        // The convolution's channels, computed unchecked from here on (the weights then bound
+        // them: see `GatedDeltaNet::checked`).
+        let key_dim = self.linear_num_key_heads.checked_mul(self.linear_key_head_dim);
+        let value_dim = self.linear_num_value_heads.checked_mul(self.linear_value_head_dim);
+        let channels = key_dim
+            .and_then(|k| k.checked_mul(2))
+            .zip(value_dim)
+            .and_then(|(k, v)| k.checked_add(v));
+        if channels.is_none() || self.linear_conv_kernel_dim == 0 {
+            return bad(
+                "the linear attention's head sizes or convolution kernel are out of range".into()
+            );
+        }
+        if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM {
+            return bad(format!("head_dim {} is outside 1..={MAX_HEAD_DIM}", self.head_dim));
+        }
+        // The q projection yields a gate per head beside its query.
+        check_attention_width("attention heads", self.num_attention_heads, self.head_dim, 2)?;
+        check_attention_width("key/value heads", self.num_key_value_heads, self.head_dim, 1)?;
+        // RoPE rotates pairs of the first `rotary_dim` values of each head (candle's kernel
+        // panics on none), which must lie within the head.
+        let rotary = self.rotary_dim();
+        if rotary == 0 || !rotary.is_multiple_of(2) || rotary > self.head_dim {
+            return bad(format!(
+                "the rotary dimension {rotary} (partial_rotary_factor of head_dim {}) is not an \
+                 even number of the head's values",
+                self.head_dim
+            ));
+        }
         if !self.linear_num_value_heads.is_multiple_of(self.linear_num_key_heads) {
             return bad(format!(
                 "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",

@@ -110,7 +110,7 @@ fn delta_net(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<GatedD
     let vector = |w: &mut WeightSource, name: &str| -> Result<Vec<f32>> {
         Ok(w.dense(&format!("{p}.{name}"))?.flatten_all()?.to_vec1()?)
     };
-    Ok(GatedDeltaNet {
+    GatedDeltaNet {
         shape: cfg.delta_net_shape(),
         in_proj: Projections::new(vec![
             w.weight(&format!("{p}.attn_qkv.weight"))?,
@@ -123,7 +123,8 @@ fn delta_net(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<GatedD
         dt_bias: vector(w, "ssm_dt.bias")?,
         norm_weight: vector(w, "ssm_norm.weight")?,
         out: w.linear(&format!("{p}.ssm_out"))?,
-    })
+    }
+    .checked()
 }
 
 fn moe(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<SparseMoe> {

@@ -222,7 +222,9 @@ fn mlp(w: &SafetensorsWeights, p: &str) -> Result<GatedMlp> {
 }
 
 fn load_moe(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result<SparseMoe> {
-    let mut experts = Vec::with_capacity(cfg.num_experts);
+    // No capacity from the config: a damaged expert count would be allocated before the first
+    // missing expert is found.
+    let mut experts = Vec::new();
     if w.has_model_tensor(&format!("{p}.experts.gate_up_proj")) {
         // transformers ≥ 5: all experts in two 3-D tensors.
         let gate_up = w.model_tensor(&format!("{p}.experts.gate_up_proj"))?;
@@ -272,7 +274,7 @@ fn load_delta_net(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result
         )
     };
     let a_log: Vec<f32> = t("A_log")?.to_vec1()?;
-    Ok(GatedDeltaNet {
+    GatedDeltaNet {
         shape,
         in_proj: Projections::new([in_qkv, in_z, in_b, in_a].map(Weight::Dense).into())?,
         // (channels, 1, kernel) → channels × kernel
@@ -281,7 +283,8 @@ fn load_delta_net(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result
         dt_bias: t("dt_bias")?.to_vec1()?,
         norm_weight: t("norm.weight")?.to_vec1()?,
         out: dense_linear(t("out_proj.weight")?)?,
-    })
+    }
+    .checked()
 }
 
 /// Qwen3-Next's fused rows are grouped per key head: `[q, k, v…, z…]` and `[b…, a…]`, with
