@@ -90,7 +90,7 @@ fn template_errors_name_the_problem() {
     assert_eq!(errors.len(), ERROR_MEANINGS.len());
     for c in &errors {
         let err = render(&template, c).expect_err(&c.name);
-        assert!(matches!(err, ChatError::Template(_)), "{}: {err}", c.name);
+        assert!(matches!(err, ChatError::TemplateRaised(_)), "{}: {err}", c.name);
         let (_, groups) = ERROR_MEANINGS
             .iter()
             .find(|(name, _)| *name == c.name)
