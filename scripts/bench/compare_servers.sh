@@ -29,14 +29,16 @@ measure() { # NAME [EVAL ARGS…]: the panels against the server on $PORT
   "$SPINDLE" eval --tier standard --base-url "$url" "$@" --output "$OUT/$name" || true
   "$SPINDLE" bench agentic --base-url "$url" --output "$OUT/$name" || true
   "$SPINDLE" bench burst --base-url "$url" --concurrency "$BURSTS" --output "$OUT/$name" || true
-  kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true
 }
 
 # Spindle's defaults: 16 running + 64 waiting (the 429 check); llama-server queues without limit.
 "$SPINDLE" serve --model "$GGUF" --port "$PORT" >"$OUT/spindle.log" 2>&1 &
 SERVER_PID=$!
 measure spindle --queue-capacity 80 2>&1 | tee "$OUT/spindle.txt"
+kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true
+PORT=$((PORT + 1))
 "$LLAMA_SERVER" -m "$GGUF" -t "$(nproc)" -np "$SLOTS" -c $((SLOTS * 4096)) --metrics --port "$PORT" \
   >"$OUT/llama-server.log" 2>&1 &
 SERVER_PID=$!
 measure llama-server 2>&1 | tee "$OUT/llama-server.txt"
+kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true
