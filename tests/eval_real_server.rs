@@ -124,6 +124,40 @@ fn eval_smoke_and_bench_agentic_against_spindle_serve() {
     let phases = doc["agentic"]["runs"][0]["phases"].as_array().unwrap();
     assert_eq!(phases.len(), 5, "{doc}");
     assert!(phases.iter().all(|p| p["prompt_tokens"].as_u64() > Some(0)), "{doc}");
+
+    // `--restart-cmd`: the command runs, the server is awaited, the cold-prefix phase follows
+    // (the command only leaves a mark here; the server it names stays up). A failing command
+    // fails the panel.
+    let mark = dir.path().join("restarted");
+    let restart = format!("touch {}", mark.display());
+    let agentic = |restart: &str| {
+        spindle(&[
+            "bench",
+            "agentic",
+            "--base-url",
+            &url,
+            "--api-key",
+            KEY,
+            "--system-tokens",
+            "300",
+            "--max-tokens",
+            "4",
+            "--runs",
+            "1",
+            "--restart-cmd",
+            restart,
+            "--output",
+            out_arg,
+        ])
+    };
+    let (ok, text) = agentic(&restart);
+    assert!(ok && mark.exists(), "{text}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("agentic.json")).unwrap()).unwrap();
+    let phases = doc["agentic"]["runs"][0]["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 6, "{doc}");
+    let (ok, text) = agentic("false");
+    assert!(!ok && text.contains("--restart-cmd failed"), "{text}");
 }
 
 #[test]
