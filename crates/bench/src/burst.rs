@@ -22,8 +22,9 @@ use crate::workload::Workload;
 /// or stop at the message boundary rather than after the next role header.
 pub const REREAD_SLACK_TOKENS: usize = 64;
 
-/// A burst whose wall time reaches this share of N lone calls back to back is serialised.
-pub const SERIAL_FRACTION: f64 = 0.8;
+/// A burst whose calls streamed fewer than this many at a time, on average, ran one after
+/// another. FIFO gives at most 1; a server with two slots about 2; batching all N about N.
+pub const SERIAL_STREAMS: f64 = 1.5;
 
 /// A call of a burst that failed: the HTTP status when the server answered with one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +76,8 @@ pub struct BurstStats {
     pub single_tokens_per_second: f64,
     /// Successful calls that re-read the whole system prompt.
     pub rereads: usize,
+    /// [`BurstRun::streams_at_once`]; NaN when the calls did not stream.
+    pub streams_at_once: f64,
     pub serialised: bool,
 }
 
@@ -110,13 +113,29 @@ impl BurstRun {
         self.single.completion_tokens as f64 / self.single.latency.as_secs_f64()
     }
 
-    /// Whether the calls ran one after another rather than together: the burst took at least
-    /// [`SERIAL_FRACTION`] of N lone calls back to back. A FIFO server shows it as a staircase
-    /// (p50 near max / 2), one that admits all calls but shares no work as p50 ≈ p95 ≈ max;
-    /// either way the burst's time grows linearly with N.
+    /// How many calls streamed tokens at once, on average: each call's streaming time (first
+    /// token to end) summed, over the span from the earliest first token to the last end.
+    /// Calls that ran one after another give at most 1 (less by the gaps where a prompt was
+    /// read); calls generated together give about N, however slow each one is. `None` with
+    /// fewer than two calls that streamed (at least 1% of their latency after the first
+    /// token), as when a server or proxy sends each answer in one piece.
+    pub fn streams_at_once(&self) -> Option<f64> {
+        let streamed: Vec<&Measurement> =
+            self.succeeded().filter(|m| (m.latency - m.ttft) * 100 >= m.latency).collect();
+        let first = streamed.iter().map(|m| m.ttft).min()?;
+        let last = streamed.iter().map(|m| m.latency).max()?;
+        let streaming: Duration = streamed.iter().map(|m| m.latency - m.ttft).sum();
+        (streamed.len() >= 2 && last > first)
+            .then(|| streaming.as_secs_f64() / (last - first).as_secs_f64())
+    }
+
+    /// Whether the server took the calls one after another: fewer than [`SERIAL_STREAMS`]
+    /// streamed at once. This is the cause behind the panels' "p50 ≈ p95 ≈ max, growing
+    /// linearly with N", measured directly, so that a server that batches the calls on a
+    /// machine too slow to gain from it (each call slower, all streaming together) is not
+    /// mistaken for one that queues them.
     pub fn serialised(&self) -> bool {
-        let alone = self.single.latency.as_secs_f64() * self.concurrency as f64;
-        self.concurrency > 1 && self.wall.as_secs_f64() >= SERIAL_FRACTION * alone
+        self.concurrency > 1 && self.streams_at_once().is_some_and(|s| s < SERIAL_STREAMS)
     }
 
     pub fn stats(&self, system_tokens: usize) -> BurstStats {
@@ -144,6 +163,7 @@ impl BurstRun {
             per_request_tokens_per_second: Spread::of(&per_request).map_or(f64::NAN, |s| s.median),
             single_tokens_per_second: self.single_tokens_per_second(),
             rereads: self.rereads(system_tokens),
+            streams_at_once: self.streams_at_once().unwrap_or(f64::NAN),
             serialised: self.serialised(),
         }
     }
@@ -194,10 +214,10 @@ impl Growth {
         Some(Self { ms_per_call: slope(&points)?, single_ms: Spread::of(&singles)?.median })
     }
 
-    /// Each added call adds at least [`SERIAL_FRACTION`] of a lone call to the slowest one:
-    /// the server serialises at every size measured.
-    pub fn serialised(&self) -> bool {
-        self.ms_per_call >= SERIAL_FRACTION * self.single_ms
+    /// The growth in lone calls per added call: about 1 when each call waits for all the
+    /// others' work, near 0 when the calls share it.
+    pub fn lone_calls_per_call(&self) -> f64 {
+        self.ms_per_call / self.single_ms
     }
 }
 
@@ -303,56 +323,73 @@ pub(crate) mod tests {
         assert_eq!((s.ttft_p50_ms, s.ttft_p95_ms, s.wall_ms), (150.0, 200.0, 2000.0));
         // 16/0.8, 16/1.6, 8/1.2 tokens/s: median 10.
         assert_eq!(s.per_request_tokens_per_second, 10.0);
-        // 4 lone calls back to back take 2 s: the burst's 2 s is no faster.
-        assert!(s.serialised);
+        // Streaming 0.7 + 1.4 + 1.05 s within the 1.5 s from the first token to the last end.
+        assert!((s.streams_at_once - 2.1).abs() < 1e-9, "{}", s.streams_at_once);
+        assert!(!s.serialised);
         let errors_only = BurstRun { calls: vec![refused(Some(503)), refused(None)], ..burst() };
         let s = errors_only.stats(640);
         assert_eq!((s.successes, s.errors, s.rate_limited), (0, 2, 0));
         assert!(s.latency_p50_ms.is_nan() && s.per_request_tokens_per_second.is_nan());
     }
 
-    /// `n` calls of 1 s alone: a FIFO staircase, all at once but no work shared, or batched.
-    fn shaped(n: u64, latencies_ms: impl Fn(u64) -> u64, wall_ms: u64) -> BurstRun {
+    /// `n` calls, the k-th (from 1) streaming from `call(k).0` to `call(k).1` ms after the
+    /// burst's start; a lone call takes 1 s, its first token after 0.1 s.
+    pub fn shaped(n: u64, call: impl Fn(u64) -> (u64, u64)) -> BurstRun {
+        let calls: Vec<_> = (1..=n).map(|k| Ok(m(call(k).0, call(k).1, 600, 16))).collect();
+        let wall = (1..=n).map(|k| call(k).1).max().unwrap_or(0);
         BurstRun {
             concurrency: n as usize,
             warm: m(100, 1000, 0, 16),
             single: m(100, 1000, 600, 16),
-            calls: (1..=n).map(|k| Ok(m(100, latencies_ms(k), 600, 16))).collect(),
-            wall: Duration::from_millis(wall_ms),
+            calls,
+            wall: Duration::from_millis(wall),
         }
     }
 
     #[test]
-    fn serialised_when_n_calls_take_as_long_as_n_lone_calls() {
-        for n in [8, 30] {
-            let fifo = shaped(n, |k| 1000 * k, 1000 * n);
-            let clustered = shaped(n, |_| 1000 * n - 50, 1000 * n);
-            let batched = shaped(n, |_| 1500 + 40 * n, 1500 + 40 * n);
-            assert!(fifo.serialised() && clustered.serialised(), "n = {n}");
-            assert!(!batched.serialised(), "n = {n}");
-            let s = clustered.stats(600);
+    fn serialised_when_the_calls_stream_one_at_a_time() {
+        for n in [2, 8, 30] {
+            // FIFO: each call read and streamed after the one before.
+            let fifo = shaped(n, |k| (1000 * (k - 1) + 100, 1000 * k));
+            assert!(fifo.serialised(), "n = {n}");
+            assert!(fifo.streams_at_once().unwrap() < 1.0);
+            // Batched on a machine with no spare compute: every call ~N times slower, with
+            // p50 ≈ p95 ≈ max growing linearly with N, but all streaming together.
+            let saturated = shaped(n, |k| (100 * n + k, 1000 * n - k));
+            assert!(!saturated.serialised(), "n = {n}");
+            assert!(saturated.streams_at_once().unwrap() > 0.9 * n as f64);
+            let s = saturated.stats(600);
             assert!(s.latency_p50_ms / s.latency_max_ms > 0.99, "p50 ≈ p95 ≈ max");
+            // Prompts read one after another, then the answers generated together.
+            let staggered = shaped(n, |k| (100 * k, 100 * n + 900));
+            assert!(!staggered.serialised(), "n = {n}");
         }
-        // Just under the fraction of 8 lone calls back to back.
-        assert!(!shaped(8, |_| 6000, 6390).serialised());
-        assert!(shaped(8, |_| 6000, 6400).serialised());
-        assert!(!shaped(1, |_| 1000, 1000).serialised(), "one call cannot serialise");
+        // Two slots for eight calls: two stream at a time.
+        let two_slots = shaped(8, |k| (1000 * ((k - 1) / 2) + 100, 1000 * k.div_ceil(2)));
+        assert!((two_slots.streams_at_once().unwrap() - 8.0 * 900.0 / 3900.0).abs() < 1e-9);
+        assert!(!two_slots.serialised());
+        assert!(!shaped(1, |_| (100, 1000)).serialised(), "one call cannot serialise");
+        // Answers sent in one piece (a buffering proxy) tell nothing about the order.
+        let unstreamed = shaped(8, |k| (1000 * k, 1000 * k));
+        assert_eq!(unstreamed.streams_at_once(), None);
+        assert!(!unstreamed.serialised());
+        assert!(unstreamed.stats(600).streams_at_once.is_nan());
     }
 
     #[test]
     fn growth_over_levels() {
         let level = |n: u64, max_ms: u64| BurstLevel {
             concurrency: n as usize,
-            runs: vec![shaped(n, |_| max_ms, max_ms)],
+            runs: vec![shaped(n, |_| (100, max_ms))],
         };
-        // Lone calls of 1 s; the slowest call grows 1 s per call: serialised.
+        // Lone calls of 1 s; the slowest call grows 1 s per call.
         let fifo = [level(8, 8000), level(30, 30_000), level(60, 60_000)];
         let growth = Growth::of(&fifo, 600).unwrap();
         assert!((growth.ms_per_call - 1000.0).abs() < 1e-6 && growth.single_ms == 1000.0);
-        assert!(growth.serialised());
-        // 100 ms per call: batched.
+        assert!((growth.lone_calls_per_call() - 1.0).abs() < 1e-9);
+        // 100 ms per call.
         let batched = [level(8, 1800), level(30, 4000), level(60, 7000)];
-        assert!(!Growth::of(&batched, 600).unwrap().serialised());
+        assert!((Growth::of(&batched, 600).unwrap().lone_calls_per_call() - 0.1).abs() < 1e-9);
         assert_eq!(Growth::of(&fifo[..1], 600), None);
     }
 
@@ -364,7 +401,10 @@ pub(crate) mod tests {
         };
         let wall = level.spread(640, |s| s.wall_ms).unwrap();
         assert_eq!(wall, Spread { median: 1500.0, min: 1000.0, max: 2000.0 });
+        let fifo = shaped(4, |k| (1000 * (k - 1) + 100, 1000 * k));
+        let level = |runs: Vec<BurstRun>| BurstLevel { concurrency: 4, runs };
+        assert!(level(vec![fifo.clone(), fifo.clone(), burst()]).serialised());
         // One of two runs serialised is not most of them.
-        assert!(!level.serialised());
+        assert!(!level(vec![fifo, burst()]).serialised());
     }
 }

@@ -44,7 +44,7 @@ pub fn document(meta: &Meta, results: &Results) -> Value {
         let levels: Vec<Value> = results.bursts.iter().map(|l| level(l, system_tokens)).collect();
         let growth = Growth::of(&results.bursts, system_tokens).map(|g| {
             json!({"max_latency_ms_per_added_call": g.ms_per_call, "single_latency_ms": g.single_ms,
-                "serialised": g.serialised()})
+                "lone_calls_per_added_call": g.lone_calls_per_call()})
         });
         doc["burst"] = json!({ "levels": levels, "growth": growth });
     }
@@ -150,6 +150,7 @@ fn stats(s: &BurstStats) -> Value {
         "per_request_tokens_per_second": s.per_request_tokens_per_second,
         "single_tokens_per_second": s.single_tokens_per_second,
         "rereads": s.rereads,
+        "streams_at_once": s.streams_at_once,
         "serialised": s.serialised,
     })
 }
@@ -357,7 +358,7 @@ pub(crate) mod tests {
         let level = &doc["burst"]["levels"][0];
         assert_eq!(
             (level["concurrency"].clone(), level["serialised"].clone()),
-            (json!(4), json!(true))
+            (json!(4), json!(false))
         );
         let calls = level["runs"][0]["calls"].as_array().unwrap();
         assert_eq!(calls.len(), 4);

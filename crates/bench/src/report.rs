@@ -65,7 +65,7 @@ pub fn burst_line(run: &BurstRun, system_tokens: usize) -> String {
     format!(
         "burst {:>3}: errors {} (429: {})  latency p50 {:.0} p95 {:.0} max {:.0} ms  ttft p50 {:.0} p95 {:.0} ms  \
          re-read whole prompt {}/{}  wall {:.1} s  {:.1} tok/s aggregate, {:.1} per request vs {:.1} \
-         single-stream ({:.2}x)  serialised {}",
+         single-stream ({:.2}x)  streams at once {:.1}  serialised {}",
         s.concurrency,
         s.errors,
         s.rate_limited,
@@ -81,6 +81,7 @@ pub fn burst_line(run: &BurstRun, system_tokens: usize) -> String {
         s.per_request_tokens_per_second,
         s.single_tokens_per_second,
         s.aggregate_tokens_per_second / s.single_tokens_per_second,
+        s.streams_at_once,
         if s.serialised { "YES" } else { "no" }
     )
 }
@@ -88,7 +89,7 @@ pub fn burst_line(run: &BurstRun, system_tokens: usize) -> String {
 /// The header and one row per concurrency: each figure `median [min–max]` over the runs.
 pub fn burst_table(levels: &[BurstLevel], system_tokens: usize) -> Vec<String> {
     let head = format!(
-        "{:>5}  {:>5}  {:>5}  {:>5}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}  {:>14}  {:>7}  {:>10}",
+        "{:>5}  {:>5}  {:>5}  {:>5}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}  {:>14}  {:>7}  {:>14}  {:>10}",
         "N",
         "ok",
         "err",
@@ -101,6 +102,7 @@ pub fn burst_table(levels: &[BurstLevel], system_tokens: usize) -> Vec<String> {
         "aggregate tok/s",
         "req tok/s",
         "re-read",
+        "at once",
         "serialised"
     );
     let rows = levels.iter().map(|level| {
@@ -108,7 +110,7 @@ pub fn burst_table(levels: &[BurstLevel], system_tokens: usize) -> Vec<String> {
             level.spread(system_tokens, figure).map_or_else(|| "-".into(), |s| s.display(decimals))
         };
         format!(
-            "{:>5}  {:>5}  {:>5}  {:>5}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}  {:>14}  {:>7}  {:>10}",
+            "{:>5}  {:>5}  {:>5}  {:>5}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}  {:>16}  {:>14}  {:>7}  {:>14}  {:>10}",
             level.concurrency,
             f(|s| s.successes as f64, 0),
             f(|s| s.errors as f64, 0),
@@ -121,15 +123,16 @@ pub fn burst_table(levels: &[BurstLevel], system_tokens: usize) -> Vec<String> {
             f(|s| s.aggregate_tokens_per_second, 1),
             f(|s| s.per_request_tokens_per_second, 1),
             f(|s| s.rereads as f64, 0),
+            f(|s| s.streams_at_once, 1),
             if level.serialised() { "YES" } else { "no" }
         )
     });
     let growth = Growth::of(levels, system_tokens).map(|g| {
         format!(
-            "slowest call grows {:.0} ms per added call (a lone call takes {:.0} ms): {}",
+            "slowest call grows {:.0} ms per added call, {:.2} of a lone call ({:.0} ms)",
             g.ms_per_call,
-            g.single_ms,
-            if g.serialised() { "serialised across levels" } else { "calls overlap" }
+            g.lone_calls_per_call(),
+            g.single_ms
         )
     });
     std::iter::once(head).chain(rows).chain(growth).collect()
@@ -249,7 +252,7 @@ mod tests {
     use super::*;
     use crate::agentic::tests::{agent_phases, m};
     use crate::agentic::{Phase, PhaseKind};
-    use crate::burst::tests::burst;
+    use crate::burst::tests::{burst, shaped};
 
     #[test]
     fn agentic_table_and_verdict() {
@@ -282,8 +285,10 @@ mod tests {
             burst_line(&burst(), 640),
             "burst   4: errors 1 (429: 1)  latency p50 1200 p95 1600 max 1600 ms  ttft p50 150 p95 200 ms  \
              re-read whole prompt 1/4  wall 2.0 s  20.0 tok/s aggregate, 10.0 per request vs 32.0 \
-             single-stream (0.62x)  serialised YES"
+             single-stream (0.62x)  streams at once 2.1  serialised no"
         );
+        let queued = shaped(4, |k| (1000 * (k - 1) + 100, 1000 * k));
+        assert!(burst_line(&queued, 640).ends_with("streams at once 0.9  serialised YES"));
         let fast = BurstRun { wall: std::time::Duration::from_millis(1000), ..burst() };
         let levels = [BurstLevel { concurrency: 4, runs: vec![burst(), fast.clone(), fast] }];
         let table = burst_table(&levels, 640);
@@ -293,7 +298,10 @@ mod tests {
         assert_eq!(cells[..3], ["4", "3", "1"]);
         assert!(cells.contains(&"1.0 [1.0–2.0]"), "{cells:?}");
         assert!(cells.contains(&"40.0 [20.0–40.0]"), "{cells:?}");
-        assert!(table[1].ends_with(" no"), "two of three runs were not serialised");
+        assert_eq!(cells[12], "2.1", "streams at once");
+        assert!(table[1].ends_with(" no"), "the calls streamed together");
+        let queued = [BurstLevel { concurrency: 4, runs: vec![queued.clone(), queued, burst()] }];
+        assert!(burst_table(&queued, 640)[1].ends_with(" YES"), "two of three runs queued");
         let bigger =
             BurstRun { concurrency: 8, wall: std::time::Duration::from_millis(4000), ..burst() };
         let levels = [levels[0].clone(), BurstLevel { concurrency: 8, runs: vec![bigger] }];
@@ -301,7 +309,7 @@ mod tests {
         // The slowest call stays at 1600 ms from 4 to 8 calls.
         assert_eq!(
             table[3],
-            "slowest call grows 0 ms per added call (a lone call takes 500 ms): calls overlap"
+            "slowest call grows 0 ms per added call, 0.00 of a lone call (500 ms)"
         );
     }
 

@@ -21,19 +21,35 @@ const FIRST_TOKEN_DELAY: Duration = Duration::from_millis(30);
 /// message 0 (the cold and warm phases, a burst's warm-up, every conversation turn).
 const COLD_DELAY: Duration = Duration::from_millis(300);
 
+/// Delay between the two content chunks of every chat stream: the answer streams for a while.
+const DECODE_DELAY: Duration = Duration::from_millis(20);
+
 /// Characters of message content the mock accepts in one chat call (a context limit).
 const CONTEXT_CHARS: usize = 6000;
 
+/// How the mock takes streamed chat calls that arrive together.
+#[derive(Clone, Copy, PartialEq)]
+enum Serving {
+    Together,
+    /// One after another, as a single-slot server does.
+    OneAtATime,
+}
+
 /// Serves until the test ends; records every chat request body.
 async fn start_mock() -> (String, Arc<Mutex<Vec<Value>>>) {
+    start_mock_serving(Serving::Together).await
+}
+
+async fn start_mock_serving(serving: Serving) -> (String, Arc<Mutex<Vec<Value>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
+    let slot = (serving == Serving::OneAtATime).then(|| Arc::new(tokio::sync::Mutex::new(())));
     tokio::spawn(async move {
         loop {
             let (socket, _) = listener.accept().await.unwrap();
-            tokio::spawn(answer(socket, log.clone()));
+            tokio::spawn(answer(socket, log.clone(), slot.clone()));
         }
     });
     (url, seen)
@@ -92,7 +108,12 @@ fn fake_tokens(body: &Value) -> Vec<u32> {
     }
 }
 
-async fn answer(mut socket: TcpStream, seen: Arc<Mutex<Vec<Value>>>) {
+/// `slot`, when given, is held for the whole of each streamed chat call.
+async fn answer(
+    mut socket: TcpStream,
+    seen: Arc<Mutex<Vec<Value>>>,
+    slot: Option<Arc<tokio::sync::Mutex<()>>>,
+) {
     let (line, body) = read_request(&mut socket).await;
     match line.split(' ').nth(1).unwrap() {
         "/health" => reply(&mut socket, "200 OK", "application/json", r#"{"status":"ok"}"#).await,
@@ -136,6 +157,10 @@ async fn answer(mut socket: TcpStream, seen: Arc<Mutex<Vec<Value>>>) {
                 )
                 .await;
             }
+            let _turn = match &slot {
+                Some(slot) => Some(slot.lock().await),
+                None => None,
+            };
             stream_chat(&mut socket, user).await;
         }
         other => panic!("unexpected path {other}"),
@@ -179,7 +204,7 @@ async fn probe_reply(socket: &mut TcpStream, body: &Value) {
     reply(socket, "200 OK", "application/json", &answer.to_string()).await
 }
 
-/// Role chunk, a pause, two content chunks, the finish chunk, usage (cached tokens only for
+/// Role chunk, a pause, a content chunk, a pause, another content chunk, the finish chunk, usage (cached tokens only for
 /// the prefix calls' users), `[DONE]`.
 async fn stream_chat(socket: &mut TcpStream, user: &str) {
     let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
@@ -196,8 +221,10 @@ async fn stream_chat(socket: &mut TcpStream, user: &str) {
     let cold = user.starts_with("Request 0:");
     tokio::time::sleep(if cold { COLD_DELAY } else { FIRST_TOKEN_DELAY }).await;
     let cached = if cold { 0 } else { 500 };
+    socket.write_all(chunk(json!({"content": "Hel"}), Value::Null).as_bytes()).await.unwrap();
+    socket.flush().await.unwrap();
+    tokio::time::sleep(DECODE_DELAY).await;
     let rest = [
-        chunk(json!({"content": "Hel"}), Value::Null),
         chunk(json!({"content": "lo"}), Value::Null),
         chunk(json!({}), json!("length")),
         event(
@@ -324,6 +351,20 @@ async fn bursts_at_each_level_and_run() {
         let end = starts.get(k + 1).copied().unwrap_or(bodies.len());
         assert!((start..end).all(|i| system(i) == system(start)), "burst {k} shares one prompt");
         assert!(starts[..k].iter().all(|&o| system(o) != system(start)), "burst {k} is new");
+    }
+}
+
+#[tokio::test]
+async fn a_burst_is_serialised_only_when_the_server_takes_one_call_at_a_time() {
+    for (serving, serialised) in [(Serving::Together, false), (Serving::OneAtATime, true)] {
+        let (url, _) = start_mock_serving(serving).await;
+        let client = Client::new(&url, None).unwrap();
+        let workload = Workload::prepare(&client, 13, 300, 16).await;
+        // Users 2..=4, none refused.
+        let run = run_burst(&client, &workload, 0, 3).await.unwrap();
+        assert_eq!(run.succeeded().count(), 3);
+        let at_once = run.streams_at_once().unwrap();
+        assert_eq!(run.serialised(), serialised, "streams at once {at_once}");
     }
 }
 
