@@ -639,3 +639,46 @@ async fn a_conversation_past_the_context_stops_with_the_turns_so_far() {
     assert!(summary[0].starts_with("conversation stopped early at turn 4: status 400"));
     assert!(summary[1].starts_with("conversation: 4 turns"), "{summary:?}");
 }
+
+/// A server that answers `GET /health` and `GET /v1/models` with these statuses, and counts
+/// the probes of each.
+async fn start_probe_mock(health: u16, models: u16) -> (String, Arc<Mutex<[usize; 2]>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let probes = Arc::new(Mutex::new([0; 2]));
+    let count = probes.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let (line, _) = read_request(&mut socket).await;
+            let (which, status) = match line.split(' ').nth(1).unwrap() {
+                "/health" => (0, health),
+                "/v1/models" => (1, models),
+                other => panic!("unexpected path {other}"),
+            };
+            count.lock().unwrap()[which] += 1;
+            let body = r#"{"object":"list","data":[{"id":"mock-1"}]}"#;
+            reply(&mut socket, &format!("{status} Status"), "application/json", body).await;
+        }
+    });
+    (url, probes)
+}
+
+#[tokio::test]
+async fn readiness_falls_back_to_the_model_list_without_a_health_endpoint() {
+    // Ollama and LM Studio have no /health: the model list says the server is up.
+    let (url, probes) = start_probe_mock(404, 200).await;
+    assert!(Client::new(&url, None).unwrap().is_ready().await);
+    assert_eq!(*probes.lock().unwrap(), [1, 1]);
+    // A healthy /health is enough.
+    let (url, probes) = start_probe_mock(200, 500).await;
+    assert!(Client::new(&url, None).unwrap().is_ready().await);
+    assert_eq!(*probes.lock().unwrap(), [1, 0]);
+    // Still loading (llama-server answers 503 everywhere): not ready, and waiting times out.
+    let (url, probes) = start_probe_mock(503, 503).await;
+    let client = Client::new(&url, None).unwrap();
+    assert!(!client.is_ready().await);
+    let waited = client.wait_ready(Duration::from_millis(500)).await;
+    assert!(matches!(waited, Err(BenchError::NotReady(_))), "{waited:?}");
+    assert!(probes.lock().unwrap()[1] >= 2, "the model list is polled again");
+}
