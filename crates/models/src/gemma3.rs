@@ -15,7 +15,7 @@ use crate::layers::{
 };
 use crate::rope::RopeScaling;
 use crate::weights::WeightSource;
-use crate::{advance_all, batch_rows, BatchEntry, CausalLm};
+use crate::{advance_all, batch_rows, BatchEntry, CausalLm, KvShape};
 
 struct Layer {
     input_norm: RmsNorm,
@@ -137,6 +137,11 @@ impl Gemma3 {
 impl CausalLm for Gemma3 {
     fn config(&self) -> &TransformerConfig {
         &self.cfg
+    }
+
+    fn kv_shapes(&self) -> Vec<Option<KvShape>> {
+        let (kv_heads, head_dim) = (self.cfg.num_kv_heads(), self.cfg.head_dim());
+        self.layers.iter().map(|l| Some(KvShape { kv_heads, head_dim, window: l.window })).collect()
     }
 
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>> {

@@ -77,7 +77,8 @@ pub trait CausalLm: Send + Sync {
     /// The key/value shape of each layer; `None` for layers without softmax attention.
     fn kv_shapes(&self) -> Vec<Option<KvShape>> {
         let cfg = self.config();
-        let shape = KvShape { kv_heads: cfg.num_kv_heads(), head_dim: cfg.head_dim() };
+        let shape =
+            KvShape { kv_heads: cfg.num_kv_heads(), head_dim: cfg.head_dim(), window: None };
         vec![Some(shape); cfg.num_hidden_layers]
     }
 

@@ -23,6 +23,8 @@ use crate::paged_attention::HeadRuns;
 pub struct KvShape {
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// A sliding-window layer's window: a query sees this many positions up to its own.
+    pub window: Option<usize>,
 }
 
 impl KvShape {
@@ -93,6 +95,15 @@ impl KvBuffer {
                 x[to..to + units].copy_from_slice(&y[from..from + units])
             }
             _ => unreachable!("pools of one type"),
+        }
+    }
+
+    /// Gives the whole memory pages within elements `at..at + units` back to the OS.
+    fn release(&mut self, at: usize, units: usize) {
+        match self {
+            KvBuffer::F32(x) => release_pages(&mut x[at..at + units]),
+            KvBuffer::F16(x) | KvBuffer::Bf16(x) => release_pages(&mut x[at..at + units]),
+            KvBuffer::Q8_0(x) => release_pages(&mut x[at..at + units]),
         }
     }
 
@@ -177,6 +188,40 @@ impl PagedKv {
 
     pub fn kv_type(&self) -> KvType {
         self.kind
+    }
+
+    /// The widest sliding window of the layers that have one.
+    pub fn widest_window(&self) -> Option<usize> {
+        self.layers.iter().flatten().filter_map(|l| l.shape.window).max()
+    }
+
+    /// Gives the memory of `blocks` in the sliding-window layers back to the OS, for blocks
+    /// whose positions no query will see in those layers again (a sequence more than a window
+    /// past them, and no cached prefix that could resume within a window of them). Their rows
+    /// there are undefined until written again; the other layers keep theirs.
+    pub fn release_window_rows(&self, blocks: &[u32]) -> Result<()> {
+        self.check_blocks(blocks)?;
+        // Runs of consecutive blocks in one piece: a block need not fill whole pages.
+        let mut sorted = blocks.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut runs: Vec<(u32, u32)> = Vec::new();
+        for block in sorted {
+            match runs.last_mut() {
+                Some((_, end)) if *end == block => *end += 1,
+                _ => runs.push((block, block + 1)),
+            }
+        }
+        for store in self.layers.iter().flatten().filter(|l| l.shape.window.is_some()) {
+            for storage in [&store.keys, &store.values] {
+                let mut storage = storage.write().expect("KV storage lock");
+                for &(first, end) in &runs {
+                    let at = self.offset(store.shape, first, 0, 0);
+                    storage.release(at, self.offset(store.shape, end, 0, 0) - at);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The shape of each layer's keys/values (`None` for layers without softmax attention).
@@ -413,13 +458,41 @@ impl PagedKv {
     }
 }
 
+/// Returns the whole pages inside `region` to the OS, which backs them with zeros when next
+/// touched: the pool stays allocated, its resident memory shrinks. Elsewhere than Linux the
+/// memory stays as it is.
+fn release_pages<T>(region: &mut [T]) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+        let start = region.as_mut_ptr() as usize;
+        let end = start + std::mem::size_of_val(region);
+        let (first, last) = (start.next_multiple_of(page), end / page * page);
+        // SAFETY: the pages lie inside `region`, borrowed mutably, so nobody reads them now;
+        // MADV_DONTNEED on private anonymous memory only replaces their contents with zeros,
+        // which are valid values of every element type here.
+        if first < last
+            && unsafe {
+                libc::madvise(first as *mut libc::c_void, last - first, libc::MADV_DONTNEED)
+            } != 0
+        {
+            let error = std::io::Error::last_os_error();
+            tracing::debug!(%error, "KV pages stay resident");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = region;
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::Device;
 
     use super::*;
 
-    const SHAPES: [Option<KvShape>; 2] = [Some(KvShape { kv_heads: 2, head_dim: 64 }), None];
+    const SHAPES: [Option<KvShape>; 2] =
+        [Some(KvShape { kv_heads: 2, head_dim: 64, window: None }), None];
 
     /// Keys and values `(1, 2, new, 64)` that differ per position and head.
     fn rows(new: usize, seed: f32) -> Tensor {
@@ -489,5 +562,45 @@ mod tests {
             }
             assert!(kv.write_block(0, &[0; 3]).is_err());
         }
+    }
+
+    #[test]
+    fn released_window_rows_are_only_those_of_the_blocks_in_windowed_layers() {
+        let shape = |window| Some(KvShape { kv_heads: 2, head_dim: 64, window });
+        // 32 positions of 2 heads of 64 f32: 16 KiB per block, so whole pages inside each.
+        let shapes = [shape(Some(40)), None, shape(None)];
+        let kv = PagedKv::new(&shapes, KvType::F32, 4, 32);
+        assert_eq!(kv.widest_window(), Some(40));
+        assert_eq!(PagedKv::new(&SHAPES, KvType::F32, 1, 4).widest_window(), None);
+        let table = [3, 1, 0];
+        let (k, v) = (rows(96, 0.5), rows(96, 1.5));
+        for layer in [0, 2] {
+            kv.write(layer, &table, 0, &k, &v).unwrap();
+        }
+        let bytes = |block| kv.read_block(block).unwrap();
+        let before: Vec<Vec<u8>> = (0..4).map(bytes).collect();
+        kv.release_window_rows(&[1]).unwrap();
+        for block in [0, 2, 3] {
+            assert_eq!(bytes(block), before[block as usize], "block {block} kept");
+        }
+        // A block's bytes: the windowed layer's keys, its values, then the global layer's.
+        let (after, half) = (bytes(1), before[1].len() / 4);
+        assert_eq!(after[2 * half..], before[1][2 * half..], "the global layer kept its rows");
+        let zeroed = after[..2 * half].iter().zip(&before[1]).filter(|(a, b)| a != b).count();
+        assert!(zeroed > 0, "no page of the windowed layer's rows was released");
+        assert!(after[..2 * half].iter().zip(&before[1]).all(|(&a, &b)| a == b || a == 0));
+        // A run of blocks, given unordered and repeated, goes in one piece.
+        kv.release_window_rows(&[3, 2, 3]).unwrap();
+        assert_eq!(bytes(0), before[0]);
+        let mut kept = 0;
+        for block in [2, 3] {
+            let (after, before) = (bytes(block), &before[block as usize]);
+            assert_eq!(after[2 * half..], before[2 * half..]);
+            assert!(after[..2 * half].iter().zip(before).all(|(&a, &b)| a == b || a == 0));
+            kept += after[..2 * half].iter().filter(|&&b| b != 0).count();
+        }
+        // Of the 2 × 32 KiB run (keys, values), at most a page at either end of each stays.
+        assert!(kept <= 4 * 4096, "{kept} bytes kept");
+        assert!(kv.release_window_rows(&[4]).is_err(), "outside the pool");
     }
 }

@@ -152,6 +152,8 @@ pub struct EngineLoad {
     pub kv_blocks_total: AtomicUsize,
     /// Bytes of prefix-cache snapshots kept in memory.
     pub snapshot_bytes: AtomicUsize,
+    /// KV blocks whose sliding-window layers' rows were given back to the OS.
+    pub kv_window_released_blocks: AtomicUsize,
 }
 
 /// Handle to the engine thread; cloning shares the thread.
@@ -271,6 +273,7 @@ fn run(
         load.active.store(engine.running.len(), Ordering::Relaxed);
         engine.prefix.set_busy(!engine.running.is_empty());
         engine.step();
+        engine.prefix.release_window_rows(engine.running.values().map(Sequence::cache));
         // Before blocking for new work, so an idle engine reports itself idle.
         engine.report_memory();
         load.active.store(engine.running.len(), Ordering::Relaxed);
@@ -475,6 +478,8 @@ impl EngineState<'_> {
         self.load.kv_blocks_total.store(self.prefix.total_blocks(), Ordering::Relaxed);
         self.load.snapshot_bytes.store(self.prefix.snapshot_bytes(), Ordering::Relaxed);
         self.load.orphan_tokens_reused.store(self.prefix.orphan_tokens_reused(), Ordering::Relaxed);
+        let released = self.prefix.window_released_blocks();
+        self.load.kv_window_released_blocks.store(released, Ordering::Relaxed);
     }
 
     /// Frees an ended sequence's blocks and its place in the scheduler.

@@ -11,6 +11,7 @@ mod output;
 mod prefix_cache;
 pub mod sampler;
 mod sequence;
+mod window_rows;
 
 pub use blocking::{single_sequence_cache, Generation, GenerationStats};
 pub use bundle::{model_fingerprint, ModelBundle};

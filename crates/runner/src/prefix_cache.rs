@@ -25,6 +25,7 @@ use spindle_sched::{
 
 use crate::bundle::ModelBundle;
 use crate::disk_tier::{self, DiskConfig, DiskTier, Layout, StoredSnapshot};
+use crate::window_rows::WindowRows;
 
 /// Sizes of the KV storage and of the snapshot store.
 #[derive(Clone, Debug)]
@@ -39,6 +40,9 @@ pub struct CacheConfig {
     pub kv_type: KvType,
     /// Also keep snapshots on disk, across restarts.
     pub disk: Option<DiskConfig>,
+    /// Give the memory of sliding-window layers' rows that no query will see again back to
+    /// the OS (see `window_rows`); off keeps every layer's rows, to compare.
+    pub release_window_rows: bool,
 }
 
 impl Default for CacheConfig {
@@ -49,6 +53,7 @@ impl Default for CacheConfig {
             block_size: 16,
             kv_type: KvType::default(),
             disk: None,
+            release_window_rows: true,
         }
     }
 }
@@ -85,6 +90,8 @@ struct Snapshot {
     recurrent: RecurrentState,
     /// The logits for the next token, kept at the end of a prompt.
     logits: Option<Vec<f32>>,
+    /// The blocks whose sliding-window rows a resume here needs.
+    pinned: Vec<BlockId>,
 }
 
 impl Snapshot {
@@ -124,6 +131,8 @@ pub struct PrefixCache {
     orphan_reads: HashMap<BlockId, (usize, usize)>,
     /// Prompt positions a resume took from the cache that a dropped request had read.
     orphan_tokens_reused: usize,
+    /// For models with sliding-window layers: which blocks still hold their rows there.
+    window_rows: Option<WindowRows>,
 }
 
 impl PrefixCache {
@@ -147,7 +156,9 @@ impl PrefixCache {
                 .inspect_err(|e| tracing::error!(dir = %disk.dir.display(), error = %e, "the prefix cache's disk tier is off"))
                 .ok()
         });
+        let window = kv.widest_window().filter(|_| config.release_window_rows);
         Self {
+            window_rows: WindowRows::new(window, config.block_size),
             kv,
             pool: BlockPool::new(blocks, config.block_size),
             tree: PrefixTree::new(config.block_size, kind, config.snapshot_bytes),
@@ -189,7 +200,7 @@ impl PrefixCache {
     pub fn make_room(&mut self, blocks: usize) -> bool {
         if self.pool.free_blocks() < blocks {
             for dropped in self.tree.make_room(&mut self.pool, blocks) {
-                self.snapshots.remove(&dropped);
+                self.forget(dropped);
             }
         }
         self.pool.free_blocks() >= blocks
@@ -253,12 +264,14 @@ impl PrefixCache {
             };
             plan.key(point.position) == Some(snapshot.key)
                 && (point.position < prompt.len() || snapshot.logits.is_some())
+                && self.window_intact(point)
         });
         let at_cut = match self.tree.kind() {
             // Every point's blocks matched under this plan's keys; the first is the deepest.
-            CacheKind::AttentionOnly => {
-                points.first().and_then(|deepest| self.cut_within(deepest, plan))
-            }
+            CacheKind::AttentionOnly => points
+                .first()
+                .and_then(|deepest| self.cut_within(deepest, plan))
+                .filter(|cut| self.window_intact(cut)),
             CacheKind::Hybrid => None,
         };
         match (at_snapshot, at_cut) {
@@ -266,6 +279,14 @@ impl PrefixCache {
             (Some(snapshot), _) => Some(snapshot.clone()),
             (None, cut) => cut,
         }
+    }
+
+    /// Whether the sliding-window rows a resume at `point` reads are all there.
+    fn window_intact(&self, point: &ResumePoint) -> bool {
+        self.window_rows.as_ref().is_none_or(|rows| {
+            let blocks: Vec<BlockId> = point.blocks.iter().copied().chain(point.partial).collect();
+            rows.intact(&blocks, point.position)
+        })
     }
 
     /// `longest` cut back to the last place within it and before the prompt's end (which would
@@ -331,9 +352,18 @@ impl PrefixCache {
                 return;
             }
         }
-        let snapshot = Snapshot { key: stored.key, recurrent, logits: stored.logits };
+        let snapshot =
+            Snapshot { key: stored.key, recurrent, logits: stored.logits, pinned: Vec::new() };
         let keys = plan.block_keys(stored.tokens.len(), self.pool.block_size());
         self.insert(&stored.tokens, &keys, &blocks, snapshot);
+        // The file may hold released rows (zeros) before the snapshot's window: never read.
+        if let Some(rows) = &mut self.window_rows {
+            let behind = stored.tokens.len().saturating_sub(rows.window()) / self.pool.block_size();
+            let unread = &blocks[..behind.min(blocks.len())];
+            rows.mark_released(unread);
+            let ids: Vec<u32> = unread.iter().map(|b| b.0).collect();
+            self.kv.release_window_rows(&ids).expect("pool blocks");
+        }
         // The tree holds its own references to what it kept.
         self.pool.release(&blocks);
     }
@@ -358,6 +388,9 @@ impl PrefixCache {
         let blocks = self.pool.allocate(n)?;
         for block in &blocks {
             self.orphan_reads.remove(block);
+            if let Some(rows) = &mut self.window_rows {
+                rows.reallocated(*block);
+            }
         }
         Ok(blocks)
     }
@@ -423,6 +456,7 @@ impl PrefixCache {
             key,
             recurrent: cache.recurrent().clone(),
             logits: logits.map(<[f32]>::to_vec),
+            pinned: Vec::new(),
         };
         let blocks: Vec<BlockId> = cache.blocks()[..self.pool.blocks_for(tokens.len())]
             .iter()
@@ -458,10 +492,11 @@ impl PrefixCache {
         let inserted =
             self.tree.insert(tokens, keys, blocks, Some((id, snapshot.bytes())), &mut self.pool);
         for dropped in inserted.dropped_snapshots {
-            self.snapshots.remove(&dropped);
+            self.forget(dropped);
         }
         if inserted.snapshot_stored {
-            self.snapshots.insert(id, snapshot);
+            let pinned = self.pin_window(tokens, keys, id);
+            self.snapshots.insert(id, Snapshot { pinned, ..snapshot });
             return Some(id);
         }
         // A longer prompt left a snapshot here without logits (its prompt went on): the same
@@ -471,10 +506,47 @@ impl PrefixCache {
         let logits = snapshot.logits.filter(|_| old.logits.is_none() && old.key == snapshot.key)?;
         let bytes = old.bytes() + logits.len() * std::mem::size_of::<f32>();
         for dropped in self.tree.resize_snapshot(existing, bytes, &mut self.pool)? {
-            self.snapshots.remove(&dropped);
+            self.forget(dropped);
         }
         self.snapshots.get_mut(&existing).expect("the tree kept it").logits = Some(logits);
         Some(existing)
+    }
+
+    /// Pins the sliding-window rows before the new snapshot `id` at the end of `tokens`: those
+    /// of the blocks the tree holds there, which may be older ones than the offered.
+    fn pin_window(&mut self, tokens: &[u32], keys: &[u64], id: SnapshotId) -> Vec<BlockId> {
+        let Some(rows) = &mut self.window_rows else { return Vec::new() };
+        let bs = self.pool.block_size();
+        let points = self.tree.lookup(tokens, |end| keys[(end - 1) / bs]);
+        let Some(point) = points.into_iter().find(|p| p.snapshot == Some(id)) else {
+            return Vec::new();
+        };
+        let blocks: Vec<BlockId> = point.blocks.into_iter().chain(point.partial).collect();
+        rows.pin(&blocks, point.position)
+    }
+
+    /// Drops the payload of a snapshot the tree let go, and its pins.
+    fn forget(&mut self, id: SnapshotId) {
+        if let Some(snapshot) = self.snapshots.remove(&id) {
+            if let Some(rows) = &mut self.window_rows {
+                rows.unpin(&snapshot.pinned);
+            }
+        }
+    }
+
+    /// Gives back the sliding-window rows that `running` sequences and cached snapshots no
+    /// longer need.
+    pub fn release_window_rows<'c>(&mut self, running: impl Iterator<Item = &'c SequenceCache>) {
+        let Some(rows) = &mut self.window_rows else { return };
+        let blocks = rows.releasable(running);
+        if !blocks.is_empty() {
+            self.kv.release_window_rows(&blocks).expect("pool blocks");
+        }
+    }
+
+    /// Blocks whose sliding-window rows were given back.
+    pub fn window_released_blocks(&self) -> usize {
+        self.window_rows.as_ref().map_or(0, WindowRows::released)
     }
 
     /// Whether sequences are running: the disk tier writes only in between.

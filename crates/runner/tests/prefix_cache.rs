@@ -138,7 +138,7 @@ fn cache_config(kv_bytes: usize, snapshot_bytes: usize) -> CacheConfig {
         snapshot_bytes,
         block_size: BLOCK,
         kv_type: KvType::default(),
-        disk: None,
+        ..CacheConfig::default()
     }
 }
 

@@ -27,6 +27,7 @@ pub struct Metrics {
     orphan_prefill_tokens: Counter,
     orphan_tokens_reused: Counter,
     snapshot_bytes: Gauge,
+    window_released_blocks: Gauge,
     queue_depth: Gauge,
     running: Gauge,
     vllm: VllmMetrics,
@@ -108,6 +109,7 @@ impl Default for Metrics {
         let orphan_prefill_tokens = Counter::default();
         let orphan_tokens_reused = Counter::default();
         let snapshot_bytes = Gauge::default();
+        let window_released_blocks = Gauge::default();
         let queue_depth = Gauge::default();
         let running = Gauge::default();
         registry.register("requests", "HTTP requests by endpoint and status", requests.clone());
@@ -148,6 +150,11 @@ impl Default for Metrics {
             "Memory of prefix-cache snapshots",
             snapshot_bytes.clone(),
         );
+        registry.register(
+            "kv_window_released_blocks",
+            "KV blocks whose sliding-window layers' keys and values were given back to the OS",
+            window_released_blocks.clone(),
+        );
         registry.register("queue_depth", "Requests waiting for the engine", queue_depth.clone());
         registry.register("running_requests", "Sequences the engine is running", running.clone());
         Self {
@@ -163,6 +170,7 @@ impl Default for Metrics {
             orphan_prefill_tokens,
             orphan_tokens_reused,
             snapshot_bytes,
+            window_released_blocks,
             queue_depth,
             running,
         }
@@ -192,6 +200,8 @@ impl Metrics {
             load.orphan_tokens_reused.load(Ordering::Relaxed) as u64,
         );
         self.snapshot_bytes.set(load.snapshot_bytes.load(Ordering::Relaxed) as i64);
+        let released = load.kv_window_released_blocks.load(Ordering::Relaxed);
+        self.window_released_blocks.set(released as i64);
         self.vllm.update(load, self.prompt_tokens.get(), self.cached_prompt_tokens.get());
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");

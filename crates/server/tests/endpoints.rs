@@ -46,6 +46,7 @@ async fn models_health_and_metrics() {
         "spindle_inter_token_latency_seconds_bucket",
         "spindle_prefill_tokens_per_second_bucket",
         "spindle_prefix_cache_snapshot_bytes",
+        "spindle_kv_window_released_blocks",
         "spindle_orphan_prefill_tokens_total",
         "spindle_orphan_prefill_reused_tokens_total",
         "vllm:num_requests_waiting",

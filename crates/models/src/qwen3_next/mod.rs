@@ -126,7 +126,11 @@ impl CausalLm for Qwen3Next {
     }
 
     fn kv_shapes(&self) -> Vec<Option<KvShape>> {
-        let shape = KvShape { kv_heads: self.cfg.num_key_value_heads, head_dim: self.cfg.head_dim };
+        let shape = KvShape {
+            kv_heads: self.cfg.num_key_value_heads,
+            head_dim: self.cfg.head_dim,
+            window: None,
+        };
         self.cfg
             .layer_types()
             .into_iter()
