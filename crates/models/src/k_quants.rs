@@ -9,7 +9,6 @@ use rayon::prelude::*;
 
 use crate::dense::{check_cols, SharedOutput};
 use crate::error::Result;
-use crate::isa::Isa;
 
 /// Values per K-quant block.
 pub(crate) const BLOCK: usize = 256;
@@ -38,10 +37,12 @@ pub(crate) enum Kernel {
 }
 
 impl Kernel {
-    /// The widest copy this machine runs (narrowed by `SPINDLE_ISA`, see [`Isa::best`]).
+    /// The widest copy this machine runs (narrowed by `SPINDLE_ISA`: see
+    /// [`crate::isa::Isa::best`]).
     pub fn best() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
+            use crate::isa::Isa;
             use std::arch::is_x86_feature_detected as has;
             match Isa::best() {
                 Isa::Avx512 if has!("avx512bw") && has!("avx512vnni") => return Self::Vnni,
