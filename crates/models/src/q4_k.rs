@@ -13,7 +13,7 @@
 //!
 //! The AVX2 copy has no `vpdpbusd`: `vpmaddubsw` products of a sub-block's 8 value groups are
 //! summed in 16 bits (at most 8·2·15·127 = 30480, so exact), and one `vpmaddwd` by the
-//! sub-block's scale widens and scales them: 2 instructions per 64 products where candle's AVX2
+//! sub-block's scale widens and scales them: 2 instructions per 32 products where candle's AVX2
 //! tiles take 3 and a float multiply-add per sub-block and token.
 
 use candle_core::Tensor;
