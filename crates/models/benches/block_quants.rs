@@ -1,11 +1,12 @@
 //! Spindle's tile kernels for Q5_0 / Q4_1 / Q8_0 / Q4_K / Q6_K against candle's kernels for the
 //! same types, both as the server runs them: candle's through `QuantizedMatrix` (row shards on
 //! our rayon pool, candle's own pool off), ours through `BlockMatrix`, `Q4KMatrix` and
-//! `Q6KMatrix` (the K-quant ones on CPUs with AVX-512 VNNI). Qwen2.5's down projections, one token
-//! (decode) and 64 (a prefill chunk); A and B alternate, medians with min and max and the
-//! weight bytes read per second at one token.
+//! `Q6KMatrix` (the K-quant ones on CPUs with AVX2 or AVX-512 VNNI). Qwen2.5's down
+//! projections, one token (decode) and 64 (a prefill chunk); A and B alternate, medians with min
+//! and max and the weight bytes read per second at one token.
 //! Run: `cargo bench -p spindle-models --bench block_quants [-- q4k q6k …]` (formats to
-//! measure; all by default). `SPINDLE_ISA=avx2` measures the AVX2 copies on an AVX-512 CPU.
+//! measure; all by default). `SPINDLE_ISA=avx2` measures the AVX2 copies on an AVX-512 CPU, and
+//! candle's AVX2 tier beside them (`MISTRALRS_FORCE_AVX2=0` keeps candle's widest).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +24,13 @@ fn main() {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         // SAFETY: no other thread runs yet.
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
+    }
+    // candle picks its repacked kernels' tier by itself: without this it would run its AVX-512
+    // VNNI tier against our AVX2 copies.
+    let avx2 = std::env::var("SPINDLE_ISA").is_ok_and(|isa| isa == "avx2");
+    if avx2 && std::env::var_os("MISTRALRS_FORCE_AVX2").is_none() {
+        // SAFETY: no other thread runs yet.
+        unsafe { std::env::set_var("MISTRALRS_FORCE_AVX2", "1") };
     }
     println!("{} rayon threads", rayon::current_num_threads());
     let formats =

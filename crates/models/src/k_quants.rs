@@ -22,16 +22,57 @@ const PARALLEL_MIN_WEIGHTS: usize = 1 << 21;
 /// Inputs quantized in parallel from this many values (a prefill chunk, not a decode step).
 const PARALLEL_MIN_VALUES: usize = 1 << 17;
 
-/// Whether this CPU runs the K-quant kernels (AVX-512 with VNNI; others keep candle's).
-pub fn supported() -> bool {
+/// The copies of the K-quant tile kernels. Every copy performs the portable reference's
+/// integer and float operations in its order, so all give the same bits (tested).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// Plain Rust (the tests' reference; such CPUs keep candle's kernels).
+    Portable,
+    /// AVX2 with FMA and F16C: `vpmaddubsw` into 16-bit sub-block sums, scaled by `vpmaddwd`.
     #[cfg(target_arch = "x86_64")]
-    {
-        crate::isa::Isa::best() == crate::isa::Isa::Avx512
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
+    Avx2,
+    /// AVX-512 with VNNI: `vpdpbusd` on whole 16-row tiles.
+    #[cfg(target_arch = "x86_64")]
+    Vnni,
+}
+
+impl Kernel {
+    /// The widest copy this machine runs (narrowed by `SPINDLE_ISA`: see
+    /// [`crate::isa::Isa::best`]).
+    pub fn best() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::isa::Isa;
+            use std::arch::is_x86_feature_detected as has;
+            match Isa::best() {
+                Isa::Avx512 if has!("avx512bw") && has!("avx512vnni") => return Self::Vnni,
+                Isa::Avx512 | Isa::Avx2 => return Self::Avx2,
+                Isa::Portable => {}
+            }
+        }
+        Self::Portable
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+
+    /// Every copy this machine runs (the tests compare them).
+    #[cfg(test)]
+    pub fn available() -> Vec<Self> {
+        let mut kernels = vec![Self::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Self::best() != Self::Portable {
+                kernels.push(Self::Avx2);
+            }
+            if Self::best() == Self::Vnni {
+                kernels.push(Self::Vnni);
+            }
+        }
+        kernels
+    }
+}
+
+/// Whether this CPU runs the K-quant kernels (AVX2 or AVX-512 VNNI; others keep candle's).
+pub fn supported() -> bool {
+    Kernel::best() != Kernel::Portable
 }
 
 /// Whether a `rows × cols` matrix fits the tiling.
@@ -114,6 +155,45 @@ pub(crate) fn assert_within_activation_rounding(
     }
 }
 
+/// For the kernels' tests: on every kernel copy, `product` of 64 tokens (extreme values
+/// among them) gives `reference`'s bits (`[token][row]` from the quantized activations), and
+/// runs of 1–5 and 13 tokens from the fourth, and each token alone, give the same bits as in
+/// the batch of 64.
+#[cfg(test)]
+pub(crate) fn assert_copies_give_the_reference_in_any_batch(
+    rows: usize,
+    cols: usize,
+    product: impl Fn(&Tensor, Kernel) -> Result<Tensor>,
+    reference: impl Fn(&Activations) -> Vec<Vec<f32>>,
+) {
+    let tokens = 64;
+    let mut batch: Vec<f32> =
+        (0..tokens).flat_map(|t| crate::test_data::sample(cols, 99 + t)).collect();
+    batch[5] = 1e4;
+    batch[cols + 7] = -1e4;
+    batch[2 * cols..2 * cols + BLOCK].fill(0.0);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let want: Vec<Vec<u32>> =
+        reference(&Activations::quantize(&batch, cols)).iter().map(|r| bits(r)).collect();
+    assert_eq!((want.len(), want[0].len()), (tokens as usize, rows));
+    let kernels = Kernel::available();
+    assert!(kernels.len() > 1 || !cfg!(target_arch = "x86_64"), "no SIMD copy ran");
+    for kernel in kernels {
+        let run = |from: usize, n: usize| -> Vec<Vec<u32>> {
+            let x = batch[from * cols..(from + n) * cols].to_vec();
+            let y = product(&Tensor::from_vec(x, (n, cols), &Device::Cpu).unwrap(), kernel);
+            y.unwrap().to_vec2::<f32>().unwrap().iter().map(|r| bits(r)).collect()
+        };
+        assert!(run(0, tokens as usize) == want, "{kernel:?}: 64 tokens differ from the reference");
+        for n in [1, 2, 3, 4, 5, 13] {
+            assert!(run(3, n) == want[3..3 + n], "{kernel:?}: {n} tokens differ");
+        }
+        for (t, want) in want.iter().enumerate() {
+            assert!(run(t, 1)[0] == *want, "{kernel:?}: token {t} alone differs");
+        }
+    }
+}
+
 /// Activations quantized to 8 bits per 256-value block, one token after another.
 pub(crate) struct Activations {
     pub cols: usize,
@@ -135,7 +215,9 @@ impl Activations {
             quants: vec![0; x.len()],
             pair_sums: vec![0; blocks * 4],
         };
-        let quantize = |(((xs, qs), d), sums): BlockSlices| *d = quantize_block(xs, qs, sums);
+        let kernel = Kernel::best();
+        let quantize =
+            |(((xs, qs), d), sums): BlockSlices| *d = quantize_block(kernel, xs, qs, sums);
         if x.len() >= PARALLEL_MIN_VALUES {
             let blocks =
                 x.par_chunks(BLOCK).zip(out.quants.par_chunks_mut(BLOCK)).zip(out.d.par_iter_mut());
@@ -153,13 +235,16 @@ impl Activations {
 }
 
 /// Quantizes one block into `qs` and the sums of its sub-block pairs; returns its step.
-fn quantize_block(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if supported() {
+fn quantize_block(kernel: Kernel, xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has the features the function is compiled for.
-        return unsafe { vnni::quantize_block(xs, qs, pair_sums) };
+        Kernel::Vnni => unsafe { vnni::quantize_block(xs, qs, pair_sums) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Kernel::Avx2 => unsafe { avx2::quantize_block(xs, qs, pair_sums) },
+        Kernel::Portable => quantize_block_reference(xs, qs, pair_sums),
     }
-    quantize_block_reference(xs, qs, pair_sums)
 }
 
 fn quantize_block_reference(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
@@ -228,6 +313,59 @@ mod vnni {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::BLOCK;
+
+    /// [`super::quantize_block_reference`], 8 values at a time (`vcvtps2dq` rounds to
+    /// nearest even, as `round_ties_even`; the levels lie within ±127, so packing does not
+    /// saturate).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn quantize_block(xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
+        assert!(xs.len() == BLOCK && qs.len() == BLOCK && pair_sums.len() == 4);
+        let sign = _mm256_set1_ps(-0.0);
+        let mut amax = _mm256_setzero_ps();
+        for i in 0..BLOCK / 8 {
+            let x = _mm256_andnot_ps(sign, _mm256_loadu_ps(xs.as_ptr().add(8 * i)));
+            amax = _mm256_max_ps(amax, x);
+        }
+        let amax = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        let amax = _mm_max_ps(amax, _mm_movehl_ps(amax, amax));
+        let amax = _mm_cvtss_f32(_mm_max_ss(amax, _mm_shuffle_ps(amax, amax, 1)));
+        let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let scale = _mm256_set1_ps(inverse);
+        // `packs` interleaves 128-bit lanes; this puts the 32 bytes back in order.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let ones = _mm256_set1_epi16(1);
+        for (half, sums) in pair_sums.iter_mut().enumerate() {
+            let mut sub_sums = [0i32; 2];
+            for (sub, sum) in sub_sums.iter_mut().enumerate() {
+                let at = half * 64 + sub * 32;
+                let q = |j: usize| {
+                    let x = _mm256_loadu_ps(xs.as_ptr().add(at + 8 * j));
+                    _mm256_cvtps_epi32(_mm256_mul_ps(x, scale))
+                };
+                let words = [_mm256_packs_epi32(q(0), q(1)), _mm256_packs_epi32(q(2), q(3))];
+                let bytes = _mm256_packs_epi16(words[0], words[1]);
+                let bytes = _mm256_permutevar8x32_epi32(bytes, order);
+                _mm256_storeu_si256(qs.as_mut_ptr().add(at) as *mut __m256i, bytes);
+                let s = _mm256_madd_epi16(_mm256_add_epi16(words[0], words[1]), ones);
+                let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+                *sum = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01)));
+            }
+            *sums = (sub_sums[0] & 0xFFFF) | (sub_sums[1] << 16);
+        }
+        if amax > 0.0 {
+            1.0 / inverse
+        } else {
+            0.0
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,12 +377,14 @@ mod tests {
         x[7] = -3.5;
         x[BLOCK..2 * BLOCK].fill(0.0);
         x[2 * BLOCK + 9] = f32::MIN_POSITIVE;
-        for xs in x.chunks(BLOCK) {
-            let (mut qa, mut qb, mut sa, mut sb) =
-                ([0i8; BLOCK], [0i8; BLOCK], [0i32; 4], [0i32; 4]);
-            let da = quantize_block(xs, &mut qa, &mut sa);
-            let db = quantize_block_reference(xs, &mut qb, &mut sb);
-            assert_eq!((da.to_bits(), qa, sa), (db.to_bits(), qb, sb));
+        for kernel in Kernel::available() {
+            for xs in x.chunks(BLOCK) {
+                let (mut qa, mut qb, mut sa, mut sb) =
+                    ([0i8; BLOCK], [0i8; BLOCK], [0i32; 4], [0i32; 4]);
+                let da = quantize_block(kernel, xs, &mut qa, &mut sa);
+                let db = quantize_block_reference(xs, &mut qb, &mut sb);
+                assert_eq!((da.to_bits(), qa, sa), (db.to_bits(), qb, sb), "{kernel:?}");
+            }
         }
     }
 }

@@ -32,9 +32,10 @@ enum LinearWeight {
     /// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 in 16-row tiles (candle's kernels for these are
     /// scalar or slower); shared with a tied embedding table.
     Block(Arc<BlockMatrix>),
-    /// Ours on CPUs with AVX-512 VNNI: ~1.27× candle's kernel per core.
+    /// Ours on CPUs with AVX-512 VNNI (~1.27× candle's kernel per core) or AVX2.
     Q4K(Q4KMatrix),
-    /// Ours on CPUs with AVX-512 VNNI (candle's ran at about half our Q4_K's speed per byte).
+    /// Ours on CPUs with AVX-512 VNNI or AVX2 (candle's ran at about half our Q4_K's speed per
+    /// byte).
     Q6K(Q6KMatrix),
     /// Float weights, with a reduction order that does not depend on the row count.
     Dense(DenseMatrix),

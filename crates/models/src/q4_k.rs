@@ -1,5 +1,5 @@
-//! Q4_K weights × 8-bit activations with AVX-512 VNNI, for CPUs that have it (others keep
-//! candle's kernels).
+//! Q4_K weights × 8-bit activations with AVX-512 VNNI or AVX2 (other CPUs keep candle's
+//! kernels).
 //!
 //! candle applies every 32-value sub-block's scale and minimum in float, per token: two fused
 //! multiply-adds in one dependency chain per sub-block, which left its VNNI kernel waiting on
@@ -10,13 +10,18 @@
 //! Each output is reduced block by block in the same order whatever tokens share its pass, and
 //! the integer parts are exact, so a token's results do not depend on its batch. The portable
 //! [`dot_reference`] performs the same operations and gives the same bits (tested).
+//!
+//! The AVX2 copy has no `vpdpbusd`: `vpmaddubsw` products of a sub-block's 8 value groups are
+//! summed in 16 bits (at most 8·2·15·127 = 30480, so exact), and one `vpmaddwd` by the
+//! sub-block's scale widens and scales them: 2 instructions per 32 products where candle's AVX2
+//! tiles take 3 and a float multiply-add per sub-block and token.
 
 use candle_core::Tensor;
 use half::f16;
 
 use crate::error::{ModelError, Result};
 use crate::huge_pages;
-use crate::k_quants::{fits, tiled_product, Activations, TileSums, BLOCK, TILE_ROWS};
+use crate::k_quants::{fits, tiled_product, Activations, Kernel, TileSums, BLOCK, TILE_ROWS};
 
 /// Bytes of a Q4_K block (one scale and one minimum per 32-value sub-block, 8 of them).
 const BLOCK_BYTES: usize = 144;
@@ -71,9 +76,14 @@ impl Q4KMatrix {
 
     /// x: (tokens, cols) → (tokens, rows)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.product(x, Kernel::best())
+    }
+
+    /// [`Self::forward`] on a given kernel copy (the tests run each).
+    fn product(&self, x: &Tensor, kernel: Kernel) -> Result<Tensor> {
         let blocks = self.cols / BLOCK;
         let tile_dot = |tile: usize, acts: &Activations, _: &(), first, group, sums: &mut _| {
-            tile_dot(&self.tiles[tile * blocks..][..blocks], acts, first, group, sums)
+            tile_dot(kernel, &self.tiles[tile * blocks..][..blocks], acts, first, group, sums)
         };
         tiled_product(x, self.rows, self.cols, "q4_k matmul", |_| (), tile_dot)
     }
@@ -121,30 +131,42 @@ fn pack_tile_block<'a>(gguf_block: impl Fn(usize) -> &'a [u8]) -> TileBlock {
     tile
 }
 
-/// `sums[t][r]` = row `r` of `tile` · token `first + t`, for `group` tokens.
+/// `sums[t][r]` = row `r` of `tile` · token `first + t`, for `group` tokens, on `kernel`.
 fn tile_dot(
+    kernel: Kernel,
     tile: &[TileBlock],
     acts: &Activations,
     first: usize,
     group: usize,
     sums: &mut TileSums,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::k_quants::supported() {
-        // SAFETY: the CPU has the features the kernel is compiled for.
-        unsafe {
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Kernel::best` chose this copy for a CPU with its features.
+        Kernel::Vnni => unsafe {
             match group {
                 1 => vnni::tile_dot::<1>(tile, acts, first, sums),
                 2 => vnni::tile_dot::<2>(tile, acts, first, sums),
                 3 => vnni::tile_dot::<3>(tile, acts, first, sums),
                 _ => vnni::tile_dot::<4>(tile, acts, first, sums),
             }
-        }
-        return;
-    }
-    for (t, row_sums) in sums[..group].iter_mut().enumerate() {
-        for (r, v) in row_sums.iter_mut().enumerate() {
-            *v = dot_reference(tile, acts, first + t, r);
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Kernel::Avx2 => unsafe {
+            match group {
+                1 => avx2::tile_dot::<1>(tile, acts, first, sums),
+                2 => avx2::tile_dot::<2>(tile, acts, first, sums),
+                3 => avx2::tile_dot::<3>(tile, acts, first, sums),
+                _ => avx2::tile_dot::<4>(tile, acts, first, sums),
+            }
+        },
+        Kernel::Portable => {
+            for (t, row_sums) in sums[..group].iter_mut().enumerate() {
+                for (r, v) in row_sums.iter_mut().enumerate() {
+                    *v = dot_reference(tile, acts, first + t, r);
+                }
+            }
         }
     }
 }
@@ -256,6 +278,95 @@ mod vnni {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{Activations, TileBlock, TileSums, BLOCK, TILE_ROWS};
+
+    /// [`super::dot_reference`] for 16 rows, as two halves of 8, and `M` tokens from `first`.
+    /// Per sub-block and row, `vpmaddubsw` pair sums of the 8 value groups add up in 16 bits
+    /// (exact, see the module), and `vpmaddwd` by the scale in both halves of the row's word
+    /// pair gives the reference's `Σ sc·Σ qa` term; the rest is the reference's arithmetic.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tile_dot<const M: usize>(
+        tile: &[TileBlock],
+        acts: &Activations,
+        first: usize,
+        sums: &mut TileSums,
+    ) {
+        let blocks = acts.cols / BLOCK;
+        let low_nibbles = _mm256_set1_epi8(0x0F);
+        let mut acc = [[_mm256_setzero_ps(); M]; 2];
+        for (b, tb) in tile.iter().enumerate() {
+            let quants = |m: usize| {
+                acts.quants.as_ptr().add(((first + m) * blocks + b) * BLOCK) as *const i32
+            };
+            for (half, acc) in acc.iter_mut().enumerate() {
+                let rows = 8 * half;
+                // Row r's scale in both 16-bit halves of its 32-bit lane.
+                let scales = |s: usize| {
+                    let sc = _mm_cvtepu8_epi16(_mm_loadl_epi64(
+                        tb.scales[s].as_ptr().add(rows) as *const __m128i
+                    ));
+                    _mm256_set_m128i(_mm_unpackhi_epi16(sc, sc), _mm_unpacklo_epi16(sc, sc))
+                };
+                let mut scaled = [_mm256_setzero_si256(); M];
+                for p in 0..4 {
+                    let mut lo = [_mm256_setzero_si256(); M];
+                    let mut hi = [_mm256_setzero_si256(); M];
+                    for g in 0..8 {
+                        let at = tb.quants.as_ptr().add((p * 8 + g) * 64 + 4 * rows);
+                        let w = _mm256_load_si256(at as *const __m256i);
+                        let w_lo = _mm256_and_si256(w, low_nibbles);
+                        let w_hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low_nibbles);
+                        for m in 0..M {
+                            let qs = quants(m).add(16 * p + g);
+                            let a_lo = _mm256_set1_epi32(qs.read_unaligned());
+                            let a_hi = _mm256_set1_epi32(qs.add(8).read_unaligned());
+                            lo[m] = _mm256_add_epi16(lo[m], _mm256_maddubs_epi16(w_lo, a_lo));
+                            hi[m] = _mm256_add_epi16(hi[m], _mm256_maddubs_epi16(w_hi, a_hi));
+                        }
+                    }
+                    let (sc_lo, sc_hi) = (scales(2 * p), scales(2 * p + 1));
+                    for m in 0..M {
+                        let both = _mm256_add_epi32(
+                            _mm256_madd_epi16(lo[m], sc_lo),
+                            _mm256_madd_epi16(hi[m], sc_hi),
+                        );
+                        scaled[m] = _mm256_add_epi32(scaled[m], both);
+                    }
+                }
+                let f16s = |v: &[half::f16; TILE_ROWS]| {
+                    _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(rows) as *const __m128i))
+                };
+                let (d, dmin) = (f16s(&tb.d), f16s(&tb.dmin));
+                for m in 0..M {
+                    let block = (first + m) * blocks + b;
+                    let mut min_sum = _mm256_setzero_si256();
+                    for q in 0..4 {
+                        let mins = _mm256_loadu_si256(
+                            tb.min_pairs[q].as_ptr().add(rows) as *const __m256i
+                        );
+                        let sums = _mm256_set1_epi32(acts.pair_sums[block * 4 + q]);
+                        min_sum = _mm256_add_epi32(min_sum, _mm256_madd_epi16(mins, sums));
+                    }
+                    let dx = _mm256_set1_ps(acts.d[block]);
+                    let scaled = _mm256_cvtepi32_ps(scaled[m]);
+                    acc[m] = _mm256_fmadd_ps(scaled, _mm256_mul_ps(d, dx), acc[m]);
+                    let min_sum = _mm256_cvtepi32_ps(min_sum);
+                    acc[m] = _mm256_fnmadd_ps(min_sum, _mm256_mul_ps(dmin, dx), acc[m]);
+                }
+            }
+        }
+        for (half, acc) in acc.iter().enumerate() {
+            for m in 0..M {
+                _mm256_storeu_ps(sums[m].as_mut_ptr().add(8 * half), acc[m]);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,34 +387,29 @@ mod tests {
     }
 
     #[test]
-    fn kernel_equals_the_reference_bit_for_bit_and_tokens_do_not_depend_on_their_batch() {
-        let (rows, cols) = (48, 768);
-        let q = quantized(rows, cols, 11);
-        let m = Q4KMatrix::new(rows, cols, &q.data().unwrap()).unwrap();
-        // Seven tokens run as a group of four and one of three; extreme values too.
-        let mut batch: Vec<f32> = (0..7).flat_map(|t| sample(cols, 99 + t)).collect();
-        batch[5] = 1e4;
-        batch[cols + 300..cols + 556].fill(0.0);
-        let acts = Activations::quantize(&batch, cols);
-        let among = m
-            .forward(&Tensor::from_vec(batch.clone(), (7, cols), &Device::Cpu).unwrap())
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
-        let blocks = cols / BLOCK;
-        for (t, x) in batch.chunks(cols).enumerate() {
-            let alone =
-                m.forward(&Tensor::from_vec(x.to_vec(), (1, cols), &Device::Cpu).unwrap()).unwrap();
-            assert_eq!(alone.get(0).unwrap().to_vec1::<f32>().unwrap(), among[t], "token {t}");
-            for (r, got) in among[t].iter().enumerate() {
-                let reference = dot_reference(
-                    &m.tiles[(r / TILE_ROWS) * blocks..][..blocks],
-                    &acts,
-                    t,
-                    r % TILE_ROWS,
-                );
-                assert_eq!(reference.to_bits(), got.to_bits(), "token {t}, row {r}");
-            }
+    fn every_kernel_copy_gives_the_reference_bits_alone_or_in_a_batch() {
+        for (rows, cols, seed) in [(48, 768, 11), (16, 256, 3)] {
+            let q = quantized(rows, cols, seed);
+            let m = Q4KMatrix::new(rows, cols, &q.data().unwrap()).unwrap();
+            let blocks = cols / BLOCK;
+            let reference = |acts: &Activations| {
+                let tokens = acts.tokens();
+                let row = |t, r: usize| {
+                    dot_reference(
+                        &m.tiles[(r / TILE_ROWS) * blocks..][..blocks],
+                        acts,
+                        t,
+                        r % TILE_ROWS,
+                    )
+                };
+                (0..tokens).map(|t| (0..rows).map(|r| row(t, r)).collect()).collect()
+            };
+            crate::k_quants::assert_copies_give_the_reference_in_any_batch(
+                rows,
+                cols,
+                |x, kernel| m.product(x, kernel),
+                reference,
+            );
         }
     }
 
