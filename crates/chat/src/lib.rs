@@ -32,6 +32,7 @@
 
 mod detokenize;
 mod error;
+mod gguf_meta;
 mod gguf_vocab;
 mod jinja_compat;
 mod reasoning;
@@ -42,6 +43,7 @@ mod tool_calls;
 
 pub use detokenize::IncrementalDecoder;
 pub use error::ChatError;
+pub use gguf_meta::{GgufMetadata, GgufValue};
 pub use reasoning::{prompt_ends_in_reasoning, ReasoningSplitter, Split};
 pub use stop::{StopMatcher, StopStep};
 pub use template::{ChatTemplate, TemplateInput};
