@@ -35,6 +35,7 @@ mod error;
 mod gguf_meta;
 mod gguf_vocab;
 mod jinja_compat;
+mod profile;
 mod reasoning;
 mod stop;
 mod template;
@@ -44,6 +45,7 @@ mod tool_calls;
 pub use detokenize::IncrementalDecoder;
 pub use error::ChatError;
 pub use gguf_meta::{GgufMetadata, GgufValue};
+pub use profile::{ModelProfile, ReasoningProfile, TemplateCapabilities};
 pub use reasoning::{prompt_ends_in_reasoning, ReasoningSplitter, Split};
 pub use stop::{StopMatcher, StopStep};
 pub use template::{ChatTemplate, TemplateInput};
@@ -61,5 +63,6 @@ mod tests {
         assert_send_sync::<crate::Tokenizer>();
         assert_send_sync::<crate::ChatTemplate>();
         assert_send_sync::<crate::IncrementalDecoder>();
+        assert_send_sync::<crate::ModelProfile>();
     }
 }
