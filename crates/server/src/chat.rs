@@ -17,7 +17,7 @@ use spindle_api::{
     ChatCompletionRequest, ChatDelta, ChatMessage, ChoiceLogprobs, FinishReason as ApiFinishReason,
     Role, ToolCallDelta, Usage,
 };
-use spindle_chat::{prompt_ends_in_reasoning, TemplateInput};
+use spindle_chat::TemplateInput;
 use spindle_constrain::Constraint;
 use spindle_runner::{FinishReason, ReasoningBudget, ReasoningMode, SequenceSummary, TextDelta};
 
@@ -30,9 +30,6 @@ use crate::sse::{done_event, event_stream, json_event, keep_alive};
 use crate::state::{Admission, AppState};
 use crate::structured::answer_shape;
 use crate::tool_output::{assemble_calls, ToolCallStage};
-
-const THINK_OPEN: &str = "<think>";
-const THINK_CLOSE: &str = "</think>";
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
@@ -101,32 +98,23 @@ fn plan(
     let bundle = &state.bundle;
     let tools: Vec<Value> = request.tools.iter().map(|t| json!(t)).collect();
     let rendered = render_prompt(state, &request.messages, &tools, &request.chat_template_kwargs)?;
-    let (prompt, thinking) = (&rendered.text, rendered.thinking);
     // The template writes BOS itself where the model wants one.
-    let (prompt_ids, spans) = bundle.tokenizer.encode_with_spans(prompt).map_err(failure)?;
+    let (prompt_ids, spans) =
+        bundle.tokenizer.encode_with_spans(&rendered.text).map_err(failure)?;
     let snapshot_positions = token_positions(&rendered.message_ends, &spans);
     let max_tokens = fit_max_tokens(state, prompt_ids.len(), request.max_output_tokens())?;
 
-    let reasoning = if thinking && bundle.template.source().contains(THINK_OPEN) {
-        ReasoningMode::ThinkTags {
-            starts_inside: prompt_ends_in_reasoning(prompt, THINK_OPEN, THINK_CLOSE),
-        }
-    } else {
-        ReasoningMode::Off
-    };
-    let reasoning_budget = match reasoning {
-        ReasoningMode::Off => None,
-        ReasoningMode::ThinkTags { .. } => Some(ReasoningBudget {
+    let reasoning = rendered.reasoning;
+    let reasoning_budget = match (reasoning, &state.profile.reasoning) {
+        (ReasoningMode::ThinkTags { .. }, Some(tags)) => Some(ReasoningBudget {
             max_tokens: request
                 .thinking_budget
                 .or(request.max_reasoning_tokens)
                 .map(|n| n as usize)
                 .or(state.config.thinking_budget),
-            close_ids: bundle
-                .tokenizer
-                .encode(&format!("\n{THINK_CLOSE}\n\n"), false)
-                .map_err(failure)?,
+            close_ids: tags.close_ids.clone(),
         }),
+        _ => None,
     };
     if let Some(budget) = &reasoning_budget {
         check_room_to_answer(max_tokens, budget)?;
@@ -179,9 +167,9 @@ fn token_positions(ends: &[usize], spans: &[(usize, usize)]) -> Vec<usize> {
 /// A conversation rendered by the chat template.
 pub(crate) struct RenderedPrompt {
     pub text: String,
-    /// Thinking is on: the server's template kwargs, then the request's, then `--no-thinking`
-    /// where neither says.
-    pub thinking: bool,
+    /// Think tags split the answer when the template knows them and thinking is on (the
+    /// server's template kwargs, then the request's, then `--no-thinking` where neither says).
+    pub reasoning: ReasoningMode,
     /// Byte offsets in `text` where the prefix cache keeps snapshots: the end of every message,
     /// and before each assistant message the end of the prompt that asked for it (with the
     /// generation prompt), so the next call of a growing conversation resumes where the last
@@ -201,7 +189,13 @@ pub(crate) fn render_prompt(
     if !state.config.thinking_default {
         kwargs.entry("enable_thinking").or_insert(Value::Bool(false));
     }
-    let thinking = kwargs.get("enable_thinking") != Some(&Value::Bool(false));
+    let enable_thinking = kwargs.get("enable_thinking");
+    let reasoning = match &state.profile.reasoning {
+        Some(tags) if enable_thinking != Some(&Value::Bool(false)) => {
+            ReasoningMode::ThinkTags { starts_inside: tags.starts_inside(enable_thinking) }
+        }
+        _ => ReasoningMode::Off,
+    };
     let messages: Vec<Value> = messages.iter().map(template_message).collect();
     let render = |messages: &[Value], add_generation_prompt: bool| {
         state.bundle.template.render(&TemplateInput {
@@ -249,7 +243,7 @@ pub(crate) fn render_prompt(
     }
     message_ends.sort_unstable();
     message_ends.dedup();
-    Ok(RenderedPrompt { text, thinking, message_ends })
+    Ok(RenderedPrompt { text, reasoning, message_ends })
 }
 
 /// A message as chat templates expect it: `developer` read as `system`, content as one string
