@@ -45,7 +45,7 @@ mod tool_calls;
 pub use detokenize::IncrementalDecoder;
 pub use error::ChatError;
 pub use gguf_meta::{GgufMetadata, GgufValue};
-pub use profile::{ModelProfile, ReasoningProfile, TemplateCapabilities};
+pub use profile::{MessageBoundaries, ModelProfile, ReasoningProfile, TemplateCapabilities};
 pub use reasoning::{prompt_ends_in_reasoning, ReasoningSplitter, Split};
 pub use stop::{StopMatcher, StopStep};
 pub use template::{ChatTemplate, TemplateInput};

@@ -1,7 +1,8 @@
 //! What serving a model needs to know about its chat format, found once when the model is
 //! loaded: the reasoning tags and whether the template opens the block itself, the syntax the
-//! model writes tool calls in, and what the template can render. Request handlers read this
-//! instead of searching the template's source or rendering probes for every request.
+//! model writes tool calls in, where rendered messages end, and what the template can render.
+//! Request handlers read this instead of searching the template's source or rendering probes
+//! (or every prefix of the conversation) for every request.
 
 use serde_json::{json, Map, Value as Json};
 
@@ -15,6 +16,7 @@ const THINK_CLOSE: &str = "</think>";
 /// what carried it.
 const PROBE_TOOL: &str = "spindle_probe_tool";
 const PROBE_SYSTEM: &str = "spindle probe system prompt";
+const PROBE_ANSWER: &str = "spindle probe answer";
 
 /// A model's chat format, as its template and tokenizer define it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +25,17 @@ pub struct ModelProfile {
     pub reasoning: Option<ReasoningProfile>,
     /// `--tool-call-parser` where given, else the template's, else Hermes (the most common).
     pub tool_call_format: ToolCallFormat,
+    /// `None` where the template ends user and assistant turns differently (or not at all).
+    pub boundaries: Option<MessageBoundaries>,
     pub capabilities: TemplateCapabilities,
+}
+
+/// How the template marks where messages end, learnt from a one-turn conversation rendered
+/// with and without the answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageBoundaries {
+    /// What follows every message, e.g. `<|im_end|>\n` (ChatML) or `<|eot_id|>` (Llama 3).
+    pub turn_end: String,
 }
 
 /// The reasoning block a model writes before its answer.
@@ -94,7 +106,7 @@ impl ModelProfile {
                 _ => false,
             },
         };
-        Ok(Self { reasoning, tool_call_format, capabilities })
+        Ok(Self { reasoning, tool_call_format, boundaries: probe.boundaries(), capabilities })
     }
 }
 
@@ -106,6 +118,34 @@ impl ReasoningProfile {
             None => self.opens_by_default,
             Some(_) => self.opens_when_enabled,
         }
+    }
+}
+
+impl MessageBoundaries {
+    /// Byte offsets in `prompt` (rendered with the generation prompt) where a message ends,
+    /// and where an assistant turn's opening ends when it is spelled as the prompt's own
+    /// generation prompt (where the prompt that asked for that turn ended), short of the end.
+    /// The marker written inside a message's text also counts: a cut there costs a snapshot
+    /// nobody resumes from, never a wrong answer.
+    pub fn find(&self, prompt: &str) -> Vec<usize> {
+        let turn_ends: Vec<usize> = prompt
+            .match_indices(self.turn_end.as_str())
+            .map(|(at, marker)| at + marker.len())
+            .collect();
+        let Some(&last) = turn_ends.last() else { return Vec::new() };
+        let generation_prompt = &prompt[last..];
+        let mut ends = Vec::new();
+        for end in turn_ends {
+            ends.push(end);
+            if !generation_prompt.is_empty() && prompt[end..].starts_with(generation_prompt) {
+                ends.push(end + generation_prompt.len());
+            }
+        }
+        ends.retain(|&end| end < prompt.len());
+        // A marker straddling a generation prompt's end would put them out of order.
+        ends.sort_unstable();
+        ends.dedup();
+        ends
     }
 }
 
@@ -126,6 +166,27 @@ impl Probe<'_> {
     /// A user turn and the generation prompt after it.
     fn generation_prompt(&self, extra: Map<String, Json>) -> Option<String> {
         self.render(&[user()], None, &extra, true)
+    }
+
+    /// The turn end is what follows the answer. User turns must end the same way, and both the
+    /// answer's turn and the generation prompt must extend the conversation before them, for
+    /// offsets in one rendering to hold in the next call's.
+    fn boundaries(&self) -> Option<MessageBoundaries> {
+        let no_extra = Map::new();
+        let asked = self.render(&[user()], None, &no_extra, false)?;
+        let answered = self.render(
+            &[user(), json!({"role": "assistant", "content": PROBE_ANSWER})],
+            None,
+            &no_extra,
+            false,
+        )?;
+        let prompt = self.generation_prompt(no_extra.clone())?;
+        let turn_end = &answered[answered.rfind(PROBE_ANSWER)? + PROBE_ANSWER.len()..];
+        let consistent = !turn_end.is_empty()
+            && asked.ends_with(turn_end)
+            && answered.starts_with(&asked)
+            && prompt.starts_with(&asked);
+        consistent.then(|| MessageBoundaries { turn_end: turn_end.to_string() })
     }
 
     /// Whether `needle`, carried by `messages` or `tools`, reaches the prompt.
@@ -162,6 +223,20 @@ mod tests {
             opens_when_enabled,
             close_ids: vec![1],
         }
+    }
+
+    #[test]
+    fn ends_are_turn_ends_and_generation_prompts_before_the_prompts_end() {
+        let chatml = MessageBoundaries { turn_end: "<|im_end|>\n".into() };
+        let prompt = "<|im_start|>user\nA<|im_end|>\n<|im_start|>assistant\nB<|im_end|>\n\
+                      <|im_start|>user\nC<|im_end|>\n<|im_start|>assistant\n";
+        let at = |needle: &str| prompt.find(needle).unwrap();
+        let asking = prompt.rfind("<|im_start|>assistant").unwrap();
+        // B's turn opens as this prompt's generation prompt does: where the prompt that asked
+        // for B ended counts too.
+        let expected = [at("<|im_start|>assistant\nB"), at("B"), at("<|im_start|>user\nC"), asking];
+        assert_eq!(chatml.find(prompt), expected);
+        assert!(chatml.find("no markers at all").is_empty());
     }
 
     #[test]

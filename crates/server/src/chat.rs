@@ -170,11 +170,13 @@ pub(crate) struct RenderedPrompt {
     /// Think tags split the answer when the template knows them and thinking is on (the
     /// server's template kwargs, then the request's, then `--no-thinking` where neither says).
     pub reasoning: ReasoningMode,
-    /// Byte offsets in `text` where the prefix cache keeps snapshots: the end of every message,
-    /// and before each assistant message the end of the prompt that asked for it (with the
-    /// generation prompt), so the next call of a growing conversation resumes where the last
-    /// one's prompt ended. Every call of a conversation cuts its prefill at the same offsets,
-    /// which is what lets one call continue the state another computed.
+    /// Byte offsets in `text` where the prefix cache keeps snapshots: the end of every message
+    /// (a preamble the template writes as a turn of its own included), and before each
+    /// assistant message the end of the prompt that asked for it (with the generation prompt),
+    /// so the next call of a growing conversation resumes where the last one's prompt ended.
+    /// Every call of a conversation cuts its prefill at the same offsets, which is what lets
+    /// one call continue the state another computed. Found by the turn markers the model
+    /// profile learnt, without rendering any shorter conversation.
     pub message_ends: Vec<usize>,
 }
 
@@ -197,52 +199,15 @@ pub(crate) fn render_prompt(
         _ => ReasoningMode::Off,
     };
     let messages: Vec<Value> = messages.iter().map(template_message).collect();
-    let render = |messages: &[Value], add_generation_prompt: bool| {
-        state.bundle.template.render(&TemplateInput {
-            messages,
-            tools: (!tools.is_empty()).then_some(tools),
-            add_generation_prompt,
-            extra: &kwargs,
-        })
+    let input = TemplateInput {
+        messages: &messages,
+        tools: (!tools.is_empty()).then_some(tools),
+        add_generation_prompt: true,
+        extra: &kwargs,
     };
     // A template refusing the messages (its `raise_exception`) is a 400; failing by itself, a 500.
-    let text = render(&messages, true).map_err(failure)?;
-    let leading_system = messages.len() > 1 && messages[0]["role"] == "system";
-    let mut prefixes = Vec::new();
-    for n in 1..=messages.len() {
-        if messages[n - 1]["role"] == "assistant" {
-            prefixes.push(render(&messages[..n - 1], true));
-        }
-        prefixes.push(render(&messages[..n], false));
-    }
-    // A template may render a shorter conversation differently (Qwen3 drops earlier reasoning)
-    // or refuse it: such ends are not on the prompt's path and are skipped.
-    let mut message_ends: Vec<usize> = prefixes
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter(|prefix| {
-            !prefix.is_empty() && prefix.len() < text.len() && text.starts_with(prefix.as_str())
-        })
-        .map(|prefix| prefix.len())
-        .collect();
-    if !leading_system && !tools.is_empty() {
-        // No system message, but the template writes its own preamble (the tools, a default
-        // system prompt) that every call of an agent shares: it ends where a different first
-        // message would begin to render differently.
-        let mut other = messages.clone();
-        other[0]["content"] = json!("\u{1}");
-        if let Ok(variant) = render(&other, true) {
-            let mut shared = text.bytes().zip(variant.bytes()).take_while(|(a, b)| a == b).count();
-            while !text.is_char_boundary(shared) {
-                shared -= 1;
-            }
-            if shared > 0 && shared < text.len() {
-                message_ends.push(shared);
-            }
-        }
-    }
-    message_ends.sort_unstable();
-    message_ends.dedup();
+    let text = state.bundle.template.render(&input).map_err(failure)?;
+    let message_ends = state.profile.boundaries.as_ref().map_or_else(Vec::new, |b| b.find(&text));
     Ok(RenderedPrompt { text, reasoning, message_ends })
 }
 
