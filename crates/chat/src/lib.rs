@@ -1,7 +1,8 @@
 //! Text side of the engine: tokenizers (from `tokenizer.json` or a GGUF header), chat
 //! templates rendered with minijinja the way transformers renders them with Jinja2, and
 //! incremental detokenization that never splits a UTF-8 character. Generated answers are
-//! read back for tool calls in the format the model writes them (`ToolCallParser`).
+//! read back for tool calls in the format the model writes them (`ToolCallParser`). What a
+//! server needs to know about a model's chat format is read once, at load (`ModelProfile`).
 //!
 //! A request goes through it like this:
 //!

@@ -126,7 +126,8 @@ impl MessageBoundaries {
     /// and where an assistant turn's opening ends when it is spelled as the prompt's own
     /// generation prompt (where the prompt that asked for that turn ended), short of the end.
     /// The marker written inside a message's text also counts: a cut there costs a snapshot
-    /// nobody resumes from, never a wrong answer.
+    /// nobody resumes from, never a wrong answer. The offsets come out in increasing order:
+    /// the generation prompt follows the last marker, so it holds none.
     pub fn find(&self, prompt: &str) -> Vec<usize> {
         let turn_ends: Vec<usize> = prompt
             .match_indices(self.turn_end.as_str())
@@ -142,9 +143,6 @@ impl MessageBoundaries {
             }
         }
         ends.retain(|&end| end < prompt.len());
-        // A marker straddling a generation prompt's end would put them out of order.
-        ends.sort_unstable();
-        ends.dedup();
         ends
     }
 }
