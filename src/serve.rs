@@ -194,7 +194,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         orphan_prefill_tokens: args.orphan_prefill_tokens.unwrap_or(ctx_size),
         batch: BatchConfig::new(batch_dir),
     };
-    let state = spindle_server::start(config, bundle);
+    let state = spindle_server::start(config, bundle)?;
     if let Some(schema) = &state.config.guided_json {
         // A schema that can't be enforced fails here, not on every request.
         let grammars = state.grammars().map_err(anyhow::Error::msg)?;

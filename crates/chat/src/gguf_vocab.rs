@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 
-use candle_core::quantized::gguf_file::Value;
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
@@ -21,6 +20,7 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::error::ChatError;
+use crate::gguf_meta::{GgufMetadata, GgufValue};
 
 /// llama.cpp token types (`llama_token_type`).
 const TYPE_NORMAL: i32 = 1;
@@ -53,24 +53,25 @@ pub struct GgufVocab {
 }
 
 /// Reads the `tokenizer.ggml.*` keys.
-pub fn from_metadata(meta: &HashMap<String, Value>) -> Result<GgufVocab, ChatError> {
+pub fn from_metadata(meta: &GgufMetadata) -> Result<GgufVocab, ChatError> {
     let model = string(meta, "tokenizer.ggml.model")?;
     let tokens: Vec<String> = array(meta, "tokenizer.ggml.tokens")?
         .iter()
         .map(|v| {
-            v.to_string()
-                .cloned()
-                .map_err(|e| ChatError::Gguf(format!("tokenizer.ggml.tokens: {e}")))
+            v.as_str().map(str::to_string).ok_or_else(|| {
+                ChatError::Gguf(format!("tokenizer.ggml.tokens: not a string: {v:?}"))
+            })
         })
         .collect::<Result<_, _>>()?;
-    let types: Vec<i32> = match meta.get("tokenizer.ggml.token_type") {
-        Some(Value::Array(a)) => a.iter().map(|v| v.to_i32().unwrap_or(TYPE_NORMAL)).collect(),
-        _ => vec![TYPE_NORMAL; tokens.len()],
+    let types: Vec<i32> = match meta.get("tokenizer.ggml.token_type").and_then(GgufValue::as_array)
+    {
+        Some(a) => a.iter().map(|v| v.as_i32().unwrap_or(TYPE_NORMAL)).collect(),
+        None => vec![TYPE_NORMAL; tokens.len()],
     };
     let id = |key: &str| {
-        meta.get(key).and_then(|v| v.to_u32().ok()).filter(|&i| (i as usize) < tokens.len())
+        meta.get(key).and_then(GgufValue::as_u32).filter(|&i| (i as usize) < tokens.len())
     };
-    let flag = |key: &str| meta.get(key).and_then(|v| v.to_bool().ok());
+    let flag = |key: &str| meta.get(key).and_then(GgufValue::as_bool);
     let (kind, mut tokenizer) = match model {
         "gpt2" => (VocabKind::ByteLevel, byte_level_bpe(meta, &tokens)?),
         "llama" => {
@@ -116,22 +117,19 @@ pub fn from_metadata(meta: &HashMap<String, Value>) -> Result<GgufVocab, ChatErr
 }
 
 fn byte_level_bpe(
-    meta: &HashMap<String, Value>,
+    meta: &GgufMetadata,
     tokens: &[String],
 ) -> Result<tokenizers::Tokenizer, ChatError> {
     let merges: Vec<(String, String)> = array(meta, "tokenizer.ggml.merges")?
         .iter()
-        .filter_map(|v| v.to_string().ok())
+        .filter_map(GgufValue::as_str)
         .map(|m| {
             m.split_once(' ')
                 .map(|(l, r)| (l.to_string(), r.to_string()))
                 .ok_or_else(|| ChatError::Gguf(format!("merge '{m}' is not two pieces")))
         })
         .collect::<Result<_, _>>()?;
-    let pre = match meta.get("tokenizer.ggml.pre") {
-        Some(Value::String(s)) => s.as_str(),
-        _ => "default",
-    };
+    let pre = meta.get("tokenizer.ggml.pre").and_then(GgufValue::as_str).unwrap_or("default");
     let split = |pattern: &str| -> Result<Split, ChatError> {
         Ok(Split::new(
             SplitPattern::Regex(pattern.to_string()),
@@ -159,13 +157,13 @@ fn byte_level_bpe(
 }
 
 fn sentencepiece_bpe(
-    meta: &HashMap<String, Value>,
+    meta: &GgufMetadata,
     tokens: &[String],
     unk: Option<String>,
     add_space_prefix: bool,
 ) -> Result<tokenizers::Tokenizer, ChatError> {
     let scores: Vec<f32> =
-        array(meta, "tokenizer.ggml.scores")?.iter().map(|v| v.to_f32().unwrap_or(0.0)).collect();
+        array(meta, "tokenizer.ggml.scores")?.iter().map(|v| v.as_f32().unwrap_or(0.0)).collect();
     let ids: HashMap<&str, usize> =
         tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
     // SentencePiece merges the adjacent pair whose joined piece scores highest. As BPE merges:
@@ -211,49 +209,47 @@ fn vocab_map(tokens: &[String]) -> Vocab {
     tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect()
 }
 
-fn string<'a>(meta: &'a HashMap<String, Value>, key: &str) -> Result<&'a str, ChatError> {
-    match meta.get(key) {
-        Some(Value::String(s)) => Ok(s),
-        _ => Err(ChatError::Gguf(format!("missing string '{key}'"))),
-    }
+fn string<'a>(meta: &'a GgufMetadata, key: &str) -> Result<&'a str, ChatError> {
+    meta.get(key)
+        .and_then(GgufValue::as_str)
+        .ok_or_else(|| ChatError::Gguf(format!("missing string '{key}'")))
 }
 
-fn array<'a>(meta: &'a HashMap<String, Value>, key: &str) -> Result<&'a Vec<Value>, ChatError> {
-    match meta.get(key) {
-        Some(Value::Array(a)) => Ok(a),
-        _ => Err(ChatError::Gguf(format!("missing array '{key}'"))),
-    }
+fn array<'a>(meta: &'a GgufMetadata, key: &str) -> Result<&'a [GgufValue], ChatError> {
+    meta.get(key)
+        .and_then(GgufValue::as_array)
+        .ok_or_else(|| ChatError::Gguf(format!("missing array '{key}'")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn strings(items: &[&str]) -> Value {
-        Value::Array(items.iter().map(|s| Value::String(s.to_string())).collect())
+    fn strings(items: &[&str]) -> GgufValue {
+        GgufValue::Array(items.iter().map(|s| GgufValue::String(s.to_string())).collect())
     }
 
     /// A six-piece SentencePiece vocabulary: "ab" outscores "bc", so "abc" splits as ab|c.
-    fn toy_spm() -> HashMap<String, Value> {
+    fn toy_spm() -> GgufMetadata {
         HashMap::from([
-            ("tokenizer.ggml.model".to_string(), Value::String("llama".into())),
+            ("tokenizer.ggml.model".to_string(), GgufValue::String("llama".into())),
             (
                 "tokenizer.ggml.tokens".to_string(),
                 strings(&["<unk>", "<s>", "a", "b", "c", "ab", "bc", "<0x41>", "▁", "▁a"]),
             ),
             (
                 "tokenizer.ggml.scores".to_string(),
-                Value::Array(
-                    [0., 0., -1., -1., -1., -2., -3., 0., -1., -1.5].map(Value::F32).to_vec(),
+                GgufValue::Array(
+                    [0., 0., -1., -1., -1., -2., -3., 0., -1., -1.5].map(GgufValue::Float).to_vec(),
                 ),
             ),
             (
                 "tokenizer.ggml.token_type".to_string(),
-                Value::Array([2, 3, 1, 1, 1, 1, 1, 6, 1, 1].map(Value::I32).to_vec()),
+                GgufValue::Array([2, 3, 1, 1, 1, 1, 1, 6, 1, 1].map(GgufValue::Int).to_vec()),
             ),
-            ("tokenizer.ggml.bos_token_id".to_string(), Value::U32(1)),
-            ("tokenizer.ggml.unknown_token_id".to_string(), Value::U32(0)),
-            ("tokenizer.ggml.add_space_prefix".to_string(), Value::Bool(false)),
+            ("tokenizer.ggml.bos_token_id".to_string(), GgufValue::UInt(1)),
+            ("tokenizer.ggml.unknown_token_id".to_string(), GgufValue::UInt(0)),
+            ("tokenizer.ggml.add_space_prefix".to_string(), GgufValue::Bool(false)),
         ])
     }
 
@@ -272,7 +268,7 @@ mod tests {
     #[test]
     fn space_prefix_is_added_per_segment_and_stripped_on_decode() {
         let mut meta = toy_spm();
-        meta.insert("tokenizer.ggml.add_space_prefix".into(), Value::Bool(true));
+        meta.insert("tokenizer.ggml.add_space_prefix".into(), GgufValue::Bool(true));
         let vocab = from_metadata(&meta).unwrap();
         let ids = vocab.tokenizer.encode_fast("a ab", false).unwrap().get_ids().to_vec();
         assert_eq!(ids, [9, 9, 3]);
@@ -282,7 +278,7 @@ mod tests {
     #[test]
     fn unknown_tokenizer_model_is_named_in_the_error() {
         let mut meta = toy_spm();
-        meta.insert("tokenizer.ggml.model".into(), Value::String("rwkv".into()));
+        meta.insert("tokenizer.ggml.model".into(), GgufValue::String("rwkv".into()));
         let err = from_metadata(&meta).err().unwrap();
         assert!(err.to_string().contains("rwkv"), "{err}");
     }

@@ -1,7 +1,8 @@
 //! Text side of the engine: tokenizers (from `tokenizer.json` or a GGUF header), chat
 //! templates rendered with minijinja the way transformers renders them with Jinja2, and
 //! incremental detokenization that never splits a UTF-8 character. Generated answers are
-//! read back for tool calls in the format the model writes them (`ToolCallParser`).
+//! read back for tool calls in the format the model writes them (`ToolCallParser`). What a
+//! server needs to know about a model's chat format is read once, at load (`ModelProfile`).
 //!
 //! A request goes through it like this:
 //!
@@ -32,8 +33,10 @@
 
 mod detokenize;
 mod error;
+mod gguf_meta;
 mod gguf_vocab;
 mod jinja_compat;
+mod profile;
 mod reasoning;
 mod stop;
 mod template;
@@ -42,6 +45,8 @@ mod tool_calls;
 
 pub use detokenize::IncrementalDecoder;
 pub use error::ChatError;
+pub use gguf_meta::{GgufMetadata, GgufValue};
+pub use profile::{MessageBoundaries, ModelProfile, ReasoningProfile, TemplateCapabilities};
 pub use reasoning::{prompt_ends_in_reasoning, ReasoningSplitter, Split};
 pub use stop::{StopMatcher, StopStep};
 pub use template::{ChatTemplate, TemplateInput};
@@ -59,5 +64,6 @@ mod tests {
         assert_send_sync::<crate::Tokenizer>();
         assert_send_sync::<crate::ChatTemplate>();
         assert_send_sync::<crate::IncrementalDecoder>();
+        assert_send_sync::<crate::ModelProfile>();
     }
 }

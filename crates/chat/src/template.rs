@@ -3,15 +3,14 @@
 //! string methods (minijinja-contrib's pycompat), and transformers' `tojson`,
 //! `raise_exception` and `strftime_now` (see `jinja_compat`).
 
-use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::quantized::gguf_file::Value;
 use minijinja::syntax::SyntaxConfig;
 use minijinja::Environment;
 use serde_json::Value as Json;
 
 use crate::error::ChatError;
+use crate::gguf_meta::GgufMetadata;
 use crate::{jinja_compat, Tokenizer};
 
 /// Used when a model ships no template.
@@ -75,15 +74,10 @@ impl ChatTemplate {
     }
 
     /// The template stored in a GGUF header (`tokenizer.chat_template`), if any.
-    pub fn from_gguf(
-        metadata: &HashMap<String, Value>,
-        tok: &Tokenizer,
-    ) -> Result<Option<Self>, ChatError> {
-        match metadata.get("tokenizer.chat_template") {
-            Some(Value::String(source)) => {
-                Ok(Some(Self::new(source, tok.bos_token(), tok.eos_token())?))
-            }
-            _ => Ok(None),
+    pub fn from_gguf(metadata: &GgufMetadata, tok: &Tokenizer) -> Result<Option<Self>, ChatError> {
+        match metadata.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
+            Some(source) => Ok(Some(Self::new(source, tok.bos_token(), tok.eos_token())?)),
+            None => Ok(None),
         }
     }
 

@@ -4,10 +4,10 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use candle_core::quantized::gguf_file::Value;
 use serde_json::Value as Json;
 
 use crate::error::ChatError;
+use crate::gguf_meta::GgufMetadata;
 use crate::gguf_vocab::{self, VocabKind};
 
 /// Tokens that end a chat turn, and so end generation, wherever a vocabulary defines them.
@@ -77,7 +77,7 @@ impl Tokenizer {
 
     /// Builds the tokenizer a GGUF header describes (`tokenizer.ggml.*`): byte-level BPE
     /// (`gpt2`) or SentencePiece (`llama`).
-    pub fn from_gguf(metadata: &HashMap<String, Value>) -> Result<Self, ChatError> {
+    pub fn from_gguf(metadata: &GgufMetadata) -> Result<Self, ChatError> {
         let v = gguf_vocab::from_metadata(metadata)?;
         Ok(Self::new(v.tokenizer, v.kind, v.bos_id, v.add_bos, v.eos_id, v.eos_ids))
     }

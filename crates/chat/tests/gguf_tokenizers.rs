@@ -1,14 +1,12 @@
 //! GGUF-built tokenizers against llama.cpp's tokenization of the same files
 //! (tests/data/reference/<model>.json, made by scripts/reference/make_fixtures.py).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 mod common;
 
-use candle_core::quantized::gguf_file::Value;
 use serde::Deserialize;
-use spindle_chat::{IncrementalDecoder, Tokenizer};
+use spindle_chat::{GgufMetadata, IncrementalDecoder, Tokenizer};
 
 #[derive(Deserialize)]
 struct Fixture {
@@ -32,7 +30,7 @@ struct Generation {
     greedy_ids: Vec<u32>,
 }
 
-fn load(model: &str) -> (Fixture, HashMap<String, Value>) {
+fn load(model: &str) -> (Fixture, GgufMetadata) {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let path = root.join(format!("tests/data/reference/{model}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

@@ -26,9 +26,7 @@ fn tokenizer() -> Tokenizer {
         Ok(spindle_hub::ModelFiles::Gguf(path)) => path,
         other => panic!("smollm2-135m: {other:?}"),
     };
-    let mut file = std::fs::File::open(&path).unwrap();
-    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
-    Tokenizer::from_gguf(&content.metadata).unwrap()
+    Tokenizer::from_gguf(&spindle_runner::read_tokenizer_metadata(&path).unwrap()).unwrap()
 }
 
 /// Schemas of the kinds clients send.

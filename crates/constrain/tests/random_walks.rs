@@ -22,9 +22,7 @@ fn tokenizer() -> &'static Tokenizer {
                 Ok(spindle_hub::ModelFiles::Gguf(path)) => path,
                 other => panic!("qwen2.5-coder-0.5b: {other:?}"),
             };
-        let mut file = std::fs::File::open(&path).unwrap();
-        let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
-        Tokenizer::from_gguf(&content.metadata).unwrap()
+        Tokenizer::from_gguf(&spindle_runner::read_tokenizer_metadata(&path).unwrap()).unwrap()
     })
 }
 

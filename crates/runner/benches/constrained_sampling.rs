@@ -21,8 +21,7 @@ fn main() {
         Ok(spindle_hub::ModelFiles::Gguf(path)) => path,
         other => panic!("qwen2.5-coder-0.5b: {other:?}"),
     };
-    let mut file = std::fs::File::open(&path).unwrap();
-    let metadata = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap().metadata;
+    let metadata = spindle_runner::read_tokenizer_metadata(&path).unwrap();
     let tokenizer = Tokenizer::from_gguf(&metadata).unwrap();
     let started = Instant::now();
     let grammars = Grammars::new(&tokenizer).unwrap();

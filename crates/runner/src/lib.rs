@@ -14,7 +14,7 @@ mod sequence;
 mod window_rows;
 
 pub use blocking::{single_sequence_cache, Generation, GenerationStats};
-pub use bundle::{model_fingerprint, ModelBundle};
+pub use bundle::{model_fingerprint, read_tokenizer_metadata, ModelBundle};
 pub use disk_tier::DiskConfig;
 pub use engine::{
     Engine, EngineConfig, EngineLoad, EngineStopped, FinishReason, ReasoningBudget, SequenceEvent,

@@ -101,7 +101,8 @@ fn bundle(model: &str, weights: Weights) -> Arc<ModelBundle> {
         Weights::Served => Arc::new(ModelBundle::load(&ModelFiles::Gguf(path)).unwrap()),
         Weights::F32 => {
             let tokenizer =
-                Tokenizer::from_gguf(&spindle_models::read_gguf_metadata(&path).unwrap()).unwrap();
+                Tokenizer::from_gguf(&spindle_runner::read_tokenizer_metadata(&path).unwrap())
+                    .unwrap();
             Arc::new(ModelBundle {
                 model: spindle_models::load_gguf_f32(&path).unwrap(),
                 tokenizer,

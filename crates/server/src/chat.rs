@@ -17,7 +17,7 @@ use spindle_api::{
     ChatCompletionRequest, ChatDelta, ChatMessage, ChoiceLogprobs, FinishReason as ApiFinishReason,
     Role, ToolCallDelta, Usage,
 };
-use spindle_chat::{prompt_ends_in_reasoning, TemplateInput};
+use spindle_chat::TemplateInput;
 use spindle_constrain::Constraint;
 use spindle_runner::{FinishReason, ReasoningBudget, ReasoningMode, SequenceSummary, TextDelta};
 
@@ -30,9 +30,6 @@ use crate::sse::{done_event, event_stream, json_event, keep_alive};
 use crate::state::{Admission, AppState};
 use crate::structured::answer_shape;
 use crate::tool_output::{assemble_calls, ToolCallStage};
-
-const THINK_OPEN: &str = "<think>";
-const THINK_CLOSE: &str = "</think>";
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
@@ -101,32 +98,23 @@ fn plan(
     let bundle = &state.bundle;
     let tools: Vec<Value> = request.tools.iter().map(|t| json!(t)).collect();
     let rendered = render_prompt(state, &request.messages, &tools, &request.chat_template_kwargs)?;
-    let (prompt, thinking) = (&rendered.text, rendered.thinking);
     // The template writes BOS itself where the model wants one.
-    let (prompt_ids, spans) = bundle.tokenizer.encode_with_spans(prompt).map_err(failure)?;
+    let (prompt_ids, spans) =
+        bundle.tokenizer.encode_with_spans(&rendered.text).map_err(failure)?;
     let snapshot_positions = token_positions(&rendered.message_ends, &spans);
     let max_tokens = fit_max_tokens(state, prompt_ids.len(), request.max_output_tokens())?;
 
-    let reasoning = if thinking && bundle.template.source().contains(THINK_OPEN) {
-        ReasoningMode::ThinkTags {
-            starts_inside: prompt_ends_in_reasoning(prompt, THINK_OPEN, THINK_CLOSE),
-        }
-    } else {
-        ReasoningMode::Off
-    };
-    let reasoning_budget = match reasoning {
-        ReasoningMode::Off => None,
-        ReasoningMode::ThinkTags { .. } => Some(ReasoningBudget {
+    let reasoning = rendered.reasoning;
+    let reasoning_budget = match (reasoning, &state.profile.reasoning) {
+        (ReasoningMode::ThinkTags { .. }, Some(tags)) => Some(ReasoningBudget {
             max_tokens: request
                 .thinking_budget
                 .or(request.max_reasoning_tokens)
                 .map(|n| n as usize)
                 .or(state.config.thinking_budget),
-            close_ids: bundle
-                .tokenizer
-                .encode(&format!("\n{THINK_CLOSE}\n\n"), false)
-                .map_err(failure)?,
+            close_ids: tags.close_ids.clone(),
         }),
+        _ => None,
     };
     if let Some(budget) = &reasoning_budget {
         check_room_to_answer(max_tokens, budget)?;
@@ -179,14 +167,16 @@ fn token_positions(ends: &[usize], spans: &[(usize, usize)]) -> Vec<usize> {
 /// A conversation rendered by the chat template.
 pub(crate) struct RenderedPrompt {
     pub text: String,
-    /// Thinking is on: the server's template kwargs, then the request's, then `--no-thinking`
-    /// where neither says.
-    pub thinking: bool,
-    /// Byte offsets in `text` where the prefix cache keeps snapshots: the end of every message,
-    /// and before each assistant message the end of the prompt that asked for it (with the
-    /// generation prompt), so the next call of a growing conversation resumes where the last
-    /// one's prompt ended. Every call of a conversation cuts its prefill at the same offsets,
-    /// which is what lets one call continue the state another computed.
+    /// Think tags split the answer when the template knows them and thinking is on (the
+    /// server's template kwargs, then the request's, then `--no-thinking` where neither says).
+    pub reasoning: ReasoningMode,
+    /// Byte offsets in `text` where the prefix cache keeps snapshots: the end of every message
+    /// (a preamble the template writes as a turn of its own included), and before each
+    /// assistant message the end of the prompt that asked for it (with the generation prompt),
+    /// so the next call of a growing conversation resumes where the last one's prompt ended.
+    /// Every call of a conversation cuts its prefill at the same offsets, which is what lets
+    /// one call continue the state another computed. Found by the turn markers the model
+    /// profile learnt, without rendering any shorter conversation.
     pub message_ends: Vec<usize>,
 }
 
@@ -201,55 +191,24 @@ pub(crate) fn render_prompt(
     if !state.config.thinking_default {
         kwargs.entry("enable_thinking").or_insert(Value::Bool(false));
     }
-    let thinking = kwargs.get("enable_thinking") != Some(&Value::Bool(false));
+    let enable_thinking = kwargs.get("enable_thinking");
+    let reasoning = match &state.profile.reasoning {
+        Some(tags) if enable_thinking != Some(&Value::Bool(false)) => {
+            ReasoningMode::ThinkTags { starts_inside: tags.starts_inside(enable_thinking) }
+        }
+        _ => ReasoningMode::Off,
+    };
     let messages: Vec<Value> = messages.iter().map(template_message).collect();
-    let render = |messages: &[Value], add_generation_prompt: bool| {
-        state.bundle.template.render(&TemplateInput {
-            messages,
-            tools: (!tools.is_empty()).then_some(tools),
-            add_generation_prompt,
-            extra: &kwargs,
-        })
+    let input = TemplateInput {
+        messages: &messages,
+        tools: (!tools.is_empty()).then_some(tools),
+        add_generation_prompt: true,
+        extra: &kwargs,
     };
     // A template refusing the messages (its `raise_exception`) is a 400; failing by itself, a 500.
-    let text = render(&messages, true).map_err(failure)?;
-    let leading_system = messages.len() > 1 && messages[0]["role"] == "system";
-    let mut prefixes = Vec::new();
-    for n in 1..=messages.len() {
-        if messages[n - 1]["role"] == "assistant" {
-            prefixes.push(render(&messages[..n - 1], true));
-        }
-        prefixes.push(render(&messages[..n], false));
-    }
-    // A template may render a shorter conversation differently (Qwen3 drops earlier reasoning)
-    // or refuse it: such ends are not on the prompt's path and are skipped.
-    let mut message_ends: Vec<usize> = prefixes
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter(|prefix| {
-            !prefix.is_empty() && prefix.len() < text.len() && text.starts_with(prefix.as_str())
-        })
-        .map(|prefix| prefix.len())
-        .collect();
-    if !leading_system && !tools.is_empty() {
-        // No system message, but the template writes its own preamble (the tools, a default
-        // system prompt) that every call of an agent shares: it ends where a different first
-        // message would begin to render differently.
-        let mut other = messages.clone();
-        other[0]["content"] = json!("\u{1}");
-        if let Ok(variant) = render(&other, true) {
-            let mut shared = text.bytes().zip(variant.bytes()).take_while(|(a, b)| a == b).count();
-            while !text.is_char_boundary(shared) {
-                shared -= 1;
-            }
-            if shared > 0 && shared < text.len() {
-                message_ends.push(shared);
-            }
-        }
-    }
-    message_ends.sort_unstable();
-    message_ends.dedup();
-    Ok(RenderedPrompt { text, thinking, message_ends })
+    let text = state.bundle.template.render(&input).map_err(failure)?;
+    let message_ends = state.profile.boundaries.as_ref().map_or_else(Vec::new, |b| b.find(&text));
+    Ok(RenderedPrompt { text, reasoning, message_ends })
 }
 
 /// A message as chat templates expect it: `developer` read as `system`, content as one string

@@ -31,21 +31,33 @@ mod fuzz_tests;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use spindle_chat::{ChatError, ModelProfile};
 use spindle_runner::{Engine, EngineConfig, ModelBundle};
 
 pub use batch_store::BatchConfig;
 pub use routes::router;
 pub use state::{AppState, ServerConfig};
 
-/// Starts the engine thread for `bundle` and the state the routes share.
-pub fn start(config: ServerConfig, bundle: ModelBundle) -> Arc<AppState> {
+/// Starts the engine thread for `bundle` and the state the routes share. Fails only where the
+/// tokenizer cannot encode the reasoning block's closing tag.
+pub fn start(config: ServerConfig, bundle: ModelBundle) -> Result<Arc<AppState>, ChatError> {
+    let profile = ModelProfile::new(&bundle.template, &bundle.tokenizer, config.tool_call_parser)?;
+    let caps = profile.capabilities;
+    tracing::info!(
+        reasoning = ?profile.reasoning.as_ref().map(|r| format!("{}…{}", r.open, r.close)),
+        tool_calls = profile.tool_call_format.name(),
+        template_tools = caps.tools,
+        template_system_role = caps.system_role,
+        template_thinking_toggle = caps.thinking_toggle,
+        "chat profile"
+    );
     let bundle = Arc::new(bundle);
     let engine_config = EngineConfig {
         orphan_prefill_tokens: config.orphan_prefill_tokens,
         ..EngineConfig::new(config.max_concurrent, config.cache.clone())
     };
     let engine = Engine::start(bundle.clone(), engine_config);
-    Arc::new(AppState::new(config, bundle, engine))
+    Ok(Arc::new(AppState::new(config, bundle, profile, engine)))
 }
 
 /// Serves on `listener` until the process ends (or until `shutdown` resolves), and runs the

@@ -1,5 +1,6 @@
 //! What every handler shares: the configuration, the engine handle, the tokenizer and template
-//! (through the model bundle), the metrics, and the in-flight requests that can be cancelled.
+//! (through the model bundle) and the model's chat profile, the metrics, and the in-flight
+//! requests that can be cancelled.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -7,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::{Map, Value};
 use spindle_api::ApiError;
-use spindle_chat::ToolCallFormat;
+use spindle_chat::{ModelProfile, ToolCallFormat};
 use spindle_constrain::Grammars;
 use spindle_runner::{CacheConfig, Engine, ModelBundle};
 
@@ -54,6 +55,8 @@ pub struct ServerConfig {
 pub struct AppState {
     pub config: ServerConfig,
     pub bundle: Arc<ModelBundle>,
+    /// Read off the template and tokenizer at start, so no request searches or probes them.
+    pub profile: ModelProfile,
     pub engine: Engine,
     pub metrics: Metrics,
     /// Finished Responses API responses kept for `GET` and `previous_response_id`.
@@ -69,11 +72,17 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(config: ServerConfig, bundle: Arc<ModelBundle>, engine: Engine) -> Self {
+    pub fn new(
+        config: ServerConfig,
+        bundle: Arc<ModelBundle>,
+        profile: ModelProfile,
+        engine: Engine,
+    ) -> Self {
         let batches = BatchStore::open(&config.batch.dir);
         Self {
             config,
             bundle,
+            profile,
             engine,
             metrics: Metrics::default(),
             responses: ResponseStore::default(),
@@ -91,15 +100,6 @@ impl AppState {
             .grammars
             .get_or_init(|| Grammars::new(&self.bundle.tokenizer).map_err(|e| e.to_string()));
         grammars.as_ref().map_err(Clone::clone)
-    }
-
-    /// The tool-call syntax: `--tool-call-parser`, else the chat template's, else Hermes
-    /// (the most common one).
-    pub fn tool_call_format(&self) -> ToolCallFormat {
-        self.config
-            .tool_call_parser
-            .or_else(|| ToolCallFormat::detect(self.bundle.template.source()))
-            .unwrap_or(ToolCallFormat::Hermes)
     }
 
     /// Admits one more request, or 429 when running and waiting requests are at their limit.

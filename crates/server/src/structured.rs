@@ -36,7 +36,7 @@ pub fn answer_shape(
     request: &ChatCompletionRequest,
 ) -> Result<AnswerShape, ApiError> {
     let choice = tool_choice(request)?;
-    let format = state.tool_call_format();
+    let format = state.profile.tool_call_format;
     let rules: Vec<ToolRule> = request
         .tools
         .iter()

@@ -143,7 +143,7 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
         }
     }
     change(&mut config);
-    let state = spindle_server::start(config, bundle);
+    let state = spindle_server::start(config, bundle).expect("start the server");
     let (tx, rx) = std::sync::mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::spawn(move || {
