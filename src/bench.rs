@@ -74,7 +74,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut baseline: Option<(String, Speeds)> = None;
     for name in &args.models {
         let files = spindle_hub::resolve(name, &spindle_hub::spindle_home(), true)?;
-        let bundle = Arc::new(ModelBundle::load(&files)?);
+        let bundle = Arc::new(crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?);
         let prompt = bench_prompt(&bundle, prompt_span(&args))?;
         let speeds = report(name, &bundle, &prompt, &args)?;
         baseline.get_or_insert((name.clone(), speeds));
@@ -120,7 +120,8 @@ fn report(
 fn with_default_tokenizer(model: Box<dyn spindle_models::CausalLm>) -> anyhow::Result<ModelBundle> {
     let files =
         spindle_hub::resolve(spindle_hub::DEFAULT_MODEL, &spindle_hub::spindle_home(), true)?;
-    let ModelBundle { tokenizer, template, .. } = ModelBundle::load(&files)?;
+    let ModelBundle { tokenizer, template, .. } =
+        crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?;
     anyhow::ensure!(
         model.config().vocab_size <= tokenizer.vocab_size(),
         "the default model's tokenizer lacks the random model's ids"

@@ -81,7 +81,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let sampling = args.sampling.params();
     sampling.validate()?;
     let files = spindle_hub::resolve(&args.model, &spindle_hub::spindle_home(), true)?;
-    let bundle = Arc::new(ModelBundle::load(&files)?);
+    let bundle = Arc::new(crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?);
     let request = Generation {
         prompt_ids: prompt_ids(&bundle, &args)?,
         max_tokens: args.max_tokens,

@@ -7,6 +7,7 @@ mod bench_server;
 mod eval;
 mod generate;
 mod kv_memory;
+mod memory;
 mod random_hybrid;
 mod serve;
 

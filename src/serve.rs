@@ -133,7 +133,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&batch_dir)
         .with_context(|| format!("cannot create --batch-dir {}", batch_dir.display()))?;
     let files = spindle_hub::resolve(&args.model, &spindle_hub::spindle_home(), true)?;
-    let mut bundle = ModelBundle::load(&files)?;
+    let mut bundle = crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?;
     if let Some(path) = &args.chat_template {
         let source = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
