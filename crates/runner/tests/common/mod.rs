@@ -15,6 +15,7 @@ use spindle_runner::{
     model_fingerprint, CacheConfig, DiskConfig, Engine, EngineConfig, ModelBundle, ReasoningMode,
     SequenceEvent, SequenceRequest,
 };
+use tokio::sync::mpsc::UnboundedSender;
 
 /// Small enough that short prompts span several chunks and blocks.
 pub const PREFILL_CHUNK: usize = 32;
@@ -100,6 +101,30 @@ pub struct Token {
     pub top_logprobs: Vec<(u32, u32)>,
 }
 
+/// A greedy request for `prompt` with no stops, snapshots or reasoning: tests override the rest
+/// with struct-update syntax.
+pub fn request(
+    prompt: &[u32],
+    max_tokens: usize,
+    context: usize,
+    events: UnboundedSender<SequenceEvent>,
+) -> SequenceRequest {
+    SequenceRequest {
+        prompt_ids: prompt.to_vec(),
+        snapshot_positions: Vec::new(),
+        max_tokens,
+        sampling: greedy(),
+        stop_ids: Vec::new(),
+        stop_strings: Vec::new(),
+        reasoning: ReasoningMode::Off,
+        reasoning_budget: None,
+        context,
+        cancel: Arc::new(AtomicBool::new(false)),
+        events,
+        constraint: None,
+    }
+}
+
 /// Runs one request to the end; the output and the prompt positions taken from the cache.
 pub fn run(
     engine: &Engine,
@@ -111,18 +136,9 @@ pub fn run(
     let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
     engine
         .submit(SequenceRequest {
-            prompt_ids: prompt.to_vec(),
             snapshot_positions: snapshots.to_vec(),
-            max_tokens: 12,
             sampling,
-            stop_ids: Vec::new(),
-            stop_strings: Vec::new(),
-            reasoning: ReasoningMode::Off,
-            reasoning_budget: None,
-            context,
-            cancel: Arc::new(AtomicBool::new(false)),
-            events,
-            constraint: None,
+            ..request(prompt, 12, context, events)
         })
         .unwrap();
     let mut output = Output { tokens: Vec::new(), text: String::new() };
