@@ -12,12 +12,12 @@ mod prefix_cache;
 pub mod sampler;
 mod sequence;
 
-pub use blocking::{single_sequence_cache, Generation, GenerationStats};
+pub use blocking::{single_sequence_cache, GenerationStats};
 pub use bundle::{model_fingerprint, ModelBundle};
 pub use disk_tier::DiskConfig;
 pub use engine::{
-    Engine, EngineConfig, EngineLoad, EngineStopped, FinishReason, ReasoningBudget, SequenceEvent,
-    SequenceRequest, SequenceSummary,
+    Caller, Engine, EngineConfig, EngineLoad, EngineStopped, FinishReason, ReasoningBudget,
+    SequenceEvent, SequenceRequest, SequenceSummary,
 };
 pub use error::{Result, RunnerError};
 pub use output::{OutputPipeline, ReasoningMode, TextDelta};

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{engine, engine_with_orphans, greedy, hybrid, request, run, smollm2, PREFILL_CHUNK};
-use spindle_runner::{Engine, ModelBundle, SequenceEvent, SequenceRequest};
+use spindle_runner::{Caller, Engine, ModelBundle, SequenceEvent};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 const PROMPT: usize = 640;
@@ -35,9 +35,7 @@ fn submit(
     cancel: &Arc<AtomicBool>,
 ) -> UnboundedReceiver<SequenceEvent> {
     let (events, inbox) = tokio::sync::mpsc::unbounded_channel();
-    engine
-        .submit(SequenceRequest { cancel: cancel.clone(), ..request(prompt, 12, CONTEXT, events) })
-        .unwrap();
+    engine.submit(request(prompt, 12, CONTEXT), Caller { events, cancel: cancel.clone() }).unwrap();
     inbox
 }
 

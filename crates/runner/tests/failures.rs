@@ -5,7 +5,7 @@ mod common;
 
 use common::{request, smollm2, BLOCK_SIZE, PREFILL_CHUNK};
 use spindle_runner::{
-    CacheConfig, Engine, EngineConfig, RunnerError, SequenceEvent, SequenceSummary,
+    CacheConfig, Caller, Engine, EngineConfig, RunnerError, SequenceEvent, SequenceSummary,
 };
 
 /// KV positions in the pool of [`small_pool_engine`].
@@ -36,7 +36,7 @@ fn end(
 ) -> Result<SequenceSummary, RunnerError> {
     let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
     let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| 100 + i).collect();
-    engine.submit(request(&prompt, max_tokens, context, events)).unwrap();
+    engine.submit(request(&prompt, max_tokens, context), Caller::new(events)).unwrap();
     loop {
         match inbox.blocking_recv().expect("every sequence ends with an event") {
             SequenceEvent::Failed(error) => return Err(error),

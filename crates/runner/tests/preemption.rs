@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::{greedy, hybrid, request, seeded, smollm2, BLOCK_SIZE, PREFILL_CHUNK};
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
-    CacheConfig, Engine, EngineConfig, ModelBundle, SequenceEvent, SequenceRequest,
+    CacheConfig, Caller, Engine, EngineConfig, ModelBundle, SequenceEvent, SequenceRequest,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -50,11 +50,14 @@ fn submit(
 ) -> UnboundedReceiver<SequenceEvent> {
     let (events, inbox) = tokio::sync::mpsc::unbounded_channel();
     engine
-        .submit(SequenceRequest {
-            sampling,
-            // What the server asks for when max_tokens is omitted: the rest of the context.
-            ..request(prompt, CONTEXT - prompt.len(), CONTEXT, events)
-        })
+        .submit(
+            SequenceRequest {
+                sampling,
+                // What the server asks for when max_tokens is omitted: the rest of the context.
+                ..request(prompt, CONTEXT - prompt.len(), CONTEXT)
+            },
+            Caller::new(events),
+        )
         .unwrap();
     inbox
 }

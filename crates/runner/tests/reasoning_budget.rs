@@ -5,7 +5,7 @@ mod common;
 
 use common::{engine, request, smollm2};
 use spindle_runner::{
-    Engine, FinishReason, ModelBundle, ReasoningBudget, ReasoningMode, SequenceEvent,
+    Caller, Engine, FinishReason, ModelBundle, ReasoningBudget, ReasoningMode, SequenceEvent,
     SequenceRequest,
 };
 
@@ -30,15 +30,18 @@ fn close_ids(bundle: &ModelBundle) -> Vec<u32> {
 fn run(engine: &Engine, bundle: &ModelBundle, stop_ids: Vec<u32>) -> (Vec<u32>, FinishReason) {
     let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
     engine
-        .submit(SequenceRequest {
-            stop_ids,
-            reasoning: ReasoningMode::ThinkTags { starts_inside: true },
-            reasoning_budget: Some(ReasoningBudget {
-                max_tokens: Some(BUDGET),
-                close_ids: close_ids(bundle),
-            }),
-            ..request(&thinking_prompt(bundle), MAX_TOKENS, 256, events)
-        })
+        .submit(
+            SequenceRequest {
+                stop_ids,
+                reasoning: ReasoningMode::ThinkTags { starts_inside: true },
+                reasoning_budget: Some(ReasoningBudget {
+                    max_tokens: Some(BUDGET),
+                    close_ids: close_ids(bundle),
+                }),
+                ..request(&thinking_prompt(bundle), MAX_TOKENS, 256)
+            },
+            Caller::new(events),
+        )
         .unwrap();
     let mut tokens = Vec::new();
     loop {
