@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use clap::Args;
 use spindle_runner::sampler::SamplingParams;
-use spindle_runner::{single_sequence_cache, Engine, EngineConfig, Generation, ModelBundle};
+use spindle_runner::{single_sequence_cache, Engine, EngineConfig, ModelBundle, SequenceRequest};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -233,14 +233,9 @@ fn measure_concurrent(
 }
 
 /// Greedy decoding of exactly `max_tokens` (no stop ids, so runs are comparable).
-fn greedy(prompt: &[u32], max_tokens: usize, context: usize) -> Generation {
-    Generation {
-        prompt_ids: prompt.to_vec(),
-        max_tokens,
-        sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
-        stop_ids: Vec::new(),
-        context,
-    }
+fn greedy(prompt: &[u32], max_tokens: usize, context: usize) -> SequenceRequest {
+    let sampling = SamplingParams { temperature: 0.0, ..SamplingParams::default() };
+    SequenceRequest::plain(prompt.to_vec(), max_tokens, sampling, context)
 }
 
 /// The median and its `med [min-max]` text.

@@ -85,10 +85,9 @@ struct Target {
     output: Option<PathBuf>,
 }
 
+/// The agent calls the agentic and burst panels send: one shared system prompt, short answers.
 #[derive(Args)]
-pub struct AgenticArgs {
-    #[command(flatten)]
-    target: Target,
+pub struct AgentCalls {
     /// Completion tokens per call at most.
     #[arg(long, default_value_t = 16)]
     pub max_tokens: u32,
@@ -97,6 +96,14 @@ pub struct AgenticArgs {
     /// characters per token).
     #[arg(long, default_value_t = 2150)]
     pub system_tokens: usize,
+}
+
+#[derive(Args)]
+pub struct AgenticArgs {
+    #[command(flatten)]
+    target: Target,
+    #[command(flatten)]
+    pub calls: AgentCalls,
     /// Repeats of the whole panel, each with a new system prompt; figures are then
     /// median [min–max].
     #[arg(long, default_value_t = 1)]
@@ -129,12 +136,8 @@ pub struct ConversationArgs {
 pub struct BurstArgs {
     #[command(flatten)]
     target: Target,
-    /// Completion tokens per call at most.
-    #[arg(long, default_value_t = 16)]
-    pub max_tokens: u32,
-    /// Size of the shared system prompt in tokens.
-    #[arg(long, default_value_t = 2150)]
-    pub system_tokens: usize,
+    #[command(flatten)]
+    pub calls: AgentCalls,
     /// Concurrent calls of each burst, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [8, 30, 60, 80])]
     pub concurrency: Vec<usize>,
@@ -169,9 +172,9 @@ impl Panel {
     /// The panel's name (of its output files), its server, and its completion budget.
     fn parts(&self) -> (&'static str, &Target, u32) {
         match self {
-            Panel::Agentic(a) => ("agentic", &a.target, a.max_tokens),
+            Panel::Agentic(a) => ("agentic", &a.target, a.calls.max_tokens),
             Panel::Conversation(c) => ("conversation", &c.target, c.max_tokens),
-            Panel::Burst(b) => ("burst", &b.target, b.max_tokens),
+            Panel::Burst(b) => ("burst", &b.target, b.calls.max_tokens),
             Panel::Quality(q) => ("quality", &q.target, q.max_tokens),
         }
     }
@@ -372,7 +375,7 @@ mod tests {
         ])
         .unwrap();
         let Some(Panel::Agentic(a)) = cli.panel else { panic!("agentic") };
-        assert_eq!((a.runs, a.max_tokens, a.system_tokens), (3, 16, 2150));
+        assert_eq!((a.runs, a.calls.max_tokens, a.calls.system_tokens), (3, 16, 2150));
         assert_eq!(a.target.model.as_deref(), Some("m"));
         assert_eq!(a.target.output, Some(PathBuf::from("out")));
         assert!(parse(&["agentic", "--restart-cmd", "true"]).is_err(), "needs --base-url");

@@ -24,7 +24,7 @@ pub struct Outcome {
 pub async fn agentic(session: &mut Session, args: &AgenticArgs) -> anyhow::Result<Outcome> {
     let options = AgenticOptions {
         salt: session.salt,
-        system_tokens: args.system_tokens,
+        system_tokens: args.calls.system_tokens,
         max_tokens: session.max_tokens,
         runs: args.runs,
     };
@@ -105,7 +105,7 @@ pub async fn conversation(
 }
 
 pub async fn burst(session: &mut Session, args: &BurstArgs) -> anyhow::Result<Outcome> {
-    let workload = session.workload(session.salt, args.system_tokens).await;
+    let workload = session.workload(session.salt, args.calls.system_tokens).await;
     let system_tokens = workload.system_tokens.value();
     let runs = args.burst_runs.max(1);
     let levels = args.concurrency.iter().copied().filter(|&n| n > 0).collect::<Vec<_>>();

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use spindle_chat::TemplateInput;
 use spindle_runner::sampler::SamplingParams;
-use spindle_runner::{single_sequence_cache, Engine, EngineConfig, Generation, ModelBundle};
+use spindle_runner::{single_sequence_cache, Engine, EngineConfig, ModelBundle, SequenceRequest};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -82,12 +82,14 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     sampling.validate()?;
     let files = spindle_hub::resolve(&args.model, &spindle_hub::spindle_home(), true)?;
     let bundle = Arc::new(crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?);
-    let request = Generation {
-        prompt_ids: prompt_ids(&bundle, &args)?,
-        max_tokens: args.max_tokens,
-        sampling,
+    let request = SequenceRequest {
         stop_ids: bundle.tokenizer.eos_token_ids().to_vec(),
-        context: args.ctx_size,
+        ..SequenceRequest::plain(
+            prompt_ids(&bundle, &args)?,
+            args.max_tokens,
+            sampling,
+            args.ctx_size,
+        )
     };
     // The engine `serve` runs, for this one sequence.
     let engine = Engine::start(

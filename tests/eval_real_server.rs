@@ -70,6 +70,10 @@ fn spindle(args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 #[test]
 fn eval_smoke_and_bench_agentic_against_spindle_serve() {
     let dir = tempfile::tempdir().unwrap();
@@ -102,25 +106,17 @@ fn eval_smoke_and_bench_agentic_against_spindle_serve() {
     );
     assert!(out.join("eval.html").exists());
 
-    let (ok, text) = spindle(&[
-        "bench",
-        "agentic",
-        "--base-url",
-        &url,
-        "--api-key",
-        KEY,
-        "--system-tokens",
-        "300",
-        "--max-tokens",
-        "4",
-        "--runs",
-        "1",
-        "--output",
-        out_arg,
-    ]);
+    // `bench agentic` with a short system prompt and answers, plus `extra` flags.
+    let agentic = |extra: &[&str]| {
+        let mut args = vec!["bench", "agentic", "--base-url", &url, "--api-key", KEY];
+        args.extend(["--system-tokens", "300", "--max-tokens", "4", "--runs", "1"]);
+        args.extend(extra);
+        args.extend(["--output", out_arg]);
+        spindle(&args)
+    };
+    let (ok, text) = agentic(&[]);
     assert!(ok, "{text}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("agentic.json")).unwrap()).unwrap();
+    let doc = read_json(&out.join("agentic.json"));
     let phases = doc["agentic"]["runs"][0]["phases"].as_array().unwrap();
     assert_eq!(phases.len(), 5, "{doc}");
     assert!(phases.iter().all(|p| p["prompt_tokens"].as_u64() > Some(0)), "{doc}");
@@ -130,33 +126,12 @@ fn eval_smoke_and_bench_agentic_against_spindle_serve() {
     // fails the panel.
     let mark = dir.path().join("restarted");
     let restart = format!("touch {}", mark.display());
-    let agentic = |restart: &str| {
-        spindle(&[
-            "bench",
-            "agentic",
-            "--base-url",
-            &url,
-            "--api-key",
-            KEY,
-            "--system-tokens",
-            "300",
-            "--max-tokens",
-            "4",
-            "--runs",
-            "1",
-            "--restart-cmd",
-            restart,
-            "--output",
-            out_arg,
-        ])
-    };
-    let (ok, text) = agentic(&restart);
+    let (ok, text) = agentic(&["--restart-cmd", &restart]);
     assert!(ok && mark.exists(), "{text}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("agentic.json")).unwrap()).unwrap();
+    let doc = read_json(&out.join("agentic.json"));
     let phases = doc["agentic"]["runs"][0]["phases"].as_array().unwrap();
     assert_eq!(phases.len(), 6, "{doc}");
-    let (ok, text) = agentic("false");
+    let (ok, text) = agentic(&["--restart-cmd", "false"]);
     assert!(!ok && text.contains("--restart-cmd failed"), "{text}");
 }
 

@@ -19,7 +19,7 @@ pub const EARLY_STOP_RUNS: usize = 2;
 /// Cores another process must keep busy for the benchmark to warn.
 pub const FOREIGN_CORES_WARNING: f64 = 0.5;
 /// Prometheus name of the resident memory in bytes.
-pub const RSS_METRIC: &str = "process_resident_memory_bytes";
+const RSS_METRIC: &str = "process_resident_memory_bytes";
 /// Prometheus name of the share of KV blocks in use (0..1).
 pub const KV_METRIC: &str = "vllm:kv_cache_usage_perc";
 
@@ -54,14 +54,14 @@ impl EarlyStop {
 }
 
 /// `VmRSS` of a `/proc/PID/status` text, in bytes.
-pub fn parse_vm_rss(status: &str) -> Option<u64> {
+fn parse_vm_rss(status: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
 
 /// The value of the first sample of `name` in a Prometheus text exposition (any labels).
-pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+fn metric_value(text: &str, name: &str) -> Option<f64> {
     text.lines().filter(|l| !l.starts_with('#')).find_map(|line| {
         let rest = line.strip_prefix(name)?;
         let value = match rest.chars().next()? {
@@ -75,7 +75,7 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
 
 /// CPU time of the whole machine and of the benchmark's own processes, in clock ticks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CpuSample {
+struct CpuSample {
     /// All CPUs' ticks (`/proc/stat` line `cpu`).
     pub total: u64,
     /// All CPUs' ticks not idle nor waiting for I/O.
@@ -111,7 +111,7 @@ impl CpuSample {
 }
 
 /// `(total, busy)` ticks of the `cpu` line of `/proc/stat`: busy leaves out idle and iowait.
-pub fn parse_cpu_line(stat: &str) -> Option<(u64, u64)> {
+fn parse_cpu_line(stat: &str) -> Option<(u64, u64)> {
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
     let ticks: Vec<u64> = line.split_whitespace().skip(1).filter_map(|t| t.parse().ok()).collect();
     // user nice system idle iowait irq softirq steal (guest time is inside user already).
@@ -123,7 +123,7 @@ pub fn parse_cpu_line(stat: &str) -> Option<(u64, u64)> {
 /// CPU ticks of a `/proc/PID/stat` text: its own (`utime`, `stime`, fields 14 and 15) and its
 /// waited-for children's (`cutime`, `cstime`, 16 and 17), so a server the benchmark restarted
 /// still counts as its own.
-pub fn parse_pid_ticks(stat: &str) -> Option<u64> {
+fn parse_pid_ticks(stat: &str) -> Option<u64> {
     let after_name = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = after_name.split_whitespace().collect();
     // Field 3 (state) is the first after the name.

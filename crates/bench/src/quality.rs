@@ -199,7 +199,7 @@ pub struct CallCheck {
 
 /// Checks the `message` of a chat completion against `tools`: one or more tool calls, each
 /// naming a known tool with arguments that parse and validate.
-pub fn check_message(message: &Value, tools: &Value) -> CallCheck {
+fn check_message(message: &Value, tools: &Value) -> CallCheck {
     let calls = message.get("tool_calls").and_then(Value::as_array).filter(|c| !c.is_empty());
     let Some(calls) = calls else {
         return CallCheck { called: None, problem: Some("no tool call".into()) };
@@ -333,7 +333,7 @@ const BRIEF: &str = "Write a research brief on whether our team should move its 
 
 /// The sections of [`SECTIONS`] that `text` has as headings: a `#` line, a bold line, or a
 /// line that starts `Name:`.
-pub fn sections_found(text: &str) -> usize {
+fn sections_found(text: &str) -> usize {
     let lines: Vec<String> = text
         .lines()
         .map(|l| l.trim().trim_start_matches('#').trim().replace("**", "").to_lowercase())

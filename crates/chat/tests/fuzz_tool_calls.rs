@@ -17,9 +17,6 @@ static ALLOC: spindle_fuzz::CappedAlloc = spindle_fuzz::CappedAlloc;
 
 const CI_CASES: u64 = 5_000;
 
-const FORMATS: [ToolCallFormat; 3] =
-    [ToolCallFormat::QwenXml, ToolCallFormat::Hermes, ToolCallFormat::Llama3Json];
-
 /// Outputs written the way Qwen3.5 / Qwen3-Coder, Qwen2.5 (Hermes) and Llama 3 write them.
 const CORPUS: &[&str] = &[
     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n\
@@ -167,7 +164,7 @@ fn assert_well_formed(events: &[ToolEvent]) {
 
 /// Checks every format on `case`; adds the calls each found to `calls_found`.
 fn check(case: &Case, calls_found: &mut [usize; 3]) {
-    for (format, found) in FORMATS.into_iter().zip(calls_found) {
+    for (format, found) in ToolCallFormat::ALL.into_iter().zip(calls_found) {
         let whole = parse_message(format, &case.tools, &case.text);
         *found += whole.calls.len();
         let mut parser = ToolCallParser::new(format, &case.tools);

@@ -81,9 +81,6 @@ const KEYWORDS: &[&str] = &[
     "x-guidance",
 ];
 
-const FORMATS: [ToolCallFormat; 3] =
-    [ToolCallFormat::Hermes, ToolCallFormat::QwenXml, ToolCallFormat::Llama3Json];
-
 /// One grammar's inputs: the schema, and the tools it is offered beside.
 #[derive(Debug)]
 struct Case {
@@ -114,7 +111,7 @@ fn generate(rng: &mut Rng, corpus: &[Value]) -> Case {
             ToolRule { name, parameters }
         })
         .collect();
-    Case { schema, tools, format: *rng.pick(&FORMATS), kind: rng.below(4) }
+    Case { schema, tools, format: *rng.pick(&ToolCallFormat::ALL), kind: rng.below(4) }
 }
 
 fn grammar_of(case: &Case) -> TopLevelGrammar {
@@ -152,7 +149,7 @@ fn every_corpus_schema_compiles_in_every_grammar() {
     let tokenizer = tokenizer();
     let grammars = Grammars::new(&tokenizer).unwrap();
     for schema in corpus() {
-        for format in FORMATS {
+        for format in ToolCallFormat::ALL {
             for kind in 0..4 {
                 let tools = vec![
                     ToolRule { name: "a".into(), parameters: Some(schema.clone()) },

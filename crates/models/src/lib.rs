@@ -56,7 +56,7 @@ pub use k_quants::supported as k_quant_kernels_run;
 pub use q4_k::Q4KMatrix;
 pub use q6_k::Q6KMatrix;
 pub use quantized::QuantizedMatrix;
-use weights::{GgufWeights, SafetensorsWeights, WeightSource};
+use weights::{GgufStorage, GgufWeights, SafetensorsWeights, WeightSource};
 
 /// A decoder-only language model that predicts the next token.
 pub trait CausalLm: Send + Sync {
@@ -132,23 +132,23 @@ pub(crate) fn advance_all(batch: &mut [BatchEntry<'_>]) {
 
 /// The header of a `.gguf` file (architecture, tokenizer, chat template), without its tensors.
 pub fn read_gguf_metadata(path: &Path) -> Result<HashMap<String, Value>> {
-    Ok(GgufWeights::open(path, false)?.into_metadata())
+    Ok(GgufWeights::open(path, GgufStorage::AsStored)?.into_metadata())
 }
 
 /// Loads a `.gguf` file's model (its tokenizer comes from [`read_gguf_metadata`]).
 pub fn load_gguf(path: &Path) -> Result<Box<dyn CausalLm>> {
-    open_gguf(path, false)
+    open_gguf(path, GgufStorage::AsStored)
 }
 
 /// Loads a `.gguf` file with every weight dequantized to f32 and run as dense f32 matmuls:
 /// several times larger and slower, but free of activation quantization, so its logits can be
 /// compared tightly with an f32 reference (transformers) to check the model math itself.
 pub fn load_gguf_f32(path: &Path) -> Result<Box<dyn CausalLm>> {
-    open_gguf(path, true)
+    open_gguf(path, GgufStorage::F32)
 }
 
-fn open_gguf(path: &Path, dequantize: bool) -> Result<Box<dyn CausalLm>> {
-    let gguf = GgufWeights::open(path, dequantize)?;
+fn open_gguf(path: &Path, storage: GgufStorage) -> Result<Box<dyn CausalLm>> {
+    let gguf = GgufWeights::open(path, storage)?;
     let arch =
         gguf.metadata().get("general.architecture").and_then(|v| v.to_string().ok()).cloned();
     if arch.is_some_and(|a| qwen3_next::GGUF_ARCHITECTURES.contains(&a.as_str())) {

@@ -33,8 +33,16 @@ pub struct GgufWeights {
     path: PathBuf,
     file: File,
     content: gguf_file::Content,
-    /// Dequantize every tensor to f32 on load (see [`crate::load_gguf_f32`]).
-    dequantize: bool,
+    storage: GgufStorage,
+}
+
+/// How a GGUF file's quantized tensors are held in memory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum GgufStorage {
+    /// As stored, run by the quantized kernels.
+    AsStored,
+    /// Dequantized to f32 on load (see [`crate::load_gguf_f32`]).
+    F32,
 }
 
 pub struct SafetensorsWeights {
@@ -46,7 +54,7 @@ pub struct SafetensorsWeights {
 
 impl GgufWeights {
     /// Reads the header of a GGUF file; tensor data is read on demand.
-    pub fn open(path: &Path, dequantize: bool) -> Result<Self> {
+    pub fn open(path: &Path, storage: GgufStorage) -> Result<Self> {
         let mut file =
             File::open(path).map_err(|source| ModelError::Io { path: path.into(), source })?;
         let content = gguf_file::Content::read(&mut file).map_err(|e| gguf_error(path, e))?;
@@ -54,7 +62,7 @@ impl GgufWeights {
             file.metadata().map_err(|source| ModelError::Io { path: path.into(), source })?.len();
         check_tensor_sizes(&content, file_len)
             .map_err(|reason| ModelError::BadGguf { path: path.into(), reason })?;
-        Ok(Self { path: path.into(), file, content, dequantize })
+        Ok(Self { path: path.into(), file, content, storage })
     }
 
     pub fn metadata(&self) -> &HashMap<String, gguf_file::Value> {
@@ -209,7 +217,9 @@ impl WeightSource {
                     .tensor(&mut g.file, name, &Device::Cpu)
                     .map_err(|e| gguf_error(&g.path, e))?;
                 match q.dtype() {
-                    _ if g.dequantize => Ok(Weight::Dense(q.dequantize(&Device::Cpu)?)),
+                    _ if g.storage == GgufStorage::F32 => {
+                        Ok(Weight::Dense(q.dequantize(&Device::Cpu)?))
+                    }
                     GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
                         Ok(Weight::Dense(q.dequantize(&Device::Cpu)?))
                     }

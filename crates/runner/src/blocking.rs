@@ -3,27 +3,15 @@
 //! scheduler, prefill chunking, paged KV, sampler and prefix cache that serving runs, followed
 //! to its end and timed.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::bundle::ModelBundle;
-use crate::engine::{Engine, EngineStopped, SequenceEvent, SequenceRequest, SequenceSummary};
+use crate::engine::{
+    Caller, Engine, EngineStopped, SequenceEvent, SequenceRequest, SequenceSummary,
+};
 use crate::error::{Result, RunnerError};
-use crate::output::ReasoningMode;
 use crate::prefix_cache::CacheConfig;
-use crate::sampler::{SampledToken, SamplingParams};
-
-/// Raw generation: no chat parsing, stop strings, reasoning split or grammar.
-pub struct Generation {
-    pub prompt_ids: Vec<u32>,
-    pub max_tokens: usize,
-    pub sampling: SamplingParams,
-    /// Token ids that end generation (not emitted).
-    pub stop_ids: Vec<u32>,
-    /// Positions the sequence may use in all (prompt + generated).
-    pub context: usize,
-}
+use crate::sampler::SampledToken;
 
 /// How a generation ended, and how long its two phases took.
 #[derive(Clone, Debug)]
@@ -60,7 +48,7 @@ impl Engine {
     /// it arrives. Blocks the calling thread, which must not be an async runtime's.
     pub fn generate(
         &self,
-        request: Generation,
+        request: SequenceRequest,
         mut on_token: impl FnMut(&SampledToken, &str),
     ) -> Result<GenerationStats> {
         if request.prompt_ids.is_empty() {
@@ -73,20 +61,7 @@ impl Engine {
         request.sampling.validate()?;
         let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
         let submitted = Instant::now();
-        self.submit(SequenceRequest {
-            prompt_ids: request.prompt_ids,
-            snapshot_positions: Vec::new(),
-            max_tokens: request.max_tokens,
-            sampling: request.sampling,
-            stop_ids: request.stop_ids,
-            stop_strings: Vec::new(),
-            reasoning: ReasoningMode::Off,
-            reasoning_budget: None,
-            context: request.context,
-            cancel: Arc::new(AtomicBool::new(false)),
-            events,
-            constraint: None,
-        })?;
+        self.submit(request, Caller::new(events))?;
         let mut first_token: Option<Instant> = None;
         loop {
             // The engine ends every sequence with an event; a closed channel means it died.

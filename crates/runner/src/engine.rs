@@ -21,7 +21,7 @@ use crate::error::RunnerError;
 use crate::output::{ReasoningMode, TextDelta};
 use crate::prefix_cache::{CacheConfig, PrefixCache};
 use crate::sampler::{SampledToken, SamplingParams};
-use crate::sequence::{Ended, Sequence};
+use crate::sequence::{Next, Sequence};
 
 /// Limits of the engine thread.
 #[derive(Clone, Debug)]
@@ -68,7 +68,7 @@ pub struct ReasoningBudget {
     pub close_ids: Vec<u32>,
 }
 
-/// One generation to run.
+/// One generation to run: what the server, `spindle generate` and the benches all plan.
 pub struct SequenceRequest {
     pub prompt_ids: Vec<u32>,
     /// Prompt positions after which the prefix cache should keep a snapshot (ends of chat
@@ -85,10 +85,44 @@ pub struct SequenceRequest {
     pub reasoning_budget: Option<ReasoningBudget>,
     /// Positions the sequence may use in all.
     pub context: usize,
-    pub cancel: Arc<AtomicBool>,
-    pub events: UnboundedSender<SequenceEvent>,
     /// The grammar the answer must follow (after any reasoning), if any.
     pub constraint: Option<Constraint>,
+}
+
+impl SequenceRequest {
+    /// Plain generation: no snapshots, stops, reasoning split or grammar.
+    pub fn plain(
+        prompt_ids: Vec<u32>,
+        max_tokens: usize,
+        sampling: SamplingParams,
+        context: usize,
+    ) -> Self {
+        Self {
+            prompt_ids,
+            snapshot_positions: Vec::new(),
+            max_tokens,
+            sampling,
+            stop_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            reasoning: ReasoningMode::Off,
+            reasoning_budget: None,
+            context,
+            constraint: None,
+        }
+    }
+}
+
+/// The submitter's end of a sequence: where its events go, and the flag that cancels it.
+pub struct Caller {
+    pub events: UnboundedSender<SequenceEvent>,
+    pub cancel: Arc<AtomicBool>,
+}
+
+impl Caller {
+    /// Events to `events`, with a cancel flag of its own.
+    pub fn new(events: UnboundedSender<SequenceEvent>) -> Self {
+        Self { events, cancel: Arc::new(AtomicBool::new(false)) }
+    }
 }
 
 /// What the engine reports about a sequence, in order: prompt progress, tokens, then one
@@ -159,7 +193,7 @@ pub struct EngineLoad {
 /// Handle to the engine thread; cloning shares the thread.
 #[derive(Clone)]
 pub struct Engine {
-    requests: mpsc::Sender<SequenceRequest>,
+    requests: mpsc::Sender<(SequenceRequest, Caller)>,
     load: Arc<EngineLoad>,
     /// Declared last, so dropped after `requests`: see [`JoinOnDrop`].
     _thread: Arc<JoinOnDrop>,
@@ -211,9 +245,9 @@ impl Engine {
         Self { requests, load, _thread: Arc::new(JoinOnDrop(Some(thread))) }
     }
 
-    pub fn submit(&self, request: SequenceRequest) -> Result<(), EngineStopped> {
+    pub fn submit(&self, request: SequenceRequest, caller: Caller) -> Result<(), EngineStopped> {
         self.load.waiting.fetch_add(1, Ordering::Relaxed);
-        self.requests.send(request).map_err(|_| {
+        self.requests.send((request, caller)).map_err(|_| {
             self.load.waiting.fetch_sub(1, Ordering::Relaxed);
             EngineStopped
         })
@@ -241,7 +275,7 @@ struct EngineState<'a> {
 fn run(
     bundle: &ModelBundle,
     config: &EngineConfig,
-    inbox: &mpsc::Receiver<SequenceRequest>,
+    inbox: &mpsc::Receiver<(SequenceRequest, Caller)>,
     load: &EngineLoad,
 ) {
     let mut engine = EngineState {
@@ -261,12 +295,12 @@ fn run(
     loop {
         if engine.waiting.is_empty() && engine.running.is_empty() {
             match inbox.recv() {
-                Ok(request) => engine.enqueue(request),
+                Ok((request, caller)) => engine.enqueue(request, caller),
                 Err(_) => return,
             }
         }
-        for request in inbox.try_iter() {
-            engine.enqueue(request);
+        for (request, caller) in inbox.try_iter() {
+            engine.enqueue(request, caller);
         }
         engine.admit();
         load.waiting.store(engine.waiting.len(), Ordering::Relaxed);
@@ -282,12 +316,12 @@ fn run(
 }
 
 impl EngineState<'_> {
-    fn enqueue(&mut self, mut request: SequenceRequest) {
+    fn enqueue(&mut self, mut request: SequenceRequest, caller: Caller) {
         let id = SeqId(self.next_id);
         self.next_id += 1;
         // Fixed now, so that a sequence run again after a preemption samples the same tokens.
         request.sampling.seed.get_or_insert_with(rand::random);
-        self.waiting.insert(id, Waiting { request, sent: 0 });
+        self.waiting.insert(id, Waiting { request, caller, sent: 0 });
         self.scheduler.enqueue(id);
     }
 
@@ -328,13 +362,13 @@ impl EngineState<'_> {
                 self.prefix.release(&started.cache);
                 return false;
             }
-            let Waiting { request, sent } = self.waiting.remove(&id).expect("waiting request");
-            self.running.insert(id, Sequence::new(request, plan, started, sent));
+            let Waiting { request, caller, sent } = self.waiting.remove(&id).expect("waiting");
+            self.running.insert(id, Sequence::new(request, caller, plan, started, sent));
             true
         });
         for (id, error) in failed {
             if let Some(waiting) = self.waiting.remove(&id) {
-                let _ = waiting.request.events.send(SequenceEvent::Failed(error));
+                let _ = waiting.caller.events.send(SequenceEvent::Failed(error));
             }
             self.scheduler.remove(id);
         }
@@ -353,32 +387,33 @@ impl EngineState<'_> {
         let work = plan
             .prefill
             .iter()
-            .map(|&(id, size)| (id, Some(size)))
-            .chain(plan.decode.iter().map(|&id| (id, None)));
+            .map(|&(id, size)| (id, Work::Prefill(size)))
+            .chain(plan.decode.iter().map(|&id| (id, Work::Decode)));
         let mut jobs: Vec<Job> = Vec::new();
         // Nobody else wants the engine: a prompt whose client left may go on being read.
         let idle = self.waiting.is_empty() && self.running.values().all(Sequence::client_gone);
-        for (id, prefill) in work {
+        for (id, work) in work {
             let Some(mut seq) = self.running.remove(&id) else { continue };
             let prefix = &mut self.prefix;
             let bundle = self.bundle;
             let orphan_room = self.config.orphan_prefill_tokens;
             let begun = guarded(&mut seq, |seq| {
                 if seq.dropped() {
-                    let keep_reading = idle && prefill.is_some() && seq.unread() <= orphan_room;
+                    let prefill = matches!(work, Work::Prefill(_));
+                    let keep_reading = idle && prefill && seq.unread() <= orphan_room;
                     if !keep_reading {
                         seq.keep_read_prompt(prefix);
-                        return Err(Ended);
+                        return Next::Ended;
                     }
                 }
-                match prefill {
-                    Some(size) => seq.begin_prefill(prefix, size),
-                    None => seq.begin_decode(bundle, prefix).map(|token| vec![token]),
+                match work {
+                    Work::Prefill(size) => seq.begin_prefill(prefix, size),
+                    Work::Decode => seq.begin_decode(bundle, prefix),
                 }
             });
             match begun {
-                Ok(tokens) => jobs.push(Job { id, seq, tokens, prefill: prefill.is_some() }),
-                Err(_) => {
+                Next::Run(tokens) => jobs.push(Job { id, seq, tokens, work }),
+                Next::Ended => {
                     seq.keep_reply(&mut self.prefix);
                     self.end(id, seq)
                 }
@@ -405,15 +440,17 @@ impl EngineState<'_> {
             }
         };
         for (mut job, logits) in jobs.into_iter().zip(logits) {
-            if job.prefill && job.seq.client_gone() {
-                self.load.orphan_prefill_tokens.fetch_add(job.tokens.len(), Ordering::Relaxed);
-                let end = job.seq.cache().len();
-                self.prefix.note_orphan_read(job.seq.cache(), end - job.tokens.len(), end);
-            }
-            if job.prefill {
-                job.seq.end_prefill(&mut self.prefix, logits);
-            } else {
-                job.seq.end_decode(logits);
+            match job.work {
+                Work::Prefill(_) => {
+                    if job.seq.client_gone() {
+                        let read = job.tokens.len();
+                        self.load.orphan_prefill_tokens.fetch_add(read, Ordering::Relaxed);
+                        let end = job.seq.cache().len();
+                        self.prefix.note_orphan_read(job.seq.cache(), end - read, end);
+                    }
+                    job.seq.end_prefill(&mut self.prefix, logits);
+                }
+                Work::Decode => job.seq.end_decode(logits),
             }
             self.running.insert(job.id, job.seq);
         }
@@ -460,9 +497,9 @@ impl EngineState<'_> {
         seq.keep_read_prompt(&mut self.prefix);
         self.prefix.release(seq.cache());
         match seq.into_retry() {
-            Some((request, sent)) => {
+            Some((request, caller, sent)) => {
                 self.load.preemptions.fetch_add(1, Ordering::Relaxed);
-                self.waiting.insert(id, Waiting { request, sent });
+                self.waiting.insert(id, Waiting { request, caller, sent });
                 self.scheduler.requeue_front(id);
             }
             None => self.scheduler.remove(id),
@@ -493,7 +530,17 @@ impl EngineState<'_> {
 /// preempted sequence's run again from the prompt; those are not sent twice).
 struct Waiting {
     request: SequenceRequest,
+    caller: Caller,
     sent: usize,
+}
+
+/// What a sequence does in a step.
+#[derive(Clone, Copy)]
+enum Work {
+    /// Reads this many more prompt tokens.
+    Prefill(usize),
+    /// Samples a token and runs it.
+    Decode,
 }
 
 /// One sequence's part of a step: the tokens it runs.
@@ -501,20 +548,17 @@ struct Job {
     id: SeqId,
     seq: Sequence,
     tokens: Vec<u32>,
-    prefill: bool,
+    work: Work,
 }
 
 /// Runs `f` on `seq`, turning a panic into a failure of that sequence alone.
-fn guarded<T>(
-    seq: &mut Sequence,
-    f: impl FnOnce(&mut Sequence) -> Result<T, Ended>,
-) -> Result<T, Ended> {
+fn guarded(seq: &mut Sequence, f: impl FnOnce(&mut Sequence) -> Next) -> Next {
     match std::panic::catch_unwind(AssertUnwindSafe(|| f(seq))) {
         Ok(result) => result,
         Err(panic) => {
             let message = panic_message(&panic);
             tracing::error!(%message, "a sequence step panicked");
-            Err(seq.fail(RunnerError::Internal(format!("a sequence step panicked: {message}"))))
+            seq.fail(RunnerError::Internal(format!("a sequence step panicked: {message}")))
         }
     }
 }

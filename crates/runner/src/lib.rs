@@ -13,12 +13,12 @@ pub mod sampler;
 mod sequence;
 mod window_rows;
 
-pub use blocking::{single_sequence_cache, Generation, GenerationStats};
+pub use blocking::{single_sequence_cache, GenerationStats};
 pub use bundle::{model_fingerprint, read_tokenizer_metadata, ModelBundle};
 pub use disk_tier::DiskConfig;
 pub use engine::{
-    Engine, EngineConfig, EngineLoad, EngineStopped, FinishReason, ReasoningBudget, SequenceEvent,
-    SequenceRequest, SequenceSummary,
+    Caller, Engine, EngineConfig, EngineLoad, EngineStopped, FinishReason, ReasoningBudget,
+    SequenceEvent, SequenceRequest, SequenceSummary,
 };
 pub use error::{Result, RunnerError};
 pub use output::{OutputPipeline, ReasoningMode, TextDelta};

@@ -10,19 +10,25 @@ use spindle_models::SequenceCache;
 use spindle_sched::{CacheKind, PrefillPlan};
 
 use crate::bundle::ModelBundle;
-use crate::engine::{SequenceEvent, SequenceRequest, SequenceSummary};
+use crate::engine::{Caller, SequenceEvent, SequenceRequest, SequenceSummary};
 use crate::error::RunnerError;
 use crate::output::{OutputPipeline, TextDelta};
 use crate::prefix_cache::{PrefixCache, Started};
 use crate::sampler::{SampledToken, Sampler};
 use crate::FinishReason;
 
-/// The sequence is over (its end, if any, has been reported).
+/// What beginning a step of a sequence comes to.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Ended;
+pub enum Next {
+    /// These tokens run through the model.
+    Run(Vec<u32>),
+    /// The sequence is over (its end, if any, has been reported).
+    Ended,
+}
 
 pub struct Sequence {
     pub request: SequenceRequest,
+    caller: Caller,
     pub plan: PrefillPlan,
     cache: SequenceCache,
     sampler: Sampler,
@@ -50,11 +56,18 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    pub fn new(request: SequenceRequest, plan: PrefillPlan, started: Started, sent: usize) -> Self {
+    pub fn new(
+        request: SequenceRequest,
+        caller: Caller,
+        plan: PrefillPlan,
+        started: Started,
+        sent: usize,
+    ) -> Self {
         let sampler = Sampler::new(request.sampling.clone(), &request.prompt_ids);
         let output = OutputPipeline::new(&request.stop_strings, request.reasoning);
         Self {
             request,
+            caller,
             plan,
             cache: started.cache,
             sampler,
@@ -74,7 +87,7 @@ impl Sequence {
 
     /// The request, to run again from its prompt after a preemption, and how many tokens its
     /// client already has; `None` when the client is gone and nothing needs running.
-    pub fn into_retry(mut self) -> Option<(SequenceRequest, usize)> {
+    pub fn into_retry(mut self) -> Option<(SequenceRequest, Caller, usize)> {
         if self.client_gone() {
             return None;
         }
@@ -85,7 +98,7 @@ impl Sequence {
             }
         }
         let sent = self.generated.max(self.sent);
-        Some((self.request, sent))
+        Some((self.request, self.caller, sent))
     }
 
     pub fn cache(&self) -> &SequenceCache {
@@ -109,7 +122,7 @@ impl Sequence {
         if !self.client_gone() {
             return false;
         }
-        if !self.request.events.is_closed() {
+        if !self.caller.events.is_closed() {
             self.finish(FinishReason::Cancelled);
         }
         self.orphan = true;
@@ -118,9 +131,7 @@ impl Sequence {
 
     /// The client went away or cancelled.
     pub fn client_gone(&self) -> bool {
-        self.orphan
-            || self.request.events.is_closed()
-            || self.request.cancel.load(Ordering::Relaxed)
+        self.orphan || self.caller.events.is_closed() || self.caller.cancel.load(Ordering::Relaxed)
     }
 
     /// Prompt positions not read yet.
@@ -168,9 +179,9 @@ impl Sequence {
     }
 
     /// Reports a failure; the sequence is over.
-    pub fn fail(&mut self, error: RunnerError) -> Ended {
-        let _ = self.request.events.send(SequenceEvent::Failed(error));
-        Ended
+    pub fn fail(&mut self, error: RunnerError) -> Next {
+        let _ = self.caller.events.send(SequenceEvent::Failed(error));
+        Next::Ended
     }
 
     pub fn cache_mut(&mut self) -> &mut SequenceCache {
@@ -178,18 +189,14 @@ impl Sequence {
     }
 
     /// Readies the next `size` prompt tokens to run: their blocks are reserved.
-    pub fn begin_prefill(
-        &mut self,
-        prefix: &mut PrefixCache,
-        size: usize,
-    ) -> Result<Vec<u32>, Ended> {
+    pub fn begin_prefill(&mut self, prefix: &mut PrefixCache, size: usize) -> Next {
         let start = self.cache.len();
         if let Err(e) = prefix.reserve(&mut self.cache, size) {
             let full =
                 format!("no KV blocks for a prefill chunk of a prompt that fits the pool: {e}");
-            return Err(self.fail(RunnerError::Internal(full)));
+            return self.fail(RunnerError::Internal(full));
         }
-        Ok(self.request.prompt_ids[start..start + size].to_vec())
+        Next::Run(self.request.prompt_ids[start..start + size].to_vec())
     }
 
     /// After a prefill chunk ran: keeps a snapshot where the plan asks for one, and the logits
@@ -209,7 +216,7 @@ impl Sequence {
             self.logits = Some(logits);
         }
         if !self.orphan && self.sent == 0 {
-            let _ = self.request.events.send(SequenceEvent::Prefilled {
+            let _ = self.caller.events.send(SequenceEvent::Prefilled {
                 read: end,
                 total: self.request.prompt_ids.len(),
                 cached: self.cached,
@@ -217,15 +224,11 @@ impl Sequence {
         }
     }
 
-    /// Samples one token from the pending logits and reports it; returns it when it must run
-    /// through the model next, or how the sequence ended.
-    pub fn begin_decode(
-        &mut self,
-        bundle: &ModelBundle,
-        prefix: &mut PrefixCache,
-    ) -> Result<u32, Ended> {
+    /// Samples one token from the pending logits and reports it; it runs through the model
+    /// next unless the sequence ended.
+    pub fn begin_decode(&mut self, bundle: &ModelBundle, prefix: &mut PrefixCache) -> Next {
         let Some(mut logits) = self.logits.take() else {
-            return Err(self.fail(RunnerError::Internal("decode before the prompt was in".into())));
+            return self.fail(RunnerError::Internal("decode before the prompt was in".into()));
         };
         let reasoning = self.output.in_reasoning();
         self.apply_reasoning_budget(reasoning);
@@ -234,7 +237,7 @@ impl Sequence {
             Some(id) => self.sampler.force(&logits, id),
             None => match self.sample(&mut logits, reasoning).inspect(|_| forced = false) {
                 Ok(token) => token,
-                Err(error) => return Err(self.fail(error)),
+                Err(error) => return self.fail(error),
             },
         };
         // Ending inside an open reasoning block would leave the answer empty: close the block
@@ -246,7 +249,7 @@ impl Sequence {
             forced = true;
         }
         if self.request.stop_ids.contains(&token.id) {
-            return Err(self.finish(FinishReason::Stop));
+            return self.finish(FinishReason::Stop);
         }
         self.generated += 1;
         // The close tag the engine forces is not thinking: the budget counts the model's own.
@@ -255,22 +258,22 @@ impl Sequence {
         let id = token.id;
         let resent = self.generated <= self.sent;
         if !resent
-            && self.request.events.send(SequenceEvent::Token { token, text, reasoning }).is_err()
+            && self.caller.events.send(SequenceEvent::Token { token, text, reasoning }).is_err()
         {
-            return Err(Ended);
+            return Next::Ended;
         }
         if stopped {
-            return Err(self.report(FinishReason::Stop, TextDelta::default()));
+            return self.report(FinishReason::Stop, TextDelta::default());
         }
         if self.generated >= self.request.max_tokens || self.cache.len() >= self.cache.limit() {
-            return Err(self.finish(FinishReason::Length));
+            return self.finish(FinishReason::Length);
         }
         if prefix.reserve(&mut self.cache, 1).is_err() {
             tracing::warn!("the KV cache is full: a sequence ends early; raise --kv-cache-memory");
-            return Err(self.finish(FinishReason::Length));
+            return self.finish(FinishReason::Length);
         }
         self.reply.push(id);
-        Ok(id)
+        Next::Run(vec![id])
     }
 
     /// The next close-tag token to force, if the engine is closing the reasoning block.
@@ -337,12 +340,12 @@ impl Sequence {
         true
     }
 
-    fn finish(&mut self, finish_reason: FinishReason) -> Ended {
+    fn finish(&mut self, finish_reason: FinishReason) -> Next {
         let (tail, stopped) = self.output.finish();
         self.report(if stopped { FinishReason::Stop } else { finish_reason }, tail)
     }
 
-    fn report(&mut self, finish_reason: FinishReason, tail: TextDelta) -> Ended {
+    fn report(&mut self, finish_reason: FinishReason, tail: TextDelta) -> Next {
         let summary = SequenceSummary {
             finish_reason,
             tail,
@@ -352,8 +355,8 @@ impl Sequence {
             reasoning_tokens: self.reasoning_tokens,
             cached_tokens: self.cached,
         };
-        let _ = self.request.events.send(SequenceEvent::Finished(summary));
-        Ended
+        let _ = self.caller.events.send(SequenceEvent::Finished(summary));
+        Next::Ended
     }
 }
 

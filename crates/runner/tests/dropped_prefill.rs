@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{engine, engine_with_orphans, greedy, hybrid, run, smollm2, PREFILL_CHUNK};
-use spindle_runner::{Engine, ModelBundle, ReasoningMode, SequenceEvent, SequenceRequest};
+use common::{engine, engine_with_orphans, greedy, hybrid, request, run, smollm2, PREFILL_CHUNK};
+use spindle_runner::{Caller, Engine, ModelBundle, SequenceEvent};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 const PROMPT: usize = 640;
@@ -35,22 +35,7 @@ fn submit(
     cancel: &Arc<AtomicBool>,
 ) -> UnboundedReceiver<SequenceEvent> {
     let (events, inbox) = tokio::sync::mpsc::unbounded_channel();
-    engine
-        .submit(SequenceRequest {
-            prompt_ids: prompt.to_vec(),
-            snapshot_positions: Vec::new(),
-            max_tokens: 12,
-            sampling: greedy(),
-            stop_ids: Vec::new(),
-            stop_strings: Vec::new(),
-            reasoning: ReasoningMode::Off,
-            reasoning_budget: None,
-            context: CONTEXT,
-            cancel: cancel.clone(),
-            events,
-            constraint: None,
-        })
-        .unwrap();
+    engine.submit(request(prompt, 12, CONTEXT), Caller { events, cancel: cancel.clone() }).unwrap();
     inbox
 }
 

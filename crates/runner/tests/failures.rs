@@ -3,12 +3,9 @@
 
 mod common;
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-
-use common::{greedy, smollm2, BLOCK_SIZE, PREFILL_CHUNK};
+use common::{request, smollm2, BLOCK_SIZE, PREFILL_CHUNK};
 use spindle_runner::{
-    CacheConfig, Engine, EngineConfig, ReasoningMode, RunnerError, SequenceEvent, SequenceRequest,
+    CacheConfig, Caller, Engine, EngineConfig, RunnerError, SequenceEvent, SequenceSummary,
 };
 
 /// KV positions in the pool of [`small_pool_engine`].
@@ -30,29 +27,20 @@ fn small_pool_engine() -> Engine {
     Engine::start(bundle, config)
 }
 
-/// The error `engine` ends a request for `prompt_len` tokens in `context` with.
-fn failure(engine: &Engine, prompt_len: usize, context: usize) -> RunnerError {
+/// How `engine` ends a request for `prompt_len` tokens in `context` with `max_tokens`.
+fn end(
+    engine: &Engine,
+    prompt_len: usize,
+    max_tokens: usize,
+    context: usize,
+) -> Result<SequenceSummary, RunnerError> {
     let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
-    engine
-        .submit(SequenceRequest {
-            prompt_ids: (0..prompt_len as u32).map(|i| 100 + i).collect(),
-            snapshot_positions: Vec::new(),
-            max_tokens: 4,
-            sampling: greedy(),
-            stop_ids: Vec::new(),
-            stop_strings: Vec::new(),
-            reasoning: ReasoningMode::Off,
-            reasoning_budget: None,
-            context,
-            cancel: Arc::new(AtomicBool::new(false)),
-            events,
-            constraint: None,
-        })
-        .unwrap();
+    let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| 100 + i).collect();
+    engine.submit(request(&prompt, max_tokens, context), Caller::new(events)).unwrap();
     loop {
         match inbox.blocking_recv().expect("every sequence ends with an event") {
-            SequenceEvent::Failed(error) => return error,
-            SequenceEvent::Finished(summary) => panic!("the request ran: {summary:?}"),
+            SequenceEvent::Failed(error) => return Err(error),
+            SequenceEvent::Finished(summary) => return Ok(summary),
             SequenceEvent::Token { .. } | SequenceEvent::Prefilled { .. } => {}
         }
     }
@@ -62,39 +50,16 @@ fn failure(engine: &Engine, prompt_len: usize, context: usize) -> RunnerError {
 fn a_prompt_that_can_never_fit_fails_typed_and_the_engine_serves_on() {
     let engine = small_pool_engine();
     // The prompt fills the pool, leaving no position for a generated token.
-    match failure(&engine, POOL_TOKENS, 1024) {
-        RunnerError::PromptExceedsKvPool { prompt, kv_tokens } => {
+    match end(&engine, POOL_TOKENS, 4, 1024) {
+        Err(RunnerError::PromptExceedsKvPool { prompt, kv_tokens }) => {
             assert_eq!((prompt, kv_tokens), (POOL_TOKENS, POOL_TOKENS));
         }
         other => panic!("{other:?}"),
     }
-    match failure(&engine, 20, 20) {
-        RunnerError::PromptExceedsContext { prompt: 20, context: 20 } => {}
+    match end(&engine, 20, 4, 20) {
+        Err(RunnerError::PromptExceedsContext { prompt: 20, context: 20 }) => {}
         other => panic!("{other:?}"),
     }
     // A prompt that fits still runs.
-    let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
-    engine
-        .submit(SequenceRequest {
-            prompt_ids: vec![100, 101, 102],
-            snapshot_positions: Vec::new(),
-            max_tokens: 2,
-            sampling: greedy(),
-            stop_ids: Vec::new(),
-            stop_strings: Vec::new(),
-            reasoning: ReasoningMode::Off,
-            reasoning_budget: None,
-            context: 1024,
-            cancel: Arc::new(AtomicBool::new(false)),
-            events,
-            constraint: None,
-        })
-        .unwrap();
-    loop {
-        match inbox.blocking_recv().expect("every sequence ends with an event") {
-            SequenceEvent::Finished(summary) => break assert_eq!(summary.completion_tokens, 2),
-            SequenceEvent::Failed(error) => panic!("{error}"),
-            SequenceEvent::Token { .. } | SequenceEvent::Prefilled { .. } => {}
-        }
-    }
+    assert_eq!(end(&engine, 3, 2, 1024).unwrap().completion_tokens, 2);
 }

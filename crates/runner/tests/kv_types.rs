@@ -13,7 +13,7 @@ use spindle_chat::{ChatTemplate, Tokenizer};
 use spindle_hub::ModelFiles;
 use spindle_models::KvType;
 use spindle_runner::sampler::{SampledToken, SamplingParams, MAX_TOP_LOGPROBS};
-use spindle_runner::{CacheConfig, Engine, EngineConfig, Generation, ModelBundle};
+use spindle_runner::{CacheConfig, Engine, EngineConfig, ModelBundle, SequenceRequest};
 
 /// Positions each run may use; every prompt and its steps fit.
 const CONTEXT: usize = 4096;
@@ -128,17 +128,13 @@ fn steps(engine: &Engine, prompt: &[u32], path: &[u32]) -> Vec<SampledToken> {
             [] => out.iter().map(|t| t.id).collect(),
             path => path[..out.len()].to_vec(),
         };
-        let request = Generation {
-            prompt_ids: [prompt, &fed].concat(),
-            max_tokens: STEPS - out.len(),
-            sampling: SamplingParams {
-                temperature: 0.0,
-                top_logprobs: Some(MAX_TOP_LOGPROBS),
-                ..SamplingParams::default()
-            },
-            stop_ids: Vec::new(),
-            context: CONTEXT,
+        let sampling = SamplingParams {
+            temperature: 0.0,
+            top_logprobs: Some(MAX_TOP_LOGPROBS),
+            ..SamplingParams::default()
         };
+        let request =
+            SequenceRequest::plain([prompt, &fed].concat(), STEPS - out.len(), sampling, CONTEXT);
         let mut diverged = false;
         engine
             .generate(request, |token, _| {

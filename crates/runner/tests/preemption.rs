@@ -5,13 +5,13 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use common::{greedy, hybrid, seeded, smollm2, BLOCK_SIZE, PREFILL_CHUNK};
+use common::{greedy, hybrid, request, seeded, smollm2, BLOCK_SIZE, PREFILL_CHUNK};
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
-    CacheConfig, Engine, EngineConfig, ModelBundle, ReasoningMode, SequenceEvent, SequenceRequest,
+    CacheConfig, Caller, Engine, EngineConfig, ModelBundle, SequenceEvent, SequenceRequest,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -50,21 +50,14 @@ fn submit(
 ) -> UnboundedReceiver<SequenceEvent> {
     let (events, inbox) = tokio::sync::mpsc::unbounded_channel();
     engine
-        .submit(SequenceRequest {
-            prompt_ids: prompt.to_vec(),
-            snapshot_positions: Vec::new(),
-            // What the server asks for when max_tokens is omitted: the rest of the context.
-            max_tokens: CONTEXT - prompt.len(),
-            sampling,
-            stop_ids: Vec::new(),
-            stop_strings: Vec::new(),
-            reasoning: ReasoningMode::Off,
-            reasoning_budget: None,
-            context: CONTEXT,
-            cancel: Arc::new(AtomicBool::new(false)),
-            events,
-            constraint: None,
-        })
+        .submit(
+            SequenceRequest {
+                sampling,
+                // What the server asks for when max_tokens is omitted: the rest of the context.
+                ..request(prompt, CONTEXT - prompt.len(), CONTEXT)
+            },
+            Caller::new(events),
+        )
         .unwrap();
     inbox
 }

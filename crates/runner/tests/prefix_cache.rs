@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -23,7 +22,7 @@ use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
     model_fingerprint, CacheConfig, Engine, EngineConfig, FinishReason, ModelBundle,
 };
-use spindle_runner::{ReasoningMode, RunnerError, SequenceEvent, SequenceRequest};
+use spindle_runner::{Caller, RunnerError, SequenceEvent, SequenceRequest};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -163,20 +162,19 @@ fn engine(model: &Model, max_active: usize, cache: CacheConfig) -> Engine {
 fn submit(engine: &Engine, model: &Model, request: &Request) -> UnboundedReceiver<SequenceEvent> {
     let (events, receiver) = unbounded_channel();
     engine
-        .submit(SequenceRequest {
-            prompt_ids: request.prompt.clone(),
-            snapshot_positions: request.snapshots.clone(),
-            max_tokens: request.max_tokens,
-            sampling: sampling(request.seed),
-            stop_ids: model.stop_ids.clone(),
-            stop_strings: Vec::new(),
-            reasoning: ReasoningMode::Off,
-            reasoning_budget: None,
-            context: 4096,
-            cancel: Arc::new(AtomicBool::new(false)),
-            events,
-            constraint: None,
-        })
+        .submit(
+            SequenceRequest {
+                snapshot_positions: request.snapshots.clone(),
+                stop_ids: model.stop_ids.clone(),
+                ..SequenceRequest::plain(
+                    request.prompt.clone(),
+                    request.max_tokens,
+                    sampling(request.seed),
+                    4096,
+                )
+            },
+            Caller::new(events),
+        )
         .unwrap();
     receiver
 }

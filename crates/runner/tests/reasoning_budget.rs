@@ -3,12 +3,9 @@
 
 mod common;
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-
-use common::{engine, greedy, smollm2};
+use common::{engine, request, smollm2};
 use spindle_runner::{
-    Engine, FinishReason, ModelBundle, ReasoningBudget, ReasoningMode, SequenceEvent,
+    Caller, Engine, FinishReason, ModelBundle, ReasoningBudget, ReasoningMode, SequenceEvent,
     SequenceRequest,
 };
 
@@ -33,23 +30,18 @@ fn close_ids(bundle: &ModelBundle) -> Vec<u32> {
 fn run(engine: &Engine, bundle: &ModelBundle, stop_ids: Vec<u32>) -> (Vec<u32>, FinishReason) {
     let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
     engine
-        .submit(SequenceRequest {
-            prompt_ids: thinking_prompt(bundle),
-            snapshot_positions: Vec::new(),
-            max_tokens: MAX_TOKENS,
-            sampling: greedy(),
-            stop_ids,
-            stop_strings: Vec::new(),
-            reasoning: ReasoningMode::ThinkTags { starts_inside: true },
-            reasoning_budget: Some(ReasoningBudget {
-                max_tokens: Some(BUDGET),
-                close_ids: close_ids(bundle),
-            }),
-            context: 256,
-            cancel: Arc::new(AtomicBool::new(false)),
-            events,
-            constraint: None,
-        })
+        .submit(
+            SequenceRequest {
+                stop_ids,
+                reasoning: ReasoningMode::ThinkTags { starts_inside: true },
+                reasoning_budget: Some(ReasoningBudget {
+                    max_tokens: Some(BUDGET),
+                    close_ids: close_ids(bundle),
+                }),
+                ..request(&thinking_prompt(bundle), MAX_TOKENS, 256)
+            },
+            Caller::new(events),
+        )
         .unwrap();
     let mut tokens = Vec::new();
     loop {

@@ -25,7 +25,7 @@ use spindle_chat::{ChatTemplate, Tokenizer};
 use spindle_hub::ModelFiles;
 use spindle_models::KvType;
 use spindle_runner::sampler::{SampledToken, SamplingParams, MAX_TOP_LOGPROBS};
-use spindle_runner::{CacheConfig, Engine, EngineConfig, Generation, ModelBundle};
+use spindle_runner::{CacheConfig, Engine, EngineConfig, ModelBundle, SequenceRequest};
 
 /// Largest difference allowed between our and llama.cpp's log-probability of a token.
 /// Measured (2026-11-23): max 0.47 (smollm2, Q4_1), 0.10 (qwen2.5, Q4_K_M), 0.46 (gemma3);
@@ -123,17 +123,17 @@ fn teacher_force(
 ) {
     let mut fed = 0;
     while fed < reference.len() {
-        let request = Generation {
-            prompt_ids: [prompt, &reference[..fed]].concat(),
-            max_tokens: reference.len() - fed,
-            sampling: SamplingParams {
-                temperature: 0.0,
-                top_logprobs: Some(MAX_TOP_LOGPROBS),
-                ..SamplingParams::default()
-            },
-            stop_ids: Vec::new(),
-            context: CONTEXT,
+        let sampling = SamplingParams {
+            temperature: 0.0,
+            top_logprobs: Some(MAX_TOP_LOGPROBS),
+            ..SamplingParams::default()
         };
+        let request = SequenceRequest::plain(
+            [prompt, &reference[..fed]].concat(),
+            reference.len() - fed,
+            sampling,
+            CONTEXT,
+        );
         let start = fed;
         let mut diverged = false;
         let stats = engine

@@ -18,7 +18,7 @@
 //! node only under the key the looking prompt would compute the block with; a prompt cut
 //! otherwise adds a sibling with the same tokens and its own blocks.
 //!
-//! Invariants (checked by [`PrefixTree::check_invariants`]):
+//! Invariants (checked by `PrefixTree::check_invariants` in the tests):
 //! - A node covers positions `start..start + tokens.len()`, `start` a multiple of `block_size`,
 //!   `1 <= tokens.len() <= block_size`. Only full nodes (`tokens.len() == block_size`) have
 //!   children, and a child starts where its parent ends.
@@ -321,7 +321,8 @@ impl PrefixTree {
         self.kind
     }
 
-    pub fn node_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn node_count(&self) -> usize {
         self.slots.len() - self.free_slots.len()
     }
 
@@ -355,7 +356,8 @@ impl PrefixTree {
 
     /// Panics with a description if an invariant of the module doc is broken, or if the pool
     /// counts fewer holders of a block than the tree's own references to it.
-    pub fn check_invariants(&self, pool: &BlockPool) {
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self, pool: &BlockPool) {
         let bs = self.block_size;
         let mut refs: BTreeMap<BlockId, u32> = BTreeMap::new();
         let mut bytes = 0;

@@ -22,8 +22,10 @@ use spindle_api::{
 };
 
 use crate::batch_store::ResultLog;
-use crate::chat::{collect, start_chat_as};
+use crate::chat::start_chat;
+use crate::chat_answer::ChatAnswer;
 use crate::error::parse_json_value;
+use crate::respond::whole;
 use crate::state::{unix_now, Admission, AppState};
 
 /// How often the worker looks at the engine's load while it waits or runs.
@@ -146,7 +148,7 @@ async fn run_line(
     };
     loop {
         wait_for_room(state, id).await?;
-        let start = match start_chat_as(state, &request, "chatcmpl", Admission::Batch) {
+        let start = match start_chat(state, &request, "chatcmpl", Admission::Batch) {
             Ok(start) => start,
             Err(error) => {
                 return Some(failure(
@@ -157,8 +159,9 @@ async fn run_line(
             }
         };
         let request_id = start.head.id.clone();
+        let answer = ChatAnswer { head: start.head, tools: start.tools, include_usage: false };
         tokio::select! {
-            result = collect(start.generation, start.head, start.tools) => return Some(match result {
+            result = whole(start.generation, answer) => return Some(match result {
                 Ok(completion) => {
                     let body = serde_json::to_value(&completion).unwrap_or(Value::Null);
                     (ResultLog::Output, output_line(line, request_id, 200, body, None))

@@ -1,53 +1,41 @@
 //! `POST /v1/chat/completions`: messages → template → tokens → engine, answered as one
 //! `chat.completion` or as a stream of `chat.completion.chunk`s built from the same outputs.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::response::sse::{Event, Sse};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use futures_util::stream::{self, Stream, StreamExt};
+use axum::response::Response;
 use serde_json::{json, Map, Value};
-use spindle_api::{
-    ApiError, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-    ChatCompletionRequest, ChatDelta, ChatMessage, ChoiceLogprobs, FinishReason as ApiFinishReason,
-    Role, ToolCallDelta, Usage,
-};
+use spindle_api::{ApiError, ChatCompletionRequest, ChatMessage};
 use spindle_chat::TemplateInput;
 use spindle_constrain::Constraint;
-use spindle_runner::{FinishReason, ReasoningBudget, ReasoningMode, SequenceSummary, TextDelta};
+use spindle_runner::{ReasoningBudget, ReasoningMode, SequenceRequest};
 
+use crate::chat_answer::ChatAnswer;
 use crate::error::{failure, parse_json, HttpError};
-use crate::generation::{Generation, Output, Plan};
-use crate::request::{
-    check_model, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead,
-};
-use crate::sse::{done_event, event_stream, json_event, keep_alive};
+use crate::generation::Generation;
+use crate::request::{check_model, fit_max_tokens, sequence_request, ResponseHead};
+use crate::respond::{respond, Delivery};
 use crate::state::{Admission, AppState};
 use crate::structured::answer_shape;
-use crate::tool_output::{assemble_calls, ToolCallStage};
+use crate::tool_output::ToolCallStage;
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, HttpError> {
     let request: ChatCompletionRequest = parse_json(&body?)?;
-    let ChatStart { mut generation, head, tools, .. } = start_chat(&state, &request, "chatcmpl")?;
-    if request.stream {
-        if request.return_progress {
-            generation.report_progress();
-        }
-        let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok(Sse::new(chunk_stream(generation, head, include_usage, tools))
-            .keep_alive(keep_alive(&state))
-            .into_response())
-    } else {
-        Ok(Json(collect(generation, head, tools).await?).into_response())
+    let ChatStart { mut generation, head, tools, .. } =
+        start_chat(&state, &request, "chatcmpl", Admission::Live)?;
+    let delivery = Delivery::of(request.stream);
+    if matches!(delivery, Delivery::Stream) && request.return_progress {
+        generation.report_progress();
     }
+    let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let answer = ChatAnswer { head, tools, include_usage };
+    Ok(respond(&state, generation, answer, delivery).await?)
 }
 
 /// A chat request handed to the engine: what every protocol adapter (Chat Completions,
@@ -62,17 +50,9 @@ pub(crate) struct ChatStart {
 }
 
 /// Validates `request` (in the OpenAI chat shape), renders and tokenizes it, resolves its
-/// answer shape and submits it; `id_prefix` names the protocol in the response id.
+/// answer shape and submits it, live or as a batch's; `id_prefix` names the protocol in the
+/// response id.
 pub(crate) fn start_chat(
-    state: &Arc<AppState>,
-    request: &ChatCompletionRequest,
-    id_prefix: &str,
-) -> Result<ChatStart, ApiError> {
-    start_chat_as(state, request, id_prefix, Admission::Live)
-}
-
-/// [`start_chat`] for a live request or a batch's.
-pub(crate) fn start_chat_as(
     state: &Arc<AppState>,
     request: &ChatCompletionRequest,
     id_prefix: &str,
@@ -85,7 +65,7 @@ pub(crate) fn start_chat_as(
     let prompt_tokens = plan.prompt_ids.len();
     let head = ResponseHead::new(state, id_prefix);
     let tools = shape.tool_calls.as_ref().map(|parsing| ToolCallStage::new(parsing, &head.id));
-    let generation = Generation::start_as(state, &head.id, plan, admission)?;
+    let generation = Generation::start(state, &head.id, plan, admission)?;
     Ok(ChatStart { generation, head, tools, prompt_tokens })
 }
 
@@ -94,7 +74,7 @@ fn plan(
     state: &AppState,
     request: &ChatCompletionRequest,
     constraint: Option<Constraint>,
-) -> Result<Plan, ApiError> {
+) -> Result<SequenceRequest, ApiError> {
     let bundle = &state.bundle;
     let tools: Vec<Value> = request.tools.iter().map(|t| json!(t)).collect();
     let rendered = render_prompt(state, &request.messages, &tools, &request.chat_template_kwargs)?;
@@ -119,16 +99,13 @@ fn plan(
     if let Some(budget) = &reasoning_budget {
         check_room_to_answer(max_tokens, budget)?;
     }
-    Ok(Plan {
-        prompt_ids,
+    let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0) as usize);
+    Ok(SequenceRequest {
         snapshot_positions,
-        max_tokens,
-        sampling: runner_sampling(&request.sampling),
-        stop_strings: stop_strings(&request.sampling),
         reasoning,
         reasoning_budget,
-        logprobs: request.logprobs.then(|| request.top_logprobs.unwrap_or(0) as usize),
         constraint,
+        ..sequence_request(state, prompt_ids, max_tokens, &request.sampling, logprobs)
     })
 }
 
@@ -245,191 +222,6 @@ fn template_message(message: &ChatMessage) -> Value {
         out.insert("reasoning_content".into(), json!(reasoning));
     }
     Value::Object(out)
-}
-
-impl ResponseHead {
-    fn chat_chunk(
-        &self,
-        choices: Vec<ChatChunkChoice>,
-        usage: Option<Usage>,
-    ) -> ChatCompletionChunk {
-        ChatCompletionChunk {
-            id: self.id.clone(),
-            created: self.created,
-            model: self.model.clone(),
-            system_fingerprint: None,
-            choices,
-            usage,
-            prompt_progress: None,
-        }
-    }
-}
-
-fn delta_choice(
-    text: TextDelta,
-    tool_calls: Vec<ToolCallDelta>,
-    logprobs: Option<ChoiceLogprobs>,
-) -> ChatChunkChoice {
-    let non_empty = |s: String| (!s.is_empty()).then_some(s);
-    ChatChunkChoice {
-        index: 0,
-        delta: ChatDelta {
-            content: non_empty(text.content),
-            reasoning_content: non_empty(text.reasoning),
-            tool_calls,
-            ..Default::default()
-        },
-        logprobs,
-        finish_reason: None,
-    }
-}
-
-/// Routes a delta's content through the tool-call stage, when the request has one.
-pub(crate) fn staged(
-    tools: &mut Option<ToolCallStage>,
-    mut text: TextDelta,
-) -> (TextDelta, Vec<ToolCallDelta>) {
-    match tools {
-        Some(stage) => {
-            let staged = stage.push(&text.content);
-            text.content = staged.content;
-            (text, staged.tool_calls)
-        }
-        None => (text, Vec::new()),
-    }
-}
-
-/// The end of the answer: the text released last, and what the tool-call stage held back.
-pub(crate) fn staged_tail(
-    tools: &mut Option<ToolCallStage>,
-    tail: TextDelta,
-) -> (TextDelta, Vec<ToolCallDelta>) {
-    let (mut text, mut calls) = staged(tools, tail);
-    if let Some(stage) = tools {
-        let rest = stage.finish();
-        text.content.push_str(&rest.content);
-        calls.extend(rest.tool_calls);
-    }
-    (text, calls)
-}
-
-/// `tool_calls` when the model stopped after calling a tool (call it after the stage's end).
-pub(crate) fn chat_finish_reason(
-    reason: FinishReason,
-    tools: &Option<ToolCallStage>,
-) -> ApiFinishReason {
-    match (reason, tools) {
-        (FinishReason::Stop, Some(stage)) if stage.called() => ApiFinishReason::ToolCalls,
-        (reason, _) => crate::request::finish_reason(reason),
-    }
-}
-
-/// The streamed response: a role chunk, a chunk per token that released text (or has
-/// logprobs), the finish chunk, the usage chunk when asked for, and `[DONE]`.
-fn chunk_stream(
-    generation: Generation,
-    head: ResponseHead,
-    include_usage: bool,
-    mut tools: Option<ToolCallStage>,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    let first = head.chat_chunk(
-        vec![ChatChunkChoice {
-            index: 0,
-            delta: ChatDelta {
-                role: Some(Role::Assistant),
-                content: Some(String::new()),
-                ..Default::default()
-            },
-            logprobs: None,
-            finish_reason: None,
-        }],
-        None,
-    );
-    let opening = stream::iter([Ok(json_event(&first))]);
-    opening.chain(event_stream(generation, move |output| match output {
-        Output::Text { delta, logprob } => {
-            let (delta, calls) = staged(&mut tools, delta);
-            if delta.is_empty() && calls.is_empty() && logprob.is_none() {
-                return vec![];
-            }
-            let logprobs = logprob.map(|lp| ChoiceLogprobs { content: vec![lp] });
-            vec![json_event(&head.chat_chunk(vec![delta_choice(delta, calls, logprobs)], None))]
-        }
-        Output::Progress(progress) => {
-            let mut chunk =
-                head.chat_chunk(vec![delta_choice(TextDelta::default(), Vec::new(), None)], None);
-            chunk.prompt_progress = Some(progress);
-            vec![json_event(&chunk)]
-        }
-        Output::Done(summary) => finish_events(&head, summary, include_usage, &mut tools),
-        Output::Failed(_) => vec![],
-    }))
-}
-
-fn finish_events(
-    head: &ResponseHead,
-    summary: SequenceSummary,
-    include_usage: bool,
-    tools: &mut Option<ToolCallStage>,
-) -> Vec<Event> {
-    let mut events = Vec::new();
-    let usage = usage(&summary);
-    let (tail, calls) = staged_tail(tools, summary.tail);
-    let finish_reason = chat_finish_reason(summary.finish_reason, tools);
-    if !tail.is_empty() || !calls.is_empty() {
-        events.push(json_event(&head.chat_chunk(vec![delta_choice(tail, calls, None)], None)));
-    }
-    let mut last = delta_choice(TextDelta::default(), Vec::new(), None);
-    last.finish_reason = Some(finish_reason);
-    events.push(json_event(&head.chat_chunk(vec![last], None)));
-    if include_usage {
-        events.push(json_event(&head.chat_chunk(vec![], Some(usage))));
-    }
-    events.push(done_event());
-    events
-}
-
-/// The non-streamed response: the same outputs, concatenated.
-pub(crate) async fn collect(
-    generation: Generation,
-    head: ResponseHead,
-    mut tools: Option<ToolCallStage>,
-) -> Result<ChatCompletion, ApiError> {
-    let logprobs_requested = generation.reports_logprobs();
-    let mut whole = generation.collect().await?;
-    let reasoning = whole.text(|d| &d.reasoning);
-    let mut logprobs = Vec::new();
-    let mut content = String::new();
-    let mut deltas = Vec::new();
-    for (delta, logprob) in std::mem::take(&mut whole.pieces) {
-        logprobs.extend(logprob);
-        let (text, calls) = staged(&mut tools, delta);
-        content.push_str(&text.content);
-        deltas.extend(calls);
-    }
-    let (tail, calls) = staged_tail(&mut tools, std::mem::take(&mut whole.summary.tail));
-    content.push_str(&tail.content);
-    deltas.extend(calls);
-    let tool_calls = assemble_calls(deltas);
-    let finish_reason = chat_finish_reason(whole.summary.finish_reason, &tools);
-    Ok(ChatCompletion {
-        id: head.id,
-        created: head.created,
-        model: head.model,
-        system_fingerprint: None,
-        choices: vec![ChatChoice {
-            index: 0,
-            message: AssistantMessage {
-                // OpenAI sends `null` content for a message that only calls tools.
-                content: (!content.is_empty() || tool_calls.is_empty()).then_some(content),
-                reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
-                tool_calls,
-            },
-            logprobs: logprobs_requested.then_some(ChoiceLogprobs { content: logprobs }),
-            finish_reason,
-        }],
-        usage: usage(&whole.summary),
-    })
 }
 
 #[cfg(test)]

@@ -1,29 +1,27 @@
 //! `POST /v1/completions`: the legacy text-in, text-out endpoint (no template, no reasoning
 //! split), streamed or whole, with the legacy logprobs shape.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::response::sse::{Event, Sse};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use futures_util::stream::{self, Stream, StreamExt};
+use axum::response::sse::Event;
+use axum::response::Response;
 use spindle_api::{
     ApiError, Completion, CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest,
     LegacyTopLogprobs, Prompt, TokenLogprob, DEFAULT_COMPLETION_MAX_TOKENS,
 };
-use spindle_runner::{ReasoningMode, SequenceSummary};
+use spindle_runner::SequenceSummary;
 
 use crate::error::{failure, parse_json, HttpError};
-use crate::generation::{Generation, Output, Plan};
+use crate::generation::{Collected, Generation, Output};
 use crate::request::{
-    check_model, finish_reason, fit_max_tokens, runner_sampling, stop_strings, usage, ResponseHead,
+    check_model, finish_reason, fit_max_tokens, sequence_request, usage, ResponseHead,
 };
-use crate::sse::{done_event, event_stream, json_event, keep_alive};
-use crate::state::AppState;
+use crate::respond::{respond, Delivery, Protocol};
+use crate::sse::{done_event, failure_events, json_event, keep_alive_comment};
+use crate::state::{Admission, AppState};
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
@@ -69,27 +67,14 @@ pub async fn completions(
         prompt_ids.len(),
         Some(request.max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS)),
     )?;
-    let plan = Plan {
-        prompt_ids,
-        snapshot_positions: Vec::new(),
-        max_tokens,
-        sampling: runner_sampling(&request.sampling),
-        stop_strings: stop_strings(&request.sampling),
-        reasoning: ReasoningMode::Off,
-        reasoning_budget: None,
-        logprobs: request.logprobs.map(|n| n as usize),
-        constraint: None,
-    };
+    let logprobs = request.logprobs.map(|n| n as usize);
+    let engine_request =
+        sequence_request(&state, prompt_ids, max_tokens, &request.sampling, logprobs);
     let head = ResponseHead::new(&state, "cmpl");
-    let generation = Generation::start(&state, &head.id, plan)?;
-    if request.stream {
-        let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        Ok(Sse::new(chunk_stream(generation, head, echo, include_usage))
-            .keep_alive(keep_alive(&state))
-            .into_response())
-    } else {
-        Ok(Json(collect(generation, head, echo).await?).into_response())
-    }
+    let generation = Generation::start(&state, &head.id, engine_request, Admission::Live)?;
+    let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let answer = CompletionAnswer { head, echo, include_usage };
+    Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)
 }
 
 impl ResponseHead {
@@ -141,66 +126,79 @@ fn choice(
     }
 }
 
-fn chunk_stream(
-    generation: Generation,
+/// The Completions answer. Streamed: the echo, a chunk per token that released text (or has
+/// logprobs), the finish chunk, the usage chunk when asked for, and `[DONE]`. Whole: the same
+/// outputs, concatenated.
+struct CompletionAnswer {
     head: ResponseHead,
+    /// The prompt's text, when the request asked for it back.
     echo: String,
     include_usage: bool,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    let opening =
-        (!echo.is_empty()).then(|| Ok(head.completion_event(vec![choice(echo, None, None)], None)));
-    let body = event_stream(generation, move |output| match output {
-        Output::Text { delta, logprob } => {
-            let logprobs = logprob.map(|lp| {
-                let mut legacy = LegacyLogprobs::default();
-                legacy.push(lp, &delta.content);
-                legacy.logprobs
-            });
-            if delta.content.is_empty() && logprobs.is_none() {
-                vec![]
-            } else {
-                vec![head.completion_event(vec![choice(delta.content, logprobs, None)], None)]
-            }
-        }
-        Output::Done(summary) => {
-            let mut events = vec![head.completion_event(
-                vec![choice(summary.tail.content.clone(), None, Some(&summary))],
-                None,
-            )];
-            if include_usage {
-                events.push(head.completion_event(vec![], Some(usage(&summary))));
-            }
-            events.push(done_event());
-            events
-        }
-        Output::Failed(_) | Output::Progress(_) => vec![],
-    });
-    stream::iter(opening).chain(body)
 }
 
-async fn collect(
-    generation: Generation,
-    head: ResponseHead,
-    echo: String,
-) -> Result<Completion, ApiError> {
-    let logprobs_requested = generation.reports_logprobs();
-    let whole = generation.collect().await?;
-    let mut legacy = LegacyLogprobs::default();
-    for (delta, logprob) in &whole.pieces {
-        if let Some(lp) = logprob {
-            legacy.push(lp.clone(), &delta.content);
+impl Protocol for CompletionAnswer {
+    type Whole = Completion;
+
+    fn opening(&mut self) -> Vec<Event> {
+        let echo = std::mem::take(&mut self.echo);
+        (!echo.is_empty())
+            .then(|| self.head.completion_event(vec![choice(echo, None, None)], None))
+            .into_iter()
+            .collect()
+    }
+
+    fn events(&mut self, output: Output) -> Vec<Event> {
+        let head = &self.head;
+        match output {
+            Output::Text { delta, logprob } => {
+                let logprobs = logprob.map(|lp| {
+                    let mut legacy = LegacyLogprobs::default();
+                    legacy.push(lp, &delta.content);
+                    legacy.logprobs
+                });
+                if delta.content.is_empty() && logprobs.is_none() {
+                    vec![]
+                } else {
+                    vec![head.completion_event(vec![choice(delta.content, logprobs, None)], None)]
+                }
+            }
+            Output::Done(summary) => {
+                let tail = choice(summary.tail.content.clone(), None, Some(&summary));
+                let mut events = vec![head.completion_event(vec![tail], None)];
+                if self.include_usage {
+                    events.push(head.completion_event(vec![], Some(usage(&summary))));
+                }
+                events.push(done_event());
+                events
+            }
+            Output::Failed(error) => failure_events(&error),
+            Output::Progress(_) => vec![],
         }
     }
-    Ok(Completion {
-        id: head.id,
-        created: head.created,
-        model: head.model,
-        system_fingerprint: None,
-        choices: vec![choice(
-            echo + &whole.text(|d| &d.content),
-            logprobs_requested.then_some(legacy.logprobs),
-            Some(&whole.summary),
-        )],
-        usage: usage(&whole.summary),
-    })
+
+    fn keep_alive(&mut self) -> Vec<Event> {
+        vec![keep_alive_comment()]
+    }
+
+    fn whole(self, whole: Collected) -> Result<Completion, ApiError> {
+        let mut legacy = LegacyLogprobs::default();
+        for (delta, logprob) in &whole.pieces {
+            if let Some(lp) = logprob {
+                legacy.push(lp.clone(), &delta.content);
+            }
+        }
+        let head = self.head;
+        Ok(Completion {
+            id: head.id,
+            created: head.created,
+            model: head.model,
+            system_fingerprint: None,
+            choices: vec![choice(
+                self.echo + &whole.text(|d| &d.content),
+                whole.logprobs.then_some(legacy.logprobs),
+                Some(&whole.summary),
+            )],
+            usage: usage(&whole.summary),
+        })
+    }
 }

@@ -7,31 +7,12 @@ use std::time::Instant;
 
 use spindle_api::{ApiError, PromptProgress, TokenLogprob, TopLogprob};
 use spindle_chat::Tokenizer;
-use spindle_constrain::Constraint;
-use spindle_runner::sampler::{SampledToken, SamplingParams};
-use spindle_runner::{
-    ReasoningBudget, ReasoningMode, SequenceEvent, SequenceRequest, SequenceSummary, TextDelta,
-};
+use spindle_runner::sampler::SampledToken;
+use spindle_runner::{Caller, SequenceEvent, SequenceRequest, SequenceSummary, TextDelta};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::error::{internal_error, runner_failure};
 use crate::state::{Admission, AppState, Ticket};
-
-/// Everything the engine needs for one request, decided by the endpoint.
-pub struct Plan {
-    pub prompt_ids: Vec<u32>,
-    /// Where the prefix cache should keep snapshots (ends of chat messages).
-    pub snapshot_positions: Vec<usize>,
-    pub max_tokens: usize,
-    pub sampling: SamplingParams,
-    pub stop_strings: Vec<String>,
-    pub reasoning: ReasoningMode,
-    pub reasoning_budget: Option<ReasoningBudget>,
-    /// Report logprobs (with this many alternatives).
-    pub logprobs: Option<usize>,
-    /// The grammar the answer must follow.
-    pub constraint: Option<Constraint>,
-}
 
 /// What a response is built from, in order: prompt progress (when asked for), text pieces,
 /// then one end.
@@ -62,16 +43,12 @@ pub struct Generation {
 }
 
 impl Generation {
-    /// Admits the request (429 when full) and hands it to the engine.
-    pub fn start(state: &Arc<AppState>, id: &str, plan: Plan) -> Result<Self, ApiError> {
-        Self::start_as(state, id, plan, Admission::Live)
-    }
-
-    /// [`Generation::start`] for a live request or a batch's (which is never refused).
-    pub fn start_as(
+    /// Admits the request (a live one 429 when full, a batch's never refused) and hands it to
+    /// the engine.
+    pub fn start(
         state: &Arc<AppState>,
         id: &str,
-        plan: Plan,
+        request: SequenceRequest,
         admission: Admission,
     ) -> Result<Self, ApiError> {
         let ticket = match admission {
@@ -79,27 +56,13 @@ impl Generation {
             Admission::Batch => state.admit_batch(id),
         };
         let (events, receiver) = unbounded_channel();
-        let mut sampling = plan.sampling;
-        sampling.top_logprobs = plan.logprobs;
-        let request = SequenceRequest {
-            prompt_ids: plan.prompt_ids,
-            snapshot_positions: plan.snapshot_positions,
-            max_tokens: plan.max_tokens,
-            sampling,
-            stop_ids: state.bundle.tokenizer.eos_token_ids().to_vec(),
-            stop_strings: plan.stop_strings,
-            reasoning: plan.reasoning,
-            reasoning_budget: plan.reasoning_budget,
-            context: state.config.ctx_size,
-            cancel: ticket.cancel.clone(),
-            events,
-            constraint: plan.constraint,
-        };
-        state.engine.submit(request).map_err(|e| runner_failure(id, e.into()))?;
+        let logprobs = request.sampling.top_logprobs.is_some();
+        let caller = Caller { events, cancel: ticket.cancel.clone() };
+        state.engine.submit(request, caller).map_err(|e| runner_failure(id, e.into()))?;
         Ok(Self {
             state: state.clone(),
             events: receiver,
-            logprobs: plan.logprobs.is_some(),
+            logprobs,
             started: Instant::now(),
             first_token: None,
             last_progress_log: Instant::now(),
@@ -113,11 +76,6 @@ impl Generation {
     /// Also report how far the prompt has been read, as [`Output::Progress`].
     pub fn report_progress(&mut self) {
         self.progress = true;
-    }
-
-    /// Whether outputs carry logprobs (the request asked for them).
-    pub fn reports_logprobs(&self) -> bool {
-        self.logprobs
     }
 
     /// The next output; `None` after the end has been returned.
@@ -215,9 +173,17 @@ impl Generation {
 pub struct Collected {
     pub pieces: Vec<(TextDelta, Option<TokenLogprob>)>,
     pub summary: SequenceSummary,
+    /// The request asked for logprobs (so even no pieces answer with a list).
+    pub logprobs: bool,
 }
 
 impl Collected {
+    /// The outputs read, in order, the end included.
+    pub fn outputs(self) -> impl Iterator<Item = Output> {
+        let texts = self.pieces.into_iter().map(|(delta, logprob)| Output::Text { delta, logprob });
+        texts.chain([Output::Done(self.summary)])
+    }
+
     /// All text of one kind, the tail included.
     pub fn text(&self, kind: fn(&TextDelta) -> &str) -> String {
         self.pieces.iter().map(|(delta, _)| kind(delta)).chain([kind(&self.summary.tail)]).collect()
@@ -232,7 +198,9 @@ impl Generation {
             match self.next().await {
                 Some(Output::Text { delta, logprob }) => pieces.push((delta, logprob)),
                 Some(Output::Progress(_)) => {}
-                Some(Output::Done(summary)) => return Ok(Collected { pieces, summary }),
+                Some(Output::Done(summary)) => {
+                    return Ok(Collected { pieces, summary, logprobs: self.logprobs })
+                }
                 Some(Output::Failed(error)) => return Err(error),
                 None => {
                     let detail = "the engine ended the request without a result";

@@ -3,28 +3,26 @@
 //! ([`chat_request`]), generated like any other, and answered as Anthropic events
 //! ([`MessageEvents`]); errors leave in Anthropic's shape with the status OpenAI's would have.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use spindle_api::anthropic::{ErrorResponse, Message, MessagesRequest, StreamEvent, TokenCount};
 use spindle_api::ApiError;
 
 use crate::chat::{render_prompt, start_chat, ChatStart};
 use crate::error::{error_response, failure, parse_json, HttpError};
-use crate::generation::{Generation, Output};
+use crate::generation::{Collected, Output};
 use crate::messages_events::{assemble, MessageEvents};
 use crate::messages_request::chat_request;
 use crate::request::check_model;
-use crate::sse::keep_alive_ping;
-use crate::state::AppState;
+use crate::respond::{respond, Delivery, Protocol};
+use crate::state::{Admission, AppState};
 
 /// The path prefix whose errors take Anthropic's shape.
 const MESSAGES_PATH: &str = "/v1/messages";
@@ -36,15 +34,10 @@ pub async fn messages(
     let request: MessagesRequest = parse_json(&body?)?;
     request.validate()?;
     let chat = chat_request(&request)?;
-    let ChatStart { generation, head, tools, prompt_tokens } = start_chat(&state, &chat, "msg")?;
-    let events = MessageEvents::new(head, tools);
-    if request.stream {
-        Ok(Sse::new(event_stream(generation, events, prompt_tokens))
-            .keep_alive(keep_alive_ping(&state))
-            .into_response())
-    } else {
-        Ok(Json(collect(generation, events, prompt_tokens).await?).into_response())
-    }
+    let ChatStart { generation, head, tools, prompt_tokens } =
+        start_chat(&state, &chat, "msg", Admission::Live)?;
+    let answer = MessagesAnswer { events: MessageEvents::new(head, tools), prompt_tokens };
+    Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)
 }
 
 /// The prompt's tokens, rendered and tokenized as `/v1/messages` would (`chat::plan`), without
@@ -69,40 +62,45 @@ fn sse_event(event: &StreamEvent) -> Event {
         .data(serde_json::to_string(event).expect("response types serialise"))
 }
 
-/// `message_start` and `ping`, then the events of each output; a failure becomes an `error`
-/// event (the status line is already sent). Dropping the stream cancels the generation.
-fn event_stream(
-    generation: Generation,
+/// The Messages answer: `message_start` and `ping`, then the events of each output (a failure
+/// an `error` event) streamed; or the whole message, assembled from the same events.
+struct MessagesAnswer {
     events: MessageEvents,
     prompt_tokens: usize,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    let opening = stream::iter(events.start(prompt_tokens));
-    let rest = stream::unfold((generation, events), |(mut generation, mut events)| async move {
-        let batch = match generation.next().await? {
-            Output::Text { delta, .. } => events.push(delta),
-            Output::Progress(_) => vec![],
-            Output::Done(summary) => events.finish(summary),
-            Output::Failed(error) => vec![StreamEvent::Error { error: (&error).into() }],
-        };
-        Some((stream::iter(batch), (generation, events)))
-    })
-    .flatten();
-    opening.chain(rest).map(|event| Ok(sse_event(&event)))
 }
 
-/// The whole message, assembled from the events a stream would have sent.
-async fn collect(
-    generation: Generation,
-    mut events: MessageEvents,
-    prompt_tokens: usize,
-) -> Result<Message, ApiError> {
-    let whole = generation.collect().await?;
-    let mut all = Vec::new();
-    for (delta, _) in whole.pieces {
-        all.extend(events.push(delta));
+impl MessagesAnswer {
+    fn stream_events(&mut self, output: Output) -> Vec<StreamEvent> {
+        match output {
+            Output::Text { delta, .. } => self.events.push(delta),
+            Output::Progress(_) => vec![],
+            Output::Done(summary) => self.events.finish(summary),
+            Output::Failed(error) => vec![StreamEvent::Error { error: (&error).into() }],
+        }
     }
-    all.extend(events.finish(whole.summary));
-    Ok(assemble(events.empty_message(prompt_tokens), all))
+}
+
+impl Protocol for MessagesAnswer {
+    type Whole = Message;
+
+    fn opening(&mut self) -> Vec<Event> {
+        self.events.start(self.prompt_tokens).iter().map(sse_event).collect()
+    }
+
+    fn events(&mut self, output: Output) -> Vec<Event> {
+        self.stream_events(output).iter().map(sse_event).collect()
+    }
+
+    /// Anthropic's `ping`, which Messages clients expect instead of a comment.
+    fn keep_alive(&mut self) -> Vec<Event> {
+        vec![sse_event(&StreamEvent::Ping)]
+    }
+
+    fn whole(mut self, collected: Collected) -> Result<Message, ApiError> {
+        let all: Vec<StreamEvent> =
+            collected.outputs().flat_map(|output| self.stream_events(output)).collect();
+        Ok(assemble(self.events.empty_message(self.prompt_tokens), all))
+    }
 }
 
 /// An error on a Messages route: Anthropic's body, OpenAI's status.

@@ -10,7 +10,7 @@ use spindle_api::anthropic::{
 use spindle_api::{FinishReason, ToolCallDelta};
 use spindle_runner::{SequenceSummary, TextDelta};
 
-use crate::chat::{chat_finish_reason, staged, staged_tail};
+use crate::chat_answer::{chat_finish_reason, staged, staged_tail};
 use crate::request::ResponseHead;
 use crate::tool_output::ToolCallStage;
 

@@ -3,7 +3,7 @@
 
 use spindle_api::{ApiError, FinishReason, SamplingParams, Usage};
 use spindle_runner::sampler::SamplingParams as RunnerSampling;
-use spindle_runner::{RunnerError, SequenceSummary};
+use spindle_runner::{RunnerError, SequenceRequest, SequenceSummary};
 
 use crate::error::failure;
 
@@ -44,8 +44,30 @@ pub fn fit_max_tokens(
     Ok(requested.map_or(room, |n| (n as usize).min(room)))
 }
 
+/// The engine request for `prompt_ids`: the request's sampling and stop strings, logprobs with
+/// `logprobs` alternatives when asked for, ending at the model's end-of-text tokens or the
+/// served context.
+pub fn sequence_request(
+    state: &AppState,
+    prompt_ids: Vec<u32>,
+    max_tokens: usize,
+    sampling: &SamplingParams,
+    logprobs: Option<usize>,
+) -> SequenceRequest {
+    SequenceRequest {
+        stop_ids: state.bundle.tokenizer.eos_token_ids().to_vec(),
+        stop_strings: stop_strings(sampling),
+        ..SequenceRequest::plain(
+            prompt_ids,
+            max_tokens,
+            RunnerSampling { top_logprobs: logprobs, ..runner_sampling(sampling) },
+            state.config.ctx_size,
+        )
+    }
+}
+
 /// OpenAI's defaults where the request is silent: temperature 1, no filters, no penalties.
-pub fn runner_sampling(p: &SamplingParams) -> RunnerSampling {
+fn runner_sampling(p: &SamplingParams) -> RunnerSampling {
     let defaults = RunnerSampling::default();
     RunnerSampling {
         temperature: p.temperature.unwrap_or(defaults.temperature),
@@ -82,7 +104,7 @@ impl ResponseHead {
 }
 
 /// The request's stop strings; none when it gives none.
-pub fn stop_strings(p: &SamplingParams) -> Vec<String> {
+fn stop_strings(p: &SamplingParams) -> Vec<String> {
     p.stop.clone().map(|s| s.into_vec()).unwrap_or_default()
 }
 

@@ -3,16 +3,14 @@
 //! request and runs through the same pipeline; its outputs become Responses items
 //! (`responses_output`), streamed as typed events or returned whole.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::response::sse::{Event, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::sse::Event;
+use axum::response::Response;
 use axum::Json;
-use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::json;
 use spindle_api::{
     ApiError, InputItem, Response as ResponseObject, ResponseDeleted, ResponseStatus,
@@ -21,11 +19,12 @@ use spindle_api::{
 
 use crate::chat::{start_chat, ChatStart};
 use crate::error::{internal, parse_json, HttpError};
-use crate::generation::{Generation, Output};
+use crate::generation::{Collected, Output};
 use crate::request::ResponseHead;
+use crate::respond::{respond, Delivery, Protocol};
 use crate::responses_input::chat_request;
 use crate::responses_output::{sse_event, Assembler};
-use crate::state::AppState;
+use crate::state::{Admission, AppState};
 
 pub async fn create_response(
     State(state): State<Arc<AppState>>,
@@ -41,14 +40,12 @@ pub async fn create_response(
     };
     conversation.extend(request.input_items()?);
     let (chat, names) = chat_request(&request, &conversation)?;
-    let ChatStart { generation, head, tools, .. } = start_chat(&state, &chat, "resp")?;
+    let ChatStart { generation, head, tools, .. } =
+        start_chat(&state, &chat, "resp", Admission::Live)?;
     let assembler = Assembler::new(in_progress(&request, head), tools, names);
     let keep = request.stores().then(|| Keep { state: state.clone(), conversation });
-    if request.stream {
-        Ok(Sse::new(event_stream(&state, generation, assembler, keep)).into_response())
-    } else {
-        Ok(Json(collect(generation, assembler, keep).await?).into_response())
-    }
+    let answer = ResponsesAnswer { assembler, keep };
+    Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)
 }
 
 pub async fn retrieve_response(
@@ -125,58 +122,50 @@ struct Keep {
     conversation: Vec<InputItem>,
 }
 
-impl Keep {
-    fn store(keep: Option<Self>, response: &ResponseObject) {
+/// The Responses answer: the assembler's events streamed, or the response it holds at the end;
+/// kept when finished (not failed) and asked to.
+struct ResponsesAnswer {
+    assembler: Assembler,
+    keep: Option<Keep>,
+}
+
+impl ResponsesAnswer {
+    fn store_when_finished(&mut self) {
+        let Some(response) = self.assembler.finished() else { return };
         if let Some(Keep { state, conversation }) =
-            keep.filter(|_| response.status != ResponseStatus::Failed)
+            self.keep.take().filter(|_| response.status != ResponseStatus::Failed)
         {
             state.responses.insert(response.clone(), conversation);
         }
     }
 }
 
-/// The streamed response. A quiet stream (a long prompt being read) repeats
-/// `response.in_progress`: Codex's idle timeout counts events, not SSE comments. Dropping the
-/// stream (the client went away) drops the generation, which cancels it in the engine.
-fn event_stream(
-    state: &AppState,
-    generation: Generation,
-    mut assembler: Assembler,
-    keep: Option<Keep>,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    let quiet = state.config.keep_alive;
-    let opening = assembler.opening();
-    let rest = stream::unfold(
-        (generation, assembler, keep),
-        move |(mut generation, mut assembler, mut keep)| async move {
-            let events = match tokio::time::timeout(quiet, generation.next()).await {
-                Ok(output) => assembler.push(output?),
-                Err(_) => assembler.in_progress(),
-            };
-            if let Some(response) = assembler.finished() {
-                Keep::store(keep.take(), response);
-            }
-            Some((events, (generation, assembler, keep)))
-        },
-    );
-    stream::iter(opening).chain(rest.flat_map(stream::iter)).map(|event| Ok(sse_event(&event)))
-}
+impl Protocol for ResponsesAnswer {
+    type Whole = ResponseObject;
 
-/// The whole response: the same events, run to the end and only the result kept.
-async fn collect(
-    mut generation: Generation,
-    mut assembler: Assembler,
-    keep: Option<Keep>,
-) -> Result<ResponseObject, ApiError> {
-    while let Some(output) = generation.next().await {
-        if let Output::Failed(error) = output {
-            return Err(error);
-        }
-        assembler.push(output);
+    fn opening(&mut self) -> Vec<Event> {
+        self.assembler.opening().iter().map(sse_event).collect()
     }
-    let response = assembler
-        .finished()
-        .ok_or_else(|| internal("the engine ended the request without a result"))?;
-    Keep::store(keep, response);
-    Ok(response.clone())
+
+    fn events(&mut self, output: Output) -> Vec<Event> {
+        let events = self.assembler.push(output);
+        self.store_when_finished();
+        events.iter().map(sse_event).collect()
+    }
+
+    /// `response.in_progress` again: Codex's idle timeout counts events, not SSE comments.
+    fn keep_alive(&mut self) -> Vec<Event> {
+        self.assembler.in_progress().iter().map(sse_event).collect()
+    }
+
+    fn whole(mut self, collected: Collected) -> Result<ResponseObject, ApiError> {
+        for output in collected.outputs() {
+            self.assembler.push(output);
+        }
+        self.store_when_finished();
+        self.assembler
+            .finished()
+            .cloned()
+            .ok_or_else(|| internal("the engine ended the request without a result"))
+    }
 }

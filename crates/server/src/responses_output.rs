@@ -11,7 +11,7 @@ use spindle_api::{
 };
 use spindle_runner::{FinishReason, SequenceSummary, TextDelta};
 
-use crate::chat::{staged, staged_tail};
+use crate::chat_answer::{staged, staged_tail};
 use crate::generation::Output;
 use crate::responses_input::ToolNames;
 use crate::tool_output::ToolCallStage;

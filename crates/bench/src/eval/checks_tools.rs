@@ -54,8 +54,8 @@ pub(super) async fn run(context: &EvalContext) -> Vec<CheckResult> {
     out.push(choice_none(client).await);
     out.push(named_call(client).await);
     out.push(auto_call(client).await);
-    out.push(strict_schema(client, false).await);
-    out.push(strict_schema(client, true).await);
+    out.push(strict_schema(client, Delivery::Whole).await);
+    out.push(strict_schema(client, Delivery::Streamed).await);
     out.push(unconstrained_schema(client).await);
     out
 }
@@ -190,8 +190,18 @@ async fn auto_call(client: &Client) -> CheckResult {
     }))
 }
 
-async fn strict_schema(client: &Client, streamed: bool) -> CheckResult {
-    let name = if streamed { "json-schema-streamed" } else { "json-schema" };
+/// How a check asks for its answer.
+#[derive(Clone, Copy)]
+enum Delivery {
+    Whole,
+    Streamed,
+}
+
+async fn strict_schema(client: &Client, delivery: Delivery) -> CheckResult {
+    let name = match delivery {
+        Delivery::Whole => "json-schema",
+        Delivery::Streamed => "json-schema-streamed",
+    };
     let check = Check::server(
         SECTION,
         name,
@@ -200,10 +210,13 @@ async fn strict_schema(client: &Client, streamed: bool) -> CheckResult {
     let mut body = user_request(PERSON_PROMPT, 160);
     body["response_format"] = json!({"type": "json_schema",
         "json_schema": {"name": "person", "strict": true, "schema": person_schema()}});
-    let answer = if streamed {
-        wire::stream(client, body).await.map(|s| (s.content, s.finish_reason.unwrap_or_default()))
-    } else {
-        client.chat_completion(body).await.map(|a| (content(&a), finish_reason(&a)))
+    let answer = match delivery {
+        Delivery::Streamed => wire::stream(client, body)
+            .await
+            .map(|s| (s.content, s.finish_reason.unwrap_or_default())),
+        Delivery::Whole => {
+            client.chat_completion(body).await.map(|a| (content(&a), finish_reason(&a)))
+        }
     };
     let (text, reason) = match answer {
         Ok(answer) => answer,

@@ -34,6 +34,9 @@ pub enum ToolCallFormat {
 }
 
 impl ToolCallFormat {
+    /// Every format, for tests that run all of them.
+    pub const ALL: [Self; 3] = [Self::QwenXml, Self::Hermes, Self::Llama3Json];
+
     /// Canonical names, for error messages.
     pub const NAMES: &'static [&'static str] = &["qwen3_xml", "hermes", "llama3_json"];
 

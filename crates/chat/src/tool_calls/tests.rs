@@ -5,15 +5,12 @@ use serde_json::{json, Value};
 
 use super::*;
 
-const FORMATS: [ToolCallFormat; 3] =
-    [ToolCallFormat::QwenXml, ToolCallFormat::Hermes, ToolCallFormat::Llama3Json];
-
 #[test]
 fn names_round_trip_and_aliases_resolve() {
-    for format in FORMATS {
+    for format in ToolCallFormat::ALL {
         assert_eq!(ToolCallFormat::from_name(format.name()), Some(format));
     }
-    assert_eq!(ToolCallFormat::NAMES, FORMATS.map(ToolCallFormat::name));
+    assert_eq!(ToolCallFormat::NAMES, ToolCallFormat::ALL.map(ToolCallFormat::name));
     assert_eq!(ToolCallFormat::from_name("qwen3_coder"), Some(ToolCallFormat::QwenXml));
     assert_eq!(ToolCallFormat::from_name("xml"), Some(ToolCallFormat::QwenXml));
     assert_eq!(ToolCallFormat::from_name("qwen2.5"), Some(ToolCallFormat::Hermes));
@@ -222,7 +219,7 @@ fn random_text_never_breaks_a_format() {
     let mut calls_seen = [0usize; 3];
     for round in 0..3000 {
         let text = random_text(&mut rng);
-        for format in FORMATS {
+        for format in ToolCallFormat::ALL {
             let context = format!("round {round}, {format:?}, {text:?}");
             let whole = parse_message(format, &tools, &text);
             calls_seen[format as usize] += whole.calls.len();

@@ -6,13 +6,12 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
 use spindle_hub::ModelFiles;
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
-    model_fingerprint, CacheConfig, DiskConfig, Engine, EngineConfig, ModelBundle, ReasoningMode,
+    model_fingerprint, CacheConfig, Caller, DiskConfig, Engine, EngineConfig, ModelBundle,
     SequenceEvent, SequenceRequest,
 };
 
@@ -100,6 +99,12 @@ pub struct Token {
     pub top_logprobs: Vec<(u32, u32)>,
 }
 
+/// A greedy request for `prompt` with no stops, snapshots or reasoning: tests override the rest
+/// with struct-update syntax.
+pub fn request(prompt: &[u32], max_tokens: usize, context: usize) -> SequenceRequest {
+    SequenceRequest::plain(prompt.to_vec(), max_tokens, greedy(), context)
+}
+
 /// Runs one request to the end; the output and the prompt positions taken from the cache.
 pub fn run(
     engine: &Engine,
@@ -110,20 +115,14 @@ pub fn run(
 ) -> (Output, usize) {
     let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
     engine
-        .submit(SequenceRequest {
-            prompt_ids: prompt.to_vec(),
-            snapshot_positions: snapshots.to_vec(),
-            max_tokens: 12,
-            sampling,
-            stop_ids: Vec::new(),
-            stop_strings: Vec::new(),
-            reasoning: ReasoningMode::Off,
-            reasoning_budget: None,
-            context,
-            cancel: Arc::new(AtomicBool::new(false)),
-            events,
-            constraint: None,
-        })
+        .submit(
+            SequenceRequest {
+                snapshot_positions: snapshots.to_vec(),
+                sampling,
+                ..request(prompt, 12, context)
+            },
+            Caller::new(events),
+        )
         .unwrap();
     let mut output = Output { tokens: Vec::new(), text: String::new() };
     loop {
