@@ -9,18 +9,20 @@
 # ÷ streaming-read bandwidth measured here at the same thread count.
 # Usage: against_llama_bench.sh [--rounds N] [--models a,b] [--threads T] [--prompt P] [--decode D]
 #          [--depth DEPTH] [--depth-prompt DP] [--concurrent C] [--concurrent-prompt CP] [--hybrid-blocks B]
+#          [--isa avx2]   (both sides on AVX2 only: llama.cpp built without AVX-512, Spindle's and
+#                          candle's kernels narrowed, as an AVX2-only CPU runs them)
 # Defaults: 3 rounds, smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m (add qwen2.5-coder-1.5b if wanted),
 # 2 threads, P 512, D 128, DEPTH 8192, DP 1024, C 8, CP 128. --hybrid-blocks B adds the random-weight
 # Qwen3.5-MoE of `spindle bench --hybrid-blocks` (35B-A3B per-layer shape, B blocks of 4 layers).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=3 MODELS=smollm2-135m,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b,gemma3-270m THREADS=2 PP=512 TG=128 DEPTH=8192 DEPTH_PP=1024
-NPL=8 NPL_PP=128 HYBRID=0
+NPL=8 NPL_PP=128 HYBRID=0 ISA=
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) ROUNDS=$2 ;; --models) MODELS=$2 ;; --threads) THREADS=$2 ;; --prompt) PP=$2 ;; --decode) TG=$2 ;;
     --depth) DEPTH=$2 ;; --depth-prompt) DEPTH_PP=$2 ;; --concurrent) NPL=$2 ;; --concurrent-prompt) NPL_PP=$2 ;;
-    --hybrid-blocks) HYBRID=$2 ;;
+    --hybrid-blocks) HYBRID=$2 ;; --isa) ISA=$2 ;;
     *) sed -n '2,/^set /p' "$0" | sed '$d' >&2; exit 2 ;;
   esac
   shift 2
@@ -29,8 +31,13 @@ echo "uptime: $(uptime)"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores"
 echo "rounds=$ROUNDS threads=$THREADS prompt=$PP decode=$TG depth=$DEPTH depth-prompt=$DEPTH_PP concurrent=$NPL concurrent-prompt=$NPL_PP"
 [ -x /usr/bin/time ] || { apt-get update -qq && apt-get install -y -qq time; }
-LLAMA_BIN=$(dirname "$(scripts/reference/build_llama_cpp.sh | tail -1)")
-echo "llama.cpp b11434: $LLAMA_BIN"
+case "$ISA" in
+  "") ;;
+  avx2) export SPINDLE_ISA=avx2 MISTRALRS_FORCE_AVX2=1 ;;
+  *) echo "--isa: only avx2 narrows both sides" >&2; exit 2 ;;
+esac
+LLAMA_BIN=$(dirname "$(LLAMA_ISA=$ISA scripts/reference/build_llama_cpp.sh | tail -1)")
+echo "llama.cpp b11434: $LLAMA_BIN${ISA:+ (isa $ISA)}"
 cargo build --release -q
 SPINDLE=target/release/spindle
 HOME_DIR=${SPINDLE_HOME:-$HOME/.cache/spindle}
