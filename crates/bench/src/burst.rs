@@ -121,12 +121,12 @@ impl BurstRun {
     /// token), as when a server or proxy sends each answer in one piece.
     pub fn streams_at_once(&self) -> Option<f64> {
         let streamed: Vec<&Measurement> =
-            self.succeeded().filter(|m| (m.latency - m.ttft) * 100 >= m.latency).collect();
+            self.succeeded().filter(|m| streaming(m) * 100 >= m.latency).collect();
         let first = streamed.iter().map(|m| m.ttft).min()?;
         let last = streamed.iter().map(|m| m.latency).max()?;
-        let streaming: Duration = streamed.iter().map(|m| m.latency - m.ttft).sum();
+        let total: Duration = streamed.iter().map(|m| streaming(m)).sum();
         (streamed.len() >= 2 && last > first)
-            .then(|| streaming.as_secs_f64() / (last - first).as_secs_f64())
+            .then(|| total.as_secs_f64() / (last - first).as_secs_f64())
     }
 
     /// Whether the server took the calls one after another: fewer than [`SERIAL_STREAMS`]
@@ -219,6 +219,11 @@ impl Growth {
     pub fn lone_calls_per_call(&self) -> f64 {
         self.ms_per_call / self.single_ms
     }
+}
+
+/// A call's time from its first token to its end.
+fn streaming(m: &Measurement) -> Duration {
+    m.latency.saturating_sub(m.ttft)
 }
 
 /// Burst number `index` of `concurrency` calls, on its own system prompt. Fails only when the
