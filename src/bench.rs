@@ -73,7 +73,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
     let mut baseline: Option<(String, Speeds)> = None;
     for name in &args.models {
-        let files = spindle_hub::resolve(name, &spindle_hub::spindle_home(), true)?;
+        let files = spindle_hub::resolve(
+            name,
+            &spindle_hub::spindle_home(),
+            spindle_hub::WhenMissing::Download,
+        )?;
         let bundle = Arc::new(crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?);
         let prompt = bench_prompt(&bundle, prompt_span(&args))?;
         let speeds = report(name, &bundle, &prompt, &args)?;
@@ -118,8 +122,11 @@ fn report(
 /// The random-weight model has no tokenizer; the engine turns its tokens into text with the
 /// default model's (whose vocabulary covers the random model's ids).
 fn with_default_tokenizer(model: Box<dyn spindle_models::CausalLm>) -> anyhow::Result<ModelBundle> {
-    let files =
-        spindle_hub::resolve(spindle_hub::DEFAULT_MODEL, &spindle_hub::spindle_home(), true)?;
+    let files = spindle_hub::resolve(
+        spindle_hub::DEFAULT_MODEL,
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    )?;
     let ModelBundle { tokenizer, template, .. } =
         crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?;
     anyhow::ensure!(

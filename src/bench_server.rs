@@ -52,7 +52,11 @@ impl ServerProcess {
             shape_path(&HybridShape::AGENT_BAR, 2)?.display().to_string()
         } else {
             let model = options.model.unwrap_or(spindle_hub::DEFAULT_MODEL);
-            spindle_hub::resolve(model, &spindle_hub::spindle_home(), true)?;
+            spindle_hub::resolve(
+                model,
+                &spindle_hub::spindle_home(),
+                spindle_hub::WhenMissing::Download,
+            )?;
             model.to_string()
         };
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();

@@ -80,7 +80,11 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     crate::set_threads(args.threads);
     let sampling = args.sampling.params();
     sampling.validate()?;
-    let files = spindle_hub::resolve(&args.model, &spindle_hub::spindle_home(), true)?;
+    let files = spindle_hub::resolve(
+        &args.model,
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    )?;
     let bundle = Arc::new(crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?);
     let request = SequenceRequest {
         stop_ids: bundle.tokenizer.eos_token_ids().to_vec(),

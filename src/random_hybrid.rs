@@ -94,8 +94,11 @@ pub fn shape_path(shape: &HybridShape, blocks: usize) -> anyhow::Result<PathBuf>
 
 /// The `tokenizer.*` metadata of the default model's GGUF (pulled if missing).
 fn default_model_tokenizer() -> anyhow::Result<HashMap<String, Value>> {
-    let files =
-        spindle_hub::resolve(spindle_hub::DEFAULT_MODEL, &spindle_hub::spindle_home(), true)?;
+    let files = spindle_hub::resolve(
+        spindle_hub::DEFAULT_MODEL,
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    )?;
     let spindle_hub::ModelFiles::Gguf(source) = files else {
         anyhow::bail!("the default model is not a GGUF file; its tokenizer cannot be copied");
     };

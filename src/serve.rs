@@ -132,7 +132,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.batch_dir.clone().unwrap_or_else(|| spindle_hub::spindle_home().join("batches"));
     std::fs::create_dir_all(&batch_dir)
         .with_context(|| format!("cannot create --batch-dir {}", batch_dir.display()))?;
-    let files = spindle_hub::resolve(&args.model, &spindle_hub::spindle_home(), true)?;
+    let files = spindle_hub::resolve(
+        &args.model,
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    )?;
     let mut bundle = crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?;
     if let Some(path) = &args.chat_template {
         let source = std::fs::read_to_string(path)

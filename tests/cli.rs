@@ -8,8 +8,12 @@ fn smollm2() -> PathBuf {
     // Pulled on first use; the lock keeps parallel tests from fetching it twice.
     static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
-    let files = spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let files = spindle_hub::resolve(
+        "smollm2-135m",
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     match files {
         spindle_hub::ModelFiles::Gguf(p) => p,
         other => panic!("unexpected {other:?}"),

@@ -31,8 +31,12 @@ fn healthy(port: u16) -> bool {
 }
 
 fn start_server(dir: &Path) -> (Server, String) {
-    spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true)
-        .unwrap_or_else(|e| panic!("{e}"));
+    spindle_hub::resolve(
+        "smollm2-135m",
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let log = std::fs::File::create(dir.join("serve.log")).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_spindle"))

@@ -22,7 +22,8 @@ const STEPS: usize = 6;
 
 fn tokenizer() -> Tokenizer {
     let home = spindle_hub::spindle_home();
-    let path = match spindle_hub::resolve("smollm2-135m", &home, true) {
+    let path = match spindle_hub::resolve("smollm2-135m", &home, spindle_hub::WhenMissing::Download)
+    {
         Ok(spindle_hub::ModelFiles::Gguf(path)) => path,
         other => panic!("smollm2-135m: {other:?}"),
     };

@@ -50,14 +50,20 @@ pub fn spindle_home() -> PathBuf {
     user_home.join(".cache").join("spindle")
 }
 
+/// What [`resolve`] does with a catalogue model that is not cached yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WhenMissing {
+    Download,
+    /// Fail with an error that says to run `spindle pull NAME`.
+    Refuse,
+}
+
 /// Turns a model spec into local files.
 ///
 /// Catalogue names take precedence over same-named paths (write `./name` for the folder). A
-/// cached catalogue file is hashed once and then trusted through its `.sha256-ok` marker. A name
-/// that is not cached yet is downloaded when `allow_download` is true, else the error says to run
-/// `spindle pull NAME`.
-pub fn resolve(spec: &str, home: &Path, allow_download: bool) -> Result<ModelFiles, HubError> {
-    resolve_with(spec, home, allow_download, &Sources::from_env())
+/// cached catalogue file is hashed once and then trusted through its `.sha256-ok` marker.
+pub fn resolve(spec: &str, home: &Path, missing: WhenMissing) -> Result<ModelFiles, HubError> {
+    resolve_with(spec, home, missing, &Sources::from_env())
 }
 
 /// Downloads a catalogue model into `home/models/<name>/<file>` and returns the file's path; a
@@ -69,11 +75,11 @@ pub fn pull(name: &str, home: &Path) -> Result<PathBuf, HubError> {
 fn resolve_with(
     spec: &str,
     home: &Path,
-    allow_download: bool,
+    missing: WhenMissing,
     sources: &Sources,
 ) -> Result<ModelFiles, HubError> {
     let unknown = match catalogue::lookup(spec) {
-        Ok(entry) => return resolve_entry(entry, home, allow_download, sources),
+        Ok(entry) => return resolve_entry(entry, home, missing, sources),
         Err(unknown) => unknown,
     };
     let path = Path::new(spec);
@@ -89,10 +95,10 @@ fn resolve_with(
 fn resolve_entry(
     entry: &CatalogueEntry,
     home: &Path,
-    allow_download: bool,
+    missing: WhenMissing,
     sources: &Sources,
 ) -> Result<ModelFiles, HubError> {
-    if allow_download {
+    if missing == WhenMissing::Download {
         return fetch::pull_entry(entry, home, sources).map(ModelFiles::Gguf);
     }
     match cache::check(home, entry)? {
@@ -139,10 +145,12 @@ mod tests {
         let home = tempfile::tempdir().unwrap();
         let missing = home.path().join("nope.gguf");
         let err =
-            resolve_with(missing.to_str().unwrap(), home.path(), true, &offline()).unwrap_err();
+            resolve_with(missing.to_str().unwrap(), home.path(), WhenMissing::Download, &offline())
+                .unwrap_err();
         assert!(matches!(&err, HubError::PathNotFound(p) if *p == missing), "{err}");
 
-        let err = resolve_with("llama-9000", home.path(), true, &offline()).unwrap_err();
+        let err =
+            resolve_with("llama-9000", home.path(), WhenMissing::Download, &offline()).unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, HubError::UnknownModel { .. }), "{msg}");
         assert!(catalogue().iter().all(|e| msg.contains(e.name)), "{msg}");
@@ -152,7 +160,8 @@ mod tests {
     #[test]
     fn uncached_name_without_download_says_to_pull() {
         let home = tempfile::tempdir().unwrap();
-        let err = resolve_with(DEFAULT_MODEL, home.path(), false, &offline()).unwrap_err();
+        let err =
+            resolve_with(DEFAULT_MODEL, home.path(), WhenMissing::Refuse, &offline()).unwrap_err();
         assert!(err.to_string().contains("run `spindle pull smollm2-135m`"), "{err}");
         assert!(!home.path().join("models").exists());
     }
@@ -164,7 +173,7 @@ mod tests {
         std::fs::write(&gguf, b"GGUF").unwrap();
         let spec = gguf.to_str().unwrap();
         assert_eq!(
-            resolve_with(spec, dir.path(), false, &offline()).unwrap(),
+            resolve_with(spec, dir.path(), WhenMissing::Refuse, &offline()).unwrap(),
             ModelFiles::Gguf(gguf.clone())
         );
     }
@@ -177,6 +186,9 @@ mod tests {
         let path = pull(DEFAULT_MODEL, home.path()).unwrap();
         let entry = catalogue::lookup(DEFAULT_MODEL).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), entry.size);
-        assert_eq!(resolve(DEFAULT_MODEL, home.path(), false).unwrap(), ModelFiles::Gguf(path));
+        assert_eq!(
+            resolve(DEFAULT_MODEL, home.path(), WhenMissing::Refuse).unwrap(),
+            ModelFiles::Gguf(path)
+        );
     }
 }

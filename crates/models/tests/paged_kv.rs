@@ -20,11 +20,16 @@ use spindle_models::{
 const BLOCK: usize = 16;
 
 fn smollm2() -> Box<dyn CausalLm> {
-    let path =
-        match spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true).unwrap() {
-            spindle_hub::ModelFiles::Gguf(p) => p,
-            other => panic!("smollm2-135m resolved to {other:?}"),
-        };
+    let path = match spindle_hub::resolve(
+        "smollm2-135m",
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    )
+    .unwrap()
+    {
+        spindle_hub::ModelFiles::Gguf(p) => p,
+        other => panic!("smollm2-135m resolved to {other:?}"),
+    };
     load_gguf(&path).unwrap()
 }
 

@@ -16,8 +16,11 @@ const WALKS: u64 = 8;
 const MAX_STEPS: usize = 300;
 
 fn main() {
-    let path = match spindle_hub::resolve("qwen2.5-coder-0.5b", &spindle_hub::spindle_home(), true)
-    {
+    let path = match spindle_hub::resolve(
+        "qwen2.5-coder-0.5b",
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    ) {
         Ok(spindle_hub::ModelFiles::Gguf(path)) => path,
         other => panic!("qwen2.5-coder-0.5b: {other:?}"),
     };

@@ -93,7 +93,11 @@ enum Weights {
 }
 
 fn bundle(model: &str, weights: Weights) -> Arc<ModelBundle> {
-    let path = match spindle_hub::resolve(model, &spindle_hub::spindle_home(), true) {
+    let path = match spindle_hub::resolve(
+        model,
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    ) {
         Ok(ModelFiles::Gguf(path)) => path,
         other => panic!("{model}: {other:?}"),
     };

@@ -70,8 +70,12 @@ fn smollm2_bundle() -> ModelBundle {
     static PULL: Mutex<()> = Mutex::new(());
     let files = {
         let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
-        spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true)
-            .unwrap_or_else(|e| panic!("{e}"))
+        spindle_hub::resolve(
+            "smollm2-135m",
+            &spindle_hub::spindle_home(),
+            spindle_hub::WhenMissing::Download,
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
     };
     ModelBundle::load(&files).unwrap()
 }

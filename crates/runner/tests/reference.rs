@@ -92,7 +92,11 @@ fn fixture<T: serde::de::DeserializeOwned>(relative: &str) -> T {
 fn gguf(name: &str) -> PathBuf {
     static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
-    match spindle_hub::resolve(name, &spindle_hub::spindle_home(), true) {
+    match spindle_hub::resolve(
+        name,
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    ) {
         Ok(ModelFiles::Gguf(path)) => path,
         other => panic!("{name}: {other:?}"),
     }

@@ -15,8 +15,12 @@ use spindle_runner::{CacheConfig, Engine, EngineConfig, ModelBundle};
 const CONTEXT: usize = 4096;
 
 fn gemma3() -> Arc<ModelBundle> {
-    let files = spindle_hub::resolve("gemma3-270m", &spindle_hub::spindle_home(), true)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let files = spindle_hub::resolve(
+        "gemma3-270m",
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(files, ModelFiles::Gguf(_)));
     Arc::new(ModelBundle::load(&files).unwrap())
 }

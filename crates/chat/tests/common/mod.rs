@@ -8,7 +8,11 @@ pub fn gguf_metadata(model: &str, file: &str) -> GgufMetadata {
     static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let path = {
         let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
-        match spindle_hub::resolve(model, &spindle_hub::spindle_home(), true) {
+        match spindle_hub::resolve(
+            model,
+            &spindle_hub::spindle_home(),
+            spindle_hub::WhenMissing::Download,
+        ) {
             Ok(spindle_hub::ModelFiles::Gguf(p)) => p,
             other => panic!("{model}: {other:?}"),
         }

@@ -75,7 +75,11 @@ impl Reference {
         static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let gguf = {
             let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
-            match spindle_hub::resolve(name, &spindle_hub::spindle_home(), true) {
+            match spindle_hub::resolve(
+                name,
+                &spindle_hub::spindle_home(),
+                spindle_hub::WhenMissing::Download,
+            ) {
                 Ok(spindle_hub::ModelFiles::Gguf(p)) => p,
                 other => panic!("{name}: {other:?}"),
             }

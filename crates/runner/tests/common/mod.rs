@@ -20,8 +20,12 @@ pub const PREFILL_CHUNK: usize = 32;
 pub const BLOCK_SIZE: usize = 16;
 
 pub fn smollm2_files() -> ModelFiles {
-    spindle_hub::resolve("smollm2-135m", &spindle_hub::spindle_home(), true)
-        .unwrap_or_else(|e| panic!("{e}"))
+    spindle_hub::resolve(
+        "smollm2-135m",
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub fn smollm2() -> Arc<ModelBundle> {

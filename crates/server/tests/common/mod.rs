@@ -97,8 +97,12 @@ impl StoppableServer {
 /// [`start_with`], keeping the means to stop the server.
 pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> StoppableServer {
     let model = if setup == Setup::Qwen { "qwen2.5-coder-0.5b" } else { "smollm2-135m" };
-    let files = spindle_hub::resolve(model, &spindle_hub::spindle_home(), true)
-        .expect("pull the test model");
+    let files = spindle_hub::resolve(
+        model,
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    )
+    .expect("pull the test model");
     let mut bundle = spindle_runner::ModelBundle::load(&files).expect("load the test model");
     let mut config = ServerConfig {
         model_id: model.into(),
