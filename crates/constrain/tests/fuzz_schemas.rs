@@ -22,11 +22,8 @@ const STEPS: usize = 6;
 
 fn tokenizer() -> Tokenizer {
     let home = spindle_hub::spindle_home();
-    let path = match spindle_hub::resolve("smollm2-135m", &home, spindle_hub::WhenMissing::Download)
-    {
-        Ok(spindle_hub::ModelFiles::Gguf(path)) => path,
-        other => panic!("smollm2-135m: {other:?}"),
-    };
+    let path =
+        spindle_hub::pull("smollm2-135m", &home).unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
     Tokenizer::from_gguf(&spindle_runner::read_tokenizer_metadata(&path).unwrap()).unwrap()
 }
 

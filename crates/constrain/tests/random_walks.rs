@@ -17,14 +17,8 @@ const MAX_STEPS: usize = 400;
 fn tokenizer() -> &'static Tokenizer {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
-        let path = match spindle_hub::resolve(
-            "qwen2.5-coder-0.5b",
-            &spindle_hub::spindle_home(),
-            spindle_hub::WhenMissing::Download,
-        ) {
-            Ok(spindle_hub::ModelFiles::Gguf(path)) => path,
-            other => panic!("qwen2.5-coder-0.5b: {other:?}"),
-        };
+        let path = spindle_hub::pull("qwen2.5-coder-0.5b", &spindle_hub::spindle_home())
+            .unwrap_or_else(|e| panic!("qwen2.5-coder-0.5b: {e}"));
         Tokenizer::from_gguf(&spindle_runner::read_tokenizer_metadata(&path).unwrap()).unwrap()
     })
 }

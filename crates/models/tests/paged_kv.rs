@@ -20,16 +20,8 @@ use spindle_models::{
 const BLOCK: usize = 16;
 
 fn smollm2() -> Box<dyn CausalLm> {
-    let path = match spindle_hub::resolve(
-        "smollm2-135m",
-        &spindle_hub::spindle_home(),
-        spindle_hub::WhenMissing::Download,
-    )
-    .unwrap()
-    {
-        spindle_hub::ModelFiles::Gguf(p) => p,
-        other => panic!("smollm2-135m resolved to {other:?}"),
-    };
+    let path = spindle_hub::pull("smollm2-135m", &spindle_hub::spindle_home())
+        .unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
     load_gguf(&path).unwrap()
 }
 

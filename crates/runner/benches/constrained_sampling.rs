@@ -16,14 +16,8 @@ const WALKS: u64 = 8;
 const MAX_STEPS: usize = 300;
 
 fn main() {
-    let path = match spindle_hub::resolve(
-        "qwen2.5-coder-0.5b",
-        &spindle_hub::spindle_home(),
-        spindle_hub::WhenMissing::Download,
-    ) {
-        Ok(spindle_hub::ModelFiles::Gguf(path)) => path,
-        other => panic!("qwen2.5-coder-0.5b: {other:?}"),
-    };
+    let path = spindle_hub::pull("qwen2.5-coder-0.5b", &spindle_hub::spindle_home())
+        .unwrap_or_else(|e| panic!("qwen2.5-coder-0.5b: {e}"));
     let metadata = spindle_runner::read_tokenizer_metadata(&path).unwrap();
     let tokenizer = Tokenizer::from_gguf(&metadata).unwrap();
     let started = Instant::now();

@@ -93,14 +93,8 @@ enum Weights {
 }
 
 fn bundle(model: &str, weights: Weights) -> Arc<ModelBundle> {
-    let path = match spindle_hub::resolve(
-        model,
-        &spindle_hub::spindle_home(),
-        spindle_hub::WhenMissing::Download,
-    ) {
-        Ok(ModelFiles::Gguf(path)) => path,
-        other => panic!("{model}: {other:?}"),
-    };
+    let path = spindle_hub::pull(model, &spindle_hub::spindle_home())
+        .unwrap_or_else(|e| panic!("{model}: {e}"));
     match weights {
         Weights::Served => Arc::new(ModelBundle::load(&ModelFiles::Gguf(path)).unwrap()),
         Weights::F32 => {

@@ -92,14 +92,7 @@ fn fixture<T: serde::de::DeserializeOwned>(relative: &str) -> T {
 fn gguf(name: &str) -> PathBuf {
     static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
-    match spindle_hub::resolve(
-        name,
-        &spindle_hub::spindle_home(),
-        spindle_hub::WhenMissing::Download,
-    ) {
-        Ok(ModelFiles::Gguf(path)) => path,
-        other => panic!("{name}: {other:?}"),
-    }
+    spindle_hub::pull(name, &spindle_hub::spindle_home()).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// Keys and values in f32, as both references kept them (the f16 default drifts past these

@@ -15,14 +15,9 @@ use spindle_runner::{CacheConfig, Engine, EngineConfig, ModelBundle};
 const CONTEXT: usize = 4096;
 
 fn gemma3() -> Arc<ModelBundle> {
-    let files = spindle_hub::resolve(
-        "gemma3-270m",
-        &spindle_hub::spindle_home(),
-        spindle_hub::WhenMissing::Download,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    assert!(matches!(files, ModelFiles::Gguf(_)));
-    Arc::new(ModelBundle::load(&files).unwrap())
+    let path = spindle_hub::pull("gemma3-270m", &spindle_hub::spindle_home())
+        .unwrap_or_else(|e| panic!("gemma3-270m: {e}"));
+    Arc::new(ModelBundle::load(&ModelFiles::Gguf(path)).unwrap())
 }
 
 fn engine(bundle: &Arc<ModelBundle>, release_window_rows: bool) -> Engine {

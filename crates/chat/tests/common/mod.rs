@@ -8,14 +8,8 @@ pub fn gguf_metadata(model: &str, file: &str) -> GgufMetadata {
     static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let path = {
         let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
-        match spindle_hub::resolve(
-            model,
-            &spindle_hub::spindle_home(),
-            spindle_hub::WhenMissing::Download,
-        ) {
-            Ok(spindle_hub::ModelFiles::Gguf(p)) => p,
-            other => panic!("{model}: {other:?}"),
-        }
+        spindle_hub::pull(model, &spindle_hub::spindle_home())
+            .unwrap_or_else(|e| panic!("{model}: {e}"))
     };
     assert_eq!(
         path.file_name().and_then(|n| n.to_str()),

@@ -75,14 +75,8 @@ impl Reference {
         static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let gguf = {
             let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
-            match spindle_hub::resolve(
-                name,
-                &spindle_hub::spindle_home(),
-                spindle_hub::WhenMissing::Download,
-            ) {
-                Ok(spindle_hub::ModelFiles::Gguf(p)) => p,
-                other => panic!("{name}: {other:?}"),
-            }
+            spindle_hub::pull(name, &spindle_hub::spindle_home())
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
         };
         assert!(gguf.ends_with(&reference.gguf_file), "{}", gguf.display());
         (reference, gguf)
