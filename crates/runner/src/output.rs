@@ -18,12 +18,13 @@ impl TextDelta {
 }
 
 /// How the generated text is split into reasoning and content.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReasoningMode {
-    /// Everything is content (no think tags known, or thinking turned off).
+    /// Everything is content (the template knows no reasoning block, or thinking is off).
     Off,
-    /// `<think>…</think>` is reasoning; `starts_inside` when the prompt already opened the block.
-    ThinkTags { starts_inside: bool },
+    /// Text between the model's tags (its profile's, e.g. `<think>` / `</think>`) is
+    /// reasoning; `starts_inside` when the prompt already opened the block.
+    Tagged { open: String, close: String, starts_inside: bool },
 }
 
 /// Per-sequence text state: detokenizer, stop matcher, reasoning splitter, in that order, so a
@@ -38,8 +39,8 @@ impl OutputPipeline {
     pub fn new(stops: &[String], reasoning: ReasoningMode) -> Self {
         let splitter = match reasoning {
             ReasoningMode::Off => None,
-            ReasoningMode::ThinkTags { starts_inside } => {
-                Some(ReasoningSplitter::think_tags(starts_inside))
+            ReasoningMode::Tagged { open, close, starts_inside } => {
+                Some(ReasoningSplitter::new(&open, &close, starts_inside))
             }
         };
         Self { decoder: IncrementalDecoder::new(), stops: StopMatcher::new(stops), splitter }

@@ -64,7 +64,7 @@ impl Sequence {
         sent: usize,
     ) -> Self {
         let sampler = Sampler::new(request.sampling.clone(), &request.prompt_ids);
-        let output = OutputPipeline::new(&request.stop_strings, request.reasoning);
+        let output = OutputPipeline::new(&request.stop_strings, request.reasoning.clone());
         Self {
             request,
             caller,

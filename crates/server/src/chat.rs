@@ -85,8 +85,8 @@ fn plan(
     let max_tokens = fit_max_tokens(state, prompt_ids.len(), request.max_output_tokens())?;
 
     let reasoning = rendered.reasoning;
-    let reasoning_budget = match (reasoning, &state.profile.reasoning) {
-        (ReasoningMode::ThinkTags { .. }, Some(tags)) => Some(ReasoningBudget {
+    let reasoning_budget = match (&reasoning, &state.profile.reasoning) {
+        (ReasoningMode::Tagged { .. }, Some(tags)) => Some(ReasoningBudget {
             max_tokens: request
                 .thinking_budget
                 .or(request.max_reasoning_tokens)
@@ -170,9 +170,11 @@ pub(crate) fn render_prompt(
     }
     let enable_thinking = kwargs.get("enable_thinking");
     let reasoning = match &state.profile.reasoning {
-        Some(tags) if enable_thinking != Some(&Value::Bool(false)) => {
-            ReasoningMode::ThinkTags { starts_inside: tags.starts_inside(enable_thinking) }
-        }
+        Some(tags) if enable_thinking != Some(&Value::Bool(false)) => ReasoningMode::Tagged {
+            open: tags.open.clone(),
+            close: tags.close.clone(),
+            starts_inside: tags.starts_inside(enable_thinking),
+        },
         _ => ReasoningMode::Off,
     };
     let messages: Vec<Value> = messages.iter().map(template_message).collect();

@@ -1,5 +1,5 @@
 //! Format naming and detection, event folding, and a fuzz of all formats for panics and
-//! streaming consistency. Recorded model outputs are in `tests/tool_calls.rs`.
+//! streaming consistency. Recorded model outputs are in `tests/chat/tool_calls.rs`.
 
 use serde_json::{json, Value};
 

@@ -1,6 +1,6 @@
 """Golden prompts for Spindle's Qwen3.5 chat template: renders test conversations with Jinja2 configured
 as transformers' apply_chat_template configures it (the environment of ../templates/render_expected.py)
-and writes expected.json for crates/chat/tests/qwen3_5_template.rs.
+and writes expected.json for crates/chat/tests/chat/qwen3_5_template.rs.
 
 The goldens in expected.json were recorded from Qwen's official Qwen3.5 chat template, obtained from
 the `chat_template` of Qwen/Qwen3.5-35B-A3B's tokenizer_config.json. That template is not kept in

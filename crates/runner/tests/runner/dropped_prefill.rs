@@ -1,0 +1,180 @@
+//! A client that gives up while its prompt is read (a time-out, a cancel) costs no work: the
+//! chunks read so far stay in the prefix cache, the engine goes on reading the prompt while it
+//! has nothing else to do, and yields to live requests at once. A retry resumes, a twin sent
+//! beside it waits and reads nothing twice, and every output is the cold one.
+
+use crate::common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{engine, engine_with_orphans, greedy, hybrid, request, run, smollm2, PREFILL_CHUNK};
+use spindle_runner::{Caller, Engine, ModelBundle, SequenceEvent};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+const PROMPT: usize = 640;
+const CONTEXT: usize = 4096;
+
+fn prompt(vocab: u32, seed: u32) -> Vec<u32> {
+    (0..PROMPT as u32).map(|i| (i * 37 + 5 + seed * 101) % (vocab - 2) + 1).collect()
+}
+
+/// How the client gives up.
+#[derive(Clone, Copy)]
+enum GiveUp {
+    /// Raises the cancel flag (`/cancel`): the engine reports the end.
+    Cancel,
+    /// Drops the receiver (the connection closed).
+    Disconnect,
+}
+
+fn submit(
+    engine: &Engine,
+    prompt: &[u32],
+    cancel: &Arc<AtomicBool>,
+) -> UnboundedReceiver<SequenceEvent> {
+    let (events, inbox) = tokio::sync::mpsc::unbounded_channel();
+    engine.submit(request(prompt, 12, CONTEXT), Caller { events, cancel: cancel.clone() }).unwrap();
+    inbox
+}
+
+/// Submits `prompt` and gives up once at least `chunks` prefill chunks are in; returns the
+/// positions read by then.
+fn read_partly(engine: &Engine, prompt: &[u32], chunks: usize, give_up: GiveUp) -> usize {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let mut inbox = submit(engine, prompt, &cancel);
+    loop {
+        match inbox.blocking_recv().expect("events until the end") {
+            SequenceEvent::Prefilled { read, total, .. } if read >= chunks * PREFILL_CHUNK => {
+                assert!(
+                    read < total,
+                    "the prompt must be longer than what is read before giving up"
+                );
+                match give_up {
+                    GiveUp::Cancel => {
+                        cancel.store(true, Ordering::Relaxed);
+                        while !matches!(
+                            inbox.blocking_recv(),
+                            Some(SequenceEvent::Finished(_)) | None
+                        ) {}
+                    }
+                    GiveUp::Disconnect => drop(inbox),
+                }
+                return read;
+            }
+            SequenceEvent::Prefilled { .. } => {}
+            other => panic!("unexpected before the prompt is read: {other:?}"),
+        }
+    }
+}
+
+/// Waits until the engine runs nothing (a dropped prompt read to its end, or given up).
+fn wait_idle(engine: &Engine) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while engine.load().active.load(Ordering::Relaxed) > 0 {
+        assert!(Instant::now() < deadline, "the engine never went idle");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn cold(bundle: &Arc<ModelBundle>, prompt: &[u32]) -> common::Output {
+    let (output, cached) = run(&engine(bundle, None), prompt, &[], greedy(), CONTEXT);
+    assert_eq!(cached, 0);
+    output
+}
+
+/// With reading after a drop turned off, the retry resumes at the last chunk read.
+fn check_retry_resumes(bundle: &Arc<ModelBundle>, vocab: u32, give_up: GiveUp) {
+    let prompt = prompt(vocab, 0);
+    let warm = engine_with_orphans(bundle, None, 0);
+    let read = read_partly(&warm, &prompt, 3, give_up);
+    wait_idle(&warm);
+    let (retried, cached) = run(&warm, &prompt, &[], greedy(), CONTEXT);
+    assert!(cached >= read, "the retry resumes where the dropped request was ({cached} < {read})");
+    assert!(cached < prompt.len(), "nothing read the rest of the dropped prompt");
+    assert_eq!(cached % PREFILL_CHUNK, 0, "it resumes at a chunk cut");
+    assert_eq!(retried, cold(bundle, &prompt), "the resumed retry gives the cold output");
+}
+
+#[test]
+fn a_cancelled_prefill_is_resumed_by_its_retry_on_the_dense_model() {
+    check_retry_resumes(&smollm2(), 49152, GiveUp::Cancel);
+}
+
+#[test]
+fn a_disconnected_prefill_is_resumed_by_its_retry_on_the_hybrid_model() {
+    check_retry_resumes(&hybrid(), 512, GiveUp::Disconnect);
+}
+
+/// An idle engine reads a dropped prompt to its end: the retry reads nothing.
+fn check_idle_engine_finishes_the_prompt(bundle: &Arc<ModelBundle>, vocab: u32) {
+    let prompt = prompt(vocab, 1);
+    let warm = engine(bundle, None);
+    let read = read_partly(&warm, &prompt, 2, GiveUp::Disconnect);
+    wait_idle(&warm);
+    let orphan_tokens = warm.load().orphan_prefill_tokens.load(Ordering::Relaxed);
+    assert!(orphan_tokens >= prompt.len() - read, "{orphan_tokens} positions read after the drop");
+    let (retried, cached) = run(&warm, &prompt, &[], greedy(), CONTEXT);
+    assert_eq!(cached, prompt.len(), "the whole prompt was read while idle");
+    assert_eq!(retried, cold(bundle, &prompt));
+    // Every position read after the drop was reused by the retry (published after its first
+    // step, long before its last).
+    let reused = warm.load().orphan_tokens_reused.load(Ordering::Relaxed);
+    assert_eq!(reused, orphan_tokens, "positions of the dropped prompt the retry reused");
+}
+
+#[test]
+fn an_idle_engine_reads_a_dropped_prompt_to_its_end_on_the_dense_model() {
+    check_idle_engine_finishes_the_prompt(&smollm2(), 49152);
+}
+
+#[test]
+fn an_idle_engine_reads_a_dropped_prompt_to_its_end_on_the_hybrid_model() {
+    check_idle_engine_finishes_the_prompt(&hybrid(), 512);
+}
+
+#[test]
+fn a_dropped_prefill_yields_to_a_live_request() {
+    let bundle = smollm2();
+    let dropped = prompt(49152, 2);
+    let warm = engine(&bundle, None);
+    let read = read_partly(&warm, &dropped, 2, GiveUp::Disconnect);
+    let live = prompt(49152, 3);
+    let (output, _) = run(&warm, &live, &[], greedy(), CONTEXT);
+    assert_eq!(output, cold(&bundle, &live));
+    wait_idle(&warm);
+    // Read while the live request waited: at most the steps until it was admitted.
+    let orphan_tokens = warm.load().orphan_prefill_tokens.load(Ordering::Relaxed);
+    assert!(
+        orphan_tokens < dropped.len() - read,
+        "the dropped prompt was read to its end ({orphan_tokens})"
+    );
+}
+
+/// Two identical prompts sent together: the second waits for the first and reads nothing.
+fn check_twins_read_once(bundle: &Arc<ModelBundle>, vocab: u32) {
+    let prompt = prompt(vocab, 4);
+    let warm = engine(bundle, None);
+    let first = std::thread::scope(|scope| {
+        let first = scope.spawn(|| run(&warm, &prompt, &[], greedy(), CONTEXT));
+        std::thread::sleep(Duration::from_millis(20));
+        let (second, cached) = run(&warm, &prompt, &[], greedy(), CONTEXT);
+        assert_eq!(cached, prompt.len(), "the twin resumed from the first one's cache");
+        let (first, first_cached) = first.join().unwrap();
+        assert_eq!(first_cached, 0);
+        assert_eq!(second, first);
+        first
+    });
+    assert_eq!(first, cold(bundle, &prompt));
+}
+
+#[test]
+fn a_twin_request_waits_and_reads_nothing_twice_on_the_dense_model() {
+    check_twins_read_once(&smollm2(), 49152);
+}
+
+#[test]
+fn a_twin_request_waits_and_reads_nothing_twice_on_the_hybrid_model() {
+    check_twins_read_once(&hybrid(), 512);
+}

@@ -1,0 +1,15 @@
+//! The crate's integration tests, one binary (one build and link, and a model loaded once
+//! per process instead of once per file).
+
+mod chunking_keys;
+mod common;
+mod conversation;
+mod disk_tier;
+mod dropped_prefill;
+mod failures;
+mod kv_types;
+mod preemption;
+mod prefix_cache;
+mod reasoning_budget;
+mod reference;
+mod window_rows;

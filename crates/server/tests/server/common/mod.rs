@@ -1,0 +1,279 @@
+//! A real server on a loopback port with the real default model (SmolLM2-135M-Instruct, pulled
+//! into `$SPINDLE_HOME` on first use), one per configuration, shared by the tests of a binary.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use serde_json::{json, Value};
+use spindle_server::ServerConfig;
+
+/// ChatML with the assistant turn opened inside a `<think>` block, as Qwen3's template does; it
+/// turns SmolLM2 into a "thinking" model so the reasoning path runs on a real model.
+pub const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}";
+
+/// ChatML that refuses a conversation not opened by a user or system message with its own
+/// `raise_exception`, and fails by itself (a method strings lack) on a message saying
+/// [`TEMPLATE_BREAKER`].
+pub const STRICT_TEMPLATE: &str = "{% for m in messages %}{% if loop.first and m.role not in ['user', 'system'] %}{{ raise_exception('Conversation must start with a user message') }}{% endif %}{% if m.content == 'break the template' %}{{ m.content.no_such_method() }}{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// The message content that makes [`STRICT_TEMPLATE`] fail by itself.
+pub const TEMPLATE_BREAKER: &str = "break the template";
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Setup {
+    Default,
+    ApiKey,
+    /// One running request and no queue, so a second is refused.
+    Tiny,
+    Thinking,
+    /// The thinking template behind `--no-thinking`.
+    NoThinking,
+    SmallContext,
+    /// Qwen2.5-Coder-0.5B-Instruct (Hermes tool calls), 16 requests at once, 64 waiting.
+    Qwen,
+    /// `--guided-json` [`GUIDED_SCHEMA`]: every answer without `response_format` follows it.
+    GuidedJson,
+    /// Keep-alives after [`KEEP_ALIVE`] of quiet.
+    KeepAlive,
+    /// A 2,048-token context over a KV pool of [`SMALL_KV_TOKENS`].
+    SmallKv,
+    /// SmolLM2 behind [`STRICT_TEMPLATE`].
+    StrictTemplate,
+}
+
+/// The KV pool of [`Setup::SmallKv`], in positions (SmolLM2: 30 layers × 3 KV heads × 64 × 2).
+pub const SMALL_KV_TOKENS: usize = 512;
+
+/// The keep-alive interval of [`Setup::KeepAlive`].
+pub const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(250);
+
+pub const API_KEY: &str = "sk-test-key";
+
+/// The server-wide schema of [`Setup::GuidedJson`].
+pub fn guided_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 40}, "sure": {"type": "boolean"}},
+        "required": ["answer", "sure"],
+        "additionalProperties": false,
+    })
+}
+
+/// The base URL of a running server for `setup`, started on first use.
+pub fn server(setup: Setup) -> String {
+    static SERVERS: OnceLock<Mutex<HashMap<Setup, String>>> = OnceLock::new();
+    let mut servers =
+        SERVERS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    servers.entry(setup).or_insert_with(|| start(setup)).clone()
+}
+
+fn start(setup: Setup) -> String {
+    start_with(setup, |_| {})
+}
+
+/// A new server for `setup`, with its configuration changed by `change` (its batch folder is a
+/// fresh one unless `change` names another).
+pub fn start_with(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> String {
+    start_stoppable(setup, change).url
+}
+
+/// A server that can be stopped; dropping the handle leaves it running.
+pub struct StoppableServer {
+    pub url: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl StoppableServer {
+    /// Shuts the server down and returns once its tasks and engine are gone.
+    pub fn stop(self) {
+        let _ = self.stop.send(());
+        self.thread.join().unwrap();
+    }
+}
+
+/// [`start_with`], keeping the means to stop the server.
+pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> StoppableServer {
+    let model = if setup == Setup::Qwen { "qwen2.5-coder-0.5b" } else { "smollm2-135m" };
+    let files = spindle_hub::resolve(
+        model,
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    )
+    .expect("pull the test model");
+    let mut bundle = spindle_runner::ModelBundle::load(&files).expect("load the test model");
+    let mut config = ServerConfig {
+        model_id: model.into(),
+        api_key: None,
+        max_concurrent: 4,
+        max_queue: 16,
+        ctx_size: 2048,
+        thinking_default: true,
+        thinking_budget: None,
+        chat_template_kwargs: Default::default(),
+        max_body_bytes: 64 * 1024,
+        cache: Default::default(),
+        tool_call_parser: None,
+        guided_json: None,
+        keep_alive: std::time::Duration::from_secs(15),
+        orphan_prefill_tokens: usize::MAX,
+        batch: spindle_server::BatchConfig::new(fresh_dir("batches")),
+    };
+    match setup {
+        Setup::Default => {}
+        Setup::ApiKey => config.api_key = Some(API_KEY.into()),
+        Setup::Tiny => (config.max_concurrent, config.max_queue) = (1, 0),
+        Setup::Thinking | Setup::NoThinking => {
+            bundle.template =
+                spindle_chat::ChatTemplate::new(THINKING_TEMPLATE, None, Some("<|im_end|>"))
+                    .unwrap();
+            config.thinking_default = setup == Setup::Thinking;
+        }
+        Setup::SmallContext => config.ctx_size = 64,
+        Setup::StrictTemplate => {
+            bundle.template =
+                spindle_chat::ChatTemplate::new(STRICT_TEMPLATE, None, Some("<|im_end|>")).unwrap();
+        }
+        Setup::GuidedJson => config.guided_json = Some(guided_schema()),
+        Setup::KeepAlive => config.keep_alive = KEEP_ALIVE,
+        Setup::SmallKv => {
+            let bytes_per_token = config.cache.kv_bytes / config.cache.kv_tokens(&bundle);
+            config.cache.kv_bytes = SMALL_KV_TOKENS * bytes_per_token;
+        }
+        Setup::Qwen => {
+            (config.max_concurrent, config.max_queue, config.max_body_bytes) = (16, 64, 1024 * 1024)
+        }
+    }
+    change(&mut config);
+    let state = spindle_server::start(config, bundle).expect("start the server");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(format!("http://{}", listener.local_addr().unwrap())).unwrap();
+            let shutdown = async {
+                // A dropped handle is no request to stop.
+                if stopped.await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            spindle_server::serve(listener, state, shutdown).await.unwrap();
+        });
+    });
+    StoppableServer { url: rx.recv().unwrap(), stop, thread }
+}
+
+/// A folder path of its own under the system's temporary folder, not created yet (the batch
+/// store creates its folder on first use, so servers that run no batch leave nothing behind).
+pub fn fresh_dir(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "spindle-test-{name}-{}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ))
+}
+
+/// Generous: a burst of requests waits its turn behind the other tests' requests on 2 cores.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(std::time::Duration::from_secs(600)).build().unwrap()
+}
+
+/// A greedy chat request for one user message.
+pub fn chat_body(user: &str, max_tokens: u32) -> Value {
+    json!({
+        "model": "smollm2-135m",
+        "messages": [{"role": "user", "content": user}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    })
+}
+
+pub async fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
+    let response = client().post(format!("{base}{path}")).json(body).send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+}
+
+/// The `data:` payloads of a server-sent-event response, `[DONE]` included.
+pub async fn post_stream(base: &str, path: &str, body: &Value) -> Vec<String> {
+    let response = client().post(format!("{base}{path}")).json(body).send().await.unwrap();
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    let content_type = response.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(content_type.starts_with("text/event-stream"), "{content_type}");
+    sse_data(&response.text().await.unwrap())
+}
+
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|event| {
+            event.lines().find_map(|l| l.strip_prefix("data:")).map(|d| d.trim_start().to_string())
+        })
+        .collect()
+}
+
+/// Content, reasoning and finish reason of a streamed chat response, checking the framing:
+/// a role chunk first, `[DONE]` last, one finish reason.
+pub struct Streamed {
+    pub content: String,
+    pub reasoning: String,
+    pub finish_reason: String,
+    pub chunks: Vec<Value>,
+    pub usage: Option<Value>,
+}
+
+pub fn parse_chat_stream(data: &[String]) -> Streamed {
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    let chunks: Vec<Value> =
+        data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let mut out = Streamed {
+        content: String::new(),
+        reasoning: String::new(),
+        finish_reason: String::new(),
+        chunks: chunks.clone(),
+        usage: None,
+    };
+    for chunk in &chunks {
+        assert_eq!(chunk["object"], "chat.completion.chunk");
+        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
+            out.usage = Some(usage.clone());
+        }
+        let Some(choice) = chunk["choices"].get(0) else { continue };
+        out.content.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+        out.reasoning.push_str(choice["delta"]["reasoning_content"].as_str().unwrap_or(""));
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            assert!(out.finish_reason.is_empty(), "two finish reasons");
+            out.finish_reason = reason.to_string();
+        }
+    }
+    out
+}
+
+/// The Python interpreter of `$SPINDLE_HOME/venv-openai` (where `.ci/run` installs the official
+/// clients), once it can run `check` (e.g. `import anthropic`); `requirement` is installed into it
+/// first when it cannot (the venv made first if missing).
+pub fn python_with(check: &str, requirement: &str) -> std::path::PathBuf {
+    use std::process::Command;
+    let venv = spindle_hub::spindle_home().join("venv-openai");
+    let python = venv.join("bin/python");
+    let ready =
+        Command::new(&python).args(["-c", check]).output().is_ok_and(|o| o.status.success());
+    if !ready {
+        if !python.exists() {
+            let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).status();
+            assert!(made.is_ok_and(|s| s.success()), "making the venv {} failed", venv.display());
+        }
+        let install = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--upgrade", requirement])
+            .status();
+        assert!(install.is_ok_and(|s| s.success()), "installing {requirement} failed");
+    }
+    python
+}

@@ -1,0 +1,19 @@
+//! The crate's integration tests, one binary (one build and link, and a model loaded once
+//! per process instead of once per file).
+
+mod agent_replay;
+mod anthropic_python;
+mod batches;
+mod chat;
+mod common;
+mod concurrency;
+mod conversation;
+mod endpoints;
+mod errors;
+mod messages;
+mod openai_python;
+mod prefix_cache;
+mod reasoning;
+mod responses_api;
+mod streams;
+mod tools;
