@@ -19,7 +19,9 @@ const BLOCKS_AT_ONCE: usize = 4;
 /// Keys scored together.
 const CHUNK: usize = KEY_LANES * BLOCKS_AT_ONCE;
 
-/// The outputs (`rows × d`) of up to [`FEW_ROWS`] rows over the keys of `runs`.
+/// The outputs (`rows × d`) of up to [`FEW_ROWS`] rows over the keys of `runs`: the scores,
+/// the softmax row by row, then the outputs run by run. Probabilities are kept row by row
+/// (`rows × keys`).
 ///
 /// # Safety
 /// The CPU runs AVX-512F (with the AVX2 set); `d` is a multiple of 16.
@@ -30,30 +32,61 @@ pub(super) unsafe fn attend(
     d: usize,
     scale: f32,
 ) -> Vec<f32> {
+    let keys: usize = runs.iter().map(|(k, _)| k.values() / d).sum();
+    let mut probs = vec![0f32; rows.queries.len() * keys];
+    // SAFETY: this function's features and `d`.
+    unsafe { score(runs, &rows.queries, d, scale, &mut probs) };
+    for (r, &(first, last)) in rows.ranges.iter().enumerate() {
+        softmax(&mut probs[r * keys..][..keys], first, last);
+    }
+    let mut out = vec![0f32; rows.queries.len() * d];
+    let mut scratch = Vec::new();
+    let mut first = 0;
+    for &(_, values) in runs {
+        let values = values.to_f32_on(Isa::Avx512, &mut scratch);
+        // SAFETY: this function's features; `d` is a multiple of 16.
+        unsafe { outputs(values, &probs[first..], (1, keys), d, &mut out) };
+        first += values.len() / d;
+    }
+    out
+}
+
+/// `probs[r · keys + j]` = `scale · Σ_c queries[r][c] · key j[c]` for the `keys` keys of `runs`,
+/// up to [`FEW_ROWS`] rows.
+///
+/// # Safety
+/// The CPU runs AVX-512F (with the AVX2 set); `d` is a multiple of 16.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(super) unsafe fn score(
+    runs: HeadRunsSlice<'_>,
+    queries: &[&[f32]],
+    d: usize,
+    scale: f32,
+    probs: &mut [f32],
+) {
     assert!(d.is_multiple_of(KEY_LANES), "head size {d}");
-    match rows.queries.len() {
-        1 => attend_rows::<1>(runs, rows, d, scale),
-        2 => attend_rows::<2>(runs, rows, d, scale),
-        3 => attend_rows::<3>(runs, rows, d, scale),
+    match queries.len() {
+        1 => score_rows::<1>(runs, queries, d, scale, probs),
+        2 => score_rows::<2>(runs, queries, d, scale, probs),
+        3 => score_rows::<3>(runs, queries, d, scale, probs),
         count => {
             assert_eq!(count, FEW_ROWS, "few-row attention of {count} rows");
-            attend_rows::<FEW_ROWS>(runs, rows, d, scale)
+            score_rows::<FEW_ROWS>(runs, queries, d, scale, probs)
         }
     }
 }
 
-/// Scores chunk by chunk (keys gathered across runs, then transposed), the softmax row by row,
-/// then the outputs run by run. Probabilities are kept row by row (`ROWS × keys`).
+/// [`score`] chunk by chunk: keys gathered across runs, then transposed.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn attend_rows<const ROWS: usize>(
+fn score_rows<const ROWS: usize>(
     runs: HeadRunsSlice<'_>,
-    rows: &Rows<'_>,
+    queries: &[&[f32]],
     d: usize,
     scale: f32,
-) -> Vec<f32> {
-    let queries: [&[f32]; ROWS] = std::array::from_fn(|r| &rows.queries[r][..d]);
-    let keys: usize = runs.iter().map(|(k, _)| k.values() / d).sum();
-    let mut probs = vec![0f32; ROWS * keys];
+    probs: &mut [f32],
+) {
+    let queries: [&[f32]; ROWS] = std::array::from_fn(|r| &queries[r][..d]);
+    let keys = probs.len() / ROWS;
     let mut pending = Vec::with_capacity(CHUNK * d);
     let mut transposed = vec![0f32; CHUNK * d];
     let mut scratch = Vec::new();
@@ -85,18 +118,7 @@ fn attend_rows<const ROWS: usize>(
             }
         }
     }
-    for (r, &(first, last)) in rows.ranges.iter().enumerate() {
-        softmax(&mut probs[r * keys..][..keys], first, last);
-    }
-    let mut out = vec![0f32; ROWS * d];
-    let mut first = 0;
-    for &(_, values) in runs {
-        let values = values.to_f32_on(Isa::Avx512, &mut scratch);
-        // SAFETY: this function's features; `d` is a multiple of 16.
-        unsafe { outputs(values, &probs[first..], (1, keys), d, &mut out) };
-        first += values.len() / d;
-    }
-    out
+    assert_eq!(scored, keys, "scores of {keys} keys");
 }
 
 /// Per row and key of the transposed chunk, `Σ_c query[c] · key[c]`, one fused chain in
@@ -130,7 +152,7 @@ fn scores<const ROWS: usize>(
 /// every other key gets probability zero. Adding only the seen keys gives the wide layout's
 /// sum, which adds the zeros too: a non-negative sum plus zero is itself.
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn softmax(probs: &mut [f32], first: usize, last: usize) {
+pub(super) fn softmax(probs: &mut [f32], first: usize, last: usize) {
     let max = probs[first..=last].iter().fold(f32::NEG_INFINITY, |m, &p| m.max(p));
     for (j, p) in probs.iter_mut().enumerate() {
         let e = exp_nonpositive(*p - max);
