@@ -14,7 +14,8 @@
 //! portable copy's bits.
 //!
 //! Scores keep one row per lane (queries transposed), so no sum is folded across lanes; a task
-//! of at most four rows (a decode step) keeps 16 keys per lane instead on AVX-512 (`few_rows`).
+//! of at most four rows (a decode step) keeps a register of keys per row instead, 16 on AVX-512
+//! and 8 on AVX2 (`few_rows`).
 //! Keys and values stored as f16, bf16 or q8_0 are converted to f32 a run at a time as they are
 //! read (values by ranges of dimensions in phases), then used exactly as f32 runs.
 
@@ -98,7 +99,7 @@ pub fn attend(
     let isa = isa_for(d);
     let (first, last) = visibility.range(0);
     let tasks = Tasks::plan(heads.len(), group, new, rayon::current_num_threads(), |rows| {
-        splittable(isa, rows, last + 1 - first)
+        splittable(isa, rows, d, last + 1 - first)
     });
     let list: Vec<Task> = tasks
         .list
@@ -183,13 +184,14 @@ impl Tasks {
     }
 }
 
-/// Whether a task of `rows` rows over `keys` keys can run in phases on `isa` ([`split`]).
-fn splittable(isa: Isa, rows: usize, keys: usize) -> bool {
+/// Whether a task of `rows` rows of `d` dimensions over `keys` keys can run in phases on `isa`
+/// ([`split`]).
+fn splittable(isa: Isa, rows: usize, d: usize, keys: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return split::splittable(isa, rows, keys);
+    return split::splittable(isa, rows, d, keys);
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (isa, rows, keys);
+        let _ = (isa, rows, d, keys);
         false
     }
 }
@@ -276,9 +278,9 @@ unsafe fn attend_rows_with(
     scale: f32,
 ) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && rows.queries.len() <= few_rows::FEW_ROWS {
-        // SAFETY: the caller's promise (AVX-512 is chosen only for `d` a multiple of 16).
-        return unsafe { few_rows::attend(runs, rows, d, scale) };
+    if few_rows::takes(isa, rows.queries.len(), d) {
+        // SAFETY: the caller's promise.
+        return unsafe { few_rows::attend(isa, runs, rows, d, scale) };
     }
     // SAFETY: the caller's promise.
     unsafe { attend_wide_with(isa, runs, rows, d, scale) }
@@ -700,10 +702,10 @@ mod tests {
 
     #[test]
     fn every_copy_gives_the_same_bits_for_every_kv_type() {
-        // d = 80: the AVX-512 outputs run a pair of registers, then one; d = 96 for q8_0.
-        for (kind, d) in
-            [(KvType::F32, 80), (KvType::F16, 80), (KvType::Bf16, 80), (KvType::Q8_0, 96)]
-        {
+        // d = 80: the AVX-512 outputs run a pair of registers, then one; d = 96 for q8_0; 72
+        // and 40: AVX2's few-row layout, not AVX-512's.
+        let sizes = [(KvType::F32, 80), (KvType::F16, 80), (KvType::Bf16, 80), (KvType::Q8_0, 96)];
+        for (kind, d) in sizes.into_iter().chain([(KvType::F16, 72), (KvType::F32, 40)]) {
             let total = 23;
             let (keys, values) = (
                 Stored::new(kind, &sample(total * d, 5)),
@@ -717,7 +719,8 @@ mod tests {
                 let want =
                     bits(&one_piece(&keys.dequantized(), &values.dequantized(), &queries, d, 0.2));
                 let rows = Rows { queries, ranges: vec![(0, total - 1); rows] };
-                for isa in Isa::available() {
+                let isas = Isa::available().into_iter();
+                for isa in isas.filter(|&isa| isa != Isa::Avx512 || d.is_multiple_of(LANES)) {
                     assert_eq!(
                         bits(&attend_rows_on(isa, &head.runs, &rows, d, 0.2)),
                         want,
@@ -743,11 +746,9 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn a_task_in_phases_gives_the_bits_it_gives_whole() {
-        if Isa::best() != Isa::Avx512 {
-            return;
-        }
-        // d = 64: one range of dimensions; 256: four; 80 (f32, f16): a short last range. Key
-        // counts split in ranges (by 1 to 3 threads) not all multiples of the few-row chunk (64).
+        // d = 64: one range of dimensions; 256: four; 80 (f32, f16): a short last range; 72:
+        // AVX2 only. Key counts split in ranges (by 1 to 3 threads) not all multiples of the
+        // few-row layout's chunks (64 keys on AVX-512, 16 on AVX2).
         let pools: Vec<_> = (1..=3)
             .map(|threads| rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap())
             .collect();
@@ -758,6 +759,7 @@ mod tests {
             (256, KvType::Q8_0),
             (80, KvType::F32),
             (80, KvType::F16),
+            (72, KvType::F16),
         ] {
             for keys in [512, 700, 1029] {
                 let (k, v) = (
@@ -771,15 +773,18 @@ mod tests {
                         runs: head.runs.clone(),
                         rows: decode_rows(&queries, d, keys, window),
                     };
-                    let whole = attend_rows_on(Isa::Avx512, &task.runs, &task.rows, d, 0.125);
-                    for (threads, pool) in (1..).zip(&pools) {
-                        let tasks = std::slice::from_ref(&task);
-                        assert_eq!(
-                            bits(&pool.install(|| split::attend(Isa::Avx512, tasks, d, 0.125))[0]),
-                            bits(&whole),
-                            "{kind}, d {d}, {keys} keys, {count} rows, window {window:?}, \
-                             {threads} threads"
-                        );
+                    let isas = Isa::available().into_iter();
+                    for isa in isas.filter(|&isa| split::splittable(isa, count, d, keys)) {
+                        let whole = attend_rows_on(isa, &task.runs, &task.rows, d, 0.125);
+                        for (threads, pool) in (1..).zip(&pools) {
+                            let tasks = std::slice::from_ref(&task);
+                            assert_eq!(
+                                bits(&pool.install(|| split::attend(isa, tasks, d, 0.125))[0]),
+                                bits(&whole),
+                                "{kind}, d {d}, {keys} keys, {count} rows, window {window:?}, \
+                                 {isa:?}, {threads} threads"
+                            );
+                        }
                     }
                 }
             }

@@ -12,7 +12,7 @@
 
 use rayon::prelude::*;
 
-use super::{few_rows, outputs_on, visible_runs, Isa, Task};
+use super::{few_rows, visible_runs, Isa, Task};
 
 /// Keys per scoring task at least: enough work to outweigh handing it to a thread.
 const MIN_KEY_RANGE: usize = 256;
@@ -20,10 +20,10 @@ const MIN_KEY_RANGE: usize = 256;
 /// where a row starts on one), so tasks seldom read the same line.
 const COLUMNS: usize = 64;
 
-/// Whether a task of `rows` query rows over `keys` keys can run in phases on `isa` (the few-row
-/// layout's), with at least two ranges of keys.
-pub(super) fn splittable(isa: Isa, rows: usize, keys: usize) -> bool {
-    isa == Isa::Avx512 && rows <= few_rows::FEW_ROWS && keys >= 2 * MIN_KEY_RANGE
+/// Whether a task of `rows` query rows of `d` dimensions over `keys` keys can run in phases on
+/// `isa` (it takes the few-row layout), with at least two ranges of keys.
+pub(super) fn splittable(isa: Isa, rows: usize, d: usize, keys: usize) -> bool {
+    few_rows::takes(isa, rows, d) && keys >= 2 * MIN_KEY_RANGE
 }
 
 /// Each task's outputs (`rows × d`), which [`splittable`] allows on `isa`.
@@ -34,7 +34,7 @@ pub(super) fn attend(isa: Isa, tasks: &[Task<'_>], d: usize, scale: f32) -> Vec<
 /// One task's outputs, phase by phase.
 fn attend_task(isa: Isa, task: &Task<'_>, d: usize, scale: f32) -> Vec<f32> {
     let (rows, keys) = (task.rows.queries.len(), task.keys(d));
-    assert!(splittable(isa, rows, keys), "{rows} rows over {keys} keys on {isa:?}");
+    assert!(splittable(isa, rows, d, keys), "{rows} rows over {keys} keys on {isa:?}");
     // Per range of keys, the scores `rows × keys of the range`: two ranges per thread (in
     // multiples of the few-row layout's chunk of 64 keys, so only the last range scores a short
     // chunk).
@@ -48,7 +48,7 @@ fn attend_task(isa: Isa, task: &Task<'_>, d: usize, scale: f32) -> Vec<f32> {
             let runs = visible_runs(&task.runs, d, first, end);
             let mut scores = vec![0f32; rows * (end - first)];
             // SAFETY: `splittable` chose the few-row layout's ISA, which the CPU runs.
-            unsafe { few_rows::score(&runs, &task.rows.queries, d, scale, &mut scores) };
+            unsafe { few_rows::score(isa, &runs, &task.rows.queries, d, scale, &mut scores) };
             scores
         })
         .collect();
@@ -60,7 +60,7 @@ fn attend_task(isa: Isa, task: &Task<'_>, d: usize, scale: f32) -> Vec<f32> {
                 part.copy_from_slice(&scores[r * part.len()..][..part.len()]);
             }
             // SAFETY: as above.
-            unsafe { few_rows::softmax(row, first, last) };
+            unsafe { few_rows::softmax(isa, row, first, last) };
         },
     );
     // Per range of output dimensions, those columns of the outputs (`rows × columns`).
@@ -74,8 +74,9 @@ fn attend_task(isa: Isa, task: &Task<'_>, d: usize, scale: f32) -> Vec<f32> {
             let mut first = 0;
             for &(_, values) in &task.runs {
                 let values = values.columns_to_f32_on(isa, d, columns.clone(), &mut scratch);
+                let probs = &probs[first..];
                 // SAFETY: as above (`d`, so `width`, a multiple of 16 on AVX-512).
-                unsafe { outputs_on(isa, values, &probs[first..], (1, keys), width, &mut out) };
+                unsafe { few_rows::outputs(isa, values, probs, (1, keys), width, &mut out) };
                 first += values.len() / width;
             }
             out
