@@ -9,6 +9,7 @@
 //! the CPU either.
 
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
 
 use half::{bf16, f16};
@@ -144,6 +145,61 @@ impl<'a> KvRows<'a> {
         }
         out
     }
+
+    /// Columns `columns` of each row (rows of `d` values) as f32, `rows × columns.len()`,
+    /// converted into `scratch` by the copy for `isa`, which the CPU must run: the same values
+    /// as those columns of [`Self::to_f32_on`]. q8_0 columns start and end on its blocks.
+    pub(crate) fn columns_to_f32_on<'s>(
+        self,
+        isa: Isa,
+        d: usize,
+        columns: Range<usize>,
+        scratch: &'s mut Vec<f32>,
+    ) -> &'s [f32]
+    where
+        'a: 's,
+    {
+        if columns == (0..d) {
+            return self.to_f32_on(isa, scratch);
+        }
+        let n = self.values() / d * columns.len();
+        if scratch.len() < n {
+            scratch.resize(n, 0.0);
+        }
+        let out = &mut scratch[..n];
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `isa` is one the CPU runs (the caller's promise).
+            Isa::Avx512 => unsafe { simd::columns_avx512(self, d, columns, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Isa::Avx2 => unsafe { simd::columns_avx2(self, d, columns, out) },
+            _ => {
+                for (j, out) in out.chunks_exact_mut(columns.len()).enumerate() {
+                    decode_portable(self.part(d, j, columns.clone()), out);
+                }
+            }
+        }
+        out
+    }
+
+    /// Columns `columns` of row `row` (rows of `d` values).
+    #[inline(always)]
+    fn part(self, d: usize, row: usize, columns: Range<usize>) -> Self {
+        let at = row * d;
+        match self {
+            KvRows::F32(x) => KvRows::F32(&x[at + columns.start..at + columns.end]),
+            KvRows::F16(x) => KvRows::F16(&x[at + columns.start..at + columns.end]),
+            KvRows::Bf16(x) => KvRows::Bf16(&x[at + columns.start..at + columns.end]),
+            KvRows::Q8_0(x) => {
+                assert!(columns.start.is_multiple_of(Q8_0_BLOCK));
+                assert!(columns.end.is_multiple_of(Q8_0_BLOCK));
+                let at = row * KvType::Q8_0.row_units(d);
+                let block = |c: usize| at + c / Q8_0_BLOCK * Q8_0_BYTES;
+                KvRows::Q8_0(&x[block(columns.start)..block(columns.end)])
+            }
+        }
+    }
 }
 
 /// Converts `src` (a whole number of rows) into `dst`'s storage type: rounded to nearest even
@@ -221,26 +277,70 @@ fn decode_q8_0(x: &[u8], out: &mut [f32]) {
 mod simd {
     use std::arch::x86_64::*;
 
+    use std::ops::Range;
+
     use super::{decode_bf16, decode_f16_tail, q8_0_scale, KvRows, Q8_0_BLOCK, Q8_0_BYTES};
+
+    /// [`KvRows::columns_to_f32_on`] row by row with [`decode_avx512`] (inlined here).
+    #[target_feature(enable = "avx512f,avx2,f16c")]
+    pub unsafe fn columns_avx512(
+        rows: KvRows<'_>,
+        d: usize,
+        columns: Range<usize>,
+        out: &mut [f32],
+    ) {
+        let width = columns.len();
+        if let KvRows::F16(x) = rows {
+            // The KV cache's default type: its rows' parts straight from the slices.
+            for (row, out) in x.chunks_exact(d).zip(out.chunks_exact_mut(width)) {
+                // SAFETY: this function's features.
+                unsafe { f16_avx512(&row[columns.clone()], out) };
+            }
+            return;
+        }
+        for (j, out) in out.chunks_exact_mut(width).enumerate() {
+            // SAFETY: this function's features.
+            unsafe { decode_avx512(rows.part(d, j, columns.clone()), out) };
+        }
+    }
+
+    /// f16 by `vcvtph2ps`, 16 at a time.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F and F16C (inlined into a function compiled for them).
+    #[inline(always)]
+    unsafe fn f16_avx512(x: &[u16], out: &mut [f32]) {
+        let body = x.len() / 16 * 16;
+        for (h, o) in x[..body].chunks_exact(16).zip(out.chunks_exact_mut(16)) {
+            // SAFETY: 16 halves in, 16 floats out, unaligned loads and stores; the features are
+            // the caller's promise.
+            unsafe {
+                _mm512_storeu_ps(
+                    o.as_mut_ptr(),
+                    _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr().cast())),
+                )
+            };
+        }
+        decode_f16_tail(&x[body..], &mut out[body..]);
+    }
+
+    /// [`KvRows::columns_to_f32_on`] row by row with [`decode_avx2`] (inlined here).
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn columns_avx2(rows: KvRows<'_>, d: usize, columns: Range<usize>, out: &mut [f32]) {
+        for (j, out) in out.chunks_exact_mut(columns.len()).enumerate() {
+            // SAFETY: this function's features.
+            unsafe { decode_avx2(rows.part(d, j, columns.clone()), out) };
+        }
+    }
 
     /// f16 by `vcvtph2ps`, 16 at a time; q8_0 16 int8 at a time; bf16 as plain code the
     /// compiler vectorizes.
     #[target_feature(enable = "avx512f,avx2,f16c")]
+    #[inline]
     pub unsafe fn decode_avx512(rows: KvRows<'_>, out: &mut [f32]) {
         match rows {
-            KvRows::F16(x) => {
-                let body = x.len() / 16 * 16;
-                for (h, o) in x[..body].chunks_exact(16).zip(out.chunks_exact_mut(16)) {
-                    // SAFETY: 16 halves in, 16 floats out, unaligned loads and stores.
-                    unsafe {
-                        _mm512_storeu_ps(
-                            o.as_mut_ptr(),
-                            _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr().cast())),
-                        )
-                    };
-                }
-                decode_f16_tail(&x[body..], &mut out[body..]);
-            }
+            // SAFETY: this function's features.
+            KvRows::F16(x) => unsafe { f16_avx512(x, out) },
             KvRows::F32(x) => out.copy_from_slice(x),
             KvRows::Bf16(x) => decode_bf16(x, out),
             KvRows::Q8_0(x) => {
@@ -262,6 +362,7 @@ mod simd {
 
     /// f16 by `vcvtph2ps`, 8 at a time; q8_0 8 int8 at a time; bf16 as in [`decode_avx512`].
     #[target_feature(enable = "avx2,f16c")]
+    #[inline]
     pub unsafe fn decode_avx2(rows: KvRows<'_>, out: &mut [f32]) {
         match rows {
             KvRows::F16(x) => {
@@ -396,6 +497,17 @@ mod tests {
                     want.iter().map(|f| f.to_bits()).collect::<Vec<_>>(),
                     "{kind} on {isa:?}"
                 );
+            }
+            // Columns 32..64 of each row (one q8_0 block): the same values as the whole's.
+            let d = 96;
+            let n = x.len() / d;
+            let want_columns: Vec<u32> =
+                (0..n).flat_map(|j| &want[j * d + 32..j * d + 64]).map(|f| f.to_bits()).collect();
+            for isa in Isa::available() {
+                let mut scratch = Vec::new();
+                let got = rows.rows(d, 0, n).columns_to_f32_on(isa, d, 32..64, &mut scratch);
+                let got: Vec<u32> = got.iter().map(|f| f.to_bits()).collect();
+                assert_eq!(got, want_columns, "{kind} columns on {isa:?}");
             }
             // Part of the rows: the same values as the whole's part.
             let mut scratch = Vec::new();

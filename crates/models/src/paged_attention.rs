@@ -3,20 +3,26 @@
 //!
 //! One task takes one key/value head and a few consecutive new positions: every query row of
 //! those positions that shares the head (up to [`TASK_ROWS`]) sees each key block converted
-//! and loaded once. A decode step with fewer key/value heads than cores splits each head's
-//! query rows instead. Each row is still computed alone in a fixed order: a score is the fused
+//! and loaded once. A decode step whose tasks would leave cores idle runs each task in phases
+//! split across them (`split`: scores by ranges of keys, the softmax by rows, outputs by ranges
+//! of dimensions), or, where the few-row layout is not available, splits each head's query
+//! rows. Each row is still computed alone in a fixed order: a score is the fused
 //! multiply-add chain of its `d` products in dimension order (scaled after), the softmax adds
 //! its terms in key order, and the output adds `p·v` key by key. Keys a row does not see get
 //! probability zero, which adds nothing, bit for bit. So a row's result does not depend on the
-//! rows beside it (batch, chunking, task), nor on the CPU: the SIMD copies give the portable
-//! copy's bits.
+//! rows beside it (batch, chunking, task, phases), nor on the CPU: the SIMD copies give the
+//! portable copy's bits.
 //!
 //! Scores keep one row per lane (queries transposed), so no sum is folded across lanes; a task
-//! of at most four rows (a decode step) keeps 16 keys per lane instead on AVX-512 (`few_rows`). Keys and values stored as f16, bf16 or
-//! q8_0 are converted to f32 a run at a time as they are read, then used exactly as f32 runs.
+//! of at most four rows (a decode step) keeps a register of keys per row instead, 16 on AVX-512
+//! and 8 on AVX2 (`few_rows`).
+//! Keys and values stored as f16, bf16 or q8_0 are converted to f32 a run at a time as they are
+//! read (values by ranges of dimensions in phases), then used exactly as f32 runs.
 
 #[cfg(target_arch = "x86_64")]
 mod few_rows;
+#[cfg(target_arch = "x86_64")]
+mod split;
 
 use rayon::prelude::*;
 
@@ -65,6 +71,19 @@ struct Rows<'q> {
     ranges: Vec<(usize, usize)>,
 }
 
+/// One task's keys and values (those its rows see, from the first any sees) and query rows.
+struct Task<'a> {
+    runs: Vec<(KvRows<'a>, KvRows<'a>)>,
+    rows: Rows<'a>,
+}
+
+impl Task<'_> {
+    /// Keys of the runs.
+    fn keys(&self, d: usize) -> usize {
+        self.runs.iter().map(|(k, _)| k.values() / d).sum()
+    }
+}
+
 /// `q`: `(heads, new, d)`, heads sharing key/value head `h` being `h·group .. (h+1)·group`.
 /// Returns `(heads, new, d)`.
 pub fn attend(
@@ -77,14 +96,18 @@ pub fn attend(
     visibility: Visibility,
 ) -> Vec<f32> {
     let group = query_heads / heads.len().max(1);
-    let tasks = Tasks::plan(heads.len(), group, new, rayon::current_num_threads());
-    let outputs: Vec<Vec<f32>> = tasks
+    let isa = isa_for(d);
+    let (first, last) = visibility.range(0);
+    let tasks = Tasks::plan(heads.len(), group, new, rayon::current_num_threads(), |rows| {
+        splittable(isa, rows, d, last + 1 - first)
+    });
+    let list: Vec<Task> = tasks
         .list
-        .par_iter()
+        .iter()
         .map(|&(h, first_i, first_head)| {
             let last_i = (first_i + tasks.positions).min(new) - 1;
             let (from, to) = (visibility.range(first_i).0, visibility.range(last_i).1);
-            let keys = visible_runs(&heads[h], d, from, to + 1);
+            let runs = visible_runs(&heads[h].runs, d, from, to + 1);
             let mut rows = Rows { queries: Vec::new(), ranges: Vec::new() };
             for i in first_i..=last_i {
                 let (first, last) = visibility.range(i);
@@ -93,9 +116,14 @@ pub fn attend(
                     rows.ranges.push((first - from, last - from));
                 }
             }
-            attend_rows(&keys, &rows, d, scale)
+            Task { runs, rows }
         })
         .collect();
+    let outputs: Vec<Vec<f32>> = match tasks.phases {
+        #[cfg(target_arch = "x86_64")]
+        true => split::attend(isa, &list, d, scale),
+        _ => list.par_iter().map(|t| attend_rows_on(isa, &t.runs, &t.rows, d, scale)).collect(),
+    };
     let mut out = vec![0f32; q.len()];
     for (&(h, first_i, first_head), o) in tasks.list.iter().zip(&outputs) {
         let part = tasks.part_end(first_head) - first_head;
@@ -116,16 +144,29 @@ struct Tasks {
     /// Query heads per task.
     part: usize,
     group: usize,
+    /// Whether each task runs in phases split across threads ([`split`]).
+    phases: bool,
 }
 
 impl Tasks {
-    fn plan(kv_heads: usize, group: usize, new: usize, threads: usize) -> Self {
+    /// `splittable`: whether a task of that many rows can run in phases.
+    fn plan(
+        kv_heads: usize,
+        group: usize,
+        new: usize,
+        threads: usize,
+        splittable: impl Fn(usize) -> bool,
+    ) -> Self {
         let group = group.max(1);
         let positions = (TASK_ROWS / group).max(1);
-        // Too few tasks for the cores (a decode step of a model with few key/value heads):
-        // the query heads of one key/value head split, each part reading the keys again.
         let whole = kv_heads * new.div_ceil(positions);
-        let parts = if whole < threads { threads.div_ceil(whole.max(1)) } else { 1 };
+        // Whole tasks that leave a thread idle a large share of the time (fewer tasks than
+        // threads, or a short last round of few) run in phases when they can; otherwise, when
+        // fewer than the threads (a decode step of a model with few key/value heads), the
+        // query heads of one key/value head split, each part reading the keys again.
+        let uneven = !whole.is_multiple_of(threads) && whole < 4 * threads;
+        let phases = uneven && splittable(group.min(TASK_ROWS) * positions.min(new));
+        let parts = if whole < threads && !phases { threads.div_ceil(whole.max(1)) } else { 1 };
         let part = group.div_ceil(parts).min(TASK_ROWS);
         let list = (0..kv_heads)
             .flat_map(|h| {
@@ -134,7 +175,7 @@ impl Tasks {
                 })
             })
             .collect();
-        Self { list, positions, part, group }
+        Self { list, positions, part, group, phases }
     }
 
     /// One past the last query head (within its group) of the part starting at `first_head`.
@@ -143,37 +184,49 @@ impl Tasks {
     }
 }
 
-/// The parts of `head`'s runs holding positions `first..end`.
+/// Whether a task of `rows` rows of `d` dimensions over `keys` keys can run in phases on `isa`
+/// ([`split`]).
+fn splittable(isa: Isa, rows: usize, d: usize, keys: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return split::splittable(isa, rows, d, keys);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, rows, d, keys);
+        false
+    }
+}
+
+/// The parts of `runs` holding positions `first..end`.
 fn visible_runs<'a>(
-    head: &HeadRuns<'a>,
+    runs: HeadRunsSlice<'a>,
     d: usize,
     first: usize,
     end: usize,
 ) -> Vec<(KvRows<'a>, KvRows<'a>)> {
     let mut at = 0;
-    let mut runs = Vec::new();
-    for &(keys, values) in &head.runs {
+    let mut visible = Vec::new();
+    for &(keys, values) in runs {
         let n = keys.values() / d;
         let (from, to) = (first.clamp(at, at + n) - at, end.clamp(at, at + n) - at);
         if from < to {
-            runs.push((keys.rows(d, from, to), values.rows(d, from, to)));
+            visible.push((keys.rows(d, from, to), values.rows(d, from, to)));
         }
         at += n;
     }
-    runs
+    visible
 }
 
-/// The outputs (`rows × d`) of `rows` over the keys of `runs`.
-fn attend_rows(runs: HeadRunsSlice<'_>, rows: &Rows<'_>, d: usize, scale: f32) -> Vec<f32> {
-    let isa = match Isa::best() {
+/// The copy for heads of `d` dimensions: the widest the CPU runs, but AVX-512 only for `d` a
+/// multiple of 16.
+fn isa_for(d: usize) -> Isa {
+    match Isa::best() {
         Isa::Avx512 if !d.is_multiple_of(LANES) => Isa::Avx2,
         isa => isa,
-    };
-    attend_rows_on(isa, runs, rows, d, scale)
+    }
 }
 
-/// [`attend_rows`] with the copy for `isa`, which the CPU must run (the AVX-512 copy needs `d` a
-/// multiple of 16).
+/// The outputs (`rows × d`) of `rows` over the keys of `runs`, by the copy for `isa`, which the
+/// CPU must run (the AVX-512 copy needs `d` a multiple of 16).
 fn attend_rows_on(
     isa: Isa,
     runs: HeadRunsSlice<'_>,
@@ -225,9 +278,9 @@ unsafe fn attend_rows_with(
     scale: f32,
 ) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && rows.queries.len() <= few_rows::FEW_ROWS {
-        // SAFETY: the caller's promise (AVX-512 is chosen only for `d` a multiple of 16).
-        return unsafe { few_rows::attend(runs, rows, d, scale) };
+    if few_rows::takes(isa, rows.queries.len(), d) {
+        // SAFETY: the caller's promise.
+        return unsafe { few_rows::attend(isa, runs, rows, d, scale) };
     }
     // SAFETY: the caller's promise.
     unsafe { attend_wide_with(isa, runs, rows, d, scale) }
@@ -649,10 +702,10 @@ mod tests {
 
     #[test]
     fn every_copy_gives_the_same_bits_for_every_kv_type() {
-        // d = 80: the AVX-512 outputs run a pair of registers, then one; d = 96 for q8_0.
-        for (kind, d) in
-            [(KvType::F32, 80), (KvType::F16, 80), (KvType::Bf16, 80), (KvType::Q8_0, 96)]
-        {
+        // d = 80: the AVX-512 outputs run a pair of registers, then one; d = 96 for q8_0; 72
+        // and 40: AVX2's few-row layout, not AVX-512's.
+        let sizes = [(KvType::F32, 80), (KvType::F16, 80), (KvType::Bf16, 80), (KvType::Q8_0, 96)];
+        for (kind, d) in sizes.into_iter().chain([(KvType::F16, 72), (KvType::F32, 40)]) {
             let total = 23;
             let (keys, values) = (
                 Stored::new(kind, &sample(total * d, 5)),
@@ -666,7 +719,8 @@ mod tests {
                 let want =
                     bits(&one_piece(&keys.dequantized(), &values.dequantized(), &queries, d, 0.2));
                 let rows = Rows { queries, ranges: vec![(0, total - 1); rows] };
-                for isa in Isa::available() {
+                let isas = Isa::available().into_iter();
+                for isa in isas.filter(|&isa| isa != Isa::Avx512 || d.is_multiple_of(LANES)) {
                     assert_eq!(
                         bits(&attend_rows_on(isa, &head.runs, &rows, d, 0.2)),
                         want,
@@ -674,6 +728,112 @@ mod tests {
                         rows.queries.len()
                     );
                 }
+            }
+        }
+    }
+
+    /// The rows of `queries` (`rows × d`) over `keys` keys, row `r` seeing up to key
+    /// `keys − rows + r` (as consecutive positions do), back as far as `window` allows.
+    fn decode_rows(queries: &[f32], d: usize, keys: usize, window: Option<usize>) -> Rows<'_> {
+        let count = queries.len() / d;
+        let ranges = (0..count).map(|r| {
+            let last = keys - count + r;
+            (window.map_or(0, |w| (last + 1).saturating_sub(w)), last)
+        });
+        Rows { queries: queries.chunks_exact(d).collect(), ranges: ranges.collect() }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn a_task_in_phases_gives_the_bits_it_gives_whole() {
+        // d = 64: one range of dimensions; 256: four; 80 (f32, f16): a short last range; 72:
+        // AVX2 only. Key counts split in ranges (by 1 to 3 threads) not all multiples of the
+        // few-row layout's chunks (64 keys on AVX-512, 16 on AVX2).
+        let pools: Vec<_> = (1..=3)
+            .map(|threads| rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap())
+            .collect();
+        for (d, kind) in [
+            (64, KvType::F16),
+            (64, KvType::Q8_0),
+            (256, KvType::F16),
+            (256, KvType::Q8_0),
+            (80, KvType::F32),
+            (80, KvType::F16),
+            (72, KvType::F16),
+        ] {
+            for keys in [512, 700, 1029] {
+                let (k, v) = (
+                    Stored::new(kind, &sample(keys * d, 60)),
+                    Stored::new(kind, &sample(keys * d, 61)),
+                );
+                let head = runs(k.rows(), v.rows(), d, 16);
+                for (count, window) in [(1, None), (2, Some(600)), (3, None), (4, Some(333))] {
+                    let queries = sample(count * d, 62 + count as u32);
+                    let task = Task {
+                        runs: head.runs.clone(),
+                        rows: decode_rows(&queries, d, keys, window),
+                    };
+                    let isas = Isa::available().into_iter();
+                    for isa in isas.filter(|&isa| split::splittable(isa, count, d, keys)) {
+                        let whole = attend_rows_on(isa, &task.runs, &task.rows, d, 0.125);
+                        for (threads, pool) in (1..).zip(&pools) {
+                            let tasks = std::slice::from_ref(&task);
+                            assert_eq!(
+                                bits(&pool.install(|| split::attend(isa, tasks, d, 0.125))[0]),
+                                bits(&whole),
+                                "{kind}, d {d}, {keys} keys, {count} rows, window {window:?}, \
+                                 {isa:?}, {threads} threads"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_steps_that_leave_threads_idle_run_in_phases_where_they_can() {
+        let can = |_: usize| true;
+        // SmolLM2 (3 key/value heads of 3 query heads) and Gemma 3 (1 of 4) on 2 threads.
+        assert!(Tasks::plan(3, 3, 1, 2, can).phases);
+        let gemma = Tasks::plan(1, 4, 1, 2, can);
+        assert!(gemma.phases && gemma.list.len() == 1 && gemma.part == 4);
+        // As many tasks as threads, or many: whole tasks.
+        assert!(!Tasks::plan(2, 3, 1, 2, can).phases && !Tasks::plan(9, 3, 1, 2, can).phases);
+        // Where phases are not available, Gemma's query heads split in two.
+        let gemma = Tasks::plan(1, 4, 1, 2, |_| false);
+        assert!(!gemma.phases && gemma.list.len() == 2 && gemma.part == 2);
+        // The rows asked about are a whole task's.
+        assert!(!Tasks::plan(3, 3, 1, 2, |rows| rows != 3).phases);
+        assert!(!Tasks::plan(3, 3, 3, 2, |rows| rows <= 4).phases);
+    }
+
+    #[test]
+    fn a_decode_step_gives_the_same_bits_on_one_thread_as_split_across_two() {
+        let pool = |threads| rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let (one, two) = (pool(1), pool(2));
+        // SmolLM2's heads and Gemma 3's (with its sliding window), over f16 and q8_0.
+        for (kv_heads, group, d, window) in [(3, 3, 64, None), (1, 4, 256, Some(700))] {
+            let past = 1100;
+            let q = sample(kv_heads * group * d, 70);
+            for kind in [KvType::F16, KvType::Q8_0] {
+                let stored: Vec<(Stored, Stored)> = (0..kv_heads)
+                    .map(|h| {
+                        let seed = 71 + 2 * h as u32;
+                        let (k, v) =
+                            (sample((past + 1) * d, seed), sample((past + 1) * d, seed + 1));
+                        (Stored::new(kind, &k), Stored::new(kind, &v))
+                    })
+                    .collect();
+                let heads: Vec<HeadRuns> =
+                    stored.iter().map(|(k, v)| runs(k.rows(), v.rows(), d, 32)).collect();
+                let visibility = Visibility { past, window };
+                let step = || attend(&heads, &q, kv_heads * group, 1, d, 0.125, visibility);
+                assert_eq!(
+                    bits(&one.install(step)),
+                    bits(&two.install(step)),
+                    "{kind}: {kv_heads} × {group} heads of {d}"
+                );
             }
         }
     }

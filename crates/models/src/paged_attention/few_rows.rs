@@ -1,13 +1,16 @@
-//! Attention of a task with few query rows on AVX-512: a decode step, where a key/value head
-//! serves one to four query heads. The wide layout keeps one row per lane, so such a task would
-//! leave most lanes idle; here one register holds 16 keys' scores of one row, from keys
-//! transposed 16 at a time. The arithmetic is the wide layout's in the same order (a score is
-//! one fused chain over the dimensions, scaled after; the softmax adds its terms in key order;
-//! the outputs add `p·v` key by key), so a row gets the same bits on either path.
+//! Attention of a task with few query rows: a decode step, where a key/value head serves one to
+//! four query heads. The wide layout keeps one row per lane, so such a task would leave most
+//! lanes idle; here one register holds 16 keys' scores of one row on AVX-512 (8 on AVX2:
+//! `avx2`), from keys transposed a register's width at a time. The arithmetic is the wide
+//! layout's in the same order (a score is one fused chain over the dimensions, scaled after;
+//! the softmax adds its terms in key order; the outputs add `p·v` key by key), so a row gets the
+//! same bits on either path.
+
+mod avx2;
 
 use std::arch::x86_64::*;
 
-use super::{avx512::outputs, HeadRunsSlice, Isa, Rows};
+use super::{outputs_on, outputs_portable, HeadRunsSlice, Isa, ProbSteps, Rows};
 use crate::activation::exp_nonpositive;
 
 /// Query rows a task may have to take this path.
@@ -19,41 +22,137 @@ const BLOCKS_AT_ONCE: usize = 4;
 /// Keys scored together.
 const CHUNK: usize = KEY_LANES * BLOCKS_AT_ONCE;
 
-/// The outputs (`rows × d`) of up to [`FEW_ROWS`] rows over the keys of `runs`.
+/// Whether a task of `rows` rows of `d` dimensions takes this layout on `isa`: whole registers
+/// of dimensions.
+pub(super) fn takes(isa: Isa, rows: usize, d: usize) -> bool {
+    let lanes = match isa {
+        Isa::Avx512 => KEY_LANES,
+        Isa::Avx2 => avx2::KEY_LANES,
+        Isa::Portable => return false,
+    };
+    rows <= FEW_ROWS && d.is_multiple_of(lanes)
+}
+
+/// The outputs (`rows × d`) of up to [`FEW_ROWS`] rows over the keys of `runs`, by the copy for
+/// `isa`.
+///
+/// # Safety
+/// The CPU runs `isa`; [`takes`] allows the task.
+pub(super) unsafe fn attend(
+    isa: Isa,
+    runs: HeadRunsSlice<'_>,
+    rows: &Rows<'_>,
+    d: usize,
+    scale: f32,
+) -> Vec<f32> {
+    match isa {
+        // SAFETY: the caller's promise.
+        Isa::Avx512 => unsafe { attend_avx512(runs, rows, d, scale) },
+        // SAFETY: as above.
+        _ => unsafe { avx2::attend(runs, rows, d, scale) },
+    }
+}
+
+/// [`attend_with`] compiled for AVX-512.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn attend_avx512(
+    runs: HeadRunsSlice<'_>,
+    rows: &Rows<'_>,
+    d: usize,
+    scale: f32,
+) -> Vec<f32> {
+    // SAFETY: this function's features; the caller's promise.
+    unsafe { attend_with(Isa::Avx512, runs, rows, d, scale) }
+}
+
+/// The scores, the softmax row by row, then the outputs run by run. Probabilities are kept row
+/// by row (`rows × keys`).
+///
+/// # Safety
+/// The CPU runs `isa`, which the caller is compiled for; [`takes`] allows the task.
+#[inline(always)]
+unsafe fn attend_with(
+    isa: Isa,
+    runs: HeadRunsSlice<'_>,
+    rows: &Rows<'_>,
+    d: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let keys: usize = runs.iter().map(|(k, _)| k.values() / d).sum();
+    let mut probs = vec![0f32; rows.queries.len() * keys];
+    // SAFETY: the caller's promise.
+    unsafe { score(isa, runs, &rows.queries, d, scale, &mut probs) };
+    for (r, &(first, last)) in rows.ranges.iter().enumerate() {
+        softmax_with(&mut probs[r * keys..][..keys], first, last);
+    }
+    let mut out = vec![0f32; rows.queries.len() * d];
+    let mut scratch = Vec::new();
+    let mut first = 0;
+    for &(_, values) in runs {
+        let values = values.to_f32_on(isa, &mut scratch);
+        // SAFETY: the caller's promise.
+        unsafe { outputs_on(isa, values, &probs[first..], (1, keys), d, &mut out) };
+        first += values.len() / d;
+    }
+    out
+}
+
+/// `probs[r · keys + j]` = `scale · Σ_c queries[r][c] · key j[c]` for the `keys` keys of `runs`,
+/// up to [`FEW_ROWS`] rows, by the copy for `isa`.
+///
+/// # Safety
+/// The CPU runs `isa`; [`takes`] allows the rows.
+pub(super) unsafe fn score(
+    isa: Isa,
+    runs: HeadRunsSlice<'_>,
+    queries: &[&[f32]],
+    d: usize,
+    scale: f32,
+    probs: &mut [f32],
+) {
+    match isa {
+        // SAFETY: the caller's promise.
+        Isa::Avx512 => unsafe { score_avx512(runs, queries, d, scale, probs) },
+        // SAFETY: as above.
+        _ => unsafe { avx2::score(runs, queries, d, scale, probs) },
+    }
+}
+
+/// [`score`] on AVX-512.
 ///
 /// # Safety
 /// The CPU runs AVX-512F (with the AVX2 set); `d` is a multiple of 16.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(super) unsafe fn attend(
+unsafe fn score_avx512(
     runs: HeadRunsSlice<'_>,
-    rows: &Rows<'_>,
+    queries: &[&[f32]],
     d: usize,
     scale: f32,
-) -> Vec<f32> {
+    probs: &mut [f32],
+) {
     assert!(d.is_multiple_of(KEY_LANES), "head size {d}");
-    match rows.queries.len() {
-        1 => attend_rows::<1>(runs, rows, d, scale),
-        2 => attend_rows::<2>(runs, rows, d, scale),
-        3 => attend_rows::<3>(runs, rows, d, scale),
+    match queries.len() {
+        1 => score_rows::<1>(runs, queries, d, scale, probs),
+        2 => score_rows::<2>(runs, queries, d, scale, probs),
+        3 => score_rows::<3>(runs, queries, d, scale, probs),
         count => {
             assert_eq!(count, FEW_ROWS, "few-row attention of {count} rows");
-            attend_rows::<FEW_ROWS>(runs, rows, d, scale)
+            score_rows::<FEW_ROWS>(runs, queries, d, scale, probs)
         }
     }
 }
 
-/// Scores chunk by chunk (keys gathered across runs, then transposed), the softmax row by row,
-/// then the outputs run by run. Probabilities are kept row by row (`ROWS × keys`).
+/// [`score_avx512`] chunk by chunk: keys gathered across runs, then transposed.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn attend_rows<const ROWS: usize>(
+fn score_rows<const ROWS: usize>(
     runs: HeadRunsSlice<'_>,
-    rows: &Rows<'_>,
+    queries: &[&[f32]],
     d: usize,
     scale: f32,
-) -> Vec<f32> {
-    let queries: [&[f32]; ROWS] = std::array::from_fn(|r| &rows.queries[r][..d]);
-    let keys: usize = runs.iter().map(|(k, _)| k.values() / d).sum();
-    let mut probs = vec![0f32; ROWS * keys];
+    probs: &mut [f32],
+) {
+    let queries: [&[f32]; ROWS] = std::array::from_fn(|r| &queries[r][..d]);
+    let keys = probs.len() / ROWS;
     let mut pending = Vec::with_capacity(CHUNK * d);
     let mut transposed = vec![0f32; CHUNK * d];
     let mut scratch = Vec::new();
@@ -85,18 +184,7 @@ fn attend_rows<const ROWS: usize>(
             }
         }
     }
-    for (r, &(first, last)) in rows.ranges.iter().enumerate() {
-        softmax(&mut probs[r * keys..][..keys], first, last);
-    }
-    let mut out = vec![0f32; ROWS * d];
-    let mut first = 0;
-    for &(_, values) in runs {
-        let values = values.to_f32_on(Isa::Avx512, &mut scratch);
-        // SAFETY: this function's features; `d` is a multiple of 16.
-        unsafe { outputs(values, &probs[first..], (1, keys), d, &mut out) };
-        first += values.len() / d;
-    }
-    out
+    assert_eq!(scored, keys, "scores of {keys} keys");
 }
 
 /// Per row and key of the transposed chunk, `Σ_c query[c] · key[c]`, one fused chain in
@@ -126,11 +214,31 @@ fn scores<const ROWS: usize>(
     sums
 }
 
+/// The softmax of one row's scores by the copy for `isa` (the exponential's fused
+/// multiply-adds in hardware).
+///
+/// # Safety
+/// The CPU runs `isa`, AVX2 or AVX-512.
+pub(super) unsafe fn softmax(isa: Isa, probs: &mut [f32], first: usize, last: usize) {
+    match isa {
+        // SAFETY: the caller's promise.
+        Isa::Avx512 => unsafe { softmax_avx512(probs, first, last) },
+        // SAFETY: as above.
+        _ => unsafe { avx2::softmax(probs, first, last) },
+    }
+}
+
+/// [`softmax_with`] compiled for AVX-512.
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn softmax_avx512(probs: &mut [f32], first: usize, last: usize) {
+    softmax_with(probs, first, last)
+}
+
 /// The softmax of one row's scores over the keys `first..=last` (terms added in key order);
 /// every other key gets probability zero. Adding only the seen keys gives the wide layout's
 /// sum, which adds the zeros too: a non-negative sum plus zero is itself.
-#[target_feature(enable = "avx512f,avx2,fma")]
-fn softmax(probs: &mut [f32], first: usize, last: usize) {
+#[inline(always)]
+fn softmax_with(probs: &mut [f32], first: usize, last: usize) {
     let max = probs[first..=last].iter().fold(f32::NEG_INFINITY, |m, &p| m.max(p));
     for (j, p) in probs.iter_mut().enumerate() {
         let e = exp_nonpositive(*p - max);
@@ -140,6 +248,33 @@ fn softmax(probs: &mut [f32], first: usize, last: usize) {
     for p in probs.iter_mut() {
         *p /= sum;
     }
+}
+
+/// Adds `values` to the outputs ([`super::outputs_portable`]) by the copy for `isa`, compiled
+/// with its fused multiply-add.
+///
+/// # Safety
+/// The CPU runs `isa`, AVX2 or AVX-512 (then `d` a multiple of 16).
+pub(super) unsafe fn outputs(
+    isa: Isa,
+    values: &[f32],
+    probs: &[f32],
+    steps: ProbSteps,
+    d: usize,
+    out: &mut [f32],
+) {
+    match isa {
+        // SAFETY: the caller's promise.
+        Isa::Avx512 => unsafe { super::avx512::outputs(values, probs, steps, d, out) },
+        // SAFETY: as above.
+        _ => unsafe { outputs_avx2(values, probs, steps, d, out) },
+    }
+}
+
+/// [`outputs_portable`] compiled for AVX2.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn outputs_avx2(values: &[f32], probs: &[f32], steps: ProbSteps, d: usize, out: &mut [f32]) {
+    outputs_portable(values, probs, steps, d, out)
 }
 
 /// Writes the keys `keys` (`m × d`, `m ≤ CHUNK`) transposed in blocks of 16: block `b`'s
