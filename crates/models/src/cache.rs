@@ -164,7 +164,9 @@ impl SequenceCache {
 
     /// Stores a layer's new keys/values `(1, kv_heads, new, d)` after the processed positions and
     /// returns the causal attention `(1, heads, new, d)` of the queries `q` `(1, heads, new, d)`
-    /// over all positions so far (within `window` of each query, if given).
+    /// over all positions so far (within `window` of each query, if given), keeping up to
+    /// `threads` threads busy.
+    #[allow(clippy::too_many_arguments)]
     pub fn attend(
         &mut self,
         layer: usize,
@@ -173,13 +175,14 @@ impl SequenceCache {
         v: &Tensor,
         scale: f32,
         window: Option<usize>,
+        threads: usize,
     ) -> Result<Tensor> {
         let (_, heads, new, d) = q.dims4()?;
         self.kv.write(layer, &self.blocks, self.len, k, v)?;
         let q = q.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let visibility = Visibility { past: self.len, window };
         let out = self.kv.with_head_runs(layer, &self.blocks, self.len + new, |runs| {
-            paged_attention::attend(runs, &q, heads, new, d, scale, visibility)
+            paged_attention::attend(runs, &q, heads, new, d, scale, visibility, threads)
         })?;
         Ok(Tensor::from_vec(out, (1, heads, new, d), &Device::Cpu)?)
     }

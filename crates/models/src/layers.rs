@@ -260,6 +260,9 @@ pub fn attend_sequences(
     rotate: impl Fn(&Tensor, usize) -> Result<Tensor> + Sync,
 ) -> Result<Tensor> {
     let hd = shape.head_dim;
+    // The sequences attend at once, so each keeps its share of the threads busy: a decode
+    // step's few tasks per sequence then fill the pool together instead of being cut finer.
+    let threads = (rayon::current_num_threads() / batch.len().max(1)).max(1);
     let outs = batch
         .par_iter_mut()
         .zip(rows)
@@ -268,7 +271,7 @@ pub fn attend_sequences(
             let q = rotate(&split_heads(&q.narrow(0, first, n)?, shape.heads, hd)?, start)?;
             let k = rotate(&split_heads(&k.narrow(0, first, n)?, shape.kv_heads, hd)?, start)?;
             let v = split_heads(&v.narrow(0, first, n)?, shape.kv_heads, hd)?;
-            let out = entry.cache.attend(layer, &q, &k, &v, shape.scale, shape.window)?;
+            let out = entry.cache.attend(layer, &q, &k, &v, shape.scale, shape.window, threads)?;
             merge_heads(&out)
         })
         .collect::<Result<Vec<_>>>()?;

@@ -85,7 +85,10 @@ impl Task<'_> {
 }
 
 /// `q`: `(heads, new, d)`, heads sharing key/value head `h` being `h·group .. (h+1)·group`.
-/// Returns `(heads, new, d)`.
+/// `threads`: the threads this sequence's attention may keep busy (its share of the pool when
+/// the sequences of a batch attend at once), which decides how the work is cut, never a bit of
+/// it. Returns `(heads, new, d)`.
+#[allow(clippy::too_many_arguments)]
 pub fn attend(
     heads: &[HeadRuns<'_>],
     q: &[f32],
@@ -94,11 +97,12 @@ pub fn attend(
     d: usize,
     scale: f32,
     visibility: Visibility,
+    threads: usize,
 ) -> Vec<f32> {
     let group = query_heads / heads.len().max(1);
     let isa = isa_for(d);
     let (first, last) = visibility.range(0);
-    let tasks = Tasks::plan(heads.len(), group, new, rayon::current_num_threads(), |rows| {
+    let tasks = Tasks::plan(heads.len(), group, new, threads.max(1), |rows| {
         splittable(isa, rows, d, last + 1 - first)
     });
     let list: Vec<Task> = tasks
@@ -627,8 +631,16 @@ mod tests {
             (0..kv_heads).map(|h| f32_runs(&keys[h], &values[h], d, 5)).collect();
         let q = sample(kv_heads * group * new * d, 3);
         for window in [None, Some(4)] {
-            let out =
-                attend(&heads, &q, kv_heads * group, new, d, 0.3, Visibility { past, window });
+            let out = attend(
+                &heads,
+                &q,
+                kv_heads * group,
+                new,
+                d,
+                0.3,
+                Visibility { past, window },
+                rayon::current_num_threads(),
+            );
             for head in 0..kv_heads * group {
                 for i in 0..new {
                     let range = Visibility { past, window }.range(i);
@@ -662,8 +674,16 @@ mod tests {
                     Stored::new(kind, &sample(total * d, 2)),
                 );
                 let heads = [runs(keys.rows(), values.rows(), d, 16)];
-                let together =
-                    attend(&heads, &q, group, new, d, 0.125, Visibility { past, window });
+                let together = attend(
+                    &heads,
+                    &q,
+                    group,
+                    new,
+                    d,
+                    0.125,
+                    Visibility { past, window },
+                    rayon::current_num_threads(),
+                );
                 // Each query alone, as a decode step would run it, over other block boundaries.
                 for i in 0..new {
                     let qi: Vec<f32> =
@@ -671,7 +691,16 @@ mod tests {
                     let seen = past + i + 1;
                     let (k, v) = (keys.rows().rows(d, 0, seen), values.rows().rows(d, 0, seen));
                     let visibility = Visibility { past: past + i, window };
-                    let alone = attend(&[runs(k, v, d, 7)], &qi, group, 1, d, 0.125, visibility);
+                    let alone = attend(
+                        &[runs(k, v, d, 7)],
+                        &qi,
+                        group,
+                        1,
+                        d,
+                        0.125,
+                        visibility,
+                        rayon::current_num_threads(),
+                    );
                     for h in 0..group {
                         assert_eq!(
                             bits(&alone[h * d..][..d]),
@@ -806,6 +835,10 @@ mod tests {
         // The rows asked about are a whole task's.
         assert!(!Tasks::plan(3, 3, 1, 2, |rows| rows != 3).phases);
         assert!(!Tasks::plan(3, 3, 3, 2, |rows| rows <= 4).phases);
+        // A sequence of a batch with its share of one thread: whole tasks, the heads unsplit.
+        let batched = Tasks::plan(1, 4, 1, 1, can);
+        assert!(!batched.phases && batched.list.len() == 1 && batched.part == 4);
+        assert!(!Tasks::plan(3, 3, 1, 1, can).phases);
     }
 
     #[test]
@@ -828,7 +861,18 @@ mod tests {
                 let heads: Vec<HeadRuns> =
                     stored.iter().map(|(k, v)| runs(k.rows(), v.rows(), d, 32)).collect();
                 let visibility = Visibility { past, window };
-                let step = || attend(&heads, &q, kv_heads * group, 1, d, 0.125, visibility);
+                let step = || {
+                    attend(
+                        &heads,
+                        &q,
+                        kv_heads * group,
+                        1,
+                        d,
+                        0.125,
+                        visibility,
+                        rayon::current_num_threads(),
+                    )
+                };
                 assert_eq!(
                     bits(&one.install(step)),
                     bits(&two.install(step)),
@@ -859,10 +903,28 @@ mod tests {
             let floats: Vec<HeadRuns> = as_f32.iter().map(|(k, v)| f32_runs(k, v, d, 16)).collect();
             for window in [None, Some(9)] {
                 let visibility = Visibility { past, window };
-                let got = attend(&typed, &q, kv_heads * group, new, d, 0.125, visibility);
+                let got = attend(
+                    &typed,
+                    &q,
+                    kv_heads * group,
+                    new,
+                    d,
+                    0.125,
+                    visibility,
+                    rayon::current_num_threads(),
+                );
                 assert_eq!(
                     bits(&got),
-                    bits(&attend(&floats, &q, kv_heads * group, new, d, 0.125, visibility)),
+                    bits(&attend(
+                        &floats,
+                        &q,
+                        kv_heads * group,
+                        new,
+                        d,
+                        0.125,
+                        visibility,
+                        rayon::current_num_threads()
+                    )),
                     "{kind} {window:?}"
                 );
             }
