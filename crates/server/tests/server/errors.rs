@@ -3,7 +3,9 @@
 
 use crate::common;
 
-use common::{chat_body, client, post, server, Setup, API_KEY, SMALL_KV_TOKENS, TEMPLATE_BREAKER};
+use common::{
+    chat_body, client, post, server, start_with, Setup, API_KEY, SMALL_KV_TOKENS, TEMPLATE_BREAKER,
+};
 use serde_json::{json, Value};
 
 async fn raw(base: &str, path: &str, body: &str) -> (u16, Value) {
@@ -195,7 +197,8 @@ async fn the_api_key_is_required_when_set() {
 
 #[tokio::test]
 async fn a_full_queue_is_429_with_retry_after() {
-    let base = server(Setup::Tiny);
+    // A server of its own: the shared one-slot server is busy with other tests' streams.
+    let base = start_with(Setup::Tiny, |_| {});
     // Hold the only slot with a long streamed generation.
     let mut body = chat_body("Write a long essay about the history of Rome.", 2000);
     body["stream"] = json!(true);
