@@ -6,6 +6,7 @@
 //! drifts beyond the bounds below.
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -13,7 +14,9 @@ use spindle_chat::{ChatTemplate, Tokenizer};
 use spindle_hub::ModelFiles;
 use spindle_models::KvType;
 use spindle_runner::sampler::{SampledToken, SamplingParams, MAX_TOP_LOGPROBS};
-use spindle_runner::{CacheConfig, Engine, EngineConfig, ModelBundle, SequenceRequest};
+use spindle_runner::{
+    CacheConfig, Caller, Engine, EngineConfig, ModelBundle, SequenceEvent, SequenceRequest,
+};
 
 /// Positions each run may use; every prompt and its steps fit.
 const CONTEXT: usize = 4096;
@@ -133,7 +136,8 @@ fn all_steps(engine: &Engine, prompts: &[Vec<u32>], paths: &[Vec<u32>]) -> Vec<V
 }
 
 /// The steps after `prompt`, greedy where `path` is empty, else following `path`: where the
-/// engine's token differs from the path's, a new request continues from the path's tokens.
+/// engine's token differs from the path's, that request is cancelled and a new one continues
+/// from the path's tokens.
 fn steps(engine: &Engine, prompt: &[u32], path: &[u32]) -> Vec<SampledToken> {
     let mut out: Vec<SampledToken> = Vec::new();
     while out.len() < STEPS {
@@ -148,16 +152,23 @@ fn steps(engine: &Engine, prompt: &[u32], path: &[u32]) -> Vec<SampledToken> {
         };
         let request =
             SequenceRequest::plain([prompt, &fed].concat(), STEPS - out.len(), sampling, CONTEXT);
+        let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
+        let caller = Caller::new(events);
+        let cancel = caller.cancel.clone();
+        engine.submit(request, caller).unwrap();
         let mut diverged = false;
-        engine
-            .generate(request, |token, _| {
-                if diverged {
-                    return;
+        loop {
+            match inbox.blocking_recv().expect("the engine ends every sequence with an event") {
+                SequenceEvent::Token { token, .. } if !diverged => {
+                    diverged = !path.is_empty() && token.id != path[out.len()];
+                    out.push(token);
+                    cancel.store(diverged, Ordering::Relaxed);
                 }
-                diverged = !path.is_empty() && token.id != path[out.len()];
-                out.push(token.clone());
-            })
-            .unwrap();
+                SequenceEvent::Finished(_) => break,
+                SequenceEvent::Failed(error) => panic!("{error}"),
+                _ => {}
+            }
+        }
     }
     out
 }
