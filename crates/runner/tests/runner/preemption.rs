@@ -16,7 +16,7 @@ use spindle_runner::{
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
-const CONTEXT: usize = 256;
+const CONTEXT: usize = 160;
 const REQUESTS: usize = 8;
 
 fn engine(bundle: &Arc<ModelBundle>, blocks: usize) -> Engine {
@@ -40,7 +40,7 @@ fn engine(bundle: &Arc<ModelBundle>, blocks: usize) -> Engine {
 }
 
 fn prompt(vocab: u32, i: usize) -> Vec<u32> {
-    let len = 120 + 9 * i;
+    let len = 72 + 6 * i;
     (0..len as u32).map(|p| (p * 13 + i as u32 * 71 + 3) % (vocab - 2) + 1).collect()
 }
 
