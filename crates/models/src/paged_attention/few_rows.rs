@@ -130,21 +130,74 @@ unsafe fn score_avx512(
     scale: f32,
     probs: &mut [f32],
 ) {
-    assert!(d.is_multiple_of(KEY_LANES), "head size {d}");
-    match queries.len() {
-        1 => score_rows::<1>(runs, queries, d, scale, probs),
-        2 => score_rows::<2>(runs, queries, d, scale, probs),
-        3 => score_rows::<3>(runs, queries, d, scale, probs),
-        count => {
-            assert_eq!(count, FEW_ROWS, "few-row attention of {count} rows");
-            score_rows::<FEW_ROWS>(runs, queries, d, scale, probs)
+    // SAFETY: this function's features; the caller's promise.
+    unsafe { score_with::<Avx512Chunks>(runs, queries, d, scale, probs) }
+}
+
+/// What the AVX-512 and AVX2 copies of the scoring differ in: the keys a register and a chunk
+/// hold, and how a chunk is transposed and scored.
+pub(super) trait ChunkScorer {
+    /// The instruction set the copy runs on.
+    const ISA: Isa;
+    /// Keys per register.
+    const KEY_LANES: usize;
+    /// Keys scored together, at most [`CHUNK`].
+    const CHUNK: usize;
+
+    /// The keys `keys` (`m × d`, `m ≤ Self::CHUNK`) transposed into `transposed`
+    /// (`Self::CHUNK × d`) a register of keys at a time, missing keys zero.
+    ///
+    /// # Safety
+    /// The CPU runs `Self::ISA`.
+    unsafe fn transpose(keys: &[f32], d: usize, transposed: &mut [f32]);
+
+    /// Per row, the scores of the transposed chunk's keys times `scale`, in
+    /// `scaled[r][..Self::CHUNK]`.
+    ///
+    /// # Safety
+    /// The CPU runs `Self::ISA`.
+    unsafe fn scaled_scores<const ROWS: usize>(
+        transposed: &[f32],
+        queries: [&[f32]; ROWS],
+        d: usize,
+        scale: f32,
+        scaled: &mut [[f32; CHUNK]; ROWS],
+    );
+}
+
+/// [`score`] by the copy `S`, for the row count at hand.
+///
+/// # Safety
+/// The CPU runs `S::ISA`, which the caller is compiled for.
+#[inline(always)]
+pub(super) unsafe fn score_with<S: ChunkScorer>(
+    runs: HeadRunsSlice<'_>,
+    queries: &[&[f32]],
+    d: usize,
+    scale: f32,
+    probs: &mut [f32],
+) {
+    assert!(d.is_multiple_of(S::KEY_LANES), "head size {d}");
+    // SAFETY: the caller's promise.
+    unsafe {
+        match queries.len() {
+            1 => score_rows::<S, 1>(runs, queries, d, scale, probs),
+            2 => score_rows::<S, 2>(runs, queries, d, scale, probs),
+            3 => score_rows::<S, 3>(runs, queries, d, scale, probs),
+            count => {
+                assert_eq!(count, FEW_ROWS, "few-row attention of {count} rows");
+                score_rows::<S, FEW_ROWS>(runs, queries, d, scale, probs)
+            }
         }
     }
 }
 
-/// [`score_avx512`] chunk by chunk: keys gathered across runs, then transposed.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn score_rows<const ROWS: usize>(
+/// [`score_with`] chunk by chunk: keys gathered across runs, then transposed and scored.
+///
+/// # Safety
+/// As [`score_with`].
+#[inline(always)]
+unsafe fn score_rows<S: ChunkScorer, const ROWS: usize>(
     runs: HeadRunsSlice<'_>,
     queries: &[&[f32]],
     d: usize,
@@ -153,30 +206,25 @@ fn score_rows<const ROWS: usize>(
 ) {
     let queries: [&[f32]; ROWS] = std::array::from_fn(|r| &queries[r][..d]);
     let keys = probs.len() / ROWS;
-    let mut pending = Vec::with_capacity(CHUNK * d);
-    let mut transposed = vec![0f32; CHUNK * d];
+    let mut pending = Vec::with_capacity(S::CHUNK * d);
+    let mut transposed = vec![0f32; S::CHUNK * d];
+    let mut scaled = [[0f32; CHUNK]; ROWS];
     let mut scratch = Vec::new();
     let mut scored = 0;
     for &(run, _) in runs {
-        let mut rest = run.to_f32_on(Isa::Avx512, &mut scratch);
+        let mut rest = run.to_f32_on(S::ISA, &mut scratch);
         while !rest.is_empty() {
-            let take = (CHUNK * d - pending.len()).min(rest.len());
+            let take = (S::CHUNK * d - pending.len()).min(rest.len());
             pending.extend_from_slice(&rest[..take]);
             rest = &rest[take..];
             let n = pending.len() / d;
-            if n == CHUNK || scored + n == keys {
-                transpose(&pending, d, &mut transposed);
-                for (r, sums) in scores::<ROWS>(&transposed, queries, d).iter().enumerate() {
-                    let mut scaled = [0f32; CHUNK];
-                    for (out, sum) in scaled.chunks_exact_mut(KEY_LANES).zip(sums) {
-                        // SAFETY: 16 floats out.
-                        unsafe {
-                            _mm512_storeu_ps(
-                                out.as_mut_ptr(),
-                                _mm512_mul_ps(*sum, _mm512_set1_ps(scale)),
-                            )
-                        };
-                    }
+            if n == S::CHUNK || scored + n == keys {
+                // SAFETY: the caller's promise.
+                unsafe {
+                    S::transpose(&pending, d, &mut transposed);
+                    S::scaled_scores::<ROWS>(&transposed, queries, d, scale, &mut scaled);
+                }
+                for (r, scaled) in scaled.iter().enumerate() {
                     probs[r * keys + scored..][..n].copy_from_slice(&scaled[..n]);
                 }
                 scored += n;
@@ -185,6 +233,41 @@ fn score_rows<const ROWS: usize>(
         }
     }
     assert_eq!(scored, keys, "scores of {keys} keys");
+}
+
+/// The AVX-512 copy: 16 keys per register, four registers per row at once.
+struct Avx512Chunks;
+
+impl ChunkScorer for Avx512Chunks {
+    const ISA: Isa = Isa::Avx512;
+    const KEY_LANES: usize = KEY_LANES;
+    const CHUNK: usize = CHUNK;
+
+    #[inline(always)]
+    unsafe fn transpose(keys: &[f32], d: usize, transposed: &mut [f32]) {
+        // SAFETY: the caller's promise.
+        unsafe { transpose(keys, d, transposed) }
+    }
+
+    #[inline(always)]
+    unsafe fn scaled_scores<const ROWS: usize>(
+        transposed: &[f32],
+        queries: [&[f32]; ROWS],
+        d: usize,
+        scale: f32,
+        scaled: &mut [[f32; CHUNK]; ROWS],
+    ) {
+        // SAFETY: the caller's promise.
+        let sums = unsafe { scores::<ROWS>(transposed, queries, d) };
+        for (sums, scaled) in sums.iter().zip(scaled) {
+            for (sum, out) in sums.iter().zip(scaled.chunks_exact_mut(KEY_LANES)) {
+                // SAFETY: 16 floats out; the caller's promise.
+                unsafe {
+                    _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(*sum, _mm512_set1_ps(scale)))
+                };
+            }
+        }
+    }
 }
 
 /// Per row and key of the transposed chunk, `Σ_c query[c] · key[c]`, one fused chain in

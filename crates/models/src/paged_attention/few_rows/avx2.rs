@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{attend_with, softmax_with, HeadRunsSlice, Isa, Rows, FEW_ROWS};
+use super::{attend_with, score_with, softmax_with, ChunkScorer, HeadRunsSlice, Isa, Rows};
 
 /// Keys per register.
 pub(super) const KEY_LANES: usize = 8;
@@ -46,61 +46,43 @@ pub(super) unsafe fn score(
     scale: f32,
     probs: &mut [f32],
 ) {
-    assert!(d.is_multiple_of(KEY_LANES), "head size {d}");
-    match queries.len() {
-        1 => score_rows::<1>(runs, queries, d, scale, probs),
-        2 => score_rows::<2>(runs, queries, d, scale, probs),
-        3 => score_rows::<3>(runs, queries, d, scale, probs),
-        count => {
-            assert_eq!(count, FEW_ROWS, "few-row attention of {count} rows");
-            score_rows::<FEW_ROWS>(runs, queries, d, scale, probs)
-        }
-    }
+    // SAFETY: this function's features; the caller's promise.
+    unsafe { score_with::<Avx2Chunks>(runs, queries, d, scale, probs) }
 }
 
-/// [`score`] chunk by chunk: keys gathered across runs, then transposed.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn score_rows<const ROWS: usize>(
-    runs: HeadRunsSlice<'_>,
-    queries: &[&[f32]],
-    d: usize,
-    scale: f32,
-    probs: &mut [f32],
-) {
-    let queries: [&[f32]; ROWS] = std::array::from_fn(|r| &queries[r][..d]);
-    let keys = probs.len() / ROWS;
-    let mut pending = Vec::with_capacity(CHUNK * d);
-    let mut transposed = vec![0f32; CHUNK * d];
-    let mut scratch = Vec::new();
-    let mut scored = 0;
-    for &(run, _) in runs {
-        let mut rest = run.to_f32_on(Isa::Avx2, &mut scratch);
-        while !rest.is_empty() {
-            let take = (CHUNK * d - pending.len()).min(rest.len());
-            pending.extend_from_slice(&rest[..take]);
-            rest = &rest[take..];
-            let n = pending.len() / d;
-            if n == CHUNK || scored + n == keys {
-                transpose(&pending, d, &mut transposed);
-                for (r, sums) in scores::<ROWS>(&transposed, queries, d).iter().enumerate() {
-                    let mut scaled = [0f32; CHUNK];
-                    for (out, sum) in scaled.chunks_exact_mut(KEY_LANES).zip(sums) {
-                        // SAFETY: 8 floats out.
-                        unsafe {
-                            _mm256_storeu_ps(
-                                out.as_mut_ptr(),
-                                _mm256_mul_ps(*sum, _mm256_set1_ps(scale)),
-                            )
-                        };
-                    }
-                    probs[r * keys + scored..][..n].copy_from_slice(&scaled[..n]);
-                }
-                scored += n;
-                pending.clear();
+/// The AVX2 copy: 8 keys per register, two registers per row at once.
+struct Avx2Chunks;
+
+impl ChunkScorer for Avx2Chunks {
+    const ISA: Isa = Isa::Avx2;
+    const KEY_LANES: usize = KEY_LANES;
+    const CHUNK: usize = CHUNK;
+
+    #[inline(always)]
+    unsafe fn transpose(keys: &[f32], d: usize, transposed: &mut [f32]) {
+        // SAFETY: the caller's promise.
+        unsafe { transpose(keys, d, transposed) }
+    }
+
+    #[inline(always)]
+    unsafe fn scaled_scores<const ROWS: usize>(
+        transposed: &[f32],
+        queries: [&[f32]; ROWS],
+        d: usize,
+        scale: f32,
+        scaled: &mut [[f32; super::CHUNK]; ROWS],
+    ) {
+        // SAFETY: the caller's promise.
+        let sums = unsafe { scores::<ROWS>(transposed, queries, d) };
+        for (sums, scaled) in sums.iter().zip(scaled) {
+            for (sum, out) in sums.iter().zip(scaled.chunks_exact_mut(KEY_LANES)) {
+                // SAFETY: 8 floats out; the caller's promise.
+                unsafe {
+                    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(*sum, _mm256_set1_ps(scale)))
+                };
             }
         }
     }
-    assert_eq!(scored, keys, "scores of {keys} keys");
 }
 
 /// Per row and key of the transposed chunk, `Σ_c query[c] · key[c]`, one fused chain in
