@@ -80,6 +80,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     use_small_pages();
+    memory::purge_freed_memory_soon();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Pull { name, list } => pull(name, list),
