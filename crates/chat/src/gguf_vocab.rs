@@ -68,23 +68,10 @@ pub fn from_metadata(meta: &GgufMetadata) -> Result<GgufVocab, ChatError> {
         Some(a) => a.iter().map(|v| v.as_i32().unwrap_or(TYPE_NORMAL)).collect(),
         None => vec![TYPE_NORMAL; tokens.len()],
     };
-    let id = |key: &str| {
-        meta.get(key).and_then(GgufValue::as_u32).filter(|&i| (i as usize) < tokens.len())
-    };
+    let count = tokens.len();
+    let id =
+        |key: &str| meta.get(key).and_then(GgufValue::as_u32).filter(|&i| (i as usize) < count);
     let flag = |key: &str| meta.get(key).and_then(GgufValue::as_bool);
-    let (kind, mut tokenizer) = match model {
-        "gpt2" => (VocabKind::ByteLevel, byte_level_bpe(meta, &tokens)?),
-        "llama" => {
-            let unk = id("tokenizer.ggml.unknown_token_id").map(|i| tokens[i as usize].clone());
-            let add_space_prefix = flag("tokenizer.ggml.add_space_prefix").unwrap_or(true);
-            (VocabKind::SentencePiece, sentencepiece_bpe(meta, &tokens, unk, add_space_prefix)?)
-        }
-        other => {
-            return Err(ChatError::Gguf(format!(
-                "unsupported tokenizer model '{other}' (supported: gpt2, llama)"
-            )))
-        }
-    };
     // Control and user-defined tokens are matched whole in the input, before any splitting,
     // so "<|im_start|>" is one id; only control tokens count as special when decoding.
     let added: Vec<AddedToken> = tokens
@@ -93,8 +80,6 @@ pub fn from_metadata(meta: &GgufMetadata) -> Result<GgufVocab, ChatError> {
         .filter(|(_, t)| **t == TYPE_CONTROL || **t == TYPE_USER_DEFINED)
         .map(|(content, t)| AddedToken::from(content.clone(), *t == TYPE_CONTROL).normalized(false))
         .collect();
-    tokenizer.add_tokens(added)?;
-
     let eos_id = id("tokenizer.ggml.eos_token_id");
     let mut eos_ids: Vec<u32> =
         [eos_id, id("tokenizer.ggml.eot_token_id"), id("tokenizer.ggml.eom_token_id")]
@@ -109,6 +94,22 @@ pub fn from_metadata(meta: &GgufMetadata) -> Result<GgufVocab, ChatError> {
     );
     eos_ids.sort_unstable();
     eos_ids.dedup();
+    let unk = id("tokenizer.ggml.unknown_token_id").map(|i| tokens[i as usize].clone());
+    // The token strings move into the vocabulary (a 262K vocabulary's strings are ~12 MB).
+    let (kind, mut tokenizer) = match model {
+        "gpt2" => (VocabKind::ByteLevel, byte_level_bpe(meta, tokens)?),
+        "llama" => {
+            let add_space_prefix = flag("tokenizer.ggml.add_space_prefix").unwrap_or(true);
+            (VocabKind::SentencePiece, sentencepiece_bpe(meta, tokens, unk, add_space_prefix)?)
+        }
+        other => {
+            return Err(ChatError::Gguf(format!(
+                "unsupported tokenizer model '{other}' (supported: gpt2, llama)"
+            )))
+        }
+    };
+    tokenizer.add_tokens(added)?;
+
     let bos_id = id("tokenizer.ggml.bos_token_id");
     // llama.cpp adds BOS by default for SentencePiece vocabularies only.
     let add_bos = flag("tokenizer.ggml.add_bos_token").unwrap_or(kind == VocabKind::SentencePiece)
@@ -118,7 +119,7 @@ pub fn from_metadata(meta: &GgufMetadata) -> Result<GgufVocab, ChatError> {
 
 fn byte_level_bpe(
     meta: &GgufMetadata,
-    tokens: &[String],
+    tokens: Vec<String>,
 ) -> Result<tokenizers::Tokenizer, ChatError> {
     let merges: Vec<(String, String)> = array(meta, "tokenizer.ggml.merges")?
         .iter()
@@ -158,29 +159,11 @@ fn byte_level_bpe(
 
 fn sentencepiece_bpe(
     meta: &GgufMetadata,
-    tokens: &[String],
+    tokens: Vec<String>,
     unk: Option<String>,
     add_space_prefix: bool,
 ) -> Result<tokenizers::Tokenizer, ChatError> {
-    let scores: Vec<f32> =
-        array(meta, "tokenizer.ggml.scores")?.iter().map(|v| v.as_f32().unwrap_or(0.0)).collect();
-    let ids: HashMap<&str, usize> =
-        tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
-    // SentencePiece merges the adjacent pair whose joined piece scores highest. As BPE merges:
-    // (left, right) exists where both halves and their join are pieces; it ranks by the joined
-    // piece's score, then by the halves' ids.
-    let mut merges: Vec<(f32, usize, usize)> = Vec::new();
-    for (id, piece) in tokens.iter().enumerate() {
-        for (split, _) in piece.char_indices().skip(1) {
-            let (l, r) = piece.split_at(split);
-            if let (Some(&li), Some(&ri)) = (ids.get(l), ids.get(r)) {
-                merges.push((scores.get(id).copied().unwrap_or(0.0), li, ri));
-            }
-        }
-    }
-    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    let merges =
-        merges.into_iter().map(|(_, l, r)| (tokens[l].clone(), tokens[r].clone())).collect();
+    let merges = sentencepiece_merges(meta, &tokens)?;
     let mut builder = BPE::builder()
         .vocab_and_merges(vocab_map(tokens), merges)
         .byte_fallback(true)
@@ -205,8 +188,34 @@ fn sentencepiece_bpe(
     Ok(tokenizer)
 }
 
-fn vocab_map(tokens: &[String]) -> Vocab {
-    tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect()
+/// SentencePiece merges the adjacent pair whose joined piece scores highest. As BPE merges:
+/// (left, right) exists where both halves and their join are pieces; it ranks by the joined
+/// piece's score, then by the halves' ids. (Its lookup table and scored list are gone before
+/// the BPE is built, which holds the vocabulary twice and the merges as ids.)
+fn sentencepiece_merges(
+    meta: &GgufMetadata,
+    tokens: &[String],
+) -> Result<Vec<(String, String)>, ChatError> {
+    let scores: Vec<f32> =
+        array(meta, "tokenizer.ggml.scores")?.iter().map(|v| v.as_f32().unwrap_or(0.0)).collect();
+    let ids: HashMap<&str, usize> =
+        tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+    let mut merges: Vec<(f32, usize, usize)> = Vec::new();
+    for (id, piece) in tokens.iter().enumerate() {
+        for (split, _) in piece.char_indices().skip(1) {
+            let (l, r) = piece.split_at(split);
+            if let (Some(&li), Some(&ri)) = (ids.get(l), ids.get(r)) {
+                merges.push((scores.get(id).copied().unwrap_or(0.0), li, ri));
+            }
+        }
+    }
+    drop(ids);
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    Ok(merges.into_iter().map(|(_, l, r)| (tokens[l].clone(), tokens[r].clone())).collect())
+}
+
+fn vocab_map(tokens: Vec<String>) -> Vocab {
+    tokens.into_iter().enumerate().map(|(i, t)| (t, i as u32)).collect()
 }
 
 fn string<'a>(meta: &'a GgufMetadata, key: &str) -> Result<&'a str, ChatError> {
