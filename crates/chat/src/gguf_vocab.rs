@@ -52,22 +52,24 @@ pub struct GgufVocab {
     pub eos_ids: Vec<u32>,
 }
 
-/// Reads the `tokenizer.ggml.*` keys.
-pub fn from_metadata(meta: &GgufMetadata) -> Result<GgufVocab, ChatError> {
-    let model = string(meta, "tokenizer.ggml.model")?;
-    let tokens: Vec<String> = array(meta, "tokenizer.ggml.tokens")?
-        .iter()
-        .map(|v| {
-            v.as_str().map(str::to_string).ok_or_else(|| {
-                ChatError::Gguf(format!("tokenizer.ggml.tokens: not a string: {v:?}"))
-            })
+/// Reads the `tokenizer.ggml.*` keys. The vocabulary's arrays are taken out of `meta` as they
+/// are read, so a large vocabulary is not held twice while the tokenizer is built.
+pub fn from_metadata(mut meta: GgufMetadata) -> Result<GgufVocab, ChatError> {
+    let tokens: Vec<String> = take_array(&mut meta, "tokenizer.ggml.tokens")?
+        .into_iter()
+        .map(|v| match v {
+            GgufValue::String(s) => Ok(s),
+            v => Err(ChatError::Gguf(format!("tokenizer.ggml.tokens: not a string: {v:?}"))),
         })
         .collect::<Result<_, _>>()?;
-    let types: Vec<i32> = match meta.get("tokenizer.ggml.token_type").and_then(GgufValue::as_array)
-    {
-        Some(a) => a.iter().map(|v| v.as_i32().unwrap_or(TYPE_NORMAL)).collect(),
-        None => vec![TYPE_NORMAL; tokens.len()],
+    let types: Vec<i32> = match take_array(&mut meta, "tokenizer.ggml.token_type") {
+        Ok(a) => a.iter().map(|v| v.as_i32().unwrap_or(TYPE_NORMAL)).collect(),
+        Err(_) => vec![TYPE_NORMAL; tokens.len()],
     };
+    let merges = take_array(&mut meta, "tokenizer.ggml.merges");
+    let scores = take_array(&mut meta, "tokenizer.ggml.scores");
+    let meta = meta;
+    let model = string(&meta, "tokenizer.ggml.model")?;
     let count = tokens.len();
     let id =
         |key: &str| meta.get(key).and_then(GgufValue::as_u32).filter(|&i| (i as usize) < count);
@@ -80,6 +82,7 @@ pub fn from_metadata(meta: &GgufMetadata) -> Result<GgufVocab, ChatError> {
         .filter(|(_, t)| **t == TYPE_CONTROL || **t == TYPE_USER_DEFINED)
         .map(|(content, t)| AddedToken::from(content.clone(), *t == TYPE_CONTROL).normalized(false))
         .collect();
+    drop(types);
     let eos_id = id("tokenizer.ggml.eos_token_id");
     let mut eos_ids: Vec<u32> =
         [eos_id, id("tokenizer.ggml.eot_token_id"), id("tokenizer.ggml.eom_token_id")]
@@ -97,10 +100,10 @@ pub fn from_metadata(meta: &GgufMetadata) -> Result<GgufVocab, ChatError> {
     let unk = id("tokenizer.ggml.unknown_token_id").map(|i| tokens[i as usize].clone());
     // The token strings move into the vocabulary (a 262K vocabulary's strings are ~12 MB).
     let (kind, mut tokenizer) = match model {
-        "gpt2" => (VocabKind::ByteLevel, byte_level_bpe(meta, tokens)?),
+        "gpt2" => (VocabKind::ByteLevel, byte_level_bpe(&meta, tokens, merges?)?),
         "llama" => {
             let add_space_prefix = flag("tokenizer.ggml.add_space_prefix").unwrap_or(true);
-            (VocabKind::SentencePiece, sentencepiece_bpe(meta, tokens, unk, add_space_prefix)?)
+            (VocabKind::SentencePiece, sentencepiece_bpe(tokens, scores?, unk, add_space_prefix)?)
         }
         other => {
             return Err(ChatError::Gguf(format!(
@@ -120,8 +123,9 @@ pub fn from_metadata(meta: &GgufMetadata) -> Result<GgufVocab, ChatError> {
 fn byte_level_bpe(
     meta: &GgufMetadata,
     tokens: Vec<String>,
+    merges: Vec<GgufValue>,
 ) -> Result<tokenizers::Tokenizer, ChatError> {
-    let merges: Vec<(String, String)> = array(meta, "tokenizer.ggml.merges")?
+    let merges: Vec<(String, String)> = merges
         .iter()
         .filter_map(GgufValue::as_str)
         .map(|m| {
@@ -158,12 +162,12 @@ fn byte_level_bpe(
 }
 
 fn sentencepiece_bpe(
-    meta: &GgufMetadata,
     tokens: Vec<String>,
+    scores: Vec<GgufValue>,
     unk: Option<String>,
     add_space_prefix: bool,
 ) -> Result<tokenizers::Tokenizer, ChatError> {
-    let merges = sentencepiece_merges(meta, &tokens)?;
+    let merges = sentencepiece_merges(&tokens, scores);
     let mut builder = BPE::builder()
         .vocab_and_merges(vocab_map(tokens), merges)
         .byte_fallback(true)
@@ -192,12 +196,8 @@ fn sentencepiece_bpe(
 /// (left, right) exists where both halves and their join are pieces; it ranks by the joined
 /// piece's score, then by the halves' ids. (Its lookup table and scored list are gone before
 /// the BPE is built, which holds the vocabulary twice and the merges as ids.)
-fn sentencepiece_merges(
-    meta: &GgufMetadata,
-    tokens: &[String],
-) -> Result<Vec<(String, String)>, ChatError> {
-    let scores: Vec<f32> =
-        array(meta, "tokenizer.ggml.scores")?.iter().map(|v| v.as_f32().unwrap_or(0.0)).collect();
+fn sentencepiece_merges(tokens: &[String], scores: Vec<GgufValue>) -> Vec<(String, String)> {
+    let scores: Vec<f32> = scores.iter().map(|v| v.as_f32().unwrap_or(0.0)).collect();
     let ids: HashMap<&str, usize> =
         tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
     let mut merges: Vec<(f32, usize, usize)> = Vec::new();
@@ -211,7 +211,7 @@ fn sentencepiece_merges(
     }
     drop(ids);
     merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    Ok(merges.into_iter().map(|(_, l, r)| (tokens[l].clone(), tokens[r].clone())).collect())
+    merges.into_iter().map(|(_, l, r)| (tokens[l].clone(), tokens[r].clone())).collect()
 }
 
 fn vocab_map(tokens: Vec<String>) -> Vocab {
@@ -224,10 +224,12 @@ fn string<'a>(meta: &'a GgufMetadata, key: &str) -> Result<&'a str, ChatError> {
         .ok_or_else(|| ChatError::Gguf(format!("missing string '{key}'")))
 }
 
-fn array<'a>(meta: &'a GgufMetadata, key: &str) -> Result<&'a [GgufValue], ChatError> {
-    meta.get(key)
-        .and_then(GgufValue::as_array)
-        .ok_or_else(|| ChatError::Gguf(format!("missing array '{key}'")))
+/// The array under `key`, taken out of `meta`.
+fn take_array(meta: &mut GgufMetadata, key: &str) -> Result<Vec<GgufValue>, ChatError> {
+    match meta.remove(key) {
+        Some(GgufValue::Array(items)) => Ok(items),
+        _ => Err(ChatError::Gguf(format!("missing array '{key}'"))),
+    }
 }
 
 #[cfg(test)]
@@ -264,7 +266,7 @@ mod tests {
 
     #[test]
     fn sentencepiece_merges_follow_scores_and_bytes_fall_back() {
-        let vocab = from_metadata(&toy_spm()).unwrap();
+        let vocab = from_metadata(toy_spm()).unwrap();
         assert_eq!(vocab.kind, VocabKind::SentencePiece);
         assert!(
             vocab.add_bos,
@@ -278,7 +280,7 @@ mod tests {
     fn space_prefix_is_added_per_segment_and_stripped_on_decode() {
         let mut meta = toy_spm();
         meta.insert("tokenizer.ggml.add_space_prefix".into(), GgufValue::Bool(true));
-        let vocab = from_metadata(&meta).unwrap();
+        let vocab = from_metadata(meta).unwrap();
         let ids = vocab.tokenizer.encode_fast("a ab", false).unwrap().get_ids().to_vec();
         assert_eq!(ids, [9, 9, 3]);
         assert_eq!(vocab.tokenizer.decode(&ids, false).unwrap(), "a ab");
@@ -288,7 +290,7 @@ mod tests {
     fn unknown_tokenizer_model_is_named_in_the_error() {
         let mut meta = toy_spm();
         meta.insert("tokenizer.ggml.model".into(), GgufValue::String("rwkv".into()));
-        let err = from_metadata(&meta).err().unwrap();
+        let err = from_metadata(meta).err().unwrap();
         assert!(err.to_string().contains("rwkv"), "{err}");
     }
 }

@@ -49,7 +49,7 @@ pub use gguf_meta::{GgufMetadata, GgufValue};
 pub use profile::{MessageBoundaries, ModelProfile, ReasoningProfile, TemplateCapabilities};
 pub use reasoning::{prompt_ends_in_reasoning, ReasoningSplitter, Split};
 pub use stop::{StopMatcher, StopStep};
-pub use template::{ChatTemplate, TemplateInput};
+pub use template::{ChatTemplate, TemplateInput, CHAT_TEMPLATE_KEY};
 pub use tokenizer::Tokenizer;
 pub use tool_calls::{
     parse_message, ParsedCall, ParsedMessage, ToolCallFormat, ToolCallParser, ToolEvent, ToolSchema,

@@ -36,6 +36,9 @@ pub struct TemplateInput<'a> {
     pub extra: &'a serde_json::Map<String, Json>,
 }
 
+/// The GGUF header key of the chat template.
+pub const CHAT_TEMPLATE_KEY: &str = "tokenizer.chat_template";
+
 impl ChatTemplate {
     /// Compiles `source`; a syntax error names the problem and its line.
     pub fn new(
@@ -75,7 +78,7 @@ impl ChatTemplate {
 
     /// The template stored in a GGUF header (`tokenizer.chat_template`), if any.
     pub fn from_gguf(metadata: &GgufMetadata, tok: &Tokenizer) -> Result<Option<Self>, ChatError> {
-        match metadata.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
+        match metadata.get(CHAT_TEMPLATE_KEY).and_then(|v| v.as_str()) {
             Some(source) => Ok(Some(Self::new(source, tok.bos_token(), tok.eos_token())?)),
             None => Ok(None),
         }

@@ -76,8 +76,9 @@ impl Tokenizer {
     }
 
     /// Builds the tokenizer a GGUF header describes (`tokenizer.ggml.*`): byte-level BPE
-    /// (`gpt2`) or SentencePiece (`llama`).
-    pub fn from_gguf(metadata: &GgufMetadata) -> Result<Self, ChatError> {
+    /// (`gpt2`) or SentencePiece (`llama`). It consumes the header, whose vocabulary arrays
+    /// it takes apart.
+    pub fn from_gguf(metadata: GgufMetadata) -> Result<Self, ChatError> {
         let v = gguf_vocab::from_metadata(metadata)?;
         Ok(Self::new(v.tokenizer, v.kind, v.bos_id, v.add_bos, v.eos_id, v.eos_ids))
     }

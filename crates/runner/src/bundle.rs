@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::Value;
 use sha2::{Digest, Sha256};
-use spindle_chat::{ChatTemplate, GgufMetadata, GgufValue, Tokenizer};
+use spindle_chat::{ChatTemplate, GgufMetadata, GgufValue, Tokenizer, CHAT_TEMPLATE_KEY};
 use spindle_hub::ModelFiles;
 use spindle_models::CausalLm;
 
@@ -38,9 +38,12 @@ impl ModelBundle {
                 // times its own size while it is built: ~135 MB for Gemma 3's 262K vocabulary)
                 // fall at different times.
                 let model = spindle_models::load_gguf(path)?;
-                let meta = read_tokenizer_metadata(path)?;
-                let tokenizer = Tokenizer::from_gguf(&meta)?;
-                let template = ChatTemplate::from_gguf(&meta, &tokenizer)?
+                let mut meta = read_tokenizer_metadata(path)?;
+                // The template's key set apart, the tokenizer takes the header's vocabulary.
+                let template_meta: GgufMetadata =
+                    meta.remove_entry(CHAT_TEMPLATE_KEY).into_iter().collect();
+                let tokenizer = Tokenizer::from_gguf(meta)?;
+                let template = ChatTemplate::from_gguf(&template_meta, &tokenizer)?
                     .unwrap_or_else(ChatTemplate::chatml);
                 Ok(Self { model, tokenizer, template, fingerprint })
             }

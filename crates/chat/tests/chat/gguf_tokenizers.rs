@@ -41,7 +41,7 @@ fn load(model: &str) -> (Fixture, GgufMetadata) {
 
 fn check(model: &str) {
     let (fx, meta) = load(model);
-    let tok = Tokenizer::from_gguf(&meta).unwrap();
+    let tok = Tokenizer::from_gguf(meta).unwrap();
     for case in &fx.tokenization {
         assert_eq!(
             tok.encode(&case.text, false).unwrap(),
@@ -107,7 +107,7 @@ fn gemma3_tokenizer_matches_llama_cpp() {
 #[test]
 fn multibyte_character_split_across_tokens_is_emitted_once_whole() {
     let (_, meta) = load("smollm2-135m");
-    let tok = Tokenizer::from_gguf(&meta).unwrap();
+    let tok = Tokenizer::from_gguf(meta).unwrap();
     let ids = tok.encode("🚀", false).unwrap();
     assert!(ids.len() > 1, "the emoji should take several byte-level tokens: {ids:?}");
     let mut dec = IncrementalDecoder::new();
@@ -120,7 +120,7 @@ fn multibyte_character_split_across_tokens_is_emitted_once_whole() {
 #[test]
 fn special_tokens_are_single_ids_and_end_generation() {
     let (_, meta) = load("qwen2.5-coder-0.5b");
-    let tok = Tokenizer::from_gguf(&meta).unwrap();
+    let tok = Tokenizer::from_gguf(meta).unwrap();
     let ids = tok.encode("<|im_start|>user\nhi<|im_end|>", false).unwrap();
     let end = tok.token_to_id("<|im_end|>").unwrap();
     assert_eq!(ids.first(), tok.token_to_id("<|im_start|>").as_ref());
@@ -154,7 +154,7 @@ fn end_of_generation_ids_and_template_strings() {
         ),
     ];
     for (model, file, ends, bos, eos) in expect {
-        let tok = Tokenizer::from_gguf(&common::gguf_metadata(model, file)).unwrap();
+        let tok = Tokenizer::from_gguf(common::gguf_metadata(model, file)).unwrap();
         for end in ends {
             let id = tok.token_to_id(end).unwrap_or_else(|| panic!("{model}: no {end}"));
             assert!(tok.eos_token_ids().contains(&id), "{model}: {end} should end generation");

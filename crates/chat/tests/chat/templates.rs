@@ -57,7 +57,7 @@ fn gguf_template(model: &str, file: &str) -> (ChatTemplate, Tokenizer) {
         source,
         &std::fs::read_to_string(data(&format!("templates/{model}.jinja"))).unwrap()
     );
-    let tok = Tokenizer::from_gguf(&meta).unwrap();
+    let tok = Tokenizer::from_gguf(meta.clone()).unwrap();
     (ChatTemplate::from_gguf(&meta, &tok).unwrap().expect("template present"), tok)
 }
 
@@ -104,7 +104,7 @@ fn qwen3_template_with_tools_and_thinking_matches_jinja2() {
 #[test]
 fn model_without_template_gives_none_and_chatml_fallback_works() {
     let meta = common::gguf_metadata("gemma3-270m", "gemma-3-270m-q4_k_m.gguf");
-    let tok = Tokenizer::from_gguf(&meta).unwrap();
+    let tok = Tokenizer::from_gguf(meta.clone()).unwrap();
     assert!(ChatTemplate::from_gguf(&meta, &tok).unwrap().is_none());
     let msgs =
         [json!({"role": "user", "content": "Hi"}), json!({"role": "assistant", "content": "Yo"})];
