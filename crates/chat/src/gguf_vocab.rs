@@ -68,7 +68,6 @@ pub fn from_metadata(mut meta: GgufMetadata) -> Result<GgufVocab, ChatError> {
     };
     let merges = take_array(&mut meta, "tokenizer.ggml.merges");
     let scores = take_array(&mut meta, "tokenizer.ggml.scores");
-    let meta = meta;
     let model = string(&meta, "tokenizer.ggml.model")?;
     let count = tokens.len();
     let id =
@@ -125,9 +124,13 @@ fn byte_level_bpe(
     tokens: Vec<String>,
     merges: Vec<GgufValue>,
 ) -> Result<tokenizers::Tokenizer, ChatError> {
+    // Consumed, so the header's merge strings are gone before the BPE is built.
     let merges: Vec<(String, String)> = merges
-        .iter()
-        .filter_map(GgufValue::as_str)
+        .into_iter()
+        .filter_map(|v| match v {
+            GgufValue::String(m) => Some(m),
+            _ => None,
+        })
         .map(|m| {
             m.split_once(' ')
                 .map(|(l, r)| (l.to_string(), r.to_string()))
