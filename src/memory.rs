@@ -11,7 +11,7 @@ const PURGE_DELAY: mi::mi_option_t = 15;
 
 /// How long memory freed outside a load stays committed for reuse, in milliseconds. mimalloc's
 /// default second let each thread's freed prefill activations stack up (SmolLM2, 8 prompts of
-/// 128 at once: peak RSS ~215 MiB, ~197 MiB with this); a quarter second still spans many
+/// 128 at once: peak RSS ~226 MiB, ~200 MiB with this); a quarter second still spans many
 /// decode steps, so a step's buffers are reused without page faults.
 const STEADY_PURGE_DELAY_MS: std::ffi::c_long = 250;
 

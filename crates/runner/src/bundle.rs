@@ -34,9 +34,9 @@ impl ModelBundle {
         match files {
             ModelFiles::Gguf(path) => {
                 // The weights before the tokenizer, whose vocabulary the weights' load does not
-                // hold: their peak (the largest tensor, loaded first) and the tokenizer's (a few
-                // times its own size while it is built: ~135 MB for Gemma 3's 262K vocabulary)
-                // fall at different times.
+                // hold: their peak (the largest tensor, loaded first) and the tokenizer's (its
+                // tables and the strings they are built from: ~85 MB for Gemma 3's 262K
+                // vocabulary) fall at different times.
                 let model = spindle_models::load_gguf(path)?;
                 let mut meta = read_tokenizer_metadata(path)?;
                 // The template's key set apart, the tokenizer takes the header's vocabulary.
