@@ -152,6 +152,10 @@ impl TileLayout {
     }
 }
 
+/// GGUF bytes [`BlockMatrix::read`] asks for at once, about: large enough for few reads, small
+/// beside any table worth reading in parts.
+const GROUP_READ_BYTES: usize = 4 << 20;
+
 /// A block-quantized matrix of `rows` outputs × `cols` inputs, repacked into 16-row tiles
 /// (the last one padded with zero rows).
 pub struct BlockMatrix {
@@ -166,27 +170,63 @@ pub struct BlockMatrix {
 impl BlockMatrix {
     /// `data` in GGUF's layout for `format`.
     pub fn new(format: BlockFormat, rows: usize, cols: usize, data: &[u8]) -> Result<Self> {
-        if !cols.is_multiple_of(BLOCK) || data.len() != rows * cols / BLOCK * format.block_bytes() {
+        if data.len() != rows * cols / BLOCK * format.block_bytes() {
             return Err(ModelError::BadConfig(format!(
                 "{format:?} tensor of {rows}x{cols} has {} bytes",
                 data.len()
             )));
         }
+        let mut rest = data;
+        Self::read(format, rows, cols, |group| {
+            let (head, tail) = rest.split_at(group.len());
+            group.copy_from_slice(head);
+            rest = tail;
+            Ok(())
+        })
+    }
+
+    /// The matrix whose GGUF bytes `read_rows` fills in, rows in order, a group of tiles at a
+    /// time: a large table (a 262K-row embedding) is never held whole beside its tiles.
+    pub fn read(
+        format: BlockFormat,
+        rows: usize,
+        cols: usize,
+        mut read_rows: impl FnMut(&mut [u8]) -> Result<()>,
+    ) -> Result<Self> {
+        if !cols.is_multiple_of(BLOCK) {
+            return Err(ModelError::BadConfig(format!(
+                "{format:?} tensor of {rows}x{cols}: rows are not whole blocks"
+            )));
+        }
         let layout = TileLayout::of(format);
         let blocks = cols / BLOCK;
         let tiles = rows.div_ceil(TILE_ROWS);
+        let row_bytes = blocks * format.block_bytes();
+        let group_tiles = (GROUP_READ_BYTES / (TILE_ROWS * row_bytes)).max(1);
         let mut packed = vec![0u8; tiles * blocks * layout.bytes];
+        let mut gguf = Vec::new();
+        let mut read = Ok(());
         huge_pages::fill(&mut packed, |packed| {
-            packed.par_chunks_mut(layout.bytes).enumerate().for_each(|(at, tile_block)| {
-                let (tile, block) = (at / blocks, at % blocks);
-                for r in 0..TILE_ROWS.min(rows - tile * TILE_ROWS) {
-                    let row = tile * TILE_ROWS + r;
-                    let from = (row * blocks + block) * format.block_bytes();
-                    let gguf_block = &data[from..from + format.block_bytes()];
-                    pack_row(format, layout, gguf_block, r, tile_block);
+            for (group, packed) in packed.chunks_mut(group_tiles * blocks * layout.bytes).enumerate()
+            {
+                let first_row = group * group_tiles * TILE_ROWS;
+                let group_rows = (group_tiles * TILE_ROWS).min(rows - first_row);
+                gguf.resize(group_rows * row_bytes, 0);
+                read = read_rows(&mut gguf);
+                if read.is_err() {
+                    return;
                 }
-            })
+                packed.par_chunks_mut(layout.bytes).enumerate().for_each(|(at, tile_block)| {
+                    let (tile, block) = (at / blocks, at % blocks);
+                    for r in 0..TILE_ROWS.min(group_rows - tile * TILE_ROWS) {
+                        let from = ((tile * TILE_ROWS + r) * blocks + block) * format.block_bytes();
+                        let gguf_block = &gguf[from..from + format.block_bytes()];
+                        pack_row(format, layout, gguf_block, r, tile_block);
+                    }
+                })
+            }
         });
+        read?;
         Ok(Self { format, layout, rows, cols, tiles: packed })
     }
 
@@ -589,6 +629,39 @@ mod tests {
                 assert_eq!(forward(&m, x, 1)[0], among[t], "{format:?} token {t}");
             }
         }
+    }
+
+    #[test]
+    fn a_table_read_in_groups_of_rows_holds_what_candle_dequantizes() {
+        // One Q8_0 block per row: two whole groups of rows and a short third with a padded tile.
+        let (cols, row_bytes) = (32, 34);
+        let group_rows = GROUP_READ_BYTES / (TILE_ROWS * row_bytes) * TILE_ROWS;
+        let rows = 2 * group_rows + 20;
+        let q = matrix(GgmlDType::Q8_0, rows, cols, 5);
+        let data = q.data().unwrap();
+        let (mut rest, mut reads) = (&data[..], Vec::new());
+        let m = BlockMatrix::read(BlockFormat::Q8_0, rows, cols, |group| {
+            let (head, tail) = rest.split_at(group.len());
+            group.copy_from_slice(head);
+            rest = tail;
+            reads.push(group.len() / row_bytes);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(reads, [group_rows, group_rows, 20]);
+        let dense = q.dequantize(&Device::Cpu).unwrap();
+        let ids = [0, group_rows - 1, group_rows, 2 * group_rows - 1, 2 * group_rows, rows - 1];
+        let ids = ids.map(|i| i as u32);
+        let ours = m.dequantize_rows(&ids).unwrap().to_vec2::<f32>().unwrap();
+        for (row, got) in ids.iter().zip(&ours) {
+            let want = dense.get(*row as usize).unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(got, &want, "row {row}");
+        }
+        // A failed read is the load's error.
+        let failed = BlockMatrix::read(BlockFormat::Q8_0, rows, cols, |_| {
+            Err(ModelError::BadConfig("the file ended".into()))
+        });
+        assert!(failed.is_err());
     }
 
     #[test]

@@ -66,6 +66,12 @@ impl Linear {
         Ok(Self { weight, bias })
     }
 
+    /// A projection without bias over block-quantized tiles (an output head tied to the
+    /// embedding table, which reads the same tiles).
+    pub fn from_tiles(tiles: Arc<BlockMatrix>) -> Self {
+        Self { weight: LinearWeight::Block(tiles), bias: None }
+    }
+
     /// The weight's tiles, for a tied embedding table to read (a projection without bias).
     fn tiles(&self) -> Option<Arc<BlockMatrix>> {
         match (&self.weight, &self.bias) {
@@ -113,6 +119,11 @@ impl Embedding {
             Some(tiles) => Self { table: EmbeddingTable::Tiles(tiles) },
             None => Self::new(table)?,
         })
+    }
+
+    /// A table read from block-quantized tiles (shared with the tied output head).
+    pub fn from_tiles(tiles: Arc<BlockMatrix>) -> Self {
+        Self { table: EmbeddingTable::Tiles(tiles) }
     }
 
     /// Rows of the table.

@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QStorage, QTensor};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
+use crate::block_quants::{BlockFormat, BlockMatrix};
 use crate::config::Architecture;
 use crate::error::{ModelError, Result};
 use crate::layers::{Embedding, Linear};
@@ -71,6 +73,27 @@ impl GgufWeights {
 
     pub fn into_metadata(self) -> HashMap<String, gguf_file::Value> {
         self.content.metadata
+    }
+
+    /// A 2-D block-quantized tensor (Q4_0 … Q8_0) kept as stored, read from the file a group
+    /// of rows at a time into its tiles; `None` for other types or when the file is loaded as
+    /// f32.
+    fn block_matrix(&mut self, name: &str) -> Result<Option<BlockMatrix>> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let (Some(format), &[rows, cols], GgufStorage::AsStored) =
+            (BlockFormat::of(info.ggml_dtype), info.shape.dims(), self.storage)
+        else {
+            return Ok(None);
+        };
+        let io = |source| ModelError::Io { path: self.path.clone(), source };
+        let start = self.content.tensor_data_offset + info.offset;
+        self.file.seek(SeekFrom::Start(start)).map_err(io)?;
+        let file = &mut self.file;
+        BlockMatrix::read(format, rows, cols, |rows| file.read_exact(rows).map_err(io)).map(Some)
     }
 
     /// Drops the `tokenizer.*` keys: the weights never read them, and a 262K-token vocabulary's
@@ -253,10 +276,19 @@ impl WeightSource {
 
     /// The token embedding table, and the output projection (tied to it when the file has none).
     pub fn embedding_and_head(&mut self) -> Result<(Embedding, Linear)> {
-        let table = self.weight("token_embd.weight")?;
+        const TABLE: &str = "token_embd.weight";
         if self.contains("output.weight") {
-            return Ok((Embedding::new(table)?, self.linear("output")?));
+            return Ok((Embedding::new(self.weight(TABLE)?)?, self.linear("output")?));
         }
+        // A tied block-quantized table goes straight into the tiles the head and the embedding
+        // share: read whole first, Gemma 3's 178 MB table would sit beside its tiles.
+        if let Self::Gguf(g) = self {
+            if let Some(tiles) = g.block_matrix(TABLE)? {
+                let tiles = Arc::new(tiles);
+                return Ok((Embedding::from_tiles(tiles.clone()), Linear::from_tiles(tiles)));
+            }
+        }
+        let table = self.weight(TABLE)?;
         let head = Linear::new(table.share(), None)?;
         Ok((Embedding::tied(table, &head)?, head))
     }
