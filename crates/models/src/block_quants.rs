@@ -207,7 +207,8 @@ impl BlockMatrix {
         let mut gguf = Vec::new();
         let mut read = Ok(());
         huge_pages::fill(&mut packed, |packed| {
-            for (group, packed) in packed.chunks_mut(group_tiles * blocks * layout.bytes).enumerate()
+            for (group, packed) in
+                packed.chunks_mut(group_tiles * blocks * layout.bytes).enumerate()
             {
                 let first_row = group * group_tiles * TILE_ROWS;
                 let group_rows = (group_tiles * TILE_ROWS).min(rows - first_row);

@@ -33,11 +33,9 @@ impl ModelBundle {
             .map_err(|e| RunnerError::Load(format!("cannot read the model files: {e}")))?;
         match files {
             ModelFiles::Gguf(path) => {
-                // The weights before the tokenizer, whose vocabulary the weights' load does not
-                // hold: their peak (the largest tensor, loaded first) and the tokenizer's (its
-                // tables and the strings they are built from: ~85 MB for Gemma 3's 262K
-                // vocabulary) fall at different times.
-                let model = spindle_models::load_gguf(path)?;
+                // The tokenizer before the weights: its build (its tables and the strings they
+                // are built from, ~85 MB for Gemma 3's 262K vocabulary) then peaks on nothing,
+                // and only its tables (~60 MB) sit under the weights' load.
                 let mut meta = read_tokenizer_metadata(path)?;
                 // The template's key set apart, the tokenizer takes the header's vocabulary.
                 let template_meta: GgufMetadata =
@@ -45,6 +43,7 @@ impl ModelBundle {
                 let tokenizer = Tokenizer::from_gguf(meta)?;
                 let template = ChatTemplate::from_gguf(&template_meta, &tokenizer)?
                     .unwrap_or_else(ChatTemplate::chatml);
+                let model = spindle_models::load_gguf(path)?;
                 Ok(Self { model, tokenizer, template, fingerprint })
             }
             ModelFiles::Safetensors { dir } => {
