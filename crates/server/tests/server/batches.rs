@@ -5,11 +5,11 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{
-    chat_body, client, fresh_dir, post, python_with, server, start_stoppable, start_with, Setup,
+    chat_body, client, fresh_dir, post, python_with, run_python_script, server, start_stoppable,
+    start_with, Setup,
 };
 use serde_json::{json, Value};
 
@@ -416,12 +416,5 @@ async fn a_live_request_goes_before_the_batch_request_in_flight() {
 fn the_openai_python_client_runs_a_batch() {
     let python = python_with("import openai", "openai>=1.66");
     let base = start_with(Setup::Default, |_| {});
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_batches.py");
-    let output = Command::new(python).arg(script).arg(base).output().unwrap();
-    assert!(
-        output.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_python_script(&python, "openai_batches.py", &[base]);
 }

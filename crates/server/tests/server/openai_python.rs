@@ -5,25 +5,11 @@
 
 use crate::common;
 
-use std::path::PathBuf;
-use std::process::Command;
-
-use common::{python_with, server, Setup};
-
-fn run(cmd: &mut Command) {
-    let output = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        output.status.success(),
-        "{cmd:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
+use common::{python_with, run_python_script, server, Setup};
 
 #[test]
 fn the_official_openai_python_client_works_unchanged() {
     let python = python_with("import openai", "openai>=1.66");
     let base = server(Setup::Default);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_client.py");
-    run(Command::new(python).arg(script).arg(base));
+    run_python_script(&python, "openai_client.py", &[base]);
 }

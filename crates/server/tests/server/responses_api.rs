@@ -5,10 +5,7 @@
 
 use crate::common;
 
-use std::path::PathBuf;
-use std::process::Command;
-
-use common::{client, post, python_with, server, Setup};
+use common::{client, post, python_with, run_python_script, server, Setup};
 use serde_json::{json, Value};
 
 const QWEN: &str = "qwen2.5-coder-0.5b";
@@ -579,12 +576,5 @@ async fn a_json_schema_text_format_shapes_the_answer() {
 fn the_official_openai_python_client_reads_responses_unchanged() {
     let python = python_with("from openai.resources import responses", "openai>=1.66");
     let base = server(Setup::Default);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_responses.py");
-    let output = Command::new(python).arg(script).arg(base).output().unwrap();
-    assert!(
-        output.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_python_script(&python, "openai_responses.py", &[base]);
 }

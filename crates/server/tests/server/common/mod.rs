@@ -256,6 +256,23 @@ pub fn parse_chat_stream(data: &[String]) -> Streamed {
     out
 }
 
+/// Runs `tests/python/{script}` with `python`, given `args`, and fails with its output unless
+/// it succeeds.
+pub fn run_python_script(python: &std::path::Path, script: &str, args: &[String]) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python").join(script);
+    let output = std::process::Command::new(python)
+        .arg(&path)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        output.status.success(),
+        "{script} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// The Python interpreter of `$SPINDLE_HOME/venv-openai` (where `.ci/run` installs the official
 /// clients), once it can run `check` (e.g. `import anthropic`); `requirement` is installed into it
 /// first when it cannot (the venv made first if missing).
