@@ -19,6 +19,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::bundle::ModelBundle;
 use crate::error::RunnerError;
 use crate::output::{ReasoningMode, TextDelta};
+use crate::polling_workers;
 use crate::prefix_cache::{CacheConfig, PrefixCache};
 use crate::sampler::{SampledToken, SamplingParams};
 use crate::sequence::{Next, Sequence};
@@ -428,7 +429,9 @@ impl EngineState<'_> {
                 .map(|job| BatchEntry { tokens: &job.tokens, cache: job.seq.cache_mut() })
                 .collect();
             let model = self.bundle.model.as_ref();
-            std::panic::catch_unwind(AssertUnwindSafe(|| model.forward_batch(&mut batch)))
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                polling_workers::while_polling(|| model.forward_batch(&mut batch))
+            }))
         };
         let logits = match ran {
             Ok(Ok(logits)) => logits,

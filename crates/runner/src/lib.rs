@@ -8,6 +8,7 @@ mod disk_tier;
 mod engine;
 mod error;
 mod output;
+mod polling_workers;
 mod prefix_cache;
 pub mod sampler;
 mod sequence;
