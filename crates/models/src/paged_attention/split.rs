@@ -17,8 +17,11 @@ use super::{few_rows, visible_runs, Isa, Task};
 /// Keys per scoring task at least: enough work to outweigh handing it to a thread.
 const MIN_KEY_RANGE: usize = 256;
 /// Output dimensions per output task: two q8_0 blocks, or 128 bytes of f16 (whole cache lines
-/// where a row starts on one), so tasks seldom read the same line.
+/// where a row starts on one), so tasks seldom read the same line...
 const COLUMNS: usize = 64;
+/// ...unless that leaves threads idle: then one q8_0 block (SmolLM2's 64-dimension heads on 2
+/// threads would leave the values' phase, half the work, to one thread).
+const NARROW_COLUMNS: usize = 32;
 
 /// Whether a task of `rows` query rows of `d` dimensions over `keys` keys can run in phases on
 /// `isa` (it takes the few-row layout), with at least two ranges of keys.
@@ -64,10 +67,12 @@ fn attend_task(isa: Isa, task: &Task<'_>, d: usize, scale: f32) -> Vec<f32> {
         },
     );
     // Per range of output dimensions, those columns of the outputs (`rows × columns`).
-    let parts: Vec<Vec<f32>> = (0..d.div_ceil(COLUMNS))
+    let span =
+        if d.div_ceil(COLUMNS) >= rayon::current_num_threads() { COLUMNS } else { NARROW_COLUMNS };
+    let parts: Vec<Vec<f32>> = (0..d.div_ceil(span))
         .into_par_iter()
         .map(|part| {
-            let columns = part * COLUMNS..((part + 1) * COLUMNS).min(d);
+            let columns = part * span..((part + 1) * span).min(d);
             let width = columns.len();
             let mut out = vec![0f32; rows * width];
             let mut scratch = Vec::new();
@@ -86,7 +91,7 @@ fn attend_task(isa: Isa, task: &Task<'_>, d: usize, scale: f32) -> Vec<f32> {
     for (part, o) in parts.iter().enumerate() {
         let width = o.len() / rows;
         for (r, o) in o.chunks_exact(width).enumerate() {
-            out[r * d + part * COLUMNS..][..width].copy_from_slice(o);
+            out[r * d + part * span..][..width].copy_from_slice(o);
         }
     }
     out
