@@ -107,6 +107,37 @@ impl<'a> KvRows<'a> {
         }
     }
 
+    /// Starts loading these rows into the cache, so that a run read next is on its way while
+    /// this one is worked on. A head's run is one block's rows (2 KiB for 16 f16 rows of 64),
+    /// consecutive runs lie in different blocks, and the hardware prefetcher starts over at
+    /// each: reading runs one by one left a decode step at depth waiting on memory.
+    pub(crate) fn prefetch(self) {
+        let (start, len) = match self {
+            KvRows::F32(x) => (x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)),
+            KvRows::F16(x) | KvRows::Bf16(x) => (x.as_ptr().cast(), std::mem::size_of_val(x)),
+            KvRows::Q8_0(x) => (x.as_ptr(), x.len()),
+        };
+        #[cfg(target_arch = "x86_64")]
+        for at in (0..len).step_by(64).chain((len > 0).then_some(len - 1)) {
+            // SAFETY: a prefetch of an address inside the slice; it reads nothing the program
+            // sees and cannot fault.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    start.add(at).cast(),
+                )
+            };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (start, len);
+    }
+
+    /// [`Self::prefetch`] of columns `columns` of each row (rows of `d` values).
+    pub(crate) fn prefetch_columns(self, d: usize, columns: Range<usize>) {
+        for row in 0..self.values() / d {
+            self.part(d, row, columns.clone()).prefetch();
+        }
+    }
+
     /// Rows `from..to` of rows of `d` values.
     pub fn rows(self, d: usize, from: usize, to: usize) -> Self {
         match self {

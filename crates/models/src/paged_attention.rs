@@ -37,6 +37,8 @@ const TASK_ROWS: usize = 16;
 const MAX_ROWS: usize = 8;
 /// Output lanes per register.
 const LANES: usize = 16;
+/// How many runs ahead of the one being read a decode task prefetches ([`KvRows::prefetch`]).
+const PREFETCH_RUNS: usize = 2;
 
 /// One key/value head's cached positions: per block, `(keys, values)` of `positions × head_dim`.
 pub struct HeadRuns<'a> {

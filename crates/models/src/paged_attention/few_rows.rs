@@ -10,7 +10,7 @@ mod avx2;
 
 use std::arch::x86_64::*;
 
-use super::{outputs_on, outputs_portable, HeadRunsSlice, Isa, ProbSteps, Rows};
+use super::{outputs_on, outputs_portable, HeadRunsSlice, Isa, ProbSteps, Rows, PREFETCH_RUNS};
 use crate::activation::exp_nonpositive;
 
 /// Query rows a task may have to take this path.
@@ -88,7 +88,10 @@ unsafe fn attend_with(
     let mut out = vec![0f32; rows.queries.len() * d];
     let mut scratch = Vec::new();
     let mut first = 0;
-    for &(_, values) in runs {
+    for (i, &(_, values)) in runs.iter().enumerate() {
+        if let Some((_, ahead)) = runs.get(i + PREFETCH_RUNS) {
+            ahead.prefetch();
+        }
         let values = values.to_f32_on(isa, &mut scratch);
         // SAFETY: the caller's promise.
         unsafe { outputs_on(isa, values, &probs[first..], (1, keys), d, &mut out) };
@@ -211,7 +214,10 @@ unsafe fn score_rows<S: ChunkScorer, const ROWS: usize>(
     let mut scaled = [[0f32; CHUNK]; ROWS];
     let mut scratch = Vec::new();
     let mut scored = 0;
-    for &(run, _) in runs {
+    for (i, &(run, _)) in runs.iter().enumerate() {
+        if let Some((ahead, _)) = runs.get(i + PREFETCH_RUNS) {
+            ahead.prefetch();
+        }
         let mut rest = run.to_f32_on(S::ISA, &mut scratch);
         while !rest.is_empty() {
             let take = (S::CHUNK * d - pending.len()).min(rest.len());

@@ -12,7 +12,7 @@
 
 use rayon::prelude::*;
 
-use super::{few_rows, visible_runs, Isa, Task};
+use super::{few_rows, visible_runs, Isa, Task, PREFETCH_RUNS};
 
 /// Keys per scoring task at least: enough work to outweigh handing it to a thread.
 const MIN_KEY_RANGE: usize = 256;
@@ -77,7 +77,10 @@ fn attend_task(isa: Isa, task: &Task<'_>, d: usize, scale: f32) -> Vec<f32> {
             let mut out = vec![0f32; rows * width];
             let mut scratch = Vec::new();
             let mut first = 0;
-            for &(_, values) in &task.runs {
+            for (i, &(_, values)) in task.runs.iter().enumerate() {
+                if let Some((_, ahead)) = task.runs.get(i + PREFETCH_RUNS) {
+                    ahead.prefetch_columns(d, columns.clone());
+                }
                 let values = values.columns_to_f32_on(isa, d, columns.clone(), &mut scratch);
                 let probs = &probs[first..];
                 // SAFETY: as above (`d`, so `width`, a multiple of 16 on AVX-512).
