@@ -27,7 +27,8 @@ use crate::k_quants::{fits, tiled_product, Activations, Kernel, TileSums, BLOCK,
 const BLOCK_BYTES: usize = 144;
 
 /// One block of 16 weight rows, laid out for `vpdpbusd`: 64 bytes hold 4 consecutive quants of
-/// each row (low nibbles: sub-block `2p`, high nibbles: sub-block `2p + 1`).
+/// each row (low nibbles: sub-block `2p`, high nibbles: sub-block `2p + 1`). 2,368 bytes where
+/// GGUF's 16 blocks take 2,304: decode streams every tile once per token, so bytes are time.
 #[repr(C, align(64))]
 #[derive(Clone)]
 struct TileBlock {
@@ -35,12 +36,16 @@ struct TileBlock {
     quants: [u8; BLOCK / 2 * TILE_ROWS],
     /// Sub-block scales (6 bits), one per row; widened to 32 bits where used.
     scales: [[u8; TILE_ROWS]; 8],
-    /// Sub-block minima (6 bits) of sub-blocks `2q` (low half) and `2q + 1` (high half).
-    min_pairs: [[i32; TILE_ROWS]; 4],
+    /// `[q][2 · row + h]` = minimum (6 bits) of sub-block `2q + h`: one `vpmovzxbw` widens a
+    /// `q` to the rows' i16 pairs that `vpmaddwd` takes against the activations' pair sums.
+    min_pairs: [[u8; 2 * TILE_ROWS]; 4],
     /// As stored (f16): the tile is read from memory once per token group, so bytes count.
     d: [f16; TILE_ROWS],
     dmin: [f16; TILE_ROWS],
 }
+
+// Quants 2,048 + scales 128 + minima 128 + d and dmin 64, no padding.
+const _: () = assert!(size_of::<TileBlock>() == 2368);
 
 /// A Q4_K matrix of `rows` outputs × `cols` inputs, repacked into 16-row tiles.
 pub struct Q4KMatrix {
@@ -102,7 +107,7 @@ fn pack_tile_block<'a>(gguf_block: impl Fn(usize) -> &'a [u8]) -> TileBlock {
     let mut tile = TileBlock {
         quants: [0; BLOCK / 2 * TILE_ROWS],
         scales: [[0; TILE_ROWS]; 8],
-        min_pairs: [[0; TILE_ROWS]; 4],
+        min_pairs: [[0; 2 * TILE_ROWS]; 4],
         d: [f16::ZERO; TILE_ROWS],
         dmin: [f16::ZERO; TILE_ROWS],
     };
@@ -111,14 +116,10 @@ fn pack_tile_block<'a>(gguf_block: impl Fn(usize) -> &'a [u8]) -> TileBlock {
         tile.d[r] = f16::from_le_bytes([blk[0], blk[1]]);
         tile.dmin[r] = f16::from_le_bytes([blk[2], blk[3]]);
         let (packed_scales, quants) = (&blk[4..16], &blk[16..]);
-        let mut mins = [0i32; 8];
-        for (s, min) in mins.iter_mut().enumerate() {
+        for s in 0..8 {
             let (sc, m) = scale_min(s, packed_scales);
             tile.scales[s][r] = sc;
-            *min = m as i32;
-        }
-        for q in 0..4 {
-            tile.min_pairs[q][r] = mins[2 * q] | (mins[2 * q + 1] << 16);
+            tile.min_pairs[s / 2][2 * r + s % 2] = m;
         }
         for p in 0..4 {
             for g in 0..8 {
@@ -193,9 +194,9 @@ fn dot_reference(tile: &[TileBlock], acts: &Activations, token: usize, r: usize)
         }
         let mut min_sum = 0i32;
         for q in 0..4 {
-            let (mins, sums) = (tb.min_pairs[q][r], acts.pair_sums[block * 4 + q]);
-            min_sum += (mins as i16 as i32) * (sums as i16 as i32)
-                + ((mins >> 16) as i16 as i32) * ((sums >> 16) as i16 as i32);
+            let (mins, sums) = (&tb.min_pairs[q][2 * r..], acts.pair_sums[block * 4 + q]);
+            min_sum += (mins[0] as i32) * (sums as i16 as i32)
+                + (mins[1] as i32) * ((sums >> 16) as i16 as i32);
         }
         let dx = acts.d[block];
         acc = (scaled as f32).mul_add(tb.d[r].to_f32() * dx, acc);
@@ -254,16 +255,16 @@ mod vnni {
             }
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(tb.d.as_ptr() as *const _));
             let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(tb.dmin.as_ptr() as *const _));
+            let min_pair = |q: usize| {
+                _mm512_cvtepu8_epi16(_mm256_load_si256(tb.min_pairs[q].as_ptr() as *const _))
+            };
+            let mins = [min_pair(0), min_pair(1), min_pair(2), min_pair(3)];
             for m in 0..M {
                 let block = (first + m) * blocks + b;
                 let mut min_sum = _mm512_setzero_si512();
-                for q in 0..4 {
-                    let mins = _mm512_load_si512(tb.min_pairs[q].as_ptr() as *const _);
-                    min_sum = _mm512_dpwssd_epi32(
-                        min_sum,
-                        mins,
-                        _mm512_set1_epi32(acts.pair_sums[block * 4 + q]),
-                    );
+                for (q, &mins) in mins.iter().enumerate() {
+                    let sums = _mm512_set1_epi32(acts.pair_sums[block * 4 + q]);
+                    min_sum = _mm512_dpwssd_epi32(min_sum, mins, sums);
                 }
                 let dx = _mm512_set1_ps(acts.d[block]);
                 acc[m] =
@@ -341,13 +342,15 @@ mod avx2 {
                     _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(rows) as *const __m128i))
                 };
                 let (d, dmin) = (f16s(&tb.d), f16s(&tb.dmin));
+                let min_pair = |q: usize| {
+                    let at = tb.min_pairs[q].as_ptr().add(2 * rows);
+                    _mm256_cvtepu8_epi16(_mm_load_si128(at as *const __m128i))
+                };
+                let mins = [min_pair(0), min_pair(1), min_pair(2), min_pair(3)];
                 for m in 0..M {
                     let block = (first + m) * blocks + b;
                     let mut min_sum = _mm256_setzero_si256();
-                    for q in 0..4 {
-                        let mins = _mm256_loadu_si256(
-                            tb.min_pairs[q].as_ptr().add(rows) as *const __m256i
-                        );
+                    for (q, &mins) in mins.iter().enumerate() {
                         let sums = _mm256_set1_epi32(acts.pair_sums[block * 4 + q]);
                         min_sum = _mm256_add_epi32(min_sum, _mm256_madd_epi16(mins, sums));
                     }
