@@ -1,7 +1,8 @@
 //! `spindle bench`: prefill and decode speed of one or more models, as medians over repeats.
 //! Every run goes through the engine `serve` runs, a fresh one each time, so no run resumes
 //! from another's prefix cache: prefill is the prompt's tokens over the time to the first
-//! token, decode the tokens after the first over the time they took.
+//! token, decode the tokens after the first over the time they took, generated from a
+//! one-token prompt (llama-bench's `tg`: decode at depth 0 unless `--depth` says otherwise).
 //! With `--hybrid-blocks N` it also measures a random-weight model with Qwen3.5-35B-A3B's
 //! per-layer shape, and prints its speed relative to the first model measured in the same run.
 //! `--depth N` measures after an N-token prefix already in the prefix cache (llama-bench's `-d`),
@@ -26,7 +27,7 @@ pub struct BenchArgs {
     /// Prompt length in tokens.
     #[arg(long, default_value_t = 256)]
     prompt_tokens: usize,
-    /// Tokens to decode after the prompt.
+    /// Tokens to decode: from a one-token prompt, or at `--depth` after its prefix.
     #[arg(long, default_value_t = 64)]
     decode_tokens: usize,
     #[arg(long, default_value_t = 3)]
@@ -163,14 +164,17 @@ fn measure(bundle: &Arc<ModelBundle>, text: &[u32], args: &BenchArgs) -> anyhow:
         EngineConfig::new(1, single_sequence_cache(bundle, positions)),
     );
     if args.depth == 0 {
-        let stats = engine.generate(greedy(text, args.decode_tokens, context), |_, _| {})?;
+        // Decode from a one-token prompt, as llama-bench's `tg` runs from an empty context:
+        // after the prompt it would run at the prompt's depth and pay for its attention too.
+        let prefill = engine.generate(greedy(text, 1, context), |_, _| {})?;
+        let decode = engine.generate(greedy(&text[..1], args.decode_tokens, context), |_, _| {})?;
         anyhow::ensure!(
-            stats.summary.cached_tokens == 0,
+            prefill.summary.cached_tokens == 0 && decode.summary.cached_tokens == 0,
             "a benchmark run resumed from the prefix cache"
         );
         return Ok(Speeds {
-            prefill: stats.prefill_tokens_per_second(),
-            decode: stats.decode_tokens_per_second(),
+            prefill: prefill.prefill_tokens_per_second(),
+            decode: decode.decode_tokens_per_second(),
         });
     }
     let depth = args.depth;
