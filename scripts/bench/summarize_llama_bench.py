@@ -30,12 +30,11 @@ def weight_bytes_per_token(path):
         assert f.read(4) == b"GGUF", f"{path} is not a GGUF file"
         read("I")
         tensors, kvs = read("Q"), read("Q")
-        alignment = 32
+        alignment, meta = 32, {}
         for _ in range(kvs):
             key, kind = string(), read("I")
-            v = value(kind)
-            if key == "general.alignment":
-                alignment = v
+            meta[key] = value(kind)
+        alignment = meta.get("general.alignment", alignment)
         infos = []
         for _ in range(tensors):
             name = string()
@@ -49,7 +48,12 @@ def weight_bytes_per_token(path):
         data_end = f.tell() - data_start
     infos.sort()
     sizes = {name: end - offset for (offset, name), end in zip(infos, [o for o, _ in infos[1:]] + [data_end])}
-    total = sum(sizes.values())
+    # A mixture of experts reads only the experts its router picks: the used share of each
+    # stacked expert tensor (*_exps), on average.
+    count = next((v for k, v in meta.items() if k.endswith(".expert_count")), 0)
+    used = next((v for k, v in meta.items() if k.endswith(".expert_used_count")), 0)
+    share = used / count if count else 1.0
+    total = sum(size * share if "_exps." in name else size for name, size in sizes.items())
     embeddings = sizes.get("token_embd.weight", 0)
     return total if "output.weight" not in sizes else total - embeddings
 
@@ -80,6 +84,7 @@ def main():
         ("prefill @ depth", f"prefill pp{depth_pp} @ d{depth} tok/s"),
         ("decode @ depth", f"decode tg{tg} @ d{depth} tok/s"),
         ("concurrent decode", f"aggregate decode {npl} seqs tok/s"),
+        ("rss", f"peak RSS MiB, pp{pp} + tg{tg} run"),
         ("rss @ depth", f"peak RSS MiB, d{depth} run"),
         ("rss concurrent", f"peak RSS MiB, {npl}-seq run"),
     ]
