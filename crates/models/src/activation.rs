@@ -5,6 +5,7 @@
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
+use crate::dense::with_values;
 use crate::error::Result;
 use crate::isa::Isa;
 
@@ -24,16 +25,39 @@ impl Activation {
     pub(crate) fn gated(self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         let shape = gate.shape().clone();
         let mut out: Vec<f32> = gate.contiguous()?.flatten_all()?.to_vec1()?;
-        let up: Vec<f32> = up.contiguous()?.flatten_all()?.to_vec1()?;
-        assert_eq!(out.len(), up.len(), "gate and up differ in size");
-        let isa = Isa::best();
-        out.par_chunks_mut(CHUNK).zip(up.par_chunks(CHUNK)).for_each(|(g, u)| match isa {
+        with_values(up, |up| {
+            assert_eq!(out.len(), up.len(), "gate and up differ in size");
+            out.par_chunks_mut(CHUNK).zip(up.par_chunks(CHUNK)).for_each(|(g, u)| self.apply(g, u));
+            Ok(())
+        })?;
+        Ok(Tensor::from_vec(out, shape, &Device::Cpu)?)
+    }
+
+    /// [`Self::gated`] of the halves of `y = [gate | up]`, `(tokens, 2·width) → (tokens,
+    /// width)`, read in place as a stacked gate/up product leaves them (cutting them out first
+    /// copied both, and a prefill chunk's MLP buffers are its largest).
+    pub(crate) fn gated_halves(self, y: &Tensor) -> Result<Tensor> {
+        let (tokens, both) = y.dims2()?;
+        let width = both / 2;
+        let out = with_values(y, |y| {
+            let mut out = Vec::with_capacity(tokens * width);
+            y.chunks_exact(both).for_each(|row| out.extend_from_slice(&row[..width]));
+            out.par_chunks_mut(width)
+                .zip(y.par_chunks_exact(both))
+                .for_each(|(g, row)| self.apply(g, &row[width..]));
+            Ok(out)
+        })?;
+        Ok(Tensor::from_vec(out, (tokens, width), &Device::Cpu)?)
+    }
+
+    /// `gate ← act(gate) · up` with the widest copy this CPU runs.
+    fn apply(self, gate: &mut [f32], up: &[f32]) {
+        match Isa::best() {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the CPU runs the AVX2 set (AVX-512 includes it).
-            Isa::Avx2 | Isa::Avx512 => unsafe { gated_fma(self, g, u) },
-            _ => gated_portable(self, g, u),
-        });
-        Ok(Tensor::from_vec(out, shape, &Device::Cpu)?)
+            Isa::Avx2 | Isa::Avx512 => unsafe { gated_fma(self, gate, up) },
+            _ => gated_portable(self, gate, up),
+        }
     }
 }
 
@@ -146,6 +170,25 @@ mod tests {
             let got: Vec<f32> = act.gated(&tensor(&gate), &tensor(&up)).unwrap().to_vec1().unwrap();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&portable), "{act:?}");
+        }
+    }
+
+    #[test]
+    fn halves_of_a_stacked_product_give_the_bits_of_separate_gate_and_up() {
+        let (tokens, width) = (5, 333);
+        let y: Vec<f32> =
+            (0..tokens * 2 * width).map(|i| ((i * 7919 % 2003) as f32 - 1000.0) / 97.0).collect();
+        let stacked = Tensor::from_vec(y, (tokens, 2 * width), &Device::Cpu).unwrap();
+        let gate = stacked.narrow(1, 0, width).unwrap().contiguous().unwrap();
+        let up = stacked.narrow(1, width, width).unwrap().contiguous().unwrap();
+        let bits = |t: Tensor| -> Vec<Vec<u32>> {
+            let rows = t.to_vec2::<f32>().unwrap();
+            rows.iter().map(|r| r.iter().map(|x| x.to_bits()).collect()).collect()
+        };
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            let whole = act.gated_halves(&stacked).unwrap();
+            assert_eq!(whole.dims2().unwrap(), (tokens, width));
+            assert_eq!(bits(whole), bits(act.gated(&gate, &up).unwrap()), "{act:?}");
         }
     }
 }

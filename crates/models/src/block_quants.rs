@@ -21,7 +21,7 @@ use candle_core::{Device, Tensor};
 use half::f16;
 use rayon::prelude::*;
 
-use crate::dense::{check_cols, SharedOutput};
+use crate::dense::{check_cols, with_values, SharedOutput};
 use crate::error::{ModelError, Result};
 use crate::huge_pages;
 use crate::isa::Isa;
@@ -234,8 +234,7 @@ impl BlockMatrix {
     /// x: (tokens, cols) → (tokens, rows)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         check_cols(x, self.rows, self.cols, "block-quantized matmul")?;
-        let x: Vec<f32> = x.contiguous()?.flatten_all()?.to_vec1()?;
-        let acts = Activations::quantize(&x, self.cols);
+        let acts = with_values(x, |x| Ok(Activations::quantize(x, self.cols)))?;
         let tokens = acts.tokens();
         let kernel = Kernel::best();
         let tile_blocks = self.cols / BLOCK * self.layout.bytes;

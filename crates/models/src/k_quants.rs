@@ -7,7 +7,7 @@
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
-use crate::dense::{check_cols, SharedOutput};
+use crate::dense::{check_cols, with_values, SharedOutput};
 use crate::error::Result;
 
 /// Values per K-quant block.
@@ -95,8 +95,7 @@ pub(crate) fn tiled_product<E: Sync>(
     tile_dot: impl Fn(usize, &Activations, &E, usize, usize, &mut TileSums) + Sync,
 ) -> Result<Tensor> {
     check_cols(x, rows, cols, name)?;
-    let x: Vec<f32> = x.contiguous()?.flatten_all()?.to_vec1()?;
-    let acts = Activations::quantize(&x, cols);
+    let acts = with_values(x, |x| Ok(Activations::quantize(x, cols)))?;
     let extra = prepare(&acts);
     let tokens = acts.tokens();
     let mut out = vec![0f32; tokens * rows];

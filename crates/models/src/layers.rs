@@ -242,8 +242,15 @@ impl GatedMlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let [gate, up]: [Tensor; 2] = self.gate_up.forward(x)?.try_into().expect("two projections");
-        self.down.forward(&self.act.gated(&gate, &up)?)
+        let hidden = match &self.gate_up {
+            Projections::Stacked { linear, .. } => self.act.gated_halves(&linear.forward(x)?)?,
+            Projections::Separate(_) => {
+                let [gate, up]: [Tensor; 2] =
+                    self.gate_up.forward(x)?.try_into().expect("two projections");
+                self.act.gated(&gate, &up)?
+            }
+        };
+        self.down.forward(&hidden)
     }
 }
 
