@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
+use crate::dense::with_values;
 use crate::error::{ModelError, Result};
 use crate::gated_deltanet::LinearAttentionState;
 use crate::kv_type::KvType;
@@ -179,10 +180,11 @@ impl SequenceCache {
     ) -> Result<Tensor> {
         let (_, heads, new, d) = q.dims4()?;
         self.kv.write(layer, &self.blocks, self.len, k, v)?;
-        let q = q.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
         let visibility = Visibility { past: self.len, window };
-        let out = self.kv.with_head_runs(layer, &self.blocks, self.len + new, |runs| {
-            paged_attention::attend(runs, &q, heads, new, d, scale, visibility, threads)
+        let out = with_values(q, |q| {
+            self.kv.with_head_runs(layer, &self.blocks, self.len + new, |runs| {
+                paged_attention::attend(runs, q, heads, new, d, scale, visibility, threads)
+            })
         })?;
         Ok(Tensor::from_vec(out, (1, heads, new, d), &Device::Cpu)?)
     }
