@@ -3,10 +3,8 @@
 //!
 //! Two vocabularies exist in GGUF files: `gpt2` (byte-level BPE with merges; the pre-tokenizer
 //! regex is chosen by `tokenizer.ggml.pre`, as llama.cpp's `llama-vocab.cpp` does) and `llama`
-//! (SentencePiece BPE with scores, `▁` for spaces and `<0xXX>` byte fallback; its merges are
-//! derived from the scores the way transformers' `SentencePieceExtractor` does).
-
-use std::collections::HashMap;
+//! (SentencePiece BPE with scores, `▁` for spaces and `<0xXX>` byte fallback, run by our
+//! [`SentencePiece`] model inside the same pipeline).
 
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
@@ -21,6 +19,8 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::error::ChatError;
 use crate::gguf_meta::{GgufMetadata, GgufValue};
+use crate::sentencepiece::SentencePiece;
+use crate::vocab_model::{Pipeline, VocabModel};
 
 /// llama.cpp token types (`llama_token_type`).
 const TYPE_NORMAL: i32 = 1;
@@ -43,7 +43,7 @@ pub enum VocabKind {
 
 /// A GGUF vocabulary: the tokenizer plus what the header says around it.
 pub struct GgufVocab {
-    pub tokenizer: tokenizers::Tokenizer,
+    pub tokenizer: Pipeline,
     pub kind: VocabKind,
     pub bos_id: Option<u32>,
     pub add_bos: bool,
@@ -96,8 +96,8 @@ pub fn from_metadata(mut meta: GgufMetadata) -> Result<GgufVocab, ChatError> {
     );
     eos_ids.sort_unstable();
     eos_ids.dedup();
-    let unk = id("tokenizer.ggml.unknown_token_id").map(|i| tokens[i as usize].clone());
-    // The token strings move into the vocabulary (a 262K vocabulary's strings are ~12 MB).
+    let unk = id("tokenizer.ggml.unknown_token_id");
+    // The token strings move into the vocabulary.
     let (kind, mut tokenizer) = match model {
         "gpt2" => (VocabKind::ByteLevel, byte_level_bpe(&meta, tokens, merges?)?),
         "llama" => {
@@ -123,7 +123,7 @@ fn byte_level_bpe(
     meta: &GgufMetadata,
     tokens: Vec<String>,
     merges: Vec<GgufValue>,
-) -> Result<tokenizers::Tokenizer, ChatError> {
+) -> Result<Pipeline, ChatError> {
     // Consumed, so the header's merge strings are gone before the BPE is built.
     let merges: Vec<(String, String)> = merges
         .into_iter()
@@ -158,7 +158,7 @@ fn byte_level_bpe(
         // llama.cpp looks a whole pre-token up in the vocabulary first for llama-3 style vocabularies.
         .ignore_merges(matches!(pre, "llama3" | "llama-bpe" | "smaug-bpe"))
         .build()?;
-    let mut tokenizer = tokenizers::Tokenizer::new(model);
+    let mut tokenizer = Pipeline::new(VocabModel::Hf(model.into()));
     tokenizer.with_pre_tokenizer(Some(PreTokenizerSequence::new(pre_tokenizers)));
     tokenizer.with_decoder(Some(ByteLevel::new(false, false, false)));
     Ok(tokenizer)
@@ -167,18 +167,12 @@ fn byte_level_bpe(
 fn sentencepiece_bpe(
     tokens: Vec<String>,
     scores: Vec<GgufValue>,
-    unk: Option<String>,
+    unk: Option<u32>,
     add_space_prefix: bool,
-) -> Result<tokenizers::Tokenizer, ChatError> {
-    let merges = sentencepiece_merges(&tokens, scores);
-    let mut builder = BPE::builder()
-        .vocab_and_merges(vocab_map(tokens), merges)
-        .byte_fallback(true)
-        .fuse_unk(true);
-    if let Some(unk) = unk {
-        builder = builder.unk_token(unk);
-    }
-    let mut tokenizer = tokenizers::Tokenizer::new(builder.build()?);
+) -> Result<Pipeline, ChatError> {
+    let scores: Vec<f32> = scores.iter().map(|v| v.as_f32().unwrap_or(0.0)).collect();
+    let model = SentencePiece::new(tokens, &scores, unk);
+    let mut tokenizer = Pipeline::new(VocabModel::SentencePiece(model));
     let mut normalizers = Vec::new();
     if add_space_prefix {
         normalizers.push(Prepend::new("▁".to_string()).into());
@@ -193,28 +187,6 @@ fn sentencepiece_bpe(
     }
     tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
     Ok(tokenizer)
-}
-
-/// SentencePiece merges the adjacent pair whose joined piece scores highest. As BPE merges:
-/// (left, right) exists where both halves and their join are pieces; it ranks by the joined
-/// piece's score, then by the halves' ids. (Its lookup table and scored list are gone before
-/// the BPE is built, which holds the vocabulary twice and the merges as ids.)
-fn sentencepiece_merges(tokens: &[String], scores: Vec<GgufValue>) -> Vec<(String, String)> {
-    let scores: Vec<f32> = scores.iter().map(|v| v.as_f32().unwrap_or(0.0)).collect();
-    let ids: HashMap<&str, usize> =
-        tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
-    let mut merges: Vec<(f32, usize, usize)> = Vec::new();
-    for (id, piece) in tokens.iter().enumerate() {
-        for (split, _) in piece.char_indices().skip(1) {
-            let (l, r) = piece.split_at(split);
-            if let (Some(&li), Some(&ri)) = (ids.get(l), ids.get(r)) {
-                merges.push((scores.get(id).copied().unwrap_or(0.0), li, ri));
-            }
-        }
-    }
-    drop(ids);
-    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    merges.into_iter().map(|(_, l, r)| (tokens[l].clone(), tokens[r].clone())).collect()
 }
 
 fn vocab_map(tokens: Vec<String>) -> Vocab {
@@ -238,6 +210,8 @@ fn take_array(meta: &mut GgufMetadata, key: &str) -> Result<Vec<GgufValue>, Chat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::collections::HashMap;
 
     fn strings(items: &[&str]) -> GgufValue {
         GgufValue::Array(items.iter().map(|s| GgufValue::String(s.to_string())).collect())

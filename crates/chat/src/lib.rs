@@ -38,10 +38,12 @@ mod gguf_vocab;
 mod jinja_compat;
 mod profile;
 mod reasoning;
+mod sentencepiece;
 mod stop;
 mod template;
 mod tokenizer;
 mod tool_calls;
+mod vocab_model;
 
 pub use detokenize::IncrementalDecoder;
 pub use error::ChatError;

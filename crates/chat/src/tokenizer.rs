@@ -9,6 +9,8 @@ use serde_json::Value as Json;
 use crate::error::ChatError;
 use crate::gguf_meta::GgufMetadata;
 use crate::gguf_vocab::{self, VocabKind};
+use crate::sentencepiece::byte_of_piece;
+use crate::vocab_model::Pipeline;
 
 /// Tokens that end a chat turn, and so end generation, wherever a vocabulary defines them.
 pub(crate) const END_OF_TURN: [&str; 5] =
@@ -19,7 +21,7 @@ pub type ByteSpan = (usize, usize);
 
 /// A model's tokenizer, from a `tokenizer.json` or a GGUF header.
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: Pipeline,
     kind: VocabKind,
     /// Inverse of GPT-2's bytes-to-unicode table (byte-level vocabularies only).
     byte_of_char: HashMap<char, u8>,
@@ -39,7 +41,7 @@ impl Tokenizer {
     /// Loads `tokenizer.json`, taking BOS, EOS and `add_bos_token` from the sibling
     /// `tokenizer_config.json`, `generation_config.json` and `config.json` where present.
     pub fn from_tokenizer_json(path: &Path) -> Result<Self, ChatError> {
-        let inner = tokenizers::Tokenizer::from_file(path)
+        let inner = Pipeline::from_file(path)
             .map_err(|e| ChatError::Tokenizer(format!("{}: {e}", path.display())))?;
         let tok_config = sibling_json(path, "tokenizer_config.json")?;
         let gen_config = sibling_json(path, "generation_config.json")?;
@@ -84,7 +86,7 @@ impl Tokenizer {
     }
 
     fn new(
-        inner: tokenizers::Tokenizer,
+        inner: Pipeline,
         kind: VocabKind,
         bos_id: Option<u32>,
         add_bos: bool,
@@ -146,7 +148,7 @@ impl Tokenizer {
                     None => c.to_string().into_bytes(),
                 })
                 .collect(),
-            VocabKind::SentencePiece => match byte_fallback(&piece) {
+            VocabKind::SentencePiece => match byte_of_piece(&piece) {
                 Some(b) if !self.added.contains(&id) => vec![b],
                 _ => piece.replace('▁', " ").into_bytes(),
             },
@@ -193,12 +195,6 @@ impl Tokenizer {
     pub fn eos_token(&self) -> Option<&str> {
         self.eos_token.as_deref()
     }
-}
-
-/// `<0xAB>` is SentencePiece's piece for the raw byte 0xAB.
-fn byte_fallback(piece: &str) -> Option<u8> {
-    let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
-    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
 }
 
 /// Inverse of GPT-2's `bytes_to_unicode`: printable bytes stand for themselves, the other 68
@@ -249,14 +245,6 @@ mod tests {
         assert_eq!(t[&'Ċ'], b'\n');
         assert_eq!(t[&'A'], b'A');
         assert_eq!(t[&'\u{100}'], 0);
-    }
-
-    #[test]
-    fn byte_fallback_pieces_parse() {
-        assert_eq!(byte_fallback("<0x0A>"), Some(b'\n'));
-        assert_eq!(byte_fallback("<0xE6>"), Some(0xE6));
-        assert_eq!(byte_fallback("<0x0A"), None);
-        assert_eq!(byte_fallback("<0x123>"), None);
     }
 
     #[test]

@@ -33,9 +33,9 @@ impl ModelBundle {
             .map_err(|e| RunnerError::Load(format!("cannot read the model files: {e}")))?;
         match files {
             ModelFiles::Gguf(path) => {
-                // The tokenizer before the weights: its build (its tables and the strings they
-                // are built from, ~85 MB for Gemma 3's 262K vocabulary) then peaks on nothing,
-                // and only its tables (~60 MB) sit under the weights' load.
+                // The tokenizer before the weights: its build (the header's strings, ~30 MB for
+                // Gemma 3's 262K vocabulary) then peaks on nothing, and only its tables (~8 MB)
+                // sit under the weights' load.
                 let mut meta = read_tokenizer_metadata(path)?;
                 // The template's key set apart, the tokenizer takes the header's vocabulary.
                 let template_meta: GgufMetadata =

@@ -3,6 +3,7 @@
 
 mod common;
 mod gguf_tokenizers;
+mod memory;
 mod profile;
 mod qwen3_5_template;
 mod qwen3_5_tokenizer;
