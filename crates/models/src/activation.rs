@@ -107,13 +107,17 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     // Softmax also passes scores it then discards (keys a row does not see), which may be
     // positive or infinite: clamped, they cannot overflow the exponent arithmetic.
     let clamped = x.clamp(-87.0, 0.0);
-    let n = clamped.mul_add(std::f32::consts::LOG2_E, SHIFT) - SHIFT;
+    let shifted = clamped.mul_add(std::f32::consts::LOG2_E, SHIFT);
+    let n = shifted - SHIFT;
     let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, clamped));
     let mut p: f32 = 1.0 / 720.0;
     for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
         p = p.mul_add(r, c);
     }
-    let scale = f32::from_bits(((n as i32 + 127).max(0) as u32) << 23);
+    // n's integer from the shifted sum's low bits (one ulp is 1 there), not `n as i32`: that
+    // cast saturates, which compiles to scalar compares, and the softmax then runs unvectorized.
+    let whole = shifted.to_bits() as i32 - SHIFT.to_bits() as i32;
+    let scale = f32::from_bits(((whole + 127).max(0) as u32) << 23);
     if x < -87.0 {
         0.0
     } else {

@@ -319,7 +319,13 @@ unsafe fn attend_wide_with(
     let mut first = 0;
     for &(run, _) in runs {
         let run = run.to_f32_on(isa, &mut scratch);
-        scores(run, &queries, d, scale, &mut probs[first * TASK_ROWS..]);
+        let probs = &mut probs[first * TASK_ROWS..];
+        // A key's 16 rows fill one AVX-512 register: eight keys make the eight independent
+        // chains two FMA units need; in AVX2 registers four keys already do (and eight spill).
+        match isa {
+            Isa::Avx512 => scores::<8>(run, &queries, d, scale, probs),
+            _ => scores::<4>(run, &queries, d, scale, probs),
+        }
         first += run.len() / d;
     }
     softmax(&mut probs, &rows.ranges);
@@ -337,19 +343,22 @@ unsafe fn attend_wide_with(
     out
 }
 
-/// Keys scored together (independent chains of fused multiply-adds).
-const KEYS_AT_ONCE: usize = 4;
-
 /// `probs[j · TASK_ROWS + r]` = `scale · Σ_c query r[c] · key j[c]`, one fused chain in
-/// dimension order, for the keys `keys` (`n × d`) and the transposed `queries`.
+/// dimension order, for the keys `keys` (`n × d`) and the transposed `queries`; `KEYS` keys at
+/// once (independent chains of fused multiply-adds).
 #[inline(always)]
-fn scores(keys: &[f32], queries: &[f32], d: usize, scale: f32, probs: &mut [f32]) {
+fn scores<const KEYS: usize>(
+    keys: &[f32],
+    queries: &[f32],
+    d: usize,
+    scale: f32,
+    probs: &mut [f32],
+) {
     let n = keys.len() / d;
-    for j0 in (0..n).step_by(KEYS_AT_ONCE) {
+    for j0 in (0..n).step_by(KEYS) {
         // A short last group repeats its last key; the repeats are not stored.
-        let key = |t: usize| &keys[(j0 + t).min(n - 1) * d..][..d];
-        let group = [key(0), key(1), key(2), key(3)];
-        let mut sums = [[0f32; TASK_ROWS]; KEYS_AT_ONCE];
+        let group: [&[f32]; KEYS] = std::array::from_fn(|t| &keys[(j0 + t).min(n - 1) * d..][..d]);
+        let mut sums = [[0f32; TASK_ROWS]; KEYS];
         for (c, q) in queries.chunks_exact(TASK_ROWS).enumerate() {
             for (sums, k) in sums.iter_mut().zip(group) {
                 let x = k[c];
