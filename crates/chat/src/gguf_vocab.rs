@@ -171,7 +171,7 @@ fn sentencepiece_bpe(
     add_space_prefix: bool,
 ) -> Result<Pipeline, ChatError> {
     let scores: Vec<f32> = scores.iter().map(|v| v.as_f32().unwrap_or(0.0)).collect();
-    let model = SentencePiece::new(tokens, &scores, unk);
+    let model = SentencePiece::new(tokens, scores, unk);
     let mut tokenizer = Pipeline::new(VocabModel::SentencePiece(model));
     let mut normalizers = Vec::new();
     if add_space_prefix {
