@@ -117,15 +117,25 @@ impl<'a> KvRows<'a> {
             KvRows::F16(x) | KvRows::Bf16(x) => (x.as_ptr().cast(), std::mem::size_of_val(x)),
             KvRows::Q8_0(x) => (x.as_ptr(), x.len()),
         };
+        // A plain loop: the iterator adapters this was written with cost as much as the
+        // prefetches in a prefill's profile.
         #[cfg(target_arch = "x86_64")]
-        for at in (0..len).step_by(64).chain((len > 0).then_some(len - 1)) {
-            // SAFETY: a prefetch of an address inside the slice; it reads nothing the program
-            // sees and cannot fault.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    start.add(at).cast(),
-                )
+        if len > 0 {
+            let prefetch = |at: usize| {
+                // SAFETY: a prefetch of an address inside the slice; it reads nothing the
+                // program sees and cannot fault.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        start.add(at).cast(),
+                    )
+                }
             };
+            let mut at = 0;
+            while at < len {
+                prefetch(at);
+                at += 64;
+            }
+            prefetch(len - 1);
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (start, len);
@@ -165,6 +175,13 @@ impl<'a> KvRows<'a> {
             scratch.resize(n, 0.0);
         }
         let out = &mut scratch[..n];
+        self.to_f32_into(isa, out);
+        out
+    }
+
+    /// The values as f32 in `out` ([`Self::values`] long), by the copy of the conversion for
+    /// `isa`, which the CPU must run.
+    pub(crate) fn to_f32_into(self, isa: Isa, out: &mut [f32]) {
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `isa` is one the CPU runs (the caller's promise).
@@ -174,7 +191,6 @@ impl<'a> KvRows<'a> {
             Isa::Avx2 => unsafe { simd::decode_avx2(self, out) },
             _ => decode_portable(self, out),
         }
-        out
     }
 
     /// Columns `columns` of each row (rows of `d` values) as f32, `rows × columns.len()`,

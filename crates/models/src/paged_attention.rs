@@ -13,29 +13,29 @@
 //! rows beside it (batch, chunking, task, phases), nor on the CPU: the SIMD copies give the
 //! portable copy's bits.
 //!
-//! Scores keep one row per lane (queries transposed), so no sum is folded across lanes; a task
-//! of at most four rows (a decode step) keeps a register of keys per row instead, 16 on AVX-512
-//! and 8 on AVX2 (`few_rows`).
-//! Keys and values stored as f16, bf16 or q8_0 are converted to f32 a run at a time as they are
-//! read (values by ranges of dimensions in phases), then used exactly as f32 runs.
+//! Scores keep one row per lane (queries transposed), so no sum is folded across lanes
+//! (`wide`); a task of at most four rows (a decode step) keeps a register of keys per row
+//! instead, 16 on AVX-512 and 8 on AVX2 (`few_rows`). Both add the values by the same
+//! register-blocked kernels (`outputs`).
+//! Keys and values stored as f16, bf16 or q8_0 are converted to f32 as they are read (a chunk
+//! of runs at a time, or values by ranges of dimensions in phases), then used exactly as f32.
 
 #[cfg(target_arch = "x86_64")]
 mod few_rows;
+mod outputs;
 #[cfg(target_arch = "x86_64")]
 mod split;
+mod wide;
 
 use rayon::prelude::*;
 
-use crate::activation::exp_nonpositive;
 use crate::isa::Isa;
 use crate::kv_type::KvRows;
 
 /// Query rows per task at most (when a key/value head serves fewer query heads, a task takes
-/// several positions).
-const TASK_ROWS: usize = 16;
-/// Query rows per register pass at most (accumulators held in registers).
-const MAX_ROWS: usize = 8;
-/// Output lanes per register.
+/// several positions): two groups of the wide layout, so each key converted serves 32 rows.
+const TASK_ROWS: usize = 2 * wide::GROUP_ROWS;
+/// Lanes of an AVX-512 register.
 const LANES: usize = 16;
 /// How many runs ahead of the one being read a decode task prefetches ([`KvRows::prefetch`]).
 const PREFETCH_RUNS: usize = 2;
@@ -243,7 +243,7 @@ fn attend_rows_on(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has the features the copy is compiled for (the caller's promise).
-        Isa::Avx512 => unsafe { avx512::attend_rows(runs, rows, d, scale) },
+        Isa::Avx512 => unsafe { attend_rows_avx512(runs, rows, d, scale) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { attend_rows_avx2(runs, rows, d, scale) },
@@ -266,10 +266,7 @@ unsafe fn attend_rows_avx2(
     unsafe { attend_rows_with(Isa::Avx2, runs, rows, d, scale) }
 }
 
-/// Scores run by run, the softmax, then the outputs run by run, each run's keys or values
-/// converted to f32 (when stored otherwise) just before they are used. Scores and
-/// probabilities are kept key by key with the rows side by side (`keys × TASK_ROWS`), so one
-/// register holds one key's scores for every row and the softmax runs down the lanes.
+/// A task's outputs by the few-row layout where it takes the task, else the wide one.
 ///
 /// # Safety
 /// The CPU runs `isa`.
@@ -289,256 +286,20 @@ unsafe fn attend_rows_with(
         return unsafe { few_rows::attend(isa, runs, rows, d, scale) };
     }
     // SAFETY: the caller's promise.
-    unsafe { attend_wide_with(isa, runs, rows, d, scale) }
+    unsafe { wide::attend(isa, runs, rows, d, scale) }
 }
 
-/// The wide layout: one row per lane.
-///
-/// # Safety
-/// The CPU runs `isa`.
-#[inline(always)]
-unsafe fn attend_wide_with(
-    isa: Isa,
+/// [`attend_rows_with`] compiled for AVX-512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn attend_rows_avx512(
     runs: HeadRunsSlice<'_>,
     rows: &Rows<'_>,
     d: usize,
     scale: f32,
 ) -> Vec<f32> {
-    let count = rows.queries.len();
-    assert!(count <= TASK_ROWS, "attention task of {count} rows");
-    let keys: usize = runs.iter().map(|(k, _)| k.values() / d).sum();
-    // The queries transposed: `d × TASK_ROWS`, missing rows zero.
-    let mut queries = vec![0f32; d * TASK_ROWS];
-    for (r, q) in rows.queries.iter().enumerate() {
-        for (c, &x) in q[..d].iter().enumerate() {
-            queries[c * TASK_ROWS + r] = x;
-        }
-    }
-    let mut probs = vec![0f32; keys * TASK_ROWS];
-    let mut scratch = Vec::new();
-    let mut first = 0;
-    for &(run, _) in runs {
-        let run = run.to_f32_on(isa, &mut scratch);
-        let probs = &mut probs[first * TASK_ROWS..];
-        // A key's 16 rows fill one AVX-512 register: eight keys make the eight independent
-        // chains two FMA units need; in AVX2 registers four keys already do (and eight spill).
-        match isa {
-            Isa::Avx512 => scores::<8>(run, &queries, d, scale, probs),
-            _ => scores::<4>(run, &queries, d, scale, probs),
-        }
-        first += run.len() / d;
-    }
-    softmax(&mut probs, &rows.ranges);
-    let mut out = vec![0f32; count * d];
-    let mut first = 0;
-    for &(_, values) in runs {
-        let values = values.to_f32_on(isa, &mut scratch);
-        for (r0, out) in (0..).step_by(MAX_ROWS).zip(out.chunks_mut(MAX_ROWS * d)) {
-            let probs = &probs[first * TASK_ROWS + r0..];
-            // SAFETY: the caller's promise.
-            unsafe { outputs_on(isa, values, probs, (TASK_ROWS, 1), d, out) };
-        }
-        first += values.len() / d;
-    }
-    out
-}
-
-/// `probs[j · TASK_ROWS + r]` = `scale · Σ_c query r[c] · key j[c]`, one fused chain in
-/// dimension order, for the keys `keys` (`n × d`) and the transposed `queries`; `KEYS` keys at
-/// once (independent chains of fused multiply-adds).
-#[inline(always)]
-fn scores<const KEYS: usize>(
-    keys: &[f32],
-    queries: &[f32],
-    d: usize,
-    scale: f32,
-    probs: &mut [f32],
-) {
-    let n = keys.len() / d;
-    for j0 in (0..n).step_by(KEYS) {
-        // A short last group repeats its last key; the repeats are not stored.
-        let group: [&[f32]; KEYS] = std::array::from_fn(|t| &keys[(j0 + t).min(n - 1) * d..][..d]);
-        let mut sums = [[0f32; TASK_ROWS]; KEYS];
-        for (c, q) in queries.chunks_exact(TASK_ROWS).enumerate() {
-            for (sums, k) in sums.iter_mut().zip(group) {
-                let x = k[c];
-                for (s, q) in sums.iter_mut().zip(q) {
-                    *s = q.mul_add(x, *s);
-                }
-            }
-        }
-        for (t, sums) in sums.iter().enumerate().take(n - j0) {
-            for (p, s) in probs[(j0 + t) * TASK_ROWS..][..TASK_ROWS].iter_mut().zip(sums) {
-                *p = s * scale;
-            }
-        }
-    }
-}
-
-/// Steps between probabilities `(of consecutive keys, of consecutive rows)`.
-type ProbSteps = (usize, usize);
-
-/// Adds the values `values` (`n × d`) to the outputs of up to [`MAX_ROWS`] rows by the kernels
-/// of `isa`; `probs[j · steps.0 + r · steps.1]` is row `r`'s probability of value `j`.
-#[inline(always)]
-unsafe fn outputs_on(
-    isa: Isa,
-    values: &[f32],
-    probs: &[f32],
-    steps: ProbSteps,
-    d: usize,
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        // SAFETY: the caller's promise.
-        return unsafe { avx512::outputs(values, probs, steps, d, out) };
-    }
-    let _ = isa;
-    outputs_portable(values, probs, steps, d, out)
-}
-
-/// `out[r] += Σ_j probs[j · steps.0 + r · steps.1] · value j`, in key order.
-#[inline(always)]
-fn outputs_portable(values: &[f32], probs: &[f32], steps: ProbSteps, d: usize, out: &mut [f32]) {
-    for (j, v) in values.chunks_exact(d).enumerate() {
-        for (r, o) in out.chunks_exact_mut(d).enumerate() {
-            let p = probs[j * steps.0 + r * steps.1];
-            for (o, x) in o.iter_mut().zip(v) {
-                *o = p.mul_add(*x, *o);
-            }
-        }
-    }
-}
-
-/// Per row (lane), the softmax of the scores of the keys `first..=last` it sees, terms added
-/// in key order; every other key gets probability zero.
-#[inline(always)]
-fn softmax(probs: &mut [f32], ranges: &[(usize, usize)]) {
-    let (mut first, mut last) = ([usize::MAX; TASK_ROWS], [0usize; TASK_ROWS]);
-    for (r, &(f, l)) in ranges.iter().enumerate() {
-        (first[r], last[r]) = (f, l);
-    }
-    let mut max = [f32::NEG_INFINITY; TASK_ROWS];
-    for (j, p) in probs.chunks_exact(TASK_ROWS).enumerate() {
-        for r in 0..TASK_ROWS {
-            if first[r] <= j && j <= last[r] {
-                max[r] = max[r].max(p[r]);
-            }
-        }
-    }
-    let mut sum = [0f32; TASK_ROWS];
-    for (j, p) in probs.chunks_exact_mut(TASK_ROWS).enumerate() {
-        for r in 0..TASK_ROWS {
-            let e = exp_nonpositive(p[r] - max[r]);
-            p[r] = if first[r] <= j && j <= last[r] { e } else { 0.0 };
-            sum[r] += p[r];
-        }
-    }
-    // Rows past the last have no keys: their zeros stay zeros.
-    let divisor = sum.map(|s| if s > 0.0 { s } else { 1.0 });
-    for p in probs.chunks_exact_mut(TASK_ROWS) {
-        for r in 0..TASK_ROWS {
-            p[r] /= divisor[r];
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::*;
-
-    use super::{attend_rows_with, HeadRunsSlice, Isa, ProbSteps, Rows, LANES, MAX_ROWS};
-
-    /// [`super::attend_rows_with`] with AVX-512 scores, outputs and conversions.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub unsafe fn attend_rows(
-        runs: HeadRunsSlice<'_>,
-        rows: &Rows<'_>,
-        d: usize,
-        scale: f32,
-    ) -> Vec<f32> {
-        // SAFETY: the caller checked the features these copies are compiled for.
-        unsafe { attend_rows_with(Isa::Avx512, runs, rows, d, scale) }
-    }
-
-    /// [`super::outputs_portable`] for `d` a multiple of 16, up to [`MAX_ROWS`] rows.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn outputs(vs: &[f32], probs: &[f32], steps: ProbSteps, d: usize, out: &mut [f32]) {
-        match out.len() / d {
-            1 => outputs_of::<1>(vs, probs, steps, d, out),
-            2 => outputs_of::<2>(vs, probs, steps, d, out),
-            3 => outputs_of::<3>(vs, probs, steps, d, out),
-            4 => outputs_of::<4>(vs, probs, steps, d, out),
-            5 => outputs_of::<5>(vs, probs, steps, d, out),
-            6 => outputs_of::<6>(vs, probs, steps, d, out),
-            7 => outputs_of::<7>(vs, probs, steps, d, out),
-            rows => {
-                assert_eq!(rows, MAX_ROWS);
-                outputs_of::<MAX_ROWS>(vs, probs, steps, d, out)
-            }
-        }
-    }
-
-    /// `ROWS` rows' accumulators in registers, 32 output floats at a time (then 16), so each
-    /// broadcast probability serves two products. The accumulators start from `out` (what the
-    /// earlier runs added), so a row's sums run through all keys in order, run after run.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn outputs_of<const ROWS: usize>(
-        vs: &[f32],
-        probs: &[f32],
-        (key_step, row_step): ProbSteps,
-        d: usize,
-        out: &mut [f32],
-    ) {
-        let keys = vs.len() / d;
-        assert!(keys == 0 || probs.len() > (keys - 1) * key_step + (ROWS - 1) * row_step);
-        assert!(out.len() == ROWS * d);
-        let pairs = d / (2 * LANES) * 2 * LANES;
-        for c in (0..pairs).step_by(2 * LANES) {
-            let mut acc = [[_mm512_setzero_ps(); 2]; ROWS];
-            for (r, a) in acc.iter_mut().enumerate() {
-                *a = [
-                    _mm512_loadu_ps(out.as_ptr().add(r * d + c)),
-                    _mm512_loadu_ps(out.as_ptr().add(r * d + c + LANES)),
-                ];
-            }
-            for (j, v) in vs.chunks_exact(d).enumerate() {
-                let v = [
-                    _mm512_loadu_ps(v.as_ptr().add(c)),
-                    _mm512_loadu_ps(v.as_ptr().add(c + LANES)),
-                ];
-                for (r, a) in acc.iter_mut().enumerate() {
-                    let p = _mm512_set1_ps(*probs.get_unchecked(j * key_step + r * row_step));
-                    a[0] = _mm512_fmadd_ps(p, v[0], a[0]);
-                    a[1] = _mm512_fmadd_ps(p, v[1], a[1]);
-                }
-            }
-            for (r, a) in acc.iter().enumerate() {
-                _mm512_storeu_ps(out.as_mut_ptr().add(r * d + c), a[0]);
-                _mm512_storeu_ps(out.as_mut_ptr().add(r * d + c + LANES), a[1]);
-            }
-        }
-        for c in (pairs..d).step_by(LANES) {
-            let mut acc = [_mm512_setzero_ps(); ROWS];
-            for (r, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_loadu_ps(out.as_ptr().add(r * d + c));
-            }
-            for (j, v) in vs.chunks_exact(d).enumerate() {
-                let v = _mm512_loadu_ps(v.as_ptr().add(c));
-                for (r, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(
-                        _mm512_set1_ps(*probs.get_unchecked(j * key_step + r * row_step)),
-                        v,
-                        *a,
-                    );
-                }
-            }
-            for (r, a) in acc.iter().enumerate() {
-                _mm512_storeu_ps(out.as_mut_ptr().add(r * d + c), *a);
-            }
-        }
-    }
+    // SAFETY: this function's features are those of the AVX-512 copy.
+    unsafe { attend_rows_with(Isa::Avx512, runs, rows, d, scale) }
 }
 
 #[cfg(test)]
@@ -737,7 +498,7 @@ mod tests {
         let rows = Rows { queries: queries.to_vec(), ranges: vec![(0, total - 1); queries.len()] };
         let run = [(KvRows::F32(keys), KvRows::F32(values))];
         // SAFETY: the portable copy runs anywhere.
-        unsafe { attend_wide_with(Isa::Portable, &run, &rows, d, scale) }
+        unsafe { wide::attend(Isa::Portable, &run, &rows, d, scale) }
     }
 
     #[test]

@@ -10,7 +10,7 @@ mod avx2;
 
 use std::arch::x86_64::*;
 
-use super::{outputs_on, outputs_portable, HeadRunsSlice, Isa, ProbSteps, Rows, PREFETCH_RUNS};
+use super::{outputs, HeadRunsSlice, Isa, Rows, PREFETCH_RUNS};
 use crate::activation::exp_nonpositive;
 
 /// Query rows a task may have to take this path.
@@ -94,7 +94,7 @@ unsafe fn attend_with(
         }
         let values = values.to_f32_on(isa, &mut scratch);
         // SAFETY: the caller's promise.
-        unsafe { outputs_on(isa, values, &probs[first..], (1, keys), d, &mut out) };
+        unsafe { outputs::add_on(isa, values, &probs[first..], (1, keys), d, &mut out) };
         first += values.len() / d;
     }
     out
@@ -337,33 +337,6 @@ fn softmax_with(probs: &mut [f32], first: usize, last: usize) {
     for p in probs.iter_mut() {
         *p /= sum;
     }
-}
-
-/// Adds `values` to the outputs ([`super::outputs_portable`]) by the copy for `isa`, compiled
-/// with its fused multiply-add.
-///
-/// # Safety
-/// The CPU runs `isa`, AVX2 or AVX-512 (then `d` a multiple of 16).
-pub(super) unsafe fn outputs(
-    isa: Isa,
-    values: &[f32],
-    probs: &[f32],
-    steps: ProbSteps,
-    d: usize,
-    out: &mut [f32],
-) {
-    match isa {
-        // SAFETY: the caller's promise.
-        Isa::Avx512 => unsafe { super::avx512::outputs(values, probs, steps, d, out) },
-        // SAFETY: as above.
-        _ => unsafe { outputs_avx2(values, probs, steps, d, out) },
-    }
-}
-
-/// [`outputs_portable`] compiled for AVX2.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn outputs_avx2(values: &[f32], probs: &[f32], steps: ProbSteps, d: usize, out: &mut [f32]) {
-    outputs_portable(values, probs, steps, d, out)
 }
 
 /// Writes the keys `keys` (`m × d`, `m ≤ CHUNK`) transposed in blocks of 16: block `b`'s

@@ -12,7 +12,7 @@
 
 use rayon::prelude::*;
 
-use super::{few_rows, visible_runs, Isa, Task, PREFETCH_RUNS};
+use super::{few_rows, outputs, visible_runs, Isa, Task, PREFETCH_RUNS};
 
 /// Keys per scoring task at least: enough work to outweigh handing it to a thread.
 const MIN_KEY_RANGE: usize = 256;
@@ -84,7 +84,7 @@ fn attend_task(isa: Isa, task: &Task<'_>, d: usize, scale: f32) -> Vec<f32> {
                 let values = values.columns_to_f32_on(isa, d, columns.clone(), &mut scratch);
                 let probs = &probs[first..];
                 // SAFETY: as above (`d`, so `width`, a multiple of 16 on AVX-512).
-                unsafe { few_rows::outputs(isa, values, probs, (1, keys), width, &mut out) };
+                unsafe { outputs::add_on(isa, values, probs, (1, keys), width, &mut out) };
                 first += values.len() / width;
             }
             out
