@@ -3,40 +3,50 @@
 # scripts/reference/build_llama_cpp.sh) and `spindle bench`, alternated on the same GGUF and
 # thread count for N rounds (which tool goes first alternates too). Per model it prints median
 # [min-max] over the rounds and Spindle / llama.cpp for: prefill of P tokens, decode of D, prefill
-# of DP tokens and decode of D at depth DEPTH (llama-bench -d), aggregate decode of C concurrent
-# sequences (llama-batched-bench; Spindle: `bench --concurrent`), peak RSS of the depth and the
-# concurrent runs (/usr/bin/time -v), and the decode roofline: weight bytes read per token
-# ÷ streaming-read bandwidth measured here at the same thread count.
+# of DP tokens and decode of DD at each depth of DEPTHS (llama-bench -d), aggregate decode of C
+# concurrent sequences (llama-batched-bench; Spindle: `bench --concurrent`), peak RSS of the plain,
+# depth and concurrent runs (/usr/bin/time -v), and the decode roofline: weight bytes read per
+# token ÷ streaming-read bandwidth measured here at the same thread count.
+# With --agent-prompt, each round also replays Qwen Code's recorded first request (system prompt and
+# 15 tool schemas, ~17.7K tokens: crates/server/tests/data/agents/qwen_code.json, max_tokens 1)
+# cold against a fresh llama-server and a fresh `spindle serve` on qwen2.5-coder-0.5b, both with
+# default flags but the thread count, and prints the seconds each took and Spindle's share.
+# Last, prefill attention alone at depth 8,192 (cargo bench --bench attention): GFLOP/s against
+# the FMA peak measured on the same threads.
 # Usage: against_llama_bench.sh [--rounds N] [--models a,b] [--threads T] [--prompt P] [--decode D]
-#          [--depth DEPTH] [--depth-prompt DP] [--concurrent C] [--concurrent-prompt CP] [--hybrid-blocks B]
+#          [--depths D1,D2,..] [--depth-prompt DP] [--depth-decode DD] [--concurrent C]
+#          [--concurrent-prompt CP] [--hybrid-blocks B] [--agent-prompt]
 #          [--isa avx2]   (both sides on AVX2 only: llama.cpp built without AVX-512, Spindle's and
 #                          candle's kernels narrowed, as an AVX2-only CPU runs them)
 # Defaults: 3 rounds, smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m (add qwen2.5-coder-1.5b if wanted),
-# 2 threads, P 512, D 128, DEPTH 8192, DP 1024, C 8, CP 128. --hybrid-blocks B adds the random-weight
-# Qwen3.5-MoE of `spindle bench --hybrid-blocks` (35B-A3B per-layer shape, B blocks of 4 layers).
+# 2 threads, P 512, D 128, DEPTHS 4096,8192,16384, DP 1024, DD 64, C 8, CP 128. --hybrid-blocks B adds
+# the random-weight Qwen3.5-MoE of `spindle bench --hybrid-blocks` (35B-A3B per-layer shape, B blocks
+# of 4 layers).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ROUNDS=3 MODELS=smollm2-135m,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b,gemma3-270m THREADS=2 PP=512 TG=128 DEPTH=8192 DEPTH_PP=1024
-NPL=8 NPL_PP=128 HYBRID=0 ISA=
+ROUNDS=3 MODELS=smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m THREADS=2 PP=512 TG=128
+DEPTHS=4096,8192,16384 DEPTH_PP=1024 DEPTH_TG=64 NPL=8 NPL_PP=128 HYBRID=0 ISA= AGENT=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) ROUNDS=$2 ;; --models) MODELS=$2 ;; --threads) THREADS=$2 ;; --prompt) PP=$2 ;; --decode) TG=$2 ;;
-    --depth) DEPTH=$2 ;; --depth-prompt) DEPTH_PP=$2 ;; --concurrent) NPL=$2 ;; --concurrent-prompt) NPL_PP=$2 ;;
-    --hybrid-blocks) HYBRID=$2 ;; --isa) ISA=$2 ;;
+    --depths) DEPTHS=$2 ;; --depth-prompt) DEPTH_PP=$2 ;; --depth-decode) DEPTH_TG=$2 ;;
+    --concurrent) NPL=$2 ;; --concurrent-prompt) NPL_PP=$2 ;;
+    --hybrid-blocks) HYBRID=$2 ;; --isa) ISA=$2 ;; --agent-prompt) AGENT=1; shift; continue ;;
     *) sed -n '2,/^set /p' "$0" | sed '$d' >&2; exit 2 ;;
   esac
   shift 2
 done
 echo "uptime: $(uptime)"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores"
-echo "rounds=$ROUNDS threads=$THREADS prompt=$PP decode=$TG depth=$DEPTH depth-prompt=$DEPTH_PP concurrent=$NPL concurrent-prompt=$NPL_PP"
+echo "rounds=$ROUNDS threads=$THREADS prompt=$PP decode=$TG depths=$DEPTHS depth-prompt=$DEPTH_PP depth-decode=$DEPTH_TG concurrent=$NPL concurrent-prompt=$NPL_PP agent-prompt=$AGENT"
 [ -x /usr/bin/time ] || { apt-get update -qq && apt-get install -y -qq time; }
 case "$ISA" in
   "") ;;
   avx2) export SPINDLE_ISA=avx2 MISTRALRS_FORCE_AVX2=1 ;;
   *) echo "--isa: only avx2 narrows both sides" >&2; exit 2 ;;
 esac
-LLAMA_BIN=$(dirname "$(LLAMA_ISA=$ISA scripts/reference/build_llama_cpp.sh | tail -1)")
+LLAMA_SERVER=$(LLAMA_ISA=$ISA scripts/reference/build_llama_cpp.sh | tail -1)
+LLAMA_BIN=$(dirname "$LLAMA_SERVER")
 echo "llama.cpp b11434: $LLAMA_BIN${ISA:+ (isa $ISA)}"
 cargo build --release -q
 SPINDLE=target/release/spindle
@@ -80,9 +90,9 @@ rss() {
 }
 # llama-bench's JSONL records → RESULTS rows named by test; batched-bench's → the aggregate decode row.
 llama_rows() {
-  python3 - "$1" "$2" "$DEPTH" >>"$RESULTS" <<'PY'
+  python3 - "$1" "$2" >>"$RESULTS" <<'PY'
 import json, sys
-path, model, depth = sys.argv[1], sys.argv[2], int(sys.argv[3])
+path, model = sys.argv[1], sys.argv[2]
 for line in open(path):
     if not line.startswith("{"):
         continue
@@ -90,7 +100,7 @@ for line in open(path):
     if "speed_tg" in r:
         print(f"llama\t{model}\tconcurrent decode\t{r['speed_tg']}")
         continue
-    at = " @ depth" if r.get("n_depth", 0) else ""
+    at = f" @ d{r['n_depth']}" if r.get("n_depth", 0) else ""
     kind = "prefill" if r["n_prompt"] else "decode"
     print(f"llama\t{model}\t{kind}{at}\t{r['avg_ts']}")
 PY
@@ -113,8 +123,8 @@ llama_round() {
   local threads=(-t "$THREADS")
   rss llama "$model" rss "$log.plain" "$LLAMA_BIN/llama-bench" -m "$gguf" "${threads[@]}" -p "$PP" -n "$TG" -r 1 -o jsonl
   llama_rows "$log.plain" "$model"
-  rss llama "$model" "rss @ depth" "$log.depth" "$LLAMA_BIN/llama-bench" -m "$gguf" "${threads[@]}" -d "$DEPTH" \
-    -p "$DEPTH_PP" -n "$TG" -r 1 -o jsonl
+  rss llama "$model" "rss @ depth" "$log.depth" "$LLAMA_BIN/llama-bench" -m "$gguf" "${threads[@]}" -d "$DEPTHS" \
+    -p "$DEPTH_PP" -n "$DEPTH_TG" -r 1 -o jsonl
   llama_rows "$log.depth" "$model"
   rss llama "$model" "rss concurrent" "$log.batched" "$LLAMA_BIN/llama-batched-bench" -m "$gguf" "${threads[@]}" \
     -c $((NPL * (NPL_PP + TG))) -b 2048 -ub 512 -npp "$NPL_PP" -ntg "$TG" -npl "$NPL" --output-format jsonl
@@ -122,14 +132,40 @@ llama_round() {
 }
 spindle_round() {
   local model=$1 log=$OUT/$1.r$2.spindle
-  local bench=("$SPINDLE" bench --threads "$THREADS" --repeats 1 --models "${SPINDLE_MODEL[$model]}" --decode-tokens "$TG")
+  local bench=("$SPINDLE" bench --threads "$THREADS" --repeats 1 --models "${SPINDLE_MODEL[$model]}")
   [ "$model" = hybrid ] && bench+=(--hybrid-blocks "$HYBRID")
-  rss spindle "$model" rss "$log.plain" "${bench[@]}" --prompt-tokens "$PP"
+  rss spindle "$model" rss "$log.plain" "${bench[@]}" --prompt-tokens "$PP" --decode-tokens "$TG"
   spindle_rows "$log.plain" "$model" ""
-  rss spindle "$model" "rss @ depth" "$log.depth" "${bench[@]}" --prompt-tokens "$DEPTH_PP" --depth "$DEPTH"
-  spindle_rows "$log.depth" "$model" " @ depth"
-  rss spindle "$model" "rss concurrent" "$log.concurrent" "${bench[@]}" --prompt-tokens "$NPL_PP" --concurrent "$NPL"
+  for depth in ${DEPTHS//,/ }; do
+    rss spindle "$model" "rss @ depth" "$log.d$depth" "${bench[@]}" --prompt-tokens "$DEPTH_PP" \
+      --decode-tokens "$DEPTH_TG" --depth "$depth"
+    spindle_rows "$log.d$depth" "$model" " @ d$depth"
+  done
+  rss spindle "$model" "rss concurrent" "$log.concurrent" "${bench[@]}" --prompt-tokens "$NPL_PP" \
+    --decode-tokens "$TG" --concurrent "$NPL"
   spindle_rows "$log.concurrent" "$model" concurrent
+}
+
+# Seconds a fresh server takes to answer the recorded agent request (max_tokens 1), appended to
+# RESULTS as "agent prompt". Both servers keep their default flags but the thread count.
+agent_round() {
+  local tool=$1 log=$OUT/agent.r$2.$1 port=$((20000 + RANDOM % 20000)) pid
+  if [ "$tool" = llama ]; then
+    "$LLAMA_SERVER" -m "${GGUF[$AGENT_MODEL]}" -t "$THREADS" --port "$port" >"$log.server" 2>&1 &
+  else
+    "$SPINDLE" serve --model "$AGENT_MODEL" --threads "$THREADS" --port "$port" >"$log.server" 2>&1 &
+  fi
+  pid=$!
+  for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.5; done
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); r.update(max_tokens=1, stream=False); r.pop("stream_options", None); print(json.dumps(r))' \
+    crates/server/tests/data/agents/qwen_code.json >"$log.request"
+  local seconds
+  seconds=$(curl -sf -o "$log.response" -w '%{time_total}' -H 'content-type: application/json' \
+    --data @"$log.request" "http://127.0.0.1:$port/v1/chat/completions") || { kill $pid; tail "$log.server" >&2; exit 1; }
+  kill $pid; wait $pid 2>/dev/null || true
+  printf '%s\t%s\tagent prompt\t%s\n' "$tool" "$AGENT_MODEL" "$seconds" >>"$RESULTS"
+  python3 -c 'import json,sys; print("  agent prompt:", sys.argv[2], json.load(open(sys.argv[1]))["usage"]["prompt_tokens"], "tokens in", sys.argv[3], "s")' \
+    "$log.response" "$tool" "$seconds" >&2
 }
 
 declare -A GGUF SPINDLE_MODEL
@@ -147,7 +183,17 @@ if [ "$HYBRID" -gt 0 ]; then
   SPINDLE_MODEL[hybrid]=smollm2-135m
   NAMES+=(hybrid)
 fi
+AGENT_MODEL=qwen2.5-coder-0.5b
+if [ "$AGENT" = 1 ] && [ -z "${GGUF[$AGENT_MODEL]:-}" ]; then
+  "$SPINDLE" pull "$AGENT_MODEL" >/dev/null
+  GGUF[$AGENT_MODEL]=$(ls "$HOME_DIR/models/$AGENT_MODEL/"*.gguf | head -1)
+fi
 for round in $(seq "$ROUNDS"); do
+  if [ "$AGENT" = 1 ]; then
+    echo "round $round: agent prompt" >&2
+    if [ $((round % 2)) -eq 1 ]; then agent_round llama "$round"; agent_round spindle "$round"
+    else agent_round spindle "$round"; agent_round llama "$round"; fi
+  fi
   for model in "${NAMES[@]}"; do
     echo "round $round: $model" >&2
     if [ $((round % 2)) -eq 1 ]; then
@@ -158,5 +204,9 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
+[ "$AGENT" = 1 ] && [[ " ${NAMES[*]} " != *" $AGENT_MODEL "* ]] && NAMES+=("$AGENT_MODEL")
 for model in "${NAMES[@]}"; do printf 'gguf\t%s\t%s\n' "$model" "${GGUF[$model]}"; done >>"$RESULTS"
-python3 scripts/bench/summarize_llama_bench.py "$RESULTS" "$BANDWIDTH" "$PP" "$TG" "$DEPTH" "$DEPTH_PP" "$NPL"
+python3 scripts/bench/summarize_llama_bench.py "$RESULTS" "$BANDWIDTH" "$PP" "$TG" "$DEPTHS" "$DEPTH_PP" "$DEPTH_TG" "$NPL"
+echo
+echo "prefill attention alone at depth 8192 (1024 new rows, f16 KV, $THREADS threads):"
+RAYON_NUM_THREADS=$THREADS cargo bench -q -p spindle-models --bench attention -- --depth 8192 --rows 1024 2>/dev/null

@@ -1,6 +1,8 @@
 """The table of against_llama_bench.sh: per model, median [min-max] over the rounds of each tool,
 Spindle / llama.cpp, and the decode roofline from the GGUF's weight bytes and the measured bandwidth.
-Usage: summarize_llama_bench.py RESULTS.tsv BANDWIDTH_GBPS PROMPT DECODE DEPTH DEPTH_PROMPT CONCURRENT"""
+Usage: summarize_llama_bench.py RESULTS.tsv BANDWIDTH_GBPS PROMPT DECODE DEPTHS DEPTH_PROMPT DEPTH_DECODE
+CONCURRENT (DEPTHS comma-separated). An "agent prompt" row holds seconds (less is better); Spindle's
+share of llama-server's time is printed for it."""
 import statistics
 import struct
 import sys
@@ -67,7 +69,7 @@ def cell(values):
 
 def main():
     results, bandwidth = sys.argv[1], float(sys.argv[2])
-    pp, tg, depth, depth_pp, npl = sys.argv[3:8]
+    pp, tg, depths, depth_pp, depth_tg, npl = sys.argv[3:9]
     values, gguf = defaultdict(list), {}
     for line in open(results):
         tool, model, *rest = line.rstrip("\n").split("\t")
@@ -78,20 +80,25 @@ def main():
         if value:
             # RSS comes in KiB; shown in MiB.
             values[tool, model, metric].append(float(value) / 1024 if metric.startswith("rss") else float(value))
-    rows = [
-        ("prefill", f"prefill pp{pp} tok/s"),
-        ("decode", f"decode tg{tg} tok/s"),
-        ("prefill @ depth", f"prefill pp{depth_pp} @ d{depth} tok/s"),
-        ("decode @ depth", f"decode tg{tg} @ d{depth} tok/s"),
+    rows = [("prefill", f"prefill pp{pp} tok/s"), ("decode", f"decode tg{tg} tok/s")]
+    for depth in depths.split(","):
+        rows += [
+            (f"prefill @ d{depth}", f"prefill pp{depth_pp} @ d{depth} tok/s"),
+            (f"decode @ d{depth}", f"decode tg{depth_tg} @ d{depth} tok/s"),
+        ]
+    rows += [
         ("concurrent decode", f"aggregate decode {npl} seqs tok/s"),
+        ("agent prompt", "agent prompt ~17.7K cold, s"),
         ("rss", f"peak RSS MiB, pp{pp} + tg{tg} run"),
-        ("rss @ depth", f"peak RSS MiB, d{depth} run"),
+        ("rss @ depth", "peak RSS MiB, depth runs"),
         ("rss concurrent", f"peak RSS MiB, {npl}-seq run"),
     ]
     for model, path in gguf.items():
         print(f"\n== {model}  ({path})")
         print(f"{'measure':<34} {'llama.cpp med [min-max]':>26} {'Spindle med [min-max]':>26} {'Spindle/llama':>14}")
         for metric, label in rows:
+            if not values["llama", model, metric] and not values["spindle", model, metric]:
+                continue
             (llama_text, llama), (ours_text, ours) = cell(values["llama", model, metric]), cell(values["spindle", model, metric])
             ratio = f"{ours / llama:.2f}x" if llama and ours else "-"
             print(f"{label:<34} {llama_text:>26} {ours_text:>26} {ratio:>14}")

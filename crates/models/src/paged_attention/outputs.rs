@@ -75,85 +75,40 @@ mod avx2 {
     const ROWS: usize = 6;
     const LANES: usize = 8;
 
-    /// [`super::add_portable`] on AVX2: blocks of up to six rows, 16 lanes (then 8) at a time,
-    /// any dimensions past the last 8 by the plain loop.
+    /// [`super::add_portable`] on AVX2: 16 lanes (then 8) at a time, each for every block of
+    /// up to six rows in turn (so those lanes of the values stay in the first-level cache),
+    /// and any dimensions past the last 8 by the plain loop.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn add(values: &[f32], probs: &[f32], steps: ProbSteps, d: usize, out: &mut [f32]) {
         let (keys, rows) = (values.len() / d, out.len() / d);
         check(keys, rows, probs, steps);
-        for (block, out) in out.chunks_mut(ROWS * d).enumerate() {
-            let probs = &probs[block * ROWS * steps.1..];
-            // SAFETY: `check` covers every probability these rows read; the features are this
-            // function's.
-            unsafe {
-                match out.len() / d {
-                    1 => add_rows::<1>(values, probs, steps, d, out),
-                    2 => add_rows::<2>(values, probs, steps, d, out),
-                    3 => add_rows::<3>(values, probs, steps, d, out),
-                    4 => add_rows::<4>(values, probs, steps, d, out),
-                    5 => add_rows::<5>(values, probs, steps, d, out),
-                    _ => add_rows::<ROWS>(values, probs, steps, d, out),
-                }
-            }
-        }
-    }
-
-    /// `R` rows' accumulators in registers through all the values, per 16 (then 8) lanes.
-    ///
-    /// # Safety
-    /// The CPU runs AVX2 and FMA; `probs` holds every probability the rows read.
-    #[inline(always)]
-    unsafe fn add_rows<const R: usize>(
-        values: &[f32],
-        probs: &[f32],
-        (key_step, row_step): ProbSteps,
-        d: usize,
-        out: &mut [f32],
-    ) {
-        let keys = values.len() / d;
-        let (v, o, p) = (values.as_ptr(), out.as_mut_ptr(), probs.as_ptr());
         let pairs = d / (2 * LANES) * 2 * LANES;
-        // SAFETY (all loads and stores below): `c + 16 ≤ d` (then `c + 8 ≤ d`) lanes of rows
-        // `r < R` of `out` and of values `j < keys`; the probabilities are the caller's promise.
-        for c in (0..pairs).step_by(2 * LANES) {
-            let mut acc = [[_mm256_setzero_ps(); 2]; R];
-            for (r, a) in acc.iter_mut().enumerate() {
-                *a = unsafe {
-                    [_mm256_loadu_ps(o.add(r * d + c)), _mm256_loadu_ps(o.add(r * d + c + LANES))]
-                };
-            }
-            for j in 0..keys {
-                let x = unsafe {
-                    [_mm256_loadu_ps(v.add(j * d + c)), _mm256_loadu_ps(v.add(j * d + c + LANES))]
-                };
-                for (r, a) in acc.iter_mut().enumerate() {
-                    let pr = unsafe { _mm256_broadcast_ss(&*p.add(j * key_step + r * row_step)) };
-                    a[0] = _mm256_fmadd_ps(pr, x[0], a[0]);
-                    a[1] = _mm256_fmadd_ps(pr, x[1], a[1]);
-                }
-            }
-            for (r, a) in acc.iter().enumerate() {
-                unsafe {
-                    _mm256_storeu_ps(o.add(r * d + c), a[0]);
-                    _mm256_storeu_ps(o.add(r * d + c + LANES), a[1]);
-                }
-            }
-        }
         let singles = d / LANES * LANES;
-        for c in (pairs..singles).step_by(LANES) {
-            let mut acc = [_mm256_setzero_ps(); R];
-            for (r, a) in acc.iter_mut().enumerate() {
-                *a = unsafe { _mm256_loadu_ps(o.add(r * d + c)) };
-            }
-            for j in 0..keys {
-                let x = unsafe { _mm256_loadu_ps(v.add(j * d + c)) };
-                for (r, a) in acc.iter_mut().enumerate() {
-                    let pr = unsafe { _mm256_broadcast_ss(&*p.add(j * key_step + r * row_step)) };
-                    *a = _mm256_fmadd_ps(pr, x, *a);
+        let columns = (0..pairs)
+            .step_by(2 * LANES)
+            .map(|c| (c, 2))
+            .chain((pairs..singles).step_by(LANES).map(|c| (c, 1)));
+        for (c, width) in columns {
+            for first in (0..rows).step_by(ROWS) {
+                let block = Block { first, rows: (rows - first).min(ROWS), c };
+                // SAFETY: `check` covers every probability these rows read; the features are
+                // this function's; the lanes lie inside `d`.
+                unsafe {
+                    match (block.rows, width) {
+                        (1, 2) => add_block::<1, 2>(values, probs, steps, d, out, block),
+                        (2, 2) => add_block::<2, 2>(values, probs, steps, d, out, block),
+                        (3, 2) => add_block::<3, 2>(values, probs, steps, d, out, block),
+                        (4, 2) => add_block::<4, 2>(values, probs, steps, d, out, block),
+                        (5, 2) => add_block::<5, 2>(values, probs, steps, d, out, block),
+                        (_, 2) => add_block::<ROWS, 2>(values, probs, steps, d, out, block),
+                        (1, _) => add_block::<1, 1>(values, probs, steps, d, out, block),
+                        (2, _) => add_block::<2, 1>(values, probs, steps, d, out, block),
+                        (3, _) => add_block::<3, 1>(values, probs, steps, d, out, block),
+                        (4, _) => add_block::<4, 1>(values, probs, steps, d, out, block),
+                        (5, _) => add_block::<5, 1>(values, probs, steps, d, out, block),
+                        _ => add_block::<ROWS, 1>(values, probs, steps, d, out, block),
+                    }
                 }
-            }
-            for (r, a) in acc.iter().enumerate() {
-                unsafe { _mm256_storeu_ps(o.add(r * d + c), *a) };
             }
         }
         if singles < d {
@@ -163,9 +118,67 @@ mod avx2 {
                 values.chunks_exact(d).flat_map(|v| v[singles..].to_vec()).collect();
             let mut sums: Vec<f32> =
                 out.chunks_exact(d).flat_map(|o| o[singles..].to_vec()).collect();
-            add_portable(&tail, probs, (key_step, row_step), width, &mut sums);
+            add_portable(&tail, probs, steps, width, &mut sums);
             for (o, s) in out.chunks_exact_mut(d).zip(sums.chunks_exact(width)) {
                 o[singles..].copy_from_slice(s);
+            }
+        }
+    }
+
+    /// Rows `first..first + rows` and lanes `c..`.
+    #[derive(Clone, Copy)]
+    struct Block {
+        first: usize,
+        rows: usize,
+        c: usize,
+    }
+
+    /// `R` rows' accumulators of `W` registers of lanes each, in registers through all the
+    /// values.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2 and FMA; `block.rows == R`; lanes `c..c + 8W` lie inside `d`; `probs`
+    /// holds every probability the rows read.
+    #[inline(always)]
+    unsafe fn add_block<const R: usize, const W: usize>(
+        values: &[f32],
+        probs: &[f32],
+        (key_step, row_step): ProbSteps,
+        d: usize,
+        out: &mut [f32],
+        block: Block,
+    ) {
+        let keys = values.len() / d;
+        // SAFETY (all pointer arithmetic, loads and stores below): rows `first + r`, `r < R`,
+        // of `out` and of the probabilities, values `j < keys`, lanes inside `d`.
+        let (v, o, p) = unsafe {
+            (
+                values.as_ptr().add(block.c),
+                out.as_mut_ptr().add(block.first * d + block.c),
+                probs.as_ptr().add(block.first * row_step),
+            )
+        };
+        let mut acc = [[_mm256_setzero_ps(); W]; R];
+        for (r, a) in acc.iter_mut().enumerate() {
+            for (i, a) in a.iter_mut().enumerate() {
+                *a = unsafe { _mm256_loadu_ps(o.add(r * d + i * LANES)) };
+            }
+        }
+        for j in 0..keys {
+            let mut x = [_mm256_setzero_ps(); W];
+            for (i, x) in x.iter_mut().enumerate() {
+                *x = unsafe { _mm256_loadu_ps(v.add(j * d + i * LANES)) };
+            }
+            for (r, a) in acc.iter_mut().enumerate() {
+                let pr = unsafe { _mm256_broadcast_ss(&*p.add(j * key_step + r * row_step)) };
+                for (a, x) in a.iter_mut().zip(x) {
+                    *a = _mm256_fmadd_ps(pr, x, *a);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (i, a) in a.iter().enumerate() {
+                unsafe { _mm256_storeu_ps(o.add(r * d + i * LANES), *a) };
             }
         }
     }
