@@ -33,8 +33,9 @@ use crate::isa::Isa;
 use crate::kv_type::KvRows;
 
 /// Query rows per task at most (when a key/value head serves fewer query heads, a task takes
-/// several positions): two groups of the wide layout, so each key converted serves 32 rows.
-const TASK_ROWS: usize = 2 * wide::GROUP_ROWS;
+/// several positions): four groups of the wide layout, so each key converted serves up to 64
+/// rows.
+const TASK_ROWS: usize = 4 * wide::GROUP_ROWS;
 /// Lanes of an AVX-512 register.
 const LANES: usize = 16;
 /// How many runs ahead of the one being read a decode task prefetches ([`KvRows::prefetch`]).
@@ -164,7 +165,7 @@ impl Tasks {
         splittable: impl Fn(usize) -> bool,
     ) -> Self {
         let group = group.max(1);
-        let positions = (TASK_ROWS / group).max(1);
+        let positions = positions_per_task(group, new);
         let whole = kv_heads * new.div_ceil(positions);
         // Whole tasks that leave a thread idle a large share of the time (fewer tasks than
         // threads, or a short last round of few) run in phases when they can; otherwise, when
@@ -188,6 +189,16 @@ impl Tasks {
     fn part_end(&self, first_head: usize) -> usize {
         (first_head + self.part).min(self.group)
     }
+}
+
+/// Positions per task for key/value heads that `group` query heads share, `new` positions in
+/// all: at most [`TASK_ROWS`] rows, the count whose rows fill the wide layout's groups of lanes
+/// best, the most of those (7 heads: 9 positions, 63 rows in 64 lanes, where 4 would leave 4
+/// of 32 lanes idle).
+fn positions_per_task(group: usize, new: usize) -> usize {
+    let most = (TASK_ROWS / group).clamp(1, new.max(1));
+    let filled = |p: usize| p * group * 1024 / (p * group).next_multiple_of(wide::GROUP_ROWS);
+    (1..=most).max_by_key(|&p| (filled(p), p)).unwrap_or(1)
 }
 
 /// Whether a task of `rows` rows of `d` dimensions over `keys` keys can run in phases on `isa`
@@ -434,7 +445,7 @@ mod tests {
     fn a_row_does_not_depend_on_the_rows_beside_it_or_the_block_size() {
         let (d, past, new) = (64, 30, 6);
         let total = past + new;
-        // 8 query heads per key/value head: a task takes 2 positions (a decode step, alone,
+        // 8 query heads per key/value head: a task takes all 6 positions (a decode step, alone,
         // splits them on 2 cores); 2 heads: all 6 positions, each seeing other keys through
         // the window; 20 heads: more than a task's 16 rows; 3 and 4 heads: a decode step's rows
         // take the few-row layout.
@@ -590,6 +601,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn prefill_tasks_take_the_positions_that_fill_their_lanes() {
+        // Qwen2.5-0.5B (7 query heads per key/value head), SmolLM2 (3), Qwen2.5-1.5B (6),
+        // Gemma 3 (4), Qwen3.5 (8), a multi-head model (1).
+        for (group, positions) in [(7, 9), (3, 16), (6, 8), (4, 16), (8, 8), (1, 64)] {
+            assert_eq!(positions_per_task(group, 1024), positions, "group {group}");
+        }
+        // Never more positions than there are, and one for a decode step.
+        assert_eq!(positions_per_task(16, 2), 2);
+        assert!(positions_per_task(7, 5) <= 5);
+        assert_eq!(positions_per_task(3, 1), 1);
+        assert_eq!(positions_per_task(100, 64), 1);
     }
 
     #[test]
