@@ -15,6 +15,7 @@ use spindle_constrain::Constraint;
 use spindle_models::BatchEntry;
 use spindle_sched::{Scheduler, SchedulerConfig, SeqId, StepPlan};
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::watch;
 
 use crate::bundle::ModelBundle;
 use crate::error::RunnerError;
@@ -38,6 +39,34 @@ pub struct EngineConfig {
     /// the engine has nothing else to do, when at most this many of its positions are left;
     /// 0 turns that off.
     pub orphan_prefill_tokens: usize,
+    /// Called at every stage of every step; tests panic from it to check the engine survives a
+    /// fault there. `None` in service.
+    pub fault_injection: Option<FaultInjection>,
+}
+
+/// Where in a step a fault strikes, for [`EngineConfig::fault_injection`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepStage {
+    /// Admitting waiting requests (the prefix cache looks their prompts up).
+    Admit,
+    /// Readying one sequence's work: reserving its blocks, sampling its next token.
+    Begin,
+    /// The batched model pass.
+    Forward,
+    /// Taking one sequence's logits back (snapshots into the prefix cache).
+    End,
+    /// Rebuilding the engine's state after a fault: a fault here stops the engine.
+    Recover,
+}
+
+/// A function the engine calls at each [`StepStage`].
+#[derive(Clone)]
+pub struct FaultInjection(pub Arc<dyn Fn(StepStage) + Send + Sync>);
+
+impl std::fmt::Debug for FaultInjection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FaultInjection")
+    }
 }
 
 impl EngineConfig {
@@ -56,6 +85,7 @@ impl EngineConfig {
             step_tokens: Self::STEP_TOKENS,
             cache,
             orphan_prefill_tokens: usize::MAX,
+            fault_injection: None,
         }
     }
 }
@@ -191,11 +221,16 @@ pub struct EngineLoad {
     pub kv_window_released_blocks: AtomicUsize,
 }
 
+/// Watches the engine thread: `None` while it runs, the reason once a fault it could not
+/// recover from stopped it.
+pub type EngineHealth = watch::Receiver<Option<String>>;
+
 /// Handle to the engine thread; cloning shares the thread.
 #[derive(Clone)]
 pub struct Engine {
     requests: mpsc::Sender<(SequenceRequest, Caller)>,
     load: Arc<EngineLoad>,
+    health: EngineHealth,
     /// Declared last, so dropped after `requests`: see [`JoinOnDrop`].
     _thread: Arc<JoinOnDrop>,
 }
@@ -224,6 +259,7 @@ impl Engine {
         let (requests, inbox) = mpsc::channel();
         let load = Arc::new(EngineLoad::default());
         let thread_load = load.clone();
+        let (report_failure, health) = watch::channel(None);
         let thread = std::thread::Builder::new()
             .name("spindle-engine".into())
             .spawn(move || {
@@ -239,11 +275,20 @@ impl Engine {
                         "no compute pool for the engine thread ({e}); using the global one"
                     );
                 }
-                run(&bundle, &config, &inbox, &thread_load);
+                let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    run(&bundle, &config, &inbox, &thread_load)
+                }));
+                // Closed before the failure is reported: whoever sees it can submit no more.
+                drop(inbox);
+                if let Err(panic) = ran {
+                    let message = panic_message(&panic);
+                    tracing::error!(%message, "the engine thread stopped on a fault");
+                    report_failure.send_replace(Some(message));
+                }
                 drop(pool);
             })
             .expect("spawning the engine thread");
-        Self { requests, load, _thread: Arc::new(JoinOnDrop(Some(thread))) }
+        Self { requests, load, health, _thread: Arc::new(JoinOnDrop(Some(thread))) }
     }
 
     pub fn submit(&self, request: SequenceRequest, caller: Caller) -> Result<(), EngineStopped> {
@@ -256,6 +301,11 @@ impl Engine {
 
     pub fn load(&self) -> &EngineLoad {
         &self.load
+    }
+
+    /// Whether the engine thread still runs, and why it stopped if not.
+    pub fn health(&self) -> EngineHealth {
+        self.health.clone()
     }
 }
 
@@ -284,10 +334,7 @@ fn run(
         config,
         load,
         prefix: PrefixCache::new(bundle, &config.cache),
-        scheduler: Scheduler::new(SchedulerConfig {
-            max_active: config.max_active.max(1),
-            step_tokens: config.step_tokens,
-        }),
+        scheduler: new_scheduler(config),
         waiting: HashMap::new(),
         running: HashMap::new(),
         next_id: 0,
@@ -303,20 +350,65 @@ fn run(
         for (request, caller) in inbox.try_iter() {
             engine.enqueue(request, caller);
         }
-        engine.admit();
-        load.waiting.store(engine.waiting.len(), Ordering::Relaxed);
-        load.active.store(engine.running.len(), Ordering::Relaxed);
-        engine.prefix.set_busy(!engine.running.is_empty());
-        engine.step();
-        engine.prefix.release_window_rows(engine.running.values().map(Sequence::cache));
-        // Before blocking for new work, so an idle engine reports itself idle.
-        engine.report_memory();
-        load.active.store(engine.running.len(), Ordering::Relaxed);
-        engine.prefix.set_busy(!engine.running.is_empty());
+        // A panic of the model pass or of one sequence's part is caught where it strikes;
+        // anywhere else it leaves the scheduler and the prefix cache half-changed.
+        let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| engine.admit_and_step()));
+        if let Err(panic) = stepped {
+            engine.recover(&panic_message(&panic));
+        }
     }
 }
 
+fn new_scheduler(config: &EngineConfig) -> Scheduler {
+    Scheduler::new(SchedulerConfig {
+        max_active: config.max_active.max(1),
+        step_tokens: config.step_tokens,
+    })
+}
+
 impl EngineState<'_> {
+    fn admit_and_step(&mut self) {
+        self.admit();
+        self.load.waiting.store(self.waiting.len(), Ordering::Relaxed);
+        self.load.active.store(self.running.len(), Ordering::Relaxed);
+        self.prefix.set_busy(!self.running.is_empty());
+        self.step();
+        self.prefix.release_window_rows(self.running.values().map(Sequence::cache));
+        // Before blocking for new work, so an idle engine reports itself idle.
+        self.report_memory();
+        self.load.active.store(self.running.len(), Ordering::Relaxed);
+        self.prefix.set_busy(!self.running.is_empty());
+    }
+
+    /// After a fault outside the parts of a step that catch their own: the running sequences
+    /// fail (those the step had in hand went with it, and their callers see their channel
+    /// close), the scheduler and the prefix cache start afresh (the cache empty: its blocks'
+    /// owners are gone), and the waiting requests wait on in arrival order.
+    fn recover(&mut self, message: &str) {
+        tracing::error!(%message, sequences = self.running.len(), "an engine step panicked");
+        self.strike(StepStage::Recover);
+        let error = format!("the engine step panicked: {message}");
+        for (_, mut seq) in self.running.drain() {
+            seq.fail(RunnerError::Internal(error.clone()));
+        }
+        self.prefix.rebuild(self.bundle, &self.config.cache);
+        self.scheduler = new_scheduler(self.config);
+        let mut waiting: Vec<SeqId> = self.waiting.keys().copied().collect();
+        waiting.sort_unstable_by_key(|id| id.0);
+        for id in waiting {
+            self.scheduler.enqueue(id);
+        }
+        self.load.waiting.store(self.waiting.len(), Ordering::Relaxed);
+        self.load.active.store(0, Ordering::Relaxed);
+    }
+
+    /// Calls the test's fault injection, if any, at `stage`.
+    fn strike(&self, stage: StepStage) {
+        if let Some(inject) = &self.config.fault_injection {
+            (inject.0)(stage);
+        }
+    }
+
     fn enqueue(&mut self, mut request: SequenceRequest, caller: Caller) {
         let id = SeqId(self.next_id);
         self.next_id += 1;
@@ -331,6 +423,7 @@ impl EngineState<'_> {
     /// runs out, [`Self::make_room_for`] preempts). A prompt that could never fit fails at once
     /// instead of blocking the queue.
     fn admit(&mut self) {
+        self.strike(StepStage::Admit);
         let mut failed = Vec::new();
         let admitted = self.scheduler.admit(|id| {
             let request = &self.waiting[&id].request;
@@ -398,7 +491,11 @@ impl EngineState<'_> {
             let prefix = &mut self.prefix;
             let bundle = self.bundle;
             let orphan_room = self.config.orphan_prefill_tokens;
+            let config = self.config;
             let begun = guarded(&mut seq, |seq| {
+                if let Some(inject) = &config.fault_injection {
+                    (inject.0)(StepStage::Begin);
+                }
                 if seq.dropped() {
                     let prefill = matches!(work, Work::Prefill(_));
                     let keep_reading = idle && prefill && seq.unread() <= orphan_room;
@@ -430,6 +527,7 @@ impl EngineState<'_> {
                 .collect();
             let model = self.bundle.model.as_ref();
             std::panic::catch_unwind(AssertUnwindSafe(|| {
+                self.strike(StepStage::Forward);
                 polling_workers::while_polling(|| model.forward_batch(&mut batch))
             }))
         };
@@ -443,6 +541,7 @@ impl EngineState<'_> {
             }
         };
         for (mut job, logits) in jobs.into_iter().zip(logits) {
+            self.strike(StepStage::End);
             match job.work {
                 Work::Prefill(_) => {
                     if job.seq.client_gone() {

@@ -18,8 +18,8 @@ pub use blocking::{single_sequence_cache, GenerationStats};
 pub use bundle::{model_fingerprint, read_tokenizer_metadata, ModelBundle};
 pub use disk_tier::DiskConfig;
 pub use engine::{
-    Caller, Engine, EngineConfig, EngineLoad, EngineStopped, FinishReason, ReasoningBudget,
-    SequenceEvent, SequenceRequest, SequenceSummary,
+    Caller, Engine, EngineConfig, EngineHealth, EngineLoad, EngineStopped, FaultInjection,
+    FinishReason, ReasoningBudget, SequenceEvent, SequenceRequest, SequenceSummary, StepStage,
 };
 pub use error::{Result, RunnerError};
 pub use output::{OutputPipeline, ReasoningMode, TextDelta};

@@ -75,14 +75,14 @@ fn plan(
     request: &ChatCompletionRequest,
     constraint: Option<Constraint>,
 ) -> Result<SequenceRequest, ApiError> {
-    let bundle = &state.bundle;
     let tools: Vec<Value> = request.tools.iter().map(|t| json!(t)).collect();
     let rendered = render_prompt(state, &request.messages, &tools, &request.chat_template_kwargs)?;
     // The template writes BOS itself where the model wants one.
     let (prompt_ids, spans) =
-        bundle.tokenizer.encode_with_spans(&rendered.text).map_err(failure)?;
+        state.model.tokenizer.encode_with_spans(&rendered.text).map_err(failure)?;
     let snapshot_positions = token_positions(&rendered.message_ends, &spans);
-    let max_tokens = fit_max_tokens(state, prompt_ids.len(), request.max_output_tokens())?;
+    let max_tokens =
+        fit_max_tokens(state, prompt_ids.len(), request.max_output_tokens(), "messages")?;
 
     let reasoning = rendered.reasoning;
     let reasoning_budget = match (&reasoning, &state.profile.reasoning) {
@@ -185,7 +185,7 @@ pub(crate) fn render_prompt(
         extra: &kwargs,
     };
     // A template refusing the messages (its `raise_exception`) is a 400; failing by itself, a 500.
-    let text = state.bundle.template.render(&input).map_err(failure)?;
+    let text = state.model.template.render(&input).map_err(failure)?;
     let message_ends = state.profile.boundaries.as_ref().map_or_else(Vec::new, |b| b.find(&text));
     Ok(RenderedPrompt { text, reasoning, message_ends })
 }

@@ -108,7 +108,7 @@ impl Generation {
                         }
                     }
                     let logprob =
-                        self.logprobs.then(|| token_logprob(&self.state.bundle.tokenizer, &token));
+                        self.logprobs.then(|| token_logprob(&self.state.model.tokenizer, &token));
                     Output::Text { delta: text, logprob }
                 }
                 SequenceEvent::Finished(summary) => {

@@ -52,7 +52,7 @@ pub async fn count_tokens(
     check_model(&state, chat.model.as_deref())?;
     let tools: Vec<Value> = chat.tools.iter().map(|t| json!(t)).collect();
     let prompt = render_prompt(&state, &chat.messages, &tools, &chat.chat_template_kwargs)?.text;
-    let ids = state.bundle.tokenizer.encode(&prompt, false).map_err(failure)?;
+    let ids = state.model.tokenizer.encode(&prompt, false).map_err(failure)?;
     Ok(Json(TokenCount { input_tokens: ids.len() as u32 }))
 }
 

@@ -1,6 +1,6 @@
-//! What every handler shares: the configuration, the engine handle, the tokenizer and template
-//! (through the model bundle) and the model's chat profile, the metrics, and the in-flight
-//! requests that can be cancelled.
+//! What every handler shares: the configuration, the engine handle, the served model's tokenizer,
+//! template and limits and its chat profile, the metrics, and the in-flight requests that can be
+//! cancelled.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -8,11 +8,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::{Map, Value};
 use spindle_api::ApiError;
-use spindle_chat::{ModelProfile, ToolCallFormat};
+use spindle_chat::{ChatTemplate, ModelProfile, Tokenizer, ToolCallFormat};
 use spindle_constrain::Grammars;
-use spindle_runner::{CacheConfig, Engine, ModelBundle};
+use spindle_runner::CacheConfig;
 
 use crate::batch_store::{BatchConfig, BatchStore};
+use crate::engine::GenerationEngine;
 use crate::metrics::Metrics;
 use crate::response_store::ResponseStore;
 
@@ -52,12 +53,23 @@ pub struct ServerConfig {
     pub batch: BatchConfig,
 }
 
+/// What the handlers know of the served model: its text side and its limits. The weights stay
+/// with the engine.
+pub struct ServedModel {
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    /// Positions the model was trained for; the served context is at most this.
+    pub max_positions: usize,
+    /// Positions the KV pool holds over all sequences: no longer prompt can ever run.
+    pub kv_tokens: usize,
+}
+
 pub struct AppState {
     pub config: ServerConfig,
-    pub bundle: Arc<ModelBundle>,
+    pub model: ServedModel,
     /// Read off the template and tokenizer at start, so no request searches or probes them.
     pub profile: ModelProfile,
-    pub engine: Engine,
+    pub engine: Arc<dyn GenerationEngine>,
     pub metrics: Metrics,
     /// Finished Responses API responses kept for `GET` and `previous_response_id`.
     pub responses: ResponseStore,
@@ -74,14 +86,14 @@ pub struct AppState {
 impl AppState {
     pub fn new(
         config: ServerConfig,
-        bundle: Arc<ModelBundle>,
+        model: ServedModel,
         profile: ModelProfile,
-        engine: Engine,
+        engine: Arc<dyn GenerationEngine>,
     ) -> Self {
         let batches = BatchStore::open(&config.batch.dir);
         Self {
             config,
-            bundle,
+            model,
             profile,
             engine,
             metrics: Metrics::default(),
@@ -98,7 +110,7 @@ impl AppState {
     pub fn grammars(&self) -> Result<&Grammars, String> {
         let grammars = self
             .grammars
-            .get_or_init(|| Grammars::new(&self.bundle.tokenizer).map_err(|e| e.to_string()));
+            .get_or_init(|| Grammars::new(&self.model.tokenizer).map_err(|e| e.to_string()));
         grammars.as_ref().map_err(Clone::clone)
     }
 

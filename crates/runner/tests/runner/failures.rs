@@ -23,6 +23,7 @@ fn small_pool_engine() -> Engine {
         step_tokens: 2 * PREFILL_CHUNK,
         cache,
         orphan_prefill_tokens: usize::MAX,
+        fault_injection: None,
     };
     Engine::start(bundle, config)
 }

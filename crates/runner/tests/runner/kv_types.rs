@@ -106,7 +106,7 @@ fn bundle(model: &str, weights: Weights) -> Arc<ModelBundle> {
                     .unwrap();
             Arc::new(ModelBundle {
                 model: spindle_models::load_gguf_f32(&path).unwrap(),
-                tokenizer,
+                tokenizer: tokenizer.into(),
                 template: ChatTemplate::chatml(),
                 fingerprint: "f32".into(),
             })

@@ -35,6 +35,7 @@ fn engine(bundle: &Arc<ModelBundle>, blocks: usize) -> Engine {
         step_tokens: 2 * PREFILL_CHUNK,
         cache,
         orphan_prefill_tokens: usize::MAX,
+        fault_injection: None,
     };
     Engine::start(bundle.clone(), config)
 }

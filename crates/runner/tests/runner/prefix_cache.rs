@@ -159,6 +159,7 @@ fn engine(model: &Model, max_active: usize, cache: CacheConfig) -> Engine {
             step_tokens: 2 * CHUNK,
             cache,
             orphan_prefill_tokens: usize::MAX,
+            fault_injection: None,
         },
     )
 }

@@ -69,6 +69,7 @@ pub fn engine_with_orphans(
         step_tokens: 2 * PREFILL_CHUNK,
         cache,
         orphan_prefill_tokens,
+        fault_injection: None,
     };
     Engine::start(bundle.clone(), config)
 }
