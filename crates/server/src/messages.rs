@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use spindle_api::anthropic::{ErrorResponse, Message, MessagesRequest, StreamEvent, TokenCount};
 use spindle_api::ApiError;
 
-use crate::chat::{render_prompt, start_chat, ChatStart};
+use crate::chat::{render_prompt, start_chat, ChatEndpoint, ChatStart};
 use crate::error::{error_response, failure, parse_json, HttpError};
 use crate::generation::{Collected, Output};
 use crate::messages_events::{assemble, MessageEvents};
@@ -35,7 +35,7 @@ pub async fn messages(
     request.validate()?;
     let chat = chat_request(&request)?;
     let ChatStart { generation, head, tools, prompt_tokens } =
-        start_chat(&state, &chat, "msg", Admission::Live)?;
+        start_chat(&state, &chat, ChatEndpoint::Messages, Admission::Live)?;
     let answer = MessagesAnswer { events: MessageEvents::new(head, tools), prompt_tokens };
     Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)
 }

@@ -136,6 +136,10 @@ async fn a_prompt_longer_than_the_context_is_context_length_exceeded_naming_its_
     assert_error(status, &response, 400, "shorten the prompt");
     assert_eq!(response["error"]["code"], "context_length_exceeded");
     assert_eq!(response["error"]["param"], "prompt");
+    let (status, response) = server.post("/v1/responses", &json!({"input": long})).await;
+    assert_error(status, &response, 400, "context");
+    assert_eq!(response["error"]["code"], "context_length_exceeded");
+    assert_eq!(response["error"]["param"], "input");
     // max_tokens beyond the room left is clipped, not refused.
     let (status, response) = server.post("/v1/chat/completions", &chat_body("Hi", 5000)).await;
     assert_eq!(status, 200, "{response}");
