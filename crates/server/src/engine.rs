@@ -6,8 +6,9 @@ use spindle_runner::{Caller, Engine, EngineHealth, EngineLoad, EngineStopped, Se
 
 /// What the server needs of an engine.
 pub trait GenerationEngine: Send + Sync {
-    /// Queues `request`. Its events go to `caller.events` in order: prompt progress, tokens,
-    /// then one `Finished` or `Failed`; a raised `caller.cancel` or a dropped receiver ends it.
+    /// Queues `request`. Its events go to `caller` in order: prompt progress, tokens, then one
+    /// `Finished` or `Failed`; a token only while `caller.ready()` (the client has read enough),
+    /// and a cancel or a dropped receiver ends it.
     fn submit(&self, request: SequenceRequest, caller: Caller) -> Result<(), EngineStopped>;
 
     /// Gauges and counters, for `/metrics` and for the batch worker's idle check.

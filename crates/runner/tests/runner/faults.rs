@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use spindle_chat::{ChatTemplate, Tokenizer};
 use spindle_runner::{
-    CacheConfig, Caller, Engine, EngineConfig, FaultInjection, ModelBundle, RunnerError,
+    sequence_channel, CacheConfig, Engine, EngineConfig, FaultInjection, ModelBundle, RunnerError,
     SequenceEvent, StepStage,
 };
 
@@ -81,8 +81,8 @@ fn engine(armed: &Arc<Armed>) -> Engine {
 type Ending = Result<Vec<u32>, Option<RunnerError>>;
 
 fn generate(engine: &Engine, prompt: &[u32]) -> Ending {
-    let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
-    engine.submit(request(prompt, 6, 200), Caller::new(events)).unwrap();
+    let (caller, mut inbox) = sequence_channel();
+    engine.submit(request(prompt, 6, 200), caller).unwrap();
     let mut tokens = Vec::new();
     loop {
         match inbox.blocking_recv() {
@@ -139,6 +139,6 @@ fn a_fault_while_recovering_stops_the_engine_and_its_health_says_so() {
     let reason = runtime.block_on(health.wait_for(Option::is_some)).unwrap().clone();
     assert!(reason.unwrap().contains("injected fault at Recover"));
     // A stopped engine takes no more work.
-    let (events, _inbox) = tokio::sync::mpsc::unbounded_channel();
-    assert!(engine.submit(request(&prompt(4, 1), 2, 200), Caller::new(events)).is_err());
+    let (caller, _inbox) = sequence_channel();
+    assert!(engine.submit(request(&prompt(4, 1), 2, 200), caller).is_err());
 }

@@ -1,11 +1,11 @@
 //! Streams show life at once and end when their client does: the first event goes out before
 //! the engine has produced anything, keep-alive comments fill a wait, prompt progress is
-//! streamed on request, and a client that leaves or cancels ends its generation and frees its
-//! place.
+//! streamed on request, a client that leaves or cancels ends its generation and frees its
+//! place, and one that reads slowly holds its generation back.
 
 use axum::body::BodyDataStream;
 use serde_json::{json, Value};
-use spindle_runner::FinishReason;
+use spindle_runner::{FinishReason, EVENT_CAPACITY};
 
 use crate::common::{
     chat_body, next_chunk, parse_chat_stream, post_json, replying, server_with, sse_data, Gate,
@@ -136,4 +136,33 @@ async fn the_cancel_endpoint_ends_a_running_request() {
     let (status, missing) =
         server.post("/v1/chat/completions/chatcmpl-unknown/cancel", &json!({})).await;
     assert_eq!(status, 404, "{missing}");
+}
+
+/// A client that reads slowly holds its request back rather than letting its tokens pile up:
+/// the engine sends a token only while the request's channel has room, and the server reads
+/// that channel only as fast as the client takes the stream. Every token still arrives.
+#[tokio::test]
+async fn a_slow_reader_holds_its_request_back_instead_of_piling_up_tokens() {
+    let reply = "word ".repeat(300);
+    let text = reply.clone();
+    let server = crate::common::server(move |_| Reply::text(text.clone()));
+    let mut body = open_stream(&server, &chat_body("Write a lot.", 1000)).await;
+    // Nothing read yet: the engine fills the channel, then waits.
+    let engine = server.engine.clone();
+    let counts = tokio::task::spawn_blocking(move || {
+        engine.wait_for_flow(|c| c.held_back > 0 || c.tokens_sent > 2 * EVENT_CAPACITY)
+    })
+    .await
+    .unwrap();
+    assert!(counts.held_back == 1 && counts.tokens_sent < EVENT_CAPACITY, "{counts:?}");
+    // Read one chunk at a time: what the engine sent ahead of the client stays bounded.
+    let mut data = Vec::new();
+    while let Some(chunk) = next_chunk(&mut body).await {
+        data.extend(sse_data(&chunk));
+        let counts = server.engine.flow();
+        assert!(counts.tokens_sent <= data.len() + EVENT_CAPACITY, "{counts:?}, {}", data.len());
+    }
+    let streamed = parse_chat_stream(&data);
+    assert_eq!(streamed.content, reply);
+    assert_eq!(streamed.finish_reason, "stop");
 }

@@ -1,9 +1,10 @@
 //! A scripted engine: each request's reply is text a test chose, tokenized and sent back one
 //! token at a time through the runner's own output pipeline (stop strings, the reasoning split),
-//! so the server sees the events a model would send without running one.
+//! so the server sees the events a model would send without running one. Like the real
+//! engine, it sends a token only while the request's channel has room, and parks meanwhile.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
+use std::thread::Thread;
 
 use spindle_chat::Tokenizer;
 use spindle_runner::sampler::SampledToken;
@@ -49,26 +50,35 @@ pub struct Seen {
 
 /// A latch a test opens once; every request held on it then goes on.
 #[derive(Clone, Default)]
-pub struct Gate(Arc<(Mutex<bool>, Condvar)>);
+pub struct Gate(Arc<Mutex<GateState>>);
+
+#[derive(Default)]
+struct GateState {
+    open: bool,
+    /// The threads of the requests held on it, unparked when it opens.
+    waiting: Vec<Thread>,
+}
 
 impl Gate {
     pub fn open(&self) {
-        *self.0 .0.lock().unwrap() = true;
-        self.0 .1.notify_all();
+        let mut state = self.0.lock().unwrap();
+        state.open = true;
+        state.waiting.drain(..).for_each(|thread| thread.unpark());
     }
 
-    /// Waits until the gate opens (true) or `give_up` says to stop waiting (false). The flag is
-    /// looked at whenever the condition variable wakes, and at least every few milliseconds.
+    /// Parks until the gate opens (true) or `give_up` says to stop waiting (false); the
+    /// caller's end unparks this thread when its client leaves or cancels.
     fn wait(&self, give_up: impl Fn() -> bool) -> bool {
-        let (open, changed) = &*self.0;
-        let mut open = open.lock().unwrap();
-        while !*open {
+        self.0.lock().unwrap().waiting.push(std::thread::current());
+        loop {
+            if self.0.lock().unwrap().open {
+                return true;
+            }
             if give_up() {
                 return false;
             }
-            open = changed.wait_timeout(open, std::time::Duration::from_millis(5)).unwrap().0;
+            std::thread::park();
         }
-        true
     }
 }
 
@@ -79,6 +89,7 @@ pub struct ScriptedEngine {
     script: Box<Script>,
     seen: Mutex<Vec<Seen>>,
     ends: Arc<Ends>,
+    flow: Arc<Flow>,
     load: EngineLoad,
     health: tokio::sync::watch::Sender<Option<String>>,
 }
@@ -97,6 +108,27 @@ impl Ends {
     }
 }
 
+/// Tokens sent over all requests, and how often a request waited for its client to read.
+#[derive(Default)]
+struct Flow {
+    counts: Mutex<FlowCounts>,
+    changed: Condvar,
+}
+
+/// See [`Flow`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FlowCounts {
+    pub tokens_sent: usize,
+    pub held_back: usize,
+}
+
+impl Flow {
+    fn note(&self, change: impl FnOnce(&mut FlowCounts)) {
+        change(&mut self.counts.lock().unwrap());
+        self.changed.notify_all();
+    }
+}
+
 impl ScriptedEngine {
     pub fn new(
         tokenizer: Arc<Tokenizer>,
@@ -107,6 +139,7 @@ impl ScriptedEngine {
             script: Box::new(script),
             seen: Mutex::default(),
             ends: Arc::default(),
+            flow: Arc::default(),
             load: EngineLoad::default(),
             health: tokio::sync::watch::Sender::new(None),
         }
@@ -124,6 +157,20 @@ impl ScriptedEngine {
             reasons = self.ends.changed.wait(reasons).unwrap();
         }
         reasons.clone()
+    }
+
+    /// The flow counts now.
+    pub fn flow(&self) -> FlowCounts {
+        *self.flow.counts.lock().unwrap()
+    }
+
+    /// Blocks until `done` holds of the flow counts, and returns them.
+    pub fn wait_for_flow(&self, done: impl Fn(&FlowCounts) -> bool) -> FlowCounts {
+        let mut counts = self.flow.counts.lock().unwrap();
+        while !done(&counts) {
+            counts = self.flow.changed.wait(counts).unwrap();
+        }
+        *counts
     }
 
     /// Every request submitted so far, in order.
@@ -154,8 +201,11 @@ impl GenerationEngine for ScriptedEngine {
         };
         let reply = (self.script)(&seen);
         self.seen.lock().unwrap().push(seen);
-        let (tokenizer, ends) = (self.tokenizer.clone(), self.ends.clone());
-        std::thread::spawn(move || ends.push(generate(&tokenizer, &request, &caller, reply)));
+        let (tokenizer, ends, flow) =
+            (self.tokenizer.clone(), self.ends.clone(), self.flow.clone());
+        std::thread::spawn(move || {
+            ends.push(generate(&tokenizer, &request, &caller, reply, &flow));
+        });
         Ok(())
     }
 
@@ -175,10 +225,12 @@ fn generate(
     request: &SequenceRequest,
     caller: &Caller,
     reply: Reply,
+    flow: &Flow,
 ) -> Option<FinishReason> {
+    caller.wake_on_read(std::thread::current());
     let total = request.prompt_ids.len();
-    let _ = caller.events.send(SequenceEvent::Prefilled { read: total, total, cached: 0 });
-    let gone = || caller.cancel.load(Ordering::Relaxed) || caller.events.is_closed();
+    caller.send_progress(SequenceEvent::Prefilled { read: total, total, cached: 0 });
+    let gone = || caller.client_gone();
     let mut run = Run {
         output: OutputPipeline::new(&request.stop_strings, request.reasoning.clone()),
         request,
@@ -191,11 +243,17 @@ fn generate(
         Reply::Held { text, gate } if gate.wait(gone) => text,
         Reply::Held { .. } => return run.end(FinishReason::Cancelled),
         Reply::Fail(error) => {
-            let _ = caller.events.send(SequenceEvent::Failed(error));
+            let _ = caller.send(SequenceEvent::Failed(error));
             return None;
         }
     };
     for id in tokenizer.encode(&text, false).unwrap() {
+        if !caller.ready() {
+            flow.note(|counts| counts.held_back += 1);
+            while !caller.ready() {
+                std::thread::park();
+            }
+        }
         if gone() {
             return run.end(FinishReason::Cancelled);
         }
@@ -210,7 +268,8 @@ fn generate(
         run.reasoning_tokens += usize::from(reasoning);
         let (text, stopped) = run.output.push(tokenizer, id);
         let token = sampled(id, request.sampling.top_logprobs);
-        let _ = caller.events.send(SequenceEvent::Token { token, text, reasoning });
+        let _ = caller.send(SequenceEvent::Token { token, text, reasoning });
+        flow.note(|counts| counts.tokens_sent += 1);
         if stopped {
             return run.report(FinishReason::Stop, TextDelta::default());
         }
@@ -245,7 +304,7 @@ impl Run<'_> {
             reasoning_tokens: self.reasoning_tokens,
             cached_tokens: 0,
         };
-        let _ = self.caller.events.send(SequenceEvent::Finished(summary));
+        let _ = self.caller.send(SequenceEvent::Finished(summary));
         Some(finish_reason)
     }
 }
