@@ -91,6 +91,13 @@ async fn max_tokens_cuts_the_answer_with_length() {
     assert_eq!(whole["choices"][0]["finish_reason"], "length");
     assert_eq!(whole["usage"]["completion_tokens"], 3);
     assert_eq!(content(&whole), "one two three");
+    // `max_completion_tokens`, the newer name, is the same limit.
+    let mut body = chat_body("Count", 3);
+    body.as_object_mut().unwrap().remove("max_tokens");
+    body["max_completion_tokens"] = json!(2);
+    let (_, whole) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+    assert_eq!(whole["usage"]["completion_tokens"], 2);
 }
 
 #[tokio::test]
