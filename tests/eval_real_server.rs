@@ -2,11 +2,9 @@
 //! `spindle serve` (this build, smollm2-135m, loopback): the eval passes and the bench writes
 //! its JSON.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 const KEY: &str = "eval-test-key";
 
@@ -20,16 +18,9 @@ impl Drop for Server {
     }
 }
 
-fn healthy(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else { return false };
-    let request =
-        format!("GET /health HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n\r\n");
-    let mut answer = String::new();
-    stream.write_all(request.as_bytes()).is_ok()
-        && stream.read_to_string(&mut answer).is_ok()
-        && answer.starts_with("HTTP/1.1 200")
-}
-
+/// Starts `spindle serve` on a port the system picks and returns its URL once it listens: it
+/// prints `listening on http://ADDRESS` after loading the model and binding, so no port is
+/// chosen before the server holds it and no polling waits for it. Its log goes to serve.log.
 fn start_server(dir: &Path) -> (Server, String) {
     spindle_hub::resolve(
         "smollm2-135m",
@@ -37,29 +28,37 @@ fn start_server(dir: &Path) -> (Server, String) {
         spindle_hub::WhenMissing::Download,
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_spindle"))
-        .args(["serve", "--model", "smollm2-135m", "--host", "127.0.0.1", "--port"])
-        .arg(port.to_string())
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["serve", "--model", "smollm2-135m", "--host", "127.0.0.1", "--port", "0"])
         .args(["--api-key", KEY, "--ctx-size", "2048", "--kv-cache-memory", "256MiB"])
         .arg("--batch-dir")
         .arg(dir.join("batches"))
         .stdout(Stdio::null())
-        .stderr(log)
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut server = Server(child);
-    let start = Instant::now();
-    while !healthy(port) {
-        if let Some(status) = server.0.try_wait().unwrap() {
-            let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
-            panic!("spindle serve exited ({status}):\n{log}");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let server = Server(child);
+    let mut log = std::fs::File::create(dir.join("serve.log")).unwrap();
+    let mut seen = String::new();
+    let url = loop {
+        let Some(line) = lines.next().transpose().unwrap() else {
+            panic!("spindle serve exited before listening:\n{seen}");
+        };
+        writeln!(log, "{line}").unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if let Some(address) = line.strip_prefix("listening on ") {
+            break address.to_string();
         }
-        assert!(start.elapsed() < Duration::from_secs(120), "spindle serve not ready");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    (server, format!("http://127.0.0.1:{port}"))
+    };
+    // Read on, so the server never blocks on a full pipe.
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let _ = writeln!(log, "{line}");
+        }
+    });
+    (server, url)
 }
 
 fn spindle(args: &[&str]) -> (bool, String) {

@@ -17,6 +17,7 @@ use crate::{jinja_compat, Tokenizer};
 const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 /// A compiled chat template plus the special-token strings it is rendered with.
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,

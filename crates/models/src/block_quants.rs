@@ -236,7 +236,7 @@ impl BlockMatrix {
         check_cols(x, self.rows, self.cols, "block-quantized matmul")?;
         let acts = with_values(x, |x| Ok(Activations::quantize(x, self.cols)))?;
         let tokens = acts.tokens();
-        let kernel = Kernel::best();
+        let kernel = Isa::best().for_integer_dots();
         let tile_blocks = self.cols / BLOCK * self.layout.bytes;
         let mut out = vec![0f32; tokens * self.rows];
         let target = SharedOutput::new(&mut out);
@@ -245,7 +245,7 @@ impl BlockMatrix {
             for first in (0..tokens).step_by(GROUP) {
                 let group = GROUP.min(tokens - first);
                 let mut sums = [[0f32; TILE_ROWS]; GROUP];
-                kernel.tile_dot(self.format, self.layout, weights, &acts, first, group, &mut sums);
+                tile_dot(kernel, self.format, self.layout, weights, &acts, first, group, &mut sums);
                 for (t, row_sums) in sums[..group].iter().enumerate() {
                     let at = (first + t) * self.rows + tile * TILE_ROWS;
                     // SAFETY: in bounds, and only this tile's task writes these columns.
@@ -398,69 +398,35 @@ fn round_small(x: f32) -> f32 {
     (x + SHIFT) - SHIFT
 }
 
-/// The copy of the tile kernel this machine runs.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Kernel {
-    Portable,
-    /// AVX2 with FMA and F16C: `vpmaddubsw` on 8-row halves.
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    /// AVX-512 with VNNI: `vpdpbusd` on whole tiles.
-    #[cfg(target_arch = "x86_64")]
-    Vnni,
-}
-
-impl Kernel {
-    fn best() -> Self {
-        Self::available().pop().unwrap_or(Self::Portable)
-    }
-
-    /// Every copy this machine runs, narrowest first (the tests compare them).
-    fn available() -> Vec<Self> {
-        let mut kernels = vec![Self::Portable];
+/// `sums[t][r]` = row `r` of the tile · token `first + t`, for `group` tokens, on `kernel`: the
+/// portable copy, AVX2 (`vpmaddubsw` on 8-row halves) or AVX-512 (`vpdpbusd` on whole tiles).
+#[allow(clippy::too_many_arguments)]
+fn tile_dot(
+    kernel: Isa,
+    format: BlockFormat,
+    layout: TileLayout,
+    tile: &[u8],
+    acts: &Activations,
+    first: usize,
+    group: usize,
+    sums: &mut [[f32; TILE_ROWS]; GROUP],
+) {
+    debug_assert_eq!(kernel, kernel.for_integer_dots(), "not a copy of the integer kernels");
+    match kernel {
+        // SAFETY: `Isa::for_integer_dots` found the features these copies are compiled for.
         #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if Isa::best() != Isa::Portable {
-                kernels.push(Self::Avx2);
-            }
-            if Isa::best() == Isa::Avx512 && has!("avx512bw") && has!("avx512vnni") {
-                kernels.push(Self::Vnni);
-            }
-        }
-        kernels
-    }
-
-    /// `sums[t][r]` = row `r` of the tile · token `first + t`, for `group` tokens.
-    #[allow(clippy::too_many_arguments)]
-    fn tile_dot(
-        self,
-        format: BlockFormat,
-        layout: TileLayout,
-        tile: &[u8],
-        acts: &Activations,
-        first: usize,
-        group: usize,
-        sums: &mut [[f32; TILE_ROWS]; GROUP],
-    ) {
-        match self {
-            Self::Portable => {
-                for (t, row_sums) in sums[..group].iter_mut().enumerate() {
-                    for (r, sum) in row_sums.iter_mut().enumerate() {
-                        *sum = row_dot(format, layout, tile, acts, first + t, r);
-                    }
+        Isa::Avx2 => unsafe { simd::avx2_tile_dot(format, layout, tile, acts, first, group, sums) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            simd::vnni_tile_dot(format, layout, tile, acts, first, group, sums)
+        },
+        _ => {
+            for (t, row_sums) in sums[..group].iter_mut().enumerate() {
+                for (r, sum) in row_sums.iter_mut().enumerate() {
+                    *sum = row_dot(format, layout, tile, acts, first + t, r);
                 }
             }
-            // SAFETY: `available` found the features these copies are compiled for.
-            #[cfg(target_arch = "x86_64")]
-            Self::Avx2 => unsafe {
-                simd::avx2_tile_dot(format, layout, tile, acts, first, group, sums)
-            },
-            // SAFETY: as above.
-            #[cfg(target_arch = "x86_64")]
-            Self::Vnni => unsafe {
-                simd::vnni_tile_dot(format, layout, tile, acts, first, group, sums)
-            },
         }
     }
 }
@@ -596,15 +562,16 @@ mod tests {
             let m = BlockMatrix::new(format, rows, cols, &q.data().unwrap()).unwrap();
             let acts = Activations::quantize(&batch, cols);
             let tile_bytes = cols / BLOCK * m.layout.bytes;
-            for kernel in Kernel::available() {
+            for kernel in Isa::integer_dot_copies() {
                 for tile in 0..rows.div_ceil(TILE_ROWS) {
                     let weights = &m.tiles[tile * tile_bytes..][..tile_bytes];
                     for first in [0, 3] {
                         let group = GROUP.min(tokens - first);
                         let (mut got, mut expected) =
                             ([[0f32; TILE_ROWS]; GROUP], [[0f32; TILE_ROWS]; GROUP]);
-                        kernel.tile_dot(format, m.layout, weights, &acts, first, group, &mut got);
-                        Kernel::Portable.tile_dot(
+                        tile_dot(kernel, format, m.layout, weights, &acts, first, group, &mut got);
+                        tile_dot(
+                            Isa::Portable,
                             format,
                             m.layout,
                             weights,

@@ -43,6 +43,25 @@ impl Isa {
         [Isa::Portable, Isa::Avx2, Isa::Avx512].into_iter().filter(|isa| isa.runs()).collect()
     }
 
+    /// The copy of the integer dot-product kernels (K-quants, block quants) to run where this
+    /// copy is the widest: their AVX-512 copy multiplies bytes with VNNI's `vpdpbusd` (and
+    /// needs AVX512BW), which some AVX-512 CPUs lack; those run the AVX2 copy.
+    pub fn for_integer_dots(self) -> Self {
+        match self {
+            Isa::Avx512 if !integer_dots_on_avx512() => Isa::Avx2,
+            isa => isa,
+        }
+    }
+
+    /// Every copy of the integer dot-product kernels this machine runs, narrowest first.
+    #[cfg(test)]
+    pub fn integer_dot_copies() -> Vec<Self> {
+        let mut copies: Vec<Self> =
+            Self::available().into_iter().map(Self::for_integer_dots).collect();
+        copies.dedup();
+        copies
+    }
+
     fn runs(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
@@ -58,5 +77,18 @@ impl Isa {
         {
             self == Isa::Portable
         }
+    }
+}
+
+/// Whether the integer kernels' AVX-512 copy runs here: AVX512BW and VNNI besides AVX-512F.
+fn integer_dots_on_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        has!("avx512bw") && has!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }

@@ -9,6 +9,7 @@ use rayon::prelude::*;
 
 use crate::dense::{check_cols, with_values, SharedOutput};
 use crate::error::Result;
+use crate::isa::Isa;
 
 /// Values per K-quant block.
 pub(crate) const BLOCK: usize = 256;
@@ -22,57 +23,17 @@ const PARALLEL_MIN_WEIGHTS: usize = 1 << 21;
 /// Inputs quantized in parallel from this many values (a prefill chunk, not a decode step).
 const PARALLEL_MIN_VALUES: usize = 1 << 17;
 
-/// The copies of the K-quant tile kernels. Every copy performs the portable reference's
-/// integer and float operations in its order, so all give the same bits (tested).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kernel {
-    /// Plain Rust (the tests' reference; such CPUs keep candle's kernels).
-    Portable,
-    /// AVX2 with FMA and F16C: `vpmaddubsw` into 16-bit sub-block sums, scaled by `vpmaddwd`.
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    /// AVX-512 with VNNI: `vpdpbusd` on whole 16-row tiles.
-    #[cfg(target_arch = "x86_64")]
-    Vnni,
-}
-
-impl Kernel {
-    /// The widest copy this machine runs (narrowed by `SPINDLE_ISA`: see
-    /// [`crate::isa::Isa::best`]).
-    pub fn best() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use crate::isa::Isa;
-            use std::arch::is_x86_feature_detected as has;
-            match Isa::best() {
-                Isa::Avx512 if has!("avx512bw") && has!("avx512vnni") => return Self::Vnni,
-                Isa::Avx512 | Isa::Avx2 => return Self::Avx2,
-                Isa::Portable => {}
-            }
-        }
-        Self::Portable
-    }
-
-    /// Every copy this machine runs (the tests compare them).
-    #[cfg(test)]
-    pub fn available() -> Vec<Self> {
-        let mut kernels = vec![Self::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if Self::best() != Self::Portable {
-                kernels.push(Self::Avx2);
-            }
-            if Self::best() == Self::Vnni {
-                kernels.push(Self::Vnni);
-            }
-        }
-        kernels
-    }
+/// The copy of the K-quant kernels this machine runs: portable, AVX2 (`vpmaddubsw` into 16-bit
+/// sub-block sums, scaled by `vpmaddwd`), or AVX-512 (`vpdpbusd` on whole 16-row tiles). Every
+/// copy performs the portable reference's integer and float operations in its order, so all
+/// give the same bits (tested).
+pub(crate) fn best_copy() -> Isa {
+    Isa::best().for_integer_dots()
 }
 
 /// Whether this CPU runs the K-quant kernels (AVX2 or AVX-512 VNNI; others keep candle's).
 pub fn supported() -> bool {
-    Kernel::best() != Kernel::Portable
+    best_copy() != Isa::Portable
 }
 
 /// Whether a `rows × cols` matrix fits the tiling.
@@ -162,7 +123,7 @@ pub(crate) fn assert_within_activation_rounding(
 pub(crate) fn assert_copies_give_the_reference_in_any_batch(
     rows: usize,
     cols: usize,
-    product: impl Fn(&Tensor, Kernel) -> Result<Tensor>,
+    product: impl Fn(&Tensor, Isa) -> Result<Tensor>,
     reference: impl Fn(&Activations) -> Vec<Vec<f32>>,
 ) {
     let tokens = 64;
@@ -175,7 +136,7 @@ pub(crate) fn assert_copies_give_the_reference_in_any_batch(
     let want: Vec<Vec<u32>> =
         reference(&Activations::quantize(&batch, cols)).iter().map(|r| bits(r)).collect();
     assert_eq!((want.len(), want[0].len()), (tokens as usize, rows));
-    let kernels = Kernel::available();
+    let kernels = Isa::integer_dot_copies();
     assert!(kernels.len() > 1 || !cfg!(target_arch = "x86_64"), "no SIMD copy ran");
     for kernel in kernels {
         let run = |from: usize, n: usize| -> Vec<Vec<u32>> {
@@ -214,7 +175,7 @@ impl Activations {
             quants: vec![0; x.len()],
             pair_sums: vec![0; blocks * 4],
         };
-        let kernel = Kernel::best();
+        let kernel = best_copy();
         let quantize =
             |(((xs, qs), d), sums): BlockSlices| *d = quantize_block(kernel, xs, qs, sums);
         if x.len() >= PARALLEL_MIN_VALUES {
@@ -234,15 +195,17 @@ impl Activations {
 }
 
 /// Quantizes one block into `qs` and the sums of its sub-block pairs; returns its step.
-fn quantize_block(kernel: Kernel, xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
+/// `kernel` is [`best_copy`] or one of the copies the tests compare.
+fn quantize_block(kernel: Isa, xs: &[f32], qs: &mut [i8], pair_sums: &mut [i32]) -> f32 {
+    debug_assert_eq!(kernel, kernel.for_integer_dots(), "not a copy of the integer kernels");
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has the features the function is compiled for.
-        Kernel::Vnni => unsafe { vnni::quantize_block(xs, qs, pair_sums) },
+        // SAFETY: `Isa::for_integer_dots` found the features the function is compiled for.
+        Isa::Avx512 => unsafe { vnni::quantize_block(xs, qs, pair_sums) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Kernel::Avx2 => unsafe { avx2::quantize_block(xs, qs, pair_sums) },
-        Kernel::Portable => quantize_block_reference(xs, qs, pair_sums),
+        Isa::Avx2 => unsafe { avx2::quantize_block(xs, qs, pair_sums) },
+        _ => quantize_block_reference(xs, qs, pair_sums),
     }
 }
 
@@ -376,7 +339,7 @@ mod tests {
         x[7] = -3.5;
         x[BLOCK..2 * BLOCK].fill(0.0);
         x[2 * BLOCK + 9] = f32::MIN_POSITIVE;
-        for kernel in Kernel::available() {
+        for kernel in Isa::integer_dot_copies() {
             for xs in x.chunks(BLOCK) {
                 let (mut qa, mut qb, mut sa, mut sb) =
                     ([0i8; BLOCK], [0i8; BLOCK], [0i32; 4], [0i32; 4]);

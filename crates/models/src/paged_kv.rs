@@ -10,7 +10,9 @@
 //! The storage is allocated zeroed, which the OS commits lazily: an unused pool costs no memory.
 //! Sequences of one batch attend in parallel: many may read a layer at once, one writes.
 
-use std::sync::RwLock;
+// Not std's: a panic while a step writes (a model fault the engine survives) must not poison
+// the storage for every later step.
+use parking_lot::RwLock;
 
 use candle_core::Tensor;
 
@@ -214,7 +216,7 @@ impl PagedKv {
         }
         for store in self.layers.iter().flatten().filter(|l| l.shape.window.is_some()) {
             for storage in [&store.keys, &store.values] {
-                let mut storage = storage.write().expect("KV storage lock");
+                let mut storage = storage.write();
                 for &(first, end) in &runs {
                     let at = self.offset(store.shape, first, 0, 0);
                     storage.release(at, self.offset(store.shape, end, 0, 0) - at);
@@ -289,7 +291,7 @@ impl PagedKv {
         self.check_blocks(table)?;
         for (tensor, storage) in [(k, &store.keys), (v, &store.values)] {
             let src = tensor.flatten_all()?.to_vec1::<f32>()?;
-            let mut dst = storage.write().expect("KV storage lock");
+            let mut dst = storage.write();
             for head in 0..heads {
                 for i in 0..new {
                     let pos = start + i;
@@ -324,10 +326,7 @@ impl PagedKv {
                 table.len()
             )));
         }
-        let (keys, values) = (
-            store.keys.read().expect("KV storage lock"),
-            store.values.read().expect("KV storage lock"),
-        );
+        let (keys, values) = (store.keys.read(), store.values.read());
         let row = self.row_units(store.shape);
         let heads: Vec<HeadRuns> = (0..store.shape.kv_heads)
             .map(|head| HeadRuns {
@@ -372,10 +371,7 @@ impl PagedKv {
         {
             let row = self.row_units(store.shape);
             for (source, dest) in [(&store.keys, &target.keys), (&store.values, &target.values)] {
-                let (source, mut dest) = (
-                    source.read().expect("KV storage lock"),
-                    dest.write().expect("KV storage lock"),
-                );
+                let (source, mut dest) = (source.read(), dest.write());
                 for head in 0..store.shape.kv_heads {
                     for pos in 0..len {
                         let from = self.offset(
@@ -404,7 +400,7 @@ impl PagedKv {
         self.check_blocks(&[from, to])?;
         for store in self.layers.iter().flatten() {
             for storage in [&store.keys, &store.values] {
-                let mut data = storage.write().expect("KV storage lock");
+                let mut data = storage.write();
                 for head in 0..store.shape.kv_heads {
                     let src = self.offset(store.shape, from, head, 0);
                     let dst = self.offset(store.shape, to, head, 0);
@@ -424,7 +420,7 @@ impl PagedKv {
             let units = store.shape.kv_heads * self.block_size * self.row_units(store.shape);
             let at = self.offset(store.shape, block, 0, 0);
             for storage in [&store.keys, &store.values] {
-                storage.read().expect("KV storage lock").append_bytes(at, units, &mut out);
+                storage.read().append_bytes(at, units, &mut out);
             }
         }
         Ok(out)
@@ -450,7 +446,7 @@ impl PagedKv {
             let bytes = store.shape.bytes(self.kind) * self.block_size;
             let at = self.offset(store.shape, block, 0, 0);
             for storage in [&store.keys, &store.values] {
-                storage.write().expect("KV storage lock").set_bytes(at, &data[from..from + bytes]);
+                storage.write().set_bytes(at, &data[from..from + bytes]);
                 from += bytes;
             }
         }
@@ -513,6 +509,20 @@ mod tests {
             (keys, values)
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_panic_while_the_storage_is_written_leaves_it_usable() {
+        let kv = PagedKv::new(&SHAPES, KvType::ALL[0], 8, 4);
+        let fault = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _writing = kv.layers[0].as_ref().unwrap().keys.write();
+            panic!("a model fault mid-write");
+        }));
+        assert!(fault.is_err());
+        let (k, v) = (rows(4, 0.5), rows(4, 1.5));
+        kv.write(0, &[1], 0, &k, &v).unwrap();
+        let (keys, _) = read(&kv, &[1], 4, 0);
+        assert_eq!(keys.len(), 4 * 64);
     }
 
     #[test]

@@ -19,7 +19,8 @@ use half::f16;
 
 use crate::error::{ModelError, Result};
 use crate::huge_pages;
-use crate::k_quants::{fits, tiled_product, Activations, Kernel, TileSums, BLOCK, TILE_ROWS};
+use crate::isa::Isa;
+use crate::k_quants::{best_copy, fits, tiled_product, Activations, TileSums, BLOCK, TILE_ROWS};
 
 /// Bytes of a Q6_K block: 128 of low nibbles, 64 of high bit pairs, 16 scales, `d`.
 const BLOCK_BYTES: usize = 210;
@@ -89,11 +90,11 @@ impl Q6KMatrix {
 
     /// x: (tokens, cols) → (tokens, rows)
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.product(x, Kernel::best())
+        self.product(x, best_copy())
     }
 
     /// [`Self::forward`] on a given kernel copy (the tests run each).
-    fn product(&self, x: &Tensor, kernel: Kernel) -> Result<Tensor> {
+    fn product(&self, x: &Tensor, kernel: Isa) -> Result<Tensor> {
         let blocks = self.cols / BLOCK;
         let tile_dot = |tile: usize,
                         acts: &Activations,
@@ -176,7 +177,7 @@ impl SubBlockSums {
 
 /// `sums[t][r]` = row `r` of `tile` · token `first + t`, for `group` tokens, on `kernel`.
 fn tile_dot(
-    kernel: Kernel,
+    kernel: Isa,
     tile: &[TileBlock],
     acts: &Activations,
     sub_sums: &SubBlockSums,
@@ -184,10 +185,11 @@ fn tile_dot(
     group: usize,
     sums: &mut TileSums,
 ) {
+    debug_assert_eq!(kernel, kernel.for_integer_dots(), "not a copy of the integer kernels");
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Kernel::best` chose this copy for a CPU with its features.
-        Kernel::Vnni => unsafe {
+        // SAFETY: `Isa::for_integer_dots` chose this copy for a CPU with its features.
+        Isa::Avx512 => unsafe {
             match group {
                 1 => vnni::tile_dot::<1>(tile, acts, sub_sums, first, sums),
                 2 => vnni::tile_dot::<2>(tile, acts, sub_sums, first, sums),
@@ -197,7 +199,7 @@ fn tile_dot(
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Kernel::Avx2 => unsafe {
+        Isa::Avx2 => unsafe {
             match group {
                 1 => avx2::tile_dot::<1>(tile, acts, sub_sums, first, sums),
                 2 => avx2::tile_dot::<2>(tile, acts, sub_sums, first, sums),
@@ -205,7 +207,7 @@ fn tile_dot(
                 _ => avx2::tile_dot::<4>(tile, acts, sub_sums, first, sums),
             }
         },
-        Kernel::Portable => {
+        _ => {
             for (t, row_sums) in sums[..group].iter_mut().enumerate() {
                 for (r, v) in row_sums.iter_mut().enumerate() {
                     *v = dot_reference(tile, acts, sub_sums, first + t, r);

@@ -6,11 +6,11 @@
 use std::time::{Duration, Instant};
 
 use crate::bundle::ModelBundle;
-use crate::engine::{
-    Caller, Engine, EngineStopped, SequenceEvent, SequenceRequest, SequenceSummary,
-};
+use crate::engine::{Engine, EngineStopped};
 use crate::error::{Result, RunnerError};
+use crate::events::{sequence_channel, SequenceEvent, SequenceSummary};
 use crate::prefix_cache::CacheConfig;
+use crate::request::SequenceRequest;
 use crate::sampler::SampledToken;
 
 /// How a generation ended, and how long its two phases took.
@@ -59,9 +59,9 @@ impl Engine {
             return Err(RunnerError::PromptExceedsContext { prompt, context });
         }
         request.sampling.validate()?;
-        let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
+        let (caller, mut inbox) = sequence_channel();
         let submitted = Instant::now();
-        self.submit(request, Caller::new(events))?;
+        self.submit(request, caller)?;
         let mut first_token: Option<Instant> = None;
         loop {
             // The engine ends every sequence with an event; a closed channel means it died.

@@ -5,6 +5,7 @@
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::Value;
 use sha2::{Digest, Sha256};
@@ -20,7 +21,8 @@ const FINGERPRINT_SAMPLE: u64 = 4 << 20;
 
 pub struct ModelBundle {
     pub model: Box<dyn CausalLm>,
-    pub tokenizer: Tokenizer,
+    /// Shared with the server, which tokenizes and renders without touching the weights.
+    pub tokenizer: Arc<Tokenizer>,
     pub template: ChatTemplate,
     /// Names the weights ([`model_fingerprint`]); the prefix cache's disk tier keeps each
     /// model's snapshots apart by it.
@@ -44,7 +46,7 @@ impl ModelBundle {
                 let template = ChatTemplate::from_gguf(&template_meta, &tokenizer)?
                     .unwrap_or_else(ChatTemplate::chatml);
                 let model = spindle_models::load_gguf(path)?;
-                Ok(Self { model, tokenizer, template, fingerprint })
+                Ok(Self { model, tokenizer: Arc::new(tokenizer), template, fingerprint })
             }
             ModelFiles::Safetensors { dir } => {
                 let model = spindle_models::load_safetensors(dir)?;
@@ -54,7 +56,7 @@ impl ModelBundle {
                     &tokenizer,
                 )?
                 .unwrap_or_else(ChatTemplate::chatml);
-                Ok(Self { model, tokenizer, template, fingerprint })
+                Ok(Self { model, tokenizer: Arc::new(tokenizer), template, fingerprint })
             }
         }
     }

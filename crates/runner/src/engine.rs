@@ -4,24 +4,25 @@
 //! budget, so a long prompt cannot stall the others' tokens. Every sequence runs through the
 //! model on its own, with prefill chunks fixed by its prompt, so it sees exactly the logits it
 //! would see alone. Results leave as [`SequenceEvent`]s; a receiver that goes away, or a raised
-//! cancel flag, ends the sequence and frees its blocks at its next turn.
+//! cancel flag, ends the sequence and frees its blocks at its next turn. A sequence whose
+//! client has not read its last events sits steps out (see [`crate::events`]).
 
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, TryRecvError};
+use std::sync::Arc;
 
-use spindle_constrain::Constraint;
 use spindle_models::BatchEntry;
 use spindle_sched::{Scheduler, SchedulerConfig, SeqId, StepPlan};
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::watch;
 
 use crate::bundle::ModelBundle;
 use crate::error::RunnerError;
-use crate::output::{ReasoningMode, TextDelta};
+use crate::events::{Caller, SequenceEvent};
 use crate::polling_workers;
 use crate::prefix_cache::{CacheConfig, PrefixCache};
-use crate::sampler::{SampledToken, SamplingParams};
+use crate::request::SequenceRequest;
 use crate::sequence::{Next, Sequence};
 
 /// Limits of the engine thread.
@@ -38,6 +39,34 @@ pub struct EngineConfig {
     /// the engine has nothing else to do, when at most this many of its positions are left;
     /// 0 turns that off.
     pub orphan_prefill_tokens: usize,
+    /// Called at every stage of every step; tests panic from it to check the engine survives a
+    /// fault there. `None` in service.
+    pub fault_injection: Option<FaultInjection>,
+}
+
+/// Where in a step a fault strikes, for [`EngineConfig::fault_injection`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepStage {
+    /// Admitting waiting requests (the prefix cache looks their prompts up).
+    Admit,
+    /// Readying one sequence's work: reserving its blocks, sampling its next token.
+    Begin,
+    /// The batched model pass.
+    Forward,
+    /// Taking one sequence's logits back (snapshots into the prefix cache).
+    End,
+    /// Rebuilding the engine's state after a fault: a fault here stops the engine.
+    Recover,
+}
+
+/// A function the engine calls at each [`StepStage`].
+#[derive(Clone)]
+pub struct FaultInjection(pub Arc<dyn Fn(StepStage) + Send + Sync>);
+
+impl std::fmt::Debug for FaultInjection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FaultInjection")
+    }
 }
 
 impl EngineConfig {
@@ -56,119 +85,9 @@ impl EngineConfig {
             step_tokens: Self::STEP_TOKENS,
             cache,
             orphan_prefill_tokens: usize::MAX,
+            fault_injection: None,
         }
     }
-}
-
-/// Reasoning tokens get their own budget; the engine closes the block itself when it is spent.
-#[derive(Clone, Debug)]
-pub struct ReasoningBudget {
-    /// Reasoning tokens allowed (`None`: only the room rule below applies).
-    pub max_tokens: Option<usize>,
-    /// Tokens forced to close the block, e.g. those of "\n</think>\n\n".
-    pub close_ids: Vec<u32>,
-}
-
-/// One generation to run: what the server, `spindle generate` and the benches all plan.
-pub struct SequenceRequest {
-    pub prompt_ids: Vec<u32>,
-    /// Prompt positions after which the prefix cache should keep a snapshot (ends of chat
-    /// messages); the end of the prompt is always one.
-    pub snapshot_positions: Vec<usize>,
-    /// Tokens to generate at most; the caller has already fitted it into the context.
-    pub max_tokens: usize,
-    pub sampling: SamplingParams,
-    /// Token ids that end generation (not emitted).
-    pub stop_ids: Vec<u32>,
-    /// Strings that end generation (never emitted).
-    pub stop_strings: Vec<String>,
-    pub reasoning: ReasoningMode,
-    pub reasoning_budget: Option<ReasoningBudget>,
-    /// Positions the sequence may use in all.
-    pub context: usize,
-    /// The grammar the answer must follow (after any reasoning), if any.
-    pub constraint: Option<Constraint>,
-}
-
-impl SequenceRequest {
-    /// Plain generation: no snapshots, stops, reasoning split or grammar.
-    pub fn plain(
-        prompt_ids: Vec<u32>,
-        max_tokens: usize,
-        sampling: SamplingParams,
-        context: usize,
-    ) -> Self {
-        Self {
-            prompt_ids,
-            snapshot_positions: Vec::new(),
-            max_tokens,
-            sampling,
-            stop_ids: Vec::new(),
-            stop_strings: Vec::new(),
-            reasoning: ReasoningMode::Off,
-            reasoning_budget: None,
-            context,
-            constraint: None,
-        }
-    }
-}
-
-/// The submitter's end of a sequence: where its events go, and the flag that cancels it.
-pub struct Caller {
-    pub events: UnboundedSender<SequenceEvent>,
-    pub cancel: Arc<AtomicBool>,
-}
-
-impl Caller {
-    /// Events to `events`, with a cancel flag of its own.
-    pub fn new(events: UnboundedSender<SequenceEvent>) -> Self {
-        Self { events, cancel: Arc::new(AtomicBool::new(false)) }
-    }
-}
-
-/// What the engine reports about a sequence, in order: prompt progress, tokens, then one
-/// `Finished` or `Failed`.
-#[derive(Debug)]
-pub enum SequenceEvent {
-    /// A prefill chunk ran: `read` of the prompt's `total` positions are in the cache, `cached`
-    /// of them taken from the prefix cache.
-    Prefilled {
-        read: usize,
-        total: usize,
-        cached: usize,
-    },
-    Token {
-        token: SampledToken,
-        text: TextDelta,
-        reasoning: bool,
-    },
-    Finished(SequenceSummary),
-    Failed(RunnerError),
-}
-
-/// Why a sequence ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// An end-of-sequence token was sampled, or a stop string was produced.
-    Stop,
-    /// `max_tokens` or the context limit was reached.
-    Length,
-    /// The request was cancelled while running.
-    Cancelled,
-}
-
-/// Counts reported when a sequence ends.
-#[derive(Clone, Debug)]
-pub struct SequenceSummary {
-    pub finish_reason: FinishReason,
-    /// Text that was held back (a possible stop-string or tag prefix) and is now released.
-    pub tail: TextDelta,
-    /// The request's stop string that ended the text (`finish_reason` is then `Stop`).
-    pub stop_sequence: Option<String>,
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    pub reasoning_tokens: usize,
-    pub cached_tokens: usize,
 }
 
 /// Gauges and counters the server exports.
@@ -191,23 +110,32 @@ pub struct EngineLoad {
     pub kv_window_released_blocks: AtomicUsize,
 }
 
+/// Watches the engine thread: `None` while it runs, the reason once a fault it could not
+/// recover from stopped it.
+pub type EngineHealth = watch::Receiver<Option<String>>;
+
 /// Handle to the engine thread; cloning shares the thread.
 #[derive(Clone)]
 pub struct Engine {
     requests: mpsc::Sender<(SequenceRequest, Caller)>,
+    /// Unparked after each submission: the thread parks while every sequence is held back.
+    thread: std::thread::Thread,
     load: Arc<EngineLoad>,
+    health: EngineHealth,
     /// Declared last, so dropped after `requests`: see [`JoinOnDrop`].
     _thread: Arc<JoinOnDrop>,
 }
 
 /// The engine thread, joined when the last handle goes: its channel is closed by then (the
-/// handles' senders were dropped first), so the thread ends, and with it the prefix cache's
-/// queued disk writes are done. A clean shutdown loses none.
+/// handles' senders were dropped first), so the thread ends (unparked, if it waited for slow
+/// clients), and with it the prefix cache's queued disk writes are done. A clean shutdown
+/// loses none.
 struct JoinOnDrop(Option<std::thread::JoinHandle<()>>);
 
 impl Drop for JoinOnDrop {
     fn drop(&mut self) {
         if let Some(thread) = self.0.take() {
+            thread.thread().unpark();
             let _ = thread.join();
         }
     }
@@ -224,6 +152,7 @@ impl Engine {
         let (requests, inbox) = mpsc::channel();
         let load = Arc::new(EngineLoad::default());
         let thread_load = load.clone();
+        let (report_failure, health) = watch::channel(None);
         let thread = std::thread::Builder::new()
             .name("spindle-engine".into())
             .spawn(move || {
@@ -239,11 +168,26 @@ impl Engine {
                         "no compute pool for the engine thread ({e}); using the global one"
                     );
                 }
-                run(&bundle, &config, &inbox, &thread_load);
+                let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    run(&bundle, &config, &inbox, &thread_load)
+                }));
+                // Closed before the failure is reported: whoever sees it can submit no more.
+                drop(inbox);
+                if let Err(panic) = ran {
+                    let message = panic_message(&panic);
+                    tracing::error!(%message, "the engine thread stopped on a fault");
+                    report_failure.send_replace(Some(message));
+                }
                 drop(pool);
             })
             .expect("spawning the engine thread");
-        Self { requests, load, _thread: Arc::new(JoinOnDrop(Some(thread))) }
+        Self {
+            requests,
+            thread: thread.thread().clone(),
+            load,
+            health,
+            _thread: Arc::new(JoinOnDrop(Some(thread))),
+        }
     }
 
     pub fn submit(&self, request: SequenceRequest, caller: Caller) -> Result<(), EngineStopped> {
@@ -251,11 +195,18 @@ impl Engine {
         self.requests.send((request, caller)).map_err(|_| {
             self.load.waiting.fetch_sub(1, Ordering::Relaxed);
             EngineStopped
-        })
+        })?;
+        self.thread.unpark();
+        Ok(())
     }
 
     pub fn load(&self) -> &EngineLoad {
         &self.load
+    }
+
+    /// Whether the engine thread still runs, and why it stopped if not.
+    pub fn health(&self) -> EngineHealth {
+        self.health.clone()
     }
 }
 
@@ -284,10 +235,7 @@ fn run(
         config,
         load,
         prefix: PrefixCache::new(bundle, &config.cache),
-        scheduler: Scheduler::new(SchedulerConfig {
-            max_active: config.max_active.max(1),
-            step_tokens: config.step_tokens,
-        }),
+        scheduler: new_scheduler(config),
         waiting: HashMap::new(),
         running: HashMap::new(),
         next_id: 0,
@@ -303,25 +251,89 @@ fn run(
         for (request, caller) in inbox.try_iter() {
             engine.enqueue(request, caller);
         }
-        engine.admit();
-        load.waiting.store(engine.waiting.len(), Ordering::Relaxed);
-        load.active.store(engine.running.len(), Ordering::Relaxed);
-        engine.prefix.set_busy(!engine.running.is_empty());
-        engine.step();
-        engine.prefix.release_window_rows(engine.running.values().map(Sequence::cache));
-        // Before blocking for new work, so an idle engine reports itself idle.
-        engine.report_memory();
-        load.active.store(engine.running.len(), Ordering::Relaxed);
-        engine.prefix.set_busy(!engine.running.is_empty());
+        // A panic of the model pass or of one sequence's part is caught where it strikes;
+        // anywhere else it leaves the scheduler and the prefix cache half-changed.
+        let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| engine.admit_and_step()));
+        match stepped {
+            Ok(Stepped::Ran) => {}
+            // Nothing changes until a client reads, leaves or cancels (each unparks this
+            // thread, see `Caller::wake_on_read`) or a request comes (`Engine::submit` unparks).
+            Ok(Stepped::AllHeldBack) => match inbox.try_recv() {
+                Ok((request, caller)) => engine.enqueue(request, caller),
+                Err(TryRecvError::Empty) => std::thread::park(),
+                // Shutting down: nobody waits for the slow clients' sequences.
+                Err(TryRecvError::Disconnected) => return,
+            },
+            Err(panic) => engine.recover(&panic_message(&panic)),
+        }
     }
 }
 
+/// What a step came to.
+enum Stepped {
+    /// Something ran, or may run if the engine loops again.
+    Ran,
+    /// Every running sequence waits for its client to read: stepping again would spin.
+    AllHeldBack,
+}
+
+fn new_scheduler(config: &EngineConfig) -> Scheduler {
+    Scheduler::new(SchedulerConfig {
+        max_active: config.max_active.max(1),
+        step_tokens: config.step_tokens,
+    })
+}
+
 impl EngineState<'_> {
+    fn admit_and_step(&mut self) -> Stepped {
+        self.admit();
+        self.load.waiting.store(self.waiting.len(), Ordering::Relaxed);
+        self.load.active.store(self.running.len(), Ordering::Relaxed);
+        self.prefix.set_busy(!self.running.is_empty());
+        let stepped = self.step();
+        self.prefix.release_window_rows(self.running.values().map(Sequence::cache));
+        // Before blocking for new work, so an idle engine reports itself idle.
+        self.report_memory();
+        self.load.active.store(self.running.len(), Ordering::Relaxed);
+        self.prefix.set_busy(!self.running.is_empty());
+        stepped
+    }
+
+    /// After a fault outside the parts of a step that catch their own: the running sequences
+    /// fail (those the step had in hand went with it, and their callers see their channel
+    /// close), the scheduler and the prefix cache start afresh (the cache empty: its blocks'
+    /// owners are gone), and the waiting requests wait on in arrival order.
+    fn recover(&mut self, message: &str) {
+        tracing::error!(%message, sequences = self.running.len(), "an engine step panicked");
+        self.strike(StepStage::Recover);
+        let error = format!("the engine step panicked: {message}");
+        for (_, mut seq) in self.running.drain() {
+            seq.fail(RunnerError::Internal(error.clone()));
+        }
+        self.prefix.rebuild(self.bundle, &self.config.cache);
+        self.scheduler = new_scheduler(self.config);
+        let mut waiting: Vec<SeqId> = self.waiting.keys().copied().collect();
+        waiting.sort_unstable_by_key(|id| id.0);
+        for id in waiting {
+            self.scheduler.enqueue(id);
+        }
+        self.load.waiting.store(self.waiting.len(), Ordering::Relaxed);
+        self.load.active.store(0, Ordering::Relaxed);
+    }
+
+    /// Calls the test's fault injection, if any, at `stage`.
+    fn strike(&self, stage: StepStage) {
+        if let Some(inject) = &self.config.fault_injection {
+            (inject.0)(stage);
+        }
+    }
+
     fn enqueue(&mut self, mut request: SequenceRequest, caller: Caller) {
         let id = SeqId(self.next_id);
         self.next_id += 1;
         // Fixed now, so that a sequence run again after a preemption samples the same tokens.
         request.sampling.seed.get_or_insert_with(rand::random);
+        caller.wake_on_read(std::thread::current());
         self.waiting.insert(id, Waiting { request, caller, sent: 0 });
         self.scheduler.enqueue(id);
     }
@@ -331,6 +343,7 @@ impl EngineState<'_> {
     /// runs out, [`Self::make_room_for`] preempts). A prompt that could never fit fails at once
     /// instead of blocking the queue.
     fn admit(&mut self) {
+        self.strike(StepStage::Admit);
         let mut failed = Vec::new();
         let admitted = self.scheduler.admit(|id| {
             let request = &self.waiting[&id].request;
@@ -369,7 +382,7 @@ impl EngineState<'_> {
         });
         for (id, error) in failed {
             if let Some(waiting) = self.waiting.remove(&id) {
-                let _ = waiting.caller.events.send(SequenceEvent::Failed(error));
+                let _ = waiting.caller.send(SequenceEvent::Failed(error));
             }
             self.scheduler.remove(id);
         }
@@ -381,9 +394,13 @@ impl EngineState<'_> {
     }
 
     /// Runs one planned step: every planned prefill chunk and decode token goes through the
-    /// model in one batched pass.
-    fn step(&mut self) {
-        let plan = self.scheduler.plan();
+    /// model in one batched pass. A sequence whose client is behind sits it out.
+    fn step(&mut self) -> Stepped {
+        let running = &self.running;
+        let plan = self.scheduler.plan(|id| running.get(&id).is_none_or(Sequence::ready));
+        if plan.prefill.is_empty() && plan.decode.is_empty() && !self.running.is_empty() {
+            return Stepped::AllHeldBack;
+        }
         self.make_room_for(&plan);
         let work = plan
             .prefill
@@ -398,7 +415,11 @@ impl EngineState<'_> {
             let prefix = &mut self.prefix;
             let bundle = self.bundle;
             let orphan_room = self.config.orphan_prefill_tokens;
+            let config = self.config;
             let begun = guarded(&mut seq, |seq| {
+                if let Some(inject) = &config.fault_injection {
+                    (inject.0)(StepStage::Begin);
+                }
                 if seq.dropped() {
                     let prefill = matches!(work, Work::Prefill(_));
                     let keep_reading = idle && prefill && seq.unread() <= orphan_room;
@@ -421,7 +442,7 @@ impl EngineState<'_> {
             }
         }
         if jobs.is_empty() {
-            return;
+            return Stepped::Ran;
         }
         let ran = {
             let mut batch: Vec<BatchEntry> = jobs
@@ -430,19 +451,25 @@ impl EngineState<'_> {
                 .collect();
             let model = self.bundle.model.as_ref();
             std::panic::catch_unwind(AssertUnwindSafe(|| {
+                self.strike(StepStage::Forward);
                 polling_workers::while_polling(|| model.forward_batch(&mut batch))
             }))
         };
         let logits = match ran {
             Ok(Ok(logits)) => logits,
             // The caches of a failed pass are in an unknown state: every sequence in it ends.
-            Ok(Err(e)) => return self.fail_all(jobs, e.to_string()),
+            Ok(Err(e)) => {
+                self.fail_all(jobs, e.to_string());
+                return Stepped::Ran;
+            }
             Err(panic) => {
-                return self
-                    .fail_all(jobs, format!("the model step panicked: {}", panic_message(&panic)))
+                let message = format!("the model step panicked: {}", panic_message(&panic));
+                self.fail_all(jobs, message);
+                return Stepped::Ran;
             }
         };
         for (mut job, logits) in jobs.into_iter().zip(logits) {
+            self.strike(StepStage::End);
             match job.work {
                 Work::Prefill(_) => {
                     if job.seq.client_gone() {
@@ -457,6 +484,7 @@ impl EngineState<'_> {
             }
             self.running.insert(job.id, job.seq);
         }
+        Stepped::Ran
     }
 
     fn fail_all(&mut self, jobs: Vec<Job>, message: String) {

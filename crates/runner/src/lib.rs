@@ -7,9 +7,11 @@ mod bundle;
 mod disk_tier;
 mod engine;
 mod error;
+mod events;
 mod output;
 mod polling_workers;
 mod prefix_cache;
+mod request;
 pub mod sampler;
 mod sequence;
 mod window_rows;
@@ -18,9 +20,13 @@ pub use blocking::{single_sequence_cache, GenerationStats};
 pub use bundle::{model_fingerprint, read_tokenizer_metadata, ModelBundle};
 pub use disk_tier::DiskConfig;
 pub use engine::{
-    Caller, Engine, EngineConfig, EngineLoad, EngineStopped, FinishReason, ReasoningBudget,
-    SequenceEvent, SequenceRequest, SequenceSummary,
+    Engine, EngineConfig, EngineHealth, EngineLoad, EngineStopped, FaultInjection, StepStage,
 };
 pub use error::{Result, RunnerError};
+pub use events::{
+    sequence_channel, Caller, Canceller, ClientGone, FinishReason, SequenceEvent, SequenceEvents,
+    SequenceSummary, EVENT_CAPACITY,
+};
 pub use output::{OutputPipeline, ReasoningMode, TextDelta};
 pub use prefix_cache::CacheConfig;
+pub use request::{ReasoningBudget, SequenceRequest};

@@ -136,6 +136,15 @@ pub struct PrefixCache {
 }
 
 impl PrefixCache {
+    /// Starts afresh, as [`Self::new`] makes a cache, after a fault left this one in an unknown
+    /// state. The old storage and disk tier go first (the disk tier's queued writes done), so
+    /// two pools are never allocated at once and the folder has one owner.
+    pub fn rebuild(&mut self, bundle: &ModelBundle, config: &CacheConfig) {
+        self.disk = None;
+        self.kv = Arc::new(PagedKv::new(&[], config.kv_type, 0, config.block_size));
+        *self = Self::new(bundle, config);
+    }
+
     pub fn new(bundle: &ModelBundle, config: &CacheConfig) -> Self {
         let shapes = bundle.model.kv_shapes();
         let blocks = config.kv_blocks(bundle);

@@ -3,19 +3,18 @@
 //! the token sampled from the last logits) and what comes out of it (snapshots, logits).
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 
 use spindle_constrain::ConstrainError;
 use spindle_models::SequenceCache;
 use spindle_sched::{CacheKind, PrefillPlan};
 
 use crate::bundle::ModelBundle;
-use crate::engine::{Caller, SequenceEvent, SequenceRequest, SequenceSummary};
 use crate::error::RunnerError;
+use crate::events::{Caller, FinishReason, SequenceEvent, SequenceSummary};
 use crate::output::{OutputPipeline, TextDelta};
 use crate::prefix_cache::{PrefixCache, Started};
+use crate::request::SequenceRequest;
 use crate::sampler::{SampledToken, Sampler};
-use crate::FinishReason;
 
 /// What beginning a step of a sequence comes to.
 #[derive(Debug, PartialEq, Eq)]
@@ -122,7 +121,7 @@ impl Sequence {
         if !self.client_gone() {
             return false;
         }
-        if !self.caller.events.is_closed() {
+        if !self.caller.is_closed() {
             self.finish(FinishReason::Cancelled);
         }
         self.orphan = true;
@@ -131,7 +130,13 @@ impl Sequence {
 
     /// The client went away or cancelled.
     pub fn client_gone(&self) -> bool {
-        self.orphan || self.caller.events.is_closed() || self.caller.cancel.load(Ordering::Relaxed)
+        self.orphan || self.caller.client_gone()
+    }
+
+    /// Whether the sequence may decode: its client has read enough of its events to leave room
+    /// for a step's, or is gone (and the step ends the sequence).
+    pub fn ready(&self) -> bool {
+        self.orphan || self.caller.ready()
     }
 
     /// Prompt positions not read yet.
@@ -180,7 +185,7 @@ impl Sequence {
 
     /// Reports a failure; the sequence is over.
     pub fn fail(&mut self, error: RunnerError) -> Next {
-        let _ = self.caller.events.send(SequenceEvent::Failed(error));
+        let _ = self.caller.send(SequenceEvent::Failed(error));
         Next::Ended
     }
 
@@ -216,7 +221,7 @@ impl Sequence {
             self.logits = Some(logits);
         }
         if !self.orphan && self.sent == 0 {
-            let _ = self.caller.events.send(SequenceEvent::Prefilled {
+            self.caller.send_progress(SequenceEvent::Prefilled {
                 read: end,
                 total: self.request.prompt_ids.len(),
                 cached: self.cached,
@@ -257,9 +262,7 @@ impl Sequence {
         let (text, stopped) = self.output.push(&bundle.tokenizer, token.id);
         let id = token.id;
         let resent = self.generated <= self.sent;
-        if !resent
-            && self.caller.events.send(SequenceEvent::Token { token, text, reasoning }).is_err()
-        {
+        if !resent && self.caller.send(SequenceEvent::Token { token, text, reasoning }).is_err() {
             return Next::Ended;
         }
         if stopped {
@@ -355,7 +358,7 @@ impl Sequence {
             reasoning_tokens: self.reasoning_tokens,
             cached_tokens: self.cached,
         };
-        let _ = self.caller.events.send(SequenceEvent::Finished(summary));
+        let _ = self.caller.send(SequenceEvent::Finished(summary));
         Next::Ended
     }
 }

@@ -113,12 +113,13 @@ impl Scheduler {
     /// `step_tokens`. The step's first chunk is taken even over budget, so prompts are never
     /// starved by decoding; the first chunk that does not fit ends the step, so prompts finish
     /// in admission order. A sequence gets at most one chunk per step, and decodes from the
-    /// step after its last chunk.
-    pub fn plan(&mut self) -> StepPlan {
+    /// step after its last chunk. A decoding sequence `may_decode` refuses sits the step out
+    /// (its client has not read what it sent), costing the others nothing.
+    pub fn plan(&mut self, may_decode: impl Fn(SeqId) -> bool) -> StepPlan {
         let decode: Vec<SeqId> = self
             .active
             .iter()
-            .filter(|a| matches!(a.phase, Phase::Decoding))
+            .filter(|a| matches!(a.phase, Phase::Decoding) && may_decode(a.id))
             .map(|a| a.id)
             .collect();
         let mut tokens = decode.len();

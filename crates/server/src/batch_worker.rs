@@ -22,7 +22,7 @@ use spindle_api::{
 };
 
 use crate::batch_store::ResultLog;
-use crate::chat::start_chat;
+use crate::chat::{start_chat, ChatEndpoint};
 use crate::chat_answer::ChatAnswer;
 use crate::error::parse_json_value;
 use crate::respond::whole;
@@ -148,16 +148,17 @@ async fn run_line(
     };
     loop {
         wait_for_room(state, id).await?;
-        let start = match start_chat(state, &request, "chatcmpl", Admission::Batch) {
-            Ok(start) => start,
-            Err(error) => {
-                return Some(failure(
-                    line,
-                    &format!("batch_req_{:032x}", rand::random::<u128>()),
-                    &error,
-                ))
-            }
-        };
+        let start =
+            match start_chat(state, &request, ChatEndpoint::ChatCompletions, Admission::Batch) {
+                Ok(start) => start,
+                Err(error) => {
+                    return Some(failure(
+                        line,
+                        &format!("batch_req_{:032x}", rand::random::<u128>()),
+                        &error,
+                    ))
+                }
+            };
         let request_id = start.head.id.clone();
         let answer = ChatAnswer { head: start.head, tools: start.tools, include_usage: false };
         tokio::select! {

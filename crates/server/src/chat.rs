@@ -28,7 +28,7 @@ pub async fn chat_completions(
 ) -> Result<Response, HttpError> {
     let request: ChatCompletionRequest = parse_json(&body?)?;
     let ChatStart { mut generation, head, tools, .. } =
-        start_chat(&state, &request, "chatcmpl", Admission::Live)?;
+        start_chat(&state, &request, ChatEndpoint::ChatCompletions, Admission::Live)?;
     let delivery = Delivery::of(request.stream);
     if matches!(delivery, Delivery::Stream) && request.return_progress {
         generation.report_progress();
@@ -49,40 +49,69 @@ pub(crate) struct ChatStart {
     pub prompt_tokens: usize,
 }
 
-/// Validates `request` (in the OpenAI chat shape), renders and tokenizes it, resolves its
-/// answer shape and submits it, live or as a batch's; `id_prefix` names the protocol in the
-/// response id.
+/// The protocol a chat request came in by, which names things in its answers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ChatEndpoint {
+    ChatCompletions,
+    Messages,
+    Responses,
+}
+
+impl ChatEndpoint {
+    /// The prefix of the response ids.
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "chatcmpl",
+            Self::Messages => "msg",
+            Self::Responses => "resp",
+        }
+    }
+
+    /// The request field holding the conversation: what a prompt too long for the context
+    /// tells the client to shorten.
+    fn prompt_field(self) -> &'static str {
+        match self {
+            Self::ChatCompletions | Self::Messages => "messages",
+            Self::Responses => "input",
+        }
+    }
+}
+
+/// Validates `request` (in the OpenAI chat shape, converted from `endpoint`'s), renders and
+/// tokenizes it, resolves its answer shape and submits it, live or as a batch's.
 pub(crate) fn start_chat(
     state: &Arc<AppState>,
     request: &ChatCompletionRequest,
-    id_prefix: &str,
+    endpoint: ChatEndpoint,
     admission: Admission,
 ) -> Result<ChatStart, ApiError> {
     request.validate()?;
     check_model(state, request.model.as_deref())?;
     let shape = answer_shape(state, request)?;
-    let plan = plan(state, request, shape.constraint)?;
+    let plan = plan(state, request, shape.constraint, endpoint.prompt_field())?;
     let prompt_tokens = plan.prompt_ids.len();
-    let head = ResponseHead::new(state, id_prefix);
+    let head = ResponseHead::new(state, endpoint.id_prefix());
     let tools = shape.tool_calls.as_ref().map(|parsing| ToolCallStage::new(parsing, &head.id));
     let generation = Generation::start(state, &head.id, plan, admission)?;
     Ok(ChatStart { generation, head, tools, prompt_tokens })
 }
 
-/// Renders the prompt and decides everything the engine needs.
+/// Renders the prompt and decides everything the engine needs; a prompt too long for the
+/// context is refused naming `prompt_field`.
 fn plan(
     state: &AppState,
     request: &ChatCompletionRequest,
     constraint: Option<Constraint>,
+    prompt_field: &str,
 ) -> Result<SequenceRequest, ApiError> {
-    let bundle = &state.bundle;
     let tools: Vec<Value> = request.tools.iter().map(|t| json!(t)).collect();
     let rendered = render_prompt(state, &request.messages, &tools, &request.chat_template_kwargs)?;
     // The template writes BOS itself where the model wants one.
     let (prompt_ids, spans) =
-        bundle.tokenizer.encode_with_spans(&rendered.text).map_err(failure)?;
+        state.model.tokenizer.encode_with_spans(&rendered.text).map_err(failure)?;
     let snapshot_positions = token_positions(&rendered.message_ends, &spans);
-    let max_tokens = fit_max_tokens(state, prompt_ids.len(), request.max_output_tokens())?;
+    let max_tokens =
+        fit_max_tokens(state, prompt_ids.len(), request.max_output_tokens(), prompt_field)?;
 
     let reasoning = rendered.reasoning;
     let reasoning_budget = match (&reasoning, &state.profile.reasoning) {
@@ -185,7 +214,7 @@ pub(crate) fn render_prompt(
         extra: &kwargs,
     };
     // A template refusing the messages (its `raise_exception`) is a 400; failing by itself, a 500.
-    let text = state.bundle.template.render(&input).map_err(failure)?;
+    let text = state.model.template.render(&input).map_err(failure)?;
     let message_ends = state.profile.boundaries.as_ref().map_or_else(Vec::new, |b| b.find(&text));
     Ok(RenderedPrompt { text, reasoning, message_ends })
 }

@@ -37,7 +37,7 @@ pub async fn completions(
         )
         .into());
     }
-    let tokenizer = &state.bundle.tokenizer;
+    let tokenizer = &state.model.tokenizer;
     let prompt_ids = match &request.prompt {
         Prompt::TokenIds(ids) => ids.clone(),
         prompt => {
@@ -66,6 +66,7 @@ pub async fn completions(
         &state,
         prompt_ids.len(),
         Some(request.max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS)),
+        "prompt",
     )?;
     let logprobs = request.logprobs.map(|n| n as usize);
     let engine_request =

@@ -64,16 +64,9 @@ pub fn error_response(error: &ApiError, body: impl IntoResponse) -> Response {
 /// (panic text, model error, file paths) going to the log under that id.
 pub fn runner_failure(request_id: &str, error: RunnerError) -> ApiError {
     match &error {
-        RunnerError::PromptExceedsContext { .. } => ApiError {
-            param: Some("messages".into()),
-            ..ApiError::context_length_exceeded(format!("{error}; shorten the messages"))
-        },
-        RunnerError::PromptExceedsKvPool { .. } => ApiError {
-            param: Some("messages".into()),
-            ..ApiError::context_length_exceeded(format!(
-                "{error}; shorten the messages or raise --kv-cache-memory"
-            ))
-        },
+        RunnerError::PromptExceedsContext { .. } | RunnerError::PromptExceedsKvPool { .. } => {
+            prompt_too_long(&error, "messages")
+        }
         RunnerError::GrammarDeadEnd(_) => ApiError::bad_request(
             format!("{error}; the schema of response_format (or of the tools) cannot be met"),
             Some("response_format"),
@@ -84,6 +77,19 @@ pub fn runner_failure(request_id: &str, error: RunnerError) -> ApiError {
         RunnerError::Sampling(e) => ApiError::bad_request(error.to_string(), Some(e.field)),
         RunnerError::EmptyPrompt => ApiError::bad_request(error.to_string(), Some("prompt")),
         _ => internal_error(request_id, &error),
+    }
+}
+
+/// The 400 `context_length_exceeded` of a prompt that does not fit, naming `field`, the request
+/// field that holds the prompt (`messages`, or `prompt` on the legacy completions).
+pub fn prompt_too_long(error: &RunnerError, field: &str) -> ApiError {
+    let advice = match error {
+        RunnerError::PromptExceedsKvPool { .. } => " or raise --kv-cache-memory",
+        _ => "",
+    };
+    ApiError {
+        param: Some(field.into()),
+        ..ApiError::context_length_exceeded(format!("{error}; shorten the {field}{advice}"))
     }
 }
 

@@ -8,8 +8,9 @@ use std::time::Instant;
 use spindle_api::{ApiError, PromptProgress, TokenLogprob, TopLogprob};
 use spindle_chat::Tokenizer;
 use spindle_runner::sampler::SampledToken;
-use spindle_runner::{Caller, SequenceEvent, SequenceRequest, SequenceSummary, TextDelta};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use spindle_runner::{
+    sequence_channel, SequenceEvent, SequenceEvents, SequenceRequest, SequenceSummary, TextDelta,
+};
 
 use crate::error::{internal_error, runner_failure};
 use crate::state::{Admission, AppState, Ticket};
@@ -28,7 +29,8 @@ const PROGRESS_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_sec
 
 pub struct Generation {
     state: Arc<AppState>,
-    events: UnboundedReceiver<SequenceEvent>,
+    /// Read only as fast as the response is sent: a slow client holds its sequence back.
+    events: SequenceEvents,
     logprobs: bool,
     started: Instant,
     first_token: Option<Instant>,
@@ -51,17 +53,16 @@ impl Generation {
         request: SequenceRequest,
         admission: Admission,
     ) -> Result<Self, ApiError> {
+        let (caller, events) = sequence_channel();
         let ticket = match admission {
-            Admission::Live => state.admit(id)?,
-            Admission::Batch => state.admit_batch(id),
+            Admission::Live => state.admit(id, events.canceller())?,
+            Admission::Batch => state.admit_batch(id, events.canceller()),
         };
-        let (events, receiver) = unbounded_channel();
         let logprobs = request.sampling.top_logprobs.is_some();
-        let caller = Caller { events, cancel: ticket.cancel.clone() };
         state.engine.submit(request, caller).map_err(|e| runner_failure(id, e.into()))?;
         Ok(Self {
             state: state.clone(),
-            events: receiver,
+            events,
             logprobs,
             started: Instant::now(),
             first_token: None,
@@ -108,7 +109,7 @@ impl Generation {
                         }
                     }
                     let logprob =
-                        self.logprobs.then(|| token_logprob(&self.state.bundle.tokenizer, &token));
+                        self.logprobs.then(|| token_logprob(&self.state.model.tokenizer, &token));
                     Output::Text { delta: text, logprob }
                 }
                 SequenceEvent::Finished(summary) => {

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use spindle_api::anthropic::{ErrorResponse, Message, MessagesRequest, StreamEvent, TokenCount};
 use spindle_api::ApiError;
 
-use crate::chat::{render_prompt, start_chat, ChatStart};
+use crate::chat::{render_prompt, start_chat, ChatEndpoint, ChatStart};
 use crate::error::{error_response, failure, parse_json, HttpError};
 use crate::generation::{Collected, Output};
 use crate::messages_events::{assemble, MessageEvents};
@@ -35,7 +35,7 @@ pub async fn messages(
     request.validate()?;
     let chat = chat_request(&request)?;
     let ChatStart { generation, head, tools, prompt_tokens } =
-        start_chat(&state, &chat, "msg", Admission::Live)?;
+        start_chat(&state, &chat, ChatEndpoint::Messages, Admission::Live)?;
     let answer = MessagesAnswer { events: MessageEvents::new(head, tools), prompt_tokens };
     Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)
 }
@@ -52,7 +52,7 @@ pub async fn count_tokens(
     check_model(&state, chat.model.as_deref())?;
     let tools: Vec<Value> = chat.tools.iter().map(|t| json!(t)).collect();
     let prompt = render_prompt(&state, &chat.messages, &tools, &chat.chat_template_kwargs)?.text;
-    let ids = state.bundle.tokenizer.encode(&prompt, false).map_err(failure)?;
+    let ids = state.model.tokenizer.encode(&prompt, false).map_err(failure)?;
     Ok(Json(TokenCount { input_tokens: ids.len() as u32 }))
 }
 

@@ -5,8 +5,7 @@ use spindle_api::{ApiError, FinishReason, SamplingParams, Usage};
 use spindle_runner::sampler::SamplingParams as RunnerSampling;
 use spindle_runner::{RunnerError, SequenceRequest, SequenceSummary};
 
-use crate::error::failure;
-
+use crate::error::prompt_too_long;
 use crate::state::{unix_now, AppState};
 
 /// 404 for a model this server does not serve. An absent or empty name means the one it does.
@@ -24,21 +23,25 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError
 }
 
 /// The output limit: what the client asked for, capped by the room the prompt leaves in the
-/// context; a prompt that leaves no room is a 400 `context_length_exceeded`.
+/// context; a prompt that leaves no room is a 400 `context_length_exceeded` naming
+/// `prompt_field`, the request field that holds the prompt.
 pub fn fit_max_tokens(
     state: &AppState,
     prompt_tokens: usize,
     requested: Option<u32>,
+    prompt_field: &str,
 ) -> Result<usize, ApiError> {
-    let context = state.config.ctx_size.min(state.bundle.model.config().max_position_embeddings);
+    let context = state.config.ctx_size.min(state.model.max_positions);
     if prompt_tokens >= context {
-        return Err(failure(RunnerError::PromptExceedsContext { prompt: prompt_tokens, context }));
+        let error = RunnerError::PromptExceedsContext { prompt: prompt_tokens, context };
+        return Err(prompt_too_long(&error, prompt_field));
     }
     // Generated tokens take blocks as they come (a full pool preempts the newest sequence), but
     // a prompt must fit the whole pool on its own.
-    let kv_tokens = state.config.cache.kv_tokens(&state.bundle);
+    let kv_tokens = state.model.kv_tokens;
     if prompt_tokens >= kv_tokens {
-        return Err(failure(RunnerError::PromptExceedsKvPool { prompt: prompt_tokens, kv_tokens }));
+        let error = RunnerError::PromptExceedsKvPool { prompt: prompt_tokens, kv_tokens };
+        return Err(prompt_too_long(&error, prompt_field));
     }
     let room = context - prompt_tokens;
     Ok(requested.map_or(room, |n| (n as usize).min(room)))
@@ -55,7 +58,7 @@ pub fn sequence_request(
     logprobs: Option<usize>,
 ) -> SequenceRequest {
     SequenceRequest {
-        stop_ids: state.bundle.tokenizer.eos_token_ids().to_vec(),
+        stop_ids: state.model.tokenizer.eos_token_ids().to_vec(),
         stop_strings: stop_strings(sampling),
         ..SequenceRequest::plain(
             prompt_ids,

@@ -17,7 +17,7 @@ use spindle_api::{
     ResponsesRequest, TextOptions,
 };
 
-use crate::chat::{start_chat, ChatStart};
+use crate::chat::{start_chat, ChatEndpoint, ChatStart};
 use crate::error::{internal, parse_json, HttpError};
 use crate::generation::{Collected, Output};
 use crate::request::ResponseHead;
@@ -41,7 +41,7 @@ pub async fn create_response(
     conversation.extend(request.input_items()?);
     let (chat, names) = chat_request(&request, &conversation)?;
     let ChatStart { generation, head, tools, .. } =
-        start_chat(&state, &chat, "resp", Admission::Live)?;
+        start_chat(&state, &chat, ChatEndpoint::Responses, Admission::Live)?;
     let assembler = Assembler::new(in_progress(&request, head), tools, names);
     let keep = request.stores().then(|| Keep { state: state.clone(), conversation });
     let answer = ResponsesAnswer { assembler, keep };

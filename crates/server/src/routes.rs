@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
-use axum::http::{header, Method};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -102,8 +102,17 @@ async fn not_found(request: Request) -> Response {
     error_for_path(path, ApiError::not_found(format!("no route for {} {path}", request.method())))
 }
 
-async fn health(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
-    Json(json!({"status": "ok", "model": state.config.model_id}))
+/// 200 while the engine runs; 503 once a fault has stopped it (the process is on its way out).
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let model = &state.config.model_id;
+    match state.engine.health().borrow().as_deref() {
+        None => Json(json!({"status": "ok", "model": model})).into_response(),
+        Some(_) => {
+            let body =
+                json!({"status": "error", "model": model, "error": "the engine has stopped"});
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+        }
+    }
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
@@ -128,7 +137,7 @@ async fn tokenize(
     let request: TokenizeRequest = parse_json(&body?)?;
     request.validate()?;
     check_model(&state, request.model.as_deref())?;
-    let tokenizer = &state.bundle.tokenizer;
+    let tokenizer = &state.model.tokenizer;
     let tokens = if let Some(messages) = &request.messages {
         let prompt = render_prompt(&state, messages, &[], &Default::default())?.text;
         // The template already wrote the special tokens it wants.
@@ -149,7 +158,7 @@ async fn detokenize(
 ) -> Result<Json<DetokenizeResponse>, HttpError> {
     let request: DetokenizeRequest = parse_json(&body?)?;
     check_model(&state, request.model.as_deref())?;
-    let tokenizer = &state.bundle.tokenizer;
+    let tokenizer = &state.model.tokenizer;
     if let Some(bad) = request.tokens.iter().find(|&&id| id as usize >= tokenizer.vocab_size()) {
         return Err(ApiError::bad_request(
             format!("token id {bad} is outside the vocabulary"),

@@ -1,18 +1,19 @@
-//! What every handler shares: the configuration, the engine handle, the tokenizer and template
-//! (through the model bundle) and the model's chat profile, the metrics, and the in-flight
-//! requests that can be cancelled.
+//! What every handler shares: the configuration, the engine handle, the served model's tokenizer,
+//! template and limits and its chat profile, the metrics, and the in-flight requests that can be
+//! cancelled.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::{Map, Value};
 use spindle_api::ApiError;
-use spindle_chat::{ModelProfile, ToolCallFormat};
+use spindle_chat::{ChatTemplate, ModelProfile, Tokenizer, ToolCallFormat};
 use spindle_constrain::Grammars;
-use spindle_runner::{CacheConfig, Engine, ModelBundle};
+use spindle_runner::{CacheConfig, Canceller};
 
 use crate::batch_store::{BatchConfig, BatchStore};
+use crate::engine::GenerationEngine;
 use crate::metrics::Metrics;
 use crate::response_store::ResponseStore;
 
@@ -52,12 +53,23 @@ pub struct ServerConfig {
     pub batch: BatchConfig,
 }
 
+/// What the handlers know of the served model: its text side and its limits. The weights stay
+/// with the engine.
+pub struct ServedModel {
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    /// Positions the model was trained for; the served context is at most this.
+    pub max_positions: usize,
+    /// Positions the KV pool holds over all sequences: no longer prompt can ever run.
+    pub kv_tokens: usize,
+}
+
 pub struct AppState {
     pub config: ServerConfig,
-    pub bundle: Arc<ModelBundle>,
+    pub model: ServedModel,
     /// Read off the template and tokenizer at start, so no request searches or probes them.
     pub profile: ModelProfile,
-    pub engine: Engine,
+    pub engine: Arc<dyn GenerationEngine>,
     pub metrics: Metrics,
     /// Finished Responses API responses kept for `GET` and `previous_response_id`.
     pub responses: ResponseStore,
@@ -66,7 +78,7 @@ pub struct AppState {
     /// Unix time the server started; reported as the model's `created`.
     pub started: u64,
     in_flight: AtomicUsize,
-    cancels: Mutex<HashMap<String, Arc<AtomicBool>>>,
+    cancels: Mutex<HashMap<String, Canceller>>,
     /// Built on the first constrained request: a large vocabulary takes a moment.
     grammars: OnceLock<Result<Grammars, String>>,
 }
@@ -74,14 +86,14 @@ pub struct AppState {
 impl AppState {
     pub fn new(
         config: ServerConfig,
-        bundle: Arc<ModelBundle>,
+        model: ServedModel,
         profile: ModelProfile,
-        engine: Engine,
+        engine: Arc<dyn GenerationEngine>,
     ) -> Self {
         let batches = BatchStore::open(&config.batch.dir);
         Self {
             config,
-            bundle,
+            model,
             profile,
             engine,
             metrics: Metrics::default(),
@@ -98,13 +110,13 @@ impl AppState {
     pub fn grammars(&self) -> Result<&Grammars, String> {
         let grammars = self
             .grammars
-            .get_or_init(|| Grammars::new(&self.bundle.tokenizer).map_err(|e| e.to_string()));
+            .get_or_init(|| Grammars::new(&self.model.tokenizer).map_err(|e| e.to_string()));
         grammars.as_ref().map_err(Clone::clone)
     }
 
     /// Admits one more request, or 429 when running and waiting requests are at their limit.
     /// The ticket keeps its place until dropped and makes the request cancellable by id.
-    pub fn admit(self: &Arc<Self>, id: &str) -> Result<Ticket, ApiError> {
+    pub fn admit(self: &Arc<Self>, id: &str, cancel: Canceller) -> Result<Ticket, ApiError> {
         let limit = self.config.max_concurrent + self.config.max_queue;
         let admitted = self
             .in_flight
@@ -115,28 +127,24 @@ impl AppState {
                 "the server is at its limit of {limit} requests in flight; retry shortly"
             )));
         }
-        Ok(self.ticket(id, Admission::Live))
+        Ok(self.ticket(id, cancel, Admission::Live))
     }
 
     /// Admits a request of a batch. It is not counted against the live limit, so batch work
     /// never turns a client away with a 429; the batch worker limits itself instead.
-    pub fn admit_batch(self: &Arc<Self>, id: &str) -> Ticket {
-        self.ticket(id, Admission::Batch)
+    pub fn admit_batch(self: &Arc<Self>, id: &str, cancel: Canceller) -> Ticket {
+        self.ticket(id, cancel, Admission::Batch)
     }
 
-    fn ticket(self: &Arc<Self>, id: &str, admission: Admission) -> Ticket {
-        let cancel = Arc::new(AtomicBool::new(false));
-        self.cancels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.to_string(), cancel.clone());
-        Ticket { state: self.clone(), id: id.to_string(), cancel, admission }
+    fn ticket(self: &Arc<Self>, id: &str, cancel: Canceller, admission: Admission) -> Ticket {
+        self.cancels.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), cancel);
+        Ticket { state: self.clone(), id: id.to_string(), admission }
     }
 
-    /// Raises the cancel flag of request `id`; false when no such request is in flight.
+    /// Cancels request `id`; false when no such request is in flight.
     pub fn cancel(&self, id: &str) -> bool {
         let cancels = self.cancels.lock().unwrap_or_else(|e| e.into_inner());
-        cancels.get(id).map(|flag| flag.store(true, Ordering::Relaxed)).is_some()
+        cancels.get(id).map(Canceller::cancel).is_some()
     }
 }
 
@@ -151,7 +159,6 @@ pub enum Admission {
 pub struct Ticket {
     state: Arc<AppState>,
     id: String,
-    pub cancel: Arc<AtomicBool>,
     admission: Admission,
 }
 

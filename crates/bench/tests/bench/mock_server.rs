@@ -499,8 +499,8 @@ async fn gates_read_metrics_or_the_started_process() {
     let client = Client::new(&url, None).unwrap();
     // A remote server: memory and KV occupancy from /metrics.
     let probe = Probe::new(client.clone(), Arc::default());
-    let watch = GateWatch::begin(probe, Duration::from_millis(100)).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // No idle watch, no wait under load: the last sample is taken at the end either way.
+    let watch = GateWatch::begin(probe, Duration::ZERO).await;
     let gates = watch.end(&[16, 16, 2, 1, 16]).await;
     assert!(gates.early_stop.tripped());
     assert_eq!(gates.memory_source, "/metrics process_resident_memory_bytes");
@@ -511,7 +511,7 @@ async fn gates_read_metrics_or_the_started_process() {
 
     // A started server (this test process stands in for it): memory from /proc.
     let pid = Arc::new(std::sync::atomic::AtomicU32::new(std::process::id()));
-    let watch = GateWatch::begin(Probe::new(client, pid), Duration::from_millis(100)).await;
+    let watch = GateWatch::begin(Probe::new(client, pid), Duration::ZERO).await;
     let gates = watch.end(&[16, 16]).await;
     assert!(!gates.early_stop.tripped());
     assert_eq!(gates.memory_source, "/proc/PID/status VmRSS");

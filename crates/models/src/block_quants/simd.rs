@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 
 use super::{Activations, BlockFormat, TileLayout, BLOCK, GROUP, GROUP_BYTES, TILE_ROWS};
 
-/// [`super::Kernel::tile_dot`] with `vpdpbusd` on whole tiles.
+/// [`super::tile_dot`] with `vpdpbusd` on whole tiles.
 ///
 /// # Safety
 /// The CPU has AVX-512F, AVX-512BW and AVX-512 VNNI (and F16C).
@@ -32,7 +32,7 @@ pub(super) unsafe fn vnni_tile_dot(
     }
 }
 
-/// [`super::Kernel::tile_dot`] with `vpmaddubsw` on 8-row halves.
+/// [`super::tile_dot`] with `vpmaddubsw` on 8-row halves.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.

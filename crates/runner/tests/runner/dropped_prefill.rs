@@ -5,13 +5,12 @@
 
 use crate::common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{engine, engine_with_orphans, greedy, hybrid, request, run, smollm2, PREFILL_CHUNK};
-use spindle_runner::{Caller, Engine, ModelBundle, SequenceEvent};
-use tokio::sync::mpsc::UnboundedReceiver;
+use spindle_runner::{sequence_channel, Engine, ModelBundle, SequenceEvent, SequenceEvents};
 
 const PROMPT: usize = 640;
 const CONTEXT: usize = 4096;
@@ -29,21 +28,16 @@ enum GiveUp {
     Disconnect,
 }
 
-fn submit(
-    engine: &Engine,
-    prompt: &[u32],
-    cancel: &Arc<AtomicBool>,
-) -> UnboundedReceiver<SequenceEvent> {
-    let (events, inbox) = tokio::sync::mpsc::unbounded_channel();
-    engine.submit(request(prompt, 12, CONTEXT), Caller { events, cancel: cancel.clone() }).unwrap();
+fn submit(engine: &Engine, prompt: &[u32]) -> SequenceEvents {
+    let (caller, inbox) = sequence_channel();
+    engine.submit(request(prompt, 12, CONTEXT), caller).unwrap();
     inbox
 }
 
 /// Submits `prompt` and gives up once at least `chunks` prefill chunks are in; returns the
 /// positions read by then.
 fn read_partly(engine: &Engine, prompt: &[u32], chunks: usize, give_up: GiveUp) -> usize {
-    let cancel = Arc::new(AtomicBool::new(false));
-    let mut inbox = submit(engine, prompt, &cancel);
+    let mut inbox = submit(engine, prompt);
     loop {
         match inbox.blocking_recv().expect("events until the end") {
             SequenceEvent::Prefilled { read, total, .. } if read >= chunks * PREFILL_CHUNK => {
@@ -53,7 +47,7 @@ fn read_partly(engine: &Engine, prompt: &[u32], chunks: usize, give_up: GiveUp) 
                 );
                 match give_up {
                     GiveUp::Cancel => {
-                        cancel.store(true, Ordering::Relaxed);
+                        inbox.canceller().cancel();
                         while !matches!(
                             inbox.blocking_recv(),
                             Some(SequenceEvent::Finished(_)) | None

@@ -5,7 +5,8 @@ use crate::common;
 
 use common::{request, smollm2, BLOCK_SIZE, PREFILL_CHUNK};
 use spindle_runner::{
-    CacheConfig, Caller, Engine, EngineConfig, RunnerError, SequenceEvent, SequenceSummary,
+    sequence_channel, CacheConfig, Engine, EngineConfig, RunnerError, SequenceEvent,
+    SequenceSummary,
 };
 
 /// KV positions in the pool of [`small_pool_engine`].
@@ -23,6 +24,7 @@ fn small_pool_engine() -> Engine {
         step_tokens: 2 * PREFILL_CHUNK,
         cache,
         orphan_prefill_tokens: usize::MAX,
+        fault_injection: None,
     };
     Engine::start(bundle, config)
 }
@@ -34,9 +36,9 @@ fn end(
     max_tokens: usize,
     context: usize,
 ) -> Result<SequenceSummary, RunnerError> {
-    let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
+    let (caller, mut inbox) = sequence_channel();
     let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| 100 + i).collect();
-    engine.submit(request(&prompt, max_tokens, context), Caller::new(events)).unwrap();
+    engine.submit(request(&prompt, max_tokens, context), caller).unwrap();
     loop {
         match inbox.blocking_recv().expect("every sequence ends with an event") {
             SequenceEvent::Failed(error) => return Err(error),

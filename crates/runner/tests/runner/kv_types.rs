@@ -6,7 +6,6 @@
 //! drifts beyond the bounds below.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -15,7 +14,8 @@ use spindle_hub::ModelFiles;
 use spindle_models::KvType;
 use spindle_runner::sampler::{SampledToken, SamplingParams, MAX_TOP_LOGPROBS};
 use spindle_runner::{
-    CacheConfig, Caller, Engine, EngineConfig, ModelBundle, SequenceEvent, SequenceRequest,
+    sequence_channel, CacheConfig, Engine, EngineConfig, ModelBundle, SequenceEvent,
+    SequenceRequest,
 };
 
 /// Positions each run may use; every prompt and its steps fit.
@@ -106,7 +106,7 @@ fn bundle(model: &str, weights: Weights) -> Arc<ModelBundle> {
                     .unwrap();
             Arc::new(ModelBundle {
                 model: spindle_models::load_gguf_f32(&path).unwrap(),
-                tokenizer,
+                tokenizer: tokenizer.into(),
                 template: ChatTemplate::chatml(),
                 fingerprint: "f32".into(),
             })
@@ -152,9 +152,8 @@ fn steps(engine: &Engine, prompt: &[u32], path: &[u32]) -> Vec<SampledToken> {
         };
         let request =
             SequenceRequest::plain([prompt, &fed].concat(), STEPS - out.len(), sampling, CONTEXT);
-        let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
-        let caller = Caller::new(events);
-        let cancel = caller.cancel.clone();
+        let (caller, mut inbox) = sequence_channel();
+        let cancel = inbox.canceller();
         engine.submit(request, caller).unwrap();
         let mut diverged = false;
         loop {
@@ -162,7 +161,9 @@ fn steps(engine: &Engine, prompt: &[u32], path: &[u32]) -> Vec<SampledToken> {
                 SequenceEvent::Token { token, .. } if !diverged => {
                     diverged = !path.is_empty() && token.id != path[out.len()];
                     out.push(token);
-                    cancel.store(diverged, Ordering::Relaxed);
+                    if diverged {
+                        cancel.cancel();
+                    }
                 }
                 SequenceEvent::Finished(_) => break,
                 SequenceEvent::Failed(error) => panic!("{error}"),

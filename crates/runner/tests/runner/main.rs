@@ -7,6 +7,7 @@ mod conversation;
 mod disk_tier;
 mod dropped_prefill;
 mod failures;
+mod faults;
 mod kv_types;
 mod preemption;
 mod prefix_cache;

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use common::{greedy, hybrid, request, seeded, smollm2, BLOCK_SIZE, PREFILL_CHUNK};
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
-    CacheConfig, Caller, Engine, EngineConfig, ModelBundle, SequenceEvent, SequenceRequest,
+    sequence_channel, CacheConfig, Engine, EngineConfig, ModelBundle, SequenceEvent,
+    SequenceEvents, SequenceRequest,
 };
-use tokio::sync::mpsc::UnboundedReceiver;
 
 const CONTEXT: usize = 160;
 const REQUESTS: usize = 8;
@@ -35,6 +35,7 @@ fn engine(bundle: &Arc<ModelBundle>, blocks: usize) -> Engine {
         step_tokens: 2 * PREFILL_CHUNK,
         cache,
         orphan_prefill_tokens: usize::MAX,
+        fault_injection: None,
     };
     Engine::start(bundle.clone(), config)
 }
@@ -44,12 +45,8 @@ fn prompt(vocab: u32, i: usize) -> Vec<u32> {
     (0..len as u32).map(|p| (p * 13 + i as u32 * 71 + 3) % (vocab - 2) + 1).collect()
 }
 
-fn submit(
-    engine: &Engine,
-    prompt: &[u32],
-    sampling: SamplingParams,
-) -> UnboundedReceiver<SequenceEvent> {
-    let (events, inbox) = tokio::sync::mpsc::unbounded_channel();
+fn submit(engine: &Engine, prompt: &[u32], sampling: SamplingParams) -> SequenceEvents {
+    let (caller, inbox) = sequence_channel();
     engine
         .submit(
             SequenceRequest {
@@ -57,14 +54,14 @@ fn submit(
                 // What the server asks for when max_tokens is omitted: the rest of the context.
                 ..request(prompt, CONTEXT - prompt.len(), CONTEXT)
             },
-            Caller::new(events),
+            caller,
         )
         .unwrap();
     inbox
 }
 
 /// The token ids and logprob bits a client receives, each once.
-fn collect(mut inbox: UnboundedReceiver<SequenceEvent>) -> Vec<(u32, u32)> {
+fn collect(mut inbox: SequenceEvents) -> Vec<(u32, u32)> {
     let mut tokens = Vec::new();
     loop {
         match inbox.blocking_recv().expect("every sequence ends with an event") {
@@ -79,6 +76,16 @@ fn collect(mut inbox: UnboundedReceiver<SequenceEvent>) -> Vec<(u32, u32)> {
     }
 }
 
+/// Each request read by a client of its own, as a server's are: one read after another, the
+/// later ones would wait for room and never outgrow the pool together.
+fn collect_each(inboxes: Vec<SequenceEvents>) -> Vec<Vec<(u32, u32)>> {
+    std::thread::scope(|scope| {
+        let readers: Vec<_> =
+            inboxes.into_iter().map(|inbox| scope.spawn(move || collect(inbox))).collect();
+        readers.into_iter().map(|reader| reader.join().unwrap()).collect()
+    })
+}
+
 fn check_burst_outgrowing_the_pool(bundle: &Arc<ModelBundle>, vocab: u32) {
     let sampling = |i: usize| if i.is_multiple_of(2) { greedy() } else { seeded() };
     // Room for the longest request alone, and about two and a half in all.
@@ -86,7 +93,7 @@ fn check_burst_outgrowing_the_pool(bundle: &Arc<ModelBundle>, vocab: u32) {
     let shared = engine(bundle, blocks);
     let inboxes: Vec<_> =
         (0..REQUESTS).map(|i| submit(&shared, &prompt(vocab, i), sampling(i))).collect();
-    let outputs: Vec<_> = inboxes.into_iter().map(collect).collect();
+    let outputs = collect_each(inboxes);
     let preemptions = shared.load().preemptions.load(Ordering::Relaxed);
     assert!(preemptions > 0, "the burst outgrew the pool, so some sequence was preempted");
     // The outputs without preemption: the burst again on a pool that holds it all. Batched,
@@ -95,7 +102,7 @@ fn check_burst_outgrowing_the_pool(bundle: &Arc<ModelBundle>, vocab: u32) {
     let roomy = engine(bundle, REQUESTS * CONTEXT / BLOCK_SIZE);
     let inboxes: Vec<_> =
         (0..REQUESTS).map(|i| submit(&roomy, &prompt(vocab, i), sampling(i))).collect();
-    let unpreempted: Vec<_> = inboxes.into_iter().map(collect).collect();
+    let unpreempted = collect_each(inboxes);
     assert_eq!(roomy.load().preemptions.load(Ordering::Relaxed), 0);
     for (i, (output, alone)) in outputs.iter().zip(&unpreempted).enumerate() {
         assert_eq!(

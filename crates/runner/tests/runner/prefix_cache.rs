@@ -14,7 +14,6 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
 
 use spindle_hub::ModelFiles;
 use spindle_models::{KvType, PagedKv};
@@ -22,16 +21,14 @@ use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
     model_fingerprint, CacheConfig, Engine, EngineConfig, FinishReason, ModelBundle,
 };
-use spindle_runner::{Caller, RunnerError, SequenceEvent, SequenceRequest};
-use tokio::sync::mpsc::error::TryRecvError;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use spindle_runner::{
+    sequence_channel, RunnerError, SequenceEvent, SequenceEvents, SequenceRequest,
+};
 
 /// Prefill chunk of every engine here: small, so the system prompts span more than one chunk,
 /// and not a multiple of the block size, so chunks end inside blocks.
 const CHUNK: usize = 20;
 const BLOCK: usize = 16;
-/// Longest wait for a sequence's next event; a hang fails the test instead of stalling CI.
-const EVENT_TIMEOUT: Duration = Duration::from_secs(120);
 
 struct Model {
     name: &'static str,
@@ -159,12 +156,13 @@ fn engine(model: &Model, max_active: usize, cache: CacheConfig) -> Engine {
             step_tokens: 2 * CHUNK,
             cache,
             orphan_prefill_tokens: usize::MAX,
+            fault_injection: None,
         },
     )
 }
 
-fn submit(engine: &Engine, model: &Model, request: &Request) -> UnboundedReceiver<SequenceEvent> {
-    let (events, receiver) = unbounded_channel();
+fn submit(engine: &Engine, model: &Model, request: &Request) -> SequenceEvents {
+    let (caller, receiver) = sequence_channel();
     engine
         .submit(
             SequenceRequest {
@@ -177,36 +175,18 @@ fn submit(engine: &Engine, model: &Model, request: &Request) -> UnboundedReceive
                     4096,
                 )
             },
-            Caller::new(events),
+            caller,
         )
         .unwrap();
     receiver
 }
 
-fn next_event(receiver: &mut UnboundedReceiver<SequenceEvent>) -> SequenceEvent {
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    loop {
-        match receiver.try_recv() {
-            Ok(event) => return event,
-            Err(TryRecvError::Empty) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "no event from the engine within {EVENT_TIMEOUT:?}"
-                );
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(TryRecvError::Disconnected) => {
-                panic!("the engine dropped a sequence without a final event")
-            }
-        }
-    }
+fn next_event(receiver: &mut SequenceEvents) -> SequenceEvent {
+    receiver.blocking_recv().expect("the engine dropped a sequence without a final event")
 }
 
 /// Reads a sequence's events to its end; `Err` with the error of a `Failed` event.
-fn collect(
-    receiver: &mut UnboundedReceiver<SequenceEvent>,
-    request: &Request,
-) -> Result<Run, RunnerError> {
+fn collect(receiver: &mut SequenceEvents, request: &Request) -> Result<Run, RunnerError> {
     let (mut ids, mut logprobs, mut top_logprobs, mut text) =
         (Vec::new(), Vec::new(), Vec::new(), String::new());
     loop {

@@ -5,8 +5,8 @@ use crate::common;
 
 use common::{engine, request, smollm2};
 use spindle_runner::{
-    Caller, Engine, FinishReason, ModelBundle, ReasoningBudget, ReasoningMode, SequenceEvent,
-    SequenceRequest,
+    sequence_channel, Engine, FinishReason, ModelBundle, ReasoningBudget, ReasoningMode,
+    SequenceEvent, SequenceRequest,
 };
 
 const BUDGET: usize = 3;
@@ -28,7 +28,7 @@ fn close_ids(bundle: &ModelBundle) -> Vec<u32> {
 /// Runs the prompt greedily with a reasoning budget of [`BUDGET`], ending at `stop_ids`: the
 /// tokens generated and how the sequence ended.
 fn run(engine: &Engine, bundle: &ModelBundle, stop_ids: Vec<u32>) -> (Vec<u32>, FinishReason) {
-    let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
+    let (caller, mut inbox) = sequence_channel();
     engine
         .submit(
             SequenceRequest {
@@ -44,7 +44,7 @@ fn run(engine: &Engine, bundle: &ModelBundle, stop_ids: Vec<u32>) -> (Vec<u32>, 
                 }),
                 ..request(&thinking_prompt(bundle), MAX_TOKENS, 256)
             },
-            Caller::new(events),
+            caller,
         )
         .unwrap();
     let mut tokens = Vec::new();

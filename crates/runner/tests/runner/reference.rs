@@ -223,7 +223,7 @@ fn check_transformers(name: &str) {
         Tokenizer::from_gguf(spindle_runner::read_tokenizer_metadata(&path).unwrap()).unwrap();
     let bundle = ModelBundle {
         model: spindle_models::load_gguf_f32(&path).unwrap(),
-        tokenizer,
+        tokenizer: tokenizer.into(),
         template: ChatTemplate::chatml(),
         fingerprint: "f32".into(),
     };

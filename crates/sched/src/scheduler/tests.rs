@@ -116,7 +116,7 @@ impl Engine {
         for id in self.scheduler.admit(|id| runner.reserve(id)) {
             self.scheduler.start(id, self.runner.chunks(id));
         }
-        let plan = self.scheduler.plan();
+        let plan = self.scheduler.plan(|_| true);
         for id in self.runner.execute(&plan) {
             self.scheduler.remove(id);
         }
@@ -266,11 +266,11 @@ fn an_admitted_sequence_waits_for_its_chunks() {
     let mut scheduler = Scheduler::new(SchedulerConfig { max_active: 2, step_tokens: 8 });
     scheduler.enqueue(SeqId(1));
     assert_eq!(scheduler.admit(|_| true), [SeqId(1)]);
-    assert_eq!(scheduler.plan(), StepPlan::default(), "no chunks known yet");
+    assert_eq!(scheduler.plan(|_| true), StepPlan::default(), "no chunks known yet");
     scheduler.start(SeqId(1), vec![3, 3]);
-    assert_eq!(scheduler.plan(), plan(&[(1, 3)], &[]));
-    assert_eq!(scheduler.plan(), plan(&[(1, 3)], &[]));
-    assert_eq!(scheduler.plan(), plan(&[], &[1]));
+    assert_eq!(scheduler.plan(|_| true), plan(&[(1, 3)], &[]));
+    assert_eq!(scheduler.plan(|_| true), plan(&[(1, 3)], &[]));
+    assert_eq!(scheduler.plan(|_| true), plan(&[], &[1]));
 }
 
 #[test]
@@ -295,14 +295,34 @@ fn a_preempted_sequence_goes_back_to_the_front_of_the_queue() {
     assert_eq!(scheduler.last_admitted(), Some(SeqId(2)));
     scheduler.requeue_front(SeqId(2));
     assert_eq!(scheduler.last_admitted(), Some(SeqId(1)));
-    assert_eq!(scheduler.plan(), plan(&[(1, 2)], &[]), "the preempted sequence runs nothing");
+    assert_eq!(
+        scheduler.plan(|_| true),
+        plan(&[(1, 2)], &[]),
+        "the preempted sequence runs nothing"
+    );
     // It is admitted again before 3, which arrived later, and starts over.
     assert_eq!(scheduler.admit(|_| true), [SeqId(2)]);
     scheduler.start(SeqId(2), vec![4]);
-    assert_eq!(scheduler.plan(), plan(&[(2, 4)], &[1]));
+    assert_eq!(scheduler.plan(|_| true), plan(&[(2, 4)], &[1]));
     assert_eq!(scheduler.waiting(), 1);
     // Unknown or waiting ids are left alone.
     scheduler.requeue_front(SeqId(3));
     scheduler.requeue_front(SeqId(9));
     assert_eq!((scheduler.waiting(), scheduler.running()), (1, 2));
+}
+
+#[test]
+fn a_sequence_held_back_sits_out_while_the_others_run() {
+    let mut scheduler = Scheduler::new(SchedulerConfig { max_active: 3, step_tokens: 8 });
+    for id in 1..=3 {
+        scheduler.enqueue(SeqId(id));
+    }
+    scheduler.admit(|_| true);
+    scheduler.start(SeqId(1), vec![]);
+    scheduler.start(SeqId(2), vec![]);
+    scheduler.start(SeqId(3), vec![4]);
+    let not_2 = |id: SeqId| id != SeqId(2);
+    assert_eq!(scheduler.plan(not_2), plan(&[(3, 4)], &[1]), "a prompt is never held back");
+    assert_eq!(scheduler.plan(not_2), plan(&[], &[1, 3]));
+    assert_eq!(scheduler.plan(|_| true), plan(&[], &[1, 2, 3]), "and it decodes again");
 }

@@ -126,19 +126,6 @@ async fn streaming_splits_reasoning_the_same_way() {
 }
 
 #[tokio::test]
-async fn enable_thinking_false_gives_content_only() {
-    let base = server(Setup::Thinking);
-    let mut body = chat_body(QUESTION, 30);
-    body["chat_template_kwargs"] = json!({"enable_thinking": false});
-    let (_, response) = post(&base, "/v1/chat/completions", &body).await;
-    let (content, reasoning) = message(&response);
-    assert!(reasoning.is_empty(), "{response}");
-    assert!(response["choices"][0]["message"].get("reasoning_content").is_none());
-    assert!(!content.is_empty());
-    assert_eq!(response["usage"]["completion_tokens_details"]["reasoning_tokens"], 0);
-}
-
-#[tokio::test]
 async fn no_thinking_turns_it_off_unless_a_request_turns_it_on() {
     let base = server(Setup::NoThinking);
     let (_, off) = post(&base, "/v1/chat/completions", &chat_body(QUESTION, 30)).await;

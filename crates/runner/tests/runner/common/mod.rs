@@ -8,8 +8,8 @@ use std::sync::{Arc, OnceLock};
 use spindle_hub::ModelFiles;
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
-    model_fingerprint, CacheConfig, Caller, DiskConfig, Engine, EngineConfig, ModelBundle,
-    SequenceEvent, SequenceRequest,
+    model_fingerprint, sequence_channel, CacheConfig, DiskConfig, Engine, EngineConfig,
+    ModelBundle, SequenceEvent, SequenceRequest,
 };
 
 /// Small enough that short prompts span several chunks and blocks.
@@ -69,6 +69,7 @@ pub fn engine_with_orphans(
         step_tokens: 2 * PREFILL_CHUNK,
         cache,
         orphan_prefill_tokens,
+        fault_injection: None,
     };
     Engine::start(bundle.clone(), config)
 }
@@ -114,7 +115,7 @@ pub fn run(
     sampling: SamplingParams,
     context: usize,
 ) -> (Output, usize) {
-    let (events, mut inbox) = tokio::sync::mpsc::unbounded_channel();
+    let (caller, mut inbox) = sequence_channel();
     engine
         .submit(
             SequenceRequest {
@@ -122,7 +123,7 @@ pub fn run(
                 sampling,
                 ..request(prompt, 12, context)
             },
-            Caller::new(events),
+            caller,
         )
         .unwrap();
     let mut output = Output { tokens: Vec::new(), text: String::new() };

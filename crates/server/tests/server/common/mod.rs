@@ -1,5 +1,7 @@
 //! A real server on a loopback port with the real default model (SmolLM2-135M-Instruct, pulled
 //! into `$SPINDLE_HOME` on first use), one per configuration, shared by the tests of a binary.
+//! Only what needs a model's own answers lives here; the routes' shapes, errors and streaming
+//! are tested in-process around a scripted engine (`tests/routes`).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -11,43 +13,17 @@ use spindle_server::ServerConfig;
 /// turns SmolLM2 into a "thinking" model so the reasoning path runs on a real model.
 pub const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}";
 
-/// ChatML that refuses a conversation not opened by a user or system message with its own
-/// `raise_exception`, and fails by itself (a method strings lack) on a message saying
-/// [`TEMPLATE_BREAKER`].
-pub const STRICT_TEMPLATE: &str = "{% for m in messages %}{% if loop.first and m.role not in ['user', 'system'] %}{{ raise_exception('Conversation must start with a user message') }}{% endif %}{% if m.content == 'break the template' %}{{ m.content.no_such_method() }}{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-
-/// The message content that makes [`STRICT_TEMPLATE`] fail by itself.
-pub const TEMPLATE_BREAKER: &str = "break the template";
-
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Setup {
     Default,
-    ApiKey,
-    /// One running request and no queue, so a second is refused.
-    Tiny,
     Thinking,
     /// The thinking template behind `--no-thinking`.
     NoThinking,
-    SmallContext,
     /// Qwen2.5-Coder-0.5B-Instruct (Hermes tool calls), 16 requests at once, 64 waiting.
     Qwen,
     /// `--guided-json` [`GUIDED_SCHEMA`]: every answer without `response_format` follows it.
     GuidedJson,
-    /// Keep-alives after [`KEEP_ALIVE`] of quiet.
-    KeepAlive,
-    /// A 2,048-token context over a KV pool of [`SMALL_KV_TOKENS`].
-    SmallKv,
-    /// SmolLM2 behind [`STRICT_TEMPLATE`].
-    StrictTemplate,
 }
-
-/// The KV pool of [`Setup::SmallKv`], in positions (SmolLM2: 30 layers × 3 KV heads × 64 × 2).
-pub const SMALL_KV_TOKENS: usize = 512;
-
-/// The keep-alive interval of [`Setup::KeepAlive`].
-pub const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_millis(250);
-
-pub const API_KEY: &str = "sk-test-key";
 
 /// The server-wide schema of [`Setup::GuidedJson`].
 pub fn guided_schema() -> Value {
@@ -121,25 +97,13 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
     };
     match setup {
         Setup::Default => {}
-        Setup::ApiKey => config.api_key = Some(API_KEY.into()),
-        Setup::Tiny => (config.max_concurrent, config.max_queue) = (1, 0),
         Setup::Thinking | Setup::NoThinking => {
             bundle.template =
                 spindle_chat::ChatTemplate::new(THINKING_TEMPLATE, None, Some("<|im_end|>"))
                     .unwrap();
             config.thinking_default = setup == Setup::Thinking;
         }
-        Setup::SmallContext => config.ctx_size = 64,
-        Setup::StrictTemplate => {
-            bundle.template =
-                spindle_chat::ChatTemplate::new(STRICT_TEMPLATE, None, Some("<|im_end|>")).unwrap();
-        }
         Setup::GuidedJson => config.guided_json = Some(guided_schema()),
-        Setup::KeepAlive => config.keep_alive = KEEP_ALIVE,
-        Setup::SmallKv => {
-            let bytes_per_token = config.cache.kv_bytes / config.cache.kv_tokens(&bundle);
-            config.cache.kv_bytes = SMALL_KV_TOKENS * bytes_per_token;
-        }
         Setup::Qwen => {
             (config.max_concurrent, config.max_queue, config.max_body_bytes) = (16, 64, 1024 * 1024)
         }

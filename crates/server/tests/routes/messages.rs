@@ -1,34 +1,35 @@
-//! Anthropic's Messages API on real models: whole and streamed answers carry the same blocks,
-//! streams follow Anthropic's event grammar, thinking follows the request's switch and budget,
-//! errors come in Anthropic's shape, the key may come as `x-api-key`, count_tokens matches what
-//! a request is charged, Claude Code's per-request billing line does not defeat the prefix cache,
-//! and a tool round trip works on Qwen2.5.
+//! Anthropic's Messages API: whole and streamed answers carry the same blocks, streams follow
+//! Anthropic's event grammar, thinking follows the request's switch and budget, tool use comes
+//! back as `tool_use` blocks, errors come in Anthropic's shape, the key may come as
+//! `x-api-key`, and count_tokens matches what a request is charged.
 
-use crate::common;
-
-use common::{client, post, server, Setup, API_KEY};
+use axum::body::Body;
+use axum::http::{header, Request};
 use serde_json::{json, Value};
+use spindle_runner::ReasoningMode;
 
-const QUESTION: &str = "What is the capital of France? Answer in one sentence.";
+use crate::common::{
+    body_text, post_json, replying, server, server_with, Reply, TestServer, MODEL,
+};
+use crate::errors::{with_api_key, API_KEY};
 
 fn body(user: &str, max_tokens: u32) -> Value {
     json!({
-        "model": "smollm2-135m",
+        "model": MODEL,
         "max_tokens": max_tokens,
-        "temperature": 0,
         "messages": [{"role": "user", "content": user}],
     })
 }
 
 /// The `(event, data)` pairs of a streamed response.
-async fn post_events(base: &str, path: &str, body: &Value) -> Vec<(String, Value)> {
-    let response = client().post(format!("{base}{path}")).json(body).send().await.unwrap();
-    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
-    let content_type = response.headers()["content-type"].to_str().unwrap().to_string();
+pub async fn post_events(server: &TestServer, path: &str, body: &Value) -> Vec<(String, Value)> {
+    let response = server.send(post_json(path, body)).await;
+    assert_eq!(response.status(), 200);
+    let content_type = response.headers()[header::CONTENT_TYPE].to_str().unwrap().to_owned();
     assert!(content_type.starts_with("text/event-stream"), "{content_type}");
-    let text = response.text().await.unwrap();
+    let text = body_text(response).await;
     text.split("\n\n")
-        .filter(|event| !event.trim().is_empty())
+        .filter(|event| !event.trim().is_empty() && !event.starts_with(':'))
         .map(|event| {
             let field = |name: &str| {
                 event.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim_start().to_string())
@@ -161,50 +162,55 @@ fn assert_anthropic_error(
 
 #[tokio::test]
 async fn a_text_answer_whole_and_streamed() {
-    let base = server(Setup::Default);
-    let (status, whole) = post(&base, "/v1/messages?beta=true", &body(QUESTION, 24)).await;
+    let server = replying("The capital of France is Paris.");
+    let (status, whole) =
+        server.post("/v1/messages?beta=true", &body("Capital of France?", 24)).await;
     assert_eq!(status, 200, "{whole}");
     assert!(whole["id"].as_str().unwrap().starts_with("msg_"), "{whole}");
     assert_eq!(
         (&whole["type"], &whole["role"], &whole["model"]),
-        (&json!("message"), &json!("assistant"), &json!("smollm2-135m"))
+        (&json!("message"), &json!("assistant"), &json!(MODEL))
     );
-    let content = whole["content"].as_array().unwrap();
-    assert_eq!(content.len(), 1, "{whole}");
-    assert_eq!(content[0]["type"], "text");
-    assert!(content[0]["text"].as_str().unwrap().contains("Paris"), "{whole}");
-    assert!(whole["stop_reason"] == "end_turn" || whole["stop_reason"] == "max_tokens", "{whole}");
+    assert_eq!(
+        whole["content"],
+        json!([{"type": "text", "text": "The capital of France is Paris."}])
+    );
+    assert_eq!(whole["stop_reason"], "end_turn");
     assert_eq!(whole["stop_sequence"], Value::Null);
     let (input, cached, output) = usage_counts(&whole["usage"]);
-    assert!(input + cached > 10 && output > 0 && output <= 24, "{whole}");
+    assert_eq!((input, cached), (server.engine.last().prompt_tokens as u64, 0));
+    assert!(output > 3, "{whole}");
 
-    let mut streaming = body(QUESTION, 24);
+    let mut streaming = body("Capital of France?", 24);
     streaming["stream"] = json!(true);
-    let streamed = read_stream(&post_events(&base, "/v1/messages", &streaming).await);
+    let streamed = read_stream(&post_events(&server, "/v1/messages", &streaming).await);
     assert_eq!(streamed.content, whole["content"].as_array().unwrap().clone());
     assert_eq!(streamed.stop_reason, whole["stop_reason"]);
     assert!(streamed.start["id"].as_str().unwrap().starts_with("msg_"));
-    // Claude Code reads input_tokens from message_start; the prompt is the same one.
-    assert_eq!(streamed.start["usage"]["input_tokens"].as_u64(), Some(input + cached));
-    let (s_input, s_cached, s_output) = usage_counts(&streamed.usage);
-    assert_eq!((s_input + s_cached, s_output), (input + cached, output));
+    assert_eq!(streamed.start["usage"]["input_tokens"].as_u64(), Some(input));
+    assert_eq!(usage_counts(&streamed.usage), (input, cached, output));
+}
+
+#[tokio::test]
+async fn max_tokens_ends_with_its_stop_reason() {
+    let server = replying("one two three four five six");
+    let (_, whole) = server.post("/v1/messages", &body("Count", 2)).await;
+    assert_eq!(whole["stop_reason"], "max_tokens", "{whole}");
+    assert_eq!(whole["usage"]["output_tokens"], 2);
 }
 
 #[tokio::test]
 async fn a_stop_sequence_is_reported_by_name() {
-    let base = server(Setup::Default);
-    let (_, free) = post(&base, "/v1/messages", &body(QUESTION, 24)).await;
-    let text = free["content"][0]["text"].as_str().unwrap();
-    assert!(text.contains("Paris"), "{free}");
-    let mut stopped = body(QUESTION, 24);
+    let server = replying("The capital of France is Paris, on the Seine.");
+    let mut stopped = body("Capital?", 24);
     stopped["stop_sequences"] = json!(["never-said", "Paris"]);
     for stream in [false, true] {
         stopped["stream"] = json!(stream);
         let (content, stop_reason, stop_sequence) = if stream {
-            let s = read_stream(&post_events(&base, "/v1/messages", &stopped).await);
+            let s = read_stream(&post_events(&server, "/v1/messages", &stopped).await);
             (s.content, s.stop_reason, s.stop_sequence)
         } else {
-            let (status, whole) = post(&base, "/v1/messages", &stopped).await;
+            let (status, whole) = server.post("/v1/messages", &stopped).await;
             assert_eq!(status, 200, "{whole}");
             (
                 whole["content"].as_array().unwrap().clone(),
@@ -212,17 +218,8 @@ async fn a_stop_sequence_is_reported_by_name() {
                 whole["stop_sequence"].clone(),
             )
         };
-        assert_eq!(
-            (stop_reason, stop_sequence),
-            (json!("stop_sequence"), json!("Paris")),
-            "stream {stream}"
-        );
-        let before = text.split("Paris").next().unwrap().trim_start();
-        assert_eq!(
-            content.first().map_or("", |b| b["text"].as_str().unwrap()),
-            before,
-            "stream {stream}"
-        );
+        assert_eq!((stop_reason, stop_sequence), (json!("stop_sequence"), json!("Paris")));
+        assert_eq!(content, vec![json!({"type": "text", "text": "The capital of France is "})]);
     }
 }
 
@@ -244,67 +241,69 @@ fn thinking_and_text(message: &Value) -> (Option<String>, String) {
     (thinking, text)
 }
 
+/// A model that thinks when the prompt leaves thinking on, as Qwen3 does, on a server that
+/// thinks unless told not to.
+pub fn thinker() -> TestServer {
+    server_with(
+        |seen| match seen.reasoning {
+            ReasoningMode::Tagged { .. } => {
+                Reply::text("<think>\nJapan's capital.\n</think>\n\nTokyo.")
+            }
+            ReasoningMode::Off => Reply::text("Tokyo."),
+        },
+        |config, _| config.thinking_default = true,
+    )
+}
+
 #[tokio::test]
 async fn thinking_follows_the_request_on_a_thinking_template() {
-    let base = server(Setup::Thinking);
-    let question = "What is the capital of Japan?";
+    let server = thinker();
     let send = |thinking: Option<Value>| {
-        let base = base.clone();
+        let server = server.clone();
         async move {
-            let mut request = body(question, 60);
+            let mut request = body("What is the capital of Japan?", 60);
             if let Some(thinking) = thinking {
                 request["thinking"] = thinking;
             }
-            let (status, message) = post(&base, "/v1/messages", &request).await;
+            let (status, message) = server.post("/v1/messages", &request).await;
             assert_eq!(status, 200, "{message}");
             message
         }
     };
-    // Absent: the server's default, which is on here.
     let default = send(None).await;
-    let (default_thinking, default_text) = thinking_and_text(&default);
-    let default_thinking = default_thinking.expect("the server thinks by default");
-    assert!(!default_text.is_empty());
-    let (adaptive, _) = thinking_and_text(&send(Some(json!({"type": "adaptive"}))).await);
-    assert_eq!(adaptive.as_deref(), Some(default_thinking.as_str()));
-
+    assert_eq!(thinking_and_text(&default), (Some("Japan's capital.\n".into()), "Tokyo.".into()));
+    let adaptive = send(Some(json!({"type": "adaptive"}))).await;
+    assert_eq!(adaptive["content"], default["content"]);
     let disabled = send(Some(json!({"type": "disabled"}))).await;
-    let (none, text) = thinking_and_text(&disabled);
-    assert_eq!(none, None, "{disabled}");
-    assert!(!text.is_empty(), "{disabled}");
-
-    // A budget of 3 tokens: the same reasoning the chat endpoint gives with thinking_budget 3.
-    let budgeted = send(Some(json!({"type": "enabled", "budget_tokens": 3}))).await;
-    let (thinking, text) = thinking_and_text(&budgeted);
-    let thinking = thinking.expect("thinking is on");
-    let mut chat = body(question, 60);
-    chat["thinking_budget"] = json!(3);
-    let (_, reference) = post(&base, "/v1/chat/completions", &chat).await;
-    let message = &reference["choices"][0]["message"];
-    assert_eq!(
-        thinking,
-        message["reasoning_content"].as_str().unwrap().trim_start(),
-        "{budgeted}\n{reference}"
-    );
-    assert_eq!(text, message["content"].as_str().unwrap().trim_start());
-    assert!(thinking.len() < default_thinking.len(), "the budget did not bind: {budgeted}");
+    assert_eq!(thinking_and_text(&disabled), (None, "Tokyo.".into()));
+    assert!(server.engine.last().prompt.ends_with("<think>\n\n</think>\n\n"));
+    send(Some(json!({"type": "enabled", "budget_tokens": 3}))).await;
+    assert_eq!(server.engine.last().reasoning_budget, Some(3));
 
     // Streamed: the thinking block is signed and closed before the text block opens.
-    let mut streaming = body(question, 60);
+    let mut streaming = body("What is the capital of Japan?", 60);
     streaming["stream"] = json!(true);
-    let streamed = read_stream(&post_events(&base, "/v1/messages", &streaming).await);
+    let streamed = read_stream(&post_events(&server, "/v1/messages", &streaming).await);
     let types: Vec<&str> = streamed.content.iter().map(|b| b["type"].as_str().unwrap()).collect();
     assert_eq!(types, ["thinking", "text"]);
-    assert_eq!(
-        streamed.content,
-        default["content"].as_array().unwrap().clone(),
-        "signatures included"
-    );
+    assert_eq!(streamed.content, default["content"].as_array().unwrap().clone());
+}
+
+#[tokio::test]
+async fn output_config_effort_shares_out_max_tokens() {
+    let server = thinker();
+    for (effort, budget) in [("low", 25), ("medium", 50), ("high", 75)] {
+        let mut request = body("Hi", 100);
+        request["output_config"] = json!({"effort": effort});
+        let (status, message) = server.post("/v1/messages", &request).await;
+        assert_eq!(status, 200, "{message}");
+        assert_eq!(server.engine.last().reasoning_budget, Some(budget), "{effort}");
+    }
 }
 
 #[tokio::test]
 async fn errors_come_in_anthropics_shape() {
-    let base = server(Setup::Default);
+    let server = replying("Hi.");
     let user = |content: Value| json!({"max_tokens": 8, "messages": [{"role": "user", "content": content}]});
     let cases = [
         (user(json!([{"type": "video", "url": "x"}])), 400, "invalid_request_error", "video"),
@@ -342,32 +341,30 @@ async fn errors_come_in_anthropics_shape() {
         ),
     ];
     for (request, status, kind, needle) in cases {
-        let (got, response) = post(&base, "/v1/messages", &request).await;
+        let (got, response) = server.post("/v1/messages", &request).await;
         assert_anthropic_error(got, &response, status, kind, needle);
     }
-    let (status, response) = post(&base, "/v1/messages/batches", &json!({})).await;
+    let (status, response) = server.post("/v1/messages/batches", &json!({})).await;
     assert_anthropic_error(status, &response, 404, "not_found_error", "/v1/messages/batches");
     // Server tools are ignored, not refused.
     let mut request = body("Hi", 2);
     request["tools"] = json!([{"type": "web_search_20250305", "name": "web_search"}, {"type": "bash_20250124", "name": "bash"}]);
-    let (status, response) = post(&base, "/v1/messages", &request).await;
+    let (status, response) = server.post("/v1/messages", &request).await;
     assert_eq!(status, 200, "{response}");
 }
 
 #[tokio::test]
 async fn the_key_may_come_as_x_api_key() {
-    let base = server(Setup::ApiKey);
+    let server = with_api_key();
     let request = body("Hi", 2);
     let send = |headers: Vec<(&'static str, String)>, path: &'static str| {
-        let (base, request) = (base.clone(), request.clone());
+        let (server, request) = (server.clone(), request.clone());
         async move {
-            let mut builder = client().post(format!("{base}{path}")).json(&request);
+            let mut builder = Request::post(path).header(header::CONTENT_TYPE, "application/json");
             for (name, value) in headers {
                 builder = builder.header(name, value);
             }
-            let response = builder.send().await.unwrap();
-            let status = response.status().as_u16();
-            (status, serde_json::from_str::<Value>(&response.text().await.unwrap()).unwrap())
+            server.send_json(builder.body(Body::from(request.to_string())).unwrap()).await
         }
     };
     for path in ["/v1/messages", "/v1/messages/count_tokens"] {
@@ -375,11 +372,9 @@ async fn the_key_may_come_as_x_api_key() {
         assert_anthropic_error(status, &response, 401, "authentication_error", "x-api-key");
         let (status, response) = send(vec![("x-api-key", "wrong".into())], path).await;
         assert_anthropic_error(status, &response, 401, "authentication_error", "x-api-key");
-        let (status, response) = send(
-            vec![("x-api-key", API_KEY.into()), ("anthropic-beta", "whatever-2025".into())],
-            path,
-        )
-        .await;
+        let headers =
+            vec![("x-api-key", API_KEY.into()), ("anthropic-beta", "whatever-2025".into())];
+        let (status, response) = send(headers, path).await;
         assert_eq!(status, 200, "{response}");
         let (status, response) =
             send(vec![("authorization", format!("Bearer {API_KEY}"))], path).await;
@@ -387,145 +382,117 @@ async fn the_key_may_come_as_x_api_key() {
     }
     // The OpenAI routes keep their own error shape.
     let (status, response) = send(vec![], "/v1/chat/completions").await;
-    assert_eq!(
-        (status, response["error"]["type"].as_str()),
-        (401, Some("authentication_error")),
-        "{response}"
-    );
+    assert_eq!((status, response["error"]["type"].as_str()), (401, Some("authentication_error")));
     assert!(response.get("type").is_none(), "{response}");
 }
 
 #[tokio::test]
 async fn count_tokens_is_what_the_request_is_charged() {
-    let base = server(Setup::Default);
+    let server = replying("Marseille.");
     let mut request = body("Which city is larger, Lyon or Marseille?", 4);
     request["system"] = json!([{"type": "text", "text": "You are a geography teacher."}]);
     request["tools"] = json!([{"name": "lookup", "description": "Look a city up", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
-    let (status, count) = post(&base, "/v1/messages/count_tokens", &request).await;
+    let (status, count) = server.post("/v1/messages/count_tokens", &request).await;
     assert_eq!(status, 200, "{count}");
-    let (status, message) = post(&base, "/v1/messages", &request).await;
+    let (status, message) = server.post("/v1/messages", &request).await;
     assert_eq!(status, 200, "{message}");
     let (input, cached, _) = usage_counts(&message["usage"]);
     assert_eq!(count["input_tokens"].as_u64(), Some(input + cached), "{count} vs {message}");
-    // A longer conversation counts more.
-    request["messages"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"role": "assistant", "content": "Marseille."}));
-    request["messages"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"role": "user", "content": "And Paris?"}));
-    let (_, longer) = post(&base, "/v1/messages/count_tokens", &request).await;
+    let messages = request["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role": "assistant", "content": "Marseille."}));
+    messages.push(json!({"role": "user", "content": "And Paris?"}));
+    let (_, longer) = server.post("/v1/messages/count_tokens", &request).await;
     assert!(longer["input_tokens"].as_u64() > count["input_tokens"].as_u64(), "{longer}");
 }
 
+/// The `x-anthropic-billing-header:` line Claude Code puts first changes with every request;
+/// the prompt the engine gets is the same without it.
 #[tokio::test]
-async fn claude_codes_billing_line_does_not_defeat_the_prefix_cache() {
-    let base = server(Setup::Default);
-    let mut system =
-        String::from("You are the assistant of the Musée des Confluences in Lyon. Rules:\n");
-    for i in 1..=30 {
-        system.push_str(&format!(
-            "{i}. Answer visitors' question number {i} about exhibits, tickets and opening hours briefly.\n"
-        ));
-    }
+async fn claude_codes_billing_line_is_dropped_from_the_prompt() {
+    let server = replying("9 am.");
     let request = |billing: &str| {
         let mut request = body("When does the museum open on Sundays?", 4);
         request["system"] = json!([
             {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.3.{billing}; cc_entrypoint=cli; cch={billing};")},
-            {"type": "text", "text": system, "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "You are the museum's assistant.", "cache_control": {"type": "ephemeral"}},
         ]);
         request
     };
-    let rendered = format!("<|im_start|>system\n{system}<|im_end|>\n");
-    let (_, tokens) =
-        post(&base, "/v1/tokenize", &json!({"prompt": rendered, "add_special_tokens": false}))
-            .await;
-    let system_tokens = tokens["count"].as_u64().unwrap();
-    let (_, first) = post(&base, "/v1/messages", &request("a1f")).await;
-    let (_, first_cached, _) = usage_counts(&first["usage"]);
-    // Other tests' prompts on this server share at most the opening words.
-    assert!(first_cached < 16, "the first request should read its system prompt: {first}");
-    let (_, second) = post(&base, "/v1/messages", &request("9c2")).await;
-    let (_, cached, _) = usage_counts(&second["usage"]);
-    assert!(
-        cached >= system_tokens,
-        "{cached} cached tokens do not cover the {system_tokens}-token system prompt: {second}"
-    );
+    server.post("/v1/messages", &request("a1f")).await;
+    server.post("/v1/messages", &request("9c2")).await;
+    let seen = server.engine.seen();
+    assert_eq!(seen[0].prompt, seen[1].prompt);
+    assert!(!seen[0].prompt.contains("billing"), "{}", seen[0].prompt);
+    assert!(seen[0].prompt.starts_with("<|im_start|>system\nYou are the museum's assistant."));
 }
 
 #[tokio::test]
 async fn the_root_answers_head_and_get() {
-    let base = server(Setup::ApiKey);
-    for method in [reqwest::Method::HEAD, reqwest::Method::GET] {
-        let response = client().request(method.clone(), format!("{base}/")).send().await.unwrap();
-        assert_eq!(response.status(), 200, "{method}");
+    let server = with_api_key();
+    for request in [Request::head("/"), Request::get("/")] {
+        let response = server.send(request.body(Body::empty()).unwrap()).await;
+        assert_eq!(response.status(), 200);
     }
 }
 
-/// Qwen2.5 with one tool: a forced call (`any`), then the result sent back, then a text answer;
-/// the streamed call is the whole one.
+const WEATHER_CALL: &str =
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+
+/// A forced call (`any`) whole and streamed, then the result sent back and a text answer.
 #[tokio::test]
-async fn a_tool_round_trip_on_qwen() {
-    let base = server(Setup::Qwen);
+async fn a_tool_round_trip() {
+    let server = server(|seen| {
+        if seen.prompt.contains("<tool_response>") {
+            Reply::text("It is sunny in Paris.")
+        } else {
+            Reply::text(WEATHER_CALL)
+        }
+    });
     let tools = json!([{
         "name": "get_weather",
         "description": "Current weather for a city",
         "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     }]);
     let mut request = json!({
-        "model": "qwen2.5-coder-0.5b",
+        "model": MODEL,
         "max_tokens": 40,
-        "temperature": 0,
         "system": "You are a helpful assistant.",
         "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
         "tools": tools,
         "tool_choice": {"type": "any"},
+        "thinking": {"type": "disabled"},
     });
-    let (status, whole) = post(&base, "/v1/messages", &request).await;
+    let (status, whole) = server.post("/v1/messages", &request).await;
     assert_eq!(status, 200, "{whole}");
     assert_eq!(whole["stop_reason"], "tool_use", "{whole}");
+    assert!(server.engine.last().constrained, "a forced call is held to the tools' grammar");
     let content = whole["content"].as_array().unwrap();
-    let call = content
-        .iter()
-        .find(|b| b["type"] == "tool_use")
-        .unwrap_or_else(|| panic!("no tool_use: {whole}"));
+    assert_eq!(content.len(), 1, "{whole}");
+    let call = &content[0];
     assert!(call["id"].as_str().unwrap().starts_with("toolu_"), "{call}");
-    assert_eq!(call["name"], "get_weather");
-    assert!(call["input"]["city"].as_str().unwrap().contains("Paris"), "{call}");
+    assert_eq!((&call["type"], &call["name"]), (&json!("tool_use"), &json!("get_weather")));
+    assert_eq!(call["input"], json!({"city": "Paris"}));
 
     request["stream"] = json!(true);
-    let streamed = read_stream(&post_events(&base, "/v1/messages", &request).await);
+    let streamed = read_stream(&post_events(&server, "/v1/messages", &request).await);
     assert_eq!(streamed.stop_reason, "tool_use");
-    let without_ids = |blocks: &[Value]| -> Vec<Value> {
-        blocks
-            .iter()
-            .map(|b| {
-                let mut b = b.clone();
-                b.as_object_mut().unwrap().remove("id");
-                b
-            })
-            .collect()
+    let without_id = |block: &Value| {
+        let mut block = block.clone();
+        block.as_object_mut().unwrap().remove("id");
+        block
     };
-    assert_eq!(without_ids(&streamed.content), without_ids(content));
+    assert_eq!(streamed.content.iter().map(without_id).collect::<Vec<_>>(), vec![without_id(call)]);
 
     request["stream"] = json!(false);
-    // `none`, as the chat round trip does: Qwen2.5-0.5B would otherwise call again.
-    request["tool_choice"] = json!({"type": "none"});
-    request["max_tokens"] = json!(30);
+    request["tool_choice"] = json!({"type": "auto"});
     let messages = request["messages"].as_array_mut().unwrap();
     messages.push(json!({"role": "assistant", "content": content}));
     messages.push(json!({"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": call["id"], "content": [{"type": "text", "text": "Sunny, 24 degrees Celsius."}]},
     ]}));
-    let (status, answer) = post(&base, "/v1/messages", &request).await;
+    let (status, answer) = server.post("/v1/messages", &request).await;
     assert_eq!(status, 200, "{answer}");
-    assert!(
-        answer["stop_reason"] == "end_turn" || answer["stop_reason"] == "max_tokens",
-        "{answer}"
-    );
-    let text = answer["content"][0]["text"].as_str().unwrap_or_else(|| panic!("no text: {answer}"));
-    assert!(!text.trim().is_empty() && !text.contains("<tool_call>"), "{answer}");
-    assert_eq!(answer["content"].as_array().unwrap().len(), 1, "{answer}");
+    assert_eq!(answer["stop_reason"], "end_turn");
+    assert_eq!(answer["content"], json!([{"type": "text", "text": "It is sunny in Paris."}]));
+    assert!(server.engine.last().prompt.contains("Sunny, 24 degrees Celsius."));
 }

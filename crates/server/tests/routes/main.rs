@@ -1,0 +1,11 @@
+//! The routes in-process around a scripted engine: every protocol's shapes, streaming, errors,
+//! cancellation and the batch API, in milliseconds and without a model (the real-model tests
+//! are in `tests/server`).
+
+mod chat;
+mod common;
+mod endpoints;
+mod errors;
+mod messages;
+mod responses;
+mod streams;
