@@ -140,9 +140,11 @@ fn eval_smoke_and_bench_agentic_against_spindle_serve() {
 
 #[test]
 fn eval_exits_non_zero_when_server_checks_fail() {
-    // A port nothing listens on: every request fails, so every server check does.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let url = format!("http://127.0.0.1:{port}");
+    // A listener that hangs up on every connection: every request fails, so every server check
+    // does. It stays bound for the whole test, so no other process can take its port meanwhile.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || listener.incoming().for_each(drop));
     let (ok, text) = spindle(&["eval", "--base-url", &url, "--tier", "smoke"]);
     assert!(!ok, "{text}");
     assert!(text.contains("server checks: 0 passed, 8 failed, 0 skipped"), "{text}");

@@ -168,16 +168,14 @@ fn a_dropped_prefill_yields_to_a_live_request() {
 fn check_twins_read_once(bundle: &Arc<ModelBundle>, vocab: u32) {
     let prompt = prompt(vocab, 4);
     let warm = engine(bundle, None);
-    let first = std::thread::scope(|scope| {
-        let first = scope.spawn(|| run(&warm, &prompt, &[], greedy(), CONTEXT));
-        std::thread::sleep(Duration::from_millis(20));
-        let (second, cached) = run(&warm, &prompt, &[], greedy(), CONTEXT);
-        assert_eq!(cached, prompt.len(), "the twin resumed from the first one's cache");
-        let (first, first_cached) = first.join().unwrap();
-        assert_eq!(first_cached, 0);
-        assert_eq!(second, first);
-        first
-    });
+    // Both queued before the engine looks: the second is behind the first whatever the timing.
+    let first_events = common::submit(&warm, &prompt, &[], greedy(), CONTEXT);
+    let second_events = common::submit(&warm, &prompt, &[], greedy(), CONTEXT);
+    let (first, first_cached) = common::collect(first_events);
+    let (second, cached) = common::collect(second_events);
+    assert_eq!(first_cached, 0);
+    assert_eq!(cached, prompt.len(), "the twin resumed from the first one's cache");
+    assert_eq!(second, first);
     assert_eq!(first, cold(bundle, &prompt));
 }
 

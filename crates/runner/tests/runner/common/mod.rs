@@ -9,7 +9,7 @@ use spindle_hub::ModelFiles;
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
     model_fingerprint, sequence_channel, CacheConfig, DiskConfig, Engine, EngineConfig,
-    ModelBundle, SequenceEvent, SequenceRequest,
+    ModelBundle, SequenceEvent, SequenceEvents, SequenceRequest,
 };
 
 /// Small enough that short prompts span several chunks and blocks.
@@ -115,7 +115,18 @@ pub fn run(
     sampling: SamplingParams,
     context: usize,
 ) -> (Output, usize) {
-    let (caller, mut inbox) = sequence_channel();
+    collect(submit(engine, prompt, snapshots, sampling, context))
+}
+
+/// Queues one request; its events arrive on the returned inbox.
+pub fn submit(
+    engine: &Engine,
+    prompt: &[u32],
+    snapshots: &[usize],
+    sampling: SamplingParams,
+    context: usize,
+) -> SequenceEvents {
+    let (caller, inbox) = sequence_channel();
     engine
         .submit(
             SequenceRequest {
@@ -126,6 +137,11 @@ pub fn run(
             caller,
         )
         .unwrap();
+    inbox
+}
+
+/// Reads a submitted request's events to its end; the output and the cached prompt positions.
+pub fn collect(mut inbox: SequenceEvents) -> (Output, usize) {
     let mut output = Output { tokens: Vec::new(), text: String::new() };
     loop {
         match inbox.blocking_recv().expect("the engine ends every sequence with an event") {
