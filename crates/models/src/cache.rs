@@ -214,4 +214,17 @@ impl SequenceCache {
     pub fn advance(&mut self, n: usize) {
         self.len += n;
     }
+
+    /// Forgets the positions from `len` on (a speculative round's drafts that were not
+    /// accepted). Their keys and values stay in the blocks until later positions overwrite
+    /// them; nothing reads past `len`. A recurrent state has folded them in and cannot go back.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if self.recurrent.0.iter().any(Option::is_some) {
+            return Err(ModelError::BadConfig(
+                "a cache with recurrent state cannot forget positions".into(),
+            ));
+        }
+        self.len = self.len.min(len);
+        Ok(())
+    }
 }

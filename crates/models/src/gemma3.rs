@@ -15,7 +15,7 @@ use crate::layers::{
 };
 use crate::rope::RopeScaling;
 use crate::weights::WeightSource;
-use crate::{advance_all, batch_rows, BatchEntry, CausalLm, KvShape};
+use crate::{advance_all, batch_rows, logit_rows, BatchEntry, CausalLm, KvShape};
 
 struct Layer {
     input_norm: RmsNorm,
@@ -154,6 +154,6 @@ impl CausalLm for Gemma3 {
             x = (&x + l.post_ffn_norm.forward(&mlp)?)?;
         }
         advance_all(batch);
-        layers::logits_of_last_rows(&x, &rows, &self.norm, &self.head)
+        layers::logits_of_rows(&x, &logit_rows(batch, &rows), &self.norm, &self.head)
     }
 }

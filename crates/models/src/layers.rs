@@ -308,18 +308,27 @@ pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
     Ok(x.transpose(1, 2)?.reshape((tokens, heads * d))?)
 }
 
-/// For each sequence's rows `(first, len)` of the hidden states `x`, the logits after its last
-/// row: final norm and LM head run on those rows together.
-pub fn logits_of_last_rows(
+/// For each sequence's rows `(first, count)` of the hidden states `x`, the logits after each of
+/// them, one vocabulary after another: final norm and LM head run on all those rows together.
+pub fn logits_of_rows(
     x: &Tensor,
-    rows: &[(usize, usize)],
+    wanted: &[(usize, usize)],
     norm: &RmsNorm,
     head: &Linear,
 ) -> Result<Vec<Vec<f32>>> {
-    let last: Vec<u32> = rows.iter().map(|&(first, len)| (first + len - 1) as u32).collect();
-    let last = x.index_select(&Tensor::new(last.as_slice(), &Device::Cpu)?, 0)?;
-    let logits = head.forward(&norm.forward(&last)?)?;
-    Ok(logits.to_dtype(DType::F32)?.to_vec2()?)
+    let picked: Vec<u32> = wanted
+        .iter()
+        .flat_map(|&(first, count)| (first..first + count).map(|r| r as u32))
+        .collect();
+    let picked = x.index_select(&Tensor::new(picked.as_slice(), &Device::Cpu)?, 0)?;
+    let logits = head.forward(&norm.forward(&picked)?)?.to_dtype(DType::F32)?;
+    let vocab = logits.dim(1)?;
+    let flat = logits.flatten_all()?.to_vec1::<f32>()?;
+    let mut rows = flat.chunks_exact(vocab);
+    Ok(wanted
+        .iter()
+        .map(|&(_, count)| rows.by_ref().take(count).flatten().copied().collect())
+        .collect())
 }
 
 #[cfg(test)]

@@ -65,13 +65,14 @@ pub trait CausalLm: Send + Sync {
     /// Runs `tokens` after the positions `cache` already holds and returns the logits
     /// (vocabulary-sized) for the token that follows the last of them.
     fn forward(&self, tokens: &[u32], cache: &mut SequenceCache) -> Result<Vec<f32>> {
-        let mut logits = self.forward_batch(&mut [BatchEntry { tokens, cache }])?;
+        let mut logits = self.forward_batch(&mut [BatchEntry::new(tokens, cache)])?;
         Ok(logits.pop().expect("one entry, one result"))
     }
 
     /// Runs several sequences in one pass: the row-wise work (projections, experts, norms) on
     /// all their tokens together, attention and recurrences per sequence. Every kernel reduces
     /// each row in a fixed order, so each sequence's logits are bitwise what it gets alone.
+    /// Per entry, the logits of its last `logit_rows` rows, one vocabulary after another.
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>>;
 
     /// The key/value shape of each layer; `None` for layers without softmax attention.
@@ -100,10 +101,20 @@ pub trait CausalLm: Send + Sync {
     }
 }
 
-/// One sequence's share of a batched forward pass: its new tokens and its cache.
+/// One sequence's share of a batched forward pass: its new tokens, its cache, and how many of
+/// its last rows want logits (1 for a prompt chunk or a decode step; a speculative round's
+/// drafts want one per token, to check each against what the model itself would pick).
 pub struct BatchEntry<'a> {
     pub tokens: &'a [u32],
     pub cache: &'a mut SequenceCache,
+    pub logit_rows: usize,
+}
+
+impl<'a> BatchEntry<'a> {
+    /// An entry that wants the logits after its last token only.
+    pub fn new(tokens: &'a [u32], cache: &'a mut SequenceCache) -> Self {
+        Self { tokens, cache, logit_rows: 1 }
+    }
 }
 
 /// `(first row, rows)` of one entry in a batch's concatenated rows.
@@ -116,11 +127,27 @@ pub(crate) fn batch_rows(batch: &[BatchEntry<'_>]) -> Result<(Vec<RowRange>, Vec
     let mut rows = Vec::with_capacity(batch.len());
     let mut ids = Vec::new();
     for entry in batch {
+        if entry.logit_rows == 0 || entry.logit_rows > entry.tokens.len() {
+            return Err(ModelError::BadConfig(format!(
+                "logits for {} rows of an entry of {} tokens",
+                entry.logit_rows,
+                entry.tokens.len()
+            )));
+        }
         entry.cache.check_room(entry.tokens.len())?;
         rows.push((ids.len(), entry.tokens.len()));
         ids.extend_from_slice(entry.tokens);
     }
     Ok((rows, ids))
+}
+
+/// Per entry, the rows whose logits it wants: `(first row, rows)` in the concatenated rows.
+pub(crate) fn logit_rows(batch: &[BatchEntry<'_>], rows: &[RowRange]) -> Vec<RowRange> {
+    batch
+        .iter()
+        .zip(rows)
+        .map(|(entry, &(first, len))| (first + len - entry.logit_rows, entry.logit_rows))
+        .collect()
 }
 
 /// The end of every batched forward pass: each cache now holds its entry's tokens.

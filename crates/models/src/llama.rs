@@ -13,7 +13,7 @@ use crate::layers::{
     self, AttentionShape, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary,
 };
 use crate::weights::WeightSource;
-use crate::{advance_all, batch_rows, BatchEntry, CausalLm};
+use crate::{advance_all, batch_rows, logit_rows, BatchEntry, CausalLm};
 
 struct Attention {
     q: Linear,
@@ -115,6 +115,6 @@ impl CausalLm for Llama {
             x = (&x + layer.mlp.forward(&layer.ffn_norm.forward(&x)?)?)?;
         }
         advance_all(batch);
-        layers::logits_of_last_rows(&x, &rows, &self.norm, &self.head)
+        layers::logits_of_rows(&x, &logit_rows(batch, &rows), &self.norm, &self.head)
     }
 }

@@ -14,10 +14,11 @@ use std::sync::mpsc::{self, TryRecvError};
 use std::sync::Arc;
 
 use spindle_models::BatchEntry;
-use spindle_sched::{Scheduler, SchedulerConfig, SeqId, StepPlan};
+use spindle_sched::{CacheKind, Scheduler, SchedulerConfig, SeqId, StepPlan};
 use tokio::sync::watch;
 
 use crate::bundle::ModelBundle;
+use crate::draft::{DraftScript, NgramDrafter};
 use crate::error::RunnerError;
 use crate::events::{Caller, SequenceEvent};
 use crate::polling_workers;
@@ -42,6 +43,28 @@ pub struct EngineConfig {
     /// Called at every stage of every step; tests panic from it to check the engine survives a
     /// fault there. `None` in service.
     pub fault_injection: Option<FaultInjection>,
+    pub speculation: SpeculationConfig,
+}
+
+/// Speculative decoding: a sequence drafts the tokens that followed the latest earlier
+/// occurrence of its last few tokens and checks them all in one step, keeping those the model
+/// picks itself. The output is byte for byte what plain decoding gives; attention-only models
+/// only (a recurrent state cannot forget rejected drafts yet).
+#[derive(Clone, Debug)]
+pub struct SpeculationConfig {
+    /// Whether requests that do not say speculate.
+    pub by_default: bool,
+    /// Most tokens drafted per round (at most [`MAX_DRAFT`]); 0 turns speculation off for
+    /// every request.
+    pub max_draft: usize,
+    /// Drafts by this instead of the lookup (tests). `None` in service.
+    pub script: Option<DraftScript>,
+}
+
+impl Default for SpeculationConfig {
+    fn default() -> Self {
+        Self { by_default: false, max_draft: 8, script: None }
+    }
 }
 
 /// Where in a step a fault strikes, for [`EngineConfig::fault_injection`].
@@ -86,6 +109,7 @@ impl EngineConfig {
             cache,
             orphan_prefill_tokens: usize::MAX,
             fault_injection: None,
+            speculation: SpeculationConfig::default(),
         }
     }
 }
@@ -108,6 +132,30 @@ pub struct EngineLoad {
     pub snapshot_bytes: AtomicUsize,
     /// KV blocks whose sliding-window layers' rows were given back to the OS.
     pub kv_window_released_blocks: AtomicUsize,
+    /// Speculative rounds that drafted, the tokens they drafted, and those the model accepted.
+    pub spec_drafts: AtomicUsize,
+    pub spec_draft_tokens: AtomicUsize,
+    pub spec_accepted_tokens: AtomicUsize,
+    /// Per draft position (first, second, ...), how often it was accepted.
+    pub spec_accepted_by_position: [AtomicUsize; MAX_DRAFT],
+}
+
+/// The most tokens a round may draft.
+pub const MAX_DRAFT: usize = 16;
+
+impl EngineLoad {
+    /// Counts a decode step's round: `accepted` of `drafted` drafts, a prefix of them.
+    fn count_round(&self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        self.spec_drafts.fetch_add(1, Ordering::Relaxed);
+        self.spec_draft_tokens.fetch_add(drafted, Ordering::Relaxed);
+        self.spec_accepted_tokens.fetch_add(accepted, Ordering::Relaxed);
+        for position in &self.spec_accepted_by_position[..accepted.min(MAX_DRAFT)] {
+            position.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Watches the engine thread: `None` while it runs, the reason once a fault it could not
@@ -377,7 +425,10 @@ impl EngineState<'_> {
                 return false;
             }
             let Waiting { request, caller, sent } = self.waiting.remove(&id).expect("waiting");
-            self.running.insert(id, Sequence::new(request, caller, plan, started, sent));
+            let speculation = &self.config.speculation;
+            let drafter = max_draft(speculation, self.prefix.kind(), &request)
+                .map(|max| NgramDrafter::new(&request.prompt_ids, max, speculation.script.clone()));
+            self.running.insert(id, Sequence::new(request, caller, plan, started, sent, drafter));
             true
         });
         for (id, error) in failed {
@@ -394,7 +445,8 @@ impl EngineState<'_> {
     }
 
     /// Runs one planned step: every planned prefill chunk and decode token goes through the
-    /// model in one batched pass. A sequence whose client is behind sits it out.
+    /// model in one batched pass, then speculating sequences' drafts in the rows the step's
+    /// token budget has left. A sequence whose client is behind sits it out.
     fn step(&mut self) -> Stepped {
         let running = &self.running;
         let plan = self.scheduler.plan(|id| running.get(&id).is_none_or(Sequence::ready));
@@ -444,10 +496,18 @@ impl EngineState<'_> {
         if jobs.is_empty() {
             return Stepped::Ran;
         }
+        self.add_drafts(&mut jobs);
         let ran = {
             let mut batch: Vec<BatchEntry> = jobs
                 .iter_mut()
-                .map(|job| BatchEntry { tokens: &job.tokens, cache: job.seq.cache_mut() })
+                .map(|job| BatchEntry {
+                    tokens: &job.tokens,
+                    cache: job.seq.cache_mut(),
+                    logit_rows: match job.work {
+                        Work::Prefill(_) => 1,
+                        Work::Decode => job.tokens.len(),
+                    },
+                })
                 .collect();
             let model = self.bundle.model.as_ref();
             std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -480,11 +540,35 @@ impl EngineState<'_> {
                     }
                     job.seq.end_prefill(&mut self.prefix, logits);
                 }
-                Work::Decode => job.seq.end_decode(logits),
+                Work::Decode => {
+                    let verified = job.seq.end_decode(self.bundle, logits);
+                    self.load.count_round(verified.drafted, verified.accepted);
+                    if !verified.alive {
+                        job.seq.keep_reply(&mut self.prefix);
+                        self.end(job.id, job.seq);
+                        continue;
+                    }
+                }
             }
             self.running.insert(job.id, job.seq);
         }
         Stepped::Ran
+    }
+
+    /// Gives the decoding jobs of speculating sequences their drafts, in the rows the step's
+    /// token budget leaves after the planned work (so drafts never delay anyone's prompt).
+    /// After every job has its blocks, so drafts take only blocks nobody's work needs.
+    fn add_drafts(&mut self, jobs: &mut [Job]) {
+        let planned: usize = jobs.iter().map(|job| job.tokens.len()).sum();
+        let mut budget = self.config.step_tokens.saturating_sub(planned);
+        for job in jobs.iter_mut().filter(|job| matches!(job.work, Work::Decode)) {
+            if budget == 0 {
+                return;
+            }
+            let drafts = job.seq.add_drafts(&mut self.prefix, budget);
+            budget -= drafts.len();
+            job.tokens.extend(drafts);
+        }
     }
 
     fn fail_all(&mut self, jobs: Vec<Job>, message: String) {
@@ -580,6 +664,18 @@ struct Job {
     seq: Sequence,
     tokens: Vec<u32>,
     work: Work,
+}
+
+/// Most tokens `request` drafts per round: `None` unless it speculates (by its own choice or
+/// the server's) on a model whose cache (of `kind`) can forget rejected drafts.
+fn max_draft(
+    speculation: &SpeculationConfig,
+    kind: CacheKind,
+    request: &SequenceRequest,
+) -> Option<usize> {
+    let wanted = request.speculative.unwrap_or(speculation.by_default);
+    let max = speculation.max_draft.min(MAX_DRAFT);
+    (wanted && kind == CacheKind::AttentionOnly && max > 0).then_some(max)
 }
 
 /// Runs `f` on `seq`, turning a panic into a failure of that sequence alone.

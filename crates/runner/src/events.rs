@@ -68,6 +68,9 @@ pub struct SequenceSummary {
     pub completion_tokens: usize,
     pub reasoning_tokens: usize,
     pub cached_tokens: usize,
+    /// Tokens drafted for speculative rounds, and how many of them the model picked itself.
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 /// A new sequence's two ends: the [`Caller`] goes to the engine with the request, the
@@ -117,6 +120,12 @@ impl Caller {
     /// here is always followed by an unpark once it may have turned true.
     pub fn ready(&self) -> bool {
         self.sender.capacity() >= STEP_EVENTS || self.client_gone()
+    }
+
+    /// Token events a step may send beyond the one token and end every step has room for
+    /// (a speculative round's accepted drafts).
+    pub fn spare_events(&self) -> usize {
+        self.sender.capacity().saturating_sub(STEP_EVENTS)
     }
 
     /// The client went away or cancelled.

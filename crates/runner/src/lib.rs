@@ -5,6 +5,7 @@
 mod blocking;
 mod bundle;
 mod disk_tier;
+mod draft;
 mod engine;
 mod error;
 mod events;
@@ -19,8 +20,10 @@ mod window_rows;
 pub use blocking::{single_sequence_cache, GenerationStats};
 pub use bundle::{model_fingerprint, read_tokenizer_metadata, ModelBundle};
 pub use disk_tier::DiskConfig;
+pub use draft::DraftScript;
 pub use engine::{
-    Engine, EngineConfig, EngineHealth, EngineLoad, EngineStopped, FaultInjection, StepStage,
+    Engine, EngineConfig, EngineHealth, EngineLoad, EngineStopped, FaultInjection,
+    SpeculationConfig, StepStage, MAX_DRAFT,
 };
 pub use error::{Result, RunnerError};
 pub use events::{

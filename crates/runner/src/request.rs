@@ -34,6 +34,9 @@ pub struct SequenceRequest {
     pub context: usize,
     /// The grammar the answer must follow (after any reasoning), if any.
     pub constraint: Option<Constraint>,
+    /// Whether to decode speculatively (the output is the same either way); `None` follows
+    /// the engine's [`crate::SpeculationConfig::by_default`].
+    pub speculative: Option<bool>,
 }
 
 impl SequenceRequest {
@@ -55,6 +58,7 @@ impl SequenceRequest {
             reasoning_budget: None,
             context,
             constraint: None,
+            speculative: None,
         }
     }
 }

@@ -9,6 +9,7 @@ use spindle_models::SequenceCache;
 use spindle_sched::{CacheKind, PrefillPlan};
 
 use crate::bundle::ModelBundle;
+use crate::draft::NgramDrafter;
 use crate::error::RunnerError;
 use crate::events::{Caller, FinishReason, SequenceEvent, SequenceSummary};
 use crate::output::{OutputPipeline, TextDelta};
@@ -52,6 +53,24 @@ pub struct Sequence {
     /// Tokens the client already has from a run that was preempted: this run produces the
     /// same ones again and does not send them.
     sent: usize,
+    /// Proposes drafts when the sequence decodes speculatively.
+    drafter: Option<NgramDrafter>,
+    /// The drafts that run after the decided token in this step, in order.
+    drafts: Vec<u32>,
+    /// A token decided (sampled and reported) where the model rejected a draft: it runs next,
+    /// without being sampled again.
+    pending: Option<u32>,
+    drafted: usize,
+    accepted: usize,
+}
+
+/// What checking a round's drafts came to.
+pub struct Verified {
+    /// The sequence goes on (otherwise its end has been reported).
+    pub alive: bool,
+    pub drafted: usize,
+    /// Drafts the model picked itself, a prefix of the round's.
+    pub accepted: usize,
 }
 
 impl Sequence {
@@ -61,6 +80,7 @@ impl Sequence {
         plan: PrefillPlan,
         started: Started,
         sent: usize,
+        drafter: Option<NgramDrafter>,
     ) -> Self {
         let sampler = Sampler::new(request.sampling.clone(), &request.prompt_ids);
         let output = OutputPipeline::new(&request.stop_strings, request.reasoning.clone());
@@ -81,6 +101,11 @@ impl Sequence {
             answer_owed: false,
             orphan: false,
             sent,
+            drafter,
+            drafts: Vec::new(),
+            pending: None,
+            drafted: 0,
+            accepted: 0,
         }
     }
 
@@ -229,12 +254,57 @@ impl Sequence {
         }
     }
 
-    /// Samples one token from the pending logits and reports it; it runs through the model
-    /// next unless the sequence ended.
+    /// Decides the next token (sampled from the pending logits, or the one decided where the
+    /// model rejected a draft) and readies it to run through the model, unless the sequence
+    /// ended.
     pub fn begin_decode(&mut self, bundle: &ModelBundle, prefix: &mut PrefixCache) -> Next {
-        let Some(mut logits) = self.logits.take() else {
-            return self.fail(RunnerError::Internal("decode before the prompt was in".into()));
+        let id = match self.pending.take() {
+            Some(id) => id,
+            None => {
+                let Some(logits) = self.logits.take() else {
+                    return self
+                        .fail(RunnerError::Internal("decode before the prompt was in".into()));
+                };
+                match self.decide(bundle, logits) {
+                    Some(id) => id,
+                    None => return Next::Ended,
+                }
+            }
         };
+        if prefix.reserve(&mut self.cache, 1).is_err() {
+            tracing::warn!("the KV cache is full: a sequence ends early; raise --kv-cache-memory");
+            return self.finish(FinishReason::Length);
+        }
+        self.reply.push(id);
+        Next::Run(vec![id])
+    }
+
+    /// Drafts to run after the decided token this step, at most `budget` of them (the rows
+    /// the step has left), with their blocks reserved; empty when the sequence does not
+    /// speculate, nothing matches, or no block is free.
+    pub fn add_drafts(&mut self, prefix: &mut PrefixCache, budget: usize) -> Vec<u32> {
+        let Some(drafter) = &mut self.drafter else { return Vec::new() };
+        if self.orphan {
+            return Vec::new();
+        }
+        // After the decided token: tokens the sequence may still decide, positions it may
+        // still hold, and events its client has room for.
+        let room = budget
+            .min(self.request.max_tokens.saturating_sub(self.generated))
+            .min(self.cache.limit().saturating_sub(self.cache.len() + 1))
+            .min(self.caller.spare_events());
+        let drafts = drafter.propose(room);
+        if drafts.is_empty() || prefix.reserve(&mut self.cache, 1 + drafts.len()).is_err() {
+            return Vec::new();
+        }
+        self.drafts.clone_from(&drafts);
+        drafts
+    }
+
+    /// Decides one token from `logits` exactly as plain decoding does (forced close tags, the
+    /// grammar, one draw of the sampler) and reports it; `None` when the sequence ended
+    /// instead (a stop, `max_tokens`, the context).
+    fn decide(&mut self, bundle: &ModelBundle, mut logits: Vec<f32>) -> Option<u32> {
         let reasoning = self.output.in_reasoning();
         self.apply_reasoning_budget(reasoning);
         let mut forced = true;
@@ -242,7 +312,10 @@ impl Sequence {
             Some(id) => self.sampler.force(&logits, id),
             None => match self.sample(&mut logits, reasoning).inspect(|_| forced = false) {
                 Ok(token) => token,
-                Err(error) => return self.fail(error),
+                Err(error) => {
+                    self.fail(error);
+                    return None;
+                }
             },
         };
         // Ending inside an open reasoning block would leave the answer empty: close the block
@@ -254,29 +327,30 @@ impl Sequence {
             forced = true;
         }
         if self.request.stop_ids.contains(&token.id) {
-            return self.finish(FinishReason::Stop);
+            self.finish(FinishReason::Stop);
+            return None;
         }
         self.generated += 1;
         // The close tag the engine forces is not thinking: the budget counts the model's own.
         self.reasoning_tokens += usize::from(reasoning && !forced);
         let (text, stopped) = self.output.push(&bundle.tokenizer, token.id);
         let id = token.id;
+        if let Some(drafter) = &mut self.drafter {
+            drafter.push(id);
+        }
         let resent = self.generated <= self.sent;
         if !resent && self.caller.send(SequenceEvent::Token { token, text, reasoning }).is_err() {
-            return Next::Ended;
+            return None;
         }
         if stopped {
-            return self.report(FinishReason::Stop, TextDelta::default());
+            self.report(FinishReason::Stop, TextDelta::default());
+            return None;
         }
         if self.generated >= self.request.max_tokens || self.cache.len() >= self.cache.limit() {
-            return self.finish(FinishReason::Length);
+            self.finish(FinishReason::Length);
+            return None;
         }
-        if prefix.reserve(&mut self.cache, 1).is_err() {
-            tracing::warn!("the KV cache is full: a sequence ends early; raise --kv-cache-memory");
-            return self.finish(FinishReason::Length);
-        }
-        self.reply.push(id);
-        Next::Run(vec![id])
+        Some(id)
     }
 
     /// The next close-tag token to force, if the engine is closing the reasoning block.
@@ -312,9 +386,44 @@ impl Sequence {
         Ok(token)
     }
 
-    /// After a decode step ran: the logits for the next token.
-    pub fn end_decode(&mut self, logits: Vec<f32>) {
-        self.logits = Some(logits);
+    /// After a decode step ran (`logits`: one vocabulary per token it ran): checks the round's
+    /// drafts in order, deciding each position exactly as plain decoding would from the same
+    /// logits; a draft stays in the cache while it is what the model decided. The first it did
+    /// not decide ends the round (the decided token runs next step); when all were, the logits
+    /// after the last wait for the next step.
+    pub fn end_decode(&mut self, bundle: &ModelBundle, logits: Vec<f32>) -> Verified {
+        let drafts = std::mem::take(&mut self.drafts);
+        let vocab = logits.len() / (drafts.len() + 1);
+        let mut rows = logits.chunks_exact(vocab);
+        let mut verified = Verified { alive: true, drafted: drafts.len(), accepted: 0 };
+        if !drafts.is_empty() {
+            // Back to the decided token; each accepted draft's position is taken again.
+            let decided = self.cache.len() - drafts.len();
+            self.cache.truncate(decided).expect("only attention-only sequences draft");
+        }
+        for &draft in &drafts {
+            let row = rows.next().expect("a row per token").to_vec();
+            match self.decide(bundle, row) {
+                None => verified.alive = false,
+                Some(id) if id == draft => {
+                    self.cache.advance(1);
+                    self.reply.push(id);
+                    verified.accepted += 1;
+                    continue;
+                }
+                Some(id) => self.pending = Some(id),
+            }
+            break;
+        }
+        if verified.alive && self.pending.is_none() {
+            self.logits = Some(rows.next().expect("a row after the last draft").to_vec());
+        }
+        if let Some(drafter) = &mut self.drafter {
+            drafter.record(verified.drafted, verified.accepted);
+        }
+        self.drafted += verified.drafted;
+        self.accepted += verified.accepted;
+        verified
     }
 
     /// Starts forcing the close tag when reasoning has used its budget, or when thinking on
@@ -357,6 +466,8 @@ impl Sequence {
             completion_tokens: self.generated,
             reasoning_tokens: self.reasoning_tokens,
             cached_tokens: self.cached,
+            drafted_tokens: self.drafted,
+            accepted_tokens: self.accepted,
         };
         let _ = self.caller.send(SequenceEvent::Finished(summary));
         Next::Ended

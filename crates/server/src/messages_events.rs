@@ -274,6 +274,8 @@ mod tests {
             completion_tokens: 5,
             reasoning_tokens: 2,
             cached_tokens: 4,
+            drafted_tokens: 0,
+            accepted_tokens: 0,
         }
     }
 

@@ -22,7 +22,7 @@ use crate::moe::SparseMoe;
 use crate::paged_kv::KvShape;
 use crate::projections::Projections;
 use crate::weights::{SafetensorsWeights, Weight};
-use crate::{advance_all, batch_rows, BatchEntry, CausalLm};
+use crate::{advance_all, batch_rows, logit_rows, BatchEntry, CausalLm};
 use attention::GatedAttention;
 pub use config::{HybridConfig, Mixer};
 pub use gguf::ARCHITECTURES as GGUF_ARCHITECTURES;
@@ -122,7 +122,7 @@ impl CausalLm for Qwen3Next {
             x = (&x + layer.ffn.forward(&layer.post_attention_norm.forward(&x)?)?)?;
         }
         advance_all(batch);
-        layers::logits_of_last_rows(&x, &rows, &self.norm, &self.head)
+        layers::logits_of_rows(&x, &logit_rows(batch, &rows), &self.norm, &self.head)
     }
 
     fn kv_shapes(&self) -> Vec<Option<KvShape>> {

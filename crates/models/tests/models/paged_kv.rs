@@ -177,18 +177,12 @@ fn check_batch_invariance(model: &dyn CausalLm, kind: KvType, name: &str) {
     // Together: all prompts in one pass, then all decode steps in one pass.
     let mut caches: Vec<SequenceCache> =
         prompts.iter().map(|_| own_cache(model, kind, 256)).collect();
-    let mut batch: Vec<BatchEntry> = prompts
-        .iter()
-        .zip(caches.iter_mut())
-        .map(|(p, cache)| BatchEntry { tokens: p, cache })
-        .collect();
+    let mut batch: Vec<BatchEntry> =
+        prompts.iter().zip(caches.iter_mut()).map(|(p, cache)| BatchEntry::new(p, cache)).collect();
     let after_prompts = model.forward_batch(&mut batch).unwrap();
     let steps: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-    let mut batch: Vec<BatchEntry> = steps
-        .iter()
-        .zip(caches.iter_mut())
-        .map(|(t, cache)| BatchEntry { tokens: t, cache })
-        .collect();
+    let mut batch: Vec<BatchEntry> =
+        steps.iter().zip(caches.iter_mut()).map(|(t, cache)| BatchEntry::new(t, cache)).collect();
     let after_steps = model.forward_batch(&mut batch).unwrap();
     for (i, (prompt_logits, step_logits)) in alone.iter().enumerate() {
         assert_bits(
@@ -227,4 +221,47 @@ fn sequences_batched_together_match_sequences_alone() {
         KvType::default(),
         "qwen3_5_moe (f32 safetensors)",
     );
+}
+
+/// A speculative round: a run of tokens in one pass, with logits wanted after each, gets the
+/// very logits decoding them one at a time gets; forgetting the last of them and running
+/// another token instead gets that token's decode logits too.
+fn check_verified_run(model: &dyn CausalLm, kind: KvType, name: &str) {
+    let name = &format!("{name} ({kind} KV)");
+    let prompt = prompt(37, 5);
+    let run: Vec<u32> = (0..5).map(|i| 40 + 11 * i).collect();
+    let mut one_by_one = own_cache(model, kind, 256);
+    model.forward(&prompt, &mut one_by_one).unwrap();
+    let decoded: Vec<Vec<f32>> =
+        run.iter().map(|&t| model.forward(&[t], &mut one_by_one).unwrap()).collect();
+    let mut verified = own_cache(model, kind, 256);
+    model.forward(&prompt, &mut verified).unwrap();
+    let mut entry = BatchEntry::new(&run, &mut verified);
+    entry.logit_rows = run.len();
+    let rows = model.forward_batch(&mut [entry]).unwrap().pop().unwrap();
+    let vocab = decoded[0].len();
+    assert_eq!(rows.len(), run.len() * vocab, "{name}: one vocabulary per row");
+    for (i, (row, want)) in rows.chunks_exact(vocab).zip(&decoded).enumerate() {
+        assert_bits(row, want, &format!("{name}: row {i} of a run of {}", run.len()));
+    }
+    // The last two drafts rejected: the cache goes back and runs another token there.
+    verified.truncate(prompt.len() + 3).unwrap();
+    let other = model.forward(&[7], &mut verified).unwrap();
+    one_by_one.truncate(prompt.len() + 3).unwrap();
+    assert_bits(&other, &model.forward(&[7], &mut one_by_one).unwrap(), name);
+    let mut fresh = own_cache(model, kind, 256);
+    model.forward(&prompt, &mut fresh).unwrap();
+    let after: Vec<u32> = run[..3].iter().copied().chain([7]).collect();
+    let want = after.iter().map(|&t| model.forward(&[t], &mut fresh).unwrap()).last().unwrap();
+    assert_bits(&other, &want, &format!("{name}: a token after forgetting two"));
+}
+
+#[test]
+fn a_verified_run_gets_each_tokens_decode_logits() {
+    let smollm2 = smollm2();
+    for kind in KvType::ALL {
+        check_verified_run(smollm2.as_ref(), kind, "smollm2");
+    }
+    let mut hybrid = own_cache(tiny_hybrid_gguf().as_ref(), KvType::default(), 64);
+    assert!(hybrid.truncate(0).is_err(), "a recurrent state cannot go back");
 }

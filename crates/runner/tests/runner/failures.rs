@@ -25,6 +25,7 @@ fn small_pool_engine() -> Engine {
         cache,
         orphan_prefill_tokens: usize::MAX,
         fault_injection: None,
+        speculation: Default::default(),
     };
     Engine::start(bundle, config)
 }

@@ -13,4 +13,5 @@ mod preemption;
 mod prefix_cache;
 mod reasoning_budget;
 mod reference;
+mod speculation;
 mod window_rows;

@@ -36,6 +36,7 @@ fn engine(bundle: &Arc<ModelBundle>, blocks: usize) -> Engine {
         cache,
         orphan_prefill_tokens: usize::MAX,
         fault_injection: None,
+        speculation: Default::default(),
     };
     Engine::start(bundle.clone(), config)
 }

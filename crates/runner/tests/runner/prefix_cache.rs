@@ -157,6 +157,7 @@ fn engine(model: &Model, max_active: usize, cache: CacheConfig) -> Engine {
             cache,
             orphan_prefill_tokens: usize::MAX,
             fault_injection: None,
+            speculation: Default::default(),
         },
     )
 }

@@ -70,6 +70,7 @@ pub fn engine_with_orphans(
         cache,
         orphan_prefill_tokens,
         fault_injection: None,
+        speculation: Default::default(),
     };
     Engine::start(bundle.clone(), config)
 }

@@ -303,6 +303,8 @@ impl Run<'_> {
             completion_tokens: self.generated,
             reasoning_tokens: self.reasoning_tokens,
             cached_tokens: 0,
+            drafted_tokens: 0,
+            accepted_tokens: 0,
         };
         let _ = self.caller.send(SequenceEvent::Finished(summary));
         Some(finish_reason)

@@ -1,0 +1,176 @@
+//! Drafts for speculative decoding, taken from the sequence's own tokens: where its last few
+//! tokens occurred before (in the prompt or in what it wrote), the tokens that followed then
+//! are proposed to follow now (prompt-lookup / n-gram drafting). Agents copy paths,
+//! identifiers and whole blocks out of their context, so such drafts are often right; where
+//! nothing matches, nothing is drafted and the step is a plain decode step.
+//!
+//! How many tokens to draft follows how many were accepted lately: the length grows after a
+//! round that accepted everything and shrinks after one that accepted little, and a sequence
+//! whose drafts keep failing stops drafting for a while (a rejected draft costs a row of the
+//! step for nothing).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The longest and shortest runs of recent tokens looked up, longest first: a longer match
+/// predicts better, a shorter one finds more.
+const LONGEST_MATCH: usize = 4;
+const SHORTEST_MATCH: usize = 2;
+/// The draft length a sequence starts with.
+const FIRST_LENGTH: usize = 4;
+/// Below this share of drafted tokens accepted (over recent rounds), drafting pauses.
+const BREAK_EVEN: f32 = 0.25;
+/// Tokens decoded plainly before a paused sequence drafts again.
+const PAUSE_TOKENS: usize = 32;
+/// Weight of the latest round in the running acceptance.
+const RECENT_WEIGHT: f32 = 0.3;
+
+/// A stand-in for the lookup, for tests: given the sequence's tokens so far (prompt and
+/// decided tokens) and the room, the drafts to propose, e.g. the right ones with a wrong token
+/// where the test wants the model to reject one.
+#[derive(Clone)]
+pub struct DraftScript(pub Arc<ProposeFn>);
+
+/// Proposes drafts from the tokens so far and the room for them.
+pub type ProposeFn = dyn Fn(&[u32], usize) -> Vec<u32> + Send + Sync;
+
+impl std::fmt::Debug for DraftScript {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DraftScript")
+    }
+}
+
+/// One sequence's drafter: its tokens so far and where each short run of them last occurred.
+pub struct NgramDrafter {
+    history: Vec<u32>,
+    /// Per run length `n` (index `n - SHORTEST_MATCH`): for each run of `n` tokens, the index
+    /// of the token that followed its latest occurrence.
+    followers: Vec<HashMap<Vec<u32>, usize>>,
+    /// Most tokens to draft per round (the server's limit).
+    max_length: usize,
+    /// Tokens to draft next round.
+    length: usize,
+    /// Share of drafted tokens accepted, weighted toward recent rounds.
+    acceptance: f32,
+    /// Plain decode steps left before drafting again.
+    paused: usize,
+    /// Proposes instead of the lookup (tests).
+    script: Option<DraftScript>,
+}
+
+impl NgramDrafter {
+    /// A drafter over `prompt`, proposing at most `max_length` tokens a round (by `script`
+    /// instead of the lookup, if given).
+    pub fn new(prompt: &[u32], max_length: usize, script: Option<DraftScript>) -> Self {
+        let mut drafter = Self {
+            history: Vec::with_capacity(prompt.len() + 256),
+            followers: vec![HashMap::new(); LONGEST_MATCH - SHORTEST_MATCH + 1],
+            max_length,
+            length: FIRST_LENGTH.min(max_length),
+            acceptance: 1.0,
+            paused: 0,
+            script,
+        };
+        for &token in prompt {
+            drafter.push(token);
+        }
+        drafter
+    }
+
+    /// Records the sequence's next token (each run it ends now has a known follower).
+    pub fn push(&mut self, token: u32) {
+        let end = self.history.len();
+        for n in SHORTEST_MATCH..=LONGEST_MATCH.min(end) {
+            let run = self.history[end - n..].to_vec();
+            self.followers[n - SHORTEST_MATCH].insert(run, end);
+        }
+        self.history.push(token);
+    }
+
+    /// Up to `room` tokens to follow the history, from the latest earlier occurrence of its
+    /// longest matching tail; empty when nothing matches or drafting is paused.
+    pub fn propose(&mut self, room: usize) -> Vec<u32> {
+        if let Some(script) = &self.script {
+            let mut drafts = (script.0)(&self.history, room);
+            drafts.truncate(room.min(self.max_length));
+            return drafts;
+        }
+        if self.paused > 0 {
+            self.paused -= 1;
+            return Vec::new();
+        }
+        let want = self.length.min(room);
+        let end = self.history.len();
+        if want == 0 {
+            return Vec::new();
+        }
+        for n in (SHORTEST_MATCH..=LONGEST_MATCH.min(end)).rev() {
+            if let Some(&from) = self.followers[n - SHORTEST_MATCH].get(&self.history[end - n..]) {
+                return self.history[from..end.min(from + want)].to_vec();
+            }
+        }
+        Vec::new()
+    }
+
+    /// Learns from a round: `accepted` of `drafted` tokens were what the model picked.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        let share = accepted as f32 / drafted as f32;
+        self.acceptance += RECENT_WEIGHT * (share - self.acceptance);
+        self.length = if accepted == drafted {
+            (self.length * 2).min(self.max_length)
+        } else {
+            (accepted + 1).clamp(1, self.max_length)
+        };
+        if self.acceptance < BREAK_EVEN {
+            self.paused = PAUSE_TOKENS;
+            // A fresh start when drafting resumes.
+            self.acceptance = 1.0;
+            self.length = FIRST_LENGTH.min(self.max_length);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tokens_after_the_latest_match_are_proposed() {
+        // "a b c d e" then "x a b c": the tail "a b c" occurred before, followed by "d e".
+        let mut drafter = NgramDrafter::new(&[1, 2, 3, 4, 5, 9, 1, 2, 3], 8, None);
+        assert_eq!(drafter.propose(8), [4, 5, 9, 1]);
+        assert_eq!(drafter.propose(2), [4, 5], "no more than there is room for");
+        // A later occurrence of the tail wins.
+        for t in [6, 7, 1, 2, 3] {
+            drafter.push(t);
+        }
+        assert_eq!(drafter.propose(8), [6, 7, 1, 2]);
+    }
+
+    #[test]
+    fn a_shorter_tail_matches_when_no_longer_one_does() {
+        let mut drafter = NgramDrafter::new(&[5, 6, 7, 8, 1, 6, 7], 8, None);
+        assert_eq!(drafter.propose(8), [8, 1, 6, 7]);
+        let mut nothing = NgramDrafter::new(&[1, 2, 3, 4], 8, None);
+        assert!(nothing.propose(8).is_empty());
+    }
+
+    #[test]
+    fn length_follows_acceptance_and_failing_drafts_pause() {
+        let prompt: Vec<u32> = (0..40).map(|i| i % 10).collect();
+        let mut drafter = NgramDrafter::new(&prompt, 8, None);
+        assert_eq!(drafter.propose(16).len(), 4);
+        drafter.record(4, 4);
+        assert_eq!(drafter.propose(16).len(), 8);
+        drafter.record(8, 2);
+        assert_eq!(drafter.propose(16).len(), 3);
+        for _ in 0..4 {
+            drafter.record(3, 0);
+        }
+        assert!((0..PAUSE_TOKENS).all(|_| drafter.propose(16).is_empty()), "paused");
+        assert_eq!(drafter.propose(16).len(), 4, "drafting again after the pause");
+    }
+}

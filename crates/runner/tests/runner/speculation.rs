@@ -1,0 +1,251 @@
+//! Speculative decoding changes no byte: every request's tokens, logprobs, text and finish are
+//! those of the same request decoded plainly, whether its drafts come from the n-gram lookup or
+//! from a script that plants a wrong token at each position of the window; alone or batched
+//! with plain sequences; with a grammar that rejects every draft; with stops and `max_tokens`
+//! that end inside an accepted run; and the prefix cache it leaves behind serves a follow-up
+//! request bit for bit.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use spindle_constrain::{grammar, Grammars};
+use spindle_runner::sampler::SamplingParams;
+use spindle_runner::{
+    sequence_channel, CacheConfig, DraftScript, Engine, EngineConfig, ModelBundle, SequenceEvent,
+    SequenceRequest, SequenceSummary, SpeculationConfig,
+};
+
+use crate::common::{greedy, hybrid, request, seeded, smollm2, Output, Token, BLOCK_SIZE};
+
+const CONTEXT: usize = 1024;
+
+/// Code that repeats itself: the lookup finds what comes next in the prompt.
+const REPETITIVE: &str = "def area(width, height):\n    return width * height\n\n\
+    def perimeter(width, height):\n    return 2 * (width + height)\n\n\
+    def area(width, height):\n    return width * height\n\n\
+    def perimeter(width, height):\n    return 2 * (width + height)\n\n\
+    def area(";
+
+const PROSE: &str = "The lighthouse keeper wrote in his log every evening. He noted the wind, \
+    the colour of the sea, and the ships that passed. One winter night";
+
+fn start(bundle: &Arc<ModelBundle>, max_active: usize, script: Option<DraftScript>) -> Engine {
+    let cache = CacheConfig {
+        kv_bytes: 64 << 20,
+        snapshot_bytes: 64 << 20,
+        block_size: BLOCK_SIZE,
+        ..CacheConfig::default()
+    };
+    let speculation = SpeculationConfig { by_default: false, max_draft: 8, script };
+    Engine::start(
+        bundle.clone(),
+        EngineConfig { speculation, ..EngineConfig::new(max_active, cache) },
+    )
+}
+
+fn encode(bundle: &ModelBundle, text: &str) -> Vec<u32> {
+    bundle.tokenizer.encode(text, true).unwrap()
+}
+
+fn spec_request(
+    prompt: &[u32],
+    sampling: SamplingParams,
+    max_tokens: usize,
+    speculative: bool,
+) -> SequenceRequest {
+    SequenceRequest {
+        sampling,
+        speculative: Some(speculative),
+        ..request(prompt, max_tokens, CONTEXT)
+    }
+}
+
+fn submit(engine: &Engine, request: SequenceRequest) -> spindle_runner::SequenceEvents {
+    let (caller, inbox) = sequence_channel();
+    engine.submit(request, caller).unwrap();
+    inbox
+}
+
+/// Everything the client sees, and the summary (whose draft counts differ by design).
+fn collect(mut inbox: spindle_runner::SequenceEvents) -> (Output, SequenceSummary) {
+    let mut output = Output { tokens: Vec::new(), text: String::new() };
+    loop {
+        match inbox.blocking_recv().expect("every sequence ends with an event") {
+            SequenceEvent::Token { token, text, .. } => {
+                let top_logprobs =
+                    token.top_logprobs.iter().map(|&(id, lp)| (id, lp.to_bits())).collect();
+                output.tokens.push(Token {
+                    id: token.id,
+                    logprob: token.logprob.to_bits(),
+                    top_logprobs,
+                });
+                output.text += &text.content;
+            }
+            SequenceEvent::Finished(summary) => {
+                output.text += &summary.tail.content;
+                return (output, summary);
+            }
+            SequenceEvent::Prefilled { .. } => {}
+            SequenceEvent::Failed(message) => panic!("the sequence failed: {message}"),
+        }
+    }
+}
+
+fn run(engine: &Engine, request: SequenceRequest) -> (Output, SequenceSummary) {
+    collect(submit(engine, request))
+}
+
+/// The same client-visible result: tokens, logprobs, text, finish and usage.
+fn assert_same(spec: &(Output, SequenceSummary), plain: &(Output, SequenceSummary), what: &str) {
+    assert_eq!(spec.0, plain.0, "{what}: output");
+    let usage = |s: &SequenceSummary| {
+        (s.finish_reason, s.stop_sequence.clone(), s.prompt_tokens, s.completion_tokens)
+    };
+    assert_eq!(usage(&spec.1), usage(&plain.1), "{what}: finish and usage");
+    assert_eq!(plain.1.drafted_tokens, 0, "{what}: the plain run drafted");
+}
+
+#[test]
+fn lookup_drafts_change_no_byte_greedy_or_seeded() {
+    let bundle = smollm2();
+    let engine = start(&bundle, 2, None);
+    let top_p = SamplingParams { top_p: 0.9, seed: Some(11), ..seeded() };
+    for (name, text) in [("repetitive", REPETITIVE), ("prose", PROSE)] {
+        let prompt = encode(&bundle, text);
+        for (sampling_name, sampling) in
+            [("greedy", greedy()), ("seeded", seeded()), ("top_p", top_p.clone())]
+        {
+            let what = format!("{name}, {sampling_name}");
+            let plain = run(&engine, spec_request(&prompt, sampling.clone(), 48, false));
+            let spec = run(&engine, spec_request(&prompt, sampling, 48, true));
+            assert_same(&spec, &plain, &what);
+            if name == "repetitive" && sampling_name == "greedy" {
+                assert!(spec.1.accepted_tokens >= 16, "{what}: {:?}", spec.1);
+            }
+        }
+    }
+    let load = engine.load();
+    assert!(load.spec_accepted_tokens.load(Ordering::Relaxed) > 0);
+    let by_position = load.spec_accepted_by_position[0].load(Ordering::Relaxed);
+    assert!(by_position > 0 && by_position <= load.spec_drafts.load(Ordering::Relaxed));
+}
+
+/// Drafts the plain run's own continuation, with one token wrong at a position that moves
+/// along the window round by round (and every fourth round all right).
+fn planted_script(prompt_len: usize, truth: Vec<u32>) -> DraftScript {
+    let round = AtomicUsize::new(0);
+    DraftScript(Arc::new(move |history: &[u32], room: usize| {
+        let decided = history.len() - prompt_len;
+        let mut drafts: Vec<u32> = truth.iter().skip(decided).take(room).copied().collect();
+        let r = round.fetch_add(1, Ordering::Relaxed);
+        if !drafts.is_empty() && r % 4 != 3 {
+            let wrong = r % drafts.len();
+            drafts[wrong] = drafts[wrong].wrapping_add(1) % 49152;
+        }
+        drafts
+    }))
+}
+
+#[test]
+fn a_draft_rejected_at_each_position_changes_no_byte() {
+    let bundle = smollm2();
+    let plain_engine = start(&bundle, 1, None);
+    let prompt = encode(&bundle, PROSE);
+    for sampling in [greedy(), seeded()] {
+        let plain = run(&plain_engine, spec_request(&prompt, sampling.clone(), 40, false));
+        let truth: Vec<u32> = plain.0.tokens.iter().map(|t| t.id).collect();
+        let engine = start(&bundle, 1, Some(planted_script(prompt.len(), truth.clone())));
+        let spec = run(&engine, spec_request(&prompt, sampling.clone(), 40, true));
+        assert_same(&spec, &plain, "planted");
+        assert!(spec.1.accepted_tokens > 0 && spec.1.accepted_tokens < spec.1.drafted_tokens);
+        // A stop string that ends inside an accepted run, and max_tokens inside one.
+        let stop = plain.0.text.chars().skip(20).take(6).collect::<String>();
+        let stopped = SequenceRequest {
+            stop_strings: vec![stop.clone()],
+            ..spec_request(&prompt, sampling.clone(), 40, false)
+        };
+        let plain_stopped = run(&plain_engine, stopped);
+        let engine = start(&bundle, 1, Some(planted_script(prompt.len(), truth.clone())));
+        let spec_stopped = run(
+            &engine,
+            SequenceRequest {
+                stop_strings: vec![stop.clone()],
+                ..spec_request(&prompt, sampling.clone(), 40, true)
+            },
+        );
+        assert_same(&spec_stopped, &plain_stopped, &format!("stop {stop:?}"));
+        let short = run(&plain_engine, spec_request(&prompt, sampling.clone(), 7, false));
+        let engine = start(&bundle, 1, Some(planted_script(prompt.len(), truth)));
+        assert_same(&run(&engine, spec_request(&prompt, sampling, 7, true)), &short, "max 7");
+    }
+}
+
+#[test]
+fn speculating_and_plain_sequences_batched_together_change_no_byte() {
+    let bundle = smollm2();
+    let alone = start(&bundle, 1, None);
+    let together = start(&bundle, 3, None);
+    let prompts = [REPETITIVE, PROSE, REPETITIVE].map(|text| encode(&bundle, text));
+    let samplings = [greedy(), seeded(), SamplingParams { seed: Some(3), ..seeded() }];
+    let inboxes: Vec<_> = prompts
+        .iter()
+        .zip(&samplings)
+        .enumerate()
+        .map(|(i, (p, s))| submit(&together, spec_request(p, s.clone(), 40, i != 1)))
+        .collect();
+    for (i, inbox) in inboxes.into_iter().enumerate() {
+        let batched = collect(inbox);
+        let plain = run(&alone, spec_request(&prompts[i], samplings[i].clone(), 40, false));
+        assert_same(&batched, &plain, &format!("sequence {i} of 3"));
+    }
+}
+
+#[test]
+fn a_grammar_that_rejects_every_draft_changes_no_byte() {
+    let bundle = smollm2();
+    let grammars = Grammars::new(&bundle.tokenizer).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "count": {"type": "integer"}},
+        "required": ["name", "count"]
+    });
+    let constrained = |speculative: bool| SequenceRequest {
+        constraint: Some(grammars.compile(grammar::json_schema(&schema)).unwrap()),
+        ..spec_request(&encode(&bundle, PROSE), greedy(), 40, speculative)
+    };
+    let plain = run(&start(&bundle, 1, None), constrained(false));
+    // A token no JSON text contains at any point: the grammar masks every draft.
+    let never = bundle.tokenizer.token_to_id("<|im_start|>").unwrap();
+    let script = DraftScript(Arc::new(move |_: &[u32], room: usize| vec![never; room]));
+    let spec = run(&start(&bundle, 1, Some(script)), constrained(true));
+    assert_same(&spec, &plain, "every draft rejected");
+    assert!(spec.1.drafted_tokens > 0 && spec.1.accepted_tokens == 0, "{:?}", spec.1);
+}
+
+#[test]
+fn the_cache_a_speculative_run_leaves_serves_the_next_turn_bit_for_bit() {
+    let bundle = smollm2();
+    let prompt = encode(&bundle, REPETITIVE);
+    let warm = start(&bundle, 1, None);
+    let first = run(&warm, spec_request(&prompt, greedy(), 32, true));
+    assert!(first.1.accepted_tokens > 0, "{:?}", first.1);
+    // The next turn: the prompt, the reply, more text.
+    let mut next: Vec<u32> = prompt.clone();
+    next.extend(first.0.tokens.iter().map(|t| t.id));
+    next.extend(bundle.tokenizer.encode("\n\nprint(area(3, 4))", false).unwrap());
+    let resumed = run(&warm, spec_request(&next, greedy(), 16, false));
+    assert!(resumed.1.cached_tokens > prompt.len(), "{:?}", resumed.1);
+    let cold = run(&start(&bundle, 1, None), spec_request(&next, greedy(), 16, false));
+    assert_eq!(resumed.0, cold.0);
+}
+
+#[test]
+fn a_hybrid_model_does_not_speculate_and_answers_as_ever() {
+    let bundle = hybrid();
+    let engine = start(&bundle, 1, None);
+    let prompt: Vec<u32> = (0..40).map(|i| 10 + i % 7).collect();
+    let plain = run(&engine, spec_request(&prompt, greedy(), 16, false));
+    let spec = run(&engine, spec_request(&prompt, greedy(), 16, true));
+    assert_same(&spec, &plain, "hybrid");
+    assert_eq!(spec.1.drafted_tokens, 0);
+}
