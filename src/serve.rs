@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::Args;
 use spindle_chat::ToolCallFormat;
 use spindle_models::KvType;
-use spindle_runner::{CacheConfig, DiskConfig, ModelBundle};
+use spindle_runner::{CacheConfig, DiskConfig, ModelBundle, SpeculationConfig, MAX_DRAFT};
 use spindle_server::{BatchConfig, ServerConfig};
 
 use crate::kv_memory::KvMemory;
@@ -90,6 +90,14 @@ pub struct ServeArgs {
     /// Default: $SPINDLE_HOME/batches.
     #[arg(long)]
     batch_dir: Option<std::path::PathBuf>,
+    /// Decode plainly unless a request says `"speculative": true`. By default each step drafts
+    /// the tokens that followed the latest earlier occurrence of the last few and keeps those
+    /// the model picks itself: the output is the same byte for byte (attention-only models).
+    #[arg(long)]
+    no_speculate: bool,
+    /// Most tokens drafted per speculative round.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=MAX_DRAFT as i64))]
+    draft_max: u16,
 }
 
 fn parse_tool_call_parser(name: &str) -> Result<ToolCallFormat, String> {
@@ -197,6 +205,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         keep_alive: std::time::Duration::from_secs(args.keep_alive_seconds.max(1)),
         orphan_prefill_tokens: args.orphan_prefill_tokens.unwrap_or(ctx_size),
         batch: BatchConfig::new(batch_dir),
+        speculation: SpeculationConfig {
+            by_default: !args.no_speculate,
+            max_draft: args.draft_max.into(),
+            script: None,
+        },
     };
     let state = spindle_server::start(config, bundle)?;
     if let Some(schema) = &state.config.guided_json {

@@ -46,6 +46,10 @@ pub struct SamplingParams {
     pub n: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop: Option<StopSequences>,
+    /// Whether to decode speculatively (Spindle's extension); the output is the same either
+    /// way, only its speed differs. `None`: the server's default (on unless `--no-speculate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<bool>,
 }
 
 impl SamplingParams {

@@ -63,7 +63,7 @@ pub struct SpeculationConfig {
 
 impl Default for SpeculationConfig {
     fn default() -> Self {
-        Self { by_default: false, max_draft: 8, script: None }
+        Self { by_default: true, max_draft: 8, script: None }
     }
 }
 

@@ -163,6 +163,8 @@ impl Generation {
             prefill_tok_s = format_args!("{:.1}", per_second(read, prefill_s)),
             decode_tok_s = format_args!("{:.1}", per_second(summary.completion_tokens.saturating_sub(1), decode_s)),
             total_s = format_args!("{:.2}", (now - self.started).as_secs_f64()),
+            drafted = summary.drafted_tokens,
+            accepted = summary.accepted_tokens,
             finish = ?summary.finish_reason,
             "request done"
         );

@@ -55,6 +55,7 @@ pub fn start(config: ServerConfig, bundle: ModelBundle) -> Result<Arc<AppState>,
     let profile = ModelProfile::new(&model.template, &model.tokenizer, config.tool_call_parser)?;
     let engine_config = EngineConfig {
         orphan_prefill_tokens: config.orphan_prefill_tokens,
+        speculation: config.speculation.clone(),
         ..EngineConfig::new(config.max_concurrent, config.cache.clone())
     };
     let engine = Engine::start(Arc::new(bundle), engine_config);

@@ -42,6 +42,11 @@ struct VllmMetrics {
     preemptions: Counter,
     prefix_cache_queries: Counter,
     prefix_cache_hits: Counter,
+    spec_drafts: Counter,
+    spec_draft_tokens: Counter,
+    spec_accepted_tokens: Counter,
+    /// Per draft position, how often it was accepted (position 0 is the first draft).
+    spec_accepted_per_position: Family<Labels, Counter>,
 }
 
 impl VllmMetrics {
@@ -72,6 +77,26 @@ impl VllmMetrics {
             "Prompt tokens found in the prefix cache",
             self.prefix_cache_hits.clone(),
         );
+        registry.register(
+            "vllm:spec_decode_num_drafts",
+            "Speculative rounds that drafted tokens",
+            self.spec_drafts.clone(),
+        );
+        registry.register(
+            "vllm:spec_decode_num_draft_tokens",
+            "Tokens drafted for speculative rounds",
+            self.spec_draft_tokens.clone(),
+        );
+        registry.register(
+            "vllm:spec_decode_num_accepted_tokens",
+            "Drafted tokens the model picked itself",
+            self.spec_accepted_tokens.clone(),
+        );
+        registry.register(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Drafted tokens accepted, by their position in the round",
+            self.spec_accepted_per_position.clone(),
+        );
     }
 
     fn update(&self, load: &EngineLoad, prompt_tokens: u64, cached_tokens: u64) {
@@ -83,6 +108,16 @@ impl VllmMetrics {
         catch_up(&self.preemptions, read(&load.preemptions) as u64);
         catch_up(&self.prefix_cache_queries, prompt_tokens);
         catch_up(&self.prefix_cache_hits, cached_tokens);
+        catch_up(&self.spec_drafts, read(&load.spec_drafts) as u64);
+        catch_up(&self.spec_draft_tokens, read(&load.spec_draft_tokens) as u64);
+        catch_up(&self.spec_accepted_tokens, read(&load.spec_accepted_tokens) as u64);
+        for (position, accepted) in load.spec_accepted_by_position.iter().enumerate() {
+            let accepted = read(accepted) as u64;
+            if accepted > 0 {
+                let labels = vec![("position", position.to_string())];
+                catch_up(&self.spec_accepted_per_position.get_or_create(&labels), accepted);
+            }
+        }
     }
 }
 

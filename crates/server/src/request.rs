@@ -60,6 +60,7 @@ pub fn sequence_request(
     SequenceRequest {
         stop_ids: state.model.tokenizer.eos_token_ids().to_vec(),
         stop_strings: stop_strings(sampling),
+        speculative: sampling.speculative,
         ..SequenceRequest::plain(
             prompt_ids,
             max_tokens,

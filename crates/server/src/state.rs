@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use spindle_api::ApiError;
 use spindle_chat::{ChatTemplate, ModelProfile, Tokenizer, ToolCallFormat};
 use spindle_constrain::Grammars;
-use spindle_runner::{CacheConfig, Canceller};
+use spindle_runner::{CacheConfig, Canceller, SpeculationConfig};
 
 use crate::batch_store::{BatchConfig, BatchStore};
 use crate::engine::GenerationEngine;
@@ -51,6 +51,9 @@ pub struct ServerConfig {
     pub orphan_prefill_tokens: usize,
     /// `--batch-dir` and the Batch API's size limits.
     pub batch: BatchConfig,
+    /// `--no-speculate` and `--draft-max`: whether requests decode speculatively unless they
+    /// say, and how far.
+    pub speculation: SpeculationConfig,
 }
 
 /// What the handlers know of the served model: its text side and its limits. The weights stay

@@ -389,3 +389,26 @@ async fn a_tool_round_trip_ends_in_a_text_answer() {
     assert!(prompt.contains("<tool_response>\n24 C, sunny\n</tool_response>"), "{prompt}");
     assert!(prompt.contains("\"city\": \"Paris\""), "the call is rendered back: {prompt}");
 }
+
+#[tokio::test]
+async fn the_speculative_switch_reaches_the_engine_from_chat_and_completions() {
+    let server = replying("Hi.");
+    for (value, want) in [(json!(true), Some(true)), (json!(false), Some(false))] {
+        let mut body = chat_body("Hello", 4);
+        body["speculative"] = value.clone();
+        let (status, answer) = server.post("/v1/chat/completions", &body).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(server.engine.last().speculative, want, "chat, {value}");
+        let completion =
+            json!({"model": MODEL, "prompt": "Hello", "max_tokens": 4, "speculative": value});
+        let (status, answer) = server.post("/v1/completions", &completion).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(server.engine.last().speculative, want, "completions, {value}");
+    }
+    server.post("/v1/chat/completions", &chat_body("Hello", 4)).await;
+    assert_eq!(server.engine.last().speculative, None, "silent: the server's default");
+    let mut body = chat_body("Hello", 4);
+    body["speculative"] = json!("yes");
+    let (status, error) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 400, "{error}");
+}

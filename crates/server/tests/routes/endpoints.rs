@@ -52,6 +52,9 @@ async fn metrics_count_requests_and_tokens() {
         "vllm:num_requests_running",
         "vllm:kv_cache_usage_perc",
         "vllm:num_preemptions_total",
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
     ] {
         assert!(text.contains(name), "{name} missing from\n{text}");
     }

@@ -60,6 +60,7 @@ pub fn config() -> ServerConfig {
         keep_alive: std::time::Duration::from_secs(15),
         orphan_prefill_tokens: usize::MAX,
         batch: spindle_server::BatchConfig::new(fresh_dir("batches")),
+        speculation: Default::default(),
     }
 }
 

@@ -46,6 +46,7 @@ pub struct Seen {
     pub reasoning_budget: Option<usize>,
     pub constrained: bool,
     pub context: usize,
+    pub speculative: Option<bool>,
 }
 
 /// A latch a test opens once; every request held on it then goes on.
@@ -198,6 +199,7 @@ impl GenerationEngine for ScriptedEngine {
             reasoning_budget: request.reasoning_budget.as_ref().and_then(|b| b.max_tokens),
             constrained: request.constraint.is_some(),
             context: request.context,
+            speculative: request.speculative,
         };
         let reply = (self.script)(&seen);
         self.seen.lock().unwrap().push(seen);

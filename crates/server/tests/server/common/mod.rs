@@ -94,6 +94,7 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
         keep_alive: std::time::Duration::from_secs(15),
         orphan_prefill_tokens: usize::MAX,
         batch: spindle_server::BatchConfig::new(fresh_dir("batches")),
+        speculation: Default::default(),
     };
     match setup {
         Setup::Default => {}
