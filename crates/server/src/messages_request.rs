@@ -1,17 +1,22 @@
-//! An Anthropic Messages request read as the one internal (OpenAI-shaped) chat request: the
-//! system prompt and any `system` turns become one leading system message, tool results become
-//! `tool` messages, assistant `tool_use` blocks become tool calls and `thinking` blocks the turn's
-//! reasoning; `thinking` and `output_config.effort` become the reasoning switch and budget.
+//! An Anthropic Messages request read as the pipeline's generation request: the system prompt
+//! and any `system` turns become one leading system message, tool results become `tool`
+//! messages, assistant `tool_use` blocks become tool calls and `thinking` blocks the turn's
+//! reasoning; `thinking` and `output_config.effort` become the reasoning switch and budget,
+//! `output_config.format` the answer's format.
 
 use std::borrow::Cow;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use spindle_api::anthropic::{
     Content, Effort, InputBlock, MessagesRequest, SystemPrompt, ThinkingConfig, ToolChoice,
 };
 use spindle_api::{
-    ApiError, ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDefinition, MessageContent,
-    SamplingParams, StopSequences, Tool, ToolCall, ToolType,
+    ApiError, ChatMessage, FunctionCall, FunctionDefinition, MessageContent, SamplingParams,
+    StopSequences, Tool, ToolCall, ToolType,
+};
+
+use crate::pipeline::request::{
+    AnswerFormat, Conversation, GenerationRequest, Prompt, ToolChoice as Choice,
 };
 
 /// Claude Code opens its system prompt with a line like `x-anthropic-billing-header:
@@ -20,7 +25,7 @@ use spindle_api::{
 /// cache; it means nothing to the model, so it is dropped.
 const BILLING_HEADER: &str = "x-anthropic-billing-header:";
 
-pub(crate) fn chat_request(request: &MessagesRequest) -> Result<ChatCompletionRequest, ApiError> {
+pub(crate) fn generation_request(request: &MessagesRequest) -> Result<GenerationRequest, ApiError> {
     let mut system: Vec<Cow<str>> = match &request.system {
         None => Vec::new(),
         Some(SystemPrompt::Text(text)) => vec![Cow::Borrowed(text.as_str())],
@@ -77,24 +82,35 @@ pub(crate) fn chat_request(request: &MessagesRequest) -> Result<ChatCompletionRe
     let (tool_choice, single_call) = match &request.tool_choice {
         None => (None, false),
         Some(ToolChoice::Auto { disable_parallel_tool_use }) => {
-            (Some(json!("auto")), *disable_parallel_tool_use)
+            (Some(Choice::Auto), *disable_parallel_tool_use)
         }
         Some(ToolChoice::Any { disable_parallel_tool_use }) => {
-            (Some(json!("required")), *disable_parallel_tool_use)
+            (Some(Choice::Required), *disable_parallel_tool_use)
         }
-        Some(ToolChoice::Tool { name, disable_parallel_tool_use }) => (
-            Some(json!({"type": "function", "function": {"name": name}})),
-            *disable_parallel_tool_use,
-        ),
-        Some(ToolChoice::None) => (Some(json!("none")), false),
+        Some(ToolChoice::Tool { name, disable_parallel_tool_use }) => {
+            (Some(Choice::Named(name.clone())), *disable_parallel_tool_use)
+        }
+        Some(ToolChoice::None) => (Some(Choice::None), false),
     };
 
-    let (chat_template_kwargs, thinking_budget) = reasoning(request);
-    Ok(ChatCompletionRequest {
-        model: request.model.clone(),
+    let (template_kwargs, thinking_budget) = reasoning(request);
+    let conversation = Conversation {
         messages,
-        stream: request.stream,
-        max_tokens: request.max_tokens,
+        // `auto` without tools is no choice at all: no tool-call parsing.
+        tool_choice: if tools.is_empty() && tool_choice == Some(Choice::Auto) {
+            None
+        } else {
+            tool_choice
+        },
+        tools,
+        parallel_tool_calls: !single_call,
+        format: answer_format(request)?,
+        template_kwargs,
+        thinking_budget,
+    };
+    Ok(GenerationRequest {
+        model: request.model.clone(),
+        prompt: Prompt::Chat(Box::new(conversation)),
         sampling: SamplingParams {
             temperature: request.temperature,
             top_p: request.top_p,
@@ -103,31 +119,23 @@ pub(crate) fn chat_request(request: &MessagesRequest) -> Result<ChatCompletionRe
                 .then(|| StopSequences::Many(request.stop_sequences.clone())),
             ..Default::default()
         },
-        tool_choice: if tools.is_empty() && tool_choice == Some(json!("auto")) {
-            None
-        } else {
-            tool_choice
-        },
-        tools,
-        parallel_tool_calls: single_call.then_some(false),
-        response_format: response_format(request)?,
-        chat_template_kwargs,
-        thinking_budget,
-        ..Default::default()
+        max_tokens: request.max_tokens,
+        logprobs: None,
+        prompt_field: "messages",
     })
 }
 
-/// `output_config.format` as the chat request's `response_format`.
-fn response_format(request: &MessagesRequest) -> Result<Option<Value>, ApiError> {
+/// `output_config.format`, a JSON schema for the answer.
+fn answer_format(request: &MessagesRequest) -> Result<Option<AnswerFormat>, ApiError> {
     let Some(format) =
         request.output_config.as_ref().and_then(|c| c.format.as_ref()).filter(|f| !f.is_null())
     else {
         return Ok(None);
     };
     match (format["type"].as_str(), &format["schema"]) {
-        (Some("json_schema"), schema @ Value::Object(_)) => Ok(Some(
-            json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}),
-        )),
+        (Some("json_schema"), schema @ Value::Object(_)) => {
+            Ok(Some(AnswerFormat::JsonSchema(schema.clone())))
+        }
         _ => Err(bad(
             "output_config.format".into(),
             "expected {\"type\": \"json_schema\", \"schema\": {...}}".into(),
@@ -291,10 +299,20 @@ fn bad(param: String, message: String) -> ApiError {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn request(body: Value) -> MessagesRequest {
         serde_json::from_value(body).unwrap()
+    }
+
+    /// The conversation `request` becomes.
+    fn chat_request(request: &MessagesRequest) -> Result<Conversation, ApiError> {
+        match generation_request(request)?.prompt {
+            Prompt::Chat(conversation) => Ok(*conversation),
+            Prompt::Tokens(_) => unreachable!("a Messages request is a conversation"),
+        }
     }
 
     #[test]
@@ -342,8 +360,8 @@ mod tests {
         assert_eq!(chat.messages[2].tool_call_id.as_deref(), Some("toolu_1"));
         assert_eq!(chat.messages[2].content, Some(MessageContent::Text("Error: sunny".into())));
         assert_eq!(chat.tools.len(), 1, "the server tool is dropped");
-        assert_eq!(chat.tool_choice, Some(json!("required")));
-        assert_eq!(chat.parallel_tool_calls, Some(false));
+        assert_eq!(chat.tool_choice, Some(Choice::Required));
+        assert!(!chat.parallel_tool_calls);
     }
 
     #[test]
@@ -380,7 +398,7 @@ mod tests {
             body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
             let chat = chat_request(&request(body.clone())).unwrap();
             assert_eq!(
-                chat.chat_template_kwargs.get("enable_thinking").and_then(Value::as_bool),
+                chat.template_kwargs.get("enable_thinking").and_then(Value::as_bool),
                 enable,
                 "{body}"
             );
@@ -394,7 +412,7 @@ mod tests {
         let body = json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
                           "output_config": {"format": {"type": "json_schema", "schema": schema}}});
         let chat = chat_request(&request(body)).unwrap();
-        assert_eq!(chat.response_format.unwrap()["json_schema"]["schema"], schema);
+        assert_eq!(chat.format, Some(AnswerFormat::JsonSchema(schema)));
         let body = json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "output_config": {"format": {"type": "yaml"}}});
         assert_eq!(
             chat_request(&request(body)).unwrap_err().param.as_deref(),

@@ -1,7 +1,7 @@
 //! `POST /v1/responses` (OpenAI's Responses API, as the Codex CLI uses it), and
-//! `GET` / `DELETE /v1/responses/{id}` for stored responses. A request is read as a chat
-//! request and runs through the same pipeline; its outputs become Responses items
-//! (`responses_output`), streamed as typed events or returned whole.
+//! `GET` / `DELETE /v1/responses/{id}` for stored responses. A request is read as a generation
+//! request (`responses_input`) and runs through the pipeline; its outputs become Responses
+//! items (`responses_output`), streamed as typed events or returned whole.
 
 use std::sync::Arc;
 
@@ -17,14 +17,15 @@ use spindle_api::{
     ResponsesRequest, TextOptions,
 };
 
-use crate::chat::{start_chat, ChatEndpoint, ChatStart};
+use crate::admission::Admission;
+use crate::answer::ResponseHead;
 use crate::error::{internal, parse_json, HttpError};
-use crate::generation::{Collected, Output};
-use crate::request::ResponseHead;
-use crate::respond::{respond, Delivery, Protocol};
-use crate::responses_input::chat_request;
+use crate::pipeline::generation::{Collected, Output};
+use crate::pipeline::respond::{respond, Delivery, Protocol};
+use crate::pipeline::{start, Started};
+use crate::responses_input::generation_request;
 use crate::responses_output::{sse_event, Assembler};
-use crate::state::{Admission, AppState};
+use crate::state::AppState;
 
 pub async fn create_response(
     State(state): State<Arc<AppState>>,
@@ -39,9 +40,10 @@ pub async fn create_response(
         None => Vec::new(),
     };
     conversation.extend(request.input_items()?);
-    let (chat, names) = chat_request(&request, &conversation)?;
-    let ChatStart { generation, head, tools, .. } =
-        start_chat(&state, &chat, ChatEndpoint::Responses, Admission::Live)?;
+    let (generation_request, names) = generation_request(&request, &conversation)?;
+    let head = ResponseHead::new(&state, "resp");
+    let Started { generation, tools, .. } =
+        start(&state, &generation_request, &head.id, Admission::Live)?;
     let assembler = Assembler::new(in_progress(&request, head), tools, names);
     let keep = request.stores().then(|| Keep { state: state.clone(), conversation });
     let answer = ResponsesAnswer { assembler, keep };

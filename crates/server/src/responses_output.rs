@@ -11,10 +11,10 @@ use spindle_api::{
 };
 use spindle_runner::{FinishReason, SequenceSummary, TextDelta};
 
-use crate::chat_answer::{staged, staged_tail};
-use crate::generation::Output;
+use crate::answer::{staged, staged_tail};
+use crate::pipeline::generation::Output;
+use crate::pipeline::tool_calls::ToolCallStage;
 use crate::responses_input::ToolNames;
-use crate::tool_output::ToolCallStage;
 
 /// The output item being filled.
 enum Open {

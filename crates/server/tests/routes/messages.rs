@@ -200,6 +200,26 @@ async fn max_tokens_ends_with_its_stop_reason() {
 }
 
 #[tokio::test]
+async fn sampling_fields_and_stop_sequences_reach_the_engine() {
+    let server = replying("Ok.");
+    let mut sampled = body("Hi", 4);
+    sampled["temperature"] = json!(0.25);
+    sampled["top_p"] = json!(0.5);
+    sampled["top_k"] = json!(5);
+    sampled["stop_sequences"] = json!(["END"]);
+    // Accepted, and used for nothing.
+    sampled["metadata"] = json!({"user_id": "u-1"});
+    let (status, whole) = server.post("/v1/messages", &sampled).await;
+    assert_eq!(status, 200, "{whole}");
+    let seen = server.engine.last();
+    assert_eq!((seen.temperature, seen.top_p, seen.top_k), (0.25, 0.5, 5));
+    assert_eq!(
+        (seen.stop_strings, seen.max_tokens, seen.top_logprobs),
+        (vec!["END".into()], 4, None)
+    );
+}
+
+#[tokio::test]
 async fn a_stop_sequence_is_reported_by_name() {
     let server = replying("The capital of France is Paris, on the Seine.");
     let mut stopped = body("Capital?", 24);
