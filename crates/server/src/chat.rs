@@ -25,9 +25,10 @@ pub async fn chat_completions(
 ) -> Result<Response, HttpError> {
     let request: ChatCompletionRequest = parse_json(&body?)?;
     request.validate()?;
+    let generation_request = generation_request(&request)?;
     let head = ResponseHead::new(&state, "chatcmpl");
     let Started { mut generation, tools, .. } =
-        start(&state, &generation_request(&request)?, &head.id, Admission::Live)?;
+        start(&state, &generation_request, &head.id, Admission::Live)?;
     let delivery = Delivery::of(request.stream);
     if matches!(delivery, Delivery::Stream) && request.return_progress {
         generation.report_progress();

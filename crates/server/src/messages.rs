@@ -33,9 +33,10 @@ pub async fn messages(
 ) -> Result<Response, MessagesError> {
     let request: MessagesRequest = parse_json(&body?)?;
     request.validate()?;
+    let generation_request = generation_request(&request)?;
     let head = ResponseHead::new(&state, "msg");
     let Started { generation, tools, prompt_tokens } =
-        start(&state, &generation_request(&request)?, &head.id, Admission::Live)?;
+        start(&state, &generation_request, &head.id, Admission::Live)?;
     let answer = MessagesAnswer { events: MessageEvents::new(head, tools), prompt_tokens };
     Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)
 }
@@ -46,7 +47,8 @@ pub async fn count_tokens(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TokenCount>, MessagesError> {
     let request: MessagesRequest = parse_json(&body?)?;
-    let input_tokens = count_prompt_tokens(&state, &generation_request(&request)?)?;
+    let generation_request = generation_request(&request)?;
+    let input_tokens = count_prompt_tokens(&state, &generation_request)?;
     Ok(Json(TokenCount { input_tokens: input_tokens as u32 }))
 }
 

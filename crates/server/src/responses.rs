@@ -11,10 +11,9 @@ use axum::extract::{Path, State};
 use axum::response::sse::Event;
 use axum::response::Response;
 use axum::Json;
-use serde_json::json;
 use spindle_api::{
     ApiError, InputItem, Response as ResponseObject, ResponseDeleted, ResponseStatus,
-    ResponsesRequest, TextOptions,
+    ResponsesRequest,
 };
 
 use crate::admission::Admission;
@@ -24,7 +23,7 @@ use crate::pipeline::generation::{Collected, Output};
 use crate::pipeline::respond::{respond, Delivery, Protocol};
 use crate::pipeline::{start, Started};
 use crate::responses_input::generation_request;
-use crate::responses_output::{sse_event, Assembler};
+use crate::responses_output::{empty_response, sse_event, Assembler};
 use crate::state::AppState;
 
 pub async fn create_response(
@@ -42,9 +41,11 @@ pub async fn create_response(
     conversation.extend(request.input_items()?);
     let (generation_request, names) = generation_request(&request, &conversation)?;
     let head = ResponseHead::new(&state, "resp");
+    let id = head.id.clone();
+    let response = empty_response(&request, head);
     let Started { generation, tools, .. } =
-        start(&state, &generation_request, &head.id, Admission::Live)?;
-    let assembler = Assembler::new(in_progress(&request, head), tools, names);
+        start(&state, &generation_request, &id, Admission::Live)?;
+    let assembler = Assembler::new(response, tools, names);
     let keep = request.stores().then(|| Keep { state: state.clone(), conversation });
     let answer = ResponsesAnswer { assembler, keep };
     Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)
@@ -82,39 +83,6 @@ fn previous_not_found(id: &str) -> ApiError {
         ..ApiError::not_found(format!(
             "previous response `{id}` is not stored here (expired, or sent with `store: false`)"
         ))
-    }
-}
-
-/// The response before any output: the request's settings echoed, OpenAI's defaults where it
-/// is silent.
-fn in_progress(request: &ResponsesRequest, head: ResponseHead) -> ResponseObject {
-    let suffix = head.id.rsplit('-').next().unwrap_or(&head.id);
-    ResponseObject {
-        id: format!("resp_{suffix}"),
-        created_at: head.created,
-        status: ResponseStatus::InProgress,
-        error: None,
-        incomplete_details: None,
-        instructions: request.instructions.clone(),
-        max_output_tokens: request.max_output_tokens,
-        model: head.model,
-        output: Vec::new(),
-        parallel_tool_calls: request.parallel_tool_calls.unwrap_or(true),
-        previous_response_id: request.previous_response_id.clone(),
-        reasoning: request.reasoning.clone().unwrap_or_default(),
-        store: request.stores(),
-        temperature: Some(request.sampling.temperature.unwrap_or(1.0)),
-        text: request
-            .text
-            .clone()
-            .unwrap_or(TextOptions { format: Some(json!({"type": "text"})), verbosity: None }),
-        tool_choice: request.tool_choice.clone().unwrap_or_else(|| json!("auto")),
-        tools: request.tools.clone(),
-        top_p: Some(request.sampling.top_p.unwrap_or(1.0)),
-        truncation: "disabled".into(),
-        usage: None,
-        user: request.user.clone(),
-        metadata: request.metadata.clone(),
     }
 }
 

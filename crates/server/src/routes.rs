@@ -24,8 +24,8 @@ use crate::completions::completions;
 use crate::error::{failure, parse_json, HttpError};
 use crate::files;
 use crate::messages::{count_tokens, error_for_path, messages};
-use crate::pipeline::check_model;
 use crate::pipeline::render::render_prompt;
+use crate::pipeline::request::check_model;
 use crate::responses::{create_response, delete_response, retrieve_response};
 use crate::state::AppState;
 

@@ -20,7 +20,7 @@ use crate::admission::Admission;
 use crate::error::failure;
 use crate::state::AppState;
 use generation::Generation;
-use request::{GenerationRequest, Prompt};
+use request::{check_model, GenerationRequest, Prompt};
 use tool_calls::ToolCallStage;
 
 /// A request handed to the engine: what every protocol adapter reads its answer from.
@@ -74,19 +74,5 @@ pub(crate) fn count_prompt_tokens(
             let ids = state.model.tokenizer.encode(&text, false).map_err(failure)?;
             Ok(ids.len())
         }
-    }
-}
-
-/// 404 for a model this server does not serve. An absent or empty name means the one it does.
-pub(crate) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
-    match model {
-        Some(name) if !name.is_empty() && name != state.config.model_id => Err(ApiError {
-            code: Some("model_not_found".into()),
-            ..ApiError::not_found(format!(
-                "the model `{name}` does not exist; this server serves `{}`",
-                state.config.model_id
-            ))
-        }),
-        _ => Ok(()),
     }
 }

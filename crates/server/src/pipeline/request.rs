@@ -1,11 +1,14 @@
 //! The one internal generation request every protocol adapter converts its wire request into:
 //! the prompt (a conversation for the chat template, or token ids as they are), sampling, the
 //! output limit and logprobs, and for a conversation its tools, tool choice, answer format and
-//! reasoning options. It belongs to the server, so a protocol's own field has a place here
-//! without borrowing another protocol's wire type.
+//! reasoning options; and the checks every request gets, whatever its protocol. It belongs to
+//! the server, so a protocol's own field has a place here without borrowing another
+//! protocol's wire type.
 
 use serde_json::{Map, Value};
 use spindle_api::{ApiError, ChatMessage, SamplingParams, Tool};
+
+use crate::state::AppState;
 
 #[derive(Debug)]
 pub(crate) struct GenerationRequest {
@@ -100,5 +103,19 @@ impl GenerationRequest {
             ));
         }
         self.sampling.validate()
+    }
+}
+
+/// 404 for a model this server does not serve. An absent or empty name means the one it does.
+pub(crate) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(name) if !name.is_empty() && name != state.config.model_id => Err(ApiError {
+            code: Some("model_not_found".into()),
+            ..ApiError::not_found(format!(
+                "the model `{name}` does not exist; this server serves `{}`",
+                state.config.model_id
+            ))
+        }),
+        _ => Ok(()),
     }
 }
