@@ -22,10 +22,10 @@ use spindle_api::{
 };
 
 use crate::admission::Admission;
-use crate::answer::ResponseHead;
+use crate::answer_parts::ResponseHead;
 use crate::batch_store::ResultLog;
-use crate::chat_answer::ChatAnswer;
-use crate::chat_request::generation_request;
+use crate::chat::answer::ChatAnswer;
+use crate::chat::request::generation_request;
 use crate::clock::unix_now;
 use crate::error::parse_json_value;
 use crate::pipeline::request::GenerationRequest;

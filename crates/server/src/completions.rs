@@ -15,7 +15,7 @@ use spindle_api::{
 use spindle_runner::SequenceSummary;
 
 use crate::admission::Admission;
-use crate::answer::{finish_reason, usage, ResponseHead};
+use crate::answer_parts::{finish_reason, usage, ResponseHead};
 use crate::error::{failure, parse_json, HttpError};
 use crate::pipeline::generation::{Collected, Output};
 use crate::pipeline::request::{self, GenerationRequest};

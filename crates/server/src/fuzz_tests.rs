@@ -146,20 +146,20 @@ fn handle(endpoint: Endpoint, body: &[u8]) -> Result<(), ApiError> {
         Endpoint::Chat => {
             let request: ChatCompletionRequest = parse_json(body).map_err(parsed)?;
             request.validate()?;
-            crate::chat_request::generation_request(&request)?.validate()
+            crate::chat::request::generation_request(&request)?.validate()
         }
         Endpoint::Completions => parse_json::<CompletionRequest>(body).map_err(parsed)?.validate(),
         Endpoint::Tokenize => parse_json::<TokenizeRequest>(body).map_err(parsed)?.validate(),
         Endpoint::Messages => {
             let request: MessagesRequest = parse_json(body).map_err(parsed)?;
             request.validate()?;
-            crate::messages_request::generation_request(&request)?.validate()
+            crate::messages::request::generation_request(&request)?.validate()
         }
         Endpoint::Responses => {
             let request: ResponsesRequest = parse_json(body).map_err(parsed)?;
             request.validate()?;
             let items = request.input_items()?;
-            crate::responses_input::generation_request(&request, &items)?.0.validate()
+            crate::responses::input::generation_request(&request, &items)?.0.validate()
         }
     }
 }

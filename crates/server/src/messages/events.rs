@@ -10,7 +10,7 @@ use spindle_api::anthropic::{
 use spindle_api::{FinishReason, ToolCallDelta};
 use spindle_runner::{SequenceSummary, TextDelta};
 
-use crate::answer::{chat_finish_reason, staged, staged_tail, ResponseHead};
+use crate::answer_parts::{chat_finish_reason, staged, staged_tail, ResponseHead};
 use crate::pipeline::tool_calls::ToolCallStage;
 
 #[derive(Clone, Copy, PartialEq, Eq)]

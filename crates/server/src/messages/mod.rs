@@ -3,6 +3,9 @@
 //! ([`generation_request`]), generated like any other, and answered as Anthropic events
 //! ([`MessageEvents`]); errors leave in Anthropic's shape with the status OpenAI's would have.
 
+pub(crate) mod events;
+pub(crate) mod request;
+
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -15,10 +18,10 @@ use spindle_api::anthropic::{ErrorResponse, Message, MessagesRequest, StreamEven
 use spindle_api::ApiError;
 
 use crate::admission::Admission;
-use crate::answer::ResponseHead;
+use crate::answer_parts::ResponseHead;
 use crate::error::{error_response, parse_json, HttpError};
-use crate::messages_events::{assemble, MessageEvents};
-use crate::messages_request::generation_request;
+use crate::messages::events::{assemble, MessageEvents};
+use crate::messages::request::generation_request;
 use crate::pipeline::generation::{Collected, Output};
 use crate::pipeline::respond::{respond, Delivery, Protocol};
 use crate::pipeline::{count_prompt_tokens, start, Started};

@@ -8,7 +8,7 @@ use spindle_api::{
 };
 use spindle_runner::{SequenceSummary, TextDelta};
 
-use crate::answer::{chat_finish_reason, staged, staged_tail, usage, ResponseHead};
+use crate::answer_parts::{chat_finish_reason, staged, staged_tail, usage, ResponseHead};
 use crate::pipeline::generation::{Collected, Output};
 use crate::pipeline::respond::Protocol;
 use crate::pipeline::tool_calls::{assemble_calls, ToolCallStage};

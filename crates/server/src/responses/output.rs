@@ -12,10 +12,10 @@ use spindle_api::{
 };
 use spindle_runner::{FinishReason, SequenceSummary, TextDelta};
 
-use crate::answer::{staged, staged_tail, ResponseHead};
+use crate::answer_parts::{staged, staged_tail, ResponseHead};
 use crate::pipeline::generation::Output;
 use crate::pipeline::tool_calls::ToolCallStage;
-use crate::responses_input::ToolNames;
+use crate::responses::input::ToolNames;
 
 /// The output item being filled.
 enum Open {

@@ -1,7 +1,10 @@
 //! `POST /v1/responses` (OpenAI's Responses API, as the Codex CLI uses it), and
 //! `GET` / `DELETE /v1/responses/{id}` for stored responses. A request is read as a generation
-//! request (`responses_input`) and runs through the pipeline; its outputs become Responses
-//! items (`responses_output`), streamed as typed events or returned whole.
+//! request ([`input`]) and runs through the pipeline; its outputs become Responses
+//! items ([`output`]), streamed as typed events or returned whole.
+
+pub(crate) mod input;
+pub(crate) mod output;
 
 use std::sync::Arc;
 
@@ -17,13 +20,13 @@ use spindle_api::{
 };
 
 use crate::admission::Admission;
-use crate::answer::ResponseHead;
+use crate::answer_parts::ResponseHead;
 use crate::error::{internal, parse_json, HttpError};
 use crate::pipeline::generation::{Collected, Output};
 use crate::pipeline::respond::{respond, Delivery, Protocol};
 use crate::pipeline::{start, Started};
-use crate::responses_input::generation_request;
-use crate::responses_output::{empty_response, sse_event, Assembler};
+use crate::responses::input::generation_request;
+use crate::responses::output::{empty_response, sse_event, Assembler};
 use crate::state::AppState;
 
 pub async fn create_response(

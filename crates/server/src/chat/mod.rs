@@ -2,6 +2,9 @@
 //! pipeline, and answered as one `chat.completion` or as a stream of `chat.completion.chunk`s
 //! built from the same outputs.
 
+pub(crate) mod answer;
+pub(crate) mod request;
+
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -11,9 +14,9 @@ use axum::response::Response;
 use spindle_api::ChatCompletionRequest;
 
 use crate::admission::Admission;
-use crate::answer::ResponseHead;
-use crate::chat_answer::ChatAnswer;
-use crate::chat_request::generation_request;
+use crate::answer_parts::ResponseHead;
+use crate::chat::answer::ChatAnswer;
+use crate::chat::request::generation_request;
 use crate::error::{parse_json, HttpError};
 use crate::pipeline::respond::{respond, Delivery};
 use crate::pipeline::{start, Started};

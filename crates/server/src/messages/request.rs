@@ -308,7 +308,7 @@ mod tests {
     }
 
     /// The conversation `request` becomes.
-    fn chat_request(request: &MessagesRequest) -> Result<Conversation, ApiError> {
+    fn conversation(request: &MessagesRequest) -> Result<Conversation, ApiError> {
         match generation_request(request)?.prompt {
             Prompt::Chat(conversation) => Ok(*conversation),
             Prompt::Tokens(_) => unreachable!("a Messages request is a conversation"),
@@ -317,7 +317,7 @@ mod tests {
 
     #[test]
     fn the_billing_header_and_system_turns_join_one_system_message() {
-        let chat = chat_request(&request(json!({
+        let chat = conversation(&request(json!({
             "max_tokens": 8,
             "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3.abc; cch=1f2e3;"},
                        {"type": "text", "text": "You are terse."}],
@@ -335,7 +335,7 @@ mod tests {
 
     #[test]
     fn tool_use_and_results_become_calls_and_tool_messages() {
-        let chat = chat_request(&request(json!({
+        let chat = conversation(&request(json!({
             "max_tokens": 8,
             "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}, {"type": "bash_20250124", "name": "bash"}],
             "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
@@ -396,7 +396,7 @@ mod tests {
             let mut body =
                 json!({"max_tokens": 1000, "messages": [{"role": "user", "content": "hi"}]});
             body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-            let chat = chat_request(&request(body.clone())).unwrap();
+            let chat = conversation(&request(body.clone())).unwrap();
             assert_eq!(
                 chat.template_kwargs.get("enable_thinking").and_then(Value::as_bool),
                 enable,
@@ -411,11 +411,11 @@ mod tests {
         let schema = json!({"type": "object", "properties": {"title": {"type": "string"}}});
         let body = json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
                           "output_config": {"format": {"type": "json_schema", "schema": schema}}});
-        let chat = chat_request(&request(body)).unwrap();
+        let chat = conversation(&request(body)).unwrap();
         assert_eq!(chat.format, Some(AnswerFormat::JsonSchema(schema)));
         let body = json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "output_config": {"format": {"type": "yaml"}}});
         assert_eq!(
-            chat_request(&request(body)).unwrap_err().param.as_deref(),
+            conversation(&request(body)).unwrap_err().param.as_deref(),
             Some("output_config.format")
         );
     }
@@ -423,14 +423,14 @@ mod tests {
     #[test]
     fn images_and_misplaced_blocks_are_refused_by_position() {
         let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}});
-        let error = chat_request(&request(
+        let error = conversation(&request(
             json!({"max_tokens": 8, "messages": [{"role": "user", "content": [image]}]}),
         ))
         .unwrap_err();
         assert_eq!(error.param.as_deref(), Some("messages[0].content[0]"));
         assert!(error.message.contains("image"), "{}", error.message);
         let tool_use = json!({"type": "tool_use", "id": "t", "name": "f", "input": {}});
-        let error = chat_request(&request(
+        let error = conversation(&request(
             json!({"max_tokens": 8, "messages": [{"role": "user", "content": [tool_use]}]}),
         ))
         .unwrap_err();
