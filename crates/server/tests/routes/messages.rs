@@ -374,6 +374,28 @@ async fn errors_come_in_anthropics_shape() {
 }
 
 #[tokio::test]
+async fn the_pipelines_own_checks_name_the_field() {
+    let server = replying("Hi.");
+    let with = |extra: Value| {
+        let mut request = body("hi", 8);
+        request.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        request
+    };
+    let cases = [
+        (with(json!({"max_tokens": 0})), "max_tokens must be at least 1"),
+        (with(json!({"messages": []})), "messages must not be empty"),
+        (with(json!({"temperature": 3.0})), "temperature"),
+        (with(json!({"top_k": -2})), "top_k"),
+        (with(json!({"stop_sequences": ["a", "b", "c", "d", "e"]})), "stop"),
+    ];
+    for (request, needle) in cases {
+        let (status, response) = server.post("/v1/messages", &request).await;
+        assert_anthropic_error(status, &response, 400, "invalid_request_error", needle);
+    }
+    assert!(server.engine.seen().is_empty(), "no refused request reaches the engine");
+}
+
+#[tokio::test]
 async fn the_key_may_come_as_x_api_key() {
     let server = with_api_key();
     let request = body("Hi", 2);
