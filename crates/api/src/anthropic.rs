@@ -34,6 +34,9 @@ pub struct MessagesRequest {
     /// `{"user_id": …}`; accepted and not used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
+    /// Whether to decode speculatively (Spindle's extension, as on the other endpoints).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<bool>,
     #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolDefinition>,
     #[serde(skip_serializing_if = "Option::is_none")]

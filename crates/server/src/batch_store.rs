@@ -21,7 +21,7 @@ use std::sync::{Mutex, MutexGuard};
 use spindle_api::{ApiError, Batch, BatchInputLine, BatchOutputLine, FileObject, RequestCounts};
 use tokio::sync::Notify;
 
-use crate::state::unix_now;
+use crate::clock::unix_now;
 
 /// Where batch files live and how large an input may be.
 #[derive(Clone, Debug)]

@@ -1,5 +1,5 @@
 //! The batch worker: one task that runs the requests of unfinished batches, oldest batch
-//! first, through the same chat path as live requests, below them:
+//! first, through the same pipeline as live requests, below them:
 //!
 //! - one batch request at a time, started only while the engine has a free slot and nobody
 //!   waits for one (`waiting == 0`, `active < --max-concurrent`);
@@ -21,12 +21,17 @@ use spindle_api::{
     BatchOutputLine, BatchStatus, ChatCompletionRequest,
 };
 
+use crate::admission::Admission;
+use crate::answer_parts::ResponseHead;
 use crate::batch_store::ResultLog;
-use crate::chat::{start_chat, ChatEndpoint};
-use crate::chat_answer::ChatAnswer;
+use crate::chat::answer::ChatAnswer;
+use crate::chat::request::generation_request;
+use crate::clock::unix_now;
 use crate::error::parse_json_value;
-use crate::respond::whole;
-use crate::state::{unix_now, Admission, AppState};
+use crate::pipeline::request::GenerationRequest;
+use crate::pipeline::respond::whole;
+use crate::pipeline::{start, Started};
+use crate::state::AppState;
 
 /// How often the worker looks at the engine's load while it waits or runs.
 const POLL: Duration = Duration::from_millis(20);
@@ -148,9 +153,10 @@ async fn run_line(
     };
     loop {
         wait_for_room(state, id).await?;
-        let start =
-            match start_chat(state, &request, ChatEndpoint::ChatCompletions, Admission::Batch) {
-                Ok(start) => start,
+        let head = ResponseHead::new(state, "chatcmpl");
+        let Started { generation, tools, .. } =
+            match start(state, &request, &head.id, Admission::Batch) {
+                Ok(started) => started,
                 Err(error) => {
                     return Some(failure(
                         line,
@@ -159,10 +165,10 @@ async fn run_line(
                     ))
                 }
             };
-        let request_id = start.head.id.clone();
-        let answer = ChatAnswer { head: start.head, tools: start.tools, include_usage: false };
+        let request_id = head.id.clone();
+        let answer = ChatAnswer { head, tools, include_usage: false };
         tokio::select! {
-            result = whole(start.generation, answer) => return Some(match result {
+            result = whole(generation, answer) => return Some(match result {
                 Ok(completion) => {
                     let body = serde_json::to_value(&completion).unwrap_or(Value::Null);
                     (ResultLog::Output, output_line(line, request_id, 200, body, None))
@@ -175,13 +181,15 @@ async fn run_line(
     }
 }
 
-/// The line's body as a chat request; batches answer whole, never streamed.
-fn chat_request(line: &BatchInputLine) -> Result<ChatCompletionRequest, ApiError> {
+/// The line's body, a chat request, as a generation request; batches answer whole, never
+/// streamed.
+fn chat_request(line: &BatchInputLine) -> Result<GenerationRequest, ApiError> {
     let request: ChatCompletionRequest = parse_json_value(&Value::Object(line.body.clone()))?;
     if request.stream {
         return Err(ApiError::bad_request("a batch request cannot stream", Some("stream")));
     }
-    Ok(request)
+    request.validate()?;
+    generation_request(&request)
 }
 
 fn failure(

@@ -12,9 +12,10 @@ use spindle_api::{
     ApiError, Batch, BatchStatus, CreateBatchRequest, ListPage, ListQuery, RequestCounts,
 };
 
+use crate::clock::unix_now;
 use crate::error::{internal, parse_json, HttpError};
 use crate::files::{list_query, storage_error};
-use crate::state::{unix_now, AppState};
+use crate::state::AppState;
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()

@@ -14,14 +14,15 @@ use spindle_api::{
 };
 use spindle_runner::SequenceSummary;
 
+use crate::admission::Admission;
+use crate::answer_parts::{finish_reason, usage, ResponseHead};
 use crate::error::{failure, parse_json, HttpError};
-use crate::generation::{Collected, Generation, Output};
-use crate::request::{
-    check_model, finish_reason, fit_max_tokens, sequence_request, usage, ResponseHead,
-};
-use crate::respond::{respond, Delivery, Protocol};
+use crate::pipeline::generation::{Collected, Output};
+use crate::pipeline::request::{self, GenerationRequest};
+use crate::pipeline::respond::{respond, Delivery, Protocol};
+use crate::pipeline::{start, Started};
 use crate::sse::{done_event, failure_events, json_event, keep_alive_comment};
-use crate::state::{Admission, AppState};
+use crate::state::AppState;
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
@@ -29,7 +30,6 @@ pub async fn completions(
 ) -> Result<Response, HttpError> {
     let request: CompletionRequest = parse_json(&body?)?;
     request.validate()?;
-    check_model(&state, request.model.as_deref())?;
     if request.echo && request.logprobs.is_some() {
         return Err(ApiError::bad_request(
             "echo together with logprobs is not supported",
@@ -62,17 +62,16 @@ pub async fn completions(
     } else {
         String::new()
     };
-    let max_tokens = fit_max_tokens(
-        &state,
-        prompt_ids.len(),
-        Some(request.max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS)),
-        "prompt",
-    )?;
-    let logprobs = request.logprobs.map(|n| n as usize);
-    let engine_request =
-        sequence_request(&state, prompt_ids, max_tokens, &request.sampling, logprobs);
+    let generation_request = GenerationRequest {
+        model: request.model.clone(),
+        prompt: request::Prompt::Tokens(prompt_ids),
+        sampling: request.sampling.clone(),
+        max_tokens: Some(request.max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS)),
+        logprobs: request.logprobs.map(|n| n as usize),
+        prompt_field: "prompt",
+    };
     let head = ResponseHead::new(&state, "cmpl");
-    let generation = Generation::start(&state, &head.id, engine_request, Admission::Live)?;
+    let Started { generation, .. } = start(&state, &generation_request, &head.id, Admission::Live)?;
     let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let answer = CompletionAnswer { head, echo, include_usage };
     Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)

@@ -2,8 +2,8 @@
 //! Messages and tokenize bodies (tools, response_format, logprobs, every sampling field),
 //! mutated as JSON (values of the wrong type, extreme numbers, deep nesting, missing and added
 //! fields, long and odd strings) and as bytes (cut, flipped, spliced), then taken through what
-//! each handler does before it renders the prompt: `parse_json`, `validate`, and the Messages
-//! and Responses conversions to a chat request. Every body must be accepted or refused with a
+//! each handler does before it renders the prompt: `parse_json`, `validate`, and each protocol's
+//! conversion to the pipeline's generation request. Every body must be accepted or refused with a
 //! 400 that says why; none may panic or hang.
 //!
 //! `SPINDLE_FUZZ_CASES=100000` runs a long campaign; the default is CI's fixed subset.
@@ -143,19 +143,23 @@ fn corpus() -> Vec<(Endpoint, Value)> {
 fn handle(endpoint: Endpoint, body: &[u8]) -> Result<(), ApiError> {
     let parsed = |error: crate::error::HttpError| error.0;
     match endpoint {
-        Endpoint::Chat => parse_json::<ChatCompletionRequest>(body).map_err(parsed)?.validate(),
+        Endpoint::Chat => {
+            let request: ChatCompletionRequest = parse_json(body).map_err(parsed)?;
+            request.validate()?;
+            crate::chat::request::generation_request(&request)?.validate()
+        }
         Endpoint::Completions => parse_json::<CompletionRequest>(body).map_err(parsed)?.validate(),
         Endpoint::Tokenize => parse_json::<TokenizeRequest>(body).map_err(parsed)?.validate(),
         Endpoint::Messages => {
             let request: MessagesRequest = parse_json(body).map_err(parsed)?;
             request.validate()?;
-            crate::messages_request::chat_request(&request)?.validate()
+            crate::messages::request::generation_request(&request)?.validate()
         }
         Endpoint::Responses => {
             let request: ResponsesRequest = parse_json(body).map_err(parsed)?;
             request.validate()?;
             let items = request.input_items()?;
-            crate::responses_input::chat_request(&request, &items)?.0.validate()
+            crate::responses::input::generation_request(&request, &items)?.0.validate()
         }
     }
 }

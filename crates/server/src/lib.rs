@@ -1,32 +1,28 @@
 //! The OpenAI-compatible HTTP server: routes, authentication, CORS, body limits and metrics
-//! around the engine. Handlers never touch the model: they render and tokenize, hand the
-//! request to the engine thread, and turn what comes back into JSON or server-sent events.
+//! around the engine. Handlers never touch the model: each protocol's adapter converts its
+//! request for the one request `pipeline` (which renders, tokenizes, plans, admits and hands it
+//! to the engine thread), and turns the events that come back into its JSON or server-sent
+//! events.
 
+mod admission;
+mod answer_parts;
 mod batch_store;
 mod batch_worker;
 mod batches;
 mod chat;
-mod chat_answer;
+mod clock;
 mod completions;
 mod engine;
 mod error;
 mod files;
-mod generation;
 mod messages;
-mod messages_events;
-mod messages_request;
 mod metrics;
-mod request;
-mod respond;
+mod pipeline;
 mod response_store;
 mod responses;
-mod responses_input;
-mod responses_output;
 mod routes;
 mod sse;
 mod state;
-mod structured;
-mod tool_output;
 
 #[cfg(test)]
 mod fuzz_tests;

@@ -19,12 +19,13 @@ use spindle_api::{
 use tower_http::cors::CorsLayer;
 
 use crate::batches;
-use crate::chat::{chat_completions, render_prompt};
+use crate::chat::chat_completions;
 use crate::completions::completions;
 use crate::error::{failure, parse_json, HttpError};
 use crate::files;
 use crate::messages::{count_tokens, error_for_path, messages};
-use crate::request::check_model;
+use crate::pipeline::render::render_prompt;
+use crate::pipeline::request::check_model;
 use crate::responses::{create_response, delete_response, retrieve_response};
 use crate::state::AppState;
 
@@ -174,7 +175,7 @@ async fn cancel(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, HttpError> {
-    if state.cancel(&id) {
+    if state.admissions.cancel(&id) {
         Ok(Json(json!({"id": id, "object": "chat.completion.cancelled", "cancelled": true})))
     } else {
         Err(ApiError::not_found(format!("no request `{id}` is in flight")).into())

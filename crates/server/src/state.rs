@@ -2,17 +2,16 @@
 //! template and limits and its chat profile, the metrics, and the in-flight requests that can be
 //! cancelled.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{Map, Value};
-use spindle_api::ApiError;
 use spindle_chat::{ChatTemplate, ModelProfile, Tokenizer, ToolCallFormat};
 use spindle_constrain::Grammars;
-use spindle_runner::{CacheConfig, Canceller, SpeculationConfig};
+use spindle_runner::{CacheConfig, SpeculationConfig};
 
+use crate::admission::Admissions;
 use crate::batch_store::{BatchConfig, BatchStore};
+use crate::clock::unix_now;
 use crate::engine::GenerationEngine;
 use crate::metrics::Metrics;
 use crate::response_store::ResponseStore;
@@ -80,8 +79,8 @@ pub struct AppState {
     pub batches: BatchStore,
     /// Unix time the server started; reported as the model's `created`.
     pub started: u64,
-    in_flight: AtomicUsize,
-    cancels: Mutex<HashMap<String, Canceller>>,
+    /// The requests in flight, each cancellable by id.
+    pub admissions: Arc<Admissions>,
     /// Built on the first constrained request: a large vocabulary takes a moment.
     grammars: OnceLock<Result<Grammars, String>>,
 }
@@ -94,6 +93,7 @@ impl AppState {
         engine: Arc<dyn GenerationEngine>,
     ) -> Self {
         let batches = BatchStore::open(&config.batch.dir);
+        let admissions = Arc::new(Admissions::new(config.max_concurrent + config.max_queue));
         Self {
             config,
             model,
@@ -103,8 +103,7 @@ impl AppState {
             responses: ResponseStore::default(),
             batches,
             started: unix_now(),
-            in_flight: AtomicUsize::new(0),
-            cancels: Mutex::new(HashMap::new()),
+            admissions,
             grammars: OnceLock::new(),
         }
     }
@@ -116,64 +115,4 @@ impl AppState {
             .get_or_init(|| Grammars::new(&self.model.tokenizer).map_err(|e| e.to_string()));
         grammars.as_ref().map_err(Clone::clone)
     }
-
-    /// Admits one more request, or 429 when running and waiting requests are at their limit.
-    /// The ticket keeps its place until dropped and makes the request cancellable by id.
-    pub fn admit(self: &Arc<Self>, id: &str, cancel: Canceller) -> Result<Ticket, ApiError> {
-        let limit = self.config.max_concurrent + self.config.max_queue;
-        let admitted = self
-            .in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
-            .is_ok();
-        if !admitted {
-            return Err(ApiError::rate_limited(format!(
-                "the server is at its limit of {limit} requests in flight; retry shortly"
-            )));
-        }
-        Ok(self.ticket(id, cancel, Admission::Live))
-    }
-
-    /// Admits a request of a batch. It is not counted against the live limit, so batch work
-    /// never turns a client away with a 429; the batch worker limits itself instead.
-    pub fn admit_batch(self: &Arc<Self>, id: &str, cancel: Canceller) -> Ticket {
-        self.ticket(id, cancel, Admission::Batch)
-    }
-
-    fn ticket(self: &Arc<Self>, id: &str, cancel: Canceller, admission: Admission) -> Ticket {
-        self.cancels.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), cancel);
-        Ticket { state: self.clone(), id: id.to_string(), admission }
-    }
-
-    /// Cancels request `id`; false when no such request is in flight.
-    pub fn cancel(&self, id: &str) -> bool {
-        let cancels = self.cancels.lock().unwrap_or_else(|e| e.into_inner());
-        cancels.get(id).map(Canceller::cancel).is_some()
-    }
-}
-
-/// Whom a request serves: a client waiting for it, or a batch filling idle capacity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admission {
-    Live,
-    Batch,
-}
-
-/// A request's place in flight; dropping it (finished, failed or the client gone) frees it.
-pub struct Ticket {
-    state: Arc<AppState>,
-    id: String,
-    admission: Admission,
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        if self.admission == Admission::Live {
-            self.state.in_flight.fetch_sub(1, Ordering::AcqRel);
-        }
-        self.state.cancels.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
-    }
-}
-
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }

@@ -391,19 +391,22 @@ async fn a_tool_round_trip_ends_in_a_text_answer() {
 }
 
 #[tokio::test]
-async fn the_speculative_switch_reaches_the_engine_from_chat_and_completions() {
+async fn the_speculative_switch_reaches_the_engine_from_every_protocol() {
     let server = replying("Hi.");
     for (value, want) in [(json!(true), Some(true)), (json!(false), Some(false))] {
-        let mut body = chat_body("Hello", 4);
-        body["speculative"] = value.clone();
-        let (status, answer) = server.post("/v1/chat/completions", &body).await;
-        assert_eq!(status, 200, "{answer}");
-        assert_eq!(server.engine.last().speculative, want, "chat, {value}");
-        let completion =
-            json!({"model": MODEL, "prompt": "Hello", "max_tokens": 4, "speculative": value});
-        let (status, answer) = server.post("/v1/completions", &completion).await;
-        assert_eq!(status, 200, "{answer}");
-        assert_eq!(server.engine.last().speculative, want, "completions, {value}");
+        let user = json!([{"role": "user", "content": "Hello"}]);
+        let bodies = [
+            ("/v1/chat/completions", json!({"messages": user, "max_tokens": 4})),
+            ("/v1/completions", json!({"model": MODEL, "prompt": "Hello", "max_tokens": 4})),
+            ("/v1/messages", json!({"messages": user, "max_tokens": 4})),
+            ("/v1/responses", json!({"input": "Hello", "max_output_tokens": 16})),
+        ];
+        for (path, mut body) in bodies {
+            body["speculative"] = value.clone();
+            let (status, answer) = server.post(path, &body).await;
+            assert_eq!(status, 200, "{path}: {answer}");
+            assert_eq!(server.engine.last().speculative, want, "{path}, {value}");
+        }
     }
     server.post("/v1/chat/completions", &chat_body("Hello", 4)).await;
     assert_eq!(server.engine.last().speculative, None, "silent: the server's default");

@@ -200,6 +200,26 @@ async fn max_tokens_ends_with_its_stop_reason() {
 }
 
 #[tokio::test]
+async fn sampling_fields_and_stop_sequences_reach_the_engine() {
+    let server = replying("Ok.");
+    let mut sampled = body("Hi", 4);
+    sampled["temperature"] = json!(0.25);
+    sampled["top_p"] = json!(0.5);
+    sampled["top_k"] = json!(5);
+    sampled["stop_sequences"] = json!(["END"]);
+    // Accepted, and used for nothing.
+    sampled["metadata"] = json!({"user_id": "u-1"});
+    let (status, whole) = server.post("/v1/messages", &sampled).await;
+    assert_eq!(status, 200, "{whole}");
+    let seen = server.engine.last();
+    assert_eq!((seen.temperature, seen.top_p, seen.top_k), (0.25, 0.5, 5));
+    assert_eq!(
+        (seen.stop_strings, seen.max_tokens, seen.top_logprobs),
+        (vec!["END".into()], 4, None)
+    );
+}
+
+#[tokio::test]
 async fn a_stop_sequence_is_reported_by_name() {
     let server = replying("The capital of France is Paris, on the Seine.");
     let mut stopped = body("Capital?", 24);
@@ -351,6 +371,28 @@ async fn errors_come_in_anthropics_shape() {
     request["tools"] = json!([{"type": "web_search_20250305", "name": "web_search"}, {"type": "bash_20250124", "name": "bash"}]);
     let (status, response) = server.post("/v1/messages", &request).await;
     assert_eq!(status, 200, "{response}");
+}
+
+#[tokio::test]
+async fn the_pipelines_own_checks_name_the_field() {
+    let server = replying("Hi.");
+    let with = |extra: Value| {
+        let mut request = body("hi", 8);
+        request.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        request
+    };
+    let cases = [
+        (with(json!({"max_tokens": 0})), "max_tokens must be at least 1"),
+        (with(json!({"messages": []})), "messages must not be empty"),
+        (with(json!({"temperature": 3.0})), "temperature"),
+        (with(json!({"top_k": -2})), "top_k"),
+        (with(json!({"stop_sequences": ["a", "b", "c", "d", "e"]})), "stop"),
+    ];
+    for (request, needle) in cases {
+        let (status, response) = server.post("/v1/messages", &request).await;
+        assert_anthropic_error(status, &response, 400, "invalid_request_error", needle);
+    }
+    assert!(server.engine.seen().is_empty(), "no refused request reaches the engine");
 }
 
 #[tokio::test]

@@ -135,6 +135,17 @@ async fn a_string_input_is_one_user_message() {
 }
 
 #[tokio::test]
+async fn sampling_fields_and_the_output_limit_reach_the_engine() {
+    let server = replying("Ok.");
+    let body = json!({"input": "Hi", "max_output_tokens": 6, "temperature": 0.25, "top_p": 0.5,
+                      "top_k": 7, "seed": 3, "stop": ["END"]});
+    create(&server, &body).await;
+    let seen = server.engine.last();
+    assert_eq!((seen.temperature, seen.top_p, seen.top_k, seen.seed), (0.25, 0.5, 7, Some(3)));
+    assert_eq!((seen.stop_strings, seen.max_tokens), (vec!["END".into()], 6));
+}
+
+#[tokio::test]
 async fn instructions_and_system_roles_lead_as_one_system_message() {
     let server = replying("In Italy.");
     let body = json!({

@@ -40,6 +40,9 @@ pub struct Seen {
     pub max_tokens: usize,
     pub stop_strings: Vec<String>,
     pub temperature: f32,
+    pub top_p: f32,
+    /// 0: no limit.
+    pub top_k: usize,
     pub seed: Option<u64>,
     pub top_logprobs: Option<usize>,
     pub reasoning: ReasoningMode,
@@ -193,6 +196,8 @@ impl GenerationEngine for ScriptedEngine {
             max_tokens: request.max_tokens,
             stop_strings: request.stop_strings.clone(),
             temperature: request.sampling.temperature,
+            top_p: request.sampling.top_p,
+            top_k: request.sampling.top_k,
             seed: request.sampling.seed,
             top_logprobs: request.sampling.top_logprobs,
             reasoning: request.reasoning.clone(),

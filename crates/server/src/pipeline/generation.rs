@@ -12,8 +12,9 @@ use spindle_runner::{
     sequence_channel, SequenceEvent, SequenceEvents, SequenceRequest, SequenceSummary, TextDelta,
 };
 
+use crate::admission::{Admission, Ticket};
 use crate::error::{internal_error, runner_failure};
-use crate::state::{Admission, AppState, Ticket};
+use crate::state::AppState;
 
 /// What a response is built from, in order: prompt progress (when asked for), text pieces,
 /// then one end.
@@ -54,10 +55,7 @@ impl Generation {
         admission: Admission,
     ) -> Result<Self, ApiError> {
         let (caller, events) = sequence_channel();
-        let ticket = match admission {
-            Admission::Live => state.admit(id, events.canceller())?,
-            Admission::Batch => state.admit_batch(id, events.canceller()),
-        };
+        let ticket = state.admissions.admit(id, events.canceller(), admission)?;
         let logprobs = request.sampling.top_logprobs.is_some();
         state.engine.submit(request, caller).map_err(|e| runner_failure(id, e.into()))?;
         Ok(Self {

@@ -10,9 +10,8 @@ use spindle_api::anthropic::{
 use spindle_api::{FinishReason, ToolCallDelta};
 use spindle_runner::{SequenceSummary, TextDelta};
 
-use crate::chat_answer::{chat_finish_reason, staged, staged_tail};
-use crate::request::ResponseHead;
-use crate::tool_output::ToolCallStage;
+use crate::answer_parts::{chat_finish_reason, staged, staged_tail, ResponseHead};
+use crate::pipeline::tool_calls::ToolCallStage;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum BlockKind {

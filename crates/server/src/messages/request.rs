@@ -1,17 +1,22 @@
-//! An Anthropic Messages request read as the one internal (OpenAI-shaped) chat request: the
-//! system prompt and any `system` turns become one leading system message, tool results become
-//! `tool` messages, assistant `tool_use` blocks become tool calls and `thinking` blocks the turn's
-//! reasoning; `thinking` and `output_config.effort` become the reasoning switch and budget.
+//! An Anthropic Messages request read as the pipeline's generation request: the system prompt
+//! and any `system` turns become one leading system message, tool results become `tool`
+//! messages, assistant `tool_use` blocks become tool calls and `thinking` blocks the turn's
+//! reasoning; `thinking` and `output_config.effort` become the reasoning switch and budget,
+//! `output_config.format` the answer's format.
 
 use std::borrow::Cow;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use spindle_api::anthropic::{
     Content, Effort, InputBlock, MessagesRequest, SystemPrompt, ThinkingConfig, ToolChoice,
 };
 use spindle_api::{
-    ApiError, ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDefinition, MessageContent,
-    SamplingParams, StopSequences, Tool, ToolCall, ToolType,
+    ApiError, ChatMessage, FunctionCall, FunctionDefinition, MessageContent, SamplingParams,
+    StopSequences, Tool, ToolCall, ToolType,
+};
+
+use crate::pipeline::request::{
+    AnswerFormat, Conversation, GenerationRequest, Prompt, ToolChoice as Choice,
 };
 
 /// Claude Code opens its system prompt with a line like `x-anthropic-billing-header:
@@ -20,7 +25,7 @@ use spindle_api::{
 /// cache; it means nothing to the model, so it is dropped.
 const BILLING_HEADER: &str = "x-anthropic-billing-header:";
 
-pub(crate) fn chat_request(request: &MessagesRequest) -> Result<ChatCompletionRequest, ApiError> {
+pub(crate) fn generation_request(request: &MessagesRequest) -> Result<GenerationRequest, ApiError> {
     let mut system: Vec<Cow<str>> = match &request.system {
         None => Vec::new(),
         Some(SystemPrompt::Text(text)) => vec![Cow::Borrowed(text.as_str())],
@@ -77,57 +82,61 @@ pub(crate) fn chat_request(request: &MessagesRequest) -> Result<ChatCompletionRe
     let (tool_choice, single_call) = match &request.tool_choice {
         None => (None, false),
         Some(ToolChoice::Auto { disable_parallel_tool_use }) => {
-            (Some(json!("auto")), *disable_parallel_tool_use)
+            (Some(Choice::Auto), *disable_parallel_tool_use)
         }
         Some(ToolChoice::Any { disable_parallel_tool_use }) => {
-            (Some(json!("required")), *disable_parallel_tool_use)
+            (Some(Choice::Required), *disable_parallel_tool_use)
         }
-        Some(ToolChoice::Tool { name, disable_parallel_tool_use }) => (
-            Some(json!({"type": "function", "function": {"name": name}})),
-            *disable_parallel_tool_use,
-        ),
-        Some(ToolChoice::None) => (Some(json!("none")), false),
+        Some(ToolChoice::Tool { name, disable_parallel_tool_use }) => {
+            (Some(Choice::Named(name.clone())), *disable_parallel_tool_use)
+        }
+        Some(ToolChoice::None) => (Some(Choice::None), false),
     };
 
-    let (chat_template_kwargs, thinking_budget) = reasoning(request);
-    Ok(ChatCompletionRequest {
-        model: request.model.clone(),
+    let (template_kwargs, thinking_budget) = reasoning(request);
+    let conversation = Conversation {
         messages,
-        stream: request.stream,
-        max_tokens: request.max_tokens,
+        // `auto` without tools is no choice at all: no tool-call parsing.
+        tool_choice: if tools.is_empty() && tool_choice == Some(Choice::Auto) {
+            None
+        } else {
+            tool_choice
+        },
+        tools,
+        parallel_tool_calls: !single_call,
+        format: answer_format(request)?,
+        template_kwargs,
+        thinking_budget,
+    };
+    Ok(GenerationRequest {
+        model: request.model.clone(),
+        prompt: Prompt::Chat(Box::new(conversation)),
         sampling: SamplingParams {
             temperature: request.temperature,
             top_p: request.top_p,
             top_k: request.top_k,
             stop: (!request.stop_sequences.is_empty())
                 .then(|| StopSequences::Many(request.stop_sequences.clone())),
+            speculative: request.speculative,
             ..Default::default()
         },
-        tool_choice: if tools.is_empty() && tool_choice == Some(json!("auto")) {
-            None
-        } else {
-            tool_choice
-        },
-        tools,
-        parallel_tool_calls: single_call.then_some(false),
-        response_format: response_format(request)?,
-        chat_template_kwargs,
-        thinking_budget,
-        ..Default::default()
+        max_tokens: request.max_tokens,
+        logprobs: None,
+        prompt_field: "messages",
     })
 }
 
-/// `output_config.format` as the chat request's `response_format`.
-fn response_format(request: &MessagesRequest) -> Result<Option<Value>, ApiError> {
+/// `output_config.format`, a JSON schema for the answer.
+fn answer_format(request: &MessagesRequest) -> Result<Option<AnswerFormat>, ApiError> {
     let Some(format) =
         request.output_config.as_ref().and_then(|c| c.format.as_ref()).filter(|f| !f.is_null())
     else {
         return Ok(None);
     };
     match (format["type"].as_str(), &format["schema"]) {
-        (Some("json_schema"), schema @ Value::Object(_)) => Ok(Some(
-            json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}),
-        )),
+        (Some("json_schema"), schema @ Value::Object(_)) => {
+            Ok(Some(AnswerFormat::JsonSchema(schema.clone())))
+        }
         _ => Err(bad(
             "output_config.format".into(),
             "expected {\"type\": \"json_schema\", \"schema\": {...}}".into(),
@@ -291,15 +300,25 @@ fn bad(param: String, message: String) -> ApiError {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn request(body: Value) -> MessagesRequest {
         serde_json::from_value(body).unwrap()
     }
 
+    /// The conversation `request` becomes.
+    fn conversation(request: &MessagesRequest) -> Result<Conversation, ApiError> {
+        match generation_request(request)?.prompt {
+            Prompt::Chat(conversation) => Ok(*conversation),
+            Prompt::Tokens(_) => unreachable!("a Messages request is a conversation"),
+        }
+    }
+
     #[test]
     fn the_billing_header_and_system_turns_join_one_system_message() {
-        let chat = chat_request(&request(json!({
+        let chat = conversation(&request(json!({
             "max_tokens": 8,
             "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3.abc; cch=1f2e3;"},
                        {"type": "text", "text": "You are terse."}],
@@ -317,7 +336,7 @@ mod tests {
 
     #[test]
     fn tool_use_and_results_become_calls_and_tool_messages() {
-        let chat = chat_request(&request(json!({
+        let chat = conversation(&request(json!({
             "max_tokens": 8,
             "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}, {"type": "bash_20250124", "name": "bash"}],
             "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
@@ -342,8 +361,8 @@ mod tests {
         assert_eq!(chat.messages[2].tool_call_id.as_deref(), Some("toolu_1"));
         assert_eq!(chat.messages[2].content, Some(MessageContent::Text("Error: sunny".into())));
         assert_eq!(chat.tools.len(), 1, "the server tool is dropped");
-        assert_eq!(chat.tool_choice, Some(json!("required")));
-        assert_eq!(chat.parallel_tool_calls, Some(false));
+        assert_eq!(chat.tool_choice, Some(Choice::Required));
+        assert!(!chat.parallel_tool_calls);
     }
 
     #[test]
@@ -378,9 +397,9 @@ mod tests {
             let mut body =
                 json!({"max_tokens": 1000, "messages": [{"role": "user", "content": "hi"}]});
             body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-            let chat = chat_request(&request(body.clone())).unwrap();
+            let chat = conversation(&request(body.clone())).unwrap();
             assert_eq!(
-                chat.chat_template_kwargs.get("enable_thinking").and_then(Value::as_bool),
+                chat.template_kwargs.get("enable_thinking").and_then(Value::as_bool),
                 enable,
                 "{body}"
             );
@@ -393,11 +412,11 @@ mod tests {
         let schema = json!({"type": "object", "properties": {"title": {"type": "string"}}});
         let body = json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
                           "output_config": {"format": {"type": "json_schema", "schema": schema}}});
-        let chat = chat_request(&request(body)).unwrap();
-        assert_eq!(chat.response_format.unwrap()["json_schema"]["schema"], schema);
+        let chat = conversation(&request(body)).unwrap();
+        assert_eq!(chat.format, Some(AnswerFormat::JsonSchema(schema)));
         let body = json!({"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "output_config": {"format": {"type": "yaml"}}});
         assert_eq!(
-            chat_request(&request(body)).unwrap_err().param.as_deref(),
+            conversation(&request(body)).unwrap_err().param.as_deref(),
             Some("output_config.format")
         );
     }
@@ -405,14 +424,14 @@ mod tests {
     #[test]
     fn images_and_misplaced_blocks_are_refused_by_position() {
         let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}});
-        let error = chat_request(&request(
+        let error = conversation(&request(
             json!({"max_tokens": 8, "messages": [{"role": "user", "content": [image]}]}),
         ))
         .unwrap_err();
         assert_eq!(error.param.as_deref(), Some("messages[0].content[0]"));
         assert!(error.message.contains("image"), "{}", error.message);
         let tool_use = json!({"type": "tool_use", "id": "t", "name": "f", "input": {}});
-        let error = chat_request(&request(
+        let error = conversation(&request(
             json!({"max_tokens": 8, "messages": [{"role": "user", "content": [tool_use]}]}),
         ))
         .unwrap_err();

@@ -1,7 +1,10 @@
-//! Anthropic's Messages API over the chat pipeline: `POST /v1/messages` (whole or streamed) and
-//! `POST /v1/messages/count_tokens`. The request is read as a chat request
-//! ([`chat_request`]), generated like any other, and answered as Anthropic events
+//! Anthropic's Messages API over the pipeline: `POST /v1/messages` (whole or streamed) and
+//! `POST /v1/messages/count_tokens`. The request is read as a generation request
+//! ([`generation_request`]), generated like any other, and answered as Anthropic events
 //! ([`MessageEvents`]); errors leave in Anthropic's shape with the status OpenAI's would have.
+
+pub(crate) mod events;
+pub(crate) mod request;
 
 use std::sync::Arc;
 
@@ -11,18 +14,18 @@ use axum::extract::State;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
 use spindle_api::anthropic::{ErrorResponse, Message, MessagesRequest, StreamEvent, TokenCount};
 use spindle_api::ApiError;
 
-use crate::chat::{render_prompt, start_chat, ChatEndpoint, ChatStart};
-use crate::error::{error_response, failure, parse_json, HttpError};
-use crate::generation::{Collected, Output};
-use crate::messages_events::{assemble, MessageEvents};
-use crate::messages_request::chat_request;
-use crate::request::check_model;
-use crate::respond::{respond, Delivery, Protocol};
-use crate::state::{Admission, AppState};
+use crate::admission::Admission;
+use crate::answer_parts::ResponseHead;
+use crate::error::{error_response, parse_json, HttpError};
+use crate::messages::events::{assemble, MessageEvents};
+use crate::messages::request::generation_request;
+use crate::pipeline::generation::{Collected, Output};
+use crate::pipeline::respond::{respond, Delivery, Protocol};
+use crate::pipeline::{count_prompt_tokens, start, Started};
+use crate::state::AppState;
 
 /// The path prefix whose errors take Anthropic's shape.
 const MESSAGES_PATH: &str = "/v1/messages";
@@ -33,27 +36,23 @@ pub async fn messages(
 ) -> Result<Response, MessagesError> {
     let request: MessagesRequest = parse_json(&body?)?;
     request.validate()?;
-    let chat = chat_request(&request)?;
-    let ChatStart { generation, head, tools, prompt_tokens } =
-        start_chat(&state, &chat, ChatEndpoint::Messages, Admission::Live)?;
+    let generation_request = generation_request(&request)?;
+    let head = ResponseHead::new(&state, "msg");
+    let Started { generation, tools, prompt_tokens } =
+        start(&state, &generation_request, &head.id, Admission::Live)?;
     let answer = MessagesAnswer { events: MessageEvents::new(head, tools), prompt_tokens };
     Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)
 }
 
-/// The prompt's tokens, rendered and tokenized as `/v1/messages` would (`chat::plan`), without
-/// generating.
+/// The prompt's tokens, rendered and tokenized as `/v1/messages` would, without generating.
 pub async fn count_tokens(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TokenCount>, MessagesError> {
     let request: MessagesRequest = parse_json(&body?)?;
-    let chat = chat_request(&request)?;
-    chat.validate()?;
-    check_model(&state, chat.model.as_deref())?;
-    let tools: Vec<Value> = chat.tools.iter().map(|t| json!(t)).collect();
-    let prompt = render_prompt(&state, &chat.messages, &tools, &chat.chat_template_kwargs)?.text;
-    let ids = state.model.tokenizer.encode(&prompt, false).map_err(failure)?;
-    Ok(Json(TokenCount { input_tokens: ids.len() as u32 }))
+    let generation_request = generation_request(&request)?;
+    let input_tokens = count_prompt_tokens(&state, &generation_request)?;
+    Ok(Json(TokenCount { input_tokens: input_tokens as u32 }))
 }
 
 fn sse_event(event: &StreamEvent) -> Event {

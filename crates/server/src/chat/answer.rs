@@ -1,18 +1,18 @@
 //! The Chat Completions response to a generation: `chat.completion.chunk`s streamed, or one
-//! `chat.completion`; and the tool-call staging the other chat-shaped APIs share.
+//! `chat.completion`.
 
 use axum::response::sse::Event;
 use spindle_api::{
     ApiError, AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-    ChatDelta, ChoiceLogprobs, FinishReason as ApiFinishReason, Role, ToolCallDelta, Usage,
+    ChatDelta, ChoiceLogprobs, Role, ToolCallDelta, Usage,
 };
-use spindle_runner::{FinishReason, SequenceSummary, TextDelta};
+use spindle_runner::{SequenceSummary, TextDelta};
 
-use crate::generation::{Collected, Output};
-use crate::request::{usage, ResponseHead};
-use crate::respond::Protocol;
+use crate::answer_parts::{chat_finish_reason, staged, staged_tail, usage, ResponseHead};
+use crate::pipeline::generation::{Collected, Output};
+use crate::pipeline::respond::Protocol;
+use crate::pipeline::tool_calls::{assemble_calls, ToolCallStage};
 use crate::sse::{done_event, failure_events, json_event, keep_alive_comment};
-use crate::tool_output::{assemble_calls, ToolCallStage};
 
 impl ResponseHead {
     fn chat_chunk(
@@ -48,46 +48,6 @@ fn delta_choice(
         },
         logprobs,
         finish_reason: None,
-    }
-}
-
-/// Routes a delta's content through the tool-call stage, when the request has one.
-pub(crate) fn staged(
-    tools: &mut Option<ToolCallStage>,
-    mut text: TextDelta,
-) -> (TextDelta, Vec<ToolCallDelta>) {
-    match tools {
-        Some(stage) => {
-            let staged = stage.push(&text.content);
-            text.content = staged.content;
-            (text, staged.tool_calls)
-        }
-        None => (text, Vec::new()),
-    }
-}
-
-/// The end of the answer: the text released last, and what the tool-call stage held back.
-pub(crate) fn staged_tail(
-    tools: &mut Option<ToolCallStage>,
-    tail: TextDelta,
-) -> (TextDelta, Vec<ToolCallDelta>) {
-    let (mut text, mut calls) = staged(tools, tail);
-    if let Some(stage) = tools {
-        let rest = stage.finish();
-        text.content.push_str(&rest.content);
-        calls.extend(rest.tool_calls);
-    }
-    (text, calls)
-}
-
-/// `tool_calls` when the model stopped after calling a tool (call it after the stage's end).
-pub(crate) fn chat_finish_reason(
-    reason: FinishReason,
-    tools: &Option<ToolCallStage>,
-) -> ApiFinishReason {
-    match (reason, tools) {
-        (FinishReason::Stop, Some(stage)) if stage.called() => ApiFinishReason::ToolCalls,
-        (reason, _) => crate::request::finish_reason(reason),
     }
 }
 

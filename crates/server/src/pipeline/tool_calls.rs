@@ -6,7 +6,7 @@
 use spindle_api::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta, ToolType};
 use spindle_chat::{ToolCallParser, ToolEvent};
 
-use crate::structured::ToolParsing;
+use crate::pipeline::shape::ToolParsing;
 
 pub struct ToolCallStage {
     parser: ToolCallParser,

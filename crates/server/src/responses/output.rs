@@ -1,20 +1,21 @@
 //! A generation's outputs read as Responses events: reasoning, text and tool calls become
 //! output items, each opened, filled by deltas and closed before the next one starts. The
 //! streamed response sends these events; the whole response is what the same machine holds at
-//! the end, so both always carry the same items.
+//! the end, so both always carry the same items. It starts from the [`empty_response`] that
+//! echoes the request's settings.
 
 use serde_json::json;
 use spindle_api::{
     ApiError, IncompleteDetails, ItemStatus, OutputItem, OutputPart, ReasoningPart,
-    Response as ResponseObject, ResponseError, ResponseEvent, ResponseStatus, ResponseUsage, Role,
-    StreamEvent, ToolCallDelta,
+    Response as ResponseObject, ResponseError, ResponseEvent, ResponseStatus, ResponseUsage,
+    ResponsesRequest, Role, StreamEvent, TextOptions, ToolCallDelta,
 };
 use spindle_runner::{FinishReason, SequenceSummary, TextDelta};
 
-use crate::chat_answer::{staged, staged_tail};
-use crate::generation::Output;
-use crate::responses_input::ToolNames;
-use crate::tool_output::ToolCallStage;
+use crate::answer_parts::{staged, staged_tail, ResponseHead};
+use crate::pipeline::generation::Output;
+use crate::pipeline::tool_calls::ToolCallStage;
+use crate::responses::input::ToolNames;
 
 /// The output item being filled.
 enum Open {
@@ -317,6 +318,39 @@ impl Assembler {
         let event = ResponseEvent::Failed { response: self.response.clone() };
         self.emit(events, event);
         self.finished = true;
+    }
+}
+
+/// The response before any output, which the [`Assembler`] starts from: the request's settings echoed, OpenAI's defaults where it
+/// is silent.
+pub fn empty_response(request: &ResponsesRequest, head: ResponseHead) -> ResponseObject {
+    let suffix = head.id.rsplit('-').next().unwrap_or(&head.id);
+    ResponseObject {
+        id: format!("resp_{suffix}"),
+        created_at: head.created,
+        status: ResponseStatus::InProgress,
+        error: None,
+        incomplete_details: None,
+        instructions: request.instructions.clone(),
+        max_output_tokens: request.max_output_tokens,
+        model: head.model,
+        output: Vec::new(),
+        parallel_tool_calls: request.parallel_tool_calls.unwrap_or(true),
+        previous_response_id: request.previous_response_id.clone(),
+        reasoning: request.reasoning.clone().unwrap_or_default(),
+        store: request.stores(),
+        temperature: Some(request.sampling.temperature.unwrap_or(1.0)),
+        text: request
+            .text
+            .clone()
+            .unwrap_or(TextOptions { format: Some(json!({"type": "text"})), verbosity: None }),
+        tool_choice: request.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+        tools: request.tools.clone(),
+        top_p: Some(request.sampling.top_p.unwrap_or(1.0)),
+        truncation: "disabled".into(),
+        usage: None,
+        user: request.user.clone(),
+        metadata: request.metadata.clone(),
     }
 }
 

@@ -1,14 +1,16 @@
-//! A Responses request read as the chat request the pipeline runs: `instructions` and input
+//! A Responses request read as the pipeline's generation request: `instructions` and input
 //! items become chat messages, flat and namespaced function tools become chat tools,
-//! `reasoning.effort` a thinking switch and budget, `text.format` a `response_format`.
+//! `reasoning.effort` a thinking switch and budget, `text.format` the answer's format.
 
 use std::collections::HashMap;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use spindle_api::{
-    ApiError, ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDefinition, InputItem,
-    MessageContent, ResponsesRequest, Tool, ToolCall, ToolType,
+    ApiError, ChatMessage, FunctionCall, FunctionDefinition, InputItem, MessageContent,
+    ResponsesRequest, Tool, ToolCall, ToolType,
 };
+
+use crate::pipeline::request::{AnswerFormat, Conversation, GenerationRequest, Prompt, ToolChoice};
 
 /// What the model sees as one flat function name, and the namespace tool it came from.
 #[derive(Default)]
@@ -33,38 +35,41 @@ fn combined_name(namespace: &str, name: &str) -> String {
     format!("{}__{}", namespace.trim_end_matches('_'), name.trim_start_matches('_'))
 }
 
-/// The chat request for `request`, whose conversation is `items` (a stored conversation, if
-/// continued, then the request's own input).
-pub fn chat_request(
+/// The generation request for `request`, whose conversation is `items` (a stored
+/// conversation, if continued, then the request's own input).
+pub fn generation_request(
     request: &ResponsesRequest,
     items: &[InputItem],
-) -> Result<(ChatCompletionRequest, ToolNames), ApiError> {
+) -> Result<(GenerationRequest, ToolNames), ApiError> {
     let (tools, names) = chat_tools(&request.tools)?;
-    let mut chat_template_kwargs = request.chat_template_kwargs.clone();
+    let mut template_kwargs = request.chat_template_kwargs.clone();
     let mut thinking_budget = None;
     if let Some(effort) = request.reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
         match reasoning_budget(effort, request.max_output_tokens)? {
             Thinking::Off => {
-                chat_template_kwargs.insert("enable_thinking".into(), Value::Bool(false));
+                template_kwargs.insert("enable_thinking".into(), Value::Bool(false));
             }
             Thinking::On(budget) => thinking_budget = budget,
         }
     }
-    let chat = ChatCompletionRequest {
-        model: request.model.clone(),
+    let conversation = Conversation {
         messages: chat_messages(request.instructions.as_deref(), items)?,
-        max_completion_tokens: request.max_output_tokens,
-        sampling: request.sampling.clone(),
         tools,
         tool_choice: tool_choice(request.tool_choice.as_ref())?,
-        parallel_tool_calls: request.parallel_tool_calls,
-        response_format: response_format(request)?,
-        chat_template_kwargs,
+        parallel_tool_calls: request.parallel_tool_calls != Some(false),
+        format: answer_format(request)?,
+        template_kwargs,
         thinking_budget,
-        user: request.user.clone(),
-        ..Default::default()
     };
-    Ok((chat, names))
+    let generation = GenerationRequest {
+        model: request.model.clone(),
+        prompt: Prompt::Chat(Box::new(conversation)),
+        sampling: request.sampling.clone(),
+        max_tokens: request.max_output_tokens,
+        logprobs: None,
+        prompt_field: "input",
+    };
+    Ok((generation, names))
 }
 
 /// Function tools as chat tools; each member of a namespace under its combined name. Tools of
@@ -122,17 +127,17 @@ fn function_tool(tool: &Value, namespace: Option<&str>, param: &str) -> Result<T
     })
 }
 
-/// `tool_choice` in the chat shape: strings as they are, a named function nested under
-/// `function` (a namespace folded into the name as the model sees it).
-fn tool_choice(choice: Option<&Value>) -> Result<Option<Value>, ApiError> {
+/// `tool_choice`: a mode by name, or a named function (a namespace folded into the name as
+/// the model sees it).
+fn tool_choice(choice: Option<&Value>) -> Result<Option<ToolChoice>, ApiError> {
     let Some(choice) = choice.filter(|c| !c.is_null()) else { return Ok(None) };
-    if choice.is_string() {
-        return Ok(Some(choice.clone()));
+    if let Some(mode) = choice.as_str() {
+        return ToolChoice::from_mode(mode).map(Some);
     }
     match (choice["type"].as_str(), choice["name"].as_str()) {
         (Some("function"), Some(name)) => {
             let name = choice["namespace"].as_str().map_or_else(|| name.to_string(), |ns| combined_name(ns, name));
-            Ok(Some(json!({"type": "function", "function": {"name": name}})))
+            Ok(Some(ToolChoice::Named(name)))
         }
         (Some("function"), None) => Err(ApiError::bad_request("tool_choice.name is missing", Some("tool_choice.name"))),
         _ => Err(ApiError::bad_request(
@@ -171,8 +176,8 @@ fn reasoning_budget(effort: &str, max_output_tokens: Option<u32>) -> Result<Thin
     })
 }
 
-/// `text.format` as the chat `response_format`.
-fn response_format(request: &ResponsesRequest) -> Result<Option<Value>, ApiError> {
+/// `text.format`, the answer's format.
+fn answer_format(request: &ResponsesRequest) -> Result<Option<AnswerFormat>, ApiError> {
     let Some(format) =
         request.text.as_ref().and_then(|t| t.format.as_ref()).filter(|f| !f.is_null())
     else {
@@ -180,12 +185,10 @@ fn response_format(request: &ResponsesRequest) -> Result<Option<Value>, ApiError
     };
     let bad = |message: String, param: &str| ApiError::bad_request(message, Some(param));
     match format["type"].as_str() {
-        Some("text") => Ok(Some(json!({"type": "text"}))),
-        Some("json_object") => Ok(Some(json!({"type": "json_object"}))),
+        Some("text") => Ok(Some(AnswerFormat::Text)),
+        Some("json_object") => Ok(Some(AnswerFormat::JsonObject)),
         Some("json_schema") => match &format["schema"] {
-            schema @ Value::Object(_) => Ok(Some(json!({"type": "json_schema", "json_schema": {
-                "name": format["name"], "schema": schema, "strict": format["strict"],
-            }}))),
+            schema @ Value::Object(_) => Ok(Some(AnswerFormat::JsonSchema(schema.clone()))),
             _ => Err(bad(
                 "text.format json_schema needs a `schema` object".into(),
                 "text.format.schema",
@@ -282,15 +285,23 @@ fn message(role: &str, content: String) -> ChatMessage {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
-    fn read(body: Value) -> (ChatCompletionRequest, ToolNames) {
+    /// The conversation a request's body becomes, and its tool names.
+    fn read(body: Value) -> (Conversation, ToolNames) {
         let request: ResponsesRequest = serde_json::from_value(body).unwrap();
-        chat_request(&request, &request.input_items().unwrap()).unwrap()
+        let (generation, names) =
+            generation_request(&request, &request.input_items().unwrap()).unwrap();
+        match generation.prompt {
+            Prompt::Chat(conversation) => (*conversation, names),
+            Prompt::Tokens(_) => unreachable!("a Responses request is a conversation"),
+        }
     }
 
     /// Each message as (role, content, reasoning, tool call names, tool_call_id).
-    fn shape(chat: &ChatCompletionRequest) -> Vec<Value> {
+    fn shape(chat: &Conversation) -> Vec<Value> {
         chat.messages
             .iter()
             .map(|m| {
@@ -363,10 +374,7 @@ mod tests {
         let offered: Vec<(&str, Option<bool>)> =
             chat.tools.iter().map(|t| (t.function.name.as_str(), t.function.strict)).collect();
         assert_eq!(offered, vec![("shell", None), ("mcp__fs__read", Some(true))]);
-        assert_eq!(
-            chat.tool_choice,
-            Some(json!({"type": "function", "function": {"name": "mcp__fs__read"}}))
-        );
+        assert_eq!(chat.tool_choice, Some(ToolChoice::Named("mcp__fs__read".into())));
         assert_eq!(
             names.split("mcp__fs__read"),
             ("read".to_string(), Some("mcp__fs__".to_string()))
@@ -380,7 +388,7 @@ mod tests {
             let (chat, _) = read(
                 json!({"input": "hi", "reasoning": {"effort": effort}, "max_output_tokens": max}),
             );
-            (chat.chat_template_kwargs.get("enable_thinking").cloned(), chat.thinking_budget)
+            (chat.template_kwargs.get("enable_thinking").cloned(), chat.thinking_budget)
         };
         assert_eq!(effort("none", Some(100)), (Some(json!(false)), None));
         assert_eq!(effort("minimal", None), (Some(json!(false)), None));
@@ -392,18 +400,13 @@ mod tests {
     }
 
     #[test]
-    fn text_format_becomes_the_response_format() {
+    fn text_format_becomes_the_answer_format() {
         let schema = json!({"type": "object", "properties": {"a": {"type": "string"}}});
         let (chat, _) = read(
             json!({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": schema, "strict": true}}}),
         );
-        assert_eq!(
-            chat.response_format,
-            Some(
-                json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}})
-            )
-        );
+        assert_eq!(chat.format, Some(AnswerFormat::JsonSchema(schema)));
         let (chat, _) = read(json!({"input": "hi", "text": {"format": {"type": "json_object"}}}));
-        assert_eq!(chat.response_format, Some(json!({"type": "json_object"})));
+        assert_eq!(chat.format, Some(AnswerFormat::JsonObject));
     }
 }

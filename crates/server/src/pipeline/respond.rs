@@ -11,7 +11,7 @@ use futures_util::stream::{self, Stream, StreamExt};
 use spindle_api::ApiError;
 use tokio::time::{timeout_at, Duration, Instant};
 
-use crate::generation::{Collected, Generation, Output};
+use crate::pipeline::generation::{Collected, Generation, Output};
 use crate::state::AppState;
 
 /// How the client takes the response (the request's `stream` flag).

@@ -1,7 +1,10 @@
 //! `POST /v1/responses` (OpenAI's Responses API, as the Codex CLI uses it), and
-//! `GET` / `DELETE /v1/responses/{id}` for stored responses. A request is read as a chat
-//! request and runs through the same pipeline; its outputs become Responses items
-//! (`responses_output`), streamed as typed events or returned whole.
+//! `GET` / `DELETE /v1/responses/{id}` for stored responses. A request is read as a generation
+//! request ([`input`]) and runs through the pipeline; its outputs become Responses
+//! items ([`output`]), streamed as typed events or returned whole.
+
+pub(crate) mod input;
+pub(crate) mod output;
 
 use std::sync::Arc;
 
@@ -11,20 +14,20 @@ use axum::extract::{Path, State};
 use axum::response::sse::Event;
 use axum::response::Response;
 use axum::Json;
-use serde_json::json;
 use spindle_api::{
     ApiError, InputItem, Response as ResponseObject, ResponseDeleted, ResponseStatus,
-    ResponsesRequest, TextOptions,
+    ResponsesRequest,
 };
 
-use crate::chat::{start_chat, ChatEndpoint, ChatStart};
+use crate::admission::Admission;
+use crate::answer_parts::ResponseHead;
 use crate::error::{internal, parse_json, HttpError};
-use crate::generation::{Collected, Output};
-use crate::request::ResponseHead;
-use crate::respond::{respond, Delivery, Protocol};
-use crate::responses_input::chat_request;
-use crate::responses_output::{sse_event, Assembler};
-use crate::state::{Admission, AppState};
+use crate::pipeline::generation::{Collected, Output};
+use crate::pipeline::respond::{respond, Delivery, Protocol};
+use crate::pipeline::{start, Started};
+use crate::responses::input::generation_request;
+use crate::responses::output::{empty_response, sse_event, Assembler};
+use crate::state::AppState;
 
 pub async fn create_response(
     State(state): State<Arc<AppState>>,
@@ -39,10 +42,13 @@ pub async fn create_response(
         None => Vec::new(),
     };
     conversation.extend(request.input_items()?);
-    let (chat, names) = chat_request(&request, &conversation)?;
-    let ChatStart { generation, head, tools, .. } =
-        start_chat(&state, &chat, ChatEndpoint::Responses, Admission::Live)?;
-    let assembler = Assembler::new(in_progress(&request, head), tools, names);
+    let (generation_request, names) = generation_request(&request, &conversation)?;
+    let head = ResponseHead::new(&state, "resp");
+    let id = head.id.clone();
+    let response = empty_response(&request, head);
+    let Started { generation, tools, .. } =
+        start(&state, &generation_request, &id, Admission::Live)?;
+    let assembler = Assembler::new(response, tools, names);
     let keep = request.stores().then(|| Keep { state: state.clone(), conversation });
     let answer = ResponsesAnswer { assembler, keep };
     Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)
@@ -80,39 +86,6 @@ fn previous_not_found(id: &str) -> ApiError {
         ..ApiError::not_found(format!(
             "previous response `{id}` is not stored here (expired, or sent with `store: false`)"
         ))
-    }
-}
-
-/// The response before any output: the request's settings echoed, OpenAI's defaults where it
-/// is silent.
-fn in_progress(request: &ResponsesRequest, head: ResponseHead) -> ResponseObject {
-    let suffix = head.id.rsplit('-').next().unwrap_or(&head.id);
-    ResponseObject {
-        id: format!("resp_{suffix}"),
-        created_at: head.created,
-        status: ResponseStatus::InProgress,
-        error: None,
-        incomplete_details: None,
-        instructions: request.instructions.clone(),
-        max_output_tokens: request.max_output_tokens,
-        model: head.model,
-        output: Vec::new(),
-        parallel_tool_calls: request.parallel_tool_calls.unwrap_or(true),
-        previous_response_id: request.previous_response_id.clone(),
-        reasoning: request.reasoning.clone().unwrap_or_default(),
-        store: request.stores(),
-        temperature: Some(request.sampling.temperature.unwrap_or(1.0)),
-        text: request
-            .text
-            .clone()
-            .unwrap_or(TextOptions { format: Some(json!({"type": "text"})), verbosity: None }),
-        tool_choice: request.tool_choice.clone().unwrap_or_else(|| json!("auto")),
-        tools: request.tools.clone(),
-        top_p: Some(request.sampling.top_p.unwrap_or(1.0)),
-        truncation: "disabled".into(),
-        usage: None,
-        user: request.user.clone(),
-        metadata: request.metadata.clone(),
     }
 }
 

@@ -1,0 +1,42 @@
+//! `POST /v1/chat/completions`: the request converted ([`generation_request`]), run through the
+//! pipeline, and answered as one `chat.completion` or as a stream of `chat.completion.chunk`s
+//! built from the same outputs.
+
+pub(crate) mod answer;
+pub(crate) mod request;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::Response;
+use spindle_api::ChatCompletionRequest;
+
+use crate::admission::Admission;
+use crate::answer_parts::ResponseHead;
+use crate::chat::answer::ChatAnswer;
+use crate::chat::request::generation_request;
+use crate::error::{parse_json, HttpError};
+use crate::pipeline::respond::{respond, Delivery};
+use crate::pipeline::{start, Started};
+use crate::state::AppState;
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, HttpError> {
+    let request: ChatCompletionRequest = parse_json(&body?)?;
+    request.validate()?;
+    let generation_request = generation_request(&request)?;
+    let head = ResponseHead::new(&state, "chatcmpl");
+    let Started { mut generation, tools, .. } =
+        start(&state, &generation_request, &head.id, Admission::Live)?;
+    let delivery = Delivery::of(request.stream);
+    if matches!(delivery, Delivery::Stream) && request.return_progress {
+        generation.report_progress();
+    }
+    let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let answer = ChatAnswer { head, tools, include_usage };
+    Ok(respond(&state, generation, answer, delivery).await?)
+}

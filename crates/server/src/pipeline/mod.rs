@@ -1,0 +1,78 @@
+//! The one request pipeline every protocol runs through. A protocol's adapter converts its wire
+//! request into a [`GenerationRequest`](request::GenerationRequest); [`start`] checks it,
+//! renders and tokenizes its prompt, plans the answer's shape and the engine request, admits it
+//! and submits it; the adapter reads the [`Generation`]'s outputs (the one event stream) and
+//! answers them in its own wire events through [`respond`](respond::respond).
+
+pub(crate) mod generation;
+mod plan;
+pub(crate) mod render;
+pub(crate) mod request;
+pub(crate) mod respond;
+mod shape;
+pub(crate) mod tool_calls;
+
+use std::sync::Arc;
+
+use spindle_api::ApiError;
+
+use crate::admission::Admission;
+use crate::error::failure;
+use crate::state::AppState;
+use generation::Generation;
+use request::{check_model, GenerationRequest, Prompt};
+use tool_calls::ToolCallStage;
+
+/// A request handed to the engine: what every protocol adapter reads its answer from.
+pub(crate) struct Started {
+    pub generation: Generation,
+    /// The tool-call parser, when the request offers tools (and its tool choice is not `none`).
+    pub tools: Option<ToolCallStage>,
+    /// Tokens in the prompt (known before any is read).
+    pub prompt_tokens: usize,
+}
+
+/// Validates `request`, renders and tokenizes its prompt, resolves its answer's shape and
+/// submits it as request `id` (the response's id), live or as a batch's.
+pub(crate) fn start(
+    state: &Arc<AppState>,
+    request: &GenerationRequest,
+    id: &str,
+    admission: Admission,
+) -> Result<Started, ApiError> {
+    request.validate()?;
+    check_model(state, request.model.as_deref())?;
+    let shape = match &request.prompt {
+        Prompt::Chat(conversation) => Some(shape::answer_shape(state, conversation)?),
+        Prompt::Tokens(_) => None,
+    };
+    let (constraint, tool_calls) = shape.map_or((None, None), |s| (s.constraint, s.tool_calls));
+    let plan = plan::plan(state, request, constraint)?;
+    let prompt_tokens = plan.prompt_ids.len();
+    let tools = tool_calls.as_ref().map(|parsing| ToolCallStage::new(parsing, id));
+    let generation = Generation::start(state, id, plan, admission)?;
+    Ok(Started { generation, tools, prompt_tokens })
+}
+
+/// The prompt's tokens, rendered and tokenized as [`start`] would, without generating.
+pub(crate) fn count_prompt_tokens(
+    state: &AppState,
+    request: &GenerationRequest,
+) -> Result<usize, ApiError> {
+    request.validate()?;
+    check_model(state, request.model.as_deref())?;
+    match &request.prompt {
+        Prompt::Tokens(ids) => Ok(ids.len()),
+        Prompt::Chat(conversation) => {
+            let text = render::render_prompt(
+                state,
+                &conversation.messages,
+                &conversation.tools,
+                &conversation.template_kwargs,
+            )?
+            .text;
+            let ids = state.model.tokenizer.encode(&text, false).map_err(failure)?;
+            Ok(ids.len())
+        }
+    }
+}
