@@ -19,10 +19,8 @@ mod window_rows;
 pub use blocking::{single_sequence_cache, GenerationStats};
 pub use bundle::{model_fingerprint, read_tokenizer_metadata, ModelBundle};
 pub use disk_tier::DiskConfig;
-pub use engine::{
-    Engine, EngineConfig, EngineHealth, EngineLoad, EngineStopped, FaultInjection, StepStage,
-};
-pub use error::{Result, RunnerError};
+pub use engine::{Engine, EngineConfig, EngineHealth, EngineLoad, FaultInjection, StepStage};
+pub use error::{EngineStopped, Result, RunnerError};
 pub use events::{
     sequence_channel, Caller, Canceller, ClientGone, FinishReason, SequenceEvent, SequenceEvents,
     SequenceSummary, EVENT_CAPACITY,
