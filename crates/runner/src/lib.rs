@@ -17,7 +17,7 @@ mod sequence;
 mod window_rows;
 
 pub use blocking::{single_sequence_cache, GenerationStats};
-pub use bundle::{model_fingerprint, read_tokenizer_metadata, ModelBundle};
+pub use bundle::{model_fingerprint, ModelBundle};
 pub use disk_tier::DiskConfig;
 pub use engine::{Engine, EngineConfig, EngineHealth, EngineLoad, FaultInjection, StepStage};
 pub use error::{EngineStopped, Result, RunnerError};
