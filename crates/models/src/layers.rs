@@ -153,7 +153,8 @@ pub fn attend_sequences(
             let q = rotate(&split_heads(&q.narrow(0, first, n)?, shape.heads, hd)?, start)?;
             let k = rotate(&split_heads(&k.narrow(0, first, n)?, shape.kv_heads, hd)?, start)?;
             let v = split_heads(&v.narrow(0, first, n)?, shape.kv_heads, hd)?;
-            let out = entry.cache.attend(layer, &q, &k, &v, shape.scale, shape.window, threads)?;
+            let out =
+                entry.cache.attend(layer, [&q, &k, &v], shape.scale, shape.window, threads)?;
             merge_heads(&out)
         })
         .collect::<Result<Vec<_>>>()?;
