@@ -1,6 +1,8 @@
-//! The panels of `spindle bench` (agentic, conversation, burst, quality): each runs its workload
-//! from `spindle-bench` against the session's server and prints its table as it goes.
+//! The panels of `spindle bench` (agentic, conversation, burst, quality): each one's flags, and
+//! its run of the workload from `spindle-bench` against the session's server, printing its table
+//! as it goes.
 
+use clap::Args;
 use spindle_bench::agentic::{run_panel, AgenticOptions, Restart};
 use spindle_bench::burst::run_bursts;
 use spindle_bench::conversation::{run_conversation, ConversationOptions};
@@ -8,11 +10,91 @@ use spindle_bench::quality::{run_code, run_instruct, QualityReport, Thinking, SE
 use spindle_bench::results::Results;
 use spindle_bench::{report, BenchError, Client, PhaseKind, TokenCount, Workload};
 
-use crate::bench_agent::{
-    finish_progress, header_line, progress, AgenticArgs, BurstArgs, ConversationArgs, QualityArgs,
-    Session,
-};
 use crate::bench_server::{run_restart_command, ServerProcess};
+use crate::bench_session::{finish_progress, header_line, progress, Session, Target};
+
+/// The agent calls the agentic and burst panels send: one shared system prompt, short answers.
+#[derive(Args)]
+pub struct AgentCalls {
+    /// Completion tokens per call at most.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: u32,
+    /// Size of the shared system prompt in tokens (8-9 KB of rules, tool schemas and notes at
+    /// the default; sized with the server's tokenizer when it has /v1/tokenize, else at 4
+    /// characters per token).
+    #[arg(long, default_value_t = 2150)]
+    pub system_tokens: usize,
+}
+
+#[derive(Args)]
+pub struct AgenticArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub calls: AgentCalls,
+    /// Repeats of the whole panel, each with a new system prompt; figures are then
+    /// median [min–max].
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+    /// Restarts a server given by --base-url (run with `sh -c`), so the cold-prefix phase can
+    /// measure a persistent cache. A started server is restarted without it.
+    #[arg(long, requires = "base_url")]
+    pub restart_cmd: Option<String>,
+}
+
+#[derive(Args)]
+pub struct ConversationArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// Completion tokens per call at most.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: u32,
+    /// Calls of the conversation.
+    #[arg(long, default_value_t = 80)]
+    pub turns: usize,
+    /// Prompt tokens of the first call (the system prompt).
+    #[arg(long, default_value_t = 10_000)]
+    pub start_tokens: usize,
+    /// Prompt tokens of the last call: each turn adds (end - start) / turns tokens.
+    #[arg(long, default_value_t = 50_000)]
+    pub end_tokens: usize,
+}
+
+#[derive(Args)]
+pub struct BurstArgs {
+    #[command(flatten)]
+    pub target: Target,
+    #[command(flatten)]
+    pub calls: AgentCalls,
+    /// Concurrent calls of each burst, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [8, 30, 60, 80])]
+    pub concurrency: Vec<usize>,
+    /// Bursts at each concurrency; figures are then median [min–max].
+    #[arg(long, default_value_t = 1)]
+    pub burst_runs: usize,
+}
+
+#[derive(Args)]
+pub struct QualityArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// Completion tokens per call at most (room for a tool call, or a brief, after thinking).
+    #[arg(long, default_value_t = 1024)]
+    pub max_tokens: u32,
+    /// Tool-call cleanliness over a scripted multi-turn edit task (the default probe).
+    #[arg(long)]
+    pub code: bool,
+    /// The code probe with thinking off, on and preserved, and on but dropped
+    /// (chat_template_kwargs enable_thinking / preserve_thinking).
+    #[arg(long)]
+    pub thinking_ablation: bool,
+    /// A research brief with five required sections, thinking off and on.
+    #[arg(long)]
+    pub instruct: bool,
+    /// Repeats of every probe (greedy with a fixed seed: runs should agree).
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+}
 
 /// What a panel measured, and the system prompt it measured with.
 pub struct Outcome {

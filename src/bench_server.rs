@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use spindle_bench::Client;
+use spindle_models::random_hybrid::HybridShape;
 
-use crate::random_hybrid::{shape_path, HybridShape};
+use crate::random_hybrid::shape_path;
 
 /// How long a started server may take to load its model and answer `/health`.
 const READY_TIMEOUT: Duration = Duration::from_secs(600);

@@ -24,7 +24,7 @@ impl FromStr for KvMemory {
         if text.trim().eq_ignore_ascii_case("auto") {
             return Ok(Self::Auto);
         }
-        crate::serve::parse_bytes(text).map(Self::Bytes)
+        crate::byte_size::parse_bytes(text).map(Self::Bytes)
     }
 }
 

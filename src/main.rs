@@ -4,6 +4,8 @@ mod bench;
 mod bench_agent;
 mod bench_panels;
 mod bench_server;
+mod bench_session;
+mod byte_size;
 mod eval;
 mod generate;
 mod kv_memory;

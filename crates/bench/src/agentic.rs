@@ -2,12 +2,18 @@
 //! with the same system prompt and new user text, and one after a server restart, repeated
 //! `--runs` times. The headline is the verdict on cross-user prefix reuse:
 //! `median(prefix-test) / cold` of the time to first token below [`REUSE_THRESHOLD`].
+//!
+//! ```text
+//! agent:  warm-up ─▶ cold ─▶ warm (same messages) ─▶ prefix-test 1..3 (same system, new user)
+//!         ─▶ [server restart] ─▶ warm-up ─▶ cold-prefix (same system, new user)
+//! ```
 
 use std::future::Future;
 use std::time::Duration;
 
 use crate::client::Client;
 use crate::error::BenchError;
+use crate::prompt::user_message;
 use crate::sse::Measurement;
 use crate::stats::{median, Spread};
 use crate::workload::Workload;
@@ -171,6 +177,31 @@ impl AgenticPanel {
     }
 }
 
+/// After a [`Workload::warm_up`]: cold, warm, and [`PREFIX_CALLS`] new-user calls, one after
+/// another.
+pub async fn agent_calls(client: &Client, workload: &Workload) -> Result<Vec<Phase>, BenchError> {
+    workload.warm_up(client).await?;
+    let mut phases = Vec::new();
+    for (kind, user) in [(PhaseKind::Cold, 0), (PhaseKind::Warm, 0)]
+        .into_iter()
+        .chain((1..=PREFIX_CALLS).map(|n| (PhaseKind::Prefix(n), n)))
+    {
+        let measurement =
+            client.chat(&workload.system, &user_message(user), workload.max_tokens()).await?;
+        phases.push(Phase { kind, measurement });
+    }
+    Ok(phases)
+}
+
+/// The call after a restart (and a [`Workload::warm_up`]): the agent's system prompt with yet
+/// another user message.
+pub async fn cold_prefix_call(client: &Client, workload: &Workload) -> Result<Phase, BenchError> {
+    workload.warm_up(client).await?;
+    let user = user_message(PREFIX_CALLS + 1);
+    let measurement = client.chat(&workload.system, &user, workload.max_tokens()).await?;
+    Ok(Phase { kind: PhaseKind::ColdPrefix, measurement })
+}
+
 /// Restarts the server between a run's prefix tests and its cold-prefix call.
 pub trait Restart {
     /// Restarts the server and returns once it answers again: `Ok(true)`, or `Ok(false)` when
@@ -222,11 +253,11 @@ pub async fn run_panel(
             Workload::prepare(client, salt, options.system_tokens, options.max_tokens).await;
         prepared(&workload);
         progress(&format!("agentic run {}/{runs}: cold, warm, prefix-test ×3", run + 1));
-        let mut phases = workload.agent(client).await?;
+        let mut phases = agent_calls(client, &workload).await?;
         progress(&format!("agentic run {}/{runs}: restart", run + 1));
         if restart.restart().await? {
             progress(&format!("agentic run {}/{runs}: cold-prefix", run + 1));
-            phases.push(workload.after_restart(client).await?);
+            phases.push(cold_prefix_call(client, &workload).await?);
         }
         panel.runs.push(phases);
     }

@@ -27,12 +27,13 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), spindle_bench::BenchError> {
+//! use spindle_bench::agentic::agent_calls;
 //! use spindle_bench::{report, AgenticPanel, Client, Workload};
 //!
 //! let mut client = Client::new("http://127.0.0.1:8080", None)?;
 //! client.discover_model().await;
 //! let workload = Workload::prepare(&client, 42, 2150, 16).await;
-//! let panel = AgenticPanel { runs: vec![workload.agent(&client).await?] };
+//! let panel = AgenticPanel { runs: vec![agent_calls(&client, &workload).await?] };
 //! report::agentic_table(&panel).iter().for_each(|l| println!("{l}"));
 //! report::verdict_lines(&panel).iter().for_each(|l| println!("{l}"));
 //! let run = spindle_bench::burst::run_burst(&client, &workload, 0, 8).await?;

@@ -1,12 +1,6 @@
-//! The system prompt of a run, sized with the server's tokenizer, and the agent pattern run
-//! against a [`Client`]:
-//!
-//! ```text
-//! agent:  warm-up ─▶ cold ─▶ warm (same messages) ─▶ prefix-test 1..3 (same system, new user)
-//!         ─▶ [server restart] ─▶ warm-up ─▶ cold-prefix (same system, new user)
-//! ```
+//! The system prompt of a run, sized with the server's tokenizer, and the warm-up call that
+//! every panel makes before it measures.
 
-use crate::agentic::{Phase, PhaseKind, PREFIX_CALLS};
 use crate::client::Client;
 use crate::error::BenchError;
 use crate::prompt::{system_prompt, user_message, CHARS_PER_TOKEN};
@@ -95,30 +89,5 @@ impl Workload {
     /// long enough (~60 tokens) for a mixture of experts to touch most of its experts.
     pub async fn warm_up(&self, client: &Client) -> Result<(), BenchError> {
         client.chat("You are a helpful assistant.", WARM_UP_TEXT, 1).await.map(drop)
-    }
-
-    /// After a [`Workload::warm_up`]: cold, warm, and [`PREFIX_CALLS`] new-user calls, one
-    /// after another.
-    pub async fn agent(&self, client: &Client) -> Result<Vec<Phase>, BenchError> {
-        self.warm_up(client).await?;
-        let mut phases = Vec::new();
-        for (kind, user) in [(PhaseKind::Cold, 0), (PhaseKind::Warm, 0)]
-            .into_iter()
-            .chain((1..=PREFIX_CALLS).map(|n| (PhaseKind::Prefix(n), n)))
-        {
-            let measurement =
-                client.chat(&self.system, &user_message(user), self.max_tokens).await?;
-            phases.push(Phase { kind, measurement });
-        }
-        Ok(phases)
-    }
-
-    /// The call after a restart (and a [`Workload::warm_up`]): the agent's system prompt with
-    /// yet another user message.
-    pub async fn after_restart(&self, client: &Client) -> Result<Phase, BenchError> {
-        self.warm_up(client).await?;
-        let measurement =
-            client.chat(&self.system, &user_message(PREFIX_CALLS + 1), self.max_tokens).await?;
-        Ok(Phase { kind: PhaseKind::ColdPrefix, measurement })
     }
 }

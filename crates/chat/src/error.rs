@@ -12,6 +12,9 @@ pub enum ChatError {
     /// A `tokenizer.json` (or its sibling configs) is invalid, or encoding/decoding failed.
     #[error("invalid tokenizer: {0}")]
     Tokenizer(String),
+    /// A file read as GGUF has no GGUF header, or a damaged one.
+    #[error("{path} is not a valid GGUF file: {reason}")]
+    BadGguf { path: std::path::PathBuf, reason: String },
     /// The GGUF header lacks or mis-types a `tokenizer.ggml.*` key.
     #[error("GGUF tokenizer metadata: {0}")]
     Gguf(String),

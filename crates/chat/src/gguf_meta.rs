@@ -1,5 +1,5 @@
-//! GGUF header values as the chat layer reads them. The crate that reads GGUF files converts
-//! its values to these, so the text side needs no tensor library to build a tokenizer.
+//! GGUF header values as the chat layer reads them (`gguf_header` reads them from a file), so
+//! the text side needs no tensor library to build a tokenizer.
 
 use std::collections::HashMap;
 

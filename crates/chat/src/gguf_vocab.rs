@@ -20,7 +20,7 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior};
 use crate::error::ChatError;
 use crate::gguf_meta::{GgufMetadata, GgufValue};
 use crate::sentencepiece::SentencePiece;
-use crate::vocab_model::{Pipeline, VocabModel};
+use crate::vocab_model::{Pipeline, VocabModel, END_OF_TURN};
 
 /// llama.cpp token types (`llama_token_type`).
 const TYPE_NORMAL: i32 = 1;
@@ -89,10 +89,7 @@ pub fn from_metadata(mut meta: GgufMetadata) -> Result<GgufVocab, ChatError> {
             .flatten()
             .collect();
     eos_ids.extend(
-        crate::tokenizer::END_OF_TURN
-            .iter()
-            .filter_map(|end| tokens.iter().position(|t| t == end))
-            .map(|p| p as u32),
+        END_OF_TURN.iter().filter_map(|end| tokens.iter().position(|t| t == end)).map(|p| p as u32),
     );
     eos_ids.sort_unstable();
     eos_ids.dedup();

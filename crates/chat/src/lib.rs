@@ -33,6 +33,7 @@
 
 mod detokenize;
 mod error;
+mod gguf_header;
 mod gguf_meta;
 mod gguf_vocab;
 mod jinja_compat;
@@ -47,6 +48,7 @@ mod vocab_model;
 
 pub use detokenize::IncrementalDecoder;
 pub use error::ChatError;
+pub use gguf_header::read_tokenizer_metadata;
 pub use gguf_meta::{GgufMetadata, GgufValue};
 pub use profile::{MessageBoundaries, ModelProfile, ReasoningProfile, TemplateCapabilities};
 pub use reasoning::{prompt_ends_in_reasoning, ReasoningSplitter, Split};

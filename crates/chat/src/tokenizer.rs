@@ -10,11 +10,7 @@ use crate::error::ChatError;
 use crate::gguf_meta::GgufMetadata;
 use crate::gguf_vocab::{self, VocabKind};
 use crate::sentencepiece::byte_of_piece;
-use crate::vocab_model::Pipeline;
-
-/// Tokens that end a chat turn, and so end generation, wherever a vocabulary defines them.
-pub(crate) const END_OF_TURN: [&str; 5] =
-    ["<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|endoftext|>"];
+use crate::vocab_model::{Pipeline, END_OF_TURN};
 
 /// Where a token's text lies in the encoded string: `start..end` in bytes.
 pub type ByteSpan = (usize, usize);

@@ -1,6 +1,7 @@
 //! The model stage of our tokenizer pipeline: one of the `tokenizers` crate's models (from a
 //! `tokenizer.json`, or byte-level BPE from a GGUF header) or our SentencePiece BPE (GGUF
-//! `llama` vocabularies). Normalizers, added tokens and decoders stay the crate's.
+//! `llama` vocabularies). Normalizers, added tokens and decoders stay the crate's. Both ways to
+//! build a vocabulary take their end-of-turn tokens from [`END_OF_TURN`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,10 @@ use tokenizers::{
 };
 
 use crate::sentencepiece::SentencePiece;
+
+/// Tokens that end a chat turn, and so end generation, wherever a vocabulary defines them.
+pub(crate) const END_OF_TURN: [&str; 5] =
+    ["<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|endoftext|>"];
 
 /// The tokenizer pipeline with our model stage.
 pub type Pipeline = TokenizerImpl<

@@ -24,7 +24,7 @@ fn tokenizer() -> Tokenizer {
     let home = spindle_hub::spindle_home();
     let path =
         spindle_hub::pull("smollm2-135m", &home).unwrap_or_else(|e| panic!("smollm2-135m: {e}"));
-    Tokenizer::from_gguf(spindle_runner::read_tokenizer_metadata(&path).unwrap()).unwrap()
+    Tokenizer::from_gguf(spindle_chat::read_tokenizer_metadata(&path).unwrap()).unwrap()
 }
 
 /// Schemas of the kinds clients send.

@@ -19,7 +19,7 @@ fn tokenizer() -> &'static Tokenizer {
     TOKENIZER.get_or_init(|| {
         let path = spindle_hub::pull("qwen2.5-coder-0.5b", &spindle_hub::spindle_home())
             .unwrap_or_else(|e| panic!("qwen2.5-coder-0.5b: {e}"));
-        Tokenizer::from_gguf(spindle_runner::read_tokenizer_metadata(&path).unwrap()).unwrap()
+        Tokenizer::from_gguf(spindle_chat::read_tokenizer_metadata(&path).unwrap()).unwrap()
     })
 }
 

@@ -59,7 +59,7 @@ fn main() {
         let mut seconds = Vec::new();
         for _ in 0..REPEATS {
             let start = Instant::now();
-            cache.attend(0, &q, &k, &v, 0.125, None, threads).unwrap();
+            cache.attend(0, [&q, &k, &v], 0.125, None, threads).unwrap();
             seconds.push(start.elapsed().as_secs_f64());
         }
         seconds.sort_by(f64::total_cmp);
@@ -92,7 +92,7 @@ fn prefilled(shape: &Shape, kind: KvType, depth: usize, rows: usize) -> Sequence
         let n = chunk.min(depth - at);
         let t = |heads| Tensor::randn(0f32, 1.0, (1, heads, n, shape.d), &Device::Cpu).unwrap();
         cache
-            .attend(0, &t(shape.heads), &t(shape.kv_heads), &t(shape.kv_heads), 0.125, None, 1)
+            .attend(0, [&t(shape.heads), &t(shape.kv_heads), &t(shape.kv_heads)], 0.125, None, 1)
             .unwrap();
         cache.advance(n);
     }

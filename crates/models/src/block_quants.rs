@@ -245,7 +245,8 @@ impl BlockMatrix {
             for first in (0..tokens).step_by(GROUP) {
                 let group = GROUP.min(tokens - first);
                 let mut sums = [[0f32; TILE_ROWS]; GROUP];
-                tile_dot(kernel, self.format, self.layout, weights, &acts, first, group, &mut sums);
+                let weights = Tile { format: self.format, layout: self.layout, bytes: weights };
+                tile_dot(kernel, weights, &acts, first, group, &mut sums);
                 for (t, row_sums) in sums[..group].iter().enumerate() {
                     let at = (first + t) * self.rows + tile * TILE_ROWS;
                     // SAFETY: in bounds, and only this tile's task writes these columns.
@@ -398,14 +399,19 @@ fn round_small(x: f32) -> f32 {
     (x + SHIFT) - SHIFT
 }
 
-/// `sums[t][r]` = row `r` of the tile · token `first + t`, for `group` tokens, on `kernel`: the
-/// portable copy, AVX2 (`vpmaddubsw` on 8-row halves) or AVX-512 (`vpdpbusd` on whole tiles).
-#[allow(clippy::too_many_arguments)]
-fn tile_dot(
-    kernel: Isa,
+/// One tile's bytes (its [`TILE_ROWS`] rows' blocks) and how to read them.
+#[derive(Clone, Copy)]
+struct Tile<'a> {
     format: BlockFormat,
     layout: TileLayout,
-    tile: &[u8],
+    bytes: &'a [u8],
+}
+
+/// `sums[t][r]` = row `r` of the tile · token `first + t`, for `group` tokens, on `kernel`: the
+/// portable copy, AVX2 (`vpmaddubsw` on 8-row halves) or AVX-512 (`vpdpbusd` on whole tiles).
+fn tile_dot(
+    kernel: Isa,
+    tile: Tile<'_>,
     acts: &Activations,
     first: usize,
     group: usize,
@@ -415,16 +421,15 @@ fn tile_dot(
     match kernel {
         // SAFETY: `Isa::for_integer_dots` found the features these copies are compiled for.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { simd::avx2_tile_dot(format, layout, tile, acts, first, group, sums) },
+        Isa::Avx2 => unsafe { simd::avx2_tile_dot(tile, acts, first, group, sums) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe {
-            simd::vnni_tile_dot(format, layout, tile, acts, first, group, sums)
-        },
+        Isa::Avx512 => unsafe { simd::vnni_tile_dot(tile, acts, first, group, sums) },
         _ => {
+            let Tile { format, layout, bytes } = tile;
             for (t, row_sums) in sums[..group].iter_mut().enumerate() {
                 for (r, sum) in row_sums.iter_mut().enumerate() {
-                    *sum = row_dot(format, layout, tile, acts, first + t, r);
+                    *sum = row_dot(format, layout, bytes, acts, first + t, r);
                 }
             }
         }
@@ -569,17 +574,9 @@ mod tests {
                         let group = GROUP.min(tokens - first);
                         let (mut got, mut expected) =
                             ([[0f32; TILE_ROWS]; GROUP], [[0f32; TILE_ROWS]; GROUP]);
-                        tile_dot(kernel, format, m.layout, weights, &acts, first, group, &mut got);
-                        tile_dot(
-                            Isa::Portable,
-                            format,
-                            m.layout,
-                            weights,
-                            &acts,
-                            first,
-                            group,
-                            &mut expected,
-                        );
+                        let weights = Tile { format, layout: m.layout, bytes: weights };
+                        tile_dot(kernel, weights, &acts, first, group, &mut got);
+                        tile_dot(Isa::Portable, weights, &acts, first, group, &mut expected);
                         let bits = |s: &[[f32; TILE_ROWS]; GROUP]| {
                             s[..group].iter().flatten().map(|v| v.to_bits()).collect::<Vec<_>>()
                         };

@@ -11,7 +11,7 @@ use crate::dense::with_values;
 use crate::error::{ModelError, Result};
 use crate::gated_deltanet::LinearAttentionState;
 use crate::kv_type::KvType;
-use crate::paged_attention::{self, Visibility};
+use crate::paged_attention::{self, Queries, Visibility};
 use crate::paged_kv::{KvShape, PagedKv};
 
 /// Positions per block of a cache that owns its storage alone.
@@ -167,13 +167,10 @@ impl SequenceCache {
     /// returns the causal attention `(1, heads, new, d)` of the queries `q` `(1, heads, new, d)`
     /// over all positions so far (within `window` of each query, if given), keeping up to
     /// `threads` threads busy.
-    #[allow(clippy::too_many_arguments)]
     pub fn attend(
         &mut self,
         layer: usize,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        [q, k, v]: [&Tensor; 3],
         scale: f32,
         window: Option<usize>,
         threads: usize,
@@ -183,7 +180,8 @@ impl SequenceCache {
         let visibility = Visibility { past: self.len, window };
         let out = with_values(q, |q| {
             self.kv.with_head_runs(layer, &self.blocks, self.len + new, |runs| {
-                paged_attention::attend(runs, q, heads, new, d, scale, visibility, threads)
+                let queries = Queries { values: q, heads, new, d };
+                paged_attention::attend(runs, queries, scale, visibility, threads)
             })
         })?;
         Ok(Tensor::from_vec(out, (1, heads, new, d), &Device::Cpu)?)

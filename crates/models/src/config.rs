@@ -9,6 +9,7 @@ use candle_core::quantized::gguf_file::Value;
 use serde::Deserialize;
 
 use crate::error::{ModelError, Result};
+use crate::gguf_metadata::{meta_f64, meta_str, meta_usize};
 use crate::rope::RopeScaling;
 
 /// The largest head dimension accepted. Released models use 64 to 512; RoPE frequency tables
@@ -249,30 +250,6 @@ impl TransformerConfig {
         check_attention_width("key/value heads", self.num_kv_heads(), self.head_dim(), 1)?;
         Ok(self)
     }
-}
-
-pub(crate) fn meta_str<'a>(meta: &'a HashMap<String, Value>, key: &str) -> Result<&'a str> {
-    match meta.get(key) {
-        Some(Value::String(s)) => Ok(s),
-        _ => Err(ModelError::MissingMetadata(key.to_string())),
-    }
-}
-
-pub(crate) fn meta_usize(meta: &HashMap<String, Value>, key: &str) -> Result<usize> {
-    let v = meta.get(key).ok_or_else(|| ModelError::MissingMetadata(key.to_string()))?;
-    let n = v
-        .to_u64()
-        .or_else(|_| v.to_u32().map(u64::from))
-        .or_else(|_| v.to_i32().map(|x| x.max(0) as u64));
-    n.map(|n| n as usize).map_err(|_| ModelError::MissingMetadata(format!("{key} (as an integer)")))
-}
-
-pub(crate) fn meta_f64(meta: &HashMap<String, Value>, key: &str) -> Result<f64> {
-    let v = meta.get(key).ok_or_else(|| ModelError::MissingMetadata(key.to_string()))?;
-    v.to_f32()
-        .map(f64::from)
-        .or_else(|_| v.to_f64())
-        .map_err(|_| ModelError::MissingMetadata(key.to_string()))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use crate::delta_rule::{self, DeltaHeads, DeltaInputs};
 use crate::error::{ModelError, Result};
-use crate::layers::Linear;
+use crate::linear::Linear;
 use crate::projections::Projections;
 
 /// Layer sizes, from the config.

@@ -10,9 +10,8 @@ use candle_core::Tensor;
 use crate::activation::Activation;
 use crate::config::TransformerConfig;
 use crate::error::Result;
-use crate::layers::{
-    self, AttentionShape, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary,
-};
+use crate::layers::{self, AttentionShape, GatedMlp, RmsNorm, RopeStyle, Rotary};
+use crate::linear::{Embedding, Linear};
 use crate::rope::RopeScaling;
 use crate::weights::WeightSource;
 use crate::{advance_all, batch_rows, logit_rows, BatchEntry, CausalLm, KvShape};

@@ -21,11 +21,13 @@ mod dense;
 mod error;
 mod gated_deltanet;
 mod gemma3;
+mod gguf_metadata;
 mod huge_pages;
 mod isa;
 mod k_quants;
 mod kv_type;
 mod layers;
+mod linear;
 mod llama;
 mod moe;
 mod paged_attention;
@@ -35,10 +37,12 @@ mod q4_k;
 mod q6_k;
 mod quantized;
 mod qwen3_next;
+pub mod random_hybrid;
 mod rope;
 mod small_matmul;
 #[cfg(test)]
 mod test_data;
+mod weight;
 mod weights;
 
 use std::collections::HashMap;

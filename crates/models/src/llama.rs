@@ -9,9 +9,8 @@ use candle_core::Tensor;
 use crate::activation::Activation;
 use crate::config::{Architecture, TransformerConfig};
 use crate::error::Result;
-use crate::layers::{
-    self, AttentionShape, Embedding, GatedMlp, Linear, RmsNorm, RopeStyle, Rotary,
-};
+use crate::layers::{self, AttentionShape, GatedMlp, RmsNorm, RopeStyle, Rotary};
+use crate::linear::{Embedding, Linear};
 use crate::weights::WeightSource;
 use crate::{advance_all, batch_rows, logit_rows, BatchEntry, CausalLm};
 

@@ -8,7 +8,8 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::layers::{GatedMlp, Linear};
+use crate::layers::GatedMlp;
+use crate::linear::Linear;
 
 pub struct SparseMoe {
     /// `num_experts × hidden`.

@@ -87,21 +87,27 @@ impl Task<'_> {
     }
 }
 
-/// `q`: `(heads, new, d)`, heads sharing key/value head `h` being `h·group .. (h+1)·group`.
-/// `threads`: the threads this sequence's attention may keep busy (its share of the pool when
-/// the sequences of a batch attend at once), which decides how the work is cut, never a bit of
-/// it. Returns `(heads, new, d)`.
-#[allow(clippy::too_many_arguments)]
+/// A sequence's new queries: `values` is `(heads, new, d)`.
+#[derive(Clone, Copy)]
+pub struct Queries<'q> {
+    pub values: &'q [f32],
+    pub heads: usize,
+    pub new: usize,
+    pub d: usize,
+}
+
+/// Query heads sharing key/value head `h` are `h·group .. (h+1)·group`. `threads`: the threads
+/// this sequence's attention may keep busy (its share of the pool when the sequences of a batch
+/// attend at once), which decides how the work is cut, never a bit of it. Returns
+/// `(heads, new, d)`.
 pub fn attend(
     heads: &[HeadRuns<'_>],
-    q: &[f32],
-    query_heads: usize,
-    new: usize,
-    d: usize,
+    queries: Queries<'_>,
     scale: f32,
     visibility: Visibility,
     threads: usize,
 ) -> Vec<f32> {
+    let Queries { values: q, heads: query_heads, new, d } = queries;
     let group = query_heads / heads.len().max(1);
     let isa = isa_for(d);
     let (first, last) = visibility.range(0);
@@ -416,10 +422,7 @@ mod tests {
         for window in [None, Some(4)] {
             let out = attend(
                 &heads,
-                &q,
-                kv_heads * group,
-                new,
-                d,
+                Queries { values: &q, heads: kv_heads * group, new, d },
                 0.3,
                 Visibility { past, window },
                 rayon::current_num_threads(),
@@ -459,10 +462,7 @@ mod tests {
                 let heads = [runs(keys.rows(), values.rows(), d, 16)];
                 let together = attend(
                     &heads,
-                    &q,
-                    group,
-                    new,
-                    d,
+                    Queries { values: &q, heads: group, new, d },
                     0.125,
                     Visibility { past, window },
                     rayon::current_num_threads(),
@@ -476,10 +476,7 @@ mod tests {
                     let visibility = Visibility { past: past + i, window };
                     let alone = attend(
                         &[runs(k, v, d, 7)],
-                        &qi,
-                        group,
-                        1,
-                        d,
+                        Queries { values: &qi, heads: group, new: 1, d },
                         0.125,
                         visibility,
                         rayon::current_num_threads(),
@@ -661,10 +658,7 @@ mod tests {
                 let step = || {
                     attend(
                         &heads,
-                        &q,
-                        kv_heads * group,
-                        1,
-                        d,
+                        Queries { values: &q, heads: kv_heads * group, new: 1, d },
                         0.125,
                         visibility,
                         rayon::current_num_threads(),
@@ -702,10 +696,7 @@ mod tests {
                 let visibility = Visibility { past, window };
                 let got = attend(
                     &typed,
-                    &q,
-                    kv_heads * group,
-                    new,
-                    d,
+                    Queries { values: &q, heads: kv_heads * group, new, d },
                     0.125,
                     visibility,
                     rayon::current_num_threads(),
@@ -714,10 +705,7 @@ mod tests {
                     bits(&got),
                     bits(&attend(
                         &floats,
-                        &q,
-                        kv_heads * group,
-                        new,
-                        d,
+                        Queries { values: &q, heads: kv_heads * group, new, d },
                         0.125,
                         visibility,
                         rayon::current_num_threads()

@@ -6,8 +6,8 @@
 use candle_core::Tensor;
 
 use crate::error::Result;
-use crate::layers::Linear;
-use crate::weights::Weight;
+use crate::linear::Linear;
+use crate::weight::Weight;
 
 pub enum Projections {
     /// The weights' rows one under the other, and each projection's width.

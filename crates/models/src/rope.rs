@@ -6,8 +6,8 @@ use std::f64::consts::PI;
 
 use candle_core::quantized::gguf_file::Value;
 
-use crate::config::meta_f64;
 use crate::error::{ModelError, Result};
+use crate::gguf_metadata::{meta_f64, meta_usize};
 
 /// How rotary frequencies are stretched beyond the pretraining context.
 #[derive(Clone, Debug, PartialEq)]
@@ -86,11 +86,8 @@ impl RopeScaling {
             Some(Value::String(t)) if t == "linear" => Ok(Self::Linear(factor)),
             Some(Value::String(t)) if t == "yarn" => Ok(Self::Yarn {
                 factor,
-                original_max_positions: crate::config::meta_usize(
-                    meta,
-                    &key("original_context_length"),
-                )
-                .unwrap_or(max_positions),
+                original_max_positions: meta_usize(meta, &key("original_context_length"))
+                    .unwrap_or(max_positions),
                 beta_fast: meta_f64(meta, &format!("{arch}.rope.scaling.yarn_beta_fast"))
                     .unwrap_or(32.0),
                 beta_slow: meta_f64(meta, &format!("{arch}.rope.scaling.yarn_beta_slow"))

@@ -3,27 +3,21 @@
 //! Architectures ask for tensors by llama.cpp's GGUF names (`blk.3.attn_q.weight`), the one
 //! naming scheme shared by every family; the safetensors source translates them to HF keys.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, GgmlDType, QStorage, QTensor};
+use candle_core::quantized::{gguf_file, GgmlDType};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 
 use crate::block_quants::{BlockFormat, BlockMatrix};
 use crate::config::Architecture;
 use crate::error::{ModelError, Result};
-use crate::layers::{Embedding, Linear};
-
-/// A weight that is either kept quantized (GGUF) or dense f32 (safetensors, or f16/f32 GGUF).
-pub enum Weight {
-    Quantized(Arc<QTensor>),
-    Dense(Tensor),
-}
+use crate::linear::{Embedding, Linear};
+use crate::weight::Weight;
 
 /// Opened model weights.
 pub enum WeightSource {
@@ -294,83 +288,9 @@ impl WeightSource {
     }
 }
 
-impl Weight {
-    /// Expert `e` of a stacked `(experts, rows, cols)` weight, as a `(rows, cols)` matrix in the
-    /// same storage type (quantized experts are byte ranges of the stack).
-    pub fn expert(&self, e: usize) -> Result<Weight> {
-        Ok(match self {
-            Self::Dense(t) => Self::Dense(t.get(e)?),
-            Self::Quantized(q) => {
-                let (experts, rows, cols) = q.shape().dims3()?;
-                let data = q.data()?;
-                let size = data.len() / experts;
-                let bytes = Cow::Borrowed(&data[e * size..(e + 1) * size]);
-                let storage = QStorage::from_data(bytes, &Device::Cpu, q.dtype())?;
-                Self::Quantized(Arc::new(QTensor::new(storage, (rows, cols))?))
-            }
-        })
-    }
-
-    /// The quantization of a quantized weight, `None` for a dense one.
-    pub fn storage_type(&self) -> Option<GgmlDType> {
-        match self {
-            Self::Quantized(q) => Some(q.dtype()),
-            Self::Dense(_) => None,
-        }
-    }
-
-    /// Output rows of a matrix.
-    pub fn rows(&self) -> Result<usize> {
-        Ok(match self {
-            Self::Quantized(q) => q.shape().dims2()?.0,
-            Self::Dense(t) => t.dims2()?.0,
-        })
-    }
-
-    /// The rows of `self`, then those of `below` (same width and storage type).
-    pub fn stack_rows(&self, below: &Weight) -> Result<Weight> {
-        Ok(match (self, below) {
-            (Self::Dense(a), Self::Dense(b)) => Self::Dense(Tensor::cat(&[a, b], 0)?),
-            (Self::Quantized(a), Self::Quantized(b)) if a.dtype() == b.dtype() => {
-                let ((ra, cols), (rb, _)) = (a.shape().dims2()?, b.shape().dims2()?);
-                let bytes = [a.data()?.as_ref(), b.data()?.as_ref()].concat();
-                let storage = QStorage::from_data(Cow::Owned(bytes), &Device::Cpu, a.dtype())?;
-                Self::Quantized(Arc::new(QTensor::new(storage, (ra + rb, cols))?))
-            }
-            (a, b) => {
-                return Err(ModelError::BadConfig(format!(
-                    "cannot stack {:?} rows under {:?} rows (None: dense)",
-                    b.storage_type(),
-                    a.storage_type()
-                )))
-            }
-        })
-    }
-
-    #[cfg(test)]
-    fn to_dense(&self) -> Result<Tensor> {
-        Ok(match self {
-            Self::Dense(t) => t.clone(),
-            Self::Quantized(q) => q.dequantize(&Device::Cpu)?,
-        })
-    }
-
-    /// A second handle on the same data (quantized data is shared, dense tensors are ref-counted).
-    pub fn share(&self) -> Weight {
-        match self {
-            Self::Quantized(q) => Self::Quantized(q.clone()),
-            Self::Dense(t) => Self::Dense(t.clone()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn dense(w: &Weight) -> Vec<f32> {
-        w.to_dense().unwrap().flatten_all().unwrap().to_vec1().unwrap()
-    }
 
     /// Issue #20's fuzzing: a damaged tensor table panicked in candle (dimension overflow, and
     /// the misaligned cast of an empty tensor's buffer) before any size was checked.
@@ -391,32 +311,5 @@ mod tests {
         assert!(refused(vec![4, 9]).contains("larger than the file (128 bytes)"));
         assert!(refused(vec![1 << 40, 1 << 40]).contains("larger than the file"));
         assert!(refused(vec![1 << 62]).contains("larger than the file"));
-    }
-
-    #[test]
-    fn quantized_experts_and_stacked_rows_are_exact_byte_slices() {
-        let values: Vec<f32> =
-            (0..3 * 4 * 64).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
-        let stack = Tensor::from_vec(values, (3, 4, 64), &Device::Cpu).unwrap();
-        let q = Weight::Quantized(Arc::new(QTensor::quantize(&stack, GgmlDType::Q8_0).unwrap()));
-        let whole = dense(&q);
-        for e in 0..3 {
-            let expert = q.expert(e).unwrap();
-            assert!(matches!(expert, Weight::Quantized(_)));
-            assert_eq!(dense(&expert), whole[e * 256..(e + 1) * 256]);
-        }
-        let joined = q.expert(2).unwrap().stack_rows(&q.expert(0).unwrap()).unwrap();
-        assert!(matches!(joined, Weight::Quantized(_)));
-        assert_eq!(dense(&joined), [&whole[512..768], &whole[..256]].concat());
-        let dense_stack = Weight::Dense(stack);
-        assert_eq!(
-            dense(&dense_stack.expert(1).unwrap()),
-            dense(&Weight::Dense(
-                Tensor::from_vec(dense(&dense_stack)[256..512].to_vec(), (4, 64), &Device::Cpu)
-                    .unwrap()
-            ))
-        );
-        // Mixed storage types are never stacked (they would have to be dequantized).
-        assert!(dense_stack.expert(1).unwrap().stack_rows(&q.expert(0).unwrap()).is_err());
     }
 }

@@ -18,7 +18,7 @@ const MAX_STEPS: usize = 300;
 fn main() {
     let path = spindle_hub::pull("qwen2.5-coder-0.5b", &spindle_hub::spindle_home())
         .unwrap_or_else(|e| panic!("qwen2.5-coder-0.5b: {e}"));
-    let metadata = spindle_runner::read_tokenizer_metadata(&path).unwrap();
+    let metadata = spindle_chat::read_tokenizer_metadata(&path).unwrap();
     let tokenizer = Tokenizer::from_gguf(metadata).unwrap();
     let started = Instant::now();
     let grammars = Grammars::new(&tokenizer).unwrap();

@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use crate::bundle::ModelBundle;
-use crate::engine::{Engine, EngineStopped};
-use crate::error::{Result, RunnerError};
+use crate::engine::Engine;
+use crate::error::{EngineStopped, Result, RunnerError};
 use crate::events::{sequence_channel, SequenceEvent, SequenceSummary};
 use crate::prefix_cache::CacheConfig;
 use crate::request::SequenceRequest;

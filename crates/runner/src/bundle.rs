@@ -7,9 +7,10 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::quantized::gguf_file::Value;
 use sha2::{Digest, Sha256};
-use spindle_chat::{ChatTemplate, GgufMetadata, GgufValue, Tokenizer, CHAT_TEMPLATE_KEY};
+use spindle_chat::{
+    read_tokenizer_metadata, ChatTemplate, GgufMetadata, Tokenizer, CHAT_TEMPLATE_KEY,
+};
 use spindle_hub::ModelFiles;
 use spindle_models::CausalLm;
 
@@ -59,35 +60,6 @@ impl ModelBundle {
                 Ok(Self { model, tokenizer: Arc::new(tokenizer), template, fingerprint })
             }
         }
-    }
-}
-
-/// The `tokenizer.*` keys of a `.gguf` header (vocabulary, special tokens, chat template), as
-/// the chat layer reads them.
-pub fn read_tokenizer_metadata(path: &Path) -> Result<GgufMetadata> {
-    let meta = spindle_models::read_gguf_metadata(path)?;
-    Ok(meta
-        .into_iter()
-        .filter(|(key, _)| key.starts_with("tokenizer."))
-        .map(|(key, value)| (key, chat_value(value)))
-        .collect())
-}
-
-fn chat_value(value: Value) -> GgufValue {
-    match value {
-        Value::U8(v) => GgufValue::UInt(v.into()),
-        Value::U16(v) => GgufValue::UInt(v.into()),
-        Value::U32(v) => GgufValue::UInt(v.into()),
-        Value::U64(v) => GgufValue::UInt(v),
-        Value::I8(v) => GgufValue::Int(v.into()),
-        Value::I16(v) => GgufValue::Int(v.into()),
-        Value::I32(v) => GgufValue::Int(v.into()),
-        Value::I64(v) => GgufValue::Int(v),
-        Value::F32(v) => GgufValue::Float(v.into()),
-        Value::F64(v) => GgufValue::Float(v),
-        Value::Bool(v) => GgufValue::Bool(v),
-        Value::String(v) => GgufValue::String(v),
-        Value::Array(items) => GgufValue::Array(items.into_iter().map(chat_value).collect()),
     }
 }
 

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use crate::bundle::ModelBundle;
 use crate::draft::{DraftScript, NgramDrafter};
-use crate::error::RunnerError;
+use crate::error::{EngineStopped, RunnerError};
 use crate::events::{Caller, SequenceEvent};
 use crate::polling_workers;
 use crate::prefix_cache::{CacheConfig, PrefixCache};
@@ -188,11 +188,6 @@ impl Drop for JoinOnDrop {
         }
     }
 }
-
-/// The engine thread has stopped (it only does when its handle is dropped or it panicked).
-#[derive(Debug, thiserror::Error)]
-#[error("the engine thread has stopped")]
-pub struct EngineStopped;
 
 impl Engine {
     /// Starts the thread that owns `bundle` for the life of the process.

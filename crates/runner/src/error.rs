@@ -2,6 +2,11 @@
 //! are the request's own (it can never fit, its grammar has no way on); the rest are faults of
 //! the engine or the model.
 
+/// The engine thread has stopped (it only does when its handle is dropped or it panicked).
+#[derive(Debug, thiserror::Error)]
+#[error("the engine thread has stopped")]
+pub struct EngineStopped;
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunnerError {
@@ -16,7 +21,7 @@ pub enum RunnerError {
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error(transparent)]
-    EngineStopped(#[from] crate::engine::EngineStopped),
+    EngineStopped(#[from] EngineStopped),
     /// The prompt leaves its context no room for a generated token. The request's fault.
     #[error("the prompt is {prompt} tokens but the context holds {context}")]
     PromptExceedsContext { prompt: usize, context: usize },

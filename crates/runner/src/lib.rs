@@ -18,14 +18,14 @@ mod sequence;
 mod window_rows;
 
 pub use blocking::{single_sequence_cache, GenerationStats};
-pub use bundle::{model_fingerprint, read_tokenizer_metadata, ModelBundle};
+pub use bundle::{model_fingerprint, ModelBundle};
 pub use disk_tier::DiskConfig;
 pub use draft::DraftScript;
 pub use engine::{
-    Engine, EngineConfig, EngineHealth, EngineLoad, EngineStopped, FaultInjection,
-    SpeculationConfig, StepStage, MAX_DRAFT,
+    Engine, EngineConfig, EngineHealth, EngineLoad, FaultInjection, SpeculationConfig, StepStage,
+    MAX_DRAFT,
 };
-pub use error::{Result, RunnerError};
+pub use error::{EngineStopped, Result, RunnerError};
 pub use events::{
     sequence_channel, Caller, Canceller, ClientGone, FinishReason, SequenceEvent, SequenceEvents,
     SequenceSummary, EVENT_CAPACITY,

@@ -24,7 +24,8 @@ use spindle_sched::{
 };
 
 use crate::bundle::ModelBundle;
-use crate::disk_tier::{self, DiskConfig, DiskTier, Layout, StoredSnapshot};
+use crate::disk_tier::snapshot_file::{Layout, StoredSnapshot};
+use crate::disk_tier::{self, DiskConfig, DiskTier};
 use crate::window_rows::WindowRows;
 
 /// Sizes of the KV storage and of the snapshot store.

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use spindle_bench::agentic::{run_panel, AgenticOptions, NoRestart, Restart};
+use spindle_bench::agentic::{agent_calls, run_panel, AgenticOptions, NoRestart, Restart};
 use spindle_bench::burst::{run_burst, run_bursts};
 use spindle_bench::conversation::{run_conversation, ConversationOptions};
 use spindle_bench::gates::{GateWatch, Probe};
@@ -259,7 +259,7 @@ async fn agent_phases_against_the_mock() {
         TokenCount::Counted(workload.system.len() + "Request ".len())
     );
 
-    let phases = workload.agent(&client).await.unwrap();
+    let phases = agent_calls(&client, &workload).await.unwrap();
     let kinds: Vec<PhaseKind> = phases.iter().map(|p| p.kind).collect();
     assert_eq!(
         kinds,

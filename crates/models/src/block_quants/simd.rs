@@ -5,22 +5,20 @@
 
 use std::arch::x86_64::*;
 
-use super::{Activations, BlockFormat, TileLayout, BLOCK, GROUP, GROUP_BYTES, TILE_ROWS};
+use super::{Activations, BlockFormat, Tile, TileLayout, BLOCK, GROUP, GROUP_BYTES, TILE_ROWS};
 
 /// [`super::tile_dot`] with `vpdpbusd` on whole tiles.
 ///
 /// # Safety
 /// The CPU has AVX-512F, AVX-512BW and AVX-512 VNNI (and F16C).
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn vnni_tile_dot(
-    format: BlockFormat,
-    layout: TileLayout,
-    tile: &[u8],
+    tile: Tile<'_>,
     acts: &Activations,
     first: usize,
     group: usize,
     sums: &mut [[f32; TILE_ROWS]; GROUP],
 ) {
+    let Tile { format, layout, bytes: tile } = tile;
     // SAFETY: the caller's promise.
     unsafe {
         match group {
@@ -36,16 +34,14 @@ pub(super) unsafe fn vnni_tile_dot(
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C.
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn avx2_tile_dot(
-    format: BlockFormat,
-    layout: TileLayout,
-    tile: &[u8],
+    tile: Tile<'_>,
     acts: &Activations,
     first: usize,
     group: usize,
     sums: &mut [[f32; TILE_ROWS]; GROUP],
 ) {
+    let Tile { format, layout, bytes: tile } = tile;
     // SAFETY: the caller's promise.
     unsafe {
         match group {

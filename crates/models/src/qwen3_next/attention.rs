@@ -6,7 +6,8 @@
 use candle_core::{Tensor, D};
 
 use crate::error::Result;
-use crate::layers::{self, AttentionShape, Linear, RmsNorm, Rotary};
+use crate::layers::{self, AttentionShape, RmsNorm, Rotary};
+use crate::linear::Linear;
 use crate::BatchEntry;
 
 pub struct GatedAttention {

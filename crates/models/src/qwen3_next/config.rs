@@ -7,10 +7,11 @@ use candle_core::quantized::gguf_file::Value as GgufValue;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{check_attention_width, meta_f64, meta_str, meta_usize, MAX_HEAD_DIM};
+use crate::config::{check_attention_width, MAX_HEAD_DIM};
 use crate::delta_rule::DeltaHeads;
 use crate::error::{ModelError, Result};
 use crate::gated_deltanet::DeltaNetShape;
+use crate::gguf_metadata::{meta_f64, meta_str, meta_usize};
 use crate::rope::RopeScaling;
 
 /// Which token mixer a layer has.

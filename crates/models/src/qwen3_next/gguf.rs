@@ -14,10 +14,12 @@ use super::{summary, FeedForward, HybridConfig, Layer, Mixer, Qwen3Next, TokenMi
 use crate::activation::Activation;
 use crate::error::Result;
 use crate::gated_deltanet::GatedDeltaNet;
-use crate::layers::{GatedMlp, Linear, RmsNorm, RopeStyle, Rotary};
+use crate::layers::{GatedMlp, RmsNorm, RopeStyle, Rotary};
+use crate::linear::Linear;
 use crate::moe::SparseMoe;
 use crate::projections::Projections;
-use crate::weights::{Weight, WeightSource};
+use crate::weight::Weight;
+use crate::weights::WeightSource;
 
 /// The GGUF `general.architecture` names of the family.
 pub const ARCHITECTURES: [&str; 3] = ["qwen3next", "qwen35moe", "qwen35"];

@@ -8,6 +8,7 @@
 
 use spindle_fuzz::{mutate_bytes, Rng};
 
+use super::snapshot_file::DIGEST;
 use super::*;
 
 const CI_CASES: u64 = 5_000;

@@ -102,7 +102,7 @@ fn bundle(model: &str, weights: Weights) -> Arc<ModelBundle> {
         Weights::Served => Arc::new(ModelBundle::load(&ModelFiles::Gguf(path)).unwrap()),
         Weights::F32 => {
             let tokenizer =
-                Tokenizer::from_gguf(spindle_runner::read_tokenizer_metadata(&path).unwrap())
+                Tokenizer::from_gguf(spindle_chat::read_tokenizer_metadata(&path).unwrap())
                     .unwrap();
             Arc::new(ModelBundle {
                 model: spindle_models::load_gguf_f32(&path).unwrap(),

@@ -220,7 +220,7 @@ fn check_transformers(name: &str) {
     let path = gguf(name);
     assert!(path.ends_with(&fx.gguf_file), "{}", path.display());
     let tokenizer =
-        Tokenizer::from_gguf(spindle_runner::read_tokenizer_metadata(&path).unwrap()).unwrap();
+        Tokenizer::from_gguf(spindle_chat::read_tokenizer_metadata(&path).unwrap()).unwrap();
     let bundle = ModelBundle {
         model: spindle_models::load_gguf_f32(&path).unwrap(),
         tokenizer: tokenizer.into(),

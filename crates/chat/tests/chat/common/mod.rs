@@ -17,6 +17,6 @@ pub fn gguf_metadata(model: &str, file: &str) -> GgufMetadata {
         "{model}: unexpected file {}",
         path.display()
     );
-    spindle_runner::read_tokenizer_metadata(&path)
+    spindle_chat::read_tokenizer_metadata(&path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
