@@ -11,11 +11,13 @@ use std::sync::Arc;
 use spindle_constrain::{grammar, Grammars};
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
-    sequence_channel, CacheConfig, DraftScript, Engine, EngineConfig, ModelBundle, SequenceEvent,
+    sequence_channel, CacheConfig, DraftScript, Engine, EngineConfig, ModelBundle, SequenceEvents,
     SequenceRequest, SequenceSummary, SpeculationConfig,
 };
 
-use crate::common::{greedy, hybrid, request, seeded, smollm2, Output, Token, BLOCK_SIZE};
+use crate::common::{
+    collect_summary as collect, greedy, hybrid, request, seeded, smollm2, Output, BLOCK_SIZE,
+};
 
 const CONTEXT: usize = 1024;
 
@@ -60,35 +62,10 @@ fn spec_request(
     }
 }
 
-fn submit(engine: &Engine, request: SequenceRequest) -> spindle_runner::SequenceEvents {
+fn submit(engine: &Engine, request: SequenceRequest) -> SequenceEvents {
     let (caller, inbox) = sequence_channel();
     engine.submit(request, caller).unwrap();
     inbox
-}
-
-/// Everything the client sees, and the summary (whose draft counts differ by design).
-fn collect(mut inbox: spindle_runner::SequenceEvents) -> (Output, SequenceSummary) {
-    let mut output = Output { tokens: Vec::new(), text: String::new() };
-    loop {
-        match inbox.blocking_recv().expect("every sequence ends with an event") {
-            SequenceEvent::Token { token, text, .. } => {
-                let top_logprobs =
-                    token.top_logprobs.iter().map(|&(id, lp)| (id, lp.to_bits())).collect();
-                output.tokens.push(Token {
-                    id: token.id,
-                    logprob: token.logprob.to_bits(),
-                    top_logprobs,
-                });
-                output.text += &text.content;
-            }
-            SequenceEvent::Finished(summary) => {
-                output.text += &summary.tail.content;
-                return (output, summary);
-            }
-            SequenceEvent::Prefilled { .. } => {}
-            SequenceEvent::Failed(message) => panic!("the sequence failed: {message}"),
-        }
-    }
 }
 
 fn run(engine: &Engine, request: SequenceRequest) -> (Output, SequenceSummary) {

@@ -9,7 +9,7 @@ use spindle_hub::ModelFiles;
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
     model_fingerprint, sequence_channel, CacheConfig, DiskConfig, Engine, EngineConfig,
-    ModelBundle, SequenceEvent, SequenceEvents, SequenceRequest,
+    ModelBundle, SequenceEvent, SequenceEvents, SequenceRequest, SequenceSummary,
 };
 
 /// Small enough that short prompts span several chunks and blocks.
@@ -142,7 +142,13 @@ pub fn submit(
 }
 
 /// Reads a submitted request's events to its end; the output and the cached prompt positions.
-pub fn collect(mut inbox: SequenceEvents) -> (Output, usize) {
+pub fn collect(inbox: SequenceEvents) -> (Output, usize) {
+    let (output, summary) = collect_summary(inbox);
+    (output, summary.cached_tokens)
+}
+
+/// Reads a submitted request's events to its end; the output and the summary it ended with.
+pub fn collect_summary(mut inbox: SequenceEvents) -> (Output, SequenceSummary) {
     let mut output = Output { tokens: Vec::new(), text: String::new() };
     loop {
         match inbox.blocking_recv().expect("the engine ends every sequence with an event") {
@@ -159,7 +165,7 @@ pub fn collect(mut inbox: SequenceEvents) -> (Output, usize) {
             SequenceEvent::Finished(summary) => {
                 output.text += &summary.tail.content;
                 assert_eq!(summary.completion_tokens, output.tokens.len());
-                return (output, summary.cached_tokens);
+                return (output, summary);
             }
             SequenceEvent::Prefilled { .. } => {}
             SequenceEvent::Failed(message) => panic!("the sequence failed: {message}"),
