@@ -243,10 +243,14 @@ fn measure_concurrent(
     })
 }
 
-/// Greedy decoding of exactly `max_tokens` (no stop ids, so runs are comparable).
+/// Greedy decoding of exactly `max_tokens` (no stop ids, so runs are comparable), plain: the
+/// figures are set beside llama-bench's, which does not speculate.
 fn greedy(prompt: &[u32], max_tokens: usize, context: usize) -> SequenceRequest {
     let sampling = SamplingParams { temperature: 0.0, ..SamplingParams::default() };
-    SequenceRequest::plain(prompt.to_vec(), max_tokens, sampling, context)
+    SequenceRequest {
+        speculative: Some(false),
+        ..SequenceRequest::plain(prompt.to_vec(), max_tokens, sampling, context)
+    }
 }
 
 /// The median and its `med [min-max]` text.
