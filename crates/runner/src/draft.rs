@@ -25,6 +25,17 @@ const PAUSE_TOKENS: usize = 32;
 /// Weight of the latest round in the running acceptance.
 const RECENT_WEIGHT: f32 = 0.3;
 
+/// A run of up to [`LONGEST_MATCH`] tokens as a fixed-size key (each run length has a map of its
+/// own, so the padding never makes two runs equal): indexing an 18K-token prompt allocates
+/// nothing per token.
+type Run = [u32; LONGEST_MATCH];
+
+fn run_key(tokens: &[u32]) -> Run {
+    let mut key = [u32::MAX; LONGEST_MATCH];
+    key[..tokens.len()].copy_from_slice(tokens);
+    key
+}
+
 /// A stand-in for the lookup, for tests: given the sequence's tokens so far (prompt and
 /// decided tokens) and the room, the drafts to propose, e.g. the right ones with a wrong token
 /// where the test wants the model to reject one.
@@ -45,7 +56,7 @@ pub struct NgramDrafter {
     history: Vec<u32>,
     /// Per run length `n` (index `n - SHORTEST_MATCH`): for each run of `n` tokens, the index
     /// of the token that followed its latest occurrence.
-    followers: Vec<HashMap<Vec<u32>, usize>>,
+    followers: Vec<HashMap<Run, usize>>,
     /// Most tokens to draft per round (the server's limit).
     max_length: usize,
     /// Tokens to draft next round.
@@ -81,7 +92,7 @@ impl NgramDrafter {
     pub fn push(&mut self, token: u32) {
         let end = self.history.len();
         for n in SHORTEST_MATCH..=LONGEST_MATCH.min(end) {
-            let run = self.history[end - n..].to_vec();
+            let run = run_key(&self.history[end - n..]);
             self.followers[n - SHORTEST_MATCH].insert(run, end);
         }
         self.history.push(token);
@@ -105,7 +116,8 @@ impl NgramDrafter {
             return Vec::new();
         }
         for n in (SHORTEST_MATCH..=LONGEST_MATCH.min(end)).rev() {
-            if let Some(&from) = self.followers[n - SHORTEST_MATCH].get(&self.history[end - n..]) {
+            let run = run_key(&self.history[end - n..]);
+            if let Some(&from) = self.followers[n - SHORTEST_MATCH].get(&run) {
                 return self.history[from..end.min(from + want)].to_vec();
             }
         }
