@@ -391,19 +391,17 @@ impl Sequence {
     /// logits; a draft stays in the cache while it is what the model decided. The first it did
     /// not decide ends the round (the decided token runs next step); when all were, the logits
     /// after the last wait for the next step.
-    pub fn end_decode(&mut self, bundle: &ModelBundle, logits: Vec<f32>) -> Verified {
+    pub fn end_decode(&mut self, bundle: &ModelBundle, mut logits: Vec<f32>) -> Verified {
         let drafts = std::mem::take(&mut self.drafts);
         let vocab = logits.len() / (drafts.len() + 1);
-        let mut rows = logits.chunks_exact(vocab);
         let mut verified = Verified { alive: true, drafted: drafts.len(), accepted: 0 };
         if !drafts.is_empty() {
             // Back to the decided token; each accepted draft's position is taken again.
             let decided = self.cache.len() - drafts.len();
             self.cache.truncate(decided).expect("only attention-only sequences draft");
         }
-        for &draft in &drafts {
-            let row = rows.next().expect("a row per token").to_vec();
-            match self.decide(bundle, row) {
+        for (&draft, row) in drafts.iter().zip(logits.chunks_exact(vocab)) {
+            match self.decide(bundle, row.to_vec()) {
                 None => verified.alive = false,
                 Some(id) if id == draft => {
                     self.cache.advance(1);
@@ -416,7 +414,9 @@ impl Sequence {
             break;
         }
         if verified.alive && self.pending.is_none() {
-            self.logits = Some(rows.next().expect("a row after the last draft").to_vec());
+            // The last row, kept in place: a plain step moves its logits without a copy.
+            logits.drain(..drafts.len() * vocab);
+            self.logits = Some(logits);
         }
         if let Some(drafter) = &mut self.drafter {
             drafter.record(verified.drafted, verified.accepted);
