@@ -1,24 +1,9 @@
 //! `spindle bench`: without a subcommand, the in-process prefill and decode speed of models
-//! (`src/bench.rs`); with one, a panel of the coding-agent workload (crate `spindle-bench`)
-//! against any OpenAI-compatible server (Spindle, llama-server, vLLM, LM Studio, Ollama):
-//!
-//! - `agentic`: cold, warm, prefix-test ×3 and cold-prefix calls, `--runs` times, with the
-//!   prefix-cache verdict;
-//! - `conversation`: one growing agent conversation of tool calls and results;
-//! - `burst`: concurrent calls on a warmed system prompt, at several concurrencies;
-//! - `quality`: tool-call cleanliness, its thinking ablation, and instruction following.
-//!
-//! With `--base-url` it measures a running server; without, it starts `spindle serve` itself
-//! (and restarts it for the cold-prefix phase) and stops it at the end.
+//! (`src/bench.rs`); with one, a panel of the coding-agent workload against any
+//! OpenAI-compatible server (`spindle_bench::cli`).
 
-use clap::{Args, Subcommand};
-use spindle_bench::gates::{GateWatch, IDLE_WATCH};
-use spindle_bench::report;
-use spindle_bench::results::Meta;
-
-use crate::bench_panels::{self as panels, AgenticArgs, BurstArgs, ConversationArgs, QualityArgs};
-use crate::bench_server::{ServeOptions, ServerProcess};
-use crate::bench_session::{clock_salt, Session, Target};
+use clap::Args;
+use spindle_bench::cli::{run_panel_command, Panel};
 
 /// `spindle bench [--models …]` or `spindle bench <panel> …`.
 #[derive(Args)]
@@ -30,96 +15,15 @@ pub struct BenchCli {
     speed: crate::bench::BenchArgs,
 }
 
-#[derive(Subcommand)]
-enum Panel {
-    /// Cold, warm, prefix-test ×3 (same system prompt, new user text) and, when the server can
-    /// be restarted, cold-prefix calls: TTFT, prefill and decode speed, prompt / cached /
-    /// completion tokens, and the verdict on prefix cache reuse.
-    Agentic(AgenticArgs),
-    /// One growing agent conversation (each turn adds a tool call and its result): per-turn
-    /// latency, tokens re-read and cached, and how the cost per turn grows with depth.
-    Conversation(ConversationArgs),
-    /// Bursts of concurrent calls on a warmed system prompt: errors, 429s, latency and TTFT
-    /// percentiles, throughput, calls that re-read the prompt, and whether calls serialise.
-    Burst(BurstArgs),
-    /// Agent quality probes at temperature 0 with a fixed seed: tool-call cleanliness over a
-    /// multi-turn edit task (--code), its thinking ablation, and instruction following.
-    Quality(QualityArgs),
-}
-
-impl Panel {
-    /// The panel's name (of its output files), its server, and its completion budget.
-    fn parts(&self) -> (&'static str, &Target, u32) {
-        match self {
-            Panel::Agentic(a) => ("agentic", &a.target, a.calls.max_tokens),
-            Panel::Conversation(c) => ("conversation", &c.target, c.max_tokens),
-            Panel::Burst(b) => ("burst", &b.target, b.calls.max_tokens),
-            Panel::Quality(q) => ("quality", &q.target, q.max_tokens),
-        }
-    }
-}
-
 pub fn run(cli: BenchCli) -> anyhow::Result<()> {
-    let Some(panel) = cli.panel else { return crate::bench::run(cli.speed) };
-    let (_, target, max_tokens) = panel.parts();
-    let max_queue = match &panel {
-        Panel::Burst(b) => b.concurrency.iter().copied().max().unwrap_or(0),
-        _ => 0,
-    };
-    let server = match &target.base_url {
-        Some(_) => None,
-        None => Some(ServerProcess::new(&ServeOptions {
-            model: target.model.as_deref(),
-            hybrid: target.hybrid,
-            threads: target.threads,
-            extra: &target.serve_args,
-            max_queue,
-        })?),
-    };
-    let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(async {
-        let mut session = Session::open(target, max_tokens, server).await?;
-        let result = run_panel(&mut session, &panel).await;
-        session.close();
-        result
-    })
-}
-
-/// Runs one panel with the gates watching, prints the gates, and writes the output files.
-async fn run_panel(session: &mut Session, panel: &Panel) -> anyhow::Result<()> {
-    let started_unix = clock_salt() / 1_000_000_000;
-    let (name, target, _) = panel.parts();
-    let watch = GateWatch::begin(session.probe(), IDLE_WATCH).await;
-    let mut outcome = match panel {
-        Panel::Agentic(args) => panels::agentic(session, args).await?,
-        Panel::Conversation(args) => panels::conversation(session, args).await?,
-        Panel::Burst(args) => panels::burst(session, args).await?,
-        Panel::Quality(args) => panels::quality(session, args).await?,
-    };
-    let gates = watch.end(&outcome.results.completions()).await;
-    report::gate_lines(&gates).iter().for_each(|l| println!("{l}"));
-    outcome.results.gates = Some(gates);
-    let Some(dir) = &target.output else { return Ok(()) };
-    let meta = Meta {
-        panel: name.to_string(),
-        server: session.url.clone(),
-        model: session.client.model().map(str::to_string),
-        seed: session.salt,
-        max_tokens: session.max_tokens,
-        system_chars: outcome.system_chars,
-        system_tokens: outcome.system_tokens,
-        started_unix,
-    };
-    let json = spindle_bench::json::write(dir, &meta, &outcome.results)?;
-    let html = spindle_bench::html::write(dir, &meta, &outcome.results)?;
-    println!("wrote {} and {}", json.display(), html.display());
-    Ok(())
+    match cli.panel {
+        Some(panel) => run_panel_command(panel, &crate::served_model::resolve),
+        None => crate::bench::run(cli.speed),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
     use clap::Parser;
 
     use super::*;
@@ -145,42 +49,5 @@ mod tests {
         let script: Vec<&str> = script.split_whitespace().collect();
         assert!(parse(&script).unwrap().panel.is_none());
         assert!(parse(&["--prompt-tokens", "8", "agentic"]).is_err(), "flags or a panel, not both");
-    }
-
-    #[test]
-    fn panels_and_their_flags() {
-        let cli = parse(&[
-            "agentic",
-            "--base-url",
-            "http://h:1",
-            "--model",
-            "m",
-            "--runs",
-            "3",
-            "--restart-cmd",
-            "true",
-            "--output",
-            "out",
-        ])
-        .unwrap();
-        let Some(Panel::Agentic(a)) = cli.panel else { panic!("agentic") };
-        assert_eq!((a.runs, a.calls.max_tokens, a.calls.system_tokens), (3, 16, 2150));
-        assert_eq!(a.target.model.as_deref(), Some("m"));
-        assert_eq!(a.target.output, Some(PathBuf::from("out")));
-        assert!(parse(&["agentic", "--restart-cmd", "true"]).is_err(), "needs --base-url");
-        assert!(parse(&["agentic", "--hybrid", "--model", "m"]).is_err());
-
-        let Some(Panel::Burst(b)) = parse(&["burst", "--url", "u"]).unwrap().panel else {
-            panic!("burst")
-        };
-        assert_eq!((b.concurrency, b.burst_runs), (vec![8, 30, 60, 80], 1));
-        let Some(Panel::Conversation(c)) = parse(&["conversation"]).unwrap().panel else {
-            panic!("conversation")
-        };
-        assert_eq!((c.turns, c.start_tokens, c.end_tokens), (80, 10_000, 50_000));
-        let Some(Panel::Quality(q)) = parse(&["quality", "--instruct"]).unwrap().panel else {
-            panic!("quality")
-        };
-        assert!(q.instruct && !q.code && q.max_tokens == 1024);
     }
 }

@@ -2,16 +2,13 @@
 
 mod bench;
 mod bench_agent;
-mod bench_panels;
-mod bench_server;
-mod bench_session;
 mod byte_size;
-mod eval;
 mod generate;
 mod kv_memory;
 mod memory;
 mod random_hybrid;
 mod serve;
+mod served_model;
 
 use std::process::ExitCode;
 
@@ -71,7 +68,7 @@ enum Command {
     /// Pass/fail checks of server behaviour against any OpenAI-compatible server: stop strings,
     /// max_tokens, logprobs, reasoning, tool calls, structured output, prefix cache, seed
     /// parity, concurrency isolation, error codes, CORS and usage accounting.
-    Eval(eval::EvalArgs),
+    Eval(spindle_bench::cli::eval::EvalArgs),
 }
 
 fn main() -> ExitCode {
@@ -88,7 +85,7 @@ fn main() -> ExitCode {
         Command::Pull { name, list } => pull(name, list),
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench_agent::run(args),
-        Command::Eval(args) => eval::run(args),
+        Command::Eval(args) => spindle_bench::cli::eval::run(args, &served_model::resolve),
         Command::Serve(args) => serve::run(args),
     };
     match result {

@@ -44,6 +44,7 @@
 
 pub mod agentic;
 pub mod burst;
+pub mod cli;
 mod client;
 pub mod conversation;
 mod error;

@@ -15,6 +15,7 @@ mod prefix_cache;
 mod request;
 pub mod sampler;
 mod sequence;
+pub mod speed;
 mod window_rows;
 
 pub use blocking::{single_sequence_cache, GenerationStats};

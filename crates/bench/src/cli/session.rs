@@ -4,11 +4,10 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
+use super::server_process::ServerProcess;
+use crate::gates::Probe;
+use crate::{Client, TokenCount, Workload};
 use clap::Args;
-use spindle_bench::gates::Probe;
-use spindle_bench::{Client, TokenCount, Workload};
-
-use crate::bench_server::ServerProcess;
 
 /// The server measured and how to reach it; shared by every panel.
 #[derive(Args)]

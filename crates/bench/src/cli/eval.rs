@@ -9,13 +9,13 @@
 
 use std::path::PathBuf;
 
+use super::server_process::{ServeOptions, ServerProcess};
+use super::ModelResolver;
+use crate::eval::report::{self, EvalMeta};
+use crate::eval::{self as suite, EvalContext, Tier};
+use crate::Client;
 use anyhow::Context;
 use clap::Args;
-use spindle_bench::eval::report::{self, EvalMeta};
-use spindle_bench::eval::{self as suite, EvalContext, Tier};
-use spindle_bench::Client;
-
-use crate::bench_server::{ServeOptions, ServerProcess};
 
 /// Running and waiting requests of a started server: small, so the queue-full check needs few
 /// calls, and above the full tier's 16 concurrent calls.
@@ -73,13 +73,14 @@ fn tier_name(tier: Tier) -> &'static str {
     }
 }
 
-pub fn run(args: EvalArgs) -> anyhow::Result<()> {
+pub fn run(args: EvalArgs, resolve: ModelResolver) -> anyhow::Result<()> {
     let started_unix = unix_time().as_secs();
     let salt = args.seed.unwrap_or_else(|| unix_time().as_nanos() as u64);
     let (mut server, api_key, queue_capacity) = match &args.base_url {
         Some(_) => (None, args.api_key.clone(), args.queue_capacity),
         None => {
-            let (server, key, capacity) = start_options(&args, salt)?;
+            let model = resolve(args.model.as_deref(), false)?;
+            let (server, key, capacity) = start_options(&args, model, salt)?;
             (Some(server), Some(key), capacity)
         }
     };
@@ -135,6 +136,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
 /// caller's --serve-arg sets the limits).
 fn start_options(
     args: &EvalArgs,
+    model: String,
     salt: u64,
 ) -> anyhow::Result<(ServerProcess, String, Option<usize>)> {
     let key = args.api_key.clone().unwrap_or_else(|| format!("spindle-eval-{salt:x}"));
@@ -154,8 +156,7 @@ fn start_options(
         Some(STARTED_MAX_CONCURRENT + STARTED_MAX_QUEUE)
     };
     let server = ServerProcess::new(&ServeOptions {
-        model: args.model.as_deref(),
-        hybrid: false,
+        model,
         threads: args.threads,
         extra: &extra,
         max_queue: STARTED_MAX_QUEUE,
@@ -198,9 +199,9 @@ mod tests {
     #[test]
     fn a_started_server_gets_a_key_and_a_small_queue_unless_told_otherwise() {
         let args = parse(&["--model", "smollm2-135m"]).unwrap();
-        let (_, key, capacity) = start_options(&args, 0xab).unwrap();
+        let (_, key, capacity) = start_options(&args, "smollm2-135m".into(), 0xab).unwrap();
         assert_eq!((key.as_str(), capacity), ("spindle-eval-ab", Some(20)));
         let args = parse(&["--serve-arg", "--max-queue 2", "--queue-capacity", "6"]).unwrap();
-        assert_eq!(start_options(&args, 1).unwrap().2, Some(6));
+        assert_eq!(start_options(&args, "m".into(), 1).unwrap().2, Some(6));
     }
 }

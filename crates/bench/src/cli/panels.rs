@@ -2,16 +2,15 @@
 //! its run of the workload from `spindle-bench` against the session's server, printing its table
 //! as it goes.
 
+use super::server_process::{run_restart_command, ServerProcess};
+use super::session::{finish_progress, header_line, progress, Session, Target};
+use crate::agentic::{run_panel, AgenticOptions, Restart};
+use crate::burst::run_bursts;
+use crate::conversation::{run_conversation, ConversationOptions};
+use crate::quality::{run_code, run_instruct, QualityReport, Thinking, SEED};
+use crate::results::Results;
+use crate::{report, BenchError, Client, PhaseKind, TokenCount, Workload};
 use clap::Args;
-use spindle_bench::agentic::{run_panel, AgenticOptions, Restart};
-use spindle_bench::burst::run_bursts;
-use spindle_bench::conversation::{run_conversation, ConversationOptions};
-use spindle_bench::quality::{run_code, run_instruct, QualityReport, Thinking, SEED};
-use spindle_bench::results::Results;
-use spindle_bench::{report, BenchError, Client, PhaseKind, TokenCount, Workload};
-
-use crate::bench_server::{run_restart_command, ServerProcess};
-use crate::bench_session::{finish_progress, header_line, progress, Session, Target};
 
 /// The agent calls the agentic and burst panels send: one shared system prompt, short answers.
 #[derive(Args)]

@@ -10,10 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use spindle_bench::Client;
-use spindle_models::random_hybrid::HybridShape;
 
-use crate::random_hybrid::shape_path;
+use crate::Client;
 
 /// How long a started server may take to load its model and answer `/health`.
 const READY_TIMEOUT: Duration = Duration::from_secs(600);
@@ -22,10 +20,8 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the started `spindle serve` runs.
 pub struct ServeOptions<'a> {
-    /// Catalogue name, .gguf file or folder (default: the catalogue's default model).
-    pub model: Option<&'a str>,
-    /// A random-weight Qwen3.5-MoE instead of `model`.
-    pub hybrid: bool,
+    /// Catalogue name, .gguf file or folder, already on disk ([`super::ModelResolver`]).
+    pub model: String,
     pub threads: Option<usize>,
     /// Extra `serve` arguments, each split at spaces.
     pub extra: &'a [String],
@@ -46,23 +42,12 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// Resolves the model (downloading or writing it now, not under the readiness timeout) and
-    /// prepares the command line; nothing is started yet.
+    /// Prepares the command line; nothing is started yet.
     pub fn new(options: &ServeOptions) -> anyhow::Result<Self> {
-        let model = if options.hybrid {
-            shape_path(&HybridShape::AGENT_BAR, 2)?.display().to_string()
-        } else {
-            let model = options.model.unwrap_or(spindle_hub::DEFAULT_MODEL);
-            spindle_hub::resolve(
-                model,
-                &spindle_hub::spindle_home(),
-                spindle_hub::WhenMissing::Download,
-            )?;
-            model.to_string()
-        };
+        let model = &options.model;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let mut serve: Vec<String> =
-            ["serve", "--model", &model, "--host", "127.0.0.1", "--port", &port.to_string()]
+            ["serve", "--model", model, "--host", "127.0.0.1", "--port", &port.to_string()]
                 .map(String::from)
                 .into();
         if let Some(threads) = options.threads {

@@ -1,0 +1,175 @@
+//! The command lines of `spindle bench <panel>` and `spindle eval`: their flags, the server they
+//! start when no `--base-url` is given, and each run from start to written report. The binary
+//! only parses them and supplies a [`ModelResolver`].
+//!
+//! Panels of the coding-agent workload against any OpenAI-compatible server (Spindle,
+//! llama-server, vLLM, LM Studio, Ollama):
+//!
+//! - `agentic`: cold, warm, prefix-test ×3 and cold-prefix calls, `--runs` times, with the
+//!   prefix-cache verdict;
+//! - `conversation`: one growing agent conversation of tool calls and results;
+//! - `burst`: concurrent calls on a warmed system prompt, at several concurrencies;
+//! - `quality`: tool-call cleanliness, its thinking ablation, and instruction following.
+//!
+//! With `--base-url` they measure a running server; without, they start `spindle serve` (and
+//! restart it for the cold-prefix phase) and stop it at the end.
+
+pub mod eval;
+mod panels;
+mod server_process;
+mod session;
+
+use clap::Subcommand;
+
+use crate::gates::{GateWatch, IDLE_WATCH};
+use crate::report;
+use crate::results::Meta;
+use panels::{AgenticArgs, BurstArgs, ConversationArgs, QualityArgs};
+use server_process::{ServeOptions, ServerProcess};
+use session::{clock_salt, Session, Target};
+
+/// Turns a started server's `--model` (None: the default) or `--hybrid` (true: the benchmarks'
+/// random-weight Qwen3.5-MoE) into what `spindle serve --model` takes, with the model on disk
+/// already (downloaded or written now, not under the readiness timeout). The binary supplies
+/// it: the models live in crates this client-side one does not depend on.
+pub type ModelResolver<'a> = &'a dyn Fn(Option<&str>, bool) -> anyhow::Result<String>;
+
+#[derive(Subcommand)]
+pub enum Panel {
+    /// Cold, warm, prefix-test ×3 (same system prompt, new user text) and, when the server can
+    /// be restarted, cold-prefix calls: TTFT, prefill and decode speed, prompt / cached /
+    /// completion tokens, and the verdict on prefix cache reuse.
+    Agentic(AgenticArgs),
+    /// One growing agent conversation (each turn adds a tool call and its result): per-turn
+    /// latency, tokens re-read and cached, and how the cost per turn grows with depth.
+    Conversation(ConversationArgs),
+    /// Bursts of concurrent calls on a warmed system prompt: errors, 429s, latency and TTFT
+    /// percentiles, throughput, calls that re-read the prompt, and whether calls serialise.
+    Burst(BurstArgs),
+    /// Agent quality probes at temperature 0 with a fixed seed: tool-call cleanliness over a
+    /// multi-turn edit task (--code), its thinking ablation, and instruction following.
+    Quality(QualityArgs),
+}
+
+impl Panel {
+    /// The panel's name (of its output files), its server, and its completion budget.
+    fn parts(&self) -> (&'static str, &Target, u32) {
+        match self {
+            Panel::Agentic(a) => ("agentic", &a.target, a.calls.max_tokens),
+            Panel::Conversation(c) => ("conversation", &c.target, c.max_tokens),
+            Panel::Burst(b) => ("burst", &b.target, b.calls.max_tokens),
+            Panel::Quality(q) => ("quality", &q.target, q.max_tokens),
+        }
+    }
+}
+
+/// Runs `panel` against its target, starting (and at the end stopping) a server for it when
+/// no `--base-url` is given.
+pub fn run_panel_command(panel: Panel, resolve: ModelResolver) -> anyhow::Result<()> {
+    let (_, target, max_tokens) = panel.parts();
+    let max_queue = match &panel {
+        Panel::Burst(b) => b.concurrency.iter().copied().max().unwrap_or(0),
+        _ => 0,
+    };
+    let server = match &target.base_url {
+        Some(_) => None,
+        None => Some(ServerProcess::new(&ServeOptions {
+            model: resolve(target.model.as_deref(), target.hybrid)?,
+            threads: target.threads,
+            extra: &target.serve_args,
+            max_queue,
+        })?),
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let mut session = Session::open(target, max_tokens, server).await?;
+        let result = run_panel(&mut session, &panel).await;
+        session.close();
+        result
+    })
+}
+
+/// Runs one panel with the gates watching, prints the gates, and writes the output files.
+async fn run_panel(session: &mut Session, panel: &Panel) -> anyhow::Result<()> {
+    let started_unix = clock_salt() / 1_000_000_000;
+    let (name, target, _) = panel.parts();
+    let watch = GateWatch::begin(session.probe(), IDLE_WATCH).await;
+    let mut outcome = match panel {
+        Panel::Agentic(args) => panels::agentic(session, args).await?,
+        Panel::Conversation(args) => panels::conversation(session, args).await?,
+        Panel::Burst(args) => panels::burst(session, args).await?,
+        Panel::Quality(args) => panels::quality(session, args).await?,
+    };
+    let gates = watch.end(&outcome.results.completions()).await;
+    report::gate_lines(&gates).iter().for_each(|l| println!("{l}"));
+    outcome.results.gates = Some(gates);
+    let Some(dir) = &target.output else { return Ok(()) };
+    let meta = Meta {
+        panel: name.to_string(),
+        server: session.url.clone(),
+        model: session.client.model().map(str::to_string),
+        seed: session.salt,
+        max_tokens: session.max_tokens,
+        system_chars: outcome.system_chars,
+        system_tokens: outcome.system_tokens,
+        started_unix,
+    };
+    let json = crate::json::write(dir, &meta, &outcome.results)?;
+    let html = crate::html::write(dir, &meta, &outcome.results)?;
+    println!("wrote {} and {}", json.display(), html.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        panel: Panel,
+    }
+
+    fn parse(args: &[&str]) -> Result<Panel, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.panel)
+    }
+
+    #[test]
+    fn panels_and_their_flags() {
+        let cli = parse(&[
+            "agentic",
+            "--base-url",
+            "http://h:1",
+            "--model",
+            "m",
+            "--runs",
+            "3",
+            "--restart-cmd",
+            "true",
+            "--output",
+            "out",
+        ])
+        .unwrap();
+        let Panel::Agentic(a) = cli else { panic!("agentic") };
+        assert_eq!((a.runs, a.calls.max_tokens, a.calls.system_tokens), (3, 16, 2150));
+        assert_eq!(a.target.model.as_deref(), Some("m"));
+        assert_eq!(a.target.output, Some(PathBuf::from("out")));
+        assert!(parse(&["agentic", "--restart-cmd", "true"]).is_err(), "needs --base-url");
+        assert!(parse(&["agentic", "--hybrid", "--model", "m"]).is_err());
+
+        let Panel::Burst(b) = parse(&["burst", "--url", "u"]).unwrap() else { panic!("burst") };
+        assert_eq!((b.concurrency, b.burst_runs), (vec![8, 30, 60, 80], 1));
+        let Panel::Conversation(c) = parse(&["conversation"]).unwrap() else {
+            panic!("conversation")
+        };
+        assert_eq!((c.turns, c.start_tokens, c.end_tokens), (80, 10_000, 50_000));
+        let Panel::Quality(q) = parse(&["quality", "--instruct"]).unwrap() else {
+            panic!("quality")
+        };
+        assert!(q.instruct && !q.code && q.max_tokens == 1024);
+    }
+}
