@@ -8,7 +8,7 @@ use crate::common;
 
 use std::sync::Arc;
 
-use common::{engine, greedy, hybrid, run, smollm2};
+use common::{engine, greedy, hybrid, run, tiny_dense, vocab};
 use spindle_runner::ModelBundle;
 
 const TURNS: usize = 10;
@@ -54,7 +54,8 @@ fn check_growing_conversation(bundle: &Arc<ModelBundle>, vocab: u32, reply: Repl
 
 #[test]
 fn each_turn_resumes_after_the_previous_reply_on_the_dense_model() {
-    check_growing_conversation(&smollm2(), 49152, Reply::Kept);
+    let bundle = tiny_dense();
+    check_growing_conversation(&bundle, vocab(&bundle), Reply::Kept);
 }
 
 #[test]

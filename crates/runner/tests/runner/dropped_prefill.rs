@@ -9,7 +9,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{engine, engine_with_orphans, greedy, hybrid, request, run, smollm2, PREFILL_CHUNK};
+use common::{
+    engine, engine_with_orphans, greedy, hybrid, request, run, tiny_dense, vocab, PREFILL_CHUNK,
+};
 use spindle_runner::{sequence_channel, Engine, ModelBundle, SequenceEvent, SequenceEvents};
 
 const PROMPT: usize = 640;
@@ -93,7 +95,8 @@ fn check_retry_resumes(bundle: &Arc<ModelBundle>, vocab: u32, give_up: GiveUp) {
 
 #[test]
 fn a_cancelled_prefill_is_resumed_by_its_retry_on_the_dense_model() {
-    check_retry_resumes(&smollm2(), 49152, GiveUp::Cancel);
+    let bundle = tiny_dense();
+    check_retry_resumes(&bundle, vocab(&bundle), GiveUp::Cancel);
 }
 
 #[test]
@@ -138,7 +141,8 @@ fn check_dropped_prompt_reused(
 
 #[test]
 fn an_idle_engine_reads_a_dropped_prompt_to_its_end_on_the_dense_model() {
-    check_idle_engine_finishes_the_prompt(&smollm2(), 49152);
+    let bundle = tiny_dense();
+    check_idle_engine_finishes_the_prompt(&bundle, vocab(&bundle));
 }
 
 #[test]
@@ -148,11 +152,11 @@ fn an_idle_engine_reads_a_dropped_prompt_to_its_end_on_the_hybrid_model() {
 
 #[test]
 fn a_dropped_prefill_yields_to_a_live_request() {
-    let bundle = smollm2();
-    let dropped = prompt(49152, 2);
+    let bundle = tiny_dense();
+    let dropped = prompt(vocab(&bundle), 2);
     let warm = engine(&bundle, None);
     let read = read_partly(&warm, &dropped, 2, GiveUp::Disconnect);
-    let live = prompt(49152, 3);
+    let live = prompt(vocab(&bundle), 3);
     let (output, _) = run(&warm, &live, &[], greedy(), CONTEXT);
     assert_eq!(output, cold(&bundle, &live));
     wait_idle(&warm);
@@ -181,7 +185,8 @@ fn check_twins_read_once(bundle: &Arc<ModelBundle>, vocab: u32) {
 
 #[test]
 fn a_twin_request_waits_and_reads_nothing_twice_on_the_dense_model() {
-    check_twins_read_once(&smollm2(), 49152);
+    let bundle = tiny_dense();
+    check_twins_read_once(&bundle, vocab(&bundle));
 }
 
 #[test]

@@ -9,7 +9,7 @@ use crate::common;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use common::{greedy, hybrid, request, seeded, smollm2, BLOCK_SIZE, PREFILL_CHUNK};
+use common::{greedy, hybrid, request, seeded, tiny_dense, vocab, BLOCK_SIZE, PREFILL_CHUNK};
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
     sequence_channel, CacheConfig, Engine, EngineConfig, ModelBundle, SequenceEvent,
@@ -125,5 +125,6 @@ fn a_burst_outgrowing_the_pool_completes_with_solo_outputs_on_the_hybrid_model()
 
 #[test]
 fn a_burst_outgrowing_the_pool_completes_with_solo_outputs_on_the_dense_model() {
-    check_burst_outgrowing_the_pool(&smollm2(), 49152);
+    let bundle = tiny_dense();
+    check_burst_outgrowing_the_pool(&bundle, vocab(&bundle));
 }

@@ -1,15 +1,17 @@
-//! The engine with its prefix cache, end to end on real models: a request resumed from the cache
+//! The engine with its prefix cache, end to end: a request resumed from the cache
 //! gives exactly (token ids, text, logprob bits) what it gives cold, concurrent requests sharing
 //! a cached system prompt never see each other's tokens, eviction under a tiny cap stays exact,
 //! and the outputs do not depend on how many requests run beside them.
 //!
-//! Two models: SmolLM2-135M (attention only, the default model) and the tiny Qwen3.5-MoE hybrid
+//! Two models: the tiny random dense model (attention only, Qwen3's tokenizer) and the tiny Qwen3.5-MoE hybrid
 //! fixture (linear-attention layers, so a resume also restores a recurrent-state snapshot). The
 //! hybrid's vocabulary has 512 tokens, so its prompts are made-up ids and its outputs end at
 //! `max_tokens` (no stop ids); its text comes from SmolLM2's tokenizer, which is only there to
 //! exercise the text path.
 //!
 //! "Cold" always means a fresh engine, where nothing can be cached.
+
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -77,13 +79,13 @@ fn smollm2_bundle() -> ModelBundle {
     ModelBundle::load(&files).unwrap()
 }
 
-/// SmolLM2-135M, stopping at its end-of-sequence tokens.
+/// The tiny random dense model, stopping at its end-of-sequence tokens.
 fn dense() -> &'static Model {
     static MODEL: OnceLock<Model> = OnceLock::new();
     MODEL.get_or_init(|| {
-        let bundle = smollm2_bundle();
+        let bundle = common::tiny_dense();
         let stop_ids = bundle.tokenizer.eos_token_ids().to_vec();
-        Model { name: "smollm2-135m", bundle: Arc::new(bundle), stop_ids }
+        Model { name: "tiny random dense", bundle, stop_ids }
     })
 }
 

@@ -1,6 +1,6 @@
-//! Engine-level helpers shared by the prefix-cache test files: the real default model
-//! (SmolLM2-135M, pulled on first use), the tiny hybrid fixture, a small engine, and one request
-//! run to its end with its output as bits.
+//! Engine-level helpers shared by the prefix-cache test files: the tiny random dense model
+//! (written on first use), the real default model (SmolLM2-135M, pulled on first use), the tiny
+//! hybrid fixture, a small engine, and one request run to its end with its output as bits.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -23,6 +23,20 @@ pub fn smollm2_files() -> ModelFiles {
         spindle_hub::WhenMissing::Download,
     )
     .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The tiny random dense model of `spindle_testkit` (two layers of width 32, Qwen3's
+/// tokenizer): the engine's cache and scheduling properties at a few milliseconds a step.
+pub fn tiny_dense() -> Arc<ModelBundle> {
+    static BUNDLE: OnceLock<Arc<ModelBundle>> = OnceLock::new();
+    BUNDLE
+        .get_or_init(|| Arc::new(ModelBundle::load(&spindle_testkit::tiny_model()).unwrap()))
+        .clone()
+}
+
+/// The vocabulary of `bundle`'s model, the bound of the random prompts.
+pub fn vocab(bundle: &ModelBundle) -> u32 {
+    bundle.model.config().vocab_size as u32
 }
 
 pub fn smollm2() -> Arc<ModelBundle> {

@@ -15,10 +15,6 @@ use spindle_server::ServerConfig;
 /// (Qwen3's leaves the model to open it, which a random model never does).
 pub const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}";
 
-/// JSON's closing tokens, which the tiny model favours so that the strings, numbers and
-/// objects a grammar opens end within a few tokens.
-const CLOSERS: [&str; 6] = ["\"", "\",", "\"}", "}", ",", "]"];
-
 /// The id the tiny random model is served under.
 pub const TINY: &str = "tiny-random";
 
@@ -50,38 +46,6 @@ impl Setup {
             _ => TINY,
         }
     }
-}
-
-/// The tiny model's folder: two layers of width 32 with random weights (fixed seed) beside
-/// Qwen3's tokenizer and chat template from the chat crate's fixtures, written once per build.
-fn tiny_model() -> spindle_hub::ModelFiles {
-    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("tiny-random-qwen3-r1");
-        if dir.join("model.safetensors").exists() {
-            return dir;
-        }
-        // Written aside and renamed, so a test binary running alongside never reads half a file.
-        let staging = fresh_dir("tiny-model");
-        std::fs::create_dir_all(&staging).unwrap();
-        let fixtures =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../chat/tests/data/qwen3");
-        for file in ["tokenizer.json", "tokenizer_config.json"] {
-            std::fs::copy(fixtures.join(file), staging.join(file)).unwrap();
-        }
-        let tokenizer =
-            spindle_chat::Tokenizer::from_tokenizer_json(&staging.join("tokenizer.json")).unwrap();
-        let shape = spindle_models::random_dense::DenseShape::tiny(tokenizer.vocab_size());
-        let closers: Vec<u32> =
-            CLOSERS.iter().map(|t| tokenizer.token_to_id(t).expect("a JSON closer")).collect();
-        spindle_models::random_dense::write_random_dense(&staging, &shape, 37, &closers).unwrap();
-        if std::fs::rename(&staging, &dir).is_err() {
-            // Another binary renamed its copy first; theirs is the same bytes.
-            let _ = std::fs::remove_dir_all(&staging);
-        }
-        dir
-    });
-    spindle_hub::ModelFiles::Safetensors { dir: dir.clone() }
 }
 
 /// The server-wide schema of [`Setup::GuidedJson`].
@@ -137,7 +101,7 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
             spindle_hub::WhenMissing::Download,
         )
         .expect("pull the test model"),
-        _ => tiny_model(),
+        _ => spindle_testkit::tiny_model(),
     };
     let mut bundle = spindle_runner::ModelBundle::load(&files).expect("load the test model");
     let mut config = ServerConfig {
