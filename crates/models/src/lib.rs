@@ -46,11 +46,9 @@ mod test_data;
 mod weight;
 mod weights;
 
-use std::collections::HashMap;
 use std::path::Path;
 
 pub use cache::{RecurrentState, SequenceCache};
-use candle_core::quantized::gguf_file::Value;
 pub use config::{Architecture, TransformerConfig};
 pub use error::{ModelError, Result};
 pub use kv_type::KvType;
@@ -162,12 +160,7 @@ pub(crate) fn advance_all(batch: &mut [BatchEntry<'_>]) {
     }
 }
 
-/// The header of a `.gguf` file (architecture, tokenizer, chat template), without its tensors.
-pub fn read_gguf_metadata(path: &Path) -> Result<HashMap<String, Value>> {
-    Ok(GgufWeights::open(path, GgufStorage::AsStored)?.into_metadata())
-}
-
-/// Loads a `.gguf` file's model (its tokenizer comes from [`read_gguf_metadata`]).
+/// Loads a `.gguf` file's model (its tokenizer is read by `spindle_chat::read_tokenizer_metadata`).
 pub fn load_gguf(path: &Path) -> Result<Box<dyn CausalLm>> {
     open_gguf(path, GgufStorage::AsStored)
 }

@@ -65,10 +65,6 @@ impl GgufWeights {
         &self.content.metadata
     }
 
-    pub fn into_metadata(self) -> HashMap<String, gguf_file::Value> {
-        self.content.metadata
-    }
-
     /// A 2-D block-quantized tensor (Q4_0 … Q8_0) kept as stored, read from the file a group
     /// of rows at a time into its tiles; `None` for other types or when the file is loaded as
     /// f32.

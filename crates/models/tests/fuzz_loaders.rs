@@ -12,7 +12,7 @@ use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use spindle_fuzz::{mutate_bytes, mutate_json, Rng};
-use spindle_models::{load_gguf, load_safetensors, read_gguf_metadata, CausalLm};
+use spindle_models::{load_gguf, load_safetensors, CausalLm};
 
 #[global_allocator]
 static ALLOC: spindle_fuzz::CappedAlloc = spindle_fuzz::CappedAlloc;
@@ -146,9 +146,6 @@ fn damaged_gguf_files_fail_to_load_without_panicking() {
         |rng| damaged_gguf(rng, &valid),
         |bytes| {
             std::fs::write(&path, bytes).unwrap();
-            if let Err(error) = read_gguf_metadata(&path) {
-                assert!(!error.to_string().is_empty());
-            }
             match load_gguf(&path) {
                 Ok(model) => forward_once(model.as_ref()),
                 Err(error) => assert!(!error.to_string().is_empty()),
