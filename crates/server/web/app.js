@@ -699,6 +699,8 @@ function wire() {
     fillSettingsForm();
     readSettingsForm();
   });
+  // Enter in the key's field submits the form as Save: Cancel is no submit button.
+  $("key-cancel").addEventListener("click", () => $("key-dialog").close("cancel"));
   $("forget-key").addEventListener("click", () => {
     localStorage.removeItem(STORAGE.key);
     toast("The API key is forgotten");

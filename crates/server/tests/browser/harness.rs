@@ -134,9 +134,9 @@ impl GenerationEngine for RecordingEngine {
 pub const MODEL: &str = "smollm2-135m";
 pub const CONTEXT: usize = 2048;
 
-/// Serves SmolLM2 on a loopback port of the system's choosing, from this test's runtime.
-/// Returns the page's URL and the recording engine.
-pub async fn start_server() -> (String, Arc<RecordingEngine>) {
+/// Serves SmolLM2 on a loopback port of the system's choosing, from this test's runtime,
+/// requiring `api_key` if given. Returns the page's URL and the recording engine.
+pub async fn start_server(api_key: Option<&str>) -> (String, Arc<RecordingEngine>) {
     let files = spindle_hub::resolve(
         MODEL,
         &spindle_hub::spindle_home(),
@@ -151,7 +151,7 @@ pub async fn start_server() -> (String, Arc<RecordingEngine>) {
     ));
     let config = ServerConfig {
         model_id: MODEL.into(),
-        api_key: None,
+        api_key: api_key.map(str::to_string),
         max_concurrent: 4,
         max_queue: 16,
         ctx_size: CONTEXT,

@@ -2,7 +2,8 @@
 //! with fantoccini), against the server with SmolLM2. It asks a question and sees the answer
 //! arrive in parts, stops a long answer with Escape, reloads and finds the conversation, edits
 //! an earlier message and moves between the two branches, and changes the settings and finds
-//! them in the request the engine received. Each step leaves a screenshot in
+//! them in the request the engine received; with `--api-key`, it asks for the key once and
+//! keeps it. Each step leaves a screenshot in
 //! `target/browser-screenshots/`. Every wait is for a state of the page, with a generous
 //! limit that only ends a hung run.
 
@@ -104,7 +105,10 @@ async fn click(client: &Client, selector: &str) {
 
 /// Scrolls the edited message's `‹ 1/2 ›` into view for the screenshot.
 async fn show_branch_arrows(client: &Client) {
-    client.execute("document.querySelector('.branch').closest('.message').scrollIntoView()", vec![]).await.unwrap();
+    client
+        .execute("document.querySelector('.branch').closest('.message').scrollIntoView()", vec![])
+        .await
+        .unwrap();
 }
 
 async fn ask(client: &Client, question: &str) {
@@ -114,7 +118,7 @@ async fn ask(client: &Client, question: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chat_page_streams_stops_keeps_branches_and_sends_its_settings() {
     let Some(programs) = browser_or_skip() else { return };
-    let (url, engine) = start_server().await;
+    let (url, engine) = start_server(None).await;
     let driver = Driver::start(&programs);
     let client = driver.session(&programs, 1280, 900).await;
 
@@ -223,4 +227,43 @@ async fn the_chat_page_streams_stops_keeps_branches_and_sends_its_settings() {
     screenshot(&client, "11-phone-list").await;
 
     client.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chat_page_asks_for_the_api_key_once_and_keeps_it() {
+    let Some(programs) = browser_or_skip() else { return };
+    let (url, engine) = start_server(Some("sesame")).await;
+    let driver = Driver::start(&programs);
+    let client = driver.session(&programs, 1280, 900).await;
+    let dialog_open = "return document.getElementById('key-dialog').open";
+
+    client.goto(&url).await.unwrap();
+    wait_for_script(&client, "the key dialog", dialog_open, true).await;
+    screenshot(&client, "12-api-key").await;
+    type_into(&client, "#key-input", &format!("sesame{}", Key::Enter)).await;
+    let page = wait_until(&client, "the model list", |p| !p.models.is_empty()).await;
+    assert_eq!(page.models, [MODEL]);
+    click(&client, "#open-settings").await;
+    type_into(&client, "#set-max_tokens", "8").await;
+    click(&client, "#close-settings").await;
+    ask(&client, "Say hello.").await;
+    wait_until(&client, "the answer", finished).await;
+    assert_eq!(engine.received.lock().unwrap().len(), 1);
+
+    // After a reload the kept key opens the API without asking again.
+    client.refresh().await.unwrap();
+    let page =
+        wait_until(&client, "the model list", |p| !p.models.is_empty() && p.count == 2).await;
+    assert_eq!(page.models, [MODEL]);
+    assert_eq!(client.execute(dialog_open, vec![]).await.unwrap(), serde_json::Value::Bool(false));
+    client.close().await.unwrap();
+}
+
+/// Runs `script` until it returns `expected`. The limit only ends a run that hangs.
+async fn wait_for_script(client: &Client, what: &str, script: &str, expected: bool) {
+    let limit = Instant::now() + Duration::from_secs(900);
+    while client.execute(script, vec![]).await.unwrap() != serde_json::Value::Bool(expected) {
+        assert!(Instant::now() < limit, "gave up waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
