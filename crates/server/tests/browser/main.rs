@@ -1,11 +1,11 @@
 //! The chat page in a real browser: headless Chromium, driven through chromedriver (WebDriver,
 //! with fantoccini), against the server with SmolLM2. It asks a question and sees the answer
 //! arrive in parts, stops a long answer with Escape, reloads and finds the conversation, edits
-//! an earlier message and moves between the two branches, and changes the settings and finds
-//! them in the request the engine received; with `--api-key`, it asks for the key once and
-//! keeps it. Each step leaves a screenshot in
-//! `target/browser-screenshots/`. Every wait is for a state of the page, with a generous
-//! limit that only ends a hung run.
+//! an earlier message and moves between the two branches, sees a refused request's error in
+//! place, and changes the settings and finds them in the request the engine received; with
+//! `--api-key`, it asks for the key once and keeps it. Each step leaves a screenshot in
+//! `target/browser-screenshots/`. Every wait is for a state of the page, with a generous limit
+//! that only ends a hung run.
 
 mod harness;
 
@@ -192,13 +192,25 @@ async fn the_chat_page_streams_stops_keeps_branches_and_sends_its_settings() {
     show_branch_arrows(&client).await;
     screenshot(&client, "07-branch-first").await;
 
-    // Settings go into the request: the engine receives them.
+    // A request the server refuses shows the server's error in place of the answer.
     click(&client, "#open-settings").await;
+    type_into(&client, "#set-top_p", "5").await;
+    click(&client, "#close-settings").await;
+    ask(&client, "Say hello.").await;
+    let refused =
+        wait_until(&client, "the refusal", |p| p.status.as_deref() == Some("error")).await;
+    assert!(refused.notice.starts_with("The server answered 400: "), "{refused:?}");
+    assert!(refused.notice.contains("top_p"), "{refused:?}");
+    screenshot(&client, "08-error").await;
+    click(&client, "#open-settings").await;
+    client.find(Locator::Css("#set-top_p")).await.unwrap().clear().await.unwrap();
+
+    // Settings go into the request: the engine receives them.
     type_into(&client, "#set-temperature", "0.3").await;
     type_into(&client, "#set-seed", "1234").await;
     client.find(Locator::Css("#set-max_tokens")).await.unwrap().clear().await.unwrap();
     type_into(&client, "#set-max_tokens", "16").await;
-    screenshot(&client, "08-settings").await;
+    screenshot(&client, "09-settings").await;
     click(&client, "#close-settings").await;
     let before = engine.received.lock().unwrap().len();
     ask(&client, "Say hello.").await;
@@ -218,13 +230,13 @@ async fn the_chat_page_streams_stops_keeps_branches_and_sends_its_settings() {
         received[..before].iter().all(|r| r.seed.is_none() && r.max_tokens == 256),
         "{received:?}"
     );
-    screenshot(&client, "09-with-settings").await;
+    screenshot(&client, "10-with-settings").await;
 
     // Phone width: the conversation fills the screen; the list slides over it.
     client.set_window_size(390, 844).await.unwrap();
-    screenshot(&client, "10-phone").await;
+    screenshot(&client, "11-phone").await;
     click(&client, "#open-sidebar").await;
-    screenshot(&client, "11-phone-list").await;
+    screenshot(&client, "12-phone-list").await;
 
     client.close().await.unwrap();
 }
@@ -239,7 +251,7 @@ async fn the_chat_page_asks_for_the_api_key_once_and_keeps_it() {
 
     client.goto(&url).await.unwrap();
     wait_for_script(&client, "the key dialog", dialog_open, true).await;
-    screenshot(&client, "12-api-key").await;
+    screenshot(&client, "13-api-key").await;
     type_into(&client, "#key-input", &format!("sesame{}", Key::Enter)).await;
     let page = wait_until(&client, "the model list", |p| !p.models.is_empty()).await;
     assert_eq!(page.models, [MODEL]);
