@@ -25,15 +25,15 @@ struct Asset {
 
 const INDEX: &str = include_str!("../web/index.html");
 
+const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
+
 const ASSETS: &[Asset] = &[
-    Asset {
-        name: "app.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../web/app.js"),
-    },
+    Asset { name: "app.js", content_type: JAVASCRIPT, body: include_bytes!("../web/app.js") },
+    Asset { name: "store.js", content_type: JAVASCRIPT, body: include_bytes!("../web/store.js") },
+    Asset { name: "stream.js", content_type: JAVASCRIPT, body: include_bytes!("../web/stream.js") },
     Asset {
         name: "markdown.js",
-        content_type: "text/javascript; charset=utf-8",
+        content_type: JAVASCRIPT,
         body: include_bytes!("../web/markdown.js"),
     },
     Asset {

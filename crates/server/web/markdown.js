@@ -184,5 +184,5 @@ window.Markdown = (() => {
     return out.join("");
   }
 
-  return { render, highlight, escapeHtml };
+  return { render };
 })();

@@ -23,7 +23,9 @@ async fn a_browser_gets_the_page_and_every_file_it_names() {
     let page = body_text(response).await;
     let files: Vec<&str> =
         page.split("\"/ui/").skip(1).map(|rest| &rest[..rest.find('"').unwrap()]).collect();
-    for name in ["app.js", "markdown.js", "style.css", "manifest.json", "icon.svg"] {
+    for name in
+        ["app.js", "store.js", "stream.js", "markdown.js", "style.css", "manifest.json", "icon.svg"]
+    {
         assert!(files.contains(&name), "{name} not named by the page: {files:?}");
     }
     for name in files {
