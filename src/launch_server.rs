@@ -108,7 +108,8 @@ impl StartedServer {
         let mut last = String::new();
         for line in received.iter() {
             if let Some(address) = line.split("listening on ").nth(1) {
-                progress.finish(&format!("serving {model} at {}", address.trim()));
+                let log = server.log.display();
+                progress.finish(&format!("serving {model} at {} (log: {log})", address.trim()));
                 server.base_url = address.trim().to_string();
                 return Ok(server);
             }

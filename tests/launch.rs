@@ -95,6 +95,8 @@ impl StandIns {
             .current_dir(self.work.path())
             .env("PATH", self.bin.path())
             .env("STAND_IN_RECORD", &record)
+            // A started server's log goes there, and with the folder when the test ends.
+            .env("TMPDIR", self.work.path())
             .env_remove("SPINDLE_API_KEY")
             .envs(env.iter().copied())
             .env("RUST_LOG", "error")
