@@ -5,6 +5,8 @@ mod bench_agent;
 mod byte_size;
 mod generate;
 mod kv_memory;
+mod launch;
+mod launch_server;
 mod memory;
 mod random_hybrid;
 mod serve;
@@ -69,6 +71,10 @@ enum Command {
     /// max_tokens, logprobs, reasoning, tool calls, structured output, prefix cache, seed
     /// parity, concurrency isolation, error codes, CORS and usage accounting.
     Eval(spindle_bench::cli::eval::EvalArgs),
+    /// Run a coding agent (claude, codex, qwen, opencode) against this server: uses the one
+    /// listening on --host/--port or starts one for --model, and stops it when the agent exits.
+    /// Arguments after `--` go to the agent.
+    Launch(launch::LaunchArgs),
 }
 
 fn main() -> ExitCode {
@@ -81,20 +87,26 @@ fn main() -> ExitCode {
     use_small_pages();
     memory::purge_freed_memory_soon();
     let cli = Cli::parse();
-    let result = match cli.command {
+    match run(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<ExitCode> {
+    let done = match command {
+        // The agent's exit status is launch's.
+        Command::Launch(args) => return launch::run(args),
         Command::Pull { name, list } => pull(name, list),
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench_agent::run(args),
         Command::Eval(args) => spindle_bench::cli::eval::run(args, &served_model::resolve),
         Command::Serve(args) => serve::run(args),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    done.map(|()| ExitCode::SUCCESS)
 }
 
 fn pull(name: Option<String>, list: bool) -> anyhow::Result<()> {

@@ -109,6 +109,10 @@ pub struct ModelCard {
     /// Unix seconds.
     pub created: u64,
     pub owned_by: String,
+    /// Positions one request may use, prompt and answer together (vLLM's field); other
+    /// servers may leave it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<usize>,
 }
 
 /// Reads `null` as the field's default. The OpenAI spec marks almost every request field

@@ -23,6 +23,7 @@ mod responses;
 mod routes;
 mod sse;
 mod state;
+mod web;
 
 #[cfg(test)]
 mod fuzz_tests;

@@ -1,5 +1,6 @@
 //! The route table, the layers around it (CORS, API key, body limit, request counting), and the
-//! small endpoints: models, health, metrics, tokenize, detokenize, cancel.
+//! small endpoints: models, health, metrics, tokenize, detokenize, cancel. The chat page and
+//! `GET /` are in `web`.
 
 use std::sync::Arc;
 
@@ -28,6 +29,7 @@ use crate::pipeline::render::render_prompt;
 use crate::pipeline::request::check_model;
 use crate::responses::{create_response, delete_response, retrieve_response};
 use crate::state::AppState;
+use crate::web;
 
 pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
@@ -47,8 +49,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .merge(api)
         .route("/health", get(health))
-        // Claude Code probes `HEAD /` before it starts.
-        .route("/", get(health))
+        .merge(web::routes())
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), count_requests))
@@ -104,7 +105,7 @@ async fn not_found(request: Request) -> Response {
 }
 
 /// 200 while the engine runs; 503 once a fault has stopped it (the process is on its way out).
-async fn health(State(state): State<Arc<AppState>>) -> Response {
+pub(crate) async fn health(State(state): State<Arc<AppState>>) -> Response {
     let model = &state.config.model_id;
     match state.engine.health().borrow().as_deref() {
         None => Json(json!({"status": "ok", "model": model})).into_response(),
@@ -127,6 +128,7 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
             id: state.config.model_id.clone(),
             created: state.started,
             owned_by: "spindle".into(),
+            max_model_len: Some(state.config.ctx_size),
         }],
     })
 }

@@ -385,14 +385,20 @@ fn model_list_tokenize_and_detokenize() {
             id: "smollm2".into(),
             created: 1700000000,
             owned_by: "spindle".into(),
+            max_model_len: Some(8192),
         }],
     };
     assert_eq!(
         wire(&models),
-        json!({"object": "list", "data": [
-            {"id": "smollm2", "object": "model", "created": 1700000000, "owned_by": "spindle"}
-        ]})
+        json!({"object": "list", "data": [{"id": "smollm2", "object": "model",
+            "created": 1700000000, "owned_by": "spindle", "max_model_len": 8192}]})
     );
+    // Other servers' listings leave the context out.
+    let card: ModelCard = serde_json::from_value(
+        json!({"id": "m", "object": "model", "created": 1, "owned_by": "someone"}),
+    )
+    .unwrap();
+    assert_eq!(card.max_model_len, None);
     let tokens = TokenizeResponse { tokens: vec![9707, 11], count: 2, max_model_len: 8192 };
     assert_eq!(wire(&tokens), json!({"tokens": [9707, 11], "count": 2, "max_model_len": 8192}));
     assert_eq!(wire(&DetokenizeResponse { prompt: "Hello,".into() }), json!({"prompt": "Hello,"}));

@@ -1,6 +1,6 @@
 //! The routes in-process around a scripted engine: every protocol's shapes, streaming, errors,
-//! cancellation and the batch API, in milliseconds and without a model (the real-model tests
-//! are in `tests/server`).
+//! cancellation, the batch API and the chat page's files, in milliseconds and without a model
+//! (the real-model tests are in `tests/server`).
 
 mod chat;
 mod common;
@@ -9,3 +9,4 @@ mod errors;
 mod messages;
 mod responses;
 mod streams;
+mod web;
