@@ -9,6 +9,7 @@ mod byte_size;
 mod eval;
 mod generate;
 mod kv_memory;
+mod logging;
 mod memory;
 mod random_hybrid;
 mod serve;
@@ -48,6 +49,9 @@ fn use_small_pages() {
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines on standard error are written: text, or json (one object a line).
+    #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Text)]
+    log_format: logging::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -75,21 +79,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let cli = Cli::parse();
+    logging::init(cli.log_format);
     use_small_pages();
     memory::purge_freed_memory_soon();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Pull { name, list } => pull(name, list),
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench_agent::run(args),
         Command::Eval(args) => eval::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(args, cli.log_format),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

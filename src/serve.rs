@@ -9,6 +9,7 @@ use spindle_server::{BatchConfig, ServerConfig};
 
 use crate::byte_size::{human_bytes, parse_bytes};
 use crate::kv_memory::KvMemory;
+use crate::logging::{announce, LogFormat};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -123,7 +124,7 @@ fn guided_json(arg: &str) -> anyhow::Result<serde_json::Value> {
     Ok(schema)
 }
 
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     crate::set_threads(args.threads);
     let chat_template_kwargs = match &args.chat_template_kwargs {
         Some(text) => {
@@ -221,16 +222,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("--guided-json can't be enforced: {e}"))?;
     }
     // After every check that can refuse to start, so a refusal is the only line.
-    eprintln!("{summary}");
+    announce(log_format, &summary);
     if ctx_size > kv_tokens {
-        eprintln!("warning: --ctx-size {ctx_size} is more than the KV cache holds ({kv_tokens}); raise --kv-cache-memory");
+        tracing::warn!("--ctx-size {ctx_size} is more than the KV cache holds ({kv_tokens}); raise --kv-cache-memory");
     }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-        eprintln!("listening on http://{}", listener.local_addr()?);
+        announce(log_format, &format!("listening on http://{}", listener.local_addr()?));
         spindle_server::serve(listener, state, async {
             let _ = tokio::signal::ctrl_c().await;
         })

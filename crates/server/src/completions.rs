@@ -69,6 +69,7 @@ pub async fn completions(
         max_tokens: Some(request.max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS)),
         logprobs: request.logprobs.map(|n| n as usize),
         prompt_field: "prompt",
+        endpoint: "/v1/completions",
     };
     let head = ResponseHead::new(&state, "cmpl");
     let Started { generation, .. } = start(&state, &generation_request, &head.id, Admission::Live)?;

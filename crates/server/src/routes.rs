@@ -93,8 +93,18 @@ async fn count_requests(
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = request.method().clone();
     let response = next.run(request).await;
-    state.metrics.count_request(&endpoint, response.status().as_u16());
+    let status = response.status();
+    state.metrics.count_request(&endpoint, status.as_u16());
+    // A generation that runs logs its own line when it ends (`request done`, with its tokens
+    // and speeds); a refused request gets its line here, and the small endpoints (health
+    // checks, metrics scrapes) only at debug level, so polling does not flood the log.
+    if status.is_client_error() || status.is_server_error() {
+        tracing::info!(%method, endpoint, status = status.as_u16(), "request refused");
+    } else {
+        tracing::debug!(%method, endpoint, status = status.as_u16(), "request answered");
+    }
     response
 }
 

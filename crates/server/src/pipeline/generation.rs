@@ -41,6 +41,8 @@ pub struct Generation {
     last_token: Option<Instant>,
     /// The response id, for the log line.
     id: String,
+    /// The route the request came in by, for the log line.
+    endpoint: &'static str,
     /// Held until the response is dropped: frees the request's slot and cancel entry.
     _ticket: Ticket,
 }
@@ -51,6 +53,7 @@ impl Generation {
     pub fn start(
         state: &Arc<AppState>,
         id: &str,
+        endpoint: &'static str,
         request: SequenceRequest,
         admission: Admission,
     ) -> Result<Self, ApiError> {
@@ -68,6 +71,7 @@ impl Generation {
             progress: false,
             last_token: None,
             id: id.to_string(),
+            endpoint,
             _ticket: ticket,
         })
     }
@@ -153,14 +157,23 @@ impl Generation {
         if read > 0 && self.first_token.is_some() {
             self.state.metrics.prefill_tokens_per_second.observe(per_second(read, prefill_s));
         }
+        // Speeds rounded as numbers, not text: a JSON log keeps them numeric.
+        let rounded = |value: f64, places: i32| {
+            let scale = 10f64.powi(places);
+            (value * scale).round() / scale
+        };
         tracing::info!(
             id = %self.id,
+            model = %self.state.config.model_id,
+            endpoint = self.endpoint,
+            // A finished generation was answered 200 (a stream's status went out with its head).
+            status = 200,
             prompt = summary.prompt_tokens,
             cached = summary.cached_tokens,
             generated = summary.completion_tokens,
-            prefill_tok_s = format_args!("{:.1}", per_second(read, prefill_s)),
-            decode_tok_s = format_args!("{:.1}", per_second(summary.completion_tokens.saturating_sub(1), decode_s)),
-            total_s = format_args!("{:.2}", (now - self.started).as_secs_f64()),
+            prefill_tok_s = rounded(per_second(read, prefill_s), 1),
+            decode_tok_s = rounded(per_second(summary.completion_tokens.saturating_sub(1), decode_s), 1),
+            total_s = rounded((now - self.started).as_secs_f64(), 2),
             drafted = summary.drafted_tokens,
             accepted = summary.accepted_tokens,
             finish = ?summary.finish_reason,

@@ -50,7 +50,7 @@ pub(crate) fn start(
     let plan = plan::plan(state, request, constraint)?;
     let prompt_tokens = plan.prompt_ids.len();
     let tools = tool_calls.as_ref().map(|parsing| ToolCallStage::new(parsing, id));
-    let generation = Generation::start(state, id, plan, admission)?;
+    let generation = Generation::start(state, id, request.endpoint, plan, admission)?;
     Ok(Started { generation, tools, prompt_tokens })
 }
 

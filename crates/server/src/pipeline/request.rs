@@ -23,6 +23,8 @@ pub(crate) struct GenerationRequest {
     pub logprobs: Option<usize>,
     /// The wire field holding the prompt, which a prompt too long for the context names.
     pub prompt_field: &'static str,
+    /// The route the request came in by (a batch's: its line's `url`), named in its log line.
+    pub endpoint: &'static str,
 }
 
 #[derive(Debug)]

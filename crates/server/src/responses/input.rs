@@ -68,6 +68,7 @@ pub fn generation_request(
         max_tokens: request.max_output_tokens,
         logprobs: None,
         prompt_field: "input",
+        endpoint: "/v1/responses",
     };
     Ok((generation, names))
 }
