@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::Args;
 use spindle_chat::ToolCallFormat;
 use spindle_models::KvType;
+use spindle_runner::model_sampling::{SamplingPreset, ThinkingMode};
 use spindle_runner::{CacheConfig, DiskConfig, ModelBundle, SpeculationConfig, MAX_DRAFT};
 use spindle_server::{BatchConfig, ServerConfig};
 
@@ -100,6 +101,58 @@ pub struct ServeArgs {
     /// Most tokens drafted per speculative round.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=MAX_DRAFT as i64))]
     draft_max: u16,
+    #[command(flatten)]
+    sampling: SamplingFlags,
+}
+
+/// Defaults for requests that leave a sampling parameter out, over the model's own settings
+/// (`general.sampling.*` in a GGUF, `generation_config.json` beside safetensors) and Spindle's
+/// built-in ones (temperature 1, no filters, no penalty).
+#[derive(Args)]
+struct SamplingFlags {
+    /// Default temperature, 0 to 2 (0: greedy).
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Default top-k (0: no limit).
+    #[arg(long)]
+    top_k: Option<u32>,
+    /// Default nucleus mass, in (0, 1].
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Default min-p, 0 to 1.
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// Default repetition penalty (> 0; 1: none).
+    #[arg(long)]
+    repeat_penalty: Option<f32>,
+}
+
+impl SamplingFlags {
+    /// The flags as a preset, each checked against the range a request's field has.
+    fn preset(&self) -> anyhow::Result<SamplingPreset> {
+        let as_request = spindle_api::SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k.map(|k| k.min(i32::MAX as u32) as i32),
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            ..Default::default()
+        };
+        if let Err(e) = as_request.validate() {
+            let flag = e.param.as_deref().map_or("a sampling flag".into(), |p| match p {
+                "repetition_penalty" => "--repeat-penalty".to_string(),
+                other => format!("--{}", other.replace('_', "-")),
+            });
+            anyhow::bail!("{flag}: {}", e.message);
+        }
+        Ok(SamplingPreset {
+            temperature: self.temperature,
+            top_k: self.top_k.map(|k| k as usize),
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+        })
+    }
 }
 
 fn parse_tool_call_parser(name: &str) -> Result<ToolCallFormat, String> {
@@ -133,6 +186,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         None => serde_json::Map::new(),
     };
     let guided_json = args.guided_json.as_deref().map(guided_json).transpose()?;
+    let sampling = args.sampling.preset()?;
     if let Some(dir) = &args.prefix_cache_dir {
         // Fail at once on a folder that cannot be used, not later in the engine thread's log.
         std::fs::create_dir_all(dir)
@@ -212,6 +266,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             max_draft: args.draft_max.into(),
             script: None,
         },
+        sampling,
     };
     let state = spindle_server::start(config, bundle)?;
     if let Some(schema) = &state.config.guided_json {
@@ -223,6 +278,9 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     }
     // After every check that can refuse to start, so a refusal is the only line.
     announce(log_format, &summary);
+    for line in sampling_summary(&state) {
+        announce(log_format, &line);
+    }
     if ctx_size > kv_tokens {
         tracing::warn!("--ctx-size {ctx_size} is more than the KV cache holds ({kv_tokens}); raise --kv-cache-memory");
     }
@@ -238,6 +296,19 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         .await?;
         Ok(())
     })
+}
+
+/// `sampling defaults: temperature 0.7 (generation_config.json), …`, and the thinking preset's
+/// in a line of its own where it differs.
+fn sampling_summary(state: &spindle_server::AppState) -> Vec<String> {
+    let source = state.model.sampling.source.unwrap_or("model");
+    let plain = state.sampling_defaults(ThinkingMode::NonThinking);
+    let thinking = state.sampling_defaults(ThinkingMode::Thinking);
+    let mut lines = vec![format!("sampling defaults: {}", plain.summary(source))];
+    if thinking != plain {
+        lines.push(format!("sampling defaults when thinking: {}", thinking.summary(source)));
+    }
+    lines
 }
 
 /// The name clients use: the catalogue name, or a path's file or folder name, or a hub id's

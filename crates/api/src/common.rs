@@ -109,6 +109,10 @@ pub struct ModelCard {
     /// Unix seconds.
     pub created: u64,
     pub owned_by: String,
+    /// Spindle's extension: per thinking mode, the value a request that leaves a sampling
+    /// parameter out gets and its source (`flag`, `model` or `built_in`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling_defaults: Option<serde_json::Value>,
 }
 
 /// Reads `null` as the field's default. The OpenAI spec marks almost every request field

@@ -21,6 +21,7 @@ mod pipeline;
 mod response_store;
 mod responses;
 mod routes;
+pub mod sampling_defaults;
 mod sse;
 mod state;
 
@@ -46,6 +47,7 @@ pub fn start(config: ServerConfig, bundle: ModelBundle) -> Result<Arc<AppState>,
         template: bundle.template.clone(),
         max_positions: bundle.model.config().max_position_embeddings,
         kv_tokens: config.cache.kv_tokens(&bundle),
+        sampling: bundle.sampling.clone(),
     };
     // Checked before the engine starts: a model the server cannot serve loads no KV pool.
     let profile = ModelProfile::new(&model.template, &model.tokenizer, config.tool_call_parser)?;

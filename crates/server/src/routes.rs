@@ -27,6 +27,7 @@ use crate::messages::{count_tokens, error_for_path, messages};
 use crate::pipeline::render::render_prompt;
 use crate::pipeline::request::check_model;
 use crate::responses::{create_response, delete_response, retrieve_response};
+use crate::sampling_defaults;
 use crate::state::AppState;
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -137,6 +138,10 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
             id: state.config.model_id.clone(),
             created: state.started,
             owned_by: "spindle".into(),
+            sampling_defaults: Some(sampling_defaults::card(
+                &state.config.sampling,
+                &state.model.sampling,
+            )),
         }],
     })
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::{Map, Value};
 use spindle_chat::{ChatTemplate, ModelProfile, Tokenizer, ToolCallFormat};
 use spindle_constrain::Grammars;
+use spindle_runner::model_sampling::{ModelSampling, SamplingPreset, ThinkingMode};
 use spindle_runner::{CacheConfig, SpeculationConfig};
 
 use crate::admission::Admissions;
@@ -15,6 +16,7 @@ use crate::clock::unix_now;
 use crate::engine::GenerationEngine;
 use crate::metrics::Metrics;
 use crate::response_store::ResponseStore;
+use crate::sampling_defaults::SamplingDefaults;
 
 /// How the server was started.
 #[derive(Clone, Debug)]
@@ -53,6 +55,9 @@ pub struct ServerConfig {
     /// `--no-speculate` and `--draft-max`: whether requests decode speculatively unless they
     /// say, and how far.
     pub speculation: SpeculationConfig,
+    /// `--temperature`, `--top-k`, `--top-p`, `--min-p`, `--repeat-penalty`: the defaults of a
+    /// request that leaves them out, over the model's own.
+    pub sampling: SamplingPreset,
 }
 
 /// What the handlers know of the served model: its text side and its limits. The weights stay
@@ -64,6 +69,8 @@ pub struct ServedModel {
     pub max_positions: usize,
     /// Positions the KV pool holds over all sequences: no longer prompt can ever run.
     pub kv_tokens: usize,
+    /// The sampling settings the model's files publish.
+    pub sampling: ModelSampling,
 }
 
 pub struct AppState {
@@ -106,6 +113,11 @@ impl AppState {
             admissions,
             grammars: OnceLock::new(),
         }
+    }
+
+    /// What a request answered in `mode` gets for each sampling parameter it leaves out.
+    pub fn sampling_defaults(&self, mode: ThinkingMode) -> SamplingDefaults {
+        SamplingDefaults::resolve(&self.config.sampling, &self.model.sampling, mode)
     }
 
     /// The grammar compiler for the model's vocabulary.

@@ -385,6 +385,7 @@ fn model_list_tokenize_and_detokenize() {
             id: "smollm2".into(),
             created: 1700000000,
             owned_by: "spindle".into(),
+            sampling_defaults: None,
         }],
     };
     assert_eq!(

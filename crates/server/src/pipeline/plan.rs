@@ -4,12 +4,14 @@
 
 use spindle_api::{ApiError, SamplingParams};
 use spindle_constrain::Constraint;
+use spindle_runner::model_sampling::ThinkingMode;
 use spindle_runner::sampler::SamplingParams as RunnerSampling;
 use spindle_runner::{ReasoningBudget, ReasoningMode, RunnerError, SequenceRequest};
 
 use crate::error::{failure, prompt_too_long};
 use crate::pipeline::render::render_prompt;
 use crate::pipeline::request::{Conversation, GenerationRequest, Prompt};
+use crate::sampling_defaults::SamplingDefaults;
 use crate::state::AppState;
 
 /// Renders and tokenizes the prompt and decides everything the engine needs; a prompt too long
@@ -22,7 +24,9 @@ pub(crate) fn plan(
     let conversation = match &request.prompt {
         Prompt::Tokens(ids) => {
             let max_tokens = fit_max_tokens(state, ids.len(), request)?;
-            return Ok(sequence_request(state, ids.clone(), max_tokens, request));
+            // A raw prompt has no reasoning block the server opens.
+            let mode = ThinkingMode::NonThinking;
+            return Ok(sequence_request(state, ids.clone(), max_tokens, request, mode));
         }
         Prompt::Chat(conversation) => conversation,
     };
@@ -35,6 +39,10 @@ pub(crate) fn plan(
     let max_tokens = fit_max_tokens(state, prompt_ids.len(), request)?;
 
     let reasoning = rendered.reasoning;
+    let mode = match reasoning {
+        ReasoningMode::Tagged { .. } => ThinkingMode::Thinking,
+        ReasoningMode::Off => ThinkingMode::NonThinking,
+    };
     let reasoning_budget = match (&reasoning, &state.profile.reasoning) {
         (ReasoningMode::Tagged { .. }, Some(tags)) => Some(ReasoningBudget {
             max_tokens: conversation
@@ -53,7 +61,7 @@ pub(crate) fn plan(
         reasoning,
         reasoning_budget,
         constraint,
-        ..sequence_request(state, prompt_ids, max_tokens, request)
+        ..sequence_request(state, prompt_ids, max_tokens, request, mode)
     })
 }
 
@@ -81,15 +89,18 @@ fn fit_max_tokens(
     Ok(request.max_tokens.map_or(room, |n| (n as usize).min(room)))
 }
 
-/// The engine request for `prompt_ids`: the request's sampling and stop strings, logprobs when
-/// asked for, ending at the model's end-of-text tokens or the served context.
+/// The engine request for `prompt_ids`: the request's sampling (the defaults of an answer in
+/// `mode` where it is silent) and stop strings, logprobs when asked for, ending at the model's
+/// end-of-text tokens or the served context.
 fn sequence_request(
     state: &AppState,
     prompt_ids: Vec<u32>,
     max_tokens: usize,
     request: &GenerationRequest,
+    mode: ThinkingMode,
 ) -> SequenceRequest {
     let sampling = &request.sampling;
+    let defaults = state.sampling_defaults(mode);
     SequenceRequest {
         stop_ids: state.model.tokenizer.eos_token_ids().to_vec(),
         stop_strings: sampling.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
@@ -97,24 +108,28 @@ fn sequence_request(
         ..SequenceRequest::plain(
             prompt_ids,
             max_tokens,
-            RunnerSampling { top_logprobs: request.logprobs, ..runner_sampling(sampling) },
+            RunnerSampling {
+                top_logprobs: request.logprobs,
+                ..runner_sampling(sampling, &defaults)
+            },
             state.config.ctx_size,
         )
     }
 }
 
-/// OpenAI's defaults where the request is silent: temperature 1, no filters, no penalties.
-fn runner_sampling(p: &SamplingParams) -> RunnerSampling {
-    let defaults = RunnerSampling::default();
+/// The request's sampling, and `defaults` (flag, model or built-in) where it is silent; the
+/// penalties a model's files cannot set default to none.
+fn runner_sampling(p: &SamplingParams, defaults: &SamplingDefaults) -> RunnerSampling {
+    let built_in = RunnerSampling::default();
     RunnerSampling {
-        temperature: p.temperature.unwrap_or(defaults.temperature),
-        // vLLM's -1 and OpenAI's absent both mean no limit.
-        top_k: p.top_k.map_or(0, |k| k.max(0) as usize),
-        top_p: p.top_p.unwrap_or(defaults.top_p),
-        min_p: p.min_p.unwrap_or(defaults.min_p),
-        repetition_penalty: p.repetition_penalty.unwrap_or(defaults.repetition_penalty),
-        presence_penalty: p.presence_penalty.unwrap_or(defaults.presence_penalty),
-        frequency_penalty: p.frequency_penalty.unwrap_or(defaults.frequency_penalty),
+        temperature: p.temperature.unwrap_or(defaults.temperature.value),
+        // vLLM's -1 (and 0) mean no limit.
+        top_k: p.top_k.map_or(defaults.top_k.value, |k| k.max(0) as usize),
+        top_p: p.top_p.unwrap_or(defaults.top_p.value),
+        min_p: p.min_p.unwrap_or(defaults.min_p.value),
+        repetition_penalty: p.repetition_penalty.unwrap_or(defaults.repetition_penalty.value),
+        presence_penalty: p.presence_penalty.unwrap_or(built_in.presence_penalty),
+        frequency_penalty: p.frequency_penalty.unwrap_or(built_in.frequency_penalty),
         // The wire type is signed; its bits seed the RNG, so every value is usable.
         seed: p.seed.map(|s| s as u64),
         top_logprobs: None,

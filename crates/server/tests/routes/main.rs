@@ -8,4 +8,5 @@ mod endpoints;
 mod errors;
 mod messages;
 mod responses;
+mod sampling;
 mod streams;
