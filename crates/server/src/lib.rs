@@ -17,6 +17,7 @@ mod error;
 mod files;
 mod messages;
 mod metrics;
+pub mod model_registry;
 mod pipeline;
 mod response_store;
 mod responses;
