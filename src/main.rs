@@ -13,6 +13,7 @@ mod logging;
 mod memory;
 mod random_hybrid;
 mod serve;
+mod served_models;
 
 use std::process::ExitCode;
 

@@ -113,6 +113,10 @@ pub struct ModelCard {
     /// parameter out gets and its source (`flag`, `model` or `built_in`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling_defaults: Option<serde_json::Value>,
+    /// Spindle's extension: `loaded`, `loading` or `not-loaded` (a model loads when a request
+    /// names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
 }
 
 /// Reads `null` as the field's default. The OpenAI spec marks almost every request field

@@ -20,7 +20,7 @@ use crate::error::{failure, parse_json, HttpError};
 use crate::pipeline::generation::{Collected, Output};
 use crate::pipeline::request::{self, GenerationRequest};
 use crate::pipeline::respond::{respond, Delivery, Protocol};
-use crate::pipeline::{start, Started};
+use crate::pipeline::{start_on, Started};
 use crate::sse::{done_event, failure_events, json_event, keep_alive_comment};
 use crate::state::AppState;
 
@@ -37,7 +37,8 @@ pub async fn completions(
         )
         .into());
     }
-    let tokenizer = &state.model.tokenizer;
+    let model = state.model(request.model.as_deref()).await?;
+    let tokenizer = &model.model.tokenizer;
     let prompt_ids = match &request.prompt {
         Prompt::TokenIds(ids) => ids.clone(),
         prompt => {
@@ -71,8 +72,10 @@ pub async fn completions(
         prompt_field: "prompt",
         endpoint: "/v1/completions",
     };
-    let head = ResponseHead::new(&state, "cmpl");
-    let Started { generation, .. } = start(&state, &generation_request, &head.id, Admission::Live)?;
+    generation_request.validate()?;
+    let head = ResponseHead::new(ResponseHead::fresh_id("cmpl"), &model.id);
+    let Started { generation, .. } =
+        start_on(&state, model, &generation_request, &head.id, Admission::Live)?;
     let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let answer = CompletionAnswer { head, echo, include_usage };
     Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)

@@ -83,6 +83,17 @@ pub enum LoadState {
     Loaded,
 }
 
+impl LoadState {
+    /// As `/v1/models` writes it (LM Studio's words).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Unloaded => "not-loaded",
+            Self::Loading => "loading",
+            Self::Loaded => "loaded",
+        }
+    }
+}
+
 enum Slot<T> {
     Unloaded,
     Loading,
@@ -167,6 +178,14 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
             slots: Mutex::new(slots),
             load_ended: Notify::new(),
         })
+    }
+
+    /// Marks entry `index` loaded with `value`, never to be unloaded for idleness (a model
+    /// loaded before the server starts).
+    pub fn preload(&self, index: usize, value: T) {
+        let loaded =
+            Loaded { value: Arc::new(value), in_flight: 0, last_used: self.clock.now(), ttl: None };
+        self.slots()[index] = Slot::Loaded(loaded);
     }
 
     /// The served models in order, each with its state.

@@ -16,6 +16,7 @@ use spindle_api::{
     ApiError, DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest,
     TokenizeResponse,
 };
+use spindle_runner::EngineLoad;
 use tower_http::cors::CorsLayer;
 
 use crate::batches;
@@ -25,7 +26,6 @@ use crate::error::{failure, parse_json, HttpError};
 use crate::files;
 use crate::messages::{count_tokens, error_for_path, messages};
 use crate::pipeline::render::render_prompt;
-use crate::pipeline::request::check_model;
 use crate::responses::{create_response, delete_response, retrieve_response};
 use crate::sampling_defaults;
 use crate::state::AppState;
@@ -114,10 +114,11 @@ async fn not_found(request: Request) -> Response {
     error_for_path(path, ApiError::not_found(format!("no route for {} {path}", request.method())))
 }
 
-/// 200 while the engine runs; 503 once a fault has stopped it (the process is on its way out).
+/// 200 while every loaded model's engine runs; 503 once a fault has stopped one (the process is
+/// on its way out).
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let model = &state.config.model_id;
-    match state.engine.health().borrow().as_deref() {
+    match engine_fault(&state) {
         None => Json(json!({"status": "ok", "model": model})).into_response(),
         Some(_) => {
             let body =
@@ -127,23 +128,36 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
+/// Why a loaded model's engine stopped, if one has.
+pub(crate) fn engine_fault(state: &AppState) -> Option<String> {
+    let loaded = state.models.loaded();
+    loaded.iter().find_map(|(_, model)| model.engine.health().borrow().clone())
+}
+
+/// The engine figures are the first loaded model's (those of an idle server when none is).
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let text = state.metrics.render(state.engine.load());
+    let loaded = state.models.loaded();
+    let idle = EngineLoad::default();
+    let load = loaded.first().map_or(&idle, |(_, model)| model.engine.load());
+    let text = state.metrics.render(load);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
+/// Every served model, whether it is loaded, and the sampling defaults of those that are.
 async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
-    Json(ModelList {
-        data: vec![ModelCard {
-            id: state.config.model_id.clone(),
+    let loaded = state.models.loaded();
+    let data = state.models.list().into_iter().map(|(entry, load_state)| {
+        let model = loaded.iter().find(|(name, _)| *name == entry.name).map(|(_, m)| m);
+        ModelCard {
             created: state.started,
             owned_by: "spindle".into(),
-            sampling_defaults: Some(sampling_defaults::card(
-                &state.config.sampling,
-                &state.model.sampling,
-            )),
-        }],
-    })
+            sampling_defaults: model
+                .map(|m| sampling_defaults::card(&state.config.sampling, &m.model.sampling)),
+            status: Some(load_state.name().into()),
+            id: entry.name,
+        }
+    });
+    Json(ModelList { data: data.collect() })
 }
 
 async fn tokenize(
@@ -152,10 +166,10 @@ async fn tokenize(
 ) -> Result<Json<TokenizeResponse>, HttpError> {
     let request: TokenizeRequest = parse_json(&body?)?;
     request.validate()?;
-    check_model(&state, request.model.as_deref())?;
-    let tokenizer = &state.model.tokenizer;
+    let model = state.model(request.model.as_deref()).await?;
+    let tokenizer = &model.model.tokenizer;
     let tokens = if let Some(messages) = &request.messages {
-        let prompt = render_prompt(&state, messages, &[], &Default::default())?.text;
+        let prompt = render_prompt(&state, &model, messages, &[], &Default::default())?.text;
         // The template already wrote the special tokens it wants.
         tokenizer.encode(&prompt, request.add_special_tokens.unwrap_or(false))
     } else {
@@ -165,7 +179,7 @@ async fn tokenize(
         )
     }
     .map_err(failure)?;
-    Ok(Json(TokenizeResponse { count: tokens.len(), tokens, max_model_len: state.config.ctx_size }))
+    Ok(Json(TokenizeResponse { count: tokens.len(), tokens, max_model_len: model.ctx_size }))
 }
 
 async fn detokenize(
@@ -173,8 +187,8 @@ async fn detokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<DetokenizeResponse>, HttpError> {
     let request: DetokenizeRequest = parse_json(&body?)?;
-    check_model(&state, request.model.as_deref())?;
-    let tokenizer = &state.model.tokenizer;
+    let model = state.model(request.model.as_deref()).await?;
+    let tokenizer = &model.model.tokenizer;
     if let Some(bad) = request.tokens.iter().find(|&&id| id as usize >= tokenizer.vocab_size()) {
         return Err(ApiError::bad_request(
             format!("token id {bad} is outside the vocabulary"),

@@ -1,22 +1,22 @@
-//! What every handler shares: the configuration, the engine handle, the served model's tokenizer,
-//! template and limits and its chat profile, the metrics, and the in-flight requests that can be
-//! cancelled.
+//! What every handler shares: the configuration, the served models (each loaded one with its
+//! engine, tokenizer, template, limits and chat profile), the metrics, and the in-flight
+//! requests that can be cancelled.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
-use spindle_chat::{ChatTemplate, ModelProfile, Tokenizer, ToolCallFormat};
-use spindle_constrain::Grammars;
-use spindle_runner::model_sampling::{ModelSampling, SamplingPreset, ThinkingMode};
+use spindle_api::ApiError;
+use spindle_chat::{ChatTemplate, Tokenizer, ToolCallFormat};
+use spindle_runner::model_sampling::{ModelSampling, SamplingPreset};
 use spindle_runner::{CacheConfig, SpeculationConfig};
 
 use crate::admission::Admissions;
 use crate::batch_store::{BatchConfig, BatchStore};
 use crate::clock::unix_now;
-use crate::engine::GenerationEngine;
+use crate::loaded_model::{LoadedModel, ModelLease};
 use crate::metrics::Metrics;
+use crate::model_registry::{ModelRegistry, RegistryError};
 use crate::response_store::ResponseStore;
-use crate::sampling_defaults::SamplingDefaults;
 
 /// How the server was started.
 #[derive(Clone, Debug)]
@@ -75,10 +75,8 @@ pub struct ServedModel {
 
 pub struct AppState {
     pub config: ServerConfig,
-    pub model: ServedModel,
-    /// Read off the template and tokenizer at start, so no request searches or probes them.
-    pub profile: ModelProfile,
-    pub engine: Arc<dyn GenerationEngine>,
+    /// The served models and which of them are loaded.
+    pub models: Arc<ModelRegistry<LoadedModel>>,
     pub metrics: Metrics,
     /// Finished Responses API responses kept for `GET` and `previous_response_id`.
     pub responses: ResponseStore,
@@ -88,43 +86,38 @@ pub struct AppState {
     pub started: u64,
     /// The requests in flight, each cancellable by id.
     pub admissions: Arc<Admissions>,
-    /// Built on the first constrained request: a large vocabulary takes a moment.
-    grammars: OnceLock<Result<Grammars, String>>,
 }
 
 impl AppState {
-    pub fn new(
-        config: ServerConfig,
-        model: ServedModel,
-        profile: ModelProfile,
-        engine: Arc<dyn GenerationEngine>,
-    ) -> Self {
+    pub fn new(config: ServerConfig, models: Arc<ModelRegistry<LoadedModel>>) -> Self {
         let batches = BatchStore::open(&config.batch.dir);
         let admissions = Arc::new(Admissions::new(config.max_concurrent + config.max_queue));
         Self {
             config,
-            model,
-            profile,
-            engine,
+            models,
             metrics: Metrics::default(),
             responses: ResponseStore::default(),
             batches,
             started: unix_now(),
             admissions,
-            grammars: OnceLock::new(),
         }
     }
 
-    /// What a request answered in `mode` gets for each sampling parameter it leaves out.
-    pub fn sampling_defaults(&self, mode: ThinkingMode) -> SamplingDefaults {
-        SamplingDefaults::resolve(&self.config.sampling, &self.model.sampling, mode)
+    /// The served model `requested` names (absent or empty: the first), loading it first when
+    /// it is not loaded: 404 `model_not_found` for a model not served, 503 when memory for it
+    /// cannot be freed now, 500 when its load fails.
+    pub async fn model(&self, requested: Option<&str>) -> Result<ModelLease, ApiError> {
+        self.models.acquire(requested, None).await.map_err(registry_error)
     }
+}
 
-    /// The grammar compiler for the model's vocabulary.
-    pub fn grammars(&self) -> Result<&Grammars, String> {
-        let grammars = self
-            .grammars
-            .get_or_init(|| Grammars::new(&self.model.tokenizer).map_err(|e| e.to_string()));
-        grammars.as_ref().map_err(Clone::clone)
+fn registry_error(error: RegistryError) -> ApiError {
+    match &error {
+        RegistryError::NotFound { .. } => ApiError {
+            code: Some("model_not_found".into()),
+            ..ApiError::not_found(error.to_string())
+        },
+        RegistryError::NoRoom { .. } => ApiError::unavailable(error.to_string()),
+        RegistryError::LoadFailed { .. } => ApiError::internal(error.to_string()),
     }
 }

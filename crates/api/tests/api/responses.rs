@@ -386,6 +386,7 @@ fn model_list_tokenize_and_detokenize() {
             created: 1700000000,
             owned_by: "spindle".into(),
             sampling_defaults: None,
+            status: None,
         }],
     };
     assert_eq!(

@@ -14,6 +14,7 @@ use spindle_runner::{
 
 use crate::admission::{Admission, Ticket};
 use crate::error::{internal_error, runner_failure};
+use crate::loaded_model::ModelLease;
 use crate::state::AppState;
 
 /// What a response is built from, in order: prompt progress (when asked for), text pieces,
@@ -30,6 +31,8 @@ const PROGRESS_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_sec
 
 pub struct Generation {
     state: Arc<AppState>,
+    /// The model it runs on, kept loaded until the response is dropped.
+    model: ModelLease,
     /// Read only as fast as the response is sent: a slow client holds its sequence back.
     events: SequenceEvents,
     logprobs: bool,
@@ -52,6 +55,7 @@ impl Generation {
     /// the engine.
     pub fn start(
         state: &Arc<AppState>,
+        model: ModelLease,
         id: &str,
         endpoint: &'static str,
         request: SequenceRequest,
@@ -60,9 +64,10 @@ impl Generation {
         let (caller, events) = sequence_channel();
         let ticket = state.admissions.admit(id, events.canceller(), admission)?;
         let logprobs = request.sampling.top_logprobs.is_some();
-        state.engine.submit(request, caller).map_err(|e| runner_failure(id, e.into()))?;
+        model.engine.submit(request, caller).map_err(|e| runner_failure(id, e.into()))?;
         Ok(Self {
             state: state.clone(),
+            model,
             events,
             logprobs,
             started: Instant::now(),
@@ -74,6 +79,11 @@ impl Generation {
             endpoint,
             _ticket: ticket,
         })
+    }
+
+    /// The name of the model that answers.
+    pub fn model_name(&self) -> &str {
+        &self.model.id
     }
 
     /// Also report how far the prompt has been read, as [`Output::Progress`].
@@ -111,7 +121,7 @@ impl Generation {
                         }
                     }
                     let logprob =
-                        self.logprobs.then(|| token_logprob(&self.state.model.tokenizer, &token));
+                        self.logprobs.then(|| token_logprob(&self.model.model.tokenizer, &token));
                     Output::Text { delta: text, logprob }
                 }
                 SequenceEvent::Finished(summary) => {
@@ -164,7 +174,7 @@ impl Generation {
         };
         tracing::info!(
             id = %self.id,
-            model = %self.state.config.model_id,
+            model = %self.model.id,
             endpoint = self.endpoint,
             // A finished generation was answered 200 (a stream's status went out with its head).
             status = 200,

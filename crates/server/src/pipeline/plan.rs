@@ -9,6 +9,7 @@ use spindle_runner::sampler::SamplingParams as RunnerSampling;
 use spindle_runner::{ReasoningBudget, ReasoningMode, RunnerError, SequenceRequest};
 
 use crate::error::{failure, prompt_too_long};
+use crate::loaded_model::LoadedModel;
 use crate::pipeline::render::render_prompt;
 use crate::pipeline::request::{Conversation, GenerationRequest, Prompt};
 use crate::sampling_defaults::SamplingDefaults;
@@ -18,32 +19,33 @@ use crate::state::AppState;
 /// for the context is refused naming the request's prompt field.
 pub(crate) fn plan(
     state: &AppState,
+    model: &LoadedModel,
     request: &GenerationRequest,
     constraint: Option<Constraint>,
 ) -> Result<SequenceRequest, ApiError> {
     let conversation = match &request.prompt {
         Prompt::Tokens(ids) => {
-            let max_tokens = fit_max_tokens(state, ids.len(), request)?;
+            let max_tokens = fit_max_tokens(model, ids.len(), request)?;
             // A raw prompt has no reasoning block the server opens.
             let mode = ThinkingMode::NonThinking;
-            return Ok(sequence_request(state, ids.clone(), max_tokens, request, mode));
+            return Ok(sequence_request(state, model, ids.clone(), max_tokens, request, mode));
         }
         Prompt::Chat(conversation) => conversation,
     };
     let Conversation { messages, tools, template_kwargs, .. } = conversation.as_ref();
-    let rendered = render_prompt(state, messages, tools, template_kwargs)?;
+    let rendered = render_prompt(state, model, messages, tools, template_kwargs)?;
     // The template writes BOS itself where the model wants one.
     let (prompt_ids, spans) =
-        state.model.tokenizer.encode_with_spans(&rendered.text).map_err(failure)?;
+        model.model.tokenizer.encode_with_spans(&rendered.text).map_err(failure)?;
     let snapshot_positions = token_positions(&rendered.message_ends, &spans);
-    let max_tokens = fit_max_tokens(state, prompt_ids.len(), request)?;
+    let max_tokens = fit_max_tokens(model, prompt_ids.len(), request)?;
 
     let reasoning = rendered.reasoning;
     let mode = match reasoning {
         ReasoningMode::Tagged { .. } => ThinkingMode::Thinking,
         ReasoningMode::Off => ThinkingMode::NonThinking,
     };
-    let reasoning_budget = match (&reasoning, &state.profile.reasoning) {
+    let reasoning_budget = match (&reasoning, &model.profile.reasoning) {
         (ReasoningMode::Tagged { .. }, Some(tags)) => Some(ReasoningBudget {
             max_tokens: conversation
                 .thinking_budget
@@ -61,7 +63,7 @@ pub(crate) fn plan(
         reasoning,
         reasoning_budget,
         constraint,
-        ..sequence_request(state, prompt_ids, max_tokens, request, mode)
+        ..sequence_request(state, model, prompt_ids, max_tokens, request, mode)
     })
 }
 
@@ -69,18 +71,18 @@ pub(crate) fn plan(
 /// context; a prompt that leaves no room is a 400 `context_length_exceeded` naming the request
 /// field that holds the prompt.
 fn fit_max_tokens(
-    state: &AppState,
+    model: &LoadedModel,
     prompt_tokens: usize,
     request: &GenerationRequest,
 ) -> Result<usize, ApiError> {
-    let context = state.config.ctx_size.min(state.model.max_positions);
+    let context = model.ctx_size.min(model.model.max_positions);
     if prompt_tokens >= context {
         let error = RunnerError::PromptExceedsContext { prompt: prompt_tokens, context };
         return Err(prompt_too_long(&error, request.prompt_field));
     }
     // Generated tokens take blocks as they come (a full pool preempts the newest sequence), but
     // a prompt must fit the whole pool on its own.
-    let kv_tokens = state.model.kv_tokens;
+    let kv_tokens = model.model.kv_tokens;
     if prompt_tokens >= kv_tokens {
         let error = RunnerError::PromptExceedsKvPool { prompt: prompt_tokens, kv_tokens };
         return Err(prompt_too_long(&error, request.prompt_field));
@@ -94,15 +96,16 @@ fn fit_max_tokens(
 /// end-of-text tokens or the served context.
 fn sequence_request(
     state: &AppState,
+    model: &LoadedModel,
     prompt_ids: Vec<u32>,
     max_tokens: usize,
     request: &GenerationRequest,
     mode: ThinkingMode,
 ) -> SequenceRequest {
     let sampling = &request.sampling;
-    let defaults = state.sampling_defaults(mode);
+    let defaults = model.sampling_defaults(&state.config.sampling, mode);
     SequenceRequest {
-        stop_ids: state.model.tokenizer.eos_token_ids().to_vec(),
+        stop_ids: model.model.tokenizer.eos_token_ids().to_vec(),
         stop_strings: sampling.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
         speculative: sampling.speculative,
         ..SequenceRequest::plain(
@@ -112,7 +115,7 @@ fn sequence_request(
                 top_logprobs: request.logprobs,
                 ..runner_sampling(sampling, &defaults)
             },
-            state.config.ctx_size,
+            model.ctx_size,
         )
     }
 }

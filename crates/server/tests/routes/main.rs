@@ -7,6 +7,7 @@ mod common;
 mod endpoints;
 mod errors;
 mod messages;
+mod models;
 mod responses;
 mod sampling;
 mod streams;
