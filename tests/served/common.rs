@@ -43,14 +43,20 @@ impl LoggedServer {
 
     /// `spindle serve --model MODEL …extra`, with a small KV pool and its own batch folder.
     pub fn serving(model: &Path, extra: &[&str]) -> Self {
+        let mut args = vec!["--model", model.to_str().unwrap()];
+        args.extend(extra);
+        Self::with_args(&args)
+    }
+
+    /// `spindle serve …args`, with a small KV pool and its own batch folder.
+    pub fn with_args(args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("server.log");
         let mut child = Command::new(env!("CARGO_BIN_EXE_spindle"))
-            .args(["serve", "--model"])
-            .arg(model)
+            .arg("serve")
+            .args(args)
             .args(["--port", "0", "--kv-cache-memory", "64MiB", "--batch-dir"])
             .arg(dir.path().join("batches"))
-            .args(extra)
             .env("RUST_LOG", "info")
             .env_remove("NO_COLOR")
             .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
@@ -64,6 +70,16 @@ impl LoggedServer {
     /// Sends one request and returns the response's status line and body.
     pub fn post(&self, path: &str, body: &str) -> String {
         self.send("POST", path, body)
+    }
+
+    /// The JSON body of a POST that must answer 200.
+    pub fn post_ok(&self, path: &str, body: &str) -> serde_json::Value {
+        json_of(&self.post(path, body))
+    }
+
+    /// The JSON body of a GET that must answer 200.
+    pub fn get_json(&self, path: &str) -> serde_json::Value {
+        json_of(&self.get(path))
     }
 
     /// Sends a GET and returns the response's status line, headers and body.
@@ -113,4 +129,11 @@ fn wait_for_address(child: &mut Child, log: &Path) -> String {
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+/// The JSON body of a 200 response.
+fn json_of(response: &str) -> serde_json::Value {
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}"))
 }
