@@ -159,7 +159,7 @@ async fn run_line(
         if let Err(error) = request.validate() {
             return refused(&error);
         }
-        let model = match state.model(request.model.as_deref()).await {
+        let model = match state.model(request.model.as_deref(), request.ttl).await {
             Ok(model) => model,
             Err(error) => return refused(&error),
         };

@@ -37,7 +37,7 @@ pub async fn completions(
         )
         .into());
     }
-    let model = state.model(request.model.as_deref()).await?;
+    let model = state.model(request.model.as_deref(), request.ttl).await?;
     let tokenizer = &model.model.tokenizer;
     let prompt_ids = match &request.prompt {
         Prompt::TokenIds(ids) => ids.clone(),
@@ -71,6 +71,7 @@ pub async fn completions(
         logprobs: request.logprobs.map(|n| n as usize),
         prompt_field: "prompt",
         endpoint: "/v1/completions",
+        ttl: request.ttl,
     };
     generation_request.validate()?;
     let head = ResponseHead::new(ResponseHead::fresh_id("cmpl"), &model.id);

@@ -107,6 +107,8 @@ struct Loaded<T> {
     last_used: Duration,
     /// Unloaded once idle this long (`None`: never).
     ttl: Option<Duration>,
+    /// Loaded before the server started: never unloaded, whatever a request's `ttl` says.
+    pinned: bool,
 }
 
 /// The served models and the loaded ones.
@@ -183,8 +185,14 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
     /// Marks entry `index` loaded with `value`, never to be unloaded for idleness (a model
     /// loaded before the server starts).
     pub fn preload(&self, index: usize, value: T) {
-        let loaded =
-            Loaded { value: Arc::new(value), in_flight: 0, last_used: self.clock.now(), ttl: None };
+        let now = self.clock.now();
+        let loaded = Loaded {
+            value: Arc::new(value),
+            in_flight: 0,
+            last_used: now,
+            ttl: None,
+            pinned: true,
+        };
         self.slots()[index] = Slot::Loaded(loaded);
     }
 
@@ -226,7 +234,7 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
                     Slot::Loaded(loaded) => {
                         loaded.in_flight += 1;
                         loaded.last_used = self.clock.now();
-                        if let Some(ttl) = ttl {
+                        if let Some(ttl) = ttl.filter(|_| !loaded.pinned) {
                             loaded.ttl = ttl;
                         }
                         return Ok(self.lease(index, loaded.value.clone()));
@@ -344,7 +352,13 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
             Ok(value) => {
                 let now = self.clock.now();
                 let value = Arc::new(value);
-                let loaded = Loaded { value: value.clone(), in_flight: 1, last_used: now, ttl };
+                let loaded = Loaded {
+                    value: value.clone(),
+                    in_flight: 1,
+                    last_used: now,
+                    ttl,
+                    pinned: false,
+                };
                 self.slots()[index] = Slot::Loaded(loaded);
                 let name = &self.entries[index].name;
                 let seconds = (now - started).as_secs_f64();
@@ -517,6 +531,18 @@ mod tests {
         f.clock.advance(1000 * MINUTE);
         assert!(f.registry.unload_expired().is_empty());
         assert_eq!(states(&f.registry), [U, U, L]);
+    }
+
+    #[tokio::test]
+    async fn a_model_loaded_at_start_stays_whatever_a_request_asks() {
+        let f = fixture(100);
+        f.registry.preload(0, "preloaded a".into());
+        let lease = f.registry.acquire(Some("a"), Some(Some(Duration::ZERO))).await.unwrap();
+        assert_eq!(lease.as_str(), "preloaded a");
+        drop(lease);
+        f.clock.advance(1000 * MINUTE);
+        assert!(f.registry.unload_expired().is_empty());
+        assert_eq!(f.loads.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]

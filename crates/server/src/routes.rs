@@ -166,7 +166,7 @@ async fn tokenize(
 ) -> Result<Json<TokenizeResponse>, HttpError> {
     let request: TokenizeRequest = parse_json(&body?)?;
     request.validate()?;
-    let model = state.model(request.model.as_deref()).await?;
+    let model = state.model(request.model.as_deref(), None).await?;
     let tokenizer = &model.model.tokenizer;
     let tokens = if let Some(messages) = &request.messages {
         let prompt = render_prompt(&state, &model, messages, &[], &Default::default())?.text;
@@ -187,7 +187,7 @@ async fn detokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<DetokenizeResponse>, HttpError> {
     let request: DetokenizeRequest = parse_json(&body?)?;
-    let model = state.model(request.model.as_deref()).await?;
+    let model = state.model(request.model.as_deref(), None).await?;
     let tokenizer = &model.model.tokenizer;
     if let Some(bad) = request.tokens.iter().find(|&&id| id as usize >= tokenizer.vocab_size()) {
         return Err(ApiError::bad_request(

@@ -104,10 +104,16 @@ impl AppState {
     }
 
     /// The served model `requested` names (absent or empty: the first), loading it first when
-    /// it is not loaded: 404 `model_not_found` for a model not served, 503 when memory for it
-    /// cannot be freed now, 500 when its load fails.
-    pub async fn model(&self, requested: Option<&str>) -> Result<ModelLease, ApiError> {
-        self.models.acquire(requested, None).await.map_err(registry_error)
+    /// it is not loaded, and from now on unloaded once idle `ttl_seconds` (0: never; `None`: as
+    /// before): 404 `model_not_found` for a model not served, 503 when memory for it cannot be
+    /// freed now, 500 when its load fails.
+    pub async fn model(
+        &self,
+        requested: Option<&str>,
+        ttl_seconds: Option<u64>,
+    ) -> Result<ModelLease, ApiError> {
+        let ttl = ttl_seconds.map(|s| (s > 0).then(|| std::time::Duration::from_secs(s)));
+        self.models.acquire(requested, ttl).await.map_err(registry_error)
     }
 }
 

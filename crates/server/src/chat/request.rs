@@ -29,6 +29,7 @@ pub(crate) fn generation_request(
         logprobs: request.logprobs.then(|| request.top_logprobs.unwrap_or(0) as usize),
         prompt_field: "messages",
         endpoint: "/v1/chat/completions",
+        ttl: request.ttl,
     })
 }
 

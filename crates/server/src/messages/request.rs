@@ -124,6 +124,7 @@ pub(crate) fn generation_request(request: &MessagesRequest) -> Result<Generation
         logprobs: None,
         prompt_field: "messages",
         endpoint: "/v1/messages",
+        ttl: request.ttl,
     })
 }
 

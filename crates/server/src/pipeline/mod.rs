@@ -43,7 +43,7 @@ pub(crate) async fn start(
     admission: Admission,
 ) -> Result<Started, ApiError> {
     request.validate()?;
-    let model = state.model(request.model.as_deref()).await?;
+    let model = state.model(request.model.as_deref(), request.ttl).await?;
     start_on(state, model, request, id, admission)
 }
 
@@ -74,7 +74,7 @@ pub(crate) async fn count_prompt_tokens(
     request: &GenerationRequest,
 ) -> Result<usize, ApiError> {
     request.validate()?;
-    let model = state.model(request.model.as_deref()).await?;
+    let model = state.model(request.model.as_deref(), request.ttl).await?;
     match &request.prompt {
         Prompt::Tokens(ids) => Ok(ids.len()),
         Prompt::Chat(conversation) => {

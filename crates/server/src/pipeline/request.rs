@@ -21,6 +21,9 @@ pub(crate) struct GenerationRequest {
     pub logprobs: Option<usize>,
     /// The wire field holding the prompt, which a prompt too long for the context names.
     pub prompt_field: &'static str,
+    /// Seconds the model may stay idle after this request before it is unloaded (0: never;
+    /// `None`: the server's `--model-ttl`).
+    pub ttl: Option<u64>,
     /// The route the request came in by (a batch's: its line's `url`), named in its log line.
     pub endpoint: &'static str,
 }

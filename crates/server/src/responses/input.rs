@@ -69,6 +69,7 @@ pub fn generation_request(
         logprobs: None,
         prompt_field: "input",
         endpoint: "/v1/responses",
+        ttl: request.ttl,
     };
     Ok((generation, names))
 }

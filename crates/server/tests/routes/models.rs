@@ -205,3 +205,19 @@ async fn an_idle_model_unloads_after_its_time_to_live_and_loads_again_when_asked
     assert_eq!(server.answer(Some("b")).await, "I am b.");
     assert_eq!(server.loads.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test]
+async fn a_request_s_ttl_sets_how_long_its_model_may_idle() {
+    let server = models(100);
+    server.gate.open();
+    let mut body = chat(Some("b"), false);
+    body["ttl"] = json!(10);
+    assert_eq!(server.send(post_json("/v1/chat/completions", &body)).await.status(), 200);
+    body["model"] = json!("c");
+    body["ttl"] = json!(0);
+    assert_eq!(server.send(post_json("/v1/chat/completions", &body)).await.status(), 200);
+    server.clock.advance(Duration::from_secs(10));
+    assert_eq!(server.state.models.unload_expired(), ["b"]);
+    server.clock.advance(Duration::from_secs(100 * 3600));
+    assert!(server.state.models.unload_expired().is_empty(), "0: never");
+}
