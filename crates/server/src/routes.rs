@@ -16,7 +16,6 @@ use spindle_api::{
     ApiError, DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest,
     TokenizeResponse,
 };
-use spindle_runner::EngineLoad;
 use tower_http::cors::CorsLayer;
 
 use crate::batches;
@@ -134,12 +133,12 @@ pub(crate) fn engine_fault(state: &AppState) -> Option<String> {
     loaded.iter().find_map(|(_, model)| model.engine.health().borrow().clone())
 }
 
-/// The engine figures are the first loaded model's (those of an idle server when none is).
+/// Each loaded model's series, labelled with its `model_name`.
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let loaded = state.models.loaded();
-    let idle = EngineLoad::default();
-    let load = loaded.first().map_or(&idle, |(_, model)| model.engine.load());
-    let text = state.metrics.render(load);
+    let engines: Vec<_> =
+        loaded.iter().map(|(name, model)| (name.clone(), model.engine.load())).collect();
+    let text = state.metrics.render(&engines);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 

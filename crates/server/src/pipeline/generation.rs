@@ -111,13 +111,14 @@ impl Generation {
                 }
                 SequenceEvent::Token { token, text, .. } => {
                     let now = Instant::now();
+                    let model = &self.model.id;
                     match self.last_token.replace(now) {
                         None => {
                             self.first_token = Some(now);
-                            metrics.time_to_first_token.observe((now - self.started).as_secs_f64())
+                            metrics.first_token(model, (now - self.started).as_secs_f64())
                         }
                         Some(previous) => {
-                            metrics.inter_token_latency.observe((now - previous).as_secs_f64())
+                            metrics.inter_token(model, (now - previous).as_secs_f64())
                         }
                     }
                     let logprob =
@@ -125,9 +126,12 @@ impl Generation {
                     Output::Text { delta: text, logprob }
                 }
                 SequenceEvent::Finished(summary) => {
-                    metrics.prompt_tokens.inc_by(summary.prompt_tokens as u64);
-                    metrics.generated_tokens.inc_by(summary.completion_tokens as u64);
-                    metrics.cached_prompt_tokens.inc_by(summary.cached_tokens as u64);
+                    metrics.finished(
+                        &self.model.id,
+                        summary.prompt_tokens,
+                        summary.completion_tokens,
+                        summary.cached_tokens,
+                    );
                     self.log(&summary);
                     self.events.close();
                     Output::Done(summary)
@@ -165,7 +169,7 @@ impl Generation {
         let per_second =
             |tokens: usize, seconds: f64| if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 };
         if read > 0 && self.first_token.is_some() {
-            self.state.metrics.prefill_tokens_per_second.observe(per_second(read, prefill_s));
+            self.state.metrics.prefill_speed(&self.model.id, per_second(read, prefill_s));
         }
         // Speeds rounded as numbers, not text: a JSON log keeps them numeric.
         let rounded = |value: f64, places: i32| {

@@ -142,6 +142,31 @@ async fn each_model_answers_itself_and_a_request_naming_none_gets_the_first() {
 }
 
 #[tokio::test]
+async fn metrics_label_each_loaded_model_s_series_with_its_name() {
+    let server = models(100);
+    server.gate.open();
+    server.answer(Some("a")).await;
+    server.answer(Some("b")).await;
+    server.answer(Some("b")).await;
+    let response = server.send(Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let text = body_text(response).await;
+    let value = |series: &str| -> f64 {
+        let line = text.lines().find_map(|l| l.strip_prefix(series));
+        line.unwrap_or_else(|| panic!("no {series} in\n{text}")).trim().parse().unwrap()
+    };
+    let requests = |model: &str| {
+        value(&format!("spindle_time_to_first_token_seconds_count{{model_name=\"{model}\"}}"))
+    };
+    assert_eq!((requests("a"), requests("b")), (1.0, 2.0));
+    for series in ["vllm:num_requests_running", "vllm:kv_cache_usage_perc"] {
+        for model in ["a", "b"] {
+            value(&format!("{series}{{model_name=\"{model}\"}}"));
+        }
+    }
+    assert!(!text.contains("model_name=\"c\""), "c is not loaded:\n{text}");
+}
+
+#[tokio::test]
 async fn a_model_not_served_is_a_404_naming_those_that_are() {
     let server = models(100);
     let (status, body) = server.chat(Some("z")).await;
