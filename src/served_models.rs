@@ -124,3 +124,33 @@ fn weight_bytes(files: &ModelFiles) -> anyhow::Result<u64> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_models_dir_adds_its_gguf_files_and_model_folders_then_the_catalogue() {
+        let dir = tempfile::tempdir().unwrap();
+        for file in ["b.gguf", "a.gguf", "notes.txt"] {
+            std::fs::write(dir.path().join(file), "").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("st")).unwrap();
+        std::fs::write(dir.path().join("st/config.json"), "{}").unwrap();
+        std::fs::create_dir(dir.path().join("empty")).unwrap();
+        let named = ["smollm2-135m".to_string(), dir.path().join("b.gguf").display().to_string()];
+        let specs = specs(&named, Some(dir.path())).unwrap();
+        let ids: Vec<String> = specs.iter().map(|s| model_id(s)).collect();
+        let mut expected = vec!["smollm2-135m", "b", "a", "st"];
+        // The catalogue's other models; SmolLM2 is named already, `b.gguf` found twice.
+        expected.extend(
+            spindle_hub::catalogue().iter().map(|e| e.name).filter(|n| *n != "smollm2-135m"),
+        );
+        assert_eq!(ids, expected);
+    }
+
+    #[test]
+    fn without_models_the_default_one_is_served() {
+        assert_eq!(specs(&[], None).unwrap(), [spindle_hub::DEFAULT_MODEL]);
+    }
+}

@@ -21,7 +21,8 @@ use crate::response_store::ResponseStore;
 /// How the server was started.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// The id clients use in `model` (and see in `/v1/models`).
+    /// The id clients use in `model` (and see in `/v1/models`); with several models, the
+    /// first's, which answers requests that name none.
     pub model_id: String,
     /// When set, every `/v1` request needs `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
@@ -29,7 +30,8 @@ pub struct ServerConfig {
     pub max_concurrent: usize,
     /// Requests allowed to wait beyond those; more get 429.
     pub max_queue: usize,
-    /// Positions per sequence (prompt + completion).
+    /// Positions per sequence (prompt + completion) of the model loaded at start; with
+    /// several models each is sized at its load (`--ctx-size`, else what it and its pool hold).
     pub ctx_size: usize,
     /// `--no-thinking`: thinking is off unless a request turns it on.
     pub thinking_default: bool,
