@@ -37,6 +37,7 @@ mod q4_k;
 mod q6_k;
 mod quantized;
 mod qwen3_next;
+pub mod random_dense;
 pub mod random_hybrid;
 mod rope;
 mod small_matmul;

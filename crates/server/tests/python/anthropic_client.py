@@ -1,7 +1,7 @@
 """Drives a running Spindle server's Messages API with the official `anthropic` Python client.
 
 Usage: python anthropic_client.py BASE_URL THINKING_BASE_URL QWEN_BASE_URL
-(SmolLM2 behind the default template, SmolLM2 behind a thinking template, Qwen2.5 for tools).
+(SmolLM2, the tests' tiny random model thinking by default, Qwen2.5 for tools).
 Exits non-zero with the failing assertion on any mismatch.
 """
 
@@ -61,7 +61,7 @@ except anthropic.BadRequestError as error:
 
 # Thinking: a signed thinking block before the text, streamed as the SDK accumulates it.
 thinker = anthropic.Anthropic(base_url=thinking_base, api_key="unused")
-request = dict(model="smollm2-135m", max_tokens=60, extra_body=greedy, thinking={"type": "enabled", "budget_tokens": 20},
+request = dict(model="tiny-random", max_tokens=60, extra_body=greedy, thinking={"type": "enabled", "budget_tokens": 20},
                messages=[{"role": "user", "content": "What is the capital of Japan?"}])
 thought = thinker.messages.create(**request)
 assert [block.type for block in thought.content] == ["thinking", "text"], thought

@@ -10,6 +10,6 @@ use common::{python_with, run_python_script, server, Setup};
 #[test]
 fn the_official_anthropic_python_client_works_unchanged() {
     let python = python_with("import anthropic", "anthropic>=0.40");
-    let bases = [server(Setup::Default), server(Setup::Thinking), server(Setup::Qwen)];
+    let bases = [server(Setup::Smol), server(Setup::Thinking), server(Setup::Qwen)];
     run_python_script(&python, "anthropic_client.py", &bases);
 }

@@ -15,8 +15,10 @@ fn content(response: &Value) -> String {
 
 #[tokio::test]
 async fn non_streaming_response_has_the_openai_shape() {
-    let base = server(Setup::Default);
-    let (status, body) = post(&base, "/v1/chat/completions", &chat_body(QUESTION, 24)).await;
+    let base = server(Setup::Smol);
+    let mut request = chat_body(QUESTION, 24);
+    request["model"] = json!(Setup::Smol.model());
+    let (status, body) = post(&base, "/v1/chat/completions", &request).await;
     assert_eq!(status, 200, "{body}");
     assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
     assert_eq!(body["object"], "chat.completion");
@@ -114,7 +116,9 @@ async fn logprobs_describe_each_generated_token() {
         assert!(entry["logprob"].as_f64().unwrap() <= 0.0);
         bytes.extend(entry["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8));
     }
-    assert_eq!(String::from_utf8(bytes).unwrap(), content(&whole));
+    // A random model may split a character across tokens or leave one unfinished: the bytes
+    // decode as the text does, replacement characters included.
+    assert_eq!(String::from_utf8_lossy(&bytes), content(&whole));
 
     body["stream"] = json!(true);
     let streamed = parse_chat_stream(&post_stream(&base, "/v1/chat/completions", &body).await);

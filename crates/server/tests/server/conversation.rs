@@ -20,7 +20,7 @@ async fn each_call_of_a_growing_conversation_resumes_where_the_last_prompt_ended
     let mut previous_prompt = None;
     let mut replies_reused = 0;
     for turn in 0..TURNS {
-        let body = json!({"model": "smollm2-135m", "messages": messages, "max_tokens": 12, "temperature": 0});
+        let body = json!({"model": common::TINY, "messages": messages, "max_tokens": 12, "temperature": 0});
         let (status, reply) = post(&base, "/v1/chat/completions", &body).await;
         assert_eq!(status, 200, "{reply}");
         let usage = &reply["usage"];

@@ -10,13 +10,13 @@ use common::{python_with, run_python_script, server, Setup};
 #[test]
 fn the_official_openai_python_client_works_unchanged() {
     let python = python_with("import openai", "openai>=1.66");
-    let base = server(Setup::Default);
+    let base = server(Setup::Smol);
     run_python_script(&python, "openai_client.py", &[base]);
 }
 
 #[test]
 fn the_official_openai_python_client_reads_responses_unchanged() {
     let python = python_with("from openai.resources import responses", "openai>=1.66");
-    let base = server(Setup::Default);
+    let base = server(Setup::Smol);
     run_python_script(&python, "openai_responses.py", &[base]);
 }

@@ -116,7 +116,7 @@ async fn tokens_of(base: &str, text: &str) -> u64 {
 /// user turn resumes where it parts from the cached one, after the system message.
 async fn check_same_answer_everywhere(name: &str, sampling: Value, cold_streamed: bool) {
     let _turn = TURNS.lock().await;
-    let base = server(Setup::Default);
+    let base = server(Setup::Smol);
     let system = system_prompt(name);
     let user = "Can I order a birthday cake for Saturday, and what should I tell you?";
     let (cold, usage) = send(&base, &chat_request(&system, user, &sampling, cold_streamed)).await;

@@ -8,14 +8,14 @@ use common::{chat_body, parse_chat_stream, post, post_stream, server, start_with
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 
-const MODEL: &str = "qwen2.5-coder-0.5b";
+const MODEL: &str = common::TINY;
 
 fn person_schema() -> Value {
     json!({
         "type": "object",
         "properties": {
             "name": {"type": "string"},
-            "age": {"type": "integer"},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
             "languages": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
             "remote": {"type": "boolean"}
         },
@@ -24,12 +24,19 @@ fn person_schema() -> Value {
     })
 }
 
+/// An integer as JSON Schema counts them: `-0` and `1.0` are integers (serde reads them as
+/// floats).
+fn is_integer(value: &Value) -> bool {
+    value.as_f64().is_some_and(|v| v.fract() == 0.0)
+}
+
 /// Checks a parsed answer against [`person_schema`].
 fn assert_person(value: &Value, text: &str) {
     let object = value.as_object().unwrap_or_else(|| panic!("not an object: {text}"));
     assert_eq!(object.len(), 4, "{text}");
     assert!(object["name"].is_string(), "{text}");
-    assert!(object["age"].is_i64() || object["age"].is_u64(), "{text}");
+    assert!(is_integer(&object["age"]), "{text}");
+    assert!((0.0..=150.0).contains(&object["age"].as_f64().unwrap()), "{text}");
     let languages = object["languages"].as_array().unwrap_or_else(|| panic!("{text}"));
     assert!(languages.len() <= 3 && languages.iter().all(Value::is_string), "{text}");
     assert!(object["remote"].is_boolean(), "{text}");
@@ -66,7 +73,7 @@ fn assert_call_valid(call: &Value) {
     match name {
         "get_weather" => {
             assert!(args["city"].is_string(), "{text}");
-            assert!(args["days"].is_i64() || args["days"].is_u64(), "{text}");
+            assert!(is_integer(&args["days"]), "{text}");
             assert!(
                 args.get("unit").is_none_or(|u| u.is_null() || u == "celsius" || u == "fahrenheit"),
                 "{text}"
@@ -81,7 +88,7 @@ fn assert_call_valid(call: &Value) {
 
 #[tokio::test]
 async fn strict_json_schema_answers_always_parse_and_validate() {
-    let base = server(Setup::Qwen);
+    let base = server(Setup::Wide);
     // As many as the server runs at once: one wave.
     let runs = (0..16).map(|seed| {
         let base = base.clone();
@@ -111,7 +118,7 @@ async fn strict_json_schema_answers_always_parse_and_validate() {
 
 #[tokio::test]
 async fn json_object_answers_are_objects() {
-    let base = server(Setup::Qwen);
+    let base = server(Setup::Wide);
     let answers = join_all((0..3).map(|seed| {
         let body = json!({
             "model": MODEL,
@@ -153,7 +160,7 @@ fn tool_request(tool_choice: Value, seed: u64, stream: bool, parallel: bool) -> 
 
 #[tokio::test]
 async fn required_and_named_tool_choice_always_give_valid_calls() {
-    let base = server(Setup::Qwen);
+    let base = server(Setup::Wide);
     let named = json!({"type": "function", "function": {"name": "get_time"}});
     let requests = (0..6)
         .map(|seed| tool_request(json!("required"), seed, false, seed < 2))
@@ -215,7 +222,7 @@ fn streamed_calls(chunks: &[Value]) -> Vec<Value> {
 
 #[tokio::test]
 async fn streamed_calls_reassemble_to_the_same_valid_calls() {
-    let base = server(Setup::Qwen);
+    let base = server(Setup::Wide);
     // Each seed streamed and whole, all at once.
     let runs = (0..3).map(|seed| {
         let base = base.clone();
@@ -252,7 +259,7 @@ async fn streamed_calls_reassemble_to_the_same_valid_calls() {
 
 #[tokio::test]
 async fn a_tool_round_trip_ends_in_a_text_answer() {
-    let base = server(Setup::Qwen);
+    let base = server(Setup::Wide);
     let (_, first) = post(
         &base,
         "/v1/chat/completions",
@@ -295,7 +302,7 @@ async fn a_tool_round_trip_ends_in_a_text_answer() {
 
 #[tokio::test]
 async fn bad_tool_and_format_requests_are_400s_naming_the_field() {
-    let base = server(Setup::Qwen);
+    let base = server(Setup::Wide);
     let cases = [
         (
             json!({"tools": weather_tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
@@ -344,7 +351,7 @@ async fn a_null_content_beside_tool_calls_renders_as_empty_text() {
 /// messages) renders the prompt that OpenAI's own shape, arguments as a string, renders.
 #[tokio::test]
 async fn arguments_given_as_an_object_render_as_the_string_form_does() {
-    let base = server(Setup::Qwen);
+    let base = server(Setup::Wide);
     // A system message of its own keeps the template's default preamble out of the prefix
     // cache, which another test here measures.
     let history = |arguments: Value| {
@@ -396,7 +403,7 @@ async fn guided_json_shapes_answers_unless_the_request_asks_for_text() {
 async fn calls_without_a_system_message_share_the_templates_tools_preamble() {
     // A server of its own: the other tests' calls share the template's preamble too, and would
     // fill this one's prefix cache in whatever order they ran.
-    let base = start_with(Setup::Qwen, |_| {});
+    let base = start_with(Setup::Wide, |_| {});
     // Qwen2.5's template writes a system turn of its own around the tools: with this third tool
     // it is well past one 256-token prefill chunk and short of two.
     let mut tools = weather_tools();

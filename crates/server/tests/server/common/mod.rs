@@ -1,7 +1,9 @@
-//! A real server on a loopback port with the real default model (SmolLM2-135M-Instruct, pulled
-//! into `$SPINDLE_HOME` on first use), one per configuration, shared by the tests of a binary.
-//! Only what needs a model's own answers lives here; the routes' shapes, errors and streaming
-//! are tested in-process around a scripted engine (`tests/routes`).
+//! A real server on a loopback port, one per configuration, shared by the tests of a binary.
+//! Most run the whole engine on a tiny random-weight model that the tests write themselves
+//! (Qwen3's tokenizer and template: thinking and Hermes tool calls), so they need no download;
+//! a handful run a real model (SmolLM2-135M-Instruct or Qwen2.5-Coder-0.5B, pulled into
+//! `$SPINDLE_HOME` on first use) where a real model's answers are the point. The routes' shapes,
+//! errors and streaming are tested in-process around a scripted engine (`tests/routes`).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -9,20 +11,77 @@ use std::sync::{Mutex, OnceLock};
 use serde_json::{json, Value};
 use spindle_server::ServerConfig;
 
-/// ChatML with the assistant turn opened inside a `<think>` block, as Qwen3's template does; it
-/// turns SmolLM2 into a "thinking" model so the reasoning path runs on a real model.
+/// ChatML with the assistant turn opened inside a `<think>` block, as Qwen3.5's template does
+/// (Qwen3's leaves the model to open it, which a random model never does).
 pub const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}";
+
+/// JSON's closing tokens, which the tiny model favours so that the strings, numbers and
+/// objects a grammar opens end within a few tokens.
+const CLOSERS: [&str; 6] = ["\"", "\",", "\"}", "}", ",", "]"];
+
+/// The id the tiny random model is served under.
+pub const TINY: &str = "tiny-random";
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Setup {
+    /// The tiny model behind plain ChatML.
     Default,
+    /// The tiny model behind [`THINKING_TEMPLATE`], thinking by default.
     Thinking,
-    /// The thinking template behind `--no-thinking`.
+    /// [`Setup::Thinking`] behind `--no-thinking`.
     NoThinking,
-    /// Qwen2.5-Coder-0.5B-Instruct (Hermes tool calls), 16 requests at once, 64 waiting.
-    Qwen,
+    /// The tiny model behind Qwen3's template (Hermes tool calls), 16 requests at once, 64
+    /// waiting, 1 MiB bodies.
+    Wide,
     /// `--guided-json` [`GUIDED_SCHEMA`]: every answer without `response_format` follows it.
     GuidedJson,
+    /// The real default model, SmolLM2-135M-Instruct.
+    Smol,
+    /// The real Qwen2.5-Coder-0.5B-Instruct (Hermes tool calls), limits as [`Setup::Wide`].
+    Qwen,
+}
+
+impl Setup {
+    /// The id the server serves, which answers carry as `model`.
+    pub fn model(self) -> &'static str {
+        match self {
+            Setup::Smol => "smollm2-135m",
+            Setup::Qwen => "qwen2.5-coder-0.5b",
+            _ => TINY,
+        }
+    }
+}
+
+/// The tiny model's folder: two layers of width 32 with random weights (fixed seed) beside
+/// Qwen3's tokenizer and chat template from the chat crate's fixtures, written once per build.
+fn tiny_model() -> spindle_hub::ModelFiles {
+    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("tiny-random-qwen3-r1");
+        if dir.join("model.safetensors").exists() {
+            return dir;
+        }
+        // Written aside and renamed, so a test binary running alongside never reads half a file.
+        let staging = fresh_dir("tiny-model");
+        std::fs::create_dir_all(&staging).unwrap();
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../chat/tests/data/qwen3");
+        for file in ["tokenizer.json", "tokenizer_config.json"] {
+            std::fs::copy(fixtures.join(file), staging.join(file)).unwrap();
+        }
+        let tokenizer =
+            spindle_chat::Tokenizer::from_tokenizer_json(&staging.join("tokenizer.json")).unwrap();
+        let shape = spindle_models::random_dense::DenseShape::tiny(tokenizer.vocab_size());
+        let closers: Vec<u32> =
+            CLOSERS.iter().map(|t| tokenizer.token_to_id(t).expect("a JSON closer")).collect();
+        spindle_models::random_dense::write_random_dense(&staging, &shape, 37, &closers).unwrap();
+        if std::fs::rename(&staging, &dir).is_err() {
+            // Another binary renamed its copy first; theirs is the same bytes.
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+        dir
+    });
+    spindle_hub::ModelFiles::Safetensors { dir: dir.clone() }
 }
 
 /// The server-wide schema of [`Setup::GuidedJson`].
@@ -70,13 +129,16 @@ impl StoppableServer {
 
 /// [`start_with`], keeping the means to stop the server.
 pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> StoppableServer {
-    let model = if setup == Setup::Qwen { "qwen2.5-coder-0.5b" } else { "smollm2-135m" };
-    let files = spindle_hub::resolve(
-        model,
-        &spindle_hub::spindle_home(),
-        spindle_hub::WhenMissing::Download,
-    )
-    .expect("pull the test model");
+    let model = setup.model();
+    let files = match setup {
+        Setup::Smol | Setup::Qwen => spindle_hub::resolve(
+            model,
+            &spindle_hub::spindle_home(),
+            spindle_hub::WhenMissing::Download,
+        )
+        .expect("pull the test model"),
+        _ => tiny_model(),
+    };
     let mut bundle = spindle_runner::ModelBundle::load(&files).expect("load the test model");
     let mut config = ServerConfig {
         model_id: model.into(),
@@ -84,7 +146,7 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
         max_concurrent: 4,
         max_queue: 16,
         ctx_size: 2048,
-        thinking_default: true,
+        thinking_default: false,
         thinking_budget: None,
         chat_template_kwargs: Default::default(),
         max_body_bytes: 64 * 1024,
@@ -98,17 +160,22 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
         sampling: Default::default(),
     };
     match setup {
-        Setup::Default => {}
+        Setup::Default | Setup::GuidedJson => {
+            bundle.template = spindle_chat::ChatTemplate::chatml()
+        }
+        Setup::Smol => {}
         Setup::Thinking | Setup::NoThinking => {
             bundle.template =
                 spindle_chat::ChatTemplate::new(THINKING_TEMPLATE, None, Some("<|im_end|>"))
                     .unwrap();
             config.thinking_default = setup == Setup::Thinking;
         }
-        Setup::GuidedJson => config.guided_json = Some(guided_schema()),
-        Setup::Qwen => {
+        Setup::Wide | Setup::Qwen => {
             (config.max_concurrent, config.max_queue, config.max_body_bytes) = (16, 64, 1024 * 1024)
         }
+    }
+    if setup == Setup::GuidedJson {
+        config.guided_json = Some(guided_schema());
     }
     change(&mut config);
     let state = spindle_server::start(config, bundle).expect("start the server");
@@ -150,10 +217,10 @@ pub fn client() -> reqwest::Client {
     reqwest::Client::builder().timeout(std::time::Duration::from_secs(600)).build().unwrap()
 }
 
-/// A greedy chat request for one user message.
+/// A greedy chat request for one user message to the tiny model.
 pub fn chat_body(user: &str, max_tokens: u32) -> Value {
     json!({
-        "model": "smollm2-135m",
+        "model": TINY,
         "messages": [{"role": "user", "content": user}],
         "max_tokens": max_tokens,
         "temperature": 0,
