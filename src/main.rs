@@ -12,6 +12,7 @@ mod kv_memory;
 mod logging;
 mod memory;
 mod random_hybrid;
+mod sampling_flags;
 mod serve;
 mod served_models;
 
