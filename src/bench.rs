@@ -116,13 +116,13 @@ fn with_default_tokenizer(model: Box<dyn spindle_models::CausalLm>) -> anyhow::R
         &spindle_hub::spindle_home(),
         spindle_hub::WhenMissing::Download,
     )?;
-    let ModelBundle { tokenizer, template, .. } =
+    let ModelBundle { tokenizer, template, sampling, .. } =
         crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?;
     anyhow::ensure!(
         model.config().vocab_size <= tokenizer.vocab_size(),
         "the default model's tokenizer lacks the random model's ids"
     );
-    Ok(ModelBundle { model, tokenizer, template, fingerprint: "random-weights".into() })
+    Ok(ModelBundle { model, tokenizer, template, fingerprint: "random-weights".into(), sampling })
 }
 
 /// Natural text cut to exactly `len` tokens.

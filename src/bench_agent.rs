@@ -17,7 +17,7 @@ pub struct BenchCli {
 
 pub fn run(cli: BenchCli) -> anyhow::Result<()> {
     match cli.panel {
-        Some(panel) => run_panel_command(panel, &crate::served_model::resolve),
+        Some(panel) => run_panel_command(panel, &crate::started_model::resolve),
         None => crate::bench::run(cli.speed),
     }
 }

@@ -7,10 +7,13 @@ mod generate;
 mod kv_memory;
 mod launch;
 mod launch_server;
+mod logging;
 mod memory;
 mod random_hybrid;
+mod sampling_flags;
 mod serve;
-mod served_model;
+mod served_models;
+mod started_model;
 
 use std::process::ExitCode;
 
@@ -47,6 +50,9 @@ fn use_small_pages() {
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines on standard error are written: text, or json (one object a line).
+    #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Text)]
+    log_format: logging::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -78,16 +84,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let cli = Cli::parse();
+    logging::init(cli.log_format);
     use_small_pages();
     memory::purge_freed_memory_soon();
-    let cli = Cli::parse();
-    match run(cli.command) {
+    match run(cli.command, cli.log_format) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -96,15 +97,15 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(command: Command) -> anyhow::Result<ExitCode> {
+fn run(command: Command, log_format: logging::LogFormat) -> anyhow::Result<ExitCode> {
     let done = match command {
         // The agent's exit status is launch's.
         Command::Launch(args) => return launch::run(args),
         Command::Pull { name, list } => pull(name, list),
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench_agent::run(args),
-        Command::Eval(args) => spindle_bench::cli::eval::run(args, &served_model::resolve),
-        Command::Serve(args) => serve::run(args),
+        Command::Eval(args) => spindle_bench::cli::eval::run(args, &started_model::resolve),
+        Command::Serve(args) => serve::run(args, log_format),
     };
     done.map(|()| ExitCode::SUCCESS)
 }

@@ -1,20 +1,29 @@
-//! `spindle serve`: load the model, start the engine thread, serve the OpenAI API.
+//! `spindle serve`: load the model, start the engine thread, serve the OpenAI API; with several
+//! models, serve them all and load each on its first request (`served_models`).
+
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use spindle_chat::ToolCallFormat;
 use spindle_models::KvType;
+use spindle_runner::model_sampling::ThinkingMode;
 use spindle_runner::{CacheConfig, DiskConfig, ModelBundle, SpeculationConfig, MAX_DRAFT};
-use spindle_server::{BatchConfig, ServerConfig};
+use spindle_server::{BatchConfig, LoadedModel, ServerConfig};
 
 use crate::byte_size::{human_bytes, parse_bytes};
 use crate::kv_memory::KvMemory;
+use crate::logging::{announce, LogFormat};
 
 #[derive(Args)]
 pub struct ServeArgs {
     /// Catalogue name, .gguf file, or folder with config.json + safetensors + tokenizer.json.
-    #[arg(long, default_value = spindle_hub::DEFAULT_MODEL)]
-    model: String,
+    /// Repeat it to serve several models (the first answers requests that name none); default:
+    /// the catalogue's default model, unless --models-dir is given.
+    #[arg(long)]
+    model: Vec<String>,
+    #[command(flatten)]
+    models: crate::served_models::ModelsArgs,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     #[arg(long, default_value_t = 8080)]
@@ -99,6 +108,8 @@ pub struct ServeArgs {
     /// Most tokens drafted per speculative round.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=MAX_DRAFT as i64))]
     draft_max: u16,
+    #[command(flatten)]
+    sampling: crate::sampling_flags::SamplingFlags,
 }
 
 fn parse_tool_call_parser(name: &str) -> Result<ToolCallFormat, String> {
@@ -123,7 +134,7 @@ fn guided_json(arg: &str) -> anyhow::Result<serde_json::Value> {
     Ok(schema)
 }
 
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     crate::set_threads(args.threads);
     let chat_template_kwargs = match &args.chat_template_kwargs {
         Some(text) => {
@@ -132,6 +143,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => serde_json::Map::new(),
     };
     let guided_json = args.guided_json.as_deref().map(guided_json).transpose()?;
+    let sampling = args.sampling.preset()?;
     if let Some(dir) = &args.prefix_cache_dir {
         // Fail at once on a folder that cannot be used, not later in the engine thread's log.
         std::fs::create_dir_all(dir)
@@ -141,34 +153,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.batch_dir.clone().unwrap_or_else(|| spindle_hub::spindle_home().join("batches"));
     std::fs::create_dir_all(&batch_dir)
         .with_context(|| format!("cannot create --batch-dir {}", batch_dir.display()))?;
-    let files = spindle_hub::resolve(
-        &args.model,
-        &spindle_hub::spindle_home(),
-        spindle_hub::WhenMissing::Download,
-    )?;
-    let mut bundle = crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?;
-    if let Some(path) = &args.chat_template {
-        let source = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        bundle.template = spindle_chat::ChatTemplate::new(
-            &source,
-            bundle.tokenizer.bos_token(),
-            bundle.tokenizer.eos_token(),
-        )?;
-    }
-    if let Some(d) = bundle
-        .model
-        .kv_shapes()
-        .iter()
-        .flatten()
-        .map(|s| s.head_dim)
-        .find(|&d| !args.kv_cache_type.fits(d))
-    {
-        anyhow::bail!(
-            "--kv-cache-type {} needs attention heads a multiple of 32 wide; this model's are {d}",
-            args.kv_cache_type
-        );
-    }
+    let specs = crate::served_models::specs(&args.model, args.models.models_dir.as_deref())?;
     let kv_bytes = args.kv_cache_memory.resolve(args.snapshot_memory);
     let cache = CacheConfig {
         kv_bytes,
@@ -176,26 +161,23 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         snapshot_bytes: args.snapshot_memory,
         disk: args
             .prefix_cache_dir
+            .clone()
             .map(|dir| DiskConfig { dir, bytes: args.prefix_cache_disk_size }),
         ..CacheConfig::default()
     };
-    let trained = bundle.model.config().max_position_embeddings;
-    let kv_tokens = cache.kv_tokens(&bundle);
-    let ctx_size = args.ctx_size.unwrap_or(trained.min(kv_tokens));
-    let summary = format!(
-        "model {} ({:?}): context {ctx_size} tokens (trained for {trained}); KV cache {} of {} holds {kv_tokens} tokens, {:.1} KiB per token",
-        model_id(&args.model),
-        bundle.model.config().architecture,
-        human_bytes(kv_bytes) + if args.kv_cache_memory == KvMemory::Auto { " (auto)" } else { "" },
-        args.kv_cache_type,
-        cache.block_bytes(&bundle) as f64 / cache.block_size as f64 / 1024.0,
-    );
-    let config = ServerConfig {
-        model_id: model_id(&args.model),
+    let loading = Loading {
+        chat_template: args.chat_template.clone(),
+        kv_memory: args.kv_cache_memory,
+        kv_type: args.kv_cache_type,
+        ctx_size: args.ctx_size,
+    };
+    let mut config = ServerConfig {
+        model_id: model_id(&specs[0]),
         api_key: args.api_key,
         max_concurrent: args.max_concurrent.max(1),
         max_queue: args.max_queue,
-        ctx_size,
+        // Each model's own where several are served (sized at its load).
+        ctx_size: args.ctx_size.unwrap_or(usize::MAX),
         thinking_default: !args.no_thinking,
         thinking_budget: args.thinking_budget,
         chat_template_kwargs,
@@ -204,33 +186,58 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         tool_call_parser: args.tool_call_parser,
         guided_json,
         keep_alive: std::time::Duration::from_secs(args.keep_alive_seconds.max(1)),
-        orphan_prefill_tokens: args.orphan_prefill_tokens.unwrap_or(ctx_size),
+        orphan_prefill_tokens: args.orphan_prefill_tokens.unwrap_or(usize::MAX),
         batch: BatchConfig::new(batch_dir),
         speculation: SpeculationConfig {
             by_default: !args.no_speculate,
             max_draft: args.draft_max.into(),
             script: None,
         },
+        sampling,
     };
-    let state = spindle_server::start(config, bundle)?;
-    if let Some(schema) = &state.config.guided_json {
-        // A schema that can't be enforced fails here, not on every request.
-        let grammars = state.grammars().map_err(anyhow::Error::msg)?;
-        grammars
-            .compile(spindle_constrain::grammar::json_schema(schema))
-            .map_err(|e| anyhow::anyhow!("--guided-json can't be enforced: {e}"))?;
-    }
-    // After every check that can refuse to start, so a refusal is the only line.
-    eprintln!("{summary}");
-    if ctx_size > kv_tokens {
-        eprintln!("warning: --ctx-size {ctx_size} is more than the KV cache holds ({kv_tokens}); raise --kv-cache-memory");
-    }
+    let state = if let [spec] = specs.as_slice() {
+        let files = spindle_hub::resolve(
+            spec,
+            &spindle_hub::spindle_home(),
+            spindle_hub::WhenMissing::Download,
+        )?;
+        let bundle = loading.bundle(&files)?;
+        let fitted = loading.fit(&bundle, &config.cache);
+        config.ctx_size = fitted.ctx_size;
+        config.orphan_prefill_tokens = args.orphan_prefill_tokens.unwrap_or(fitted.ctx_size);
+        let summary = loading.summary(&config.model_id, &fitted, &bundle, &config.cache);
+        let state = spindle_server::start(config, bundle)?;
+        let (_, model) = &state.models.loaded()[0];
+        check_guided_json(&state.config, model)?;
+        // After every check that can refuse to start, so a refusal is the only line.
+        announce(log_format, &summary);
+        for line in sampling_summary(&state.config, model) {
+            announce(log_format, &line);
+        }
+        state
+    } else {
+        let budget = args.models.models_memory.resolve(0) as u64;
+        let ttl = (args.models.model_ttl > 0).then(|| Duration::from_secs(args.models.model_ttl));
+        let models = crate::served_models::registry(&specs, &config, loading, budget, ttl)?;
+        let names: Vec<String> = models.list().into_iter().map(|(e, _)| e.name).collect();
+        announce(
+            log_format,
+            &format!(
+                "serving {} models, each loaded on its first request within {} (idle ones unloaded after {}): {}",
+                names.len(),
+                human_bytes(budget as usize),
+                ttl.map_or("never".into(), |t| format!("{} s", t.as_secs())),
+                names.join(", ")
+            ),
+        );
+        spindle_server::start_with_registry(config, models)
+    };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
-        eprintln!("listening on http://{}", listener.local_addr()?);
+        announce(log_format, &format!("listening on http://{}", listener.local_addr()?));
         spindle_server::serve(listener, state, async {
             let _ = tokio::signal::ctrl_c().await;
         })
@@ -239,9 +246,108 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
+/// `sampling defaults: temperature 0.7 (generation_config.json), …`, and the thinking preset's
+/// in a line of its own where it differs.
+pub fn sampling_summary(config: &ServerConfig, model: &LoadedModel) -> Vec<String> {
+    let source = model.model.sampling.source.unwrap_or("model");
+    let plain = model.sampling_defaults(&config.sampling, ThinkingMode::NonThinking);
+    let thinking = model.sampling_defaults(&config.sampling, ThinkingMode::Thinking);
+    let mut lines = vec![format!("sampling defaults: {}", plain.summary(source))];
+    if thinking != plain {
+        lines.push(format!("sampling defaults when thinking: {}", thinking.summary(source)));
+    }
+    lines
+}
+
+/// Refuses a `--guided-json` schema the model's grammar compiler cannot enforce: it fails at
+/// start (or at the model's load), not on every request.
+pub fn check_guided_json(config: &ServerConfig, model: &LoadedModel) -> anyhow::Result<()> {
+    if let Some(schema) = &config.guided_json {
+        let grammars = model.grammars().map_err(anyhow::Error::msg)?;
+        grammars
+            .compile(spindle_constrain::grammar::json_schema(schema))
+            .map_err(|e| anyhow::anyhow!("--guided-json can't be enforced: {e}"))?;
+    }
+    Ok(())
+}
+
+/// What loading a model takes from the command line, for every model served.
+#[derive(Clone)]
+pub struct Loading {
+    /// `--chat-template`: replaces each model's own.
+    pub chat_template: Option<std::path::PathBuf>,
+    pub kv_memory: KvMemory,
+    pub kv_type: KvType,
+    /// `--ctx-size`.
+    pub ctx_size: Option<usize>,
+}
+
+/// A model's context, fitted to its training and the KV pool.
+pub struct Fitted {
+    pub ctx_size: usize,
+    trained: usize,
+    kv_tokens: usize,
+}
+
+impl Loading {
+    /// Loads `files` (with `--chat-template` in place of the model's own), refusing a KV cache
+    /// type its attention heads cannot use.
+    pub fn bundle(&self, files: &spindle_hub::ModelFiles) -> anyhow::Result<ModelBundle> {
+        let mut bundle = crate::memory::returning_freed_memory(|| ModelBundle::load(files))?;
+        if let Some(path) = &self.chat_template {
+            let source = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            bundle.template = spindle_chat::ChatTemplate::new(
+                &source,
+                bundle.tokenizer.bos_token(),
+                bundle.tokenizer.eos_token(),
+            )?;
+        }
+        let head_dims =
+            bundle.model.kv_shapes().iter().flatten().map(|s| s.head_dim).collect::<Vec<_>>();
+        if let Some(d) = head_dims.into_iter().find(|&d| !self.kv_type.fits(d)) {
+            anyhow::bail!(
+                "--kv-cache-type {} needs attention heads a multiple of 32 wide; this model's are {d}",
+                self.kv_type
+            );
+        }
+        Ok(bundle)
+    }
+
+    /// The context: `--ctx-size`, else what the model was trained for, capped by what the KV
+    /// pool holds.
+    pub fn fit(&self, bundle: &ModelBundle, cache: &CacheConfig) -> Fitted {
+        let trained = bundle.model.config().max_position_embeddings;
+        let kv_tokens = cache.kv_tokens(bundle);
+        Fitted { ctx_size: self.ctx_size.unwrap_or(trained.min(kv_tokens)), trained, kv_tokens }
+    }
+
+    /// The startup line of model `id`; warns when `--ctx-size` is more than the pool holds.
+    pub fn summary(
+        &self,
+        id: &str,
+        fitted: &Fitted,
+        bundle: &ModelBundle,
+        cache: &CacheConfig,
+    ) -> String {
+        let (ctx_size, trained, kv_tokens) = (fitted.ctx_size, fitted.trained, fitted.kv_tokens);
+        let auto = if self.kv_memory == KvMemory::Auto { " (auto)" } else { "" };
+        if ctx_size > kv_tokens {
+            tracing::warn!("--ctx-size {ctx_size} is more than the KV cache holds ({kv_tokens}); raise --kv-cache-memory");
+        }
+        format!(
+            "model {id} ({:?}): context {ctx_size} tokens (trained for {trained}); KV cache {} of {} holds {kv_tokens} tokens, {:.1} KiB per token",
+            bundle.model.config().architecture,
+            human_bytes(cache.kv_bytes) + auto,
+            cache.kv_type,
+            cache.block_bytes(bundle) as f64 / cache.block_size as f64 / 1024.0,
+        )
+    }
+}
+
 /// The name clients use: the catalogue name, or a path's file or folder name, or a hub id's
 /// last part. Never with a `/`: agents' model settings reject one.
-fn model_id(spec: &str) -> String {
+pub fn model_id(spec: &str) -> String {
     let path = std::path::Path::new(spec);
     if path.exists() {
         if let Some(name) = path.file_stem().and_then(|n| n.to_str()) {

@@ -166,6 +166,13 @@ fn a_bad_guided_json_schema_stops_the_server_at_start() {
 }
 
 #[test]
+fn a_sampling_flag_out_of_range_stops_the_server_at_start() {
+    assert_clean_error(&serve_refuses(&["--temperature", "3"]), "--temperature");
+    assert_clean_error(&serve_refuses(&["--top-p", "0"]), "--top-p");
+    assert_clean_error(&serve_refuses(&["--repeat-penalty", "0"]), "--repeat-penalty");
+}
+
+#[test]
 fn bench_prints_prefill_and_decode_speeds() {
     for figure in
         bench_row(&["--prompt-tokens", "16", "--decode-tokens", "4", "--repeats", "2"]).chunks(3)

@@ -15,6 +15,10 @@ use crate::{ApiError, ErrorKind};
 pub struct MessagesRequest {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// Seconds the model may stay idle after this request before it is unloaded (LM Studio's
+    /// `ttl`, Spindle's extension; 0: never); absent: the server's `--model-ttl`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<u64>,
     /// Required by [`MessagesRequest::validate`]; optional here so count_tokens can share the type.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,

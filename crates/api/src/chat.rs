@@ -19,6 +19,10 @@ pub struct ChatCompletionRequest {
     /// Optional: a server with one model serves it whatever the name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// Seconds the model may stay idle after this request before it is unloaded (LM Studio's
+    /// `ttl`, Spindle's extension; 0: never); absent: the server's `--model-ttl`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<u64>,
     pub messages: Vec<ChatMessage>,
     #[serde(default, deserialize_with = "null_as_default")]
     pub stream: bool,

@@ -113,6 +113,14 @@ pub struct ModelCard {
     /// servers may leave it out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_model_len: Option<usize>,
+    /// Spindle's extension: per thinking mode, the value a request that leaves a sampling
+    /// parameter out gets and its source (`flag`, `model` or `built_in`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling_defaults: Option<serde_json::Value>,
+    /// Spindle's extension: `loaded`, `loading` or `not-loaded` (a model loads when a request
+    /// names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
 }
 
 /// Reads `null` as the field's default. The OpenAI spec marks almost every request field

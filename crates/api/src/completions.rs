@@ -21,6 +21,10 @@ fn default_max_tokens() -> Option<u32> {
 pub struct CompletionRequest {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// Seconds the model may stay idle after this request before it is unloaded (LM Studio's
+    /// `ttl`, Spindle's extension; 0: never); absent: the server's `--model-ttl`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<u64>,
     pub prompt: Prompt,
     /// [`DEFAULT_COMPLETION_MAX_TOKENS`] when absent; an explicit `null` means no limit but
     /// the context length, as in vLLM. So `None` is written as `null`, never left out.
@@ -48,6 +52,7 @@ impl Default for CompletionRequest {
     fn default() -> Self {
         Self {
             model: None,
+            ttl: None,
             prompt: Prompt::Text(String::new()),
             max_tokens: default_max_tokens(),
             sampling: SamplingParams::default(),

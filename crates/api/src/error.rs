@@ -93,6 +93,12 @@ impl ApiError {
         }
     }
 
+    /// 503: the server cannot take the request now (memory for its model cannot be freed
+    /// while other models run); the server adds `Retry-After`.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, ErrorKind::Server, message)
+    }
+
     /// 500: an internal failure; the message should already be sanitized.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, ErrorKind::Server, message)

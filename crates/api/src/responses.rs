@@ -18,6 +18,10 @@ use crate::{ApiError, SamplingParams};
 pub struct ResponsesRequest {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// Seconds the model may stay idle after this request before it is unloaded (LM Studio's
+    /// `ttl`, Spindle's extension; 0: never); absent: the server's `--model-ttl`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<u64>,
     /// A string (one user message) or a list of input items, read by
     /// [`ResponsesRequest::input_items`].
     #[serde(default, deserialize_with = "null_as_default")]

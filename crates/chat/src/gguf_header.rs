@@ -22,11 +22,17 @@ const MAX_VALUE_DEPTH: usize = 64;
 
 /// The `tokenizer.*` keys of a `.gguf` header (vocabulary, special tokens, chat template).
 pub fn read_tokenizer_metadata(path: &Path) -> Result<GgufMetadata, ChatError> {
+    read_gguf_keys(path, &["tokenizer."])
+}
+
+/// The keys of a `.gguf` header that start with one of `prefixes` (one pass over the header, so
+/// a caller wanting the tokenizer and another group reads the vocabulary once).
+pub fn read_gguf_keys(path: &Path, prefixes: &[&str]) -> Result<GgufMetadata, ChatError> {
     let io = |source| ChatError::Io { path: path.to_path_buf(), source };
     let file = File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
     let mut header = Header { reader: BufReader::new(file), remaining: len, wide: true };
-    header.read_tokenizer_keys().map_err(|e| match e {
+    header.read_keys(prefixes).map_err(|e| match e {
         HeaderError::Io(source) => io(source),
         HeaderError::Format(reason) => ChatError::BadGguf { path: path.to_path_buf(), reason },
     })
@@ -58,7 +64,7 @@ struct Header<R> {
 }
 
 impl<R: Read> Header<R> {
-    fn read_tokenizer_keys(&mut self) -> Parsed<GgufMetadata> {
+    fn read_keys(&mut self, prefixes: &[&str]) -> Parsed<GgufMetadata> {
         if self.u32()? != MAGIC {
             return refuse("no GGUF magic".into());
         }
@@ -76,7 +82,7 @@ impl<R: Read> Header<R> {
             let key = self.string()?;
             let kind = self.u32()?;
             let value = self.value(kind, 0)?;
-            if key.starts_with("tokenizer.") {
+            if prefixes.iter().any(|prefix| key.starts_with(prefix)) {
                 metadata.insert(key, value);
             }
         }
@@ -214,7 +220,8 @@ mod tests {
     }
 
     fn read(bytes: &[u8]) -> Parsed<GgufMetadata> {
-        Header { reader: bytes, remaining: bytes.len() as u64, wide: true }.read_tokenizer_keys()
+        Header { reader: bytes, remaining: bytes.len() as u64, wide: true }
+            .read_keys(&["tokenizer."])
     }
 
     fn refused(bytes: &[u8]) -> String {

@@ -48,7 +48,7 @@ mod vocab_model;
 
 pub use detokenize::IncrementalDecoder;
 pub use error::ChatError;
-pub use gguf_header::read_tokenizer_metadata;
+pub use gguf_header::{read_gguf_keys, read_tokenizer_metadata};
 pub use gguf_meta::{GgufMetadata, GgufValue};
 pub use profile::{MessageBoundaries, ModelProfile, ReasoningProfile, TemplateCapabilities};
 pub use reasoning::{prompt_ends_in_reasoning, ReasoningSplitter, Split};

@@ -8,14 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
-use spindle_chat::{
-    read_tokenizer_metadata, ChatTemplate, GgufMetadata, Tokenizer, CHAT_TEMPLATE_KEY,
-};
+use spindle_chat::{read_gguf_keys, ChatTemplate, GgufMetadata, Tokenizer, CHAT_TEMPLATE_KEY};
 use spindle_hub::ModelFiles;
 use spindle_models::CausalLm;
 
 use crate::disk_tier::hex;
 use crate::error::{Result, RunnerError};
+use crate::model_sampling::{ModelSampling, GGUF_SAMPLING_PREFIX};
 
 /// Bytes hashed at each end of every model file.
 const FINGERPRINT_SAMPLE: u64 = 4 << 20;
@@ -28,10 +27,23 @@ pub struct ModelBundle {
     /// Names the weights ([`model_fingerprint`]); the prefix cache's disk tier keeps each
     /// model's snapshots apart by it.
     pub fingerprint: String,
+    /// The sampling settings the model's files publish.
+    pub sampling: ModelSampling,
 }
 
 impl ModelBundle {
     pub fn load(files: &ModelFiles) -> Result<Self> {
+        let bundle = Self::load_files(files)?;
+        if !bundle.sampling.ignored.is_empty() {
+            tracing::info!(
+                ignored = ?bundle.sampling.ignored,
+                "the model's files set sampling parameters Spindle does not implement (or out of range); they are ignored"
+            );
+        }
+        Ok(bundle)
+    }
+
+    fn load_files(files: &ModelFiles) -> Result<Self> {
         let fingerprint = model_fingerprint(files)
             .map_err(|e| RunnerError::Load(format!("cannot read the model files: {e}")))?;
         match files {
@@ -39,7 +51,10 @@ impl ModelBundle {
                 // The tokenizer before the weights: its build (the header's strings, ~30 MB for
                 // Gemma 3's 262K vocabulary) then peaks on nothing, and only its tables (~8 MB)
                 // sit under the weights' load.
-                let mut meta = read_tokenizer_metadata(path)?;
+                let mut meta = read_gguf_keys(path, &["tokenizer.", GGUF_SAMPLING_PREFIX])?;
+                let sampling_meta: GgufMetadata =
+                    meta.extract_if(|key, _| key.starts_with(GGUF_SAMPLING_PREFIX)).collect();
+                let sampling = ModelSampling::from_gguf(&sampling_meta);
                 // The template's key set apart, the tokenizer takes the header's vocabulary.
                 let template_meta: GgufMetadata =
                     meta.remove_entry(CHAT_TEMPLATE_KEY).into_iter().collect();
@@ -47,7 +62,8 @@ impl ModelBundle {
                 let template = ChatTemplate::from_gguf(&template_meta, &tokenizer)?
                     .unwrap_or_else(ChatTemplate::chatml);
                 let model = spindle_models::load_gguf(path)?;
-                Ok(Self { model, tokenizer: Arc::new(tokenizer), template, fingerprint })
+                let tokenizer = Arc::new(tokenizer);
+                Ok(Self { model, tokenizer, template, fingerprint, sampling })
             }
             ModelFiles::Safetensors { dir } => {
                 let model = spindle_models::load_safetensors(dir)?;
@@ -57,7 +73,9 @@ impl ModelBundle {
                     &tokenizer,
                 )?
                 .unwrap_or_else(ChatTemplate::chatml);
-                Ok(Self { model, tokenizer: Arc::new(tokenizer), template, fingerprint })
+                let sampling = ModelSampling::from_generation_config(dir);
+                let tokenizer = Arc::new(tokenizer);
+                Ok(Self { model, tokenizer, template, fingerprint, sampling })
             }
         }
     }

@@ -9,6 +9,7 @@ mod draft;
 mod engine;
 mod error;
 mod events;
+pub mod model_sampling;
 mod output;
 mod polling_workers;
 mod prefix_cache;

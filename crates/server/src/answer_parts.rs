@@ -6,7 +6,6 @@ use spindle_runner::{SequenceSummary, TextDelta};
 
 use crate::clock::unix_now;
 use crate::pipeline::tool_calls::ToolCallStage;
-use crate::state::AppState;
 
 /// The fields every chunk and completion of one response repeat.
 pub struct ResponseHead {
@@ -16,14 +15,14 @@ pub struct ResponseHead {
 }
 
 impl ResponseHead {
-    /// A fresh id such as `chatcmpl-3f2a…` (`prefix` names the endpoint), stamped now, naming
-    /// the served model.
-    pub fn new(state: &AppState, prefix: &str) -> Self {
-        Self {
-            id: format!("{prefix}-{:032x}", rand::random::<u128>()),
-            created: unix_now(),
-            model: state.config.model_id.clone(),
-        }
+    /// A fresh id such as `chatcmpl-3f2a…` (`prefix` names the endpoint).
+    pub fn fresh_id(prefix: &str) -> String {
+        format!("{prefix}-{:032x}", rand::random::<u128>())
+    }
+
+    /// The head of response `id`, stamped now, naming the model that answers it.
+    pub fn new(id: String, model: &str) -> Self {
+        Self { id, created: unix_now(), model: model.to_string() }
     }
 }
 

@@ -27,10 +27,11 @@ use crate::batch_store::ResultLog;
 use crate::chat::answer::ChatAnswer;
 use crate::chat::request::generation_request;
 use crate::clock::unix_now;
+use crate::engine::GenerationEngine;
 use crate::error::parse_json_value;
 use crate::pipeline::request::GenerationRequest;
 use crate::pipeline::respond::whole;
-use crate::pipeline::{start, Started};
+use crate::pipeline::{start_on, Started};
 use crate::state::AppState;
 
 /// How often the worker looks at the engine's load while it waits or runs.
@@ -151,19 +152,24 @@ async fn run_line(
             ))
         }
     };
+    let refused = |error: &ApiError| {
+        Some(failure(line, &format!("batch_req_{:032x}", rand::random::<u128>()), error))
+    };
     loop {
-        wait_for_room(state, id).await?;
-        let head = ResponseHead::new(state, "chatcmpl");
+        if let Err(error) = request.validate() {
+            return refused(&error);
+        }
+        let model = match state.model(request.model.as_deref(), request.ttl).await {
+            Ok(model) => model,
+            Err(error) => return refused(&error),
+        };
+        let engine = model.engine.clone();
+        wait_for_room(state, engine.as_ref(), id).await?;
+        let head = ResponseHead::new(ResponseHead::fresh_id("chatcmpl"), &model.id);
         let Started { generation, tools, .. } =
-            match start(state, &request, &head.id, Admission::Batch) {
+            match start_on(state, model, &request, &head.id, Admission::Batch) {
                 Ok(started) => started,
-                Err(error) => {
-                    return Some(failure(
-                        line,
-                        &format!("batch_req_{:032x}", rand::random::<u128>()),
-                        &error,
-                    ))
-                }
+                Err(error) => return refused(&error),
             };
         let request_id = head.id.clone();
         let answer = ChatAnswer { head, tools, include_usage: false };
@@ -176,7 +182,7 @@ async fn run_line(
                 Err(error) => failure(line, &request_id, &error),
             }),
             // Dropping the generation cancels it in the engine.
-            () = must_give_way(state, id) => {}
+            () = must_give_way(state, engine.as_ref(), id) => {}
         }
     }
 }
@@ -218,14 +224,14 @@ fn output_line(
     }
 }
 
-/// Waits until the engine has a free slot nobody is waiting for; `None` when the batch is
-/// being cancelled.
-async fn wait_for_room(state: &AppState, id: &str) -> Option<()> {
+/// Waits until `engine` has a free slot nobody is waiting for; `None` when the batch is being
+/// cancelled.
+async fn wait_for_room(state: &AppState, engine: &dyn GenerationEngine, id: &str) -> Option<()> {
     loop {
         if cancelling(state, id) {
             return None;
         }
-        let load = state.engine.load();
+        let load = engine.load();
         if load.waiting.load(Ordering::Relaxed) == 0
             && load.active.load(Ordering::Relaxed) < state.config.max_concurrent
         {
@@ -237,10 +243,10 @@ async fn wait_for_room(state: &AppState, id: &str) -> Option<()> {
 
 /// Resolves when the batch request in flight must stop: every slot is taken and a request
 /// waits for one, or the batch is being cancelled.
-async fn must_give_way(state: &AppState, id: &str) {
+async fn must_give_way(state: &AppState, engine: &dyn GenerationEngine, id: &str) {
     loop {
         tokio::time::sleep(POLL).await;
-        let load = state.engine.load();
+        let load = engine.load();
         let full = load.active.load(Ordering::Relaxed) >= state.config.max_concurrent;
         if (full && load.waiting.load(Ordering::Relaxed) > 0) || cancelling(state, id) {
             return;

@@ -20,7 +20,7 @@ use crate::error::{failure, parse_json, HttpError};
 use crate::pipeline::generation::{Collected, Output};
 use crate::pipeline::request::{self, GenerationRequest};
 use crate::pipeline::respond::{respond, Delivery, Protocol};
-use crate::pipeline::{start, Started};
+use crate::pipeline::{start_on, Started};
 use crate::sse::{done_event, failure_events, json_event, keep_alive_comment};
 use crate::state::AppState;
 
@@ -37,7 +37,8 @@ pub async fn completions(
         )
         .into());
     }
-    let tokenizer = &state.model.tokenizer;
+    let model = state.model(request.model.as_deref(), request.ttl).await?;
+    let tokenizer = &model.model.tokenizer;
     let prompt_ids = match &request.prompt {
         Prompt::TokenIds(ids) => ids.clone(),
         prompt => {
@@ -69,9 +70,13 @@ pub async fn completions(
         max_tokens: Some(request.max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS)),
         logprobs: request.logprobs.map(|n| n as usize),
         prompt_field: "prompt",
+        endpoint: "/v1/completions",
+        ttl: request.ttl,
     };
-    let head = ResponseHead::new(&state, "cmpl");
-    let Started { generation, .. } = start(&state, &generation_request, &head.id, Admission::Live)?;
+    generation_request.validate()?;
+    let head = ResponseHead::new(ResponseHead::fresh_id("cmpl"), &model.id);
+    let Started { generation, .. } =
+        start_on(&state, model, &generation_request, &head.id, Admission::Live)?;
     let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let answer = CompletionAnswer { head, echo, include_usage };
     Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)

@@ -1,5 +1,5 @@
 //! The one place where failures become HTTP responses: every error leaves with its status (and
-//! `Retry-After` on 429), as the OpenAI error JSON (Anthropic's on the Messages routes).
+//! `Retry-After` on 429 and 503), as the OpenAI error JSON (Anthropic's on the Messages routes).
 
 use std::fmt::Display;
 
@@ -16,6 +16,10 @@ use spindle_runner::RunnerError;
 
 /// Seconds a client should wait before retrying when the queue is full.
 const RETRY_AFTER_SECONDS: &str = "1";
+
+/// Seconds a client should wait before retrying when no model can be unloaded to make room for
+/// its own: until a running request ends, at least.
+const RETRY_AFTER_NO_ROOM_SECONDS: &str = "5";
 
 /// Wraps [`ApiError`] so handlers can return it with `?`.
 #[derive(Debug)]
@@ -47,14 +51,17 @@ impl IntoResponse for HttpError {
     }
 }
 
-/// `error`'s status (and `Retry-After` on 429) around `body`, the error in a protocol's shape.
+/// `error`'s status (and `Retry-After` on 429 and 503) around `body`, the error in a protocol's shape.
 pub fn error_response(error: &ApiError, body: impl IntoResponse) -> Response {
     let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = (status, body).into_response();
-    if status == StatusCode::TOO_MANY_REQUESTS {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
+    let retry_after = match status {
+        StatusCode::TOO_MANY_REQUESTS => Some(RETRY_AFTER_SECONDS),
+        StatusCode::SERVICE_UNAVAILABLE => Some(RETRY_AFTER_NO_ROOM_SECONDS),
+        _ => None,
+    };
+    if let Some(seconds) = retry_after {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(seconds));
     }
     response
 }

@@ -15,12 +15,15 @@ mod completions;
 mod engine;
 mod error;
 mod files;
+mod loaded_model;
 mod messages;
 mod metrics;
+pub mod model_registry;
 mod pipeline;
 mod response_store;
 mod responses;
 mod routes;
+pub mod sampling_defaults;
 mod sse;
 mod state;
 mod web;
@@ -31,32 +34,21 @@ mod fuzz_tests;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use spindle_chat::{ChatError, ModelProfile};
-use spindle_runner::{Engine, EngineConfig, ModelBundle};
+use spindle_chat::ChatError;
+use spindle_runner::ModelBundle;
 
 pub use batch_store::BatchConfig;
 pub use engine::GenerationEngine;
+pub use loaded_model::{LoadedModel, ModelLease};
+pub use model_registry::{Clock, Loader, ModelEntry, ModelRegistry, SystemClock};
 pub use routes::router;
 pub use state::{AppState, ServedModel, ServerConfig};
 
-/// Starts the engine thread for `bundle` and the state the routes share. Fails only where the
-/// tokenizer cannot encode the reasoning block's closing tag.
+/// Starts the engine thread for `bundle` and the state the routes share, serving that one
+/// model. Fails only where the tokenizer cannot encode the reasoning block's closing tag.
 pub fn start(config: ServerConfig, bundle: ModelBundle) -> Result<Arc<AppState>, ChatError> {
-    let model = ServedModel {
-        tokenizer: bundle.tokenizer.clone(),
-        template: bundle.template.clone(),
-        max_positions: bundle.model.config().max_position_embeddings,
-        kv_tokens: config.cache.kv_tokens(&bundle),
-    };
-    // Checked before the engine starts: a model the server cannot serve loads no KV pool.
-    let profile = ModelProfile::new(&model.template, &model.tokenizer, config.tool_call_parser)?;
-    let engine_config = EngineConfig {
-        orphan_prefill_tokens: config.orphan_prefill_tokens,
-        speculation: config.speculation.clone(),
-        ..EngineConfig::new(config.max_concurrent, config.cache.clone())
-    };
-    let engine = Engine::start(Arc::new(bundle), engine_config);
-    Ok(with_profile(config, model, profile, Arc::new(engine)))
+    let model = LoadedModel::start(config.model_id.clone(), config.ctx_size, &config, bundle)?;
+    Ok(with_one_model(config, model))
 }
 
 /// The state the routes share around any engine serving `model` (tests give a scripted one).
@@ -66,31 +58,35 @@ pub fn start_with_engine(
     model: ServedModel,
     engine: Arc<dyn GenerationEngine>,
 ) -> Result<Arc<AppState>, ChatError> {
-    let profile = ModelProfile::new(&model.template, &model.tokenizer, config.tool_call_parser)?;
-    Ok(with_profile(config, model, profile, engine))
+    let (id, parser) = (config.model_id.clone(), config.tool_call_parser);
+    let model = LoadedModel::new(id, config.ctx_size, model, engine, parser)?;
+    Ok(with_one_model(config, model))
 }
 
-fn with_profile(
+/// The state the routes share around several models, loaded as requests name them.
+pub fn start_with_registry(
     config: ServerConfig,
-    model: ServedModel,
-    profile: ModelProfile,
-    engine: Arc<dyn GenerationEngine>,
+    models: Arc<ModelRegistry<LoadedModel>>,
 ) -> Arc<AppState> {
-    let caps = profile.capabilities;
-    tracing::info!(
-        reasoning = ?profile.reasoning.as_ref().map(|r| format!("{}…{}", r.open, r.close)),
-        tool_calls = profile.tool_call_format.name(),
-        template_tools = caps.tools,
-        template_system_role = caps.system_role,
-        template_thinking_toggle = caps.thinking_toggle,
-        "chat profile"
-    );
-    Arc::new(AppState::new(config, model, profile, engine))
+    Arc::new(AppState::new(config, models))
+}
+
+/// One model, loaded before the server starts and never unloaded: the registry has nothing to
+/// load, so its loader only says so.
+fn with_one_model(config: ServerConfig, model: LoadedModel) -> Arc<AppState> {
+    let entry = ModelEntry { name: model.id.clone(), source: model.id.clone(), bytes: 0 };
+    let loader: Loader<LoadedModel> = Arc::new(|entry: &ModelEntry| {
+        Err(format!("`{}` is loaded at start and never unloaded", entry.name))
+    });
+    let clock = Arc::new(SystemClock::default());
+    let models = ModelRegistry::new(vec![entry], u64::MAX, None, loader, clock);
+    models.preload(0, model);
+    start_with_registry(config, models)
 }
 
 /// Serves on `listener` until the process ends (or until `shutdown` resolves), and runs the
 /// batches left unfinished in the batch folder and those created meanwhile. Returns an error
-/// when a fault stops the engine: the process should exit and be restarted.
+/// when a fault stops an engine: the process should exit and be restarted.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
@@ -99,15 +95,26 @@ pub async fn serve(
     let address: SocketAddr = listener.local_addr()?;
     tracing::info!(%address, model = %state.config.model_id, "serving the OpenAI API");
     let worker = tokio::spawn(batch_worker::run(state.clone()));
-    let mut health = state.engine.health();
-    let served = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown);
+    let served = axum::serve(listener, router(state.clone())).with_graceful_shutdown(shutdown);
     let result = tokio::select! {
         served = served => served,
-        Ok(reason) = health.wait_for(Option::is_some) => {
-            let reason = reason.clone().unwrap_or_default();
+        reason = housekeeping(&state) => {
             Err(std::io::Error::other(format!("the engine stopped on a fault: {reason}")))
         }
     };
     worker.abort();
     result
+}
+
+/// Once a second: unloads the models idle past their time-to-live, and checks the loaded
+/// models' engines; returns the reason once one has stopped on a fault.
+async fn housekeeping(state: &AppState) -> String {
+    let mut ticks = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        ticks.tick().await;
+        state.models.unload_expired();
+        if let Some(reason) = routes::engine_fault(state) {
+            return reason;
+        }
+    }
 }

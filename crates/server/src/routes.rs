@@ -26,8 +26,8 @@ use crate::error::{failure, parse_json, HttpError};
 use crate::files;
 use crate::messages::{count_tokens, error_for_path, messages};
 use crate::pipeline::render::render_prompt;
-use crate::pipeline::request::check_model;
 use crate::responses::{create_response, delete_response, retrieve_response};
+use crate::sampling_defaults;
 use crate::state::AppState;
 use crate::web;
 
@@ -94,8 +94,18 @@ async fn count_requests(
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = request.method().clone();
     let response = next.run(request).await;
-    state.metrics.count_request(&endpoint, response.status().as_u16());
+    let status = response.status();
+    state.metrics.count_request(&endpoint, status.as_u16());
+    // A generation that runs logs its own line when it ends (`request done`, with its tokens
+    // and speeds); a refused request gets its line here, and the small endpoints (health
+    // checks, metrics scrapes) only at debug level, so polling does not flood the log.
+    if status.is_client_error() || status.is_server_error() {
+        tracing::info!(%method, endpoint, status = status.as_u16(), "request refused");
+    } else {
+        tracing::debug!(%method, endpoint, status = status.as_u16(), "request answered");
+    }
     response
 }
 
@@ -104,10 +114,11 @@ async fn not_found(request: Request) -> Response {
     error_for_path(path, ApiError::not_found(format!("no route for {} {path}", request.method())))
 }
 
-/// 200 while the engine runs; 503 once a fault has stopped it (the process is on its way out).
+/// 200 while every loaded model's engine runs; 503 once a fault has stopped one (the process is
+/// on its way out).
 pub(crate) async fn health(State(state): State<Arc<AppState>>) -> Response {
     let model = &state.config.model_id;
-    match state.engine.health().borrow().as_deref() {
+    match engine_fault(&state) {
         None => Json(json!({"status": "ok", "model": model})).into_response(),
         Some(_) => {
             let body =
@@ -117,20 +128,38 @@ pub(crate) async fn health(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
+/// Why a loaded model's engine stopped, if one has.
+pub(crate) fn engine_fault(state: &AppState) -> Option<String> {
+    let loaded = state.models.loaded();
+    loaded.iter().find_map(|(_, model)| model.engine.health().borrow().clone())
+}
+
+/// Each loaded model's series, labelled with its `model_name`.
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let text = state.metrics.render(state.engine.load());
+    let loaded = state.models.loaded();
+    let engines: Vec<_> =
+        loaded.iter().map(|(name, model)| (name.clone(), model.engine.load())).collect();
+    let text = state.metrics.render(&engines);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
+/// Every served model, whether it is loaded, and the sampling defaults of those that are.
 async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
-    Json(ModelList {
-        data: vec![ModelCard {
-            id: state.config.model_id.clone(),
+    let loaded = state.models.loaded();
+    let data = state.models.list().into_iter().map(|(entry, load_state)| {
+        let model = loaded.iter().find(|(name, _)| *name == entry.name).map(|(_, m)| m);
+        ModelCard {
             created: state.started,
             owned_by: "spindle".into(),
-            max_model_len: Some(state.config.ctx_size),
-        }],
-    })
+            // A model not loaded yet is read with the server's context.
+            max_model_len: Some(model.map_or(state.config.ctx_size, |m| m.ctx_size)),
+            sampling_defaults: model
+                .map(|m| sampling_defaults::card(&state.config.sampling, &m.model.sampling)),
+            status: Some(load_state.name().into()),
+            id: entry.name,
+        }
+    });
+    Json(ModelList { data: data.collect() })
 }
 
 async fn tokenize(
@@ -139,10 +168,10 @@ async fn tokenize(
 ) -> Result<Json<TokenizeResponse>, HttpError> {
     let request: TokenizeRequest = parse_json(&body?)?;
     request.validate()?;
-    check_model(&state, request.model.as_deref())?;
-    let tokenizer = &state.model.tokenizer;
+    let model = state.model(request.model.as_deref(), None).await?;
+    let tokenizer = &model.model.tokenizer;
     let tokens = if let Some(messages) = &request.messages {
-        let prompt = render_prompt(&state, messages, &[], &Default::default())?.text;
+        let prompt = render_prompt(&state, &model, messages, &[], &Default::default())?.text;
         // The template already wrote the special tokens it wants.
         tokenizer.encode(&prompt, request.add_special_tokens.unwrap_or(false))
     } else {
@@ -152,7 +181,7 @@ async fn tokenize(
         )
     }
     .map_err(failure)?;
-    Ok(Json(TokenizeResponse { count: tokens.len(), tokens, max_model_len: state.config.ctx_size }))
+    Ok(Json(TokenizeResponse { count: tokens.len(), tokens, max_model_len: model.ctx_size }))
 }
 
 async fn detokenize(
@@ -160,8 +189,8 @@ async fn detokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<DetokenizeResponse>, HttpError> {
     let request: DetokenizeRequest = parse_json(&body?)?;
-    check_model(&state, request.model.as_deref())?;
-    let tokenizer = &state.model.tokenizer;
+    let model = state.model(request.model.as_deref(), None).await?;
+    let tokenizer = &model.model.tokenizer;
     if let Some(bad) = request.tokens.iter().find(|&&id| id as usize >= tokenizer.vocab_size()) {
         return Err(ApiError::bad_request(
             format!("token id {bad} is outside the vocabulary"),

@@ -1,25 +1,28 @@
-//! What every handler shares: the configuration, the engine handle, the served model's tokenizer,
-//! template and limits and its chat profile, the metrics, and the in-flight requests that can be
-//! cancelled.
+//! What every handler shares: the configuration, the served models (each loaded one with its
+//! engine, tokenizer, template, limits and chat profile), the metrics, and the in-flight
+//! requests that can be cancelled.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
-use spindle_chat::{ChatTemplate, ModelProfile, Tokenizer, ToolCallFormat};
-use spindle_constrain::Grammars;
+use spindle_api::ApiError;
+use spindle_chat::{ChatTemplate, Tokenizer, ToolCallFormat};
+use spindle_runner::model_sampling::{ModelSampling, SamplingPreset};
 use spindle_runner::{CacheConfig, SpeculationConfig};
 
 use crate::admission::Admissions;
 use crate::batch_store::{BatchConfig, BatchStore};
 use crate::clock::unix_now;
-use crate::engine::GenerationEngine;
+use crate::loaded_model::{LoadedModel, ModelLease};
 use crate::metrics::Metrics;
+use crate::model_registry::{ModelRegistry, RegistryError};
 use crate::response_store::ResponseStore;
 
 /// How the server was started.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// The id clients use in `model` (and see in `/v1/models`).
+    /// The id clients use in `model` (and see in `/v1/models`); with several models, the
+    /// first's, which answers requests that name none.
     pub model_id: String,
     /// When set, every `/v1` request needs `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
@@ -27,7 +30,8 @@ pub struct ServerConfig {
     pub max_concurrent: usize,
     /// Requests allowed to wait beyond those; more get 429.
     pub max_queue: usize,
-    /// Positions per sequence (prompt + completion).
+    /// Positions per sequence (prompt + completion) of the model loaded at start; with
+    /// several models each is sized at its load (`--ctx-size`, else what it and its pool hold).
     pub ctx_size: usize,
     /// `--no-thinking`: thinking is off unless a request turns it on.
     pub thinking_default: bool,
@@ -53,6 +57,9 @@ pub struct ServerConfig {
     /// `--no-speculate` and `--draft-max`: whether requests decode speculatively unless they
     /// say, and how far.
     pub speculation: SpeculationConfig,
+    /// `--temperature`, `--top-k`, `--top-p`, `--min-p`, `--repeat-penalty`: the defaults of a
+    /// request that leaves them out, over the model's own.
+    pub sampling: SamplingPreset,
 }
 
 /// What the handlers know of the served model: its text side and its limits. The weights stay
@@ -64,14 +71,14 @@ pub struct ServedModel {
     pub max_positions: usize,
     /// Positions the KV pool holds over all sequences: no longer prompt can ever run.
     pub kv_tokens: usize,
+    /// The sampling settings the model's files publish.
+    pub sampling: ModelSampling,
 }
 
 pub struct AppState {
     pub config: ServerConfig,
-    pub model: ServedModel,
-    /// Read off the template and tokenizer at start, so no request searches or probes them.
-    pub profile: ModelProfile,
-    pub engine: Arc<dyn GenerationEngine>,
+    /// The served models and which of them are loaded.
+    pub models: Arc<ModelRegistry<LoadedModel>>,
     pub metrics: Metrics,
     /// Finished Responses API responses kept for `GET` and `previous_response_id`.
     pub responses: ResponseStore,
@@ -81,38 +88,44 @@ pub struct AppState {
     pub started: u64,
     /// The requests in flight, each cancellable by id.
     pub admissions: Arc<Admissions>,
-    /// Built on the first constrained request: a large vocabulary takes a moment.
-    grammars: OnceLock<Result<Grammars, String>>,
 }
 
 impl AppState {
-    pub fn new(
-        config: ServerConfig,
-        model: ServedModel,
-        profile: ModelProfile,
-        engine: Arc<dyn GenerationEngine>,
-    ) -> Self {
+    pub fn new(config: ServerConfig, models: Arc<ModelRegistry<LoadedModel>>) -> Self {
         let batches = BatchStore::open(&config.batch.dir);
         let admissions = Arc::new(Admissions::new(config.max_concurrent + config.max_queue));
         Self {
             config,
-            model,
-            profile,
-            engine,
+            models,
             metrics: Metrics::default(),
             responses: ResponseStore::default(),
             batches,
             started: unix_now(),
             admissions,
-            grammars: OnceLock::new(),
         }
     }
 
-    /// The grammar compiler for the model's vocabulary.
-    pub fn grammars(&self) -> Result<&Grammars, String> {
-        let grammars = self
-            .grammars
-            .get_or_init(|| Grammars::new(&self.model.tokenizer).map_err(|e| e.to_string()));
-        grammars.as_ref().map_err(Clone::clone)
+    /// The served model `requested` names (absent or empty: the first), loading it first when
+    /// it is not loaded, and from now on unloaded once idle `ttl_seconds` (0: never; `None`: as
+    /// before): 404 `model_not_found` for a model not served, 503 when memory for it cannot be
+    /// freed now, 500 when its load fails.
+    pub async fn model(
+        &self,
+        requested: Option<&str>,
+        ttl_seconds: Option<u64>,
+    ) -> Result<ModelLease, ApiError> {
+        let ttl = ttl_seconds.map(|s| (s > 0).then(|| std::time::Duration::from_secs(s)));
+        self.models.acquire(requested, ttl).await.map_err(registry_error)
+    }
+}
+
+fn registry_error(error: RegistryError) -> ApiError {
+    match &error {
+        RegistryError::NotFound { .. } => ApiError {
+            code: Some("model_not_found".into()),
+            ..ApiError::not_found(error.to_string())
+        },
+        RegistryError::NoRoom { .. } => ApiError::unavailable(error.to_string()),
+        RegistryError::LoadFailed { .. } => ApiError::internal(error.to_string()),
     }
 }

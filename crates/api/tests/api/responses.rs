@@ -386,6 +386,8 @@ fn model_list_tokenize_and_detokenize() {
             created: 1700000000,
             owned_by: "spindle".into(),
             max_model_len: Some(8192),
+            sampling_defaults: None,
+            status: None,
         }],
     };
     assert_eq!(

@@ -30,6 +30,7 @@ fn tiny() -> Arc<ModelBundle> {
                 tokenizer: tokenizer.into(),
                 template: ChatTemplate::chatml(),
                 fingerprint: "tiny".into(),
+                sampling: Default::default(),
             };
             Arc::new(bundle)
         })

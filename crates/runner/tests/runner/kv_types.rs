@@ -109,6 +109,7 @@ fn bundle(model: &str, weights: Weights) -> Arc<ModelBundle> {
                 tokenizer: tokenizer.into(),
                 template: ChatTemplate::chatml(),
                 fingerprint: "f32".into(),
+                sampling: Default::default(),
             })
         }
     }

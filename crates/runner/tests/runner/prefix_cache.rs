@@ -97,8 +97,8 @@ fn hybrid() -> &'static Model {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe");
         let model = spindle_models::load_safetensors(&dir).unwrap();
         let fingerprint = model_fingerprint(&ModelFiles::Safetensors { dir }).unwrap();
-        let ModelBundle { tokenizer, template, .. } = smollm2_bundle();
-        let bundle = ModelBundle { model, tokenizer, template, fingerprint };
+        let ModelBundle { tokenizer, template, sampling, .. } = smollm2_bundle();
+        let bundle = ModelBundle { model, tokenizer, template, fingerprint, sampling };
         Model { name: "qwen3_5_moe fixture", bundle: Arc::new(bundle), stop_ids: Vec::new() }
     })
 }

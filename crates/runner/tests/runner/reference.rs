@@ -226,6 +226,7 @@ fn check_transformers(name: &str) {
         tokenizer: tokenizer.into(),
         template: ChatTemplate::chatml(),
         fingerprint: "f32".into(),
+        sampling: Default::default(),
     };
     let engine = engine(bundle);
     let (mut steps, mut worst) = (0, 0f32);

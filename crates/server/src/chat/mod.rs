@@ -29,9 +29,10 @@ pub async fn chat_completions(
     let request: ChatCompletionRequest = parse_json(&body?)?;
     request.validate()?;
     let generation_request = generation_request(&request)?;
-    let head = ResponseHead::new(&state, "chatcmpl");
+    let id = ResponseHead::fresh_id("chatcmpl");
     let Started { mut generation, tools, .. } =
-        start(&state, &generation_request, &head.id, Admission::Live)?;
+        start(&state, &generation_request, &id, Admission::Live).await?;
+    let head = ResponseHead::new(id, generation.model_name());
     let delivery = Delivery::of(request.stream);
     if matches!(delivery, Delivery::Stream) && request.return_progress {
         generation.report_progress();

@@ -28,6 +28,8 @@ pub(crate) fn generation_request(
         max_tokens: request.max_output_tokens(),
         logprobs: request.logprobs.then(|| request.top_logprobs.unwrap_or(0) as usize),
         prompt_field: "messages",
+        endpoint: "/v1/chat/completions",
+        ttl: request.ttl,
     })
 }
 

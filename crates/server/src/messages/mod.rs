@@ -37,9 +37,10 @@ pub async fn messages(
     let request: MessagesRequest = parse_json(&body?)?;
     request.validate()?;
     let generation_request = generation_request(&request)?;
-    let head = ResponseHead::new(&state, "msg");
+    let id = ResponseHead::fresh_id("msg");
     let Started { generation, tools, prompt_tokens } =
-        start(&state, &generation_request, &head.id, Admission::Live)?;
+        start(&state, &generation_request, &id, Admission::Live).await?;
+    let head = ResponseHead::new(id, generation.model_name());
     let answer = MessagesAnswer { events: MessageEvents::new(head, tools), prompt_tokens };
     Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)
 }
@@ -51,7 +52,7 @@ pub async fn count_tokens(
 ) -> Result<Json<TokenCount>, MessagesError> {
     let request: MessagesRequest = parse_json(&body?)?;
     let generation_request = generation_request(&request)?;
-    let input_tokens = count_prompt_tokens(&state, &generation_request)?;
+    let input_tokens = count_prompt_tokens(&state, &generation_request).await?;
     Ok(Json(TokenCount { input_tokens: input_tokens as u32 }))
 }
 

@@ -123,6 +123,8 @@ pub(crate) fn generation_request(request: &MessagesRequest) -> Result<Generation
         max_tokens: request.max_tokens,
         logprobs: None,
         prompt_field: "messages",
+        endpoint: "/v1/messages",
+        ttl: request.ttl,
     })
 }
 

@@ -14,6 +14,7 @@ use spindle_runner::{
 
 use crate::admission::{Admission, Ticket};
 use crate::error::{internal_error, runner_failure};
+use crate::loaded_model::ModelLease;
 use crate::state::AppState;
 
 /// What a response is built from, in order: prompt progress (when asked for), text pieces,
@@ -30,6 +31,8 @@ const PROGRESS_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_sec
 
 pub struct Generation {
     state: Arc<AppState>,
+    /// The model it runs on, kept loaded until the response is dropped.
+    model: ModelLease,
     /// Read only as fast as the response is sent: a slow client holds its sequence back.
     events: SequenceEvents,
     logprobs: bool,
@@ -41,6 +44,8 @@ pub struct Generation {
     last_token: Option<Instant>,
     /// The response id, for the log line.
     id: String,
+    /// The route the request came in by, for the log line.
+    endpoint: &'static str,
     /// Held until the response is dropped: frees the request's slot and cancel entry.
     _ticket: Ticket,
 }
@@ -50,16 +55,19 @@ impl Generation {
     /// the engine.
     pub fn start(
         state: &Arc<AppState>,
+        model: ModelLease,
         id: &str,
+        endpoint: &'static str,
         request: SequenceRequest,
         admission: Admission,
     ) -> Result<Self, ApiError> {
         let (caller, events) = sequence_channel();
         let ticket = state.admissions.admit(id, events.canceller(), admission)?;
         let logprobs = request.sampling.top_logprobs.is_some();
-        state.engine.submit(request, caller).map_err(|e| runner_failure(id, e.into()))?;
+        model.engine.submit(request, caller).map_err(|e| runner_failure(id, e.into()))?;
         Ok(Self {
             state: state.clone(),
+            model,
             events,
             logprobs,
             started: Instant::now(),
@@ -68,8 +76,14 @@ impl Generation {
             progress: false,
             last_token: None,
             id: id.to_string(),
+            endpoint,
             _ticket: ticket,
         })
+    }
+
+    /// The name of the model that answers.
+    pub fn model_name(&self) -> &str {
+        &self.model.id
     }
 
     /// Also report how far the prompt has been read, as [`Output::Progress`].
@@ -97,23 +111,27 @@ impl Generation {
                 }
                 SequenceEvent::Token { token, text, .. } => {
                     let now = Instant::now();
+                    let model = &self.model.id;
                     match self.last_token.replace(now) {
                         None => {
                             self.first_token = Some(now);
-                            metrics.time_to_first_token.observe((now - self.started).as_secs_f64())
+                            metrics.first_token(model, (now - self.started).as_secs_f64())
                         }
                         Some(previous) => {
-                            metrics.inter_token_latency.observe((now - previous).as_secs_f64())
+                            metrics.inter_token(model, (now - previous).as_secs_f64())
                         }
                     }
                     let logprob =
-                        self.logprobs.then(|| token_logprob(&self.state.model.tokenizer, &token));
+                        self.logprobs.then(|| token_logprob(&self.model.model.tokenizer, &token));
                     Output::Text { delta: text, logprob }
                 }
                 SequenceEvent::Finished(summary) => {
-                    metrics.prompt_tokens.inc_by(summary.prompt_tokens as u64);
-                    metrics.generated_tokens.inc_by(summary.completion_tokens as u64);
-                    metrics.cached_prompt_tokens.inc_by(summary.cached_tokens as u64);
+                    metrics.finished(
+                        &self.model.id,
+                        summary.prompt_tokens,
+                        summary.completion_tokens,
+                        summary.cached_tokens,
+                    );
                     self.log(&summary);
                     self.events.close();
                     Output::Done(summary)
@@ -151,16 +169,25 @@ impl Generation {
         let per_second =
             |tokens: usize, seconds: f64| if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 };
         if read > 0 && self.first_token.is_some() {
-            self.state.metrics.prefill_tokens_per_second.observe(per_second(read, prefill_s));
+            self.state.metrics.prefill_speed(&self.model.id, per_second(read, prefill_s));
         }
+        // Speeds rounded as numbers, not text: a JSON log keeps them numeric.
+        let rounded = |value: f64, places: i32| {
+            let scale = 10f64.powi(places);
+            (value * scale).round() / scale
+        };
         tracing::info!(
             id = %self.id,
+            model = %self.model.id,
+            endpoint = self.endpoint,
+            // A finished generation was answered 200 (a stream's status went out with its head).
+            status = 200,
             prompt = summary.prompt_tokens,
             cached = summary.cached_tokens,
             generated = summary.completion_tokens,
-            prefill_tok_s = format_args!("{:.1}", per_second(read, prefill_s)),
-            decode_tok_s = format_args!("{:.1}", per_second(summary.completion_tokens.saturating_sub(1), decode_s)),
-            total_s = format_args!("{:.2}", (now - self.started).as_secs_f64()),
+            prefill_tok_s = rounded(per_second(read, prefill_s), 1),
+            decode_tok_s = rounded(per_second(summary.completion_tokens.saturating_sub(1), decode_s), 1),
+            total_s = rounded((now - self.started).as_secs_f64(), 2),
             drafted = summary.drafted_tokens,
             accepted = summary.accepted_tokens,
             finish = ?summary.finish_reason,

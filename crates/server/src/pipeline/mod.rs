@@ -18,9 +18,10 @@ use spindle_api::ApiError;
 
 use crate::admission::Admission;
 use crate::error::failure;
+use crate::loaded_model::ModelLease;
 use crate::state::AppState;
 use generation::Generation;
-use request::{check_model, GenerationRequest, Prompt};
+use request::{GenerationRequest, Prompt};
 use tool_calls::ToolCallStage;
 
 /// A request handed to the engine: what every protocol adapter reads its answer from.
@@ -32,46 +33,60 @@ pub(crate) struct Started {
     pub prompt_tokens: usize,
 }
 
-/// Validates `request`, renders and tokenizes its prompt, resolves its answer's shape and
-/// submits it as request `id` (the response's id), live or as a batch's.
-pub(crate) fn start(
+/// Validates `request`, loads its model when it is not loaded, renders and tokenizes its
+/// prompt, resolves its answer's shape and submits it as request `id` (the response's id), live
+/// or as a batch's.
+pub(crate) async fn start(
     state: &Arc<AppState>,
     request: &GenerationRequest,
     id: &str,
     admission: Admission,
 ) -> Result<Started, ApiError> {
     request.validate()?;
-    check_model(state, request.model.as_deref())?;
+    let model = state.model(request.model.as_deref(), request.ttl).await?;
+    start_on(state, model, request, id, admission)
+}
+
+/// [`start`] on a model already leased (whose tokenizer the adapter needed first), for a
+/// request already validated.
+pub(crate) fn start_on(
+    state: &Arc<AppState>,
+    model: ModelLease,
+    request: &GenerationRequest,
+    id: &str,
+    admission: Admission,
+) -> Result<Started, ApiError> {
     let shape = match &request.prompt {
-        Prompt::Chat(conversation) => Some(shape::answer_shape(state, conversation)?),
+        Prompt::Chat(conversation) => Some(shape::answer_shape(state, &model, conversation)?),
         Prompt::Tokens(_) => None,
     };
     let (constraint, tool_calls) = shape.map_or((None, None), |s| (s.constraint, s.tool_calls));
-    let plan = plan::plan(state, request, constraint)?;
+    let plan = plan::plan(state, &model, request, constraint)?;
     let prompt_tokens = plan.prompt_ids.len();
     let tools = tool_calls.as_ref().map(|parsing| ToolCallStage::new(parsing, id));
-    let generation = Generation::start(state, id, plan, admission)?;
+    let generation = Generation::start(state, model, id, request.endpoint, plan, admission)?;
     Ok(Started { generation, tools, prompt_tokens })
 }
 
 /// The prompt's tokens, rendered and tokenized as [`start`] would, without generating.
-pub(crate) fn count_prompt_tokens(
+pub(crate) async fn count_prompt_tokens(
     state: &AppState,
     request: &GenerationRequest,
 ) -> Result<usize, ApiError> {
     request.validate()?;
-    check_model(state, request.model.as_deref())?;
+    let model = state.model(request.model.as_deref(), request.ttl).await?;
     match &request.prompt {
         Prompt::Tokens(ids) => Ok(ids.len()),
         Prompt::Chat(conversation) => {
             let text = render::render_prompt(
                 state,
+                &model,
                 &conversation.messages,
                 &conversation.tools,
                 &conversation.template_kwargs,
             )?
             .text;
-            let ids = state.model.tokenizer.encode(&text, false).map_err(failure)?;
+            let ids = model.model.tokenizer.encode(&text, false).map_err(failure)?;
             Ok(ids.len())
         }
     }

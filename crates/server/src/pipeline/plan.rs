@@ -4,38 +4,48 @@
 
 use spindle_api::{ApiError, SamplingParams};
 use spindle_constrain::Constraint;
+use spindle_runner::model_sampling::ThinkingMode;
 use spindle_runner::sampler::SamplingParams as RunnerSampling;
 use spindle_runner::{ReasoningBudget, ReasoningMode, RunnerError, SequenceRequest};
 
 use crate::error::{failure, prompt_too_long};
+use crate::loaded_model::LoadedModel;
 use crate::pipeline::render::render_prompt;
 use crate::pipeline::request::{Conversation, GenerationRequest, Prompt};
+use crate::sampling_defaults::SamplingDefaults;
 use crate::state::AppState;
 
 /// Renders and tokenizes the prompt and decides everything the engine needs; a prompt too long
 /// for the context is refused naming the request's prompt field.
 pub(crate) fn plan(
     state: &AppState,
+    model: &LoadedModel,
     request: &GenerationRequest,
     constraint: Option<Constraint>,
 ) -> Result<SequenceRequest, ApiError> {
     let conversation = match &request.prompt {
         Prompt::Tokens(ids) => {
-            let max_tokens = fit_max_tokens(state, ids.len(), request)?;
-            return Ok(sequence_request(state, ids.clone(), max_tokens, request));
+            let max_tokens = fit_max_tokens(model, ids.len(), request)?;
+            // A raw prompt has no reasoning block the server opens.
+            let mode = ThinkingMode::NonThinking;
+            return Ok(sequence_request(state, model, ids.clone(), max_tokens, request, mode));
         }
         Prompt::Chat(conversation) => conversation,
     };
     let Conversation { messages, tools, template_kwargs, .. } = conversation.as_ref();
-    let rendered = render_prompt(state, messages, tools, template_kwargs)?;
+    let rendered = render_prompt(state, model, messages, tools, template_kwargs)?;
     // The template writes BOS itself where the model wants one.
     let (prompt_ids, spans) =
-        state.model.tokenizer.encode_with_spans(&rendered.text).map_err(failure)?;
+        model.model.tokenizer.encode_with_spans(&rendered.text).map_err(failure)?;
     let snapshot_positions = token_positions(&rendered.message_ends, &spans);
-    let max_tokens = fit_max_tokens(state, prompt_ids.len(), request)?;
+    let max_tokens = fit_max_tokens(model, prompt_ids.len(), request)?;
 
     let reasoning = rendered.reasoning;
-    let reasoning_budget = match (&reasoning, &state.profile.reasoning) {
+    let mode = match reasoning {
+        ReasoningMode::Tagged { .. } => ThinkingMode::Thinking,
+        ReasoningMode::Off => ThinkingMode::NonThinking,
+    };
+    let reasoning_budget = match (&reasoning, &model.profile.reasoning) {
         (ReasoningMode::Tagged { .. }, Some(tags)) => Some(ReasoningBudget {
             max_tokens: conversation
                 .thinking_budget
@@ -53,7 +63,7 @@ pub(crate) fn plan(
         reasoning,
         reasoning_budget,
         constraint,
-        ..sequence_request(state, prompt_ids, max_tokens, request)
+        ..sequence_request(state, model, prompt_ids, max_tokens, request, mode)
     })
 }
 
@@ -61,18 +71,18 @@ pub(crate) fn plan(
 /// context; a prompt that leaves no room is a 400 `context_length_exceeded` naming the request
 /// field that holds the prompt.
 fn fit_max_tokens(
-    state: &AppState,
+    model: &LoadedModel,
     prompt_tokens: usize,
     request: &GenerationRequest,
 ) -> Result<usize, ApiError> {
-    let context = state.config.ctx_size.min(state.model.max_positions);
+    let context = model.ctx_size.min(model.model.max_positions);
     if prompt_tokens >= context {
         let error = RunnerError::PromptExceedsContext { prompt: prompt_tokens, context };
         return Err(prompt_too_long(&error, request.prompt_field));
     }
     // Generated tokens take blocks as they come (a full pool preempts the newest sequence), but
     // a prompt must fit the whole pool on its own.
-    let kv_tokens = state.model.kv_tokens;
+    let kv_tokens = model.model.kv_tokens;
     if prompt_tokens >= kv_tokens {
         let error = RunnerError::PromptExceedsKvPool { prompt: prompt_tokens, kv_tokens };
         return Err(prompt_too_long(&error, request.prompt_field));
@@ -81,40 +91,48 @@ fn fit_max_tokens(
     Ok(request.max_tokens.map_or(room, |n| (n as usize).min(room)))
 }
 
-/// The engine request for `prompt_ids`: the request's sampling and stop strings, logprobs when
-/// asked for, ending at the model's end-of-text tokens or the served context.
+/// The engine request for `prompt_ids`: the request's sampling (the defaults of an answer in
+/// `mode` where it is silent) and stop strings, logprobs when asked for, ending at the model's
+/// end-of-text tokens or the served context.
 fn sequence_request(
     state: &AppState,
+    model: &LoadedModel,
     prompt_ids: Vec<u32>,
     max_tokens: usize,
     request: &GenerationRequest,
+    mode: ThinkingMode,
 ) -> SequenceRequest {
     let sampling = &request.sampling;
+    let defaults = model.sampling_defaults(&state.config.sampling, mode);
     SequenceRequest {
-        stop_ids: state.model.tokenizer.eos_token_ids().to_vec(),
+        stop_ids: model.model.tokenizer.eos_token_ids().to_vec(),
         stop_strings: sampling.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
         speculative: sampling.speculative,
         ..SequenceRequest::plain(
             prompt_ids,
             max_tokens,
-            RunnerSampling { top_logprobs: request.logprobs, ..runner_sampling(sampling) },
-            state.config.ctx_size,
+            RunnerSampling {
+                top_logprobs: request.logprobs,
+                ..runner_sampling(sampling, &defaults)
+            },
+            model.ctx_size,
         )
     }
 }
 
-/// OpenAI's defaults where the request is silent: temperature 1, no filters, no penalties.
-fn runner_sampling(p: &SamplingParams) -> RunnerSampling {
-    let defaults = RunnerSampling::default();
+/// The request's sampling, and `defaults` (flag, model or built-in) where it is silent; the
+/// penalties a model's files cannot set default to none.
+fn runner_sampling(p: &SamplingParams, defaults: &SamplingDefaults) -> RunnerSampling {
+    let built_in = RunnerSampling::default();
     RunnerSampling {
-        temperature: p.temperature.unwrap_or(defaults.temperature),
-        // vLLM's -1 and OpenAI's absent both mean no limit.
-        top_k: p.top_k.map_or(0, |k| k.max(0) as usize),
-        top_p: p.top_p.unwrap_or(defaults.top_p),
-        min_p: p.min_p.unwrap_or(defaults.min_p),
-        repetition_penalty: p.repetition_penalty.unwrap_or(defaults.repetition_penalty),
-        presence_penalty: p.presence_penalty.unwrap_or(defaults.presence_penalty),
-        frequency_penalty: p.frequency_penalty.unwrap_or(defaults.frequency_penalty),
+        temperature: p.temperature.unwrap_or(defaults.temperature.value),
+        // vLLM's -1 (and 0) mean no limit.
+        top_k: p.top_k.map_or(defaults.top_k.value, |k| k.max(0) as usize),
+        top_p: p.top_p.unwrap_or(defaults.top_p.value),
+        min_p: p.min_p.unwrap_or(defaults.min_p.value),
+        repetition_penalty: p.repetition_penalty.unwrap_or(defaults.repetition_penalty.value),
+        presence_penalty: p.presence_penalty.unwrap_or(built_in.presence_penalty),
+        frequency_penalty: p.frequency_penalty.unwrap_or(built_in.frequency_penalty),
         // The wire type is signed; its bits seed the RNG, so every value is usable.
         seed: p.seed.map(|s| s as u64),
         top_logprobs: None,

@@ -8,6 +8,7 @@ use spindle_chat::TemplateInput;
 use spindle_runner::ReasoningMode;
 
 use crate::error::failure;
+use crate::loaded_model::LoadedModel;
 use crate::state::AppState;
 
 /// A conversation rendered by the chat template.
@@ -29,6 +30,7 @@ pub(crate) struct RenderedPrompt {
 /// `messages` with `tools` offered, rendered with the generation prompt.
 pub(crate) fn render_prompt(
     state: &AppState,
+    model: &LoadedModel,
     messages: &[ChatMessage],
     tools: &[Tool],
     request_kwargs: &Map<String, Value>,
@@ -39,7 +41,7 @@ pub(crate) fn render_prompt(
         kwargs.entry("enable_thinking").or_insert(Value::Bool(false));
     }
     let enable_thinking = kwargs.get("enable_thinking");
-    let reasoning = match &state.profile.reasoning {
+    let reasoning = match &model.profile.reasoning {
         Some(tags) if enable_thinking != Some(&Value::Bool(false)) => ReasoningMode::Tagged {
             open: tags.open.clone(),
             close: tags.close.clone(),
@@ -56,8 +58,8 @@ pub(crate) fn render_prompt(
         extra: &kwargs,
     };
     // A template refusing the messages (its `raise_exception`) is a 400; failing by itself, a 500.
-    let text = state.model.template.render(&input).map_err(failure)?;
-    let message_ends = state.profile.boundaries.as_ref().map_or_else(Vec::new, |b| b.find(&text));
+    let text = model.model.template.render(&input).map_err(failure)?;
+    let message_ends = model.profile.boundaries.as_ref().map_or_else(Vec::new, |b| b.find(&text));
     Ok(RenderedPrompt { text, reasoning, message_ends })
 }
 

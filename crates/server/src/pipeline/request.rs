@@ -8,11 +8,9 @@
 use serde_json::{Map, Value};
 use spindle_api::{ApiError, ChatMessage, SamplingParams, Tool};
 
-use crate::state::AppState;
-
 #[derive(Debug)]
 pub(crate) struct GenerationRequest {
-    /// The model the client named; absent or empty means the one served.
+    /// The model the client named; absent or empty means the first one served.
     pub model: Option<String>,
     pub prompt: Prompt,
     /// Temperature, filters, penalties, seed and stop strings.
@@ -23,6 +21,11 @@ pub(crate) struct GenerationRequest {
     pub logprobs: Option<usize>,
     /// The wire field holding the prompt, which a prompt too long for the context names.
     pub prompt_field: &'static str,
+    /// Seconds the model may stay idle after this request before it is unloaded (0: never;
+    /// `None`: the server's `--model-ttl`).
+    pub ttl: Option<u64>,
+    /// The route the request came in by (a batch's: its line's `url`), named in its log line.
+    pub endpoint: &'static str,
 }
 
 #[derive(Debug)]
@@ -103,19 +106,5 @@ impl GenerationRequest {
             ));
         }
         self.sampling.validate()
-    }
-}
-
-/// 404 for a model this server does not serve. An absent or empty name means the one it does.
-pub(crate) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
-    match model {
-        Some(name) if !name.is_empty() && name != state.config.model_id => Err(ApiError {
-            code: Some("model_not_found".into()),
-            ..ApiError::not_found(format!(
-                "the model `{name}` does not exist; this server serves `{}`",
-                state.config.model_id
-            ))
-        }),
-        _ => Ok(()),
     }
 }

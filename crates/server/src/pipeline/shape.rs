@@ -8,6 +8,7 @@ use spindle_chat::{ToolCallFormat, ToolSchema};
 use spindle_constrain::{grammar, CallMode, Constraint, ToolRule, TopLevelGrammar};
 
 use crate::error::internal;
+use crate::loaded_model::LoadedModel;
 use crate::pipeline::request::{AnswerFormat, Conversation, ToolChoice};
 use crate::state::AppState;
 
@@ -24,9 +25,13 @@ pub struct ToolParsing {
     pub tools: Vec<ToolSchema>,
 }
 
-pub fn answer_shape(state: &AppState, request: &Conversation) -> Result<AnswerShape, ApiError> {
+pub fn answer_shape(
+    state: &AppState,
+    model: &LoadedModel,
+    request: &Conversation,
+) -> Result<AnswerShape, ApiError> {
     let choice = tool_choice(request)?;
-    let format = state.profile.tool_call_format;
+    let format = model.profile.tool_call_format;
     let rules: Vec<ToolRule> = request
         .tools
         .iter()
@@ -64,7 +69,7 @@ pub fn answer_shape(state: &AppState, request: &Conversation) -> Result<AnswerSh
         },
     };
     let constraint = match grammar {
-        Some(grammar) => Some(compile(state, grammar, constrained_field(&choice))?),
+        Some(grammar) => Some(compile(model, grammar, constrained_field(&choice))?),
         None => None,
     };
     let tool_calls = match choice {
@@ -122,11 +127,11 @@ fn response_schema(state: &AppState, format: Option<&AnswerFormat>) -> Option<Va
 }
 
 fn compile(
-    state: &AppState,
+    model: &LoadedModel,
     grammar: TopLevelGrammar,
     field: &str,
 ) -> Result<Constraint, ApiError> {
-    let grammars = state.grammars().map_err(internal)?;
+    let grammars = model.grammars().map_err(internal)?;
     grammars.compile(grammar).map_err(|e| {
         ApiError::bad_request(format!("{field}: the schema can't be enforced: {e}"), Some(field))
     })

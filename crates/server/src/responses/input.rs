@@ -68,6 +68,8 @@ pub fn generation_request(
         max_tokens: request.max_output_tokens,
         logprobs: None,
         prompt_field: "input",
+        endpoint: "/v1/responses",
+        ttl: request.ttl,
     };
     Ok((generation, names))
 }

@@ -43,11 +43,10 @@ pub async fn create_response(
     };
     conversation.extend(request.input_items()?);
     let (generation_request, names) = generation_request(&request, &conversation)?;
-    let head = ResponseHead::new(&state, "resp");
-    let id = head.id.clone();
-    let response = empty_response(&request, head);
+    let id = ResponseHead::fresh_id("resp");
     let Started { generation, tools, .. } =
-        start(&state, &generation_request, &id, Admission::Live)?;
+        start(&state, &generation_request, &id, Admission::Live).await?;
+    let response = empty_response(&request, ResponseHead::new(id, generation.model_name()));
     let assembler = Assembler::new(response, tools, names);
     let keep = request.stores().then(|| Keep { state: state.clone(), conversation });
     let answer = ResponsesAnswer { assembler, keep };

@@ -166,12 +166,14 @@ pub async fn start_server(api_key: Option<&str>) -> (String, Arc<RecordingEngine
         orphan_prefill_tokens: 0,
         batch: spindle_server::BatchConfig::new(batch_dir),
         speculation: Default::default(),
+        sampling: Default::default(),
     };
     let model = ServedModel {
         tokenizer: bundle.tokenizer.clone(),
         template: bundle.template.clone(),
         max_positions: bundle.model.config().max_position_embeddings,
         kv_tokens: config.cache.kv_tokens(&bundle),
+        sampling: bundle.sampling.clone(),
     };
     let engine_config = EngineConfig::new(config.max_concurrent, config.cache.clone());
     let engine = Arc::new(RecordingEngine {

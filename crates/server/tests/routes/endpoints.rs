@@ -5,11 +5,13 @@ use serde_json::{json, Value};
 
 use crate::common::{chat_body, replying, MODEL};
 
+/// The value of the series `name` of the served model.
 fn gauge(metrics: &str, name: &str) -> f64 {
+    let series = format!("{name}{{model_name=\"{MODEL}\"}} ");
     metrics
         .lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("{name} missing from\n{metrics}"))
+        .find_map(|l| l.strip_prefix(&series))
+        .unwrap_or_else(|| panic!("{series} missing from\n{metrics}"))
         .parse()
         .unwrap()
 }

@@ -7,6 +7,8 @@ mod common;
 mod endpoints;
 mod errors;
 mod messages;
+mod models;
 mod responses;
+mod sampling;
 mod streams;
 mod web;

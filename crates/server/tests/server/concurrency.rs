@@ -80,7 +80,7 @@ async fn a_burst_past_the_limits_gets_answers_and_429s_each_answer_its_own() {
 async fn running(base: &str) -> f64 {
     let text = client().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
     text.lines()
-        .find_map(|l| l.strip_prefix("vllm:num_requests_running "))
+        .find_map(|l| l.strip_prefix("vllm:num_requests_running{")?.rsplit(' ').next())
         .unwrap_or_else(|| panic!("no vllm:num_requests_running in\n{text}"))
         .parse()
         .unwrap()

@@ -52,10 +52,10 @@ pub fn hybrid() -> Arc<ModelBundle> {
             let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("../../tests/data/hybrid/qwen3_5_moe");
             let model = spindle_models::load_safetensors(&dir).unwrap();
-            let ModelBundle { tokenizer, template, .. } =
+            let ModelBundle { tokenizer, template, sampling, .. } =
                 ModelBundle::load(&smollm2_files()).unwrap();
             let fingerprint = model_fingerprint(&ModelFiles::Safetensors { dir }).unwrap();
-            Arc::new(ModelBundle { model, tokenizer, template, fingerprint })
+            Arc::new(ModelBundle { model, tokenizer, template, fingerprint, sampling })
         })
         .clone()
 }

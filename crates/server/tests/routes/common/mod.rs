@@ -61,6 +61,7 @@ pub fn config() -> ServerConfig {
         orphan_prefill_tokens: usize::MAX,
         batch: spindle_server::BatchConfig::new(fresh_dir("batches")),
         speculation: Default::default(),
+        sampling: Default::default(),
     }
 }
 
@@ -101,6 +102,7 @@ pub fn server_with(
         template: qwen3_template(),
         max_positions: 32_768,
         kv_tokens: 1 << 16,
+        sampling: Default::default(),
     };
     change(&mut config, &mut model);
     let engine = Arc::new(ScriptedEngine::new(tokenizer(), script));

@@ -43,6 +43,8 @@ pub struct Seen {
     pub top_p: f32,
     /// 0: no limit.
     pub top_k: usize,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
     pub seed: Option<u64>,
     pub top_logprobs: Option<usize>,
     pub reasoning: ReasoningMode,
@@ -198,6 +200,8 @@ impl GenerationEngine for ScriptedEngine {
             temperature: request.sampling.temperature,
             top_p: request.sampling.top_p,
             top_k: request.sampling.top_k,
+            min_p: request.sampling.min_p,
+            repetition_penalty: request.sampling.repetition_penalty,
             seed: request.sampling.seed,
             top_logprobs: request.sampling.top_logprobs,
             reasoning: request.reasoning.clone(),

@@ -121,6 +121,7 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
         orphan_prefill_tokens: usize::MAX,
         batch: spindle_server::BatchConfig::new(fresh_dir("batches")),
         speculation: Default::default(),
+        sampling: Default::default(),
     };
     match setup {
         Setup::Default | Setup::GuidedJson => {

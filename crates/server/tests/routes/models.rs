@@ -1,0 +1,248 @@
+//! Several models behind one server, each with its own scripted engine, loaded by the model
+//! registry on its first request: which model answers, `/v1/models` and its load states, the
+//! least recently used idle model unloaded for a load that would not fit, never one with a
+//! request in flight (503 with `Retry-After` instead), the idle time-to-live (a clock the test
+//! moves), and the 404 for a model not served.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Request;
+use axum::response::Response;
+use serde_json::{json, Value};
+use spindle_server::{
+    AppState, Clock, LoadedModel, Loader, ModelEntry, ModelRegistry, ServedModel,
+};
+use tower::ServiceExt;
+
+use crate::common::{
+    body_text, config, next_chunk, post_json, qwen3_template, tokenizer, Gate, Reply,
+    ScriptedEngine,
+};
+
+/// Time moved by the test alone.
+#[derive(Default)]
+struct ManualClock(Mutex<Duration>);
+
+impl ManualClock {
+    fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap() += by;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Duration {
+        *self.0.lock().unwrap()
+    }
+}
+
+/// A server of models `a`, `b` and `c` (10 bytes each) within `budget` bytes, idle ones
+/// unloaded after an hour. Each answers `I am NAME.`; `a` holds its answers on `gate`.
+struct Models {
+    state: Arc<AppState>,
+    clock: Arc<ManualClock>,
+    loads: Arc<AtomicUsize>,
+    gate: Gate,
+}
+
+fn models(budget: u64) -> Models {
+    let entries = ["a", "b", "c"]
+        .map(|name| ModelEntry { name: name.into(), source: name.into(), bytes: 10 })
+        .to_vec();
+    let (loads, gate) = (Arc::new(AtomicUsize::new(0)), Gate::default());
+    let (counted, held) = (loads.clone(), gate.clone());
+    let loader: Loader<LoadedModel> = Arc::new(move |entry: &ModelEntry| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let (text, gate) = (format!("I am {}.", entry.name), held.clone());
+        let holds = entry.name == "a";
+        let engine = ScriptedEngine::new(tokenizer(), move |_| match holds {
+            true => Reply::Held { text: text.clone(), gate: gate.clone() },
+            false => Reply::text(text.clone()),
+        });
+        let model = ServedModel {
+            tokenizer: tokenizer(),
+            template: qwen3_template(),
+            max_positions: 32_768,
+            kv_tokens: 1 << 16,
+            sampling: Default::default(),
+        };
+        LoadedModel::new(entry.name.clone(), 2048, model, Arc::new(engine), None)
+            .map_err(|e| e.to_string())
+    });
+    let clock = Arc::new(ManualClock::default());
+    let hour = Some(Duration::from_secs(3600));
+    let registry = ModelRegistry::new(entries, budget, hour, loader, clock.clone());
+    let state = spindle_server::start_with_registry(config(), registry);
+    Models { state, clock, loads, gate }
+}
+
+impl Models {
+    async fn send(&self, request: Request<Body>) -> Response {
+        spindle_server::router(self.state.clone()).oneshot(request).await.unwrap()
+    }
+
+    /// Status and JSON body of a chat request to `model` (`None`: naming none).
+    async fn chat(&self, model: Option<&str>) -> (u16, Value) {
+        let response = self.send(post_json("/v1/chat/completions", &chat(model, false))).await;
+        let status = response.status().as_u16();
+        (status, serde_json::from_str(&body_text(response).await).unwrap())
+    }
+
+    /// The answer's text of a chat request to `model`, checking it succeeded.
+    async fn answer(&self, model: Option<&str>) -> String {
+        let (status, body) = self.chat(model).await;
+        assert_eq!(status, 200, "{body}");
+        body["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+    }
+
+    /// Each served model's id and `status` in `/v1/models`.
+    async fn statuses(&self) -> Vec<(String, String)> {
+        let response = self.send(Request::get("/v1/models").body(Body::empty()).unwrap()).await;
+        let list: Value = serde_json::from_str(&body_text(response).await).unwrap();
+        let cards = list["data"].as_array().unwrap().iter();
+        cards
+            .map(|m| (m["id"].as_str().unwrap().into(), m["status"].as_str().unwrap().into()))
+            .collect()
+    }
+}
+
+fn chat(model: Option<&str>, stream: bool) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": "Who are you?"}],
+        "max_tokens": 16, "stream": stream});
+    if let Some(model) = model {
+        body["model"] = model.into();
+    }
+    body
+}
+
+fn listed(states: &[(&str, &str)]) -> Vec<(String, String)> {
+    states.iter().map(|&(id, state)| (id.to_string(), state.to_string())).collect()
+}
+
+#[tokio::test]
+async fn each_model_answers_itself_and_a_request_naming_none_gets_the_first() {
+    let server = models(100);
+    server.gate.open();
+    assert_eq!(
+        server.statuses().await,
+        listed(&[("a", "not-loaded"), ("b", "not-loaded"), ("c", "not-loaded")])
+    );
+    assert_eq!(server.answer(Some("b")).await, "I am b.");
+    assert_eq!(server.answer(None).await, "I am a.");
+    assert_eq!(server.answer(Some("a")).await, "I am a.");
+    let (_, body) = server.chat(Some("b")).await;
+    assert_eq!(body["model"], "b", "the response names the model that answered");
+    assert_eq!(server.loads.load(Ordering::SeqCst), 2, "each model loaded once");
+    assert_eq!(
+        server.statuses().await,
+        listed(&[("a", "loaded"), ("b", "loaded"), ("c", "not-loaded")])
+    );
+}
+
+#[tokio::test]
+async fn metrics_label_each_loaded_model_s_series_with_its_name() {
+    let server = models(100);
+    server.gate.open();
+    server.answer(Some("a")).await;
+    server.answer(Some("b")).await;
+    server.answer(Some("b")).await;
+    let response = server.send(Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let text = body_text(response).await;
+    let value = |series: &str| -> f64 {
+        let line = text.lines().find_map(|l| l.strip_prefix(series));
+        line.unwrap_or_else(|| panic!("no {series} in\n{text}")).trim().parse().unwrap()
+    };
+    let requests = |model: &str| {
+        value(&format!("spindle_time_to_first_token_seconds_count{{model_name=\"{model}\"}}"))
+    };
+    assert_eq!((requests("a"), requests("b")), (1.0, 2.0));
+    for series in ["vllm:num_requests_running", "vllm:kv_cache_usage_perc"] {
+        for model in ["a", "b"] {
+            value(&format!("{series}{{model_name=\"{model}\"}}"));
+        }
+    }
+    assert!(!text.contains("model_name=\"c\""), "c is not loaded:\n{text}");
+}
+
+#[tokio::test]
+async fn a_model_not_served_is_a_404_naming_those_that_are() {
+    let server = models(100);
+    let (status, body) = server.chat(Some("z")).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["code"], "model_not_found");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("`a`, `b`, `c`"), "{message}");
+    assert_eq!(server.loads.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_load_that_would_not_fit_unloads_the_least_recently_used_idle_model() {
+    let server = models(25);
+    server.gate.open();
+    // `a`, `b`, then `a` again, a second apart: `b` is the least recently used.
+    for model in ["a", "b", "a"] {
+        server.answer(Some(model)).await;
+        server.clock.advance(Duration::from_secs(1));
+    }
+    server.answer(Some("c")).await;
+    assert_eq!(
+        server.statuses().await,
+        listed(&[("a", "loaded"), ("b", "not-loaded"), ("c", "loaded")])
+    );
+}
+
+#[tokio::test]
+async fn a_model_answering_a_request_is_never_unloaded_and_the_other_waits_with_503() {
+    let server = models(15);
+    // `a` holds its answer: the stream is in flight until the gate opens.
+    let response = server.send(post_json("/v1/chat/completions", &chat(Some("a"), true))).await;
+    assert_eq!(response.status(), 200);
+    let mut stream = response.into_body().into_data_stream();
+    next_chunk(&mut stream).await.expect("the role chunk");
+    let refused = server.send(post_json("/v1/chat/completions", &chat(Some("b"), false))).await;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "5");
+    let body: Value = serde_json::from_str(&body_text(refused).await).unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("loading `b`") && message.contains("(`a`)"), "{message}");
+    server.gate.open();
+    while next_chunk(&mut stream).await.is_some() {}
+    drop(stream);
+    assert_eq!(server.answer(Some("b")).await, "I am b.");
+    assert_eq!(
+        server.statuses().await,
+        listed(&[("a", "not-loaded"), ("b", "loaded"), ("c", "not-loaded")])
+    );
+}
+
+#[tokio::test]
+async fn an_idle_model_unloads_after_its_time_to_live_and_loads_again_when_asked() {
+    let server = models(100);
+    server.gate.open();
+    server.answer(Some("b")).await;
+    server.clock.advance(Duration::from_secs(3599));
+    assert!(server.state.models.unload_expired().is_empty());
+    server.clock.advance(Duration::from_secs(1));
+    assert_eq!(server.state.models.unload_expired(), ["b"]);
+    assert_eq!(server.statuses().await[1], ("b".to_string(), "not-loaded".to_string()));
+    assert_eq!(server.answer(Some("b")).await, "I am b.");
+    assert_eq!(server.loads.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_request_s_ttl_sets_how_long_its_model_may_idle() {
+    let server = models(100);
+    server.gate.open();
+    let mut body = chat(Some("b"), false);
+    body["ttl"] = json!(10);
+    assert_eq!(server.send(post_json("/v1/chat/completions", &body)).await.status(), 200);
+    body["model"] = json!("c");
+    body["ttl"] = json!(0);
+    assert_eq!(server.send(post_json("/v1/chat/completions", &body)).await.status(), 200);
+    server.clock.advance(Duration::from_secs(10));
+    assert_eq!(server.state.models.unload_expired(), ["b"]);
+    server.clock.advance(Duration::from_secs(100 * 3600));
+    assert!(server.state.models.unload_expired().is_empty(), "0: never");
+}
