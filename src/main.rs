@@ -9,6 +9,7 @@ mod launch;
 mod launch_server;
 mod logging;
 mod memory;
+mod model_loading;
 mod random_hybrid;
 mod sampling_flags;
 mod serve;

@@ -7,13 +7,13 @@ use anyhow::Context;
 use clap::Args;
 use spindle_chat::ToolCallFormat;
 use spindle_models::KvType;
-use spindle_runner::model_sampling::ThinkingMode;
-use spindle_runner::{CacheConfig, DiskConfig, ModelBundle, SpeculationConfig, MAX_DRAFT};
-use spindle_server::{BatchConfig, LoadedModel, ServerConfig};
+use spindle_runner::{CacheConfig, DiskConfig, SpeculationConfig, MAX_DRAFT};
+use spindle_server::{BatchConfig, ServerConfig};
 
 use crate::byte_size::{human_bytes, parse_bytes};
 use crate::kv_memory::KvMemory;
 use crate::logging::{announce, LogFormat};
+use crate::model_loading::{check_guided_json, model_id, sampling_summary, Loading};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -244,127 +244,4 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         .await?;
         Ok(())
     })
-}
-
-/// `sampling defaults: temperature 0.7 (generation_config.json), …`, and the thinking preset's
-/// in a line of its own where it differs.
-pub fn sampling_summary(config: &ServerConfig, model: &LoadedModel) -> Vec<String> {
-    let source = model.model.sampling.source.unwrap_or("model");
-    let plain = model.sampling_defaults(&config.sampling, ThinkingMode::NonThinking);
-    let thinking = model.sampling_defaults(&config.sampling, ThinkingMode::Thinking);
-    let mut lines = vec![format!("sampling defaults: {}", plain.summary(source))];
-    if thinking != plain {
-        lines.push(format!("sampling defaults when thinking: {}", thinking.summary(source)));
-    }
-    lines
-}
-
-/// Refuses a `--guided-json` schema the model's grammar compiler cannot enforce: it fails at
-/// start (or at the model's load), not on every request.
-pub fn check_guided_json(config: &ServerConfig, model: &LoadedModel) -> anyhow::Result<()> {
-    if let Some(schema) = &config.guided_json {
-        let grammars = model.grammars().map_err(anyhow::Error::msg)?;
-        grammars
-            .compile(spindle_constrain::grammar::json_schema(schema))
-            .map_err(|e| anyhow::anyhow!("--guided-json can't be enforced: {e}"))?;
-    }
-    Ok(())
-}
-
-/// What loading a model takes from the command line, for every model served.
-#[derive(Clone)]
-pub struct Loading {
-    /// `--chat-template`: replaces each model's own.
-    pub chat_template: Option<std::path::PathBuf>,
-    pub kv_memory: KvMemory,
-    pub kv_type: KvType,
-    /// `--ctx-size`.
-    pub ctx_size: Option<usize>,
-}
-
-/// A model's context, fitted to its training and the KV pool.
-pub struct Fitted {
-    pub ctx_size: usize,
-    trained: usize,
-    kv_tokens: usize,
-}
-
-impl Loading {
-    /// Loads `files` (with `--chat-template` in place of the model's own), refusing a KV cache
-    /// type its attention heads cannot use.
-    pub fn bundle(&self, files: &spindle_hub::ModelFiles) -> anyhow::Result<ModelBundle> {
-        let mut bundle = crate::memory::returning_freed_memory(|| ModelBundle::load(files))?;
-        if let Some(path) = &self.chat_template {
-            let source = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            bundle.template = spindle_chat::ChatTemplate::new(
-                &source,
-                bundle.tokenizer.bos_token(),
-                bundle.tokenizer.eos_token(),
-            )?;
-        }
-        let head_dims =
-            bundle.model.kv_shapes().iter().flatten().map(|s| s.head_dim).collect::<Vec<_>>();
-        if let Some(d) = head_dims.into_iter().find(|&d| !self.kv_type.fits(d)) {
-            anyhow::bail!(
-                "--kv-cache-type {} needs attention heads a multiple of 32 wide; this model's are {d}",
-                self.kv_type
-            );
-        }
-        Ok(bundle)
-    }
-
-    /// The context: `--ctx-size`, else what the model was trained for, capped by what the KV
-    /// pool holds.
-    pub fn fit(&self, bundle: &ModelBundle, cache: &CacheConfig) -> Fitted {
-        let trained = bundle.model.config().max_position_embeddings;
-        let kv_tokens = cache.kv_tokens(bundle);
-        Fitted { ctx_size: self.ctx_size.unwrap_or(trained.min(kv_tokens)), trained, kv_tokens }
-    }
-
-    /// The startup line of model `id`; warns when `--ctx-size` is more than the pool holds.
-    pub fn summary(
-        &self,
-        id: &str,
-        fitted: &Fitted,
-        bundle: &ModelBundle,
-        cache: &CacheConfig,
-    ) -> String {
-        let (ctx_size, trained, kv_tokens) = (fitted.ctx_size, fitted.trained, fitted.kv_tokens);
-        let auto = if self.kv_memory == KvMemory::Auto { " (auto)" } else { "" };
-        if ctx_size > kv_tokens {
-            tracing::warn!("--ctx-size {ctx_size} is more than the KV cache holds ({kv_tokens}); raise --kv-cache-memory");
-        }
-        format!(
-            "model {id} ({:?}): context {ctx_size} tokens (trained for {trained}); KV cache {} of {} holds {kv_tokens} tokens, {:.1} KiB per token",
-            bundle.model.config().architecture,
-            human_bytes(cache.kv_bytes) + auto,
-            cache.kv_type,
-            cache.block_bytes(bundle) as f64 / cache.block_size as f64 / 1024.0,
-        )
-    }
-}
-
-/// The name clients use: the catalogue name, or a path's file or folder name, or a hub id's
-/// last part. Never with a `/`: agents' model settings reject one.
-pub fn model_id(spec: &str) -> String {
-    let path = std::path::Path::new(spec);
-    if path.exists() {
-        if let Some(name) = path.file_stem().and_then(|n| n.to_str()) {
-            return name.to_string();
-        }
-    }
-    spec.trim_end_matches('/').rsplit('/').next().unwrap_or(spec).to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn model_ids_have_no_slash() {
-        assert_eq!(
-            super::model_id("Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF"),
-            "Qwen2.5-Coder-0.5B-Instruct-GGUF"
-        );
-        assert_eq!(super::model_id("smollm2-135m"), "smollm2-135m");
-    }
 }

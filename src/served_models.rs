@@ -12,7 +12,7 @@ use spindle_hub::{ModelFiles, WhenMissing};
 use spindle_server::{LoadedModel, Loader, ModelEntry, ModelRegistry, ServerConfig, SystemClock};
 
 use crate::kv_memory::KvMemory;
-use crate::serve::{check_guided_json, model_id, sampling_summary, Loading};
+use crate::model_loading::{check_guided_json, model_id, sampling_summary, Loading};
 
 #[derive(Args)]
 pub struct ModelsArgs {

@@ -12,9 +12,11 @@ mod batches;
 mod chat;
 mod clock;
 mod completions;
+mod config;
 mod engine;
 mod error;
 mod files;
+mod health;
 mod loaded_model;
 mod messages;
 mod metrics;
@@ -38,11 +40,12 @@ use spindle_chat::ChatError;
 use spindle_runner::ModelBundle;
 
 pub use batch_store::BatchConfig;
+pub use config::ServerConfig;
 pub use engine::GenerationEngine;
-pub use loaded_model::{LoadedModel, ModelLease};
+pub use loaded_model::{LoadedModel, ModelLease, ServedModel};
 pub use model_registry::{Clock, Loader, ModelEntry, ModelRegistry, SystemClock};
 pub use routes::router;
-pub use state::{AppState, ServedModel, ServerConfig};
+pub use state::AppState;
 
 /// Starts the engine thread for `bundle` and the state the routes share, serving that one
 /// model. Fails only where the tokenizer cannot encode the reasoning block's closing tag.
@@ -113,7 +116,7 @@ async fn housekeeping(state: &AppState) -> String {
     loop {
         ticks.tick().await;
         state.models.unload_expired();
-        if let Some(reason) = routes::engine_fault(state) {
+        if let Some(reason) = health::engine_fault(state) {
             return reason;
         }
     }

@@ -5,15 +5,28 @@
 
 use std::sync::{Arc, OnceLock};
 
-use spindle_chat::{ChatError, ModelProfile, ToolCallFormat};
+use spindle_chat::{ChatError, ChatTemplate, ModelProfile, Tokenizer, ToolCallFormat};
 use spindle_constrain::Grammars;
-use spindle_runner::model_sampling::{SamplingPreset, ThinkingMode};
+use spindle_runner::model_sampling::{ModelSampling, SamplingPreset, ThinkingMode};
 use spindle_runner::{Engine, EngineConfig, ModelBundle};
 
+use crate::config::ServerConfig;
 use crate::engine::GenerationEngine;
 use crate::model_registry::Lease;
 use crate::sampling_defaults::SamplingDefaults;
-use crate::state::{ServedModel, ServerConfig};
+
+/// What the handlers know of the served model: its text side and its limits. The weights stay
+/// with the engine.
+pub struct ServedModel {
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    /// Positions the model was trained for; the served context is at most this.
+    pub max_positions: usize,
+    /// Positions the KV pool holds over all sequences: no longer prompt can ever run.
+    pub kv_tokens: usize,
+    /// The sampling settings the model's files publish.
+    pub sampling: ModelSampling,
+}
 
 /// A model ready to serve.
 pub struct LoadedModel {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
-use axum::http::{header, Method, StatusCode};
+use axum::http::{header, Method};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -24,6 +24,7 @@ use crate::chat::chat_completions;
 use crate::completions::completions;
 use crate::error::{failure, parse_json, HttpError};
 use crate::files;
+use crate::health::health;
 use crate::messages::{count_tokens, error_for_path, messages};
 use crate::pipeline::render::render_prompt;
 use crate::responses::{create_response, delete_response, retrieve_response};
@@ -112,26 +113,6 @@ async fn count_requests(
 async fn not_found(request: Request) -> Response {
     let path = request.uri().path();
     error_for_path(path, ApiError::not_found(format!("no route for {} {path}", request.method())))
-}
-
-/// 200 while every loaded model's engine runs; 503 once a fault has stopped one (the process is
-/// on its way out).
-pub(crate) async fn health(State(state): State<Arc<AppState>>) -> Response {
-    let model = &state.config.model_id;
-    match engine_fault(&state) {
-        None => Json(json!({"status": "ok", "model": model})).into_response(),
-        Some(_) => {
-            let body =
-                json!({"status": "error", "model": model, "error": "the engine has stopped"});
-            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
-        }
-    }
-}
-
-/// Why a loaded model's engine stopped, if one has.
-pub(crate) fn engine_fault(state: &AppState) -> Option<String> {
-    let loaded = state.models.loaded();
-    loaded.iter().find_map(|(_, model)| model.engine.health().borrow().clone())
 }
 
 /// Each loaded model's series, labelled with its `model_name`.

@@ -4,76 +4,16 @@
 
 use std::sync::Arc;
 
-use serde_json::{Map, Value};
 use spindle_api::ApiError;
-use spindle_chat::{ChatTemplate, Tokenizer, ToolCallFormat};
-use spindle_runner::model_sampling::{ModelSampling, SamplingPreset};
-use spindle_runner::{CacheConfig, SpeculationConfig};
 
 use crate::admission::Admissions;
-use crate::batch_store::{BatchConfig, BatchStore};
+use crate::batch_store::BatchStore;
 use crate::clock::unix_now;
+use crate::config::ServerConfig;
 use crate::loaded_model::{LoadedModel, ModelLease};
 use crate::metrics::Metrics;
 use crate::model_registry::{ModelRegistry, RegistryError};
 use crate::response_store::ResponseStore;
-
-/// How the server was started.
-#[derive(Clone, Debug)]
-pub struct ServerConfig {
-    /// The id clients use in `model` (and see in `/v1/models`); with several models, the
-    /// first's, which answers requests that name none.
-    pub model_id: String,
-    /// When set, every `/v1` request needs `Authorization: Bearer <key>`.
-    pub api_key: Option<String>,
-    /// Sequences generating at once.
-    pub max_concurrent: usize,
-    /// Requests allowed to wait beyond those; more get 429.
-    pub max_queue: usize,
-    /// Positions per sequence (prompt + completion) of the model loaded at start; with
-    /// several models each is sized at its load (`--ctx-size`, else what it and its pool hold).
-    pub ctx_size: usize,
-    /// `--no-thinking`: thinking is off unless a request turns it on.
-    pub thinking_default: bool,
-    /// Default reasoning-token budget when a request names none.
-    pub thinking_budget: Option<usize>,
-    /// Template variables applied to every request (a request's own kwargs win).
-    pub chat_template_kwargs: Map<String, Value>,
-    /// Largest request body accepted (413 above).
-    pub max_body_bytes: usize,
-    /// KV storage and prefix-cache sizes, and the prefix cache's folder on disk if any.
-    pub cache: CacheConfig,
-    /// `--tool-call-parser`: the tool-call syntax, when not the one the chat template uses.
-    pub tool_call_parser: Option<ToolCallFormat>,
-    /// `--guided-json`: the schema every answer follows unless a request sets `response_format`.
-    pub guided_json: Option<Value>,
-    /// Quiet time after which a stream sends a keep-alive (while its prompt waits or is read).
-    pub keep_alive: std::time::Duration,
-    /// `--orphan-prefill-tokens`: how much of a prompt whose client left is still read while
-    /// the engine is idle (0: none).
-    pub orphan_prefill_tokens: usize,
-    /// `--batch-dir` and the Batch API's size limits.
-    pub batch: BatchConfig,
-    /// `--no-speculate` and `--draft-max`: whether requests decode speculatively unless they
-    /// say, and how far.
-    pub speculation: SpeculationConfig,
-    /// `--temperature`, `--top-k`, `--top-p`, `--min-p`, `--repeat-penalty`: the defaults of a
-    /// request that leaves them out, over the model's own.
-    pub sampling: SamplingPreset,
-}
-
-/// What the handlers know of the served model: its text side and its limits. The weights stay
-/// with the engine.
-pub struct ServedModel {
-    pub tokenizer: Arc<Tokenizer>,
-    pub template: ChatTemplate,
-    /// Positions the model was trained for; the served context is at most this.
-    pub max_positions: usize,
-    /// Positions the KV pool holds over all sequences: no longer prompt can ever run.
-    pub kv_tokens: usize,
-    /// The sampling settings the model's files publish.
-    pub sampling: ModelSampling,
-}
 
 pub struct AppState {
     pub config: ServerConfig,

@@ -13,7 +13,7 @@ use axum::Router;
 use spindle_api::ApiError;
 
 use crate::error::HttpError;
-use crate::routes::health;
+use crate::health::health;
 use crate::state::AppState;
 
 /// One file of the page: its name under `/ui/`, its type, and its bytes.
