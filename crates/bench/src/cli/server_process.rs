@@ -264,12 +264,20 @@ fn detach_from_terminal(command: &mut Command) {
     use std::os::unix::process::CommandExt;
     command.process_group(0);
     #[cfg(target_os = "linux")]
-    // SAFETY: prctl with integer arguments is async-signal-safe, as pre_exec requires.
-    unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            Ok(())
-        });
+    {
+        let parent = std::process::id();
+        // SAFETY: prctl and getppid are async-signal-safe, as pre_exec requires, and the error
+        // is built from a number, without allocating.
+        unsafe {
+            command.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                // A parent that died before the signal was asked for would never send it.
+                if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
     }
 }
 
