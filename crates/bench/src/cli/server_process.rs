@@ -109,6 +109,48 @@ impl ServerProcess {
     }
 
     fn spawn_and_wait(&mut self, port: u16, log_start: LogStart) -> anyhow::Result<()> {
+        let lines = self.spawn(port, log_start)?;
+        let progress = Progress::new(&self.command.model);
+        let waited = wait_for_address(&lines, &progress, self.command.ready_timeout);
+        progress.finish();
+        let model = self.command.model.clone();
+        let log = self.command.log.display().to_string();
+        let last = match waited {
+            Waited::Listening(address) => {
+                self.base_url = format!("http://{address}");
+                let seconds = progress.started.elapsed().as_secs_f64();
+                eprintln!(
+                    "spindle: serving {model} at {} after {seconds:.1} s (log: {log})",
+                    self.base_url
+                );
+                return Ok(());
+            }
+            Waited::TimedOut { last } => {
+                self.stop();
+                let timeout = self.command.ready_timeout.unwrap_or_default();
+                bail!(
+                    "`spindle serve --model {model}` did not listen within {timeout:?}; its log \
+                     ends: {last} (log: {log})"
+                );
+            }
+            Waited::Ended { last } => last,
+        };
+        // The output ended: the server has exited, or is about to.
+        let status = match self.child.take() {
+            Some(mut child) => child.wait()?.to_string(),
+            None => "gone".to_string(),
+        };
+        self.pid.store(0, Ordering::Relaxed);
+        let reason = last.trim_start_matches("error: ");
+        bail!(
+            "`spindle serve --model {model}` stopped before it listened ({status}): {reason} \
+             (log: {log})"
+        )
+    }
+
+    /// Starts the child on `port`; the lines it writes on standard error arrive on the receiver
+    /// until it exits.
+    fn spawn(&mut self, port: u16, log_start: LogStart) -> anyhow::Result<mpsc::Receiver<String>> {
         let command = &self.command;
         let mut log = log_start
             .open(&command.log)
@@ -133,7 +175,7 @@ impl ServerProcess {
         self.child = Some(child);
 
         // A thread copies the server's output to the log for as long as it runs, and hands the
-        // lines to this one until the server listens.
+        // lines on, to a receiver that listens until the server does.
         let (lines, received) = mpsc::channel::<String>();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -141,35 +183,7 @@ impl ServerProcess {
                 let _ = lines.send(line);
             }
         });
-        let progress = Progress::new(&command.model);
-        let waited = wait_for_address(&received, &progress, command.ready_timeout);
-        progress.finish();
-        let (model, log) = (command.model.clone(), command.log.display().to_string());
-        let last = match waited {
-            Waited::Listening(address) => {
-                self.base_url = format!("http://{address}");
-                let seconds = progress.started.elapsed().as_secs_f64();
-                eprintln!(
-                    "spindle: serving {model} at {} after {seconds:.1} s (log: {log})",
-                    self.base_url
-                );
-                return Ok(());
-            }
-            Waited::TimedOut { last } => {
-                self.stop();
-                let timeout = self.command.ready_timeout.unwrap_or_default();
-                bail!("`spindle serve --model {model}` did not listen within {timeout:?}; its log ends: {last} (log: {log})");
-            }
-            Waited::Ended { last } => last,
-        };
-        // The output ended: the server has exited, or is about to.
-        let status = match self.child.take() {
-            Some(mut child) => child.wait()?.to_string(),
-            None => "gone".to_string(),
-        };
-        self.pid.store(0, Ordering::Relaxed);
-        let reason = last.trim_start_matches("error: ");
-        bail!("`spindle serve --model {model}` stopped before it listened ({status}): {reason} (log: {log})")
+        Ok(received)
     }
 }
 
@@ -393,6 +407,17 @@ mod tests {
         let error = ServerProcess::start(command(dir.path(), program)).err().unwrap().to_string();
         assert!(error.contains("stopped before it listened"), "{error}");
         assert!(error.contains("exit status: 3): no such model (log: "), "{error}");
+    }
+
+    #[test]
+    fn a_server_that_does_not_listen_in_time_is_stopped_with_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        // Silent and alive until stopped: only the timeout can end the wait.
+        let program = stand_in(dir.path(), "", "exec sleep 600");
+        let command =
+            ServeCommand { ready_timeout: Some(Duration::ZERO), ..command(dir.path(), program) };
+        let error = ServerProcess::start(command).err().unwrap().to_string();
+        assert!(error.contains("did not listen within 0ns"), "{error}");
     }
 
     #[test]
