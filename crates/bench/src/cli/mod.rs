@@ -13,6 +13,10 @@
 //!
 //! With `--base-url` they measure a running server; without, they start `spindle serve` (and
 //! restart it for the cold-prefix phase) and stop it at the end.
+//!
+//! [`server_process`] (a `spindle serve` child process) and [`running_server`] (what answers at
+//! an address) serve `spindle launch` as well: one way to start a server, and no HTTP client
+//! of launch's own.
 
 pub mod eval;
 mod panels;
