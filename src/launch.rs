@@ -11,7 +11,8 @@ use std::process::{Child, Command, ExitCode};
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 
-use crate::launch_server::{probe, Probe, StartedServer};
+use spindle_bench::cli::running_server::{models_at, AtAddress};
+use spindle_bench::cli::server_process::{ServeCommand, ServerProcess};
 
 #[derive(Args)]
 pub struct LaunchArgs {
@@ -200,7 +201,10 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The server to use: the one listening where the arguments say, or one started for the model.
-fn server_for(args: &LaunchArgs) -> anyhow::Result<(Endpoint, Option<StartedServer>)> {
+fn server_for(args: &LaunchArgs) -> anyhow::Result<(Endpoint, Option<ServerProcess>)> {
+    // The HTTP client runs on tokio; one thread does for the two questions asked here.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let ask = |base_url: &str| runtime.block_on(models_at(base_url, args.api_key.as_deref()));
     let key = args.api_key.clone();
     let endpoint = |base_url: String, model: String| Endpoint {
         base_url,
@@ -209,20 +213,32 @@ fn server_for(args: &LaunchArgs) -> anyhow::Result<(Endpoint, Option<StartedServ
     };
     if args.port != 0 {
         let base_url = format!("http://{}:{}", args.host, args.port);
-        if let Probe::Serving(models) = probe(&base_url, key.as_deref())? {
+        if let AtAddress::Serving(models) = ask(&base_url)? {
             let model = choose_model(&base_url, &models, args.model.as_deref())?;
             return Ok((endpoint(base_url, model), None));
         }
     }
     let spec = args.model.clone().unwrap_or_else(|| spindle_hub::DEFAULT_MODEL.to_string());
-    let server = StartedServer::start(&spec, &args.host, args.port, key.as_deref())?;
-    let models = match probe(&server.base_url, key.as_deref())? {
-        Probe::Serving(models) => models,
-        Probe::Nothing => bail!("the server started for {spec} stopped answering"),
+    let server = ServerProcess::start(ServeCommand {
+        program: std::env::current_exe().context("cannot find the spindle executable")?,
+        model: spec.clone(),
+        host: args.host.clone(),
+        port: args.port,
+        args: Vec::new(),
+        api_key: key.clone(),
+        log: std::env::temp_dir().join(format!("spindle-launch-{}.log", std::process::id())),
+        // The server downloads the model when it must, which takes as long as it takes; the
+        // progress line shows it going.
+        ready_timeout: None,
+        scratch_dir: None,
+    })?;
+    let models = match ask(server.base_url())? {
+        AtAddress::Serving(models) => models,
+        AtAddress::Nothing => bail!("the server started for {spec} stopped answering"),
     };
     // The served name can differ from the spec (a path is served by its file name).
     let model = models.first().cloned().context("the started server lists no model")?;
-    Ok((endpoint(server.base_url.clone(), model), Some(server)))
+    Ok((endpoint(server.base_url().to_string(), model), Some(server)))
 }
 
 pub fn choose_model(

@@ -6,7 +6,6 @@ mod byte_size;
 mod generate;
 mod kv_memory;
 mod launch;
-mod launch_server;
 mod logging;
 mod memory;
 mod model_loading;

@@ -9,8 +9,8 @@
 
 use std::path::PathBuf;
 
-use super::server_process::{ServeOptions, ServerProcess};
-use super::ModelResolver;
+use super::server_process::{ServeCommand, ServerProcess};
+use super::{ModelResolver, ServeOptions};
 use crate::eval::report::{self, EvalMeta};
 use crate::eval::{self as suite, EvalContext, Tier};
 use crate::Client;
@@ -80,22 +80,18 @@ pub fn run(args: EvalArgs, resolve: ModelResolver) -> anyhow::Result<()> {
         Some(_) => (None, args.api_key.clone(), args.queue_capacity),
         None => {
             let model = resolve(args.model.as_deref(), false)?;
-            let (server, key, capacity) = start_options(&args, model, salt)?;
-            (Some(server), Some(key), capacity)
+            let (command, key, capacity) = start_options(&args, model, salt)?;
+            (Some(ServerProcess::start(command)?), Some(key), capacity)
         }
     };
     let url = match (&args.base_url, &server) {
         (Some(url), _) => url.clone(),
-        (_, Some(server)) => server.url(),
-        (None, None) => unreachable!("a server is started when no --base-url is given"),
+        (_, Some(server)) => server.base_url().to_string(),
+        (None, None) => anyhow::bail!("no server to test: give --base-url"),
     };
     let mut client = Client::new(&url, api_key)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let passed = runtime.block_on(async {
-        if let Some(server) = &mut server {
-            server.start()?;
-            server.wait_ready(&client).await?;
-        }
         match (&args.base_url, &args.model) {
             (Some(_), Some(model)) => client.set_model(model),
             _ => client.discover_model().await,
@@ -132,13 +128,13 @@ pub fn run(args: EvalArgs, resolve: ModelResolver) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The server to start (not started yet), its API key and its queue capacity (unknown when the
+/// The server to start, its API key and its queue capacity (unknown when the
 /// caller's --serve-arg sets the limits).
 fn start_options(
     args: &EvalArgs,
     model: String,
     salt: u64,
-) -> anyhow::Result<(ServerProcess, String, Option<usize>)> {
+) -> anyhow::Result<(ServeCommand, String, Option<usize>)> {
     let key = args.api_key.clone().unwrap_or_else(|| format!("spindle-eval-{salt:x}"));
     let own_limits = args
         .serve_args
@@ -146,7 +142,6 @@ fn start_options(
         .flat_map(|a| a.split_whitespace())
         .any(|a| a.starts_with("--max-concurrent") || a.starts_with("--max-queue"));
     let mut extra = args.serve_args.clone();
-    extra.push(format!("--api-key {key}"));
     let capacity = if own_limits {
         args.queue_capacity
     } else {
@@ -155,13 +150,15 @@ fn start_options(
         ));
         Some(STARTED_MAX_CONCURRENT + STARTED_MAX_QUEUE)
     };
-    let server = ServerProcess::new(&ServeOptions {
+    let command = ServeOptions {
         model,
         threads: args.threads,
         extra: &extra,
         max_queue: STARTED_MAX_QUEUE,
-    })?;
-    Ok((server, key, capacity))
+        api_key: Some(key.clone()),
+    }
+    .command()?;
+    Ok((command, key, capacity))
 }
 
 fn unix_time() -> std::time::Duration {

@@ -13,19 +13,27 @@
 //!
 //! With `--base-url` they measure a running server; without, they start `spindle serve` (and
 //! restart it for the cold-prefix phase) and stop it at the end.
+//!
+//! [`server_process`] (a `spindle serve` child process) and [`running_server`] (what answers at
+//! an address) serve `spindle launch` as well: one way to start a server, and no HTTP client
+//! of launch's own.
 
 pub mod eval;
 mod panels;
-mod server_process;
+pub mod running_server;
+pub mod server_process;
 mod session;
 
+use std::time::Duration;
+
+use anyhow::Context;
 use clap::Subcommand;
 
 use crate::gates::{GateWatch, IDLE_WATCH};
 use crate::report;
 use crate::results::Meta;
 use panels::{AgenticArgs, BurstArgs, ConversationArgs, QualityArgs};
-use server_process::{ServeOptions, ServerProcess};
+use server_process::{ServeCommand, ServerProcess};
 use session::{clock_salt, Session, Target};
 
 /// Turns a started server's `--model` (None: the default) or `--hybrid` (true: the benchmarks'
@@ -73,12 +81,16 @@ pub fn run_panel_command(panel: Panel, resolve: ModelResolver) -> anyhow::Result
     };
     let server = match &target.base_url {
         Some(_) => None,
-        None => Some(ServerProcess::new(&ServeOptions {
-            model: resolve(target.model.as_deref(), target.hybrid)?,
-            threads: target.threads,
-            extra: &target.serve_args,
-            max_queue,
-        })?),
+        None => Some(ServerProcess::start(
+            ServeOptions {
+                model: resolve(target.model.as_deref(), target.hybrid)?,
+                threads: target.threads,
+                extra: &target.serve_args,
+                max_queue,
+                api_key: target.api_key.clone(),
+            }
+            .command()?,
+        )?),
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
@@ -87,6 +99,59 @@ pub fn run_panel_command(panel: Panel, resolve: ModelResolver) -> anyhow::Result
         session.close();
         result
     })
+}
+
+/// How long a started server may take to load its model (already on disk) and listen.
+const READY_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What the `spindle serve` a panel or the eval starts runs.
+struct ServeOptions<'a> {
+    /// Catalogue name, .gguf file or folder, already on disk ([`ModelResolver`]).
+    model: String,
+    threads: Option<usize>,
+    /// Extra `serve` arguments, each split at spaces.
+    extra: &'a [String],
+    /// Requests the queue must hold (the biggest burst).
+    max_queue: usize,
+    /// The key the server requires.
+    api_key: Option<String>,
+}
+
+impl ServeOptions<'_> {
+    /// The command line, on a port the system picks, logging to a file named after this
+    /// process.
+    fn command(self) -> anyhow::Result<ServeCommand> {
+        let mut args = Vec::new();
+        if let Some(threads) = self.threads {
+            args.extend(["--threads".to_string(), threads.to_string()]);
+        }
+        let extra: Vec<String> =
+            self.extra.iter().flat_map(|a| a.split_whitespace()).map(String::from).collect();
+        // The biggest burst must fit the queue; a --max-queue of the caller's wins.
+        if !extra.iter().any(|a| a == "--max-queue" || a.starts_with("--max-queue=")) {
+            args.extend(["--max-queue".to_string(), self.max_queue.max(64).to_string()]);
+        }
+        let run = format!("spindle-bench-{}", std::process::id());
+        // The cold-prefix phase is there to measure the disk tier: a started server gets one in
+        // a fresh folder unless the caller names its own.
+        let scratch_dir = (!extra.iter().any(|a| a.starts_with("--prefix-cache-dir")))
+            .then(|| std::env::temp_dir().join(format!("{run}-cache")));
+        if let Some(dir) = &scratch_dir {
+            args.extend(["--prefix-cache-dir".to_string(), dir.display().to_string()]);
+        }
+        args.extend(extra);
+        Ok(ServeCommand {
+            program: std::env::current_exe().context("cannot find the spindle executable")?,
+            model: self.model,
+            host: "127.0.0.1".to_string(),
+            port: 0,
+            args,
+            api_key: self.api_key,
+            log: std::env::temp_dir().join(format!("{run}.log")),
+            ready_timeout: Some(READY_TIMEOUT),
+            scratch_dir,
+        })
+    }
 }
 
 /// Runs one panel with the gates watching, prints the gates, and writes the output files.

@@ -2,7 +2,9 @@
 //! its run of the workload from `spindle-bench` against the session's server, printing its table
 //! as it goes.
 
-use super::server_process::{run_restart_command, ServerProcess};
+use std::time::Duration;
+
+use super::server_process::ServerProcess;
 use super::session::{finish_progress, header_line, progress, Session, Target};
 use crate::agentic::{run_panel, AgenticOptions, Restart};
 use crate::burst::run_bursts;
@@ -110,7 +112,7 @@ pub async fn agentic(session: &mut Session, args: &AgenticArgs) -> anyhow::Resul
         runs: args.runs,
     };
     let mut restarter = match (&mut session.server, &args.restart_cmd) {
-        (Some(server), _) => Restarter::Own(server, &session.client),
+        (Some(server), _) => Restarter::Own(server),
         (None, Some(command)) => Restarter::Command(command, &session.client),
         (None, None) => Restarter::Cannot,
     };
@@ -135,7 +137,7 @@ pub async fn agentic(session: &mut Session, args: &AgenticArgs) -> anyhow::Resul
 /// How the cold-prefix phase restarts the server.
 enum Restarter<'a> {
     /// The server this command started.
-    Own(&'a mut ServerProcess, &'a Client),
+    Own(&'a mut ServerProcess),
     /// The caller's `--restart-cmd`.
     Command(&'a str, &'a Client),
     Cannot,
@@ -145,7 +147,8 @@ impl Restart for Restarter<'_> {
     async fn restart(&mut self) -> Result<bool, BenchError> {
         let failed = |e: anyhow::Error| BenchError::Restart(format!("{e:#}"));
         match self {
-            Restarter::Own(server, client) => server.restart(client).await.map_err(failed)?,
+            // Blocks this thread while the server loads: nothing else runs meanwhile.
+            Restarter::Own(server) => server.restart().map_err(failed)?,
             Restarter::Command(command, client) => {
                 run_restart_command(command, client).await.map_err(failed)?
             }
@@ -153,6 +156,18 @@ impl Restart for Restarter<'_> {
         }
         Ok(true)
     }
+}
+
+/// Runs the caller's `--restart-cmd` through `sh -c` and waits for the server to answer again.
+async fn run_restart_command(command: &str, client: &Client) -> anyhow::Result<()> {
+    eprintln!("restarting the server: {command}");
+    // Nothing else runs meanwhile, so the blocking wait holds up no other task.
+    let status = std::process::Command::new("sh").args(["-c", command]).status()?;
+    anyhow::ensure!(status.success(), "--restart-cmd failed ({status})");
+    // The old process may still answer for a moment; give it time to go away.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    client.wait_ready(super::READY_TIMEOUT).await?;
+    Ok(())
 }
 
 pub async fn conversation(

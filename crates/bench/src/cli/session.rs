@@ -55,22 +55,19 @@ pub struct Session {
 }
 
 impl Session {
-    /// Starts the server when there is one to start, and names the model.
+    /// Reaches the server (`--base-url`, else the one started for the session), and names the
+    /// model.
     pub async fn open(
         target: &Target,
         max_tokens: u32,
-        mut server: Option<ServerProcess>,
+        server: Option<ServerProcess>,
     ) -> anyhow::Result<Self> {
         let url = match (&target.base_url, &server) {
             (Some(url), _) => url.clone(),
-            (None, Some(s)) => s.url(),
-            (None, None) => unreachable!("a server is started when no --base-url is given"),
+            (None, Some(s)) => s.base_url().to_string(),
+            (None, None) => anyhow::bail!("no server to measure: give --base-url"),
         };
         let mut client = Client::new(&url, target.api_key.clone())?;
-        if let Some(s) = &mut server {
-            s.start()?;
-            s.wait_ready(&client).await?;
-        }
         match (&target.base_url, &target.model) {
             (Some(_), Some(model)) => client.set_model(model),
             _ => client.discover_model().await,
