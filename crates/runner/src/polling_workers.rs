@@ -98,27 +98,33 @@ mod tests {
     fn the_other_worker_runs_the_steps_jobs_by_polling() {
         let _pool = engine_pool();
         let found_by_polling = AtomicBool::new(false);
-        let sum = while_polling(|| {
-            let start = Instant::now();
-            let mut sum = 0;
-            // Until the other worker has woken up and polled; every item of a parallel loop it
-            // takes without polling would run with `POLLING` unset.
-            while !found_by_polling.load(Ordering::Relaxed) && start.elapsed().as_secs() < 10 {
-                sum = (0..64u64)
-                    .into_par_iter()
-                    .map(|i| {
-                        if POLLING.get() {
-                            found_by_polling.store(true, Ordering::Relaxed);
-                        }
-                        let start = Instant::now();
-                        while start.elapsed().as_micros() < 20 {}
-                        i
-                    })
-                    .sum::<u64>();
-            }
-            sum
-        });
-        assert_eq!(sum, 63 * 64 / 2);
+        let start = Instant::now();
+        // A step at a time, each with its own poll: on a loaded machine the other worker may be
+        // off its core for longer than `IDLE_LIMIT` and end one step's poll before taking a job,
+        // which a later step's poll makes up for.
+        while !found_by_polling.load(Ordering::Relaxed) && start.elapsed().as_secs() < 20 {
+            let sum = while_polling(|| {
+                let step = Instant::now();
+                let mut sum = 0;
+                // Until the other worker has polled; every item of a parallel loop it takes
+                // without polling would run with `POLLING` unset.
+                while !found_by_polling.load(Ordering::Relaxed) && step.elapsed().as_millis() < 50 {
+                    sum = (0..64u64)
+                        .into_par_iter()
+                        .map(|i| {
+                            if POLLING.get() {
+                                found_by_polling.store(true, Ordering::Relaxed);
+                            }
+                            let start = Instant::now();
+                            while start.elapsed().as_micros() < 20 {}
+                            i
+                        })
+                        .sum::<u64>();
+                }
+                sum
+            });
+            assert_eq!(sum, 63 * 64 / 2);
+        }
         assert!(found_by_polling.load(Ordering::Relaxed));
     }
 
