@@ -13,7 +13,11 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How often the log tells that a load goes on.
+const LOAD_PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A model the server can serve.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,8 +127,9 @@ pub struct ModelRegistry<T> {
     clock: Arc<dyn Clock>,
     /// One per entry, in the same order.
     slots: Mutex<Vec<Slot<T>>>,
-    /// Woken when a load ends, for requests waiting on it.
-    load_ended: Notify,
+    /// Counts the loads ended, for requests waiting on one: a receiver subscribed before it
+    /// reads the state misses no end.
+    loads_ended: watch::Sender<u64>,
 }
 
 /// A loaded model in use by one request; giving it back (dropping it) marks the model idle
@@ -160,6 +165,48 @@ impl<T> Drop for Lease<T> {
     }
 }
 
+/// A model asked for: leased now, or once its load ends.
+pub enum Acquisition<T> {
+    Ready(Lease<T>),
+    Loading(LoadWait<T>),
+}
+
+/// A request waiting for its model to load (started by it or by an earlier request).
+pub struct LoadWait<T> {
+    registry: Arc<ModelRegistry<T>>,
+    index: usize,
+    ttl: Option<Option<Duration>>,
+    /// The load this request started; `None` when it joined another's.
+    load: Option<JoinHandle<Result<Lease<T>, RegistryError>>>,
+    loads_ended: watch::Receiver<u64>,
+}
+
+impl<T: Send + Sync + 'static> LoadWait<T> {
+    /// The model's name.
+    pub fn name(&self) -> &str {
+        &self.registry.entries[self.index].name
+    }
+
+    /// The lease once the load ends; the load's error when it fails, and when another
+    /// request's load failed, what trying again gives.
+    pub async fn finish(mut self) -> Result<Lease<T>, RegistryError> {
+        loop {
+            if let Some(load) = self.load.take() {
+                let stopped = |e| {
+                    Err(self.registry.load_failed(self.index, format!("the load stopped: {e}")))
+                };
+                return load.await.unwrap_or_else(stopped);
+            }
+            // The sender lives as long as the registry this holds.
+            let _ = self.loads_ended.changed().await;
+            match self.registry.step(self.index, self.ttl)? {
+                Acquisition::Ready(lease) => return Ok(lease),
+                Acquisition::Loading(wait) => self = wait,
+            }
+        }
+    }
+}
+
 impl<T: Send + Sync + 'static> ModelRegistry<T> {
     /// A registry of `entries` (at least one), none loaded yet.
     pub fn new(
@@ -178,7 +225,7 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
             loader,
             clock,
             slots: Mutex::new(slots),
-            load_ended: Notify::new(),
+            loads_ended: watch::Sender::new(0),
         })
     }
 
@@ -224,38 +271,57 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
         name: Option<&str>,
         ttl: Option<Option<Duration>>,
     ) -> Result<Lease<T>, RegistryError> {
-        let index = self.index_of(name)?;
-        loop {
-            // Registered before the state is read, so a load ending in between still wakes it.
-            let load_ended = self.load_ended.notified();
-            {
-                let mut slots = self.slots();
-                match &mut slots[index] {
-                    Slot::Loaded(loaded) => {
-                        loaded.in_flight += 1;
-                        loaded.last_used = self.clock.now();
-                        if let Some(ttl) = ttl.filter(|_| !loaded.pinned) {
-                            loaded.ttl = ttl;
-                        }
-                        return Ok(self.lease(index, loaded.value.clone()));
-                    }
-                    Slot::Loading => {}
-                    Slot::Unloaded => {
-                        self.make_room(&mut slots, index)?;
-                        slots[index] = Slot::Loading;
-                        break;
-                    }
-                }
-            }
-            load_ended.await;
+        match self.begin(name, ttl)? {
+            Acquisition::Ready(lease) => Ok(lease),
+            Acquisition::Loading(load) => load.finish().await,
         }
-        // A task of its own: a client that leaves while the model loads must not leave it
-        // marked loading forever. The lease it makes is dropped with it if no one waits.
+    }
+
+    /// [`acquire`](Self::acquire) up to the wait: a model not served or without room is refused
+    /// now, a loaded one leased now, and an unloaded one starts loading (a load already under
+    /// way is joined), so that the caller can answer its client meanwhile.
+    pub fn begin(
+        self: &Arc<Self>,
+        name: Option<&str>,
+        ttl: Option<Option<Duration>>,
+    ) -> Result<Acquisition<T>, RegistryError> {
+        let index = self.index_of(name)?;
+        self.step(index, ttl)
+    }
+
+    /// One look at entry `index`: leased when loaded, waited on when loading, and loaded in a
+    /// task of its own when unloaded and there is room.
+    fn step(
+        self: &Arc<Self>,
+        index: usize,
+        ttl: Option<Option<Duration>>,
+    ) -> Result<Acquisition<T>, RegistryError> {
+        // Subscribed before the state is read, so a load ending in between still wakes it.
+        let loads_ended = self.loads_ended.subscribe();
+        let mut slots = self.slots();
+        let load = match &mut slots[index] {
+            Slot::Loaded(loaded) => {
+                loaded.in_flight += 1;
+                loaded.last_used = self.clock.now();
+                if let Some(ttl) = ttl.filter(|_| !loaded.pinned) {
+                    loaded.ttl = ttl;
+                }
+                return Ok(Acquisition::Ready(self.lease(index, loaded.value.clone())));
+            }
+            Slot::Loading => None,
+            Slot::Unloaded => {
+                self.make_room(&mut slots, index)?;
+                slots[index] = Slot::Loading;
+                // A task of its own: a client that leaves while the model loads must not leave
+                // it marked loading forever. The lease it makes is dropped with it if no one
+                // waits.
+                let registry = self.clone();
+                let ttl = ttl.unwrap_or(self.default_ttl);
+                Some(tokio::spawn(async move { registry.load(index, ttl).await }))
+            }
+        };
         let registry = self.clone();
-        let ttl = ttl.unwrap_or(self.default_ttl);
-        tokio::spawn(async move { registry.load(index, ttl).await })
-            .await
-            .unwrap_or_else(|e| Err(self.load_failed(index, format!("the load stopped: {e}"))))
+        Ok(Acquisition::Loading(LoadWait { registry, index, ttl, load, loads_ended }))
     }
 
     /// Unloads every idle model whose time-to-live has passed; returns their names.
@@ -345,9 +411,21 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
         tracing::info!(model = %entry.name, source = %entry.source, bytes = entry.bytes, "loading the model");
         let loader = self.loader.clone();
         let started = self.clock.now();
-        let loaded = tokio::task::spawn_blocking(move || loader(&entry))
-            .await
-            .unwrap_or_else(|e| Err(format!("the load stopped: {e}")));
+        let mut loading = tokio::task::spawn_blocking(move || loader(&entry));
+        let first_progress = tokio::time::Instant::now() + LOAD_PROGRESS_INTERVAL;
+        let mut progress = tokio::time::interval_at(first_progress, LOAD_PROGRESS_INTERVAL);
+        let loaded = loop {
+            tokio::select! {
+                loaded = &mut loading => {
+                    break loaded.unwrap_or_else(|e| Err(format!("the load stopped: {e}")));
+                }
+                _ = progress.tick() => {
+                    let name = &self.entries[index].name;
+                    let seconds = (self.clock.now() - started).as_secs();
+                    tracing::info!(model = %name, seconds, "still loading the model");
+                }
+            }
+        };
         let result = match loaded {
             Ok(value) => {
                 let now = self.clock.now();
@@ -367,7 +445,7 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
             }
             Err(reason) => Err(self.load_failed(index, reason)),
         };
-        self.load_ended.notify_waiters();
+        self.loads_ended.send_modify(|ended| *ended += 1);
         result
     }
 
