@@ -130,7 +130,13 @@ pub struct ModelRegistry<T> {
     /// Counts the loads ended, for requests waiting on one: a receiver subscribed before it
     /// reads the state misses no end.
     loads_ended: watch::Sender<u64>,
+    /// Run once an unloaded model has been dropped (the server hands freed memory back to the
+    /// OS there).
+    unloaded: Option<UnloadHook>,
 }
+
+/// See [`ModelRegistry::with_unload_hook`].
+pub type UnloadHook = Arc<dyn Fn() + Send + Sync>;
 
 /// A loaded model in use by one request; giving it back (dropping it) marks the model idle
 /// from then.
@@ -226,7 +232,23 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
             clock,
             slots: Mutex::new(slots),
             loads_ended: watch::Sender::new(0),
+            unloaded: None,
         })
+    }
+
+    /// The registry of [`new`](Self::new) that runs `hook` each time an unloaded model has
+    /// been dropped, off the async threads.
+    pub fn with_unload_hook(
+        entries: Vec<ModelEntry>,
+        budget: u64,
+        default_ttl: Option<Duration>,
+        loader: Loader<T>,
+        clock: Arc<dyn Clock>,
+        hook: UnloadHook,
+    ) -> Arc<Self> {
+        let mut registry = Self::new(entries, budget, default_ttl, loader, clock);
+        Arc::get_mut(&mut registry).expect("not shared yet").unloaded = Some(hook);
+        registry
     }
 
     /// Marks entry `index` loaded with `value`, never to be unloaded for idleness (a model
@@ -334,7 +356,7 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
                 if l.in_flight == 0 && l.ttl.is_some_and(|ttl| now.saturating_sub(l.last_used) >= ttl));
             if expired {
                 tracing::info!(model = %entry.name, "unloading the model: idle past its time-to-live");
-                discard(std::mem::replace(slot, Slot::Unloaded));
+                self.discard(std::mem::replace(slot, Slot::Unloaded));
                 unloaded.push(entry.name.clone());
             }
         }
@@ -394,7 +416,7 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
                 to_load = %self.entries[index].name,
                 "unloading the least recently used idle model to make room"
             );
-            discard(std::mem::replace(&mut slots[i], Slot::Unloaded));
+            self.discard(std::mem::replace(&mut slots[i], Slot::Unloaded));
             used -= self.entries[i].bytes;
         }
         Ok(())
@@ -468,12 +490,21 @@ impl<T> ModelRegistry<T> {
     }
 }
 
-/// Drops an unloaded model off the async threads where there are some: a model's engine joins
-/// its thread when it goes.
-fn discard<T: Send + Sync + 'static>(slot: Slot<T>) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn_blocking(move || drop(slot))),
-        Err(_) => drop(slot),
+impl<T: Send + Sync + 'static> ModelRegistry<T> {
+    /// Drops an unloaded model off the async threads where there are some (a model's engine
+    /// joins its thread when it goes), then runs the unload hook.
+    fn discard(&self, slot: Slot<T>) {
+        let unloaded = self.unloaded.clone();
+        let drop_it = move || {
+            drop(slot);
+            if let Some(unloaded) = unloaded {
+                unloaded();
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(drop_it)),
+            Err(_) => drop_it(),
+        }
     }
 }
 

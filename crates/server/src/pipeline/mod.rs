@@ -1,8 +1,9 @@
 //! The one request pipeline every protocol runs through. A protocol's adapter converts its wire
 //! request into a [`GenerationRequest`](request::GenerationRequest); [`start_on`] renders and
 //! tokenizes its prompt on the model leased for it, plans the answer's shape and the engine
-//! request, admits it and submits it; the adapter reads the [`Generation`]'s outputs (the one event stream) and
-//! answers them in its own wire events through [`respond`](respond::respond).
+//! request, admits it and submits it; the adapter reads the [`Generation`]'s outputs (the one
+//! event stream) and answers them in its own wire events through
+//! [`respond_on_model`](respond::respond_on_model).
 
 pub(crate) mod generation;
 mod plan;

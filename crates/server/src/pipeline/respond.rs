@@ -133,7 +133,7 @@ fn events_after_load<P: Protocol>(
 }
 
 /// `generation` answered in `protocol`'s shape.
-pub(crate) async fn respond(
+async fn respond(
     state: &AppState,
     generation: Generation,
     protocol: impl Protocol,
