@@ -47,9 +47,11 @@ struct Models {
     loads: Arc<AtomicUsize>,
     gate: Gate,
     c_load: Gate,
-    /// Each engine loaded so far, by model name: gone once its model is unloaded.
-    engines: Arc<Mutex<Vec<(String, Weak<ScriptedEngine>)>>>,
+    engines: Engines,
 }
+
+/// Each engine loaded so far, by model name: gone once its model is unloaded.
+type Engines = Arc<Mutex<Vec<(String, Weak<ScriptedEngine>)>>>;
 
 fn models(budget: u64) -> Models {
     models_with(budget, config())
@@ -60,7 +62,7 @@ fn models_with(budget: u64, config: ServerConfig) -> Models {
         .map(|name| ModelEntry { name: name.into(), source: name.into(), bytes: 10 })
         .to_vec();
     let (loads, gate, c_load) = (Arc::new(AtomicUsize::new(0)), Gate::default(), Gate::default());
-    let engines = Arc::new(Mutex::new(Vec::new()));
+    let engines: Engines = Arc::default();
     let (counted, held, c_held, made) =
         (loads.clone(), gate.clone(), c_load.clone(), engines.clone());
     let loader: Loader<LoadedModel> = Arc::new(move |entry: &ModelEntry| {
