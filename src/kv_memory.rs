@@ -48,6 +48,16 @@ fn auto_bytes(available: Option<usize>, snapshot_bytes: usize) -> usize {
     }
 }
 
+/// `auto` with several models: an even share of `budget` (what they may take together) for
+/// each model's KV pool once all their weights and snapshots are counted, so that every one of
+/// them fits at once; at least 256 MiB each (then fewer fit, and the least recently used idle
+/// one is unloaded for a load).
+pub fn shared_bytes(budget: u64, weights: &[u64], snapshot_bytes: usize) -> usize {
+    let models = weights.len().max(1) as u64;
+    let taken = weights.iter().sum::<u64>() + models * snapshot_bytes as u64;
+    (budget.saturating_sub(taken) / models).max(AUTO_MIN as u64) as usize
+}
+
 /// `MemAvailable` of /proc/meminfo in bytes: free memory plus what the kernel can reclaim.
 fn mem_available() -> Option<usize> {
     parse_mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
@@ -68,6 +78,14 @@ mod tests {
         assert_eq!(auto_bytes(Some(10 << 30), 1 << 30), 6 << 30);
         assert_eq!(auto_bytes(Some(100 << 20), 1 << 30), 256 << 20, "never below 256 MiB");
         assert_eq!(auto_bytes(None, 1 << 30), 2 << 30, "unknown memory falls back to 2 GiB");
+    }
+
+    #[test]
+    fn several_models_share_what_their_weights_and_snapshots_leave() {
+        let gib = 1u64 << 30;
+        // 10 GiB less 1 + 3 GiB of weights and 2 × 512 MiB of snapshots, in two.
+        assert_eq!(shared_bytes(10 * gib, &[gib, 3 * gib], 512 << 20), (5 * gib / 2) as usize);
+        assert_eq!(shared_bytes(gib, &[gib, gib], 0), 256 << 20, "never below 256 MiB");
     }
 
     #[test]

@@ -9,9 +9,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use spindle_hub::{ModelFiles, WhenMissing};
+use spindle_server::model_registry::UnloadHook;
 use spindle_server::{LoadedModel, Loader, ModelEntry, ModelRegistry, ServerConfig, SystemClock};
 
-use crate::kv_memory::KvMemory;
+use crate::kv_memory::{shared_bytes, KvMemory};
 use crate::model_loading::{check_guided_json, model_id, sampling_summary, Loading};
 
 #[derive(Args)]
@@ -56,7 +57,9 @@ pub fn specs(models: &[String], dir: Option<&Path>) -> anyhow::Result<Vec<String
 }
 
 /// A registry of `specs` within `budget` bytes: a model counts its weights' files, its KV pool
-/// and its snapshot memory. A catalogue model not cached yet is downloaded at its first load.
+/// and its snapshot memory; with `--kv-cache-memory auto`, each pool is an even share of what
+/// the budget leaves once every model's weights and snapshots are counted, so that all of them
+/// can be loaded at once. A catalogue model not cached yet is downloaded at its first load.
 pub fn registry(
     specs: &[String],
     config: &ServerConfig,
@@ -65,22 +68,37 @@ pub fn registry(
     ttl: Option<Duration>,
 ) -> anyhow::Result<Arc<ModelRegistry<LoadedModel>>> {
     let home = spindle_hub::spindle_home();
-    let mut entries = Vec::new();
+    let mut weights = Vec::new();
     for spec in specs {
         // Catalogue names come before same-named paths, as `spindle_hub::resolve` reads them.
         let listed = spindle_hub::catalogue().iter().find(|e| e.name == spec.as_str());
-        let weights = match listed {
+        weights.push(match listed {
             Some(entry) => entry.size,
             None => weight_bytes(&spindle_hub::resolve(spec, &home, WhenMissing::Refuse)?)?,
-        };
-        let bytes = weights + (config.cache.kv_bytes + config.cache.snapshot_bytes) as u64;
-        entries.push(ModelEntry { name: model_id(spec), source: spec.clone(), bytes });
+        });
     }
-    let config = config.clone();
+    let mut config = config.clone();
+    if loading.kv_memory == KvMemory::Auto {
+        // Each model's pool sized as if it were alone would fill the budget by itself.
+        let share = shared_bytes(budget, &weights, config.cache.snapshot_bytes);
+        config.cache.kv_bytes = config.cache.kv_bytes.min(share);
+    }
+    let pools = (config.cache.kv_bytes + config.cache.snapshot_bytes) as u64;
+    let entries = specs
+        .iter()
+        .zip(&weights)
+        .map(|(spec, weights)| ModelEntry {
+            name: model_id(spec),
+            source: spec.clone(),
+            bytes: weights + pools,
+        })
+        .collect();
     let loader: Loader<LoadedModel> = Arc::new(move |entry: &ModelEntry| {
         load(&config, &loading, entry).map_err(|e| format!("{e:#}"))
     });
-    Ok(ModelRegistry::new(entries, budget, ttl, loader, Arc::new(SystemClock::default())))
+    let clock = Arc::new(SystemClock::default());
+    let unloaded: UnloadHook = Arc::new(crate::memory::return_freed_memory);
+    Ok(ModelRegistry::with_unload_hook(entries, budget, ttl, loader, clock, unloaded))
 }
 
 /// Loads `entry` and starts its engine; logs its summary as the single model's startup does.

@@ -102,6 +102,11 @@ impl LoggedServer {
         response
     }
 
+    /// A connection to the server, for a client that leaves before its answer ends.
+    pub fn connect(&self) -> TcpStream {
+        TcpStream::connect(&self.address).unwrap()
+    }
+
     /// The log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap()

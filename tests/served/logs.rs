@@ -1,6 +1,8 @@
 //! The server's log as an operator ships it: written to a file it holds no terminal escapes,
 //! `--log-format json` writes one parseable object a line, and every request's line names its
-//! endpoint and HTTP status.
+//! endpoint and HTTP status, also one whose client left before its end.
+
+use std::io::{Read, Write};
 
 use crate::common::{model_id, LoggedServer};
 
@@ -56,4 +58,38 @@ fn json_logs_are_one_object_a_line_with_the_request_fields() {
     }
     let summary = events.iter().find(|e| e["target"] == "spindle::startup");
     assert!(summary.is_some_and(|e| e["message"].as_str().unwrap().contains("KV cache")), "{log}");
+}
+
+#[test]
+fn a_request_whose_client_leaves_has_its_line_with_status_499() {
+    let server = LoggedServer::start(&[]);
+    let body = r#"{"messages": [{"role": "user", "content": "Count from 1 to 1000."}],
+        "max_tokens": 1000, "temperature": 0, "stream": true}"#;
+    let mut client = server.connect();
+    write!(
+        client,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: spindle\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // The status line and the first chunk, then the client leaves.
+    let mut first = [0u8; 64];
+    let read = client.read(&mut first).unwrap();
+    assert!(first[..read].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&first));
+    drop(client);
+    let abandoned = loop {
+        let log = server.log();
+        if let Some(line) = log.lines().find(|l| l.contains("request abandoned")) {
+            break line.to_string();
+        }
+        assert!(!log.contains("request done"), "the answer ended before the client left:\n{log}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    for field in
+        ["endpoint=\"/v1/chat/completions\"", "status=499", &format!("model={}", model_id())]
+    {
+        assert!(abandoned.contains(field), "{field} not in {abandoned}");
+    }
+    server.stop();
 }

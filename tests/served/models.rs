@@ -1,7 +1,9 @@
 //! Two catalogue models behind one `spindle serve`: each loads on its first request (the
 //! other keeps answering meanwhile), requests to both interleave and run at once, and every
 //! answer is byte for byte the one a server of that model alone gives. With room for one model
-//! only, the idle one is unloaded for the other.
+//! only, the idle one is unloaded for the other. Three models at once are the tiny random model
+//! served under three names: the same, and with room for two of three the least recently used
+//! idle one goes.
 
 use serde_json::{json, Value};
 
@@ -97,14 +99,100 @@ fn with_room_for_one_model_the_idle_one_is_unloaded_for_the_other() {
     for model in [SMOLLM2, QWEN] {
         server.post_ok("/v1/chat/completions", &requests(model)[0]);
     }
-    let models = server.get_json("/v1/models");
-    let status: Vec<(&str, &str)> = models["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| (m["id"].as_str().unwrap(), m["status"].as_str().unwrap()))
-        .collect();
-    assert_eq!(status, [(SMOLLM2, "not-loaded"), (QWEN, "loaded")]);
+    let expected = [format!("{SMOLLM2}: not-loaded"), format!("{QWEN}: loaded")];
+    assert_eq!(statuses(&server), expected);
     let log = String::from_utf8(server.stop()).unwrap();
     assert!(log.contains("unloading the least recently used idle model"), "{log}");
+}
+
+/// The tiny random model under three names, each a link to its folder in `dir`.
+fn three_tiny_models(dir: &std::path::Path) -> Vec<String> {
+    let spindle_hub::ModelFiles::Safetensors { dir: tiny } = spindle_testkit::tiny_model() else {
+        panic!("the tiny model is a safetensors folder")
+    };
+    ["tiny-a", "tiny-b", "tiny-c"]
+        .iter()
+        .map(|name| {
+            let link = dir.join(name);
+            std::os::unix::fs::symlink(&tiny, &link).unwrap();
+            link.display().to_string()
+        })
+        .collect()
+}
+
+/// What the server counts for one tiny model: its weights, its KV pool (64 MiB, as
+/// `LoggedServer` sets) and its snapshots (`MEMORY`).
+fn tiny_model_bytes(path: &str) -> u64 {
+    let weights = std::fs::metadata(std::path::Path::new(path).join("model.safetensors")).unwrap();
+    weights.len() + (64 + 16) * (1 << 20)
+}
+
+/// `spindle serve --model` each of `paths`, with `extra` and `MEMORY`.
+fn serving(paths: &[&String], extra: &[&str]) -> LoggedServer {
+    let mut args: Vec<&str> = paths.iter().flat_map(|p| ["--model", p.as_str()]).collect();
+    args.extend(extra);
+    args.extend(MEMORY);
+    LoggedServer::with_args(&args)
+}
+
+#[test]
+fn three_models_served_at_once_answer_as_each_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = three_tiny_models(dir.path());
+    let names = ["tiny-a", "tiny-b", "tiny-c"];
+    let alone: Vec<Vec<Value>> = paths
+        .iter()
+        .zip(names)
+        .map(|(path, name)| {
+            let server = serving(&[path], &[]);
+            let answers = answers(&server, &requests(name));
+            server.stop();
+            answers
+        })
+        .collect();
+    let all = serving(&paths.iter().collect::<Vec<_>>(), &[]);
+    std::thread::scope(|scope| {
+        let running: Vec<_> = names
+            .iter()
+            .enumerate()
+            .flat_map(|(m, name)| (0..2).map(move |i| (m, i, requests(name)[i].clone())))
+            .map(|(m, i, request)| {
+                let all = &all;
+                scope.spawn(move || (m, i, answer(&all.post_ok("/v1/chat/completions", &request))))
+            })
+            .collect();
+        for thread in running {
+            let (m, i, got) = thread.join().unwrap();
+            assert_eq!(got, alone[m][i], "concurrent request {i} of {}", names[m]);
+        }
+    });
+    assert_eq!(statuses(&all), ["tiny-a: loaded", "tiny-b: loaded", "tiny-c: loaded"]);
+    all.stop();
+}
+
+#[test]
+fn with_room_for_two_of_three_the_least_recently_used_idle_one_is_unloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = three_tiny_models(dir.path());
+    let budget = (tiny_model_bytes(&paths[0]) * 5 / 2).to_string();
+    let server = serving(&paths.iter().collect::<Vec<_>>(), &["--models-memory", &budget]);
+    // `tiny-a` (loaded at start), `tiny-b`, then `tiny-a` again: `tiny-b` is the least
+    // recently used when `tiny-c` loads.
+    for name in ["tiny-a", "tiny-b", "tiny-a", "tiny-c"] {
+        server.post_ok("/v1/chat/completions", &requests(name)[0]);
+    }
+    let status = statuses(&server);
+    assert_eq!(status, ["tiny-a: loaded", "tiny-b: not-loaded", "tiny-c: loaded"]);
+    let log = String::from_utf8(server.stop()).unwrap();
+    let evicted = log.lines().find(|l| l.contains("unloading the least recently used idle model"));
+    assert!(evicted.is_some_and(|l| l.contains("model=tiny-b")), "{log}");
+}
+
+/// Each served model's `id: status` in `/v1/models`.
+fn statuses(server: &LoggedServer) -> Vec<String> {
+    let models = server.get_json("/v1/models");
+    let cards = models["data"].as_array().unwrap().iter();
+    cards
+        .map(|m| format!("{}: {}", m["id"].as_str().unwrap(), m["status"].as_str().unwrap()))
+        .collect()
 }

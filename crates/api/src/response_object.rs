@@ -229,6 +229,10 @@ pub enum ResponseEvent {
     Completed { response: Response },
     #[serde(rename = "response.incomplete")]
     Incomplete { response: Response },
+    /// A failure before the response was created (its model did not load): OpenAI's `error`
+    /// event.
+    #[serde(rename = "error")]
+    Error { code: String, message: String, param: Option<String> },
     #[serde(rename = "response.failed")]
     Failed { response: Response },
 }

@@ -17,9 +17,10 @@ use spindle_runner::SequenceSummary;
 use crate::admission::Admission;
 use crate::answer_parts::{finish_reason, usage, ResponseHead};
 use crate::error::{failure, parse_json, HttpError};
-use crate::pipeline::generation::{Collected, Output};
+use crate::loaded_model::ModelLease;
+use crate::pipeline::generation::{Collected, Generation, Output};
 use crate::pipeline::request::{self, GenerationRequest};
-use crate::pipeline::respond::{respond, Delivery, Protocol};
+use crate::pipeline::respond::{respond_on_model, Answer, Delivery, ModelChoice, Protocol};
 use crate::pipeline::{start_on, Started};
 use crate::sse::{done_event, failure_events, json_event, keep_alive_comment};
 use crate::state::AppState;
@@ -37,7 +38,21 @@ pub async fn completions(
         )
         .into());
     }
-    let model = state.model(request.model.as_deref(), request.ttl).await?;
+    let model_name = request.model.clone();
+    let choice = ModelChoice { name: model_name.as_deref(), ttl_seconds: request.ttl };
+    let delivery = Delivery::of(request.stream);
+    let started = state.clone();
+    let answer: Answer<CompletionAnswer> =
+        Box::new(move |model| answer_on(&started, model, &request));
+    Ok(respond_on_model(&state, choice, delivery, answer).await?)
+}
+
+/// Tokenizes `request`'s prompt with `model`'s tokenizer and submits it.
+fn answer_on(
+    state: &Arc<AppState>,
+    model: ModelLease,
+    request: &CompletionRequest,
+) -> Result<(Generation, CompletionAnswer), ApiError> {
     let tokenizer = &model.model.tokenizer;
     let prompt_ids = match &request.prompt {
         Prompt::TokenIds(ids) => ids.clone(),
@@ -49,14 +64,13 @@ pub async fn completions(
         }
     };
     if prompt_ids.is_empty() {
-        return Err(ApiError::bad_request("the prompt is empty", Some("prompt")).into());
+        return Err(ApiError::bad_request("the prompt is empty", Some("prompt")));
     }
     if let Some(bad) = prompt_ids.iter().find(|&&id| id as usize >= tokenizer.vocab_size()) {
         return Err(ApiError::bad_request(
             format!("token id {bad} is outside the vocabulary"),
             Some("prompt"),
-        )
-        .into());
+        ));
     }
     let echo = if request.echo {
         tokenizer.decode(&prompt_ids, false).map_err(failure)?
@@ -76,10 +90,9 @@ pub async fn completions(
     generation_request.validate()?;
     let head = ResponseHead::new(ResponseHead::fresh_id("cmpl"), &model.id);
     let Started { generation, .. } =
-        start_on(&state, model, &generation_request, &head.id, Admission::Live)?;
+        start_on(state, model, &generation_request, &head.id, Admission::Live)?;
     let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let answer = CompletionAnswer { head, echo, include_usage };
-    Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)
+    Ok((generation, CompletionAnswer { head, echo, include_usage }))
 }
 
 impl ResponseHead {
@@ -183,6 +196,14 @@ impl Protocol for CompletionAnswer {
 
     fn keep_alive(&mut self) -> Vec<Event> {
         vec![keep_alive_comment()]
+    }
+
+    fn loading_keep_alive() -> Vec<Event> {
+        vec![keep_alive_comment()]
+    }
+
+    fn failure_before_opening(error: &ApiError) -> Vec<Event> {
+        failure_events(error)
     }
 
     fn whole(self, whole: Collected) -> Result<Completion, ApiError> {

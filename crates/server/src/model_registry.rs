@@ -13,7 +13,11 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How often the log tells that a load goes on.
+const LOAD_PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A model the server can serve.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,9 +127,16 @@ pub struct ModelRegistry<T> {
     clock: Arc<dyn Clock>,
     /// One per entry, in the same order.
     slots: Mutex<Vec<Slot<T>>>,
-    /// Woken when a load ends, for requests waiting on it.
-    load_ended: Notify,
+    /// Counts the loads ended, for requests waiting on one: a receiver subscribed before it
+    /// reads the state misses no end.
+    loads_ended: watch::Sender<u64>,
+    /// Run once an unloaded model has been dropped (the server hands freed memory back to the
+    /// OS there).
+    unloaded: Option<UnloadHook>,
 }
+
+/// See [`ModelRegistry::with_unload_hook`].
+pub type UnloadHook = Arc<dyn Fn() + Send + Sync>;
 
 /// A loaded model in use by one request; giving it back (dropping it) marks the model idle
 /// from then.
@@ -160,6 +171,48 @@ impl<T> Drop for Lease<T> {
     }
 }
 
+/// A model asked for: leased now, or once its load ends.
+pub enum Acquisition<T> {
+    Ready(Lease<T>),
+    Loading(LoadWait<T>),
+}
+
+/// A request waiting for its model to load (started by it or by an earlier request).
+pub struct LoadWait<T> {
+    registry: Arc<ModelRegistry<T>>,
+    index: usize,
+    ttl: Option<Option<Duration>>,
+    /// The load this request started; `None` when it joined another's.
+    load: Option<JoinHandle<Result<Lease<T>, RegistryError>>>,
+    loads_ended: watch::Receiver<u64>,
+}
+
+impl<T: Send + Sync + 'static> LoadWait<T> {
+    /// The model's name.
+    pub fn name(&self) -> &str {
+        &self.registry.entries[self.index].name
+    }
+
+    /// The lease once the load ends; the load's error when it fails, and when another
+    /// request's load failed, what trying again gives.
+    pub async fn finish(mut self) -> Result<Lease<T>, RegistryError> {
+        loop {
+            if let Some(load) = self.load.take() {
+                let stopped = |e| {
+                    Err(self.registry.load_failed(self.index, format!("the load stopped: {e}")))
+                };
+                return load.await.unwrap_or_else(stopped);
+            }
+            // The sender lives as long as the registry this holds.
+            let _ = self.loads_ended.changed().await;
+            match self.registry.step(self.index, self.ttl)? {
+                Acquisition::Ready(lease) => return Ok(lease),
+                Acquisition::Loading(wait) => self = wait,
+            }
+        }
+    }
+}
+
 impl<T: Send + Sync + 'static> ModelRegistry<T> {
     /// A registry of `entries` (at least one), none loaded yet.
     pub fn new(
@@ -178,8 +231,24 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
             loader,
             clock,
             slots: Mutex::new(slots),
-            load_ended: Notify::new(),
+            loads_ended: watch::Sender::new(0),
+            unloaded: None,
         })
+    }
+
+    /// The registry of [`new`](Self::new) that runs `hook` each time an unloaded model has
+    /// been dropped, off the async threads.
+    pub fn with_unload_hook(
+        entries: Vec<ModelEntry>,
+        budget: u64,
+        default_ttl: Option<Duration>,
+        loader: Loader<T>,
+        clock: Arc<dyn Clock>,
+        hook: UnloadHook,
+    ) -> Arc<Self> {
+        let mut registry = Self::new(entries, budget, default_ttl, loader, clock);
+        Arc::get_mut(&mut registry).expect("not shared yet").unloaded = Some(hook);
+        registry
     }
 
     /// Marks entry `index` loaded with `value`, never to be unloaded for idleness (a model
@@ -224,38 +293,57 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
         name: Option<&str>,
         ttl: Option<Option<Duration>>,
     ) -> Result<Lease<T>, RegistryError> {
-        let index = self.index_of(name)?;
-        loop {
-            // Registered before the state is read, so a load ending in between still wakes it.
-            let load_ended = self.load_ended.notified();
-            {
-                let mut slots = self.slots();
-                match &mut slots[index] {
-                    Slot::Loaded(loaded) => {
-                        loaded.in_flight += 1;
-                        loaded.last_used = self.clock.now();
-                        if let Some(ttl) = ttl.filter(|_| !loaded.pinned) {
-                            loaded.ttl = ttl;
-                        }
-                        return Ok(self.lease(index, loaded.value.clone()));
-                    }
-                    Slot::Loading => {}
-                    Slot::Unloaded => {
-                        self.make_room(&mut slots, index)?;
-                        slots[index] = Slot::Loading;
-                        break;
-                    }
-                }
-            }
-            load_ended.await;
+        match self.begin(name, ttl)? {
+            Acquisition::Ready(lease) => Ok(lease),
+            Acquisition::Loading(load) => load.finish().await,
         }
-        // A task of its own: a client that leaves while the model loads must not leave it
-        // marked loading forever. The lease it makes is dropped with it if no one waits.
+    }
+
+    /// [`acquire`](Self::acquire) up to the wait: a model not served or without room is refused
+    /// now, a loaded one leased now, and an unloaded one starts loading (a load already under
+    /// way is joined), so that the caller can answer its client meanwhile.
+    pub fn begin(
+        self: &Arc<Self>,
+        name: Option<&str>,
+        ttl: Option<Option<Duration>>,
+    ) -> Result<Acquisition<T>, RegistryError> {
+        let index = self.index_of(name)?;
+        self.step(index, ttl)
+    }
+
+    /// One look at entry `index`: leased when loaded, waited on when loading, and loaded in a
+    /// task of its own when unloaded and there is room.
+    fn step(
+        self: &Arc<Self>,
+        index: usize,
+        ttl: Option<Option<Duration>>,
+    ) -> Result<Acquisition<T>, RegistryError> {
+        // Subscribed before the state is read, so a load ending in between still wakes it.
+        let loads_ended = self.loads_ended.subscribe();
+        let mut slots = self.slots();
+        let load = match &mut slots[index] {
+            Slot::Loaded(loaded) => {
+                loaded.in_flight += 1;
+                loaded.last_used = self.clock.now();
+                if let Some(ttl) = ttl.filter(|_| !loaded.pinned) {
+                    loaded.ttl = ttl;
+                }
+                return Ok(Acquisition::Ready(self.lease(index, loaded.value.clone())));
+            }
+            Slot::Loading => None,
+            Slot::Unloaded => {
+                self.make_room(&mut slots, index)?;
+                slots[index] = Slot::Loading;
+                // A task of its own: a client that leaves while the model loads must not leave
+                // it marked loading forever. The lease it makes is dropped with it if no one
+                // waits.
+                let registry = self.clone();
+                let ttl = ttl.unwrap_or(self.default_ttl);
+                Some(tokio::spawn(async move { registry.load(index, ttl).await }))
+            }
+        };
         let registry = self.clone();
-        let ttl = ttl.unwrap_or(self.default_ttl);
-        tokio::spawn(async move { registry.load(index, ttl).await })
-            .await
-            .unwrap_or_else(|e| Err(self.load_failed(index, format!("the load stopped: {e}"))))
+        Ok(Acquisition::Loading(LoadWait { registry, index, ttl, load, loads_ended }))
     }
 
     /// Unloads every idle model whose time-to-live has passed; returns their names.
@@ -268,7 +356,7 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
                 if l.in_flight == 0 && l.ttl.is_some_and(|ttl| now.saturating_sub(l.last_used) >= ttl));
             if expired {
                 tracing::info!(model = %entry.name, "unloading the model: idle past its time-to-live");
-                discard(std::mem::replace(slot, Slot::Unloaded));
+                self.discard(std::mem::replace(slot, Slot::Unloaded));
                 unloaded.push(entry.name.clone());
             }
         }
@@ -328,7 +416,7 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
                 to_load = %self.entries[index].name,
                 "unloading the least recently used idle model to make room"
             );
-            discard(std::mem::replace(&mut slots[i], Slot::Unloaded));
+            self.discard(std::mem::replace(&mut slots[i], Slot::Unloaded));
             used -= self.entries[i].bytes;
         }
         Ok(())
@@ -345,9 +433,21 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
         tracing::info!(model = %entry.name, source = %entry.source, bytes = entry.bytes, "loading the model");
         let loader = self.loader.clone();
         let started = self.clock.now();
-        let loaded = tokio::task::spawn_blocking(move || loader(&entry))
-            .await
-            .unwrap_or_else(|e| Err(format!("the load stopped: {e}")));
+        let mut loading = tokio::task::spawn_blocking(move || loader(&entry));
+        let first_progress = tokio::time::Instant::now() + LOAD_PROGRESS_INTERVAL;
+        let mut progress = tokio::time::interval_at(first_progress, LOAD_PROGRESS_INTERVAL);
+        let loaded = loop {
+            tokio::select! {
+                loaded = &mut loading => {
+                    break loaded.unwrap_or_else(|e| Err(format!("the load stopped: {e}")));
+                }
+                _ = progress.tick() => {
+                    let name = &self.entries[index].name;
+                    let seconds = (self.clock.now() - started).as_secs();
+                    tracing::info!(model = %name, seconds, "still loading the model");
+                }
+            }
+        };
         let result = match loaded {
             Ok(value) => {
                 let now = self.clock.now();
@@ -367,7 +467,7 @@ impl<T: Send + Sync + 'static> ModelRegistry<T> {
             }
             Err(reason) => Err(self.load_failed(index, reason)),
         };
-        self.load_ended.notify_waiters();
+        self.loads_ended.send_modify(|ended| *ended += 1);
         result
     }
 
@@ -390,12 +490,21 @@ impl<T> ModelRegistry<T> {
     }
 }
 
-/// Drops an unloaded model off the async threads where there are some: a model's engine joins
-/// its thread when it goes.
-fn discard<T: Send + Sync + 'static>(slot: Slot<T>) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn_blocking(move || drop(slot))),
-        Err(_) => drop(slot),
+impl<T: Send + Sync + 'static> ModelRegistry<T> {
+    /// Drops an unloaded model off the async threads where there are some (a model's engine
+    /// joins its thread when it goes), then runs the unload hook.
+    fn discard(&self, slot: Slot<T>) {
+        let unloaded = self.unloaded.clone();
+        let drop_it = move || {
+            drop(slot);
+            if let Some(unloaded) = unloaded {
+                unloaded();
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(drop_it)),
+            Err(_) => drop_it(),
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use crate::clock::unix_now;
 use crate::config::ServerConfig;
 use crate::loaded_model::{LoadedModel, ModelLease};
 use crate::metrics::Metrics;
-use crate::model_registry::{ModelRegistry, RegistryError};
+use crate::model_registry::{Acquisition, ModelRegistry, RegistryError};
 use crate::response_store::ResponseStore;
 
 pub struct AppState {
@@ -54,12 +54,27 @@ impl AppState {
         requested: Option<&str>,
         ttl_seconds: Option<u64>,
     ) -> Result<ModelLease, ApiError> {
-        let ttl = ttl_seconds.map(|s| (s > 0).then(|| std::time::Duration::from_secs(s)));
-        self.models.acquire(requested, ttl).await.map_err(registry_error)
+        self.models.acquire(requested, ttl(ttl_seconds)).await.map_err(registry_error)
+    }
+
+    /// [`model`](Self::model) up to the wait: the lease when the model is loaded, the load to
+    /// wait for when not; refused now with 404 or 503 as there.
+    pub fn begin_model(
+        &self,
+        requested: Option<&str>,
+        ttl_seconds: Option<u64>,
+    ) -> Result<Acquisition<LoadedModel>, ApiError> {
+        self.models.begin(requested, ttl(ttl_seconds)).map_err(registry_error)
     }
 }
 
-fn registry_error(error: RegistryError) -> ApiError {
+/// A request's `ttl` in seconds as the registry takes it: 0 is never.
+fn ttl(seconds: Option<u64>) -> Option<Option<std::time::Duration>> {
+    seconds.map(|s| (s > 0).then(|| std::time::Duration::from_secs(s)))
+}
+
+/// A registry refusal as the API answers it.
+pub(crate) fn registry_error(error: RegistryError) -> ApiError {
     match &error {
         RegistryError::NotFound { .. } => ApiError {
             code: Some("model_not_found".into()),

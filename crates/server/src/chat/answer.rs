@@ -104,6 +104,14 @@ impl Protocol for ChatAnswer {
         vec![keep_alive_comment()]
     }
 
+    fn loading_keep_alive() -> Vec<Event> {
+        vec![keep_alive_comment()]
+    }
+
+    fn failure_before_opening(error: &ApiError) -> Vec<Event> {
+        failure_events(error)
+    }
+
     fn whole(mut self, mut whole: Collected) -> Result<ChatCompletion, ApiError> {
         let reasoning = whole.text(|d| &d.reasoning);
         let mut logprobs = Vec::new();

@@ -18,8 +18,8 @@ use crate::answer_parts::ResponseHead;
 use crate::chat::answer::ChatAnswer;
 use crate::chat::request::generation_request;
 use crate::error::{parse_json, HttpError};
-use crate::pipeline::respond::{respond, Delivery};
-use crate::pipeline::{start, Started};
+use crate::pipeline::respond::{respond_on_model, Answer, Delivery, ModelChoice};
+use crate::pipeline::{start_on, Started};
 use crate::state::AppState;
 
 pub async fn chat_completions(
@@ -29,15 +29,21 @@ pub async fn chat_completions(
     let request: ChatCompletionRequest = parse_json(&body?)?;
     request.validate()?;
     let generation_request = generation_request(&request)?;
-    let id = ResponseHead::fresh_id("chatcmpl");
-    let Started { mut generation, tools, .. } =
-        start(&state, &generation_request, &id, Admission::Live).await?;
-    let head = ResponseHead::new(id, generation.model_name());
+    generation_request.validate()?;
     let delivery = Delivery::of(request.stream);
-    if matches!(delivery, Delivery::Stream) && request.return_progress {
-        generation.report_progress();
-    }
+    let progress = matches!(delivery, Delivery::Stream) && request.return_progress;
     let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let answer = ChatAnswer { head, tools, include_usage };
-    Ok(respond(&state, generation, answer, delivery).await?)
+    let choice = ModelChoice { name: request.model.as_deref(), ttl_seconds: request.ttl };
+    let started = state.clone();
+    let answer: Answer<ChatAnswer> = Box::new(move |model| {
+        let id = ResponseHead::fresh_id("chatcmpl");
+        let Started { mut generation, tools, .. } =
+            start_on(&started, model, &generation_request, &id, Admission::Live)?;
+        let head = ResponseHead::new(id, generation.model_name());
+        if progress {
+            generation.report_progress();
+        }
+        Ok((generation, ChatAnswer { head, tools, include_usage }))
+    });
+    Ok(respond_on_model(&state, choice, delivery, answer).await?)
 }

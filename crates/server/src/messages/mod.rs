@@ -23,8 +23,8 @@ use crate::error::{error_response, parse_json, HttpError};
 use crate::messages::events::{assemble, MessageEvents};
 use crate::messages::request::generation_request;
 use crate::pipeline::generation::{Collected, Output};
-use crate::pipeline::respond::{respond, Delivery, Protocol};
-use crate::pipeline::{count_prompt_tokens, start, Started};
+use crate::pipeline::respond::{respond_on_model, Answer, Delivery, ModelChoice, Protocol};
+use crate::pipeline::{count_prompt_tokens, start_on, Started};
 use crate::state::AppState;
 
 /// The path prefix whose errors take Anthropic's shape.
@@ -37,12 +37,18 @@ pub async fn messages(
     let request: MessagesRequest = parse_json(&body?)?;
     request.validate()?;
     let generation_request = generation_request(&request)?;
-    let id = ResponseHead::fresh_id("msg");
-    let Started { generation, tools, prompt_tokens } =
-        start(&state, &generation_request, &id, Admission::Live).await?;
-    let head = ResponseHead::new(id, generation.model_name());
-    let answer = MessagesAnswer { events: MessageEvents::new(head, tools), prompt_tokens };
-    Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)
+    generation_request.validate()?;
+    let choice = ModelChoice { name: request.model.as_deref(), ttl_seconds: request.ttl };
+    let started = state.clone();
+    let answer: Answer<MessagesAnswer> = Box::new(move |model| {
+        let id = ResponseHead::fresh_id("msg");
+        let Started { generation, tools, prompt_tokens } =
+            start_on(&started, model, &generation_request, &id, Admission::Live)?;
+        let head = ResponseHead::new(id, generation.model_name());
+        let answer = MessagesAnswer { events: MessageEvents::new(head, tools), prompt_tokens };
+        Ok((generation, answer))
+    });
+    Ok(respond_on_model(&state, choice, Delivery::of(request.stream), answer).await?)
 }
 
 /// The prompt's tokens, rendered and tokenized as `/v1/messages` would, without generating.
@@ -94,6 +100,14 @@ impl Protocol for MessagesAnswer {
     /// Anthropic's `ping`, which Messages clients expect instead of a comment.
     fn keep_alive(&mut self) -> Vec<Event> {
         vec![sse_event(&StreamEvent::Ping)]
+    }
+
+    fn loading_keep_alive() -> Vec<Event> {
+        vec![sse_event(&StreamEvent::Ping)]
+    }
+
+    fn failure_before_opening(error: &ApiError) -> Vec<Event> {
+        vec![sse_event(&StreamEvent::Error { error: error.into() })]
     }
 
     fn whole(mut self, collected: Collected) -> Result<Message, ApiError> {

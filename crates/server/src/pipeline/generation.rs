@@ -46,6 +46,10 @@ pub struct Generation {
     id: String,
     /// The route the request came in by, for the log line.
     endpoint: &'static str,
+    /// The engine reported the end (finished or failed): dropped before it, the client left
+    /// (or a batch request gave way).
+    ended: bool,
+    admission: Admission,
     /// Held until the response is dropped: frees the request's slot and cancel entry.
     _ticket: Ticket,
 }
@@ -77,6 +81,8 @@ impl Generation {
             last_token: None,
             id: id.to_string(),
             endpoint,
+            ended: false,
+            admission,
             _ticket: ticket,
         })
     }
@@ -133,10 +139,12 @@ impl Generation {
                         summary.cached_tokens,
                     );
                     self.log(&summary);
+                    self.ended = true;
                     self.events.close();
                     Output::Done(summary)
                 }
                 SequenceEvent::Failed(error) => {
+                    self.ended = true;
                     self.events.close();
                     Output::Failed(runner_failure(&self.id, error))
                 }
@@ -193,6 +201,28 @@ impl Generation {
             finish = ?summary.finish_reason,
             "request done"
         );
+    }
+}
+
+/// A request whose client left before its end has its line too: nginx's 499 (client closed
+/// request), whatever went out before, so an operator sees every request an agent gave up on.
+impl Drop for Generation {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let total_s = (self.started.elapsed().as_secs_f64() * 100.0).round() / 100.0;
+        let (id, model, endpoint) = (&self.id, &self.model.id, self.endpoint);
+        match self.admission {
+            Admission::Live => tracing::info!(
+                %id, %model, endpoint, status = 499, total_s,
+                "request abandoned: the client left before its end"
+            ),
+            Admission::Batch => tracing::info!(
+                %id, %model, total_s,
+                "batch request gave way to live requests; it runs again later"
+            ),
+        }
     }
 }
 

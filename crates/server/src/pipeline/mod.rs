@@ -1,8 +1,9 @@
 //! The one request pipeline every protocol runs through. A protocol's adapter converts its wire
-//! request into a [`GenerationRequest`](request::GenerationRequest); [`start`] checks it,
-//! renders and tokenizes its prompt, plans the answer's shape and the engine request, admits it
-//! and submits it; the adapter reads the [`Generation`]'s outputs (the one event stream) and
-//! answers them in its own wire events through [`respond`](respond::respond).
+//! request into a [`GenerationRequest`](request::GenerationRequest); [`start_on`] renders and
+//! tokenizes its prompt on the model leased for it, plans the answer's shape and the engine
+//! request, admits it and submits it; the adapter reads the [`Generation`]'s outputs (the one
+//! event stream) and answers them in its own wire events through
+//! [`respond_on_model`](respond::respond_on_model).
 
 pub(crate) mod generation;
 mod plan;
@@ -33,22 +34,8 @@ pub(crate) struct Started {
     pub prompt_tokens: usize,
 }
 
-/// Validates `request`, loads its model when it is not loaded, renders and tokenizes its
-/// prompt, resolves its answer's shape and submits it as request `id` (the response's id), live
-/// or as a batch's.
-pub(crate) async fn start(
-    state: &Arc<AppState>,
-    request: &GenerationRequest,
-    id: &str,
-    admission: Admission,
-) -> Result<Started, ApiError> {
-    request.validate()?;
-    let model = state.model(request.model.as_deref(), request.ttl).await?;
-    start_on(state, model, request, id, admission)
-}
-
-/// [`start`] on a model already leased (whose tokenizer the adapter needed first), for a
-/// request already validated.
+/// Renders and tokenizes `request`'s prompt (validated) on `model`, resolves its answer's shape
+/// and submits it as request `id` (the response's id), live or as a batch's.
 pub(crate) fn start_on(
     state: &Arc<AppState>,
     model: ModelLease,

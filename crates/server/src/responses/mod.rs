@@ -15,18 +15,19 @@ use axum::response::sse::Event;
 use axum::response::Response;
 use axum::Json;
 use spindle_api::{
-    ApiError, InputItem, Response as ResponseObject, ResponseDeleted, ResponseStatus,
-    ResponsesRequest,
+    ApiError, InputItem, Response as ResponseObject, ResponseDeleted, ResponseEvent,
+    ResponseStatus, ResponsesRequest, StreamEvent,
 };
 
 use crate::admission::Admission;
 use crate::answer_parts::ResponseHead;
 use crate::error::{internal, parse_json, HttpError};
 use crate::pipeline::generation::{Collected, Output};
-use crate::pipeline::respond::{respond, Delivery, Protocol};
-use crate::pipeline::{start, Started};
+use crate::pipeline::respond::{respond_on_model, Answer, Delivery, ModelChoice, Protocol};
+use crate::pipeline::{start_on, Started};
 use crate::responses::input::generation_request;
 use crate::responses::output::{empty_response, sse_event, Assembler};
+use crate::sse::keep_alive_comment;
 use crate::state::AppState;
 
 pub async fn create_response(
@@ -43,14 +44,21 @@ pub async fn create_response(
     };
     conversation.extend(request.input_items()?);
     let (generation_request, names) = generation_request(&request, &conversation)?;
-    let id = ResponseHead::fresh_id("resp");
-    let Started { generation, tools, .. } =
-        start(&state, &generation_request, &id, Admission::Live).await?;
-    let response = empty_response(&request, ResponseHead::new(id, generation.model_name()));
-    let assembler = Assembler::new(response, tools, names);
-    let keep = request.stores().then(|| Keep { state: state.clone(), conversation });
-    let answer = ResponsesAnswer { assembler, keep };
-    Ok(respond(&state, generation, answer, Delivery::of(request.stream)).await?)
+    generation_request.validate()?;
+    let model_name = request.model.clone();
+    let choice = ModelChoice { name: model_name.as_deref(), ttl_seconds: request.ttl };
+    let delivery = Delivery::of(request.stream);
+    let started = state.clone();
+    let answer: Answer<ResponsesAnswer> = Box::new(move |model| {
+        let id = ResponseHead::fresh_id("resp");
+        let Started { generation, tools, .. } =
+            start_on(&started, model, &generation_request, &id, Admission::Live)?;
+        let response = empty_response(&request, ResponseHead::new(id, generation.model_name()));
+        let assembler = Assembler::new(response, tools, names);
+        let keep = request.stores().then(|| Keep { state: started.clone(), conversation });
+        Ok((generation, ResponsesAnswer { assembler, keep }))
+    });
+    Ok(respond_on_model(&state, choice, delivery, answer).await?)
 }
 
 pub async fn retrieve_response(
@@ -128,6 +136,23 @@ impl Protocol for ResponsesAnswer {
     /// `response.in_progress` again: Codex's idle timeout counts events, not SSE comments.
     fn keep_alive(&mut self) -> Vec<Event> {
         self.assembler.in_progress().iter().map(sse_event).collect()
+    }
+
+    /// A comment: the response is created once its model is loaded, and Codex's idle timeout
+    /// (300 seconds by default) outlasts most loads.
+    fn loading_keep_alive() -> Vec<Event> {
+        vec![keep_alive_comment()]
+    }
+
+    /// OpenAI's `error` event, the one a stream sends before its response is created.
+    fn failure_before_opening(error: &ApiError) -> Vec<Event> {
+        let code = error.code.clone().unwrap_or_else(|| "server_error".into());
+        let event = ResponseEvent::Error {
+            code,
+            message: error.message.clone(),
+            param: error.param.clone(),
+        };
+        vec![sse_event(&StreamEvent { sequence_number: 0, event })]
     }
 
     fn whole(mut self, collected: Collected) -> Result<ResponseObject, ApiError> {

@@ -5,7 +5,7 @@
 //! moves), and the 404 for a model not served.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -13,13 +13,13 @@ use axum::http::Request;
 use axum::response::Response;
 use serde_json::{json, Value};
 use spindle_server::{
-    AppState, Clock, LoadedModel, Loader, ModelEntry, ModelRegistry, ServedModel,
+    AppState, Clock, LoadedModel, Loader, ModelEntry, ModelRegistry, ServedModel, ServerConfig,
 };
 use tower::ServiceExt;
 
 use crate::common::{
-    body_text, config, next_chunk, post_json, qwen3_template, tokenizer, Gate, Reply,
-    ScriptedEngine,
+    body_text, config, next_chunk, parse_chat_stream, post_json, qwen3_template, sse_data,
+    tokenizer, Gate, Reply, ScriptedEngine,
 };
 
 /// Time moved by the test alone.
@@ -39,28 +39,44 @@ impl Clock for ManualClock {
 }
 
 /// A server of models `a`, `b` and `c` (10 bytes each) within `budget` bytes, idle ones
-/// unloaded after an hour. Each answers `I am NAME.`; `a` holds its answers on `gate`.
+/// unloaded after an hour. Each answers `I am NAME.`; `a` holds its answers on `gate`, and a
+/// load of `c` waits for `c_load` to open.
 struct Models {
     state: Arc<AppState>,
     clock: Arc<ManualClock>,
     loads: Arc<AtomicUsize>,
     gate: Gate,
+    c_load: Gate,
+    engines: Engines,
 }
 
+/// Each engine loaded so far, by model name: gone once its model is unloaded.
+type Engines = Arc<Mutex<Vec<(String, Weak<ScriptedEngine>)>>>;
+
 fn models(budget: u64) -> Models {
+    models_with(budget, config())
+}
+
+fn models_with(budget: u64, config: ServerConfig) -> Models {
     let entries = ["a", "b", "c"]
         .map(|name| ModelEntry { name: name.into(), source: name.into(), bytes: 10 })
         .to_vec();
-    let (loads, gate) = (Arc::new(AtomicUsize::new(0)), Gate::default());
-    let (counted, held) = (loads.clone(), gate.clone());
+    let (loads, gate, c_load) = (Arc::new(AtomicUsize::new(0)), Gate::default(), Gate::default());
+    let engines: Engines = Arc::default();
+    let (counted, held, c_held, made) =
+        (loads.clone(), gate.clone(), c_load.clone(), engines.clone());
     let loader: Loader<LoadedModel> = Arc::new(move |entry: &ModelEntry| {
         counted.fetch_add(1, Ordering::SeqCst);
+        if entry.name == "c" {
+            c_held.wait(|| false);
+        }
         let (text, gate) = (format!("I am {}.", entry.name), held.clone());
         let holds = entry.name == "a";
-        let engine = ScriptedEngine::new(tokenizer(), move |_| match holds {
+        let engine = Arc::new(ScriptedEngine::new(tokenizer(), move |_| match holds {
             true => Reply::Held { text: text.clone(), gate: gate.clone() },
             false => Reply::text(text.clone()),
-        });
+        }));
+        made.lock().unwrap().push((entry.name.clone(), Arc::downgrade(&engine)));
         let model = ServedModel {
             tokenizer: tokenizer(),
             template: qwen3_template(),
@@ -68,14 +84,13 @@ fn models(budget: u64) -> Models {
             kv_tokens: 1 << 16,
             sampling: Default::default(),
         };
-        LoadedModel::new(entry.name.clone(), 2048, model, Arc::new(engine), None)
-            .map_err(|e| e.to_string())
+        LoadedModel::new(entry.name.clone(), 2048, model, engine, None).map_err(|e| e.to_string())
     });
     let clock = Arc::new(ManualClock::default());
     let hour = Some(Duration::from_secs(3600));
     let registry = ModelRegistry::new(entries, budget, hour, loader, clock.clone());
-    let state = spindle_server::start_with_registry(config(), registry);
-    Models { state, clock, loads, gate }
+    let state = spindle_server::start_with_registry(config, registry);
+    Models { state, clock, loads, gate, c_load, engines }
 }
 
 impl Models {
@@ -105,6 +120,26 @@ impl Models {
         cards
             .map(|m| (m["id"].as_str().unwrap().into(), m["status"].as_str().unwrap().into()))
             .collect()
+    }
+
+    /// Returns once model `name` is listed as loading (its loader has been called).
+    async fn wait_until_loading(&self, name: &str) {
+        let loading = (name.to_string(), "loading".to_string());
+        while !self.statuses().await.contains(&loading) {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Returns once every engine loaded for model `name` has been dropped.
+    async fn wait_until_engines_dropped(&self, name: &str) {
+        let alive = || {
+            let engines = self.engines.lock().unwrap();
+            engines.iter().any(|(model, engine)| model == name && engine.strong_count() > 0)
+        };
+        // An unloaded model is dropped off the async threads, a moment later.
+        while alive() {
+            tokio::task::yield_now().await;
+        }
     }
 }
 
@@ -181,6 +216,7 @@ async fn a_model_not_served_is_a_404_naming_those_that_are() {
 async fn a_load_that_would_not_fit_unloads_the_least_recently_used_idle_model() {
     let server = models(25);
     server.gate.open();
+    server.c_load.open();
     // `a`, `b`, then `a` again, a second apart: `b` is the least recently used.
     for model in ["a", "b", "a"] {
         server.answer(Some(model)).await;
@@ -227,6 +263,7 @@ async fn an_idle_model_unloads_after_its_time_to_live_and_loads_again_when_asked
     server.clock.advance(Duration::from_secs(1));
     assert_eq!(server.state.models.unload_expired(), ["b"]);
     assert_eq!(server.statuses().await[1], ("b".to_string(), "not-loaded".to_string()));
+    server.wait_until_engines_dropped("b").await;
     assert_eq!(server.answer(Some("b")).await, "I am b.");
     assert_eq!(server.loads.load(Ordering::SeqCst), 2);
 }
@@ -235,6 +272,7 @@ async fn an_idle_model_unloads_after_its_time_to_live_and_loads_again_when_asked
 async fn a_request_s_ttl_sets_how_long_its_model_may_idle() {
     let server = models(100);
     server.gate.open();
+    server.c_load.open();
     let mut body = chat(Some("b"), false);
     body["ttl"] = json!(10);
     assert_eq!(server.send(post_json("/v1/chat/completions", &body)).await.status(), 200);
@@ -245,4 +283,113 @@ async fn a_request_s_ttl_sets_how_long_its_model_may_idle() {
     assert_eq!(server.state.models.unload_expired(), ["b"]);
     server.clock.advance(Duration::from_secs(100 * 3600));
     assert!(server.state.models.unload_expired().is_empty(), "0: never");
+}
+
+#[tokio::test]
+async fn three_models_answer_requests_interleaved_and_at_once() {
+    let server = models(100);
+    server.gate.open();
+    server.c_load.open();
+    let (a, b, c, b2, a2, c2) = tokio::join!(
+        server.answer(Some("a")),
+        server.answer(Some("b")),
+        server.answer(Some("c")),
+        server.answer(Some("b")),
+        server.answer(Some("a")),
+        server.answer(Some("c")),
+    );
+    assert_eq!(
+        [a, b, c, b2, a2, c2],
+        ["I am a.", "I am b.", "I am c.", "I am b.", "I am a.", "I am c."]
+    );
+    assert_eq!(server.loads.load(Ordering::SeqCst), 3, "each model loaded once");
+    assert_eq!(
+        server.statuses().await,
+        listed(&[("a", "loaded"), ("b", "loaded"), ("c", "loaded")])
+    );
+}
+
+#[tokio::test]
+async fn a_model_loading_leaves_another_answering() {
+    let server = models(100);
+    server.answer(Some("b")).await;
+    let state = server.state.clone();
+    let for_c = tokio::spawn(async move {
+        let request = post_json("/v1/chat/completions", &chat(Some("c"), false));
+        let response = spindle_server::router(state).oneshot(request).await.unwrap();
+        body_text(response).await
+    });
+    server.wait_until_loading("c").await;
+    for _ in 0..3 {
+        assert_eq!(server.answer(Some("b")).await, "I am b.");
+    }
+    assert_eq!(server.statuses().await[2], ("c".to_string(), "loading".to_string()));
+    server.c_load.open();
+    let body: Value = serde_json::from_str(&for_c.await.unwrap()).unwrap();
+    assert_eq!(body["choices"][0]["message"]["content"], "I am c.");
+}
+
+/// A quiet time of a millisecond: keep-alives come as often as the stream is read.
+fn quick_keep_alives() -> ServerConfig {
+    ServerConfig { keep_alive: Duration::from_millis(1), ..config() }
+}
+
+#[tokio::test]
+async fn a_stream_whose_model_loads_gets_keep_alives_until_the_answer() {
+    let server = models_with(100, quick_keep_alives());
+    let response = server.send(post_json("/v1/chat/completions", &chat(Some("c"), true))).await;
+    assert_eq!(response.status(), 200, "answered before the load ends");
+    let mut stream = response.into_body().into_data_stream();
+    for _ in 0..2 {
+        assert_eq!(next_chunk(&mut stream).await.unwrap(), ": keep-alive\n\n");
+    }
+    assert_eq!(server.statuses().await[2], ("c".to_string(), "loading".to_string()));
+    server.c_load.open();
+    let mut rest = String::new();
+    while let Some(chunk) = next_chunk(&mut stream).await {
+        rest.push_str(&chunk);
+    }
+    let data = sse_data(&rest);
+    assert_eq!(parse_chat_stream(&data).content, "I am c.");
+}
+
+#[tokio::test]
+async fn a_messages_stream_whose_model_loads_gets_pings_until_the_answer() {
+    let server = models_with(100, quick_keep_alives());
+    let body = json!({"model": "c", "max_tokens": 16, "stream": true,
+        "messages": [{"role": "user", "content": "Who are you?"}]});
+    let response = server.send(post_json("/v1/messages", &body)).await;
+    assert_eq!(response.status(), 200);
+    let mut stream = response.into_body().into_data_stream();
+    let first = next_chunk(&mut stream).await.unwrap();
+    assert!(first.starts_with("event: ping\n"), "{first}");
+    server.c_load.open();
+    let mut rest = String::new();
+    while let Some(chunk) = next_chunk(&mut stream).await {
+        rest.push_str(&chunk);
+    }
+    let events: Vec<Value> =
+        sse_data(&rest).iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let text: String = events.iter().filter_map(|e| e["delta"]["text"].as_str()).collect();
+    assert_eq!(text, "I am c.");
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let opened = kinds.iter().position(|&k| k == "message_start").expect("message_start");
+    assert!(kinds[..opened].iter().all(|&k| k == "ping"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"message_stop"));
+}
+
+#[tokio::test]
+async fn a_whole_response_whose_model_loads_waits_for_it() {
+    let server = models(100);
+    let state = server.state.clone();
+    let for_c = tokio::spawn(async move {
+        let request = post_json("/v1/chat/completions", &chat(Some("c"), false));
+        spindle_server::router(state).oneshot(request).await.unwrap()
+    });
+    server.wait_until_loading("c").await;
+    server.c_load.open();
+    let response = for_c.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = serde_json::from_str(&body_text(response).await).unwrap();
+    assert_eq!(body["choices"][0]["message"]["content"], "I am c.");
 }

@@ -74,7 +74,7 @@ impl Gate {
 
     /// Parks until the gate opens (true) or `give_up` says to stop waiting (false); the
     /// caller's end unparks this thread when its client leaves or cancels.
-    fn wait(&self, give_up: impl Fn() -> bool) -> bool {
+    pub fn wait(&self, give_up: impl Fn() -> bool) -> bool {
         self.0.lock().unwrap().waiting.push(std::thread::current());
         loop {
             if self.0.lock().unwrap().open {
