@@ -4,21 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn smollm2() -> PathBuf {
-    // Pulled on first use; the lock keeps parallel tests from fetching it twice.
-    static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
-    let files = spindle_hub::resolve(
-        "smollm2-135m",
-        &spindle_hub::spindle_home(),
-        spindle_hub::WhenMissing::Download,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    match files {
-        spindle_hub::ModelFiles::Gguf(p) => p,
-        other => panic!("unexpected {other:?}"),
-    }
-}
+use spindle_testkit::smollm2_gguf as smollm2;
 
 /// Runs `spindle generate` and returns (success, stderr without log lines).
 fn generate(model: &Path, extra: &[&str]) -> (bool, String) {

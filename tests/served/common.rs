@@ -7,20 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 /// SmolLM2-135M's GGUF, pulled on first use.
-pub fn smollm2() -> PathBuf {
-    static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
-    let files = spindle_hub::resolve(
-        "smollm2-135m",
-        &spindle_hub::spindle_home(),
-        spindle_hub::WhenMissing::Download,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    match files {
-        spindle_hub::ModelFiles::Gguf(p) => p,
-        other => panic!("unexpected {other:?}"),
-    }
-}
+pub use spindle_testkit::smollm2_gguf as smollm2;
 
 /// The name the server gives a model served from a path: the file's stem.
 pub fn model_id() -> String {

@@ -1,4 +1,5 @@
-//! Fixtures shared by the crates' tests. [`tiny_model`] is a whole model the engine runs in
+//! Fixtures shared by the crates' tests. [`smollm2_gguf`] is the real default model's file,
+//! pulled on first use. [`tiny_model`] is a whole model the engine runs in
 //! milliseconds a step and that no test needs to download: two layers of width 32 with random
 //! weights (fixed seed) beside Qwen3's tokenizer and chat template from the chat crate's
 //! fixtures (thinking, Hermes tool calls). Its output head favours JSON's closing tokens, so
@@ -53,5 +54,22 @@ fn write_tiny_model(dir: &Path) {
     write_random_dense(&staging, &shape, 37, &closers).expect("write the tiny model");
     if std::fs::rename(&staging, dir).is_err() {
         let _ = std::fs::remove_dir_all(&staging);
+    }
+}
+
+/// SmolLM2-135M's GGUF, pulled into `$SPINDLE_HOME` on first use; the lock keeps a process's
+/// parallel tests from fetching it twice.
+pub fn smollm2_gguf() -> PathBuf {
+    static PULL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = PULL.lock().unwrap_or_else(|e| e.into_inner());
+    let files = spindle_hub::resolve(
+        "smollm2-135m",
+        &spindle_hub::spindle_home(),
+        spindle_hub::WhenMissing::Download,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    match files {
+        ModelFiles::Gguf(path) => path,
+        other => panic!("SmolLM2 is a GGUF file, not {other:?}"),
     }
 }
