@@ -22,7 +22,7 @@ use crate::pipeline::generation::{Collected, Generation, Output};
 use crate::pipeline::request::{self, GenerationRequest};
 use crate::pipeline::respond::{respond_on_model, Answer, Delivery, ModelChoice, Protocol};
 use crate::pipeline::{start_on, Started};
-use crate::sse::{done_event, failure_events, json_event, keep_alive_comment};
+use crate::sse::{done_event, failure_events, json_event};
 use crate::state::AppState;
 
 pub async fn completions(
@@ -192,18 +192,6 @@ impl Protocol for CompletionAnswer {
             Output::Failed(error) => failure_events(&error),
             Output::Progress(_) => vec![],
         }
-    }
-
-    fn keep_alive(&mut self) -> Vec<Event> {
-        vec![keep_alive_comment()]
-    }
-
-    fn loading_keep_alive() -> Vec<Event> {
-        vec![keep_alive_comment()]
-    }
-
-    fn failure_before_opening(error: &ApiError) -> Vec<Event> {
-        failure_events(error)
     }
 
     fn whole(self, whole: Collected) -> Result<Completion, ApiError> {

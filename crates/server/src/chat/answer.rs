@@ -12,7 +12,7 @@ use crate::answer_parts::{chat_finish_reason, staged, staged_tail, usage, Respon
 use crate::pipeline::generation::{Collected, Output};
 use crate::pipeline::respond::Protocol;
 use crate::pipeline::tool_calls::{assemble_calls, ToolCallStage};
-use crate::sse::{done_event, failure_events, json_event, keep_alive_comment};
+use crate::sse::{done_event, failure_events, json_event};
 
 impl ResponseHead {
     fn chat_chunk(
@@ -98,18 +98,6 @@ impl Protocol for ChatAnswer {
             Output::Done(summary) => self.finish_events(summary),
             Output::Failed(error) => failure_events(&error),
         }
-    }
-
-    fn keep_alive(&mut self) -> Vec<Event> {
-        vec![keep_alive_comment()]
-    }
-
-    fn loading_keep_alive() -> Vec<Event> {
-        vec![keep_alive_comment()]
-    }
-
-    fn failure_before_opening(error: &ApiError) -> Vec<Event> {
-        failure_events(error)
     }
 
     fn whole(mut self, mut whole: Collected) -> Result<ChatCompletion, ApiError> {

@@ -18,6 +18,7 @@ use tokio::time::{timeout, timeout_at, Duration, Instant};
 use crate::loaded_model::{LoadedModel, ModelLease};
 use crate::model_registry::{Acquisition, LoadWait};
 use crate::pipeline::generation::{Collected, Generation, Output};
+use crate::sse::{failure_events, keep_alive_comment};
 use crate::state::{registry_error, AppState};
 
 /// How the client takes the response (the request's `stream` flag).
@@ -53,20 +54,30 @@ pub(crate) trait Protocol: Send + 'static {
     fn events(&mut self, output: Output) -> Vec<Event>;
 
     /// What a stream sends after the keep-alive interval without an event, so that proxies and
-    /// clients see it live while a long prompt waits or is read.
-    fn keep_alive(&mut self) -> Vec<Event>;
+    /// clients see it live while a long prompt waits or is read: an SSE comment unless the API
+    /// has its own.
+    fn keep_alive(&mut self) -> Vec<Event> {
+        vec![keep_alive_comment()]
+    }
 
     /// What a stream sends while its model loads, before the opening: a keep-alive the API's
     /// clients skip before any other event.
     fn loading_keep_alive() -> Vec<Event>
     where
-        Self: Sized;
+        Self: Sized,
+    {
+        vec![keep_alive_comment()]
+    }
 
     /// The events of a failure before the opening: the model did not load, or refused the
-    /// request once loaded (the status line has been sent).
+    /// request once loaded (the status line has been sent). OpenAI's error event unless the API
+    /// has its own.
     fn failure_before_opening(error: &ApiError) -> Vec<Event>
     where
-        Self: Sized;
+        Self: Sized,
+    {
+        failure_events(error)
+    }
 
     /// The whole response to a generation read to its end.
     fn whole(self, collected: Collected) -> Result<Self::Whole, ApiError>;
