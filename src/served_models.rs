@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use spindle_hub::{ModelFiles, WhenMissing};
+use spindle_runner::model_sampling::ModelSampling;
 use spindle_server::model_registry::UnloadHook;
 use spindle_server::{LoadedModel, Loader, ModelEntry, ModelRegistry, ServerConfig, SystemClock};
 
@@ -69,12 +70,24 @@ pub fn registry(
 ) -> anyhow::Result<Arc<ModelRegistry<LoadedModel>>> {
     let home = spindle_hub::spindle_home();
     let mut weights = Vec::new();
+    let mut samplings = Vec::new();
     for spec in specs {
         // Catalogue names come before same-named paths, as `spindle_hub::resolve` reads them.
         let listed = spindle_hub::catalogue().iter().find(|e| e.name == spec.as_str());
-        weights.push(match listed {
-            Some(entry) => entry.size,
-            None => weight_bytes(&spindle_hub::resolve(spec, &home, WhenMissing::Refuse)?)?,
+        let (bytes, files) = match (listed, spindle_hub::resolve(spec, &home, WhenMissing::Refuse))
+        {
+            // A catalogue model not downloaded yet publishes its settings once loaded.
+            (Some(entry), files) => (entry.size, files.ok()),
+            (None, files) => {
+                let files = files?;
+                (weight_bytes(&files)?, Some(files))
+            }
+        };
+        weights.push(bytes);
+        samplings.push(match files {
+            Some(files) => ModelSampling::read(&files)
+                .with_context(|| format!("cannot read the sampling settings of {spec}"))?,
+            None => ModelSampling::default(),
         });
     }
     let mut config = config.clone();
@@ -87,10 +100,12 @@ pub fn registry(
     let entries = specs
         .iter()
         .zip(&weights)
-        .map(|(spec, weights)| ModelEntry {
+        .zip(samplings)
+        .map(|((spec, weights), sampling)| ModelEntry {
             name: model_id(spec),
             source: spec.clone(),
             bytes: weights + pools,
+            sampling,
         })
         .collect();
     let loader: Loader<LoadedModel> = Arc::new(move |entry: &ModelEntry| {

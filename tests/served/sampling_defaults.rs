@@ -117,3 +117,26 @@ fn generation_config_json_sets_the_defaults_of_each_thinking_mode() {
     }
     assert!(log.contains("do_sample"), "the ignored key named:\n{log}");
 }
+
+#[test]
+fn a_model_not_loaded_yet_shows_its_files_defaults_in_v1_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = smollm2_with(dir.path(), &sampling_keys());
+    let spindle_hub::ModelFiles::Safetensors { dir: first } = spindle_testkit::tiny_model() else {
+        unreachable!("the tiny model is a safetensors folder")
+    };
+    let (first, model) = (first.to_str().unwrap(), model.to_str().unwrap());
+    let server = LoggedServer::with_args(&["--model", first, "--model", model]);
+    let models = server.get_json("/v1/models");
+    server.stop();
+    let card = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|card| card["id"] == "smollm2-sampling")
+        .unwrap_or_else(|| panic!("no card for the second model: {models}"));
+    assert_eq!(card["status"], "not-loaded", "{card}");
+    let non_thinking = &card["sampling_defaults"]["non_thinking"];
+    assert_eq!(non_thinking["temperature"], serde_json::json!({"value": 0.0, "source": "model"}));
+    assert_eq!(non_thinking["top_k"], serde_json::json!({"value": 1, "source": "model"}));
+}

@@ -13,7 +13,8 @@
 use std::path::Path;
 
 use serde_json::Value;
-use spindle_chat::GgufMetadata;
+use spindle_chat::{read_gguf_keys, ChatError, GgufMetadata};
+use spindle_hub::ModelFiles;
 
 /// The prefix of the GGUF keys read here.
 pub const GGUF_SAMPLING_PREFIX: &str = "general.sampling.";
@@ -100,6 +101,17 @@ impl ModelSampling {
             ThinkingMode::NonThinking => self.non_thinking,
         };
         own.or(&self.general)
+    }
+
+    /// What `files` publish, read from the GGUF header or `generation_config.json` alone (no
+    /// weights, no tokenizer): `/v1/models` shows it for models not loaded yet.
+    pub fn read(files: &ModelFiles) -> Result<Self, ChatError> {
+        Ok(match files {
+            ModelFiles::Gguf(path) => {
+                Self::from_gguf(&read_gguf_keys(path, &[GGUF_SAMPLING_PREFIX])?)
+            }
+            ModelFiles::Safetensors { dir } => Self::from_generation_config(dir),
+        })
     }
 
     /// Reads the `general.sampling.*` keys of a GGUF header (the keys of other groups are

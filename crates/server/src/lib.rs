@@ -77,7 +77,12 @@ pub fn start_with_registry(
 /// One model, loaded before the server starts and never unloaded: the registry has nothing to
 /// load, so its loader only says so.
 fn with_one_model(config: ServerConfig, model: LoadedModel) -> Arc<AppState> {
-    let entry = ModelEntry { name: model.id.clone(), source: model.id.clone(), bytes: 0 };
+    let entry = ModelEntry {
+        name: model.id.clone(),
+        source: model.id.clone(),
+        bytes: 0,
+        sampling: model.model.sampling.clone(),
+    };
     let loader: Loader<LoadedModel> = Arc::new(|entry: &ModelEntry| {
         Err(format!("`{}` is loaded at start and never unloaded", entry.name))
     });

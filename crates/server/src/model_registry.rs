@@ -13,6 +13,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use spindle_runner::model_sampling::ModelSampling;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -20,7 +21,7 @@ use tokio::task::JoinHandle;
 const LOAD_PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A model the server can serve.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ModelEntry {
     /// The name clients pass as `model`.
     pub name: String,
@@ -28,6 +29,9 @@ pub struct ModelEntry {
     pub source: String,
     /// Memory it takes once loaded (weights and KV pool), counted against the budget.
     pub bytes: u64,
+    /// The sampling settings its files publish, read before any load (empty for a catalogue
+    /// model not downloaded yet).
+    pub sampling: ModelSampling,
 }
 
 /// Monotonic time, as the registry reads it.
@@ -542,7 +546,12 @@ mod tests {
     /// fails for a model whose source is `broken`.
     fn fixture(budget: u64) -> Fixture {
         let entries = ["a", "b", "c"]
-            .map(|name| ModelEntry { name: name.into(), source: name.into(), bytes: 10 })
+            .map(|name| ModelEntry {
+                name: name.into(),
+                source: name.into(),
+                bytes: 10,
+                ..Default::default()
+            })
             .to_vec();
         let loads = Arc::new(AtomicUsize::new(0));
         let counted = loads.clone();
@@ -656,7 +665,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_load_is_reported_and_tried_again_on_the_next_request() {
-        let entries = vec![ModelEntry { name: "x".into(), source: "broken".into(), bytes: 1 }];
+        let entries = vec![ModelEntry {
+            name: "x".into(),
+            source: "broken".into(),
+            bytes: 1,
+            ..Default::default()
+        }];
         let f = fixture(100);
         let registry =
             ModelRegistry::new(entries, 100, None, f.registry.loader.clone(), f.clock.clone());

@@ -124,7 +124,8 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
-/// Every served model, whether it is loaded, and the sampling defaults of those that are.
+/// Every served model, whether it is loaded, and its sampling defaults (a loaded model's as its
+/// files were read at load; another's as read at start).
 async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
     let loaded = state.models.loaded();
     let data = state.models.list().into_iter().map(|(entry, load_state)| {
@@ -134,8 +135,10 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
             owned_by: "spindle".into(),
             // A model not loaded yet is read with the server's context.
             max_model_len: Some(model.map_or(state.config.ctx_size, |m| m.ctx_size)),
-            sampling_defaults: model
-                .map(|m| sampling_defaults::card(&state.config.sampling, &m.model.sampling)),
+            sampling_defaults: Some(sampling_defaults::card(
+                &state.config.sampling,
+                model.map_or(&entry.sampling, |m| &m.model.sampling),
+            )),
             status: Some(load_state.name().into()),
             id: entry.name,
         }

@@ -59,7 +59,12 @@ fn models(budget: u64) -> Models {
 
 fn models_with(budget: u64, config: ServerConfig) -> Models {
     let entries = ["a", "b", "c"]
-        .map(|name| ModelEntry { name: name.into(), source: name.into(), bytes: 10 })
+        .map(|name| ModelEntry {
+            name: name.into(),
+            source: name.into(),
+            bytes: 10,
+            ..Default::default()
+        })
         .to_vec();
     let (loads, gate, c_load) = (Arc::new(AtomicUsize::new(0)), Gate::default(), Gate::default());
     let engines: Engines = Arc::default();
