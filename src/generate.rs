@@ -7,8 +7,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 use spindle_chat::TemplateInput;
+use spindle_runner::model_sampling::{ModelSampling, SamplingPreset, ThinkingMode};
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{single_sequence_cache, Engine, EngineConfig, ModelBundle, SequenceRequest};
+use spindle_server::sampling_defaults::SamplingDefaults;
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -38,20 +40,25 @@ pub struct GenerateArgs {
     ctx_size: usize,
 }
 
+/// Sampling: each parameter left out takes the model's published value (`general.sampling.*`,
+/// `generation_config.json`), else generate's own default.
 #[derive(Args)]
 pub struct SamplingArgs {
-    /// 0 means greedy.
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// 0 disables.
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    #[arg(long, default_value_t = 0.0)]
-    min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
-    repetition_penalty: f32,
+    /// 0 means greedy [default: the model's, else 1].
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// [default: the model's, else 1].
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// 0 disables [default: the model's, else 0].
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// [default: the model's, else 0].
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// [default: the model's, else 1].
+    #[arg(long = "repeat-penalty", alias = "repetition-penalty")]
+    repetition_penalty: Option<f32>,
     #[arg(long, default_value_t = 0.0)]
     presence_penalty: f32,
     #[arg(long, default_value_t = 0.0)]
@@ -61,13 +68,26 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    fn params(&self) -> SamplingParams {
-        SamplingParams {
+    /// The flags over the model's preset for `mode` over the server's built-in defaults, each
+    /// with where it came from.
+    fn defaults(&self, model: &ModelSampling, mode: ThinkingMode) -> SamplingDefaults {
+        let flags = SamplingPreset {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
             min_p: self.min_p,
             repetition_penalty: self.repetition_penalty,
+        };
+        SamplingDefaults::resolve(&flags, model, mode)
+    }
+
+    fn params(&self, defaults: &SamplingDefaults) -> SamplingParams {
+        SamplingParams {
+            temperature: defaults.temperature.value,
+            top_k: defaults.top_k.value,
+            top_p: defaults.top_p.value,
+            min_p: defaults.min_p.value,
+            repetition_penalty: defaults.repetition_penalty.value,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             seed: self.seed,
@@ -76,20 +96,38 @@ impl SamplingArgs {
     }
 }
 
+/// Whether the answer thinks: a chat prompt does unless `enable_thinking` is false (a model
+/// without a thinking preset has the same values either way); a raw prompt does not.
+fn thinking_mode(
+    args: &GenerateArgs,
+    extra: &serde_json::Map<String, serde_json::Value>,
+) -> ThinkingMode {
+    match args.chat && extra.get("enable_thinking") != Some(&serde_json::Value::Bool(false)) {
+        true => ThinkingMode::Thinking,
+        false => ThinkingMode::NonThinking,
+    }
+}
+
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     crate::set_threads(args.threads);
-    let sampling = args.sampling.params();
-    sampling.validate()?;
+    let extra = template_kwargs(&args)?;
     let files = spindle_hub::resolve(
         &args.model,
         &spindle_hub::spindle_home(),
         spindle_hub::WhenMissing::Download,
     )?;
+    // Flags are checked before the weights are read.
+    let unread = ModelSampling::default();
+    args.sampling.params(&args.sampling.defaults(&unread, ThinkingMode::NonThinking)).validate()?;
     let bundle = Arc::new(crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?);
+    let defaults = args.sampling.defaults(&bundle.sampling, thinking_mode(&args, &extra));
+    eprintln!("sampling: {}", defaults.summary(bundle.sampling.source.unwrap_or("the model")));
+    let sampling = args.sampling.params(&defaults);
+    sampling.validate().context("the model's published sampling settings")?;
     let request = SequenceRequest {
         stop_ids: bundle.tokenizer.eos_token_ids().to_vec(),
         ..SequenceRequest::plain(
-            prompt_ids(&bundle, &args)?,
+            prompt_ids(&bundle, &args, &extra)?,
             args.max_tokens,
             sampling,
             args.ctx_size,
@@ -116,7 +154,23 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn prompt_ids(bundle: &ModelBundle, args: &GenerateArgs) -> anyhow::Result<Vec<u32>> {
+/// `--chat-template-kwargs` as a JSON object (empty when absent).
+fn template_kwargs(
+    args: &GenerateArgs,
+) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    match &args.chat_template_kwargs {
+        Some(text) => {
+            serde_json::from_str(text).context("--chat-template-kwargs is not a JSON object")
+        }
+        None => Ok(serde_json::Map::new()),
+    }
+}
+
+fn prompt_ids(
+    bundle: &ModelBundle,
+    args: &GenerateArgs,
+    extra: &serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<Vec<u32>> {
     if !args.chat {
         return Ok(bundle.tokenizer.encode(&args.prompt, true)?);
     }
@@ -125,17 +179,11 @@ fn prompt_ids(bundle: &ModelBundle, args: &GenerateArgs) -> anyhow::Result<Vec<u
         messages.push(serde_json::json!({"role": "system", "content": system}));
     }
     messages.push(serde_json::json!({"role": "user", "content": args.prompt}));
-    let extra = match &args.chat_template_kwargs {
-        Some(text) => {
-            serde_json::from_str(text).context("--chat-template-kwargs is not a JSON object")?
-        }
-        None => serde_json::Map::new(),
-    };
     let text = bundle.template.render(&TemplateInput {
         messages: &messages,
         tools: None,
         add_generation_prompt: true,
-        extra: &extra,
+        extra,
     })?;
     // The template writes the BOS token itself where the model wants one.
     Ok(bundle.tokenizer.encode(&text, false)?)

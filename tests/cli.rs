@@ -270,3 +270,44 @@ fn the_kv_cache_type_sets_how_many_tokens_the_memory_holds() {
         assert!(line.contains(&expected), "{expected:?} not in {line}");
     }
 }
+
+/// `spindle generate` on a copy of the tiny random model whose `generation_config.json` asks
+/// for greedy decoding: (stdout, stderr).
+fn generate_with_model_sampling(dir: &Path, extra: &[&str]) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["generate", "--model"])
+        .arg(dir)
+        .args(["--prompt", "Hello there", "--max-tokens", "8"])
+        .args(extra)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), stderr)
+}
+
+#[test]
+fn generate_takes_the_model_s_sampling_settings_unless_a_flag_overrides_them() {
+    let spindle_hub::ModelFiles::Safetensors { dir: tiny } = spindle_testkit::tiny_model() else {
+        unreachable!("the tiny model is a safetensors folder")
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&tiny).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let config = r#"{"temperature": 0.0, "top_k": 1}"#;
+    std::fs::write(dir.path().join("generation_config.json"), config).unwrap();
+
+    let (first, log) = generate_with_model_sampling(dir.path(), &["--seed", "1"]);
+    let expected = "sampling: temperature 0 (generation_config.json), top_k 1 \
+        (generation_config.json), top_p 1 (built-in)";
+    assert!(log.contains(expected), "{expected:?} not in\n{log}");
+    // Greedy, as the model asks: the seed changes nothing.
+    let (second, _) = generate_with_model_sampling(dir.path(), &["--seed", "2"]);
+    assert_eq!(first, second);
+    let (_, log) = generate_with_model_sampling(dir.path(), &["--temperature", "0.5"]);
+    let expected = "sampling: temperature 0.5 (--temperature), top_k 1 (generation_config.json)";
+    assert!(log.contains(expected), "{expected:?} not in\n{log}");
+}
