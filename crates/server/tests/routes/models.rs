@@ -58,6 +58,12 @@ fn models(budget: u64) -> Models {
 }
 
 fn models_with(budget: u64, config: ServerConfig) -> Models {
+    built(budget, config, false)
+}
+
+/// Models `a`, `b`, `c` within `budget`; `c`'s load waits for `c_load` to open and then
+/// succeeds, or fails where `c_fails`.
+fn built(budget: u64, config: ServerConfig, c_fails: bool) -> Models {
     let entries = ["a", "b", "c"]
         .map(|name| ModelEntry {
             name: name.into(),
@@ -74,6 +80,9 @@ fn models_with(budget: u64, config: ServerConfig) -> Models {
         counted.fetch_add(1, Ordering::SeqCst);
         if entry.name == "c" {
             c_held.wait(|| false);
+            if c_fails {
+                return Err("c's weights are damaged".to_string());
+            }
         }
         let (text, gate) = (format!("I am {}.", entry.name), held.clone());
         let holds = entry.name == "a";
@@ -171,7 +180,7 @@ async fn each_model_answers_itself_and_a_request_naming_none_gets_the_first() {
     );
     assert_eq!(server.answer(Some("b")).await, "I am b.");
     assert_eq!(server.answer(None).await, "I am a.");
-    assert_eq!(server.answer(Some("a")).await, "I am a.");
+    assert_eq!(server.answer(Some("b")).await, "I am b.");
     let (_, body) = server.chat(Some("b")).await;
     assert_eq!(body["model"], "b", "the response names the model that answered");
     assert_eq!(server.loads.load(Ordering::SeqCst), 2, "each model loaded once");
@@ -381,6 +390,49 @@ async fn a_messages_stream_whose_model_loads_gets_pings_until_the_answer() {
     let opened = kinds.iter().position(|&k| k == "message_start").expect("message_start");
     assert!(kinds[..opened].iter().all(|&k| k == "ping"), "{kinds:?}");
     assert_eq!(kinds.last(), Some(&"message_stop"));
+}
+
+#[tokio::test]
+async fn a_stream_whose_model_fails_to_load_ends_with_the_error_event() {
+    let server = built(100, quick_keep_alives(), true);
+    let response = server.send(post_json("/v1/chat/completions", &chat(Some("c"), true))).await;
+    assert_eq!(response.status(), 200, "answered before the load ends");
+    let mut stream = response.into_body().into_data_stream();
+    assert_eq!(next_chunk(&mut stream).await.unwrap(), ": keep-alive\n\n");
+    server.c_load.open();
+    let mut rest = String::new();
+    while let Some(chunk) = next_chunk(&mut stream).await {
+        rest.push_str(&chunk);
+    }
+    let data = sse_data(&rest);
+    let error: Value = serde_json::from_str(&data[0]).unwrap_or_else(|e| panic!("{e}: {rest}"));
+    let message = error["error"]["message"].as_str().unwrap_or_else(|| panic!("{rest}"));
+    assert!(message.contains("c's weights are damaged"), "{message}");
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{rest}");
+    // The failed load leaves the model unloaded, and the others answer.
+    assert_eq!(server.statuses().await[2], ("c".to_string(), "not-loaded".to_string()));
+    assert_eq!(server.answer(Some("b")).await, "I am b.");
+}
+
+#[tokio::test]
+async fn a_messages_stream_whose_model_fails_to_load_ends_with_an_error_event() {
+    let server = built(100, quick_keep_alives(), true);
+    let body = json!({"model": "c", "max_tokens": 16, "stream": true,
+        "messages": [{"role": "user", "content": "Who are you?"}]});
+    let response = server.send(post_json("/v1/messages", &body)).await;
+    assert_eq!(response.status(), 200);
+    let mut stream = response.into_body().into_data_stream();
+    assert!(next_chunk(&mut stream).await.unwrap().starts_with("event: ping\n"));
+    server.c_load.open();
+    let mut rest = String::new();
+    while let Some(chunk) = next_chunk(&mut stream).await {
+        rest.push_str(&chunk);
+    }
+    assert!(rest.contains("event: error\n"), "{rest}");
+    let events: Vec<Value> =
+        sse_data(&rest).iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let error = events.iter().find(|e| e["type"] == "error").unwrap_or_else(|| panic!("{rest}"));
+    assert!(error["error"]["message"].as_str().unwrap().contains("c's weights are damaged"));
 }
 
 #[tokio::test]
