@@ -2,63 +2,32 @@
 //! `spindle serve` (this build, smollm2-135m, loopback): the eval passes and the bench writes
 //! its JSON.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
+
+use spindle_bench::cli::server_process::{ServeCommand, ServerProcess};
 
 const KEY: &str = "eval-test-key";
 
-/// The started server; killed when the test ends, passed or not.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `spindle serve` on a port the system picks and returns its URL once it listens: it
-/// prints `listening on http://ADDRESS` after loading the model and binding, so no port is
-/// chosen before the server holds it and no polling waits for it. Its log goes to serve.log.
-fn start_server(dir: &Path) -> (Server, String) {
-    spindle_hub::resolve(
-        "smollm2-135m",
-        &spindle_hub::spindle_home(),
-        spindle_hub::WhenMissing::Download,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_spindle"))
-        .args(["serve", "--model", "smollm2-135m", "--host", "127.0.0.1", "--port", "0"])
-        .args(["--api-key", KEY, "--ctx-size", "2048", "--kv-cache-memory", "256MiB"])
-        .arg("--batch-dir")
-        .arg(dir.join("batches"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let server = Server(child);
-    let mut log = std::fs::File::create(dir.join("serve.log")).unwrap();
-    let mut seen = String::new();
-    let url = loop {
-        let Some(line) = lines.next().transpose().unwrap() else {
-            panic!("spindle serve exited before listening:\n{seen}");
-        };
-        writeln!(log, "{line}").unwrap();
-        seen.push_str(&line);
-        seen.push('\n');
-        if let Some(address) = line.strip_prefix("listening on ") {
-            break address.to_string();
-        }
-    };
-    // Read on, so the server never blocks on a full pipe.
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            let _ = writeln!(log, "{line}");
-        }
-    });
-    (server, url)
+/// `spindle serve` (this build) for smollm2-135m on a port the system picks, with its log in
+/// `dir`/serve.log; stopped when dropped.
+fn start_server(dir: &Path) -> ServerProcess {
+    ServerProcess::start(ServeCommand {
+        program: env!("CARGO_BIN_EXE_spindle").into(),
+        model: "smollm2-135m".into(),
+        host: "127.0.0.1".into(),
+        port: 0,
+        args: ["--ctx-size", "2048", "--kv-cache-memory", "256MiB", "--batch-dir"]
+            .into_iter()
+            .map(String::from)
+            .chain([dir.join("batches").display().to_string()])
+            .collect(),
+        api_key: Some(KEY.into()),
+        log: dir.join("serve.log"),
+        ready_timeout: None,
+        scratch_dir: None,
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn spindle(args: &[&str]) -> (bool, String) {
@@ -80,14 +49,15 @@ fn read_json(path: &Path) -> serde_json::Value {
 #[test]
 fn eval_smoke_and_bench_agentic_against_spindle_serve() {
     let dir = tempfile::tempdir().unwrap();
-    let (_server, url) = start_server(dir.path());
+    let server = start_server(dir.path());
+    let url = server.base_url();
     let out = dir.path().join("out");
     let out_arg = out.to_str().unwrap();
 
     let (ok, text) = spindle(&[
         "eval",
         "--base-url",
-        &url,
+        url,
         "--api-key",
         KEY,
         "--tier",
@@ -111,7 +81,7 @@ fn eval_smoke_and_bench_agentic_against_spindle_serve() {
 
     // `bench agentic` with a short system prompt and answers, plus `extra` flags.
     let agentic = |extra: &[&str]| {
-        let mut args = vec!["bench", "agentic", "--base-url", &url, "--api-key", KEY];
+        let mut args = vec!["bench", "agentic", "--base-url", url, "--api-key", KEY];
         args.extend(["--system-tokens", "300", "--max-tokens", "4", "--runs", "1"]);
         args.extend(extra);
         args.extend(["--output", out_arg]);

@@ -5,11 +5,11 @@
 //! the error paths: an agent not installed, a model not served, a key missing, a model that
 //! cannot be served.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use serde_json::Value;
+use spindle_bench::cli::server_process::{ServeCommand, ServerProcess};
 
 const MODEL: &str = "smollm2-135m";
 
@@ -117,42 +117,38 @@ fn find_python() -> PathBuf {
     PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
 }
 
-/// `spindle serve` on a port the system picks, killed when dropped.
+/// `spindle serve` for the test model on a port the system picks, its log in a folder of its
+/// own; stopped when dropped.
 struct Server {
-    child: Child,
-    base_url: String,
+    process: ServerProcess,
+    _dir: tempfile::TempDir,
 }
 
 impl Server {
     fn start(extra: &[&str]) -> Self {
         pull_model();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_spindle"))
-            .args(["serve", "--model", MODEL, "--port", "0"])
-            .args(extra)
-            .env("RUST_LOG", "error")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let base_url = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|l| l.split("listening on ").nth(1).map(str::to_string))
-            .expect("the server's listening line");
-        // The server writes on; its pipe must not fill.
-        std::thread::spawn(move || lines.for_each(drop));
-        Self { child, base_url }
+        let dir = tempfile::tempdir().unwrap();
+        let process = ServerProcess::start(ServeCommand {
+            program: env!("CARGO_BIN_EXE_spindle").into(),
+            model: MODEL.into(),
+            host: "127.0.0.1".into(),
+            port: 0,
+            args: extra.iter().map(|a| a.to_string()).collect(),
+            api_key: None,
+            log: dir.path().join("serve.log"),
+            ready_timeout: None,
+            scratch_dir: None,
+        })
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        Self { process, _dir: dir }
+    }
+
+    fn base_url(&self) -> &str {
+        self.process.base_url()
     }
 
     fn port(&self) -> String {
-        self.base_url.rsplit(':').next().unwrap().to_string()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.base_url().rsplit(':').next().unwrap().to_string()
     }
 }
 
@@ -212,7 +208,7 @@ fn launch_wires_each_agent_to_a_running_server_and_leaves_it_running() {
         let seen = seen.unwrap_or_else(|| panic!("{agent} did not run: {}", stderr(&output)));
         assert!(output.status.success(), "{agent}: {}", stderr(&output));
         assert_eq!(seen["status"], 200, "{agent}: {seen}");
-        assert!(seen["url"].as_str().unwrap().starts_with(&server.base_url), "{seen}");
+        assert!(seen["url"].as_str().unwrap().starts_with(server.base_url()), "{seen}");
         // The user's arguments come last, as given.
         let given: Vec<&str> =
             seen["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use spindle_chat::{ChatError, ChatTemplate, ModelProfile, Tokenizer, ToolCallFormat};
 use spindle_constrain::Grammars;
 use spindle_runner::model_sampling::{ModelSampling, SamplingPreset, ThinkingMode};
-use spindle_runner::{Engine, EngineConfig, ModelBundle};
+use spindle_runner::{CacheConfig, Engine, EngineConfig, ModelBundle};
 
 use crate::config::ServerConfig;
 use crate::engine::GenerationEngine;
@@ -26,6 +26,19 @@ pub struct ServedModel {
     pub kv_tokens: usize,
     /// The sampling settings the model's files publish.
     pub sampling: ModelSampling,
+}
+
+impl ServedModel {
+    /// What the server keeps of `bundle`, whose engine has `cache`.
+    pub fn of(bundle: &ModelBundle, cache: &CacheConfig) -> Self {
+        Self {
+            tokenizer: bundle.tokenizer.clone(),
+            template: bundle.template.clone(),
+            max_positions: bundle.model.config().max_position_embeddings,
+            kv_tokens: cache.kv_tokens(bundle),
+            sampling: bundle.sampling.clone(),
+        }
+    }
 }
 
 /// A model ready to serve.
@@ -67,13 +80,7 @@ impl LoadedModel {
         config: &ServerConfig,
         bundle: ModelBundle,
     ) -> Result<Self, ChatError> {
-        let model = ServedModel {
-            tokenizer: bundle.tokenizer.clone(),
-            template: bundle.template.clone(),
-            max_positions: bundle.model.config().max_position_embeddings,
-            kv_tokens: config.cache.kv_tokens(&bundle),
-            sampling: bundle.sampling.clone(),
-        };
+        let model = ServedModel::of(&bundle, &config.cache);
         let profile =
             ModelProfile::new(&model.template, &model.tokenizer, config.tool_call_parser)?;
         let engine_config = EngineConfig {

@@ -168,13 +168,7 @@ pub async fn start_server(api_key: Option<&str>) -> (String, Arc<RecordingEngine
         speculation: Default::default(),
         sampling: Default::default(),
     };
-    let model = ServedModel {
-        tokenizer: bundle.tokenizer.clone(),
-        template: bundle.template.clone(),
-        max_positions: bundle.model.config().max_position_embeddings,
-        kv_tokens: config.cache.kv_tokens(&bundle),
-        sampling: bundle.sampling.clone(),
-    };
+    let model = ServedModel::of(&bundle, &config.cache);
     let engine_config = EngineConfig::new(config.max_concurrent, config.cache.clone());
     let engine = Arc::new(RecordingEngine {
         engine: Engine::start(Arc::new(bundle), engine_config),
