@@ -5,6 +5,10 @@
 //! `$SPINDLE_HOME` on first use) where a real model's answers are the point. The routes' shapes,
 //! errors and streaming are tested in-process around a scripted engine (`tests/routes`).
 
+#[path = "../../shared/chat_stream.rs"]
+mod chat_stream;
+pub use chat_stream::{parse_chat_stream, sse_data};
+
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -205,52 +209,6 @@ pub async fn post_stream(base: &str, path: &str, body: &Value) -> Vec<String> {
     let content_type = response.headers()["content-type"].to_str().unwrap().to_string();
     assert!(content_type.starts_with("text/event-stream"), "{content_type}");
     sse_data(&response.text().await.unwrap())
-}
-
-pub fn sse_data(body: &str) -> Vec<String> {
-    body.split("\n\n")
-        .filter_map(|event| {
-            event.lines().find_map(|l| l.strip_prefix("data:")).map(|d| d.trim_start().to_string())
-        })
-        .collect()
-}
-
-/// Content, reasoning and finish reason of a streamed chat response, checking the framing:
-/// a role chunk first, `[DONE]` last, one finish reason.
-pub struct Streamed {
-    pub content: String,
-    pub reasoning: String,
-    pub finish_reason: String,
-    pub chunks: Vec<Value>,
-    pub usage: Option<Value>,
-}
-
-pub fn parse_chat_stream(data: &[String]) -> Streamed {
-    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
-    let chunks: Vec<Value> =
-        data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
-    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    let mut out = Streamed {
-        content: String::new(),
-        reasoning: String::new(),
-        finish_reason: String::new(),
-        chunks: chunks.clone(),
-        usage: None,
-    };
-    for chunk in &chunks {
-        assert_eq!(chunk["object"], "chat.completion.chunk");
-        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
-            out.usage = Some(usage.clone());
-        }
-        let Some(choice) = chunk["choices"].get(0) else { continue };
-        out.content.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
-        out.reasoning.push_str(choice["delta"]["reasoning_content"].as_str().unwrap_or(""));
-        if let Some(reason) = choice["finish_reason"].as_str() {
-            assert!(out.finish_reason.is_empty(), "two finish reasons");
-            out.finish_reason = reason.to_string();
-        }
-    }
-    out
 }
 
 /// Runs `tests/python/{script}` with `python`, given `args`, and fails with its output unless
