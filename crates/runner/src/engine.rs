@@ -18,7 +18,7 @@ use spindle_sched::{CacheKind, Scheduler, SchedulerConfig, SeqId, StepPlan};
 use tokio::sync::watch;
 
 use crate::bundle::ModelBundle;
-use crate::draft::{DraftScript, NgramDrafter};
+use crate::draft::{DraftScript, NgramDrafter, RecentOutputs};
 use crate::error::{EngineStopped, RunnerError};
 use crate::events::{Caller, SequenceEvent};
 use crate::polling_workers;
@@ -265,6 +265,8 @@ struct EngineState<'a> {
     next_id: u64,
     /// Reused by [`Self::report_memory`], so reporting allocates nothing per step.
     used_blocks: HashSet<u32>,
+    /// Finished outputs, which speculating sequences draft from.
+    recent_outputs: RecentOutputs,
 }
 
 fn run(
@@ -283,6 +285,7 @@ fn run(
         running: HashMap::new(),
         next_id: 0,
         used_blocks: HashSet::new(),
+        recent_outputs: RecentOutputs::default(),
     };
     loop {
         if engine.waiting.is_empty() && engine.running.is_empty() {
@@ -560,7 +563,7 @@ impl EngineState<'_> {
             if budget == 0 {
                 return;
             }
-            let drafts = job.seq.add_drafts(&mut self.prefix, budget);
+            let drafts = job.seq.add_drafts(&mut self.prefix, &self.recent_outputs, budget);
             budget -= drafts.len();
             job.tokens.extend(drafts);
         }
@@ -629,8 +632,13 @@ impl EngineState<'_> {
         self.load.kv_window_released_blocks.store(released, Ordering::Relaxed);
     }
 
-    /// Frees an ended sequence's blocks and its place in the scheduler.
+    /// Frees an ended sequence's blocks and its place in the scheduler, and keeps what it wrote
+    /// for others' drafts where the model speculates at all.
     fn end(&mut self, id: SeqId, seq: Sequence) {
+        if self.config.speculation.max_draft > 0 && self.prefix.kind() == CacheKind::AttentionOnly {
+            let (prompt, reply) = seq.prompt_and_reply();
+            self.recent_outputs.add(prompt, reply);
+        }
         self.prefix.release(seq.cache());
         self.scheduler.remove(id);
     }

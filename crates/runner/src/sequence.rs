@@ -9,7 +9,7 @@ use spindle_models::SequenceCache;
 use spindle_sched::{CacheKind, PrefillPlan};
 
 use crate::bundle::ModelBundle;
-use crate::draft::NgramDrafter;
+use crate::draft::{NgramDrafter, RecentOutputs};
 use crate::error::RunnerError;
 use crate::events::{Caller, FinishReason, SequenceEvent, SequenceSummary};
 use crate::output::{OutputPipeline, TextDelta};
@@ -208,6 +208,11 @@ impl Sequence {
         prefix.store_in_memory(&tokens, &self.cache, &self.plan);
     }
 
+    /// The prompt and the tokens the sequence wrote, for other requests' drafts.
+    pub fn prompt_and_reply(&self) -> (&[u32], &[u32]) {
+        (&self.request.prompt_ids, &self.reply)
+    }
+
     /// Reports a failure; the sequence is over.
     pub fn fail(&mut self, error: RunnerError) -> Next {
         let _ = self.caller.send(SequenceEvent::Failed(error));
@@ -282,7 +287,12 @@ impl Sequence {
     /// Drafts to run after the decided token this step, at most `budget` of them (the rows
     /// the step has left), with their blocks reserved; empty when the sequence does not
     /// speculate, nothing matches, or no block is free.
-    pub fn add_drafts(&mut self, prefix: &mut PrefixCache, budget: usize) -> Vec<u32> {
+    pub fn add_drafts(
+        &mut self,
+        prefix: &mut PrefixCache,
+        recent: &RecentOutputs,
+        budget: usize,
+    ) -> Vec<u32> {
         let Some(drafter) = &mut self.drafter else { return Vec::new() };
         if self.orphan {
             return Vec::new();
@@ -293,7 +303,7 @@ impl Sequence {
             .min(self.request.max_tokens.saturating_sub(self.generated))
             .min(self.cache.limit().saturating_sub(self.cache.len() + 1))
             .min(self.caller.spare_events());
-        let drafts = drafter.propose(room);
+        let drafts = drafter.propose(room, recent);
         if drafts.is_empty() || prefix.reserve(&mut self.cache, 1 + drafts.len()).is_err() {
             return Vec::new();
         }

@@ -1,10 +1,11 @@
 //! Speculative decoding changes no byte: every request's tokens, logprobs, text and finish are
-//! those of the same request decoded plainly, whether its drafts come from the n-gram lookup or
-//! from a script that plants a wrong token at each position of the window; alone or batched
-//! with plain sequences; with a grammar that rejects every draft; with stops and `max_tokens`
-//! that end inside an accepted run; and the prefix cache it leaves behind serves a follow-up
-//! request bit for bit. The mechanics run on the tiny random model; the lookup's drafts are
-//! checked on SmolLM2, whose continuations of repeated code are worth copying.
+//! those of the same request decoded plainly, whether its drafts come from the n-gram lookup,
+//! from an earlier request's output, or from a script that plants a wrong token at each
+//! position of the window; alone or batched with plain sequences; with a grammar that rejects
+//! every draft; with stops and `max_tokens` that end inside an accepted run; and the prefix
+//! cache it leaves behind serves a follow-up request bit for bit. The mechanics run on the tiny
+//! random model; the drafts that are worth taking are checked on SmolLM2 (a random model does
+//! not continue repeated code).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -229,4 +230,31 @@ fn a_hybrid_model_does_not_speculate_and_answers_as_ever() {
     let spec = run(&engine, spec_request(&prompt, greedy(), 16, true));
     assert_same(&spec, &plain, "hybrid");
     assert_eq!(spec.1.drafted_tokens, 0);
+}
+
+#[test]
+fn a_request_drafts_from_what_an_earlier_request_wrote() {
+    let bundle = smollm2();
+    let prompt = encode(&bundle, PROSE);
+    for (name, sampling) in [("greedy", greedy()), ("seeded", seeded())] {
+        let plain =
+            run(&start(&bundle, 1, None), spec_request(&prompt, sampling.clone(), 48, false));
+        // Alone, prose gives the lookup little to copy.
+        let alone =
+            run(&start(&bundle, 1, None), spec_request(&prompt, sampling.clone(), 48, true));
+        assert_same(&alone, &plain, &format!("{name}, alone"));
+        // After an earlier request wrote the answer (a retry after a client time-out, an
+        // agent's repeated call), its tokens are the drafts.
+        let engine = start(&bundle, 1, None);
+        run(&engine, spec_request(&prompt, sampling.clone(), 48, false));
+        let retry = run(&engine, spec_request(&prompt, sampling, 48, true));
+        assert_same(&retry, &plain, &format!("{name}, retried"));
+        assert!(
+            retry.1.accepted_tokens >= 32
+                && retry.1.accepted_tokens >= alone.1.accepted_tokens + 16,
+            "{name}: retried {:?}, alone {:?}",
+            retry.1,
+            alone.1
+        );
+    }
 }

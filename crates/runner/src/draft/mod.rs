@@ -1,6 +1,7 @@
-//! Drafts for speculative decoding, taken from the sequence's own tokens: where its last few
-//! tokens occurred before (in the prompt or in what it wrote), the tokens that followed then
-//! are proposed to follow now (prompt-lookup / n-gram drafting). Agents copy paths,
+//! Drafts for speculative decoding, taken from the sequence's own tokens and then from other
+//! requests' recent outputs: where its last few tokens occurred before (in the prompt, in what
+//! it wrote, in what another request wrote), the tokens that followed then are proposed to
+//! follow now (prompt-lookup / n-gram drafting). Agents copy paths,
 //! identifiers and whole blocks out of their context, so such drafts are often right; where
 //! nothing matches, nothing is drafted and the step is a plain decode step.
 //!
@@ -9,13 +10,14 @@
 //! whose drafts keep failing stops drafting for a while (a rejected draft costs a row of the
 //! step for nothing).
 
-use std::collections::HashMap;
+mod recent_outputs;
+mod token_index;
+
 use std::sync::Arc;
 
-/// The longest and shortest runs of recent tokens looked up, longest first: a longer match
-/// predicts better, a shorter one finds more.
-const LONGEST_MATCH: usize = 4;
-const SHORTEST_MATCH: usize = 2;
+pub use recent_outputs::RecentOutputs;
+use token_index::{TokenIndex, LONGEST_MATCH, SHORTEST_MATCH};
+
 /// The draft length a sequence starts with.
 const FIRST_LENGTH: usize = 4;
 /// Below this share of drafted tokens accepted (over recent rounds), drafting pauses.
@@ -24,17 +26,6 @@ const BREAK_EVEN: f32 = 0.25;
 const PAUSE_TOKENS: usize = 32;
 /// Weight of the latest round in the running acceptance.
 const RECENT_WEIGHT: f32 = 0.3;
-
-/// A run of up to [`LONGEST_MATCH`] tokens as a fixed-size key (each run length has a map of its
-/// own, so the padding never makes two runs equal): indexing an 18K-token prompt allocates
-/// nothing per token.
-type Run = [u32; LONGEST_MATCH];
-
-fn run_key(tokens: &[u32]) -> Run {
-    let mut key = [u32::MAX; LONGEST_MATCH];
-    key[..tokens.len()].copy_from_slice(tokens);
-    key
-}
 
 /// A stand-in for the lookup, for tests: given the sequence's tokens so far (prompt and
 /// decided tokens) and the room, the drafts to propose, e.g. the right ones with a wrong token
@@ -53,10 +44,7 @@ impl std::fmt::Debug for DraftScript {
 
 /// One sequence's drafter: its tokens so far and where each short run of them last occurred.
 pub struct NgramDrafter {
-    history: Vec<u32>,
-    /// Per run length `n` (index `n - SHORTEST_MATCH`): for each run of `n` tokens, the index
-    /// of the token that followed its latest occurrence.
-    followers: Vec<HashMap<Run, usize>>,
+    history: TokenIndex,
     /// Most tokens to draft per round (the server's limit).
     max_length: usize,
     /// Tokens to draft next round.
@@ -74,8 +62,7 @@ impl NgramDrafter {
     /// instead of the lookup, if given).
     pub fn new(prompt: &[u32], max_length: usize, script: Option<DraftScript>) -> Self {
         let mut drafter = Self {
-            history: Vec::with_capacity(prompt.len() + 256),
-            followers: vec![HashMap::new(); LONGEST_MATCH - SHORTEST_MATCH + 1],
+            history: TokenIndex::with_capacity(prompt.len() + 256),
             max_length,
             length: FIRST_LENGTH.min(max_length),
             acceptance: 1.0,
@@ -88,21 +75,18 @@ impl NgramDrafter {
         drafter
     }
 
-    /// Records the sequence's next token (each run it ends now has a known follower).
+    /// Records the sequence's next token.
     pub fn push(&mut self, token: u32) {
-        let end = self.history.len();
-        for n in SHORTEST_MATCH..=LONGEST_MATCH.min(end) {
-            let run = run_key(&self.history[end - n..]);
-            self.followers[n - SHORTEST_MATCH].insert(run, end);
-        }
         self.history.push(token);
     }
 
     /// Up to `room` tokens to follow the history, from the latest earlier occurrence of its
-    /// longest matching tail; empty when nothing matches or drafting is paused.
-    pub fn propose(&mut self, room: usize) -> Vec<u32> {
+    /// longest matching tail, in its own tokens first and then in `recent` outputs of other
+    /// requests; empty when nothing matches or drafting is paused.
+    pub fn propose(&mut self, room: usize, recent: &RecentOutputs) -> Vec<u32> {
+        let history = self.history.tokens();
         if let Some(script) = &self.script {
-            let mut drafts = (script.0)(&self.history, room);
+            let mut drafts = (script.0)(history, room);
             drafts.truncate(room.min(self.max_length));
             return drafts;
         }
@@ -111,14 +95,16 @@ impl NgramDrafter {
             return Vec::new();
         }
         let want = self.length.min(room);
-        let end = self.history.len();
+        let end = history.len();
         if want == 0 {
             return Vec::new();
         }
         for n in (SHORTEST_MATCH..=LONGEST_MATCH.min(end)).rev() {
-            let run = run_key(&self.history[end - n..]);
-            if let Some(&from) = self.followers[n - SHORTEST_MATCH].get(&run) {
-                return self.history[from..end.min(from + want)].to_vec();
+            let tail = &history[end - n..];
+            if let Some(drafts) =
+                self.history.follow(tail, want).or_else(|| recent.follow(tail, want))
+            {
+                return drafts.to_vec();
             }
         }
         Vec::new()
@@ -151,38 +137,56 @@ mod tests {
 
     #[test]
     fn the_tokens_after_the_latest_match_are_proposed() {
+        let none = RecentOutputs::default();
         // "a b c d e" then "x a b c": the tail "a b c" occurred before, followed by "d e".
         let mut drafter = NgramDrafter::new(&[1, 2, 3, 4, 5, 9, 1, 2, 3], 8, None);
-        assert_eq!(drafter.propose(8), [4, 5, 9, 1]);
-        assert_eq!(drafter.propose(2), [4, 5], "no more than there is room for");
+        assert_eq!(drafter.propose(8, &none), [4, 5, 9, 1]);
+        assert_eq!(drafter.propose(2, &none), [4, 5], "no more than there is room for");
         // A later occurrence of the tail wins.
         for t in [6, 7, 1, 2, 3] {
             drafter.push(t);
         }
-        assert_eq!(drafter.propose(8), [6, 7, 1, 2]);
+        assert_eq!(drafter.propose(8, &none), [6, 7, 1, 2]);
     }
 
     #[test]
     fn a_shorter_tail_matches_when_no_longer_one_does() {
+        let none = RecentOutputs::default();
         let mut drafter = NgramDrafter::new(&[5, 6, 7, 8, 1, 6, 7], 8, None);
-        assert_eq!(drafter.propose(8), [8, 1, 6, 7]);
+        assert_eq!(drafter.propose(8, &none), [8, 1, 6, 7]);
         let mut nothing = NgramDrafter::new(&[1, 2, 3, 4], 8, None);
-        assert!(nothing.propose(8).is_empty());
+        assert!(nothing.propose(8, &none).is_empty());
     }
 
     #[test]
     fn length_follows_acceptance_and_failing_drafts_pause() {
+        let none = RecentOutputs::default();
         let prompt: Vec<u32> = (0..40).map(|i| i % 10).collect();
         let mut drafter = NgramDrafter::new(&prompt, 8, None);
-        assert_eq!(drafter.propose(16).len(), 4);
+        assert_eq!(drafter.propose(16, &none).len(), 4);
         drafter.record(4, 4);
-        assert_eq!(drafter.propose(16).len(), 8);
+        assert_eq!(drafter.propose(16, &none).len(), 8);
         drafter.record(8, 2);
-        assert_eq!(drafter.propose(16).len(), 3);
+        assert_eq!(drafter.propose(16, &none).len(), 3);
         for _ in 0..4 {
             drafter.record(3, 0);
         }
-        assert!((0..PAUSE_TOKENS).all(|_| drafter.propose(16).is_empty()), "paused");
-        assert_eq!(drafter.propose(16).len(), 4, "drafting again after the pause");
+        assert!((0..PAUSE_TOKENS).all(|_| drafter.propose(16, &none).is_empty()), "paused");
+        assert_eq!(drafter.propose(16, &none).len(), 4, "drafting again after the pause");
+    }
+
+    #[test]
+    fn other_requests_outputs_draft_where_the_sequence_s_own_tokens_do_not() {
+        let mut recent = RecentOutputs::default();
+        recent.add(&[7, 8], &[1, 2, 3, 4, 5]);
+        // Nothing in the sequence's own tokens follows "7 8": the earlier output does.
+        let mut drafter = NgramDrafter::new(&[6, 7, 8], 8, None);
+        assert_eq!(drafter.propose(8, &recent), [1, 2, 3, 4]);
+        // At the same match length the sequence's own tokens come first...
+        let mut own = NgramDrafter::new(&[2, 3, 9, 9, 2, 3], 8, None);
+        assert_eq!(own.propose(8, &recent), [9, 9, 2, 3]);
+        // ...and a longer match in another output beats a shorter one of its own.
+        let mut longer = NgramDrafter::new(&[3, 9, 1, 2, 3], 8, None);
+        assert_eq!(longer.propose(8, &recent), [4, 5]);
     }
 }
