@@ -270,3 +270,14 @@ fn the_kv_cache_type_sets_how_many_tokens_the_memory_holds() {
         assert!(line.contains(&expected), "{expected:?} not in {line}");
     }
 }
+
+#[test]
+fn a_gpu_adapter_that_is_not_there_is_refused_naming_what_was_found() {
+    // Index 99 exists on no machine: with lavapipe or a GPU the error lists the adapters found,
+    // without any it says which backends were searched.
+    let stderr = serve_refuses(&["--device", "gpu:99"]);
+    assert_clean_error(&stderr, "--device: no GPU adapter: ");
+    assert!(stderr.contains("found") || stderr.contains("none found through"), "{stderr}");
+    let stderr = serve_refuses(&["--device", "tpu"]);
+    assert!(stderr.contains("unknown device `tpu`; expected cpu, gpu or gpu:N"), "{stderr}");
+}

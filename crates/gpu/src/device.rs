@@ -15,7 +15,7 @@ const BACKENDS: Backends = Backends::VULKAN.union(Backends::METAL).union(Backend
 pub struct Gpu {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
-    info: AdapterInfo,
+    adapter: AdapterSummary,
     limits: wgpu::Limits,
 }
 
@@ -59,8 +59,9 @@ impl Gpu {
             .collect();
         if adapters.is_empty() {
             return Err(GpuError::NoAdapter(format!(
-                "none found on the backends {BACKENDS:?} (on Linux without a GPU, Debian's \
-                 mesa-vulkan-drivers provides lavapipe, a Vulkan driver on the CPU)"
+                "none found through {} (on Linux without a GPU, Debian's mesa-vulkan-drivers \
+                 provides lavapipe, a Vulkan driver on the CPU)",
+                backends_tried()
             )));
         }
         let chosen = match index {
@@ -78,7 +79,7 @@ impl Gpu {
                 .unwrap_or(0),
         };
         let adapter = adapters.swap_remove(chosen);
-        let info = adapter.get_info();
+        let summary = AdapterSummary { index: chosen, info: adapter.get_info() };
         // Everything the adapter allows: weights want the largest bindings it has.
         let limits = adapter.limits();
         let descriptor = wgpu::DeviceDescriptor {
@@ -95,11 +96,16 @@ impl Gpu {
             })?;
         // Errors outside a `checked` call (none are expected) are printed, never a panic.
         device.on_uncaptured_error(std::sync::Arc::new(|e| eprintln!("GPU error: {e}")));
-        Ok(Gpu { device, queue, info, limits })
+        Ok(Gpu { device, queue, adapter: summary, limits })
     }
 
     pub fn info(&self) -> &AdapterInfo {
-        &self.info
+        &self.adapter.info
+    }
+
+    /// The opened adapter with its index, as `--device gpu:N` names it.
+    pub fn adapter(&self) -> &AdapterSummary {
+        &self.adapter
     }
 
     /// The most bytes one storage binding may hold on this device.
@@ -128,6 +134,20 @@ fn instance() -> wgpu::Instance {
         backends: BACKENDS,
         ..wgpu::InstanceDescriptor::new_without_display_handle()
     })
+}
+
+/// The searched backends this build has, by name ("Vulkan" on Linux).
+fn backends_tried() -> String {
+    let built = BACKENDS & wgpu::Instance::enabled_backend_features();
+    let names =
+        [(Backends::VULKAN, "Vulkan"), (Backends::METAL, "Metal"), (Backends::DX12, "DX12")];
+    let tried: Vec<&str> =
+        names.iter().filter(|(b, _)| built.contains(*b)).map(|&(_, name)| name).collect();
+    if tried.is_empty() {
+        "no backend (none is built for this platform)".into()
+    } else {
+        tried.join(", ")
+    }
 }
 
 fn enumerate(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
