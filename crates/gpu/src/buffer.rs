@@ -75,6 +75,23 @@ impl Gpu {
         Ok(values)
     }
 
+    /// Copies all of `src` into `dst` from value `at` on (a step's keys into a KV cache).
+    pub fn copy_into(&self, src: &GpuTensor, dst: &GpuTensor, at: usize) -> Result<()> {
+        if at + src.len > dst.len {
+            return Err(GpuError::BadInput(format!(
+                "{} values from {at} overrun a tensor of {}",
+                src.len, dst.len
+            )));
+        }
+        self.checked(|| {
+            let mut encoder = self.device.create_command_encoder(&Default::default());
+            let bytes = (src.len * 4) as u64;
+            encoder.copy_buffer_to_buffer(&src.buffer, 0, &dst.buffer, (at * 4) as u64, bytes);
+            self.queue.submit([encoder.finish()]);
+            Ok(())
+        })
+    }
+
     /// Copies raw bytes (a weight in its file layout) to the device.
     pub(crate) fn upload_bytes(&self, bytes: &[u8], what: &str) -> Result<GpuBytes> {
         Ok(GpuBytes { buffer: self.storage_with(&padded_words(bytes), what)? })

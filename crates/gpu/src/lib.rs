@@ -23,6 +23,7 @@
 mod attention;
 mod buffer;
 mod device;
+mod elementwise;
 mod error;
 mod kernel;
 mod matmul;
@@ -32,6 +33,7 @@ mod rope;
 pub use attention::{Attention, AttentionShape, KvCache, MAX_HEAD_DIM};
 pub use buffer::GpuTensor;
 pub use device::{AdapterSummary, Gpu};
+pub use elementwise::Elementwise;
 pub use error::{GpuError, Result};
 pub use matmul::{GpuMatrix, Matmul, WeightFormat};
 pub use norm::RmsNorm;

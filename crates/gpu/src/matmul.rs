@@ -14,6 +14,7 @@ const TOKENS_PER_GROUP: usize = 8;
 /// How a weight matrix's values are stored, as in GGUF.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightFormat {
+    F32,
     F16,
     Bf16,
     Q4_0,
@@ -26,7 +27,8 @@ pub enum WeightFormat {
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 9] = [
+    pub const ALL: [WeightFormat; 10] = [
+        Self::F32,
         Self::F16,
         Self::Bf16,
         Self::Q4_0,
@@ -41,6 +43,7 @@ impl WeightFormat {
     /// Values per block and bytes per block.
     fn block(self) -> (usize, usize) {
         match self {
+            Self::F32 => (1, 4),
             Self::F16 | Self::Bf16 => (1, 2),
             Self::Q4_0 => (32, 18),
             Self::Q4_1 => (32, 20),
@@ -65,6 +68,7 @@ impl WeightFormat {
 
     fn shader(self) -> &'static str {
         match self {
+            Self::F32 => include_str!("shaders/f32.wgsl"),
             Self::F16 => include_str!("shaders/f16.wgsl"),
             Self::Bf16 => include_str!("shaders/bf16.wgsl"),
             Self::Q4_0 => include_str!("shaders/q4_0.wgsl"),

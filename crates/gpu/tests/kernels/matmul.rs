@@ -39,7 +39,7 @@ fn ggml(format: WeightFormat) -> Option<GgmlDType> {
         WeightFormat::Q8_0 => GgmlDType::Q8_0,
         WeightFormat::Q4K => GgmlDType::Q4K,
         WeightFormat::Q6K => GgmlDType::Q6K,
-        WeightFormat::F16 | WeightFormat::Bf16 => return None,
+        WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => return None,
     })
 }
 
@@ -52,6 +52,11 @@ fn weight(format: WeightFormat, values: &[f32], rows: usize, cols: usize) -> Wei
                 q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1().unwrap();
             Weight { bytes: q.data().unwrap().to_vec(), decoded, quantized: Some(q) }
         }
+        (WeightFormat::F32, None) => Weight {
+            bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            decoded: values.to_vec(),
+            quantized: None,
+        },
         (WeightFormat::Bf16, None) => {
             let h: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
             let decoded = h.iter().map(|v| v.to_f32()).collect();
@@ -73,7 +78,7 @@ fn weight(format: WeightFormat, values: &[f32], rows: usize, cols: usize) -> Wei
     }
 }
 
-/// The CPU's product: the engine's kernel for the format (candle's dense matmul for f16/bf16,
+/// The CPU's product: the engine's kernel for the format (candle's dense matmul for f32/f16/bf16,
 /// which Spindle runs on weights it has widened to f32).
 fn cpu_product(format: WeightFormat, w: &Weight, rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
     let tokens = x.len() / cols;
@@ -96,7 +101,7 @@ fn cpu_product(format: WeightFormat, w: &Weight, rows: usize, cols: usize, x: &[
             let q = w.quantized.clone().unwrap();
             QuantizedMatrix::new(q, 1).unwrap().forward(&xt).unwrap()
         }
-        WeightFormat::F16 | WeightFormat::Bf16 => {
+        WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => {
             let wt = Tensor::from_vec(w.decoded.clone(), (rows, cols), &Device::Cpu).unwrap();
             xt.matmul(&wt.t().unwrap()).unwrap()
         }
@@ -124,7 +129,7 @@ fn gpu_product(gpu: &Gpu, kernel: &Matmul, w: &GpuMatrix, x: &[f32]) -> Vec<f32>
 /// Values per block: columns come in whole blocks (any count for f16/bf16).
 fn block_values(format: WeightFormat) -> usize {
     match format {
-        WeightFormat::F16 | WeightFormat::Bf16 => 1,
+        WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => 1,
         WeightFormat::Q4K | WeightFormat::Q6K => 256,
         _ => 32,
     }
