@@ -3,6 +3,7 @@
 mod bench;
 mod bench_agent;
 mod byte_size;
+mod device_flag;
 mod generate;
 mod kv_memory;
 mod launch;

@@ -11,6 +11,7 @@ use spindle_runner::{CacheConfig, DiskConfig, SpeculationConfig, MAX_DRAFT};
 use spindle_server::{BatchConfig, ServerConfig};
 
 use crate::byte_size::{human_bytes, parse_bytes};
+use crate::device_flag::DeviceChoice;
 use crate::kv_memory::KvMemory;
 use crate::logging::{announce, LogFormat};
 use crate::model_loading::{check_guided_json, model_id, sampling_summary, Loading};
@@ -110,6 +111,9 @@ pub struct ServeArgs {
     draft_max: u16,
     #[command(flatten)]
     sampling: crate::sampling_flags::SamplingFlags,
+    /// Where model steps run: cpu, gpu (the first GPU found) or gpu:N (an adapter by index).
+    #[arg(long, default_value = "cpu", value_parser = str::parse::<DeviceChoice>)]
+    device: DeviceChoice,
 }
 
 fn parse_tool_call_parser(name: &str) -> Result<ToolCallFormat, String> {
@@ -135,6 +139,8 @@ fn guided_json(arg: &str) -> anyhow::Result<serde_json::Value> {
 }
 
 pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
+    // First: a GPU asked for and missing refuses the start before anything loads.
+    let device_line = crate::device_flag::announce_line(args.device)?;
     crate::set_threads(args.threads);
     let chat_template_kwargs = match &args.chat_template_kwargs {
         Some(text) => {
@@ -232,6 +238,9 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         );
         spindle_server::start_with_registry(config, models)
     };
+    if let Some(line) = &device_line {
+        announce(log_format, line);
+    }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))

@@ -311,3 +311,14 @@ fn generate_takes_the_model_s_sampling_settings_unless_a_flag_overrides_them() {
     let expected = "sampling: temperature 0.5 (--temperature), top_k 1 (generation_config.json)";
     assert!(log.contains(expected), "{expected:?} not in\n{log}");
 }
+
+#[test]
+fn a_gpu_adapter_that_is_not_there_is_refused_naming_what_was_found() {
+    // Index 99 exists on no machine: with lavapipe or a GPU the error lists the adapters found,
+    // without any it says which backends were searched.
+    let stderr = serve_refuses(&["--device", "gpu:99"]);
+    assert_clean_error(&stderr, "--device: no GPU adapter: ");
+    assert!(stderr.contains("found") || stderr.contains("none found through"), "{stderr}");
+    let stderr = serve_refuses(&["--device", "tpu"]);
+    assert!(stderr.contains("unknown device `tpu`; expected cpu, gpu or gpu:N"), "{stderr}");
+}

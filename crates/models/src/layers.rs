@@ -61,9 +61,9 @@ impl Rotary {
         Self { inv_freq: inv_freq.into_iter().map(|f| f as f32).collect(), scale, style }
     }
 
-    /// x: (1, heads, tokens, head_dim) at positions `start..start+tokens`.
-    pub fn apply(&self, x: &Tensor, start: usize) -> Result<Tensor> {
-        let tokens = x.dim(2)?;
+    /// The cosines and sines of positions `start..start+tokens`, `(tokens, dim/2)` each (also
+    /// what the GPU kernel turns by).
+    pub fn cos_sin(&self, start: usize, tokens: usize) -> (Vec<f32>, Vec<f32>) {
         let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(tokens * half);
         let mut sin = Vec::with_capacity(tokens * half);
@@ -75,6 +75,14 @@ impl Rotary {
                 sin.push((angle.sin() * self.scale) as f32);
             }
         }
+        (cos, sin)
+    }
+
+    /// x: (1, heads, tokens, head_dim) at positions `start..start+tokens`.
+    pub fn apply(&self, x: &Tensor, start: usize) -> Result<Tensor> {
+        let tokens = x.dim(2)?;
+        let half = self.inv_freq.len();
+        let (cos, sin) = self.cos_sin(start, tokens);
         let cos = Tensor::from_vec(cos, (tokens, half), &Device::Cpu)?;
         let sin = Tensor::from_vec(sin, (tokens, half), &Device::Cpu)?;
         let x = x.contiguous()?;

@@ -52,6 +52,9 @@ pub use cache::{RecurrentState, SequenceCache};
 pub use config::{Architecture, TransformerConfig};
 pub use error::{ModelError, Result};
 pub use kv_type::KvType;
+pub use rope::RopeScaling;
+// The layers the GPU kernels are checked against.
+pub use layers::{RmsNorm, RopeStyle, Rotary};
 pub use paged_kv::{KvShape, PagedKv};
 // The matrix kernels, public for the benchmarks that weigh them against each other.
 pub use block_quants::{BlockFormat, BlockMatrix};

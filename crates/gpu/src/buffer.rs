@@ -1,0 +1,115 @@
+//! f32 tensors and raw weight bytes in device memory, and copies to and from the host.
+
+use wgpu::util::DeviceExt;
+use wgpu::BufferUsages;
+
+use crate::device::Gpu;
+use crate::error::{GpuError, Result};
+
+/// A row-major block of f32 values on the device.
+pub struct GpuTensor {
+    pub(crate) buffer: wgpu::Buffer,
+    len: usize,
+}
+
+impl GpuTensor {
+    /// Values held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Bytes as the device stores them for one binding (weights in their file layout).
+pub(crate) struct GpuBytes {
+    pub(crate) buffer: wgpu::Buffer,
+}
+
+/// Storage bindings are read as whole 32-bit words, so byte data is padded to a multiple of 4.
+fn padded_words(bytes: &[u8]) -> Vec<u8> {
+    let mut padded = bytes.to_vec();
+    padded.resize(bytes.len().next_multiple_of(4).max(4), 0);
+    padded
+}
+
+impl Gpu {
+    /// Copies `values` to a new device tensor.
+    pub fn upload(&self, values: &[f32]) -> Result<GpuTensor> {
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        let buffer = self.storage_with(bytes, "tensor")?;
+        Ok(GpuTensor { buffer, len: values.len() })
+    }
+
+    /// A device tensor of `len` zeros.
+    pub fn zeros(&self, len: usize) -> Result<GpuTensor> {
+        self.upload(&vec![0.0; len])
+    }
+
+    /// Copies a device tensor back to the host.
+    pub fn download(&self, tensor: &GpuTensor) -> Result<Vec<f32>> {
+        let size = (tensor.len * 4) as u64;
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("download"),
+            size,
+            usage: BufferUsages::MAP_READ | BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.checked(|| {
+            let mut encoder = self.device.create_command_encoder(&Default::default());
+            encoder.copy_buffer_to_buffer(&tensor.buffer, 0, &staging, 0, size);
+            self.queue.submit([encoder.finish()]);
+            staging.slice(..).map_async(wgpu::MapMode::Read, |_| ());
+            Ok(())
+        })?;
+        let view =
+            staging.slice(..).get_mapped_range().map_err(|e| GpuError::Device(e.to_string()))?;
+        let values = bytemuck::cast_slice::<u8, f32>(&view).to_vec();
+        drop(view);
+        staging.unmap();
+        Ok(values)
+    }
+
+    /// Copies all of `src` into `dst` from value `at` on (a step's keys into a KV cache).
+    pub fn copy_into(&self, src: &GpuTensor, dst: &GpuTensor, at: usize) -> Result<()> {
+        if at + src.len > dst.len {
+            return Err(GpuError::BadInput(format!(
+                "{} values from {at} overrun a tensor of {}",
+                src.len, dst.len
+            )));
+        }
+        self.checked(|| {
+            let mut encoder = self.device.create_command_encoder(&Default::default());
+            let bytes = (src.len * 4) as u64;
+            encoder.copy_buffer_to_buffer(&src.buffer, 0, &dst.buffer, (at * 4) as u64, bytes);
+            self.queue.submit([encoder.finish()]);
+            Ok(())
+        })
+    }
+
+    /// Copies raw bytes (a weight in its file layout) to the device.
+    pub(crate) fn upload_bytes(&self, bytes: &[u8], what: &str) -> Result<GpuBytes> {
+        Ok(GpuBytes { buffer: self.storage_with(&padded_words(bytes), what)? })
+    }
+
+    fn storage_with(&self, bytes: &[u8], what: &str) -> Result<wgpu::Buffer> {
+        let limit = self.max_binding_bytes();
+        if bytes.len() as u64 > limit {
+            return Err(GpuError::TooLarge { what: what.into(), bytes: bytes.len() as u64, limit });
+        }
+        // An empty binding is invalid; a zero-length tensor still gets one word.
+        let contents = if bytes.is_empty() { &[0u8; 4][..] } else { bytes };
+        self.checked(|| {
+            Ok(self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(what),
+                contents,
+                usage: BufferUsages::STORAGE | BufferUsages::COPY_SRC | BufferUsages::COPY_DST,
+            }))
+        })
+    }
+}

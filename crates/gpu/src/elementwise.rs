@@ -1,0 +1,45 @@
+//! Value-by-value kernels between the reductions: the residual add and the gated MLP's
+//! `silu(gate) · up`. Each output depends on its own inputs only, so batching changes nothing.
+
+use crate::buffer::GpuTensor;
+use crate::device::Gpu;
+use crate::error::{GpuError, Result};
+use crate::kernel::{count, Kernel};
+
+/// Two inputs of one length to one output of it.
+pub struct Elementwise {
+    kernel: Kernel,
+}
+
+impl Elementwise {
+    /// `a + b`.
+    pub fn add(gpu: &Gpu) -> Result<Self> {
+        Ok(Elementwise { kernel: Kernel::new(gpu, "add", include_str!("shaders/add.wgsl"))? })
+    }
+
+    /// `silu(a) · b`.
+    pub fn silu_mul(gpu: &Gpu) -> Result<Self> {
+        Ok(Elementwise {
+            kernel: Kernel::new(gpu, "silu_mul", include_str!("shaders/silu_mul.wgsl"))?,
+        })
+    }
+
+    pub fn forward(&self, gpu: &Gpu, a: &GpuTensor, b: &GpuTensor) -> Result<GpuTensor> {
+        if a.len() != b.len() {
+            return Err(GpuError::BadInput(format!(
+                "inputs of {} and {} values",
+                a.len(),
+                b.len()
+            )));
+        }
+        let y = gpu.zeros(a.len())?;
+        let groups = count(a.len().div_ceil(64), "groups")?;
+        self.kernel.run(
+            gpu,
+            &[&a.buffer, &b.buffer, &y.buffer],
+            &[count(a.len(), "values")?],
+            (groups, 1),
+        )?;
+        Ok(y)
+    }
+}

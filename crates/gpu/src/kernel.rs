@@ -1,0 +1,91 @@
+//! A compiled compute shader and its dispatch: storage buffers bound in order, then one uniform
+//! block of 32-bit parameters.
+
+use wgpu::util::DeviceExt;
+
+use crate::device::Gpu;
+use crate::error::{GpuError, Result};
+
+/// Workgroups along x at most; more go along y (every adapter allows 65,535 per dimension).
+pub(crate) const GRID_X: u32 = 32768;
+
+/// One compute pipeline (entry point `main`).
+pub(crate) struct Kernel {
+    name: &'static str,
+    pipeline: wgpu::ComputePipeline,
+}
+
+impl Kernel {
+    /// Compiles `source`; a shader the device refuses is an `Err` naming the kernel.
+    pub(crate) fn new(gpu: &Gpu, name: &'static str, source: &str) -> Result<Kernel> {
+        let pipeline = gpu
+            .checked(|| {
+                let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(name),
+                    source: wgpu::ShaderSource::Wgsl(source.into()),
+                });
+                Ok(gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(name),
+                    layout: None,
+                    module: &module,
+                    entry_point: Some("main"),
+                    compilation_options: Default::default(),
+                    cache: None,
+                }))
+            })
+            .map_err(|e| GpuError::Device(format!("kernel {name} did not compile: {e}")))?;
+        Ok(Kernel { name, pipeline })
+    }
+
+    /// Runs `workgroups` (a count laid out by [`grid`] on x and y, and `z`) over `buffers`
+    /// (bindings 0..) and `params` (the binding after them), and waits for it.
+    pub(crate) fn run(
+        &self,
+        gpu: &Gpu,
+        buffers: &[&wgpu::Buffer],
+        params: &[u32],
+        (workgroups, z): (u32, u32),
+    ) -> Result<()> {
+        if workgroups == 0 || z == 0 {
+            return Ok(());
+        }
+        let mut words = params.to_vec();
+        words.resize(params.len().next_multiple_of(4), 0); // uniform blocks: 16-byte multiples
+        gpu.checked(|| {
+            let uniform = gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(self.name),
+                contents: bytemuck::cast_slice(&words),
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+            let entries: Vec<wgpu::BindGroupEntry> = buffers
+                .iter()
+                .chain([&&uniform])
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: b.as_entire_binding(),
+                })
+                .collect();
+            let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(self.name),
+                layout: &self.pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+            let mut encoder = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                pass.set_pipeline(&self.pipeline);
+                pass.set_bind_group(0, &bind_group, &[]);
+                pass.dispatch_workgroups(workgroups.min(GRID_X), workgroups.div_ceil(GRID_X), z);
+            }
+            gpu.queue.submit([encoder.finish()]);
+            Ok(())
+        })
+        .map_err(|e| GpuError::Device(format!("kernel {}: {e}", self.name)))
+    }
+}
+
+/// A count as a `u32` for the device, or an error naming what overflowed.
+pub(crate) fn count(n: usize, what: &str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| GpuError::BadInput(format!("{what} ({n}) exceeds 2^32 - 1")))
+}

@@ -1,0 +1,40 @@
+//! Compute kernels for Spindle's model steps on a GPU, written once in WGSL and run by wgpu on
+//! Vulkan (NVIDIA, AMD, Intel, and Mesa's lavapipe on any CPU, which is how CI runs them),
+//! Metal (Apple Silicon) and DX12.
+//!
+//! Every kernel reduces each output in a fixed order that does not depend on how many rows a
+//! step holds, so a sequence's results are bitwise the same alone or batched (on one device).
+//! Against the CPU kernels of `spindle-models` they agree closely, not bitwise: the tests
+//! record the tolerances.
+//!
+//! ```no_run
+//! # fn main() -> spindle_gpu::Result<()> {
+//! use spindle_gpu::{Gpu, GpuMatrix, Matmul, WeightFormat};
+//! let gpu = Gpu::open(None)?;
+//! println!("{}", gpu.info().name);
+//! let bytes = vec![0u8; 2 * 34]; // two Q8_0 rows of 32 values
+//! let w = GpuMatrix::upload(&gpu, WeightFormat::Q8_0, 2, 32, &bytes)?;
+//! let x = gpu.upload(&[1.0; 32])?;
+//! let y = Matmul::new(&gpu, WeightFormat::Q8_0)?.forward(&gpu, &w, &x)?;
+//! assert_eq!(gpu.download(&y)?.len(), 2);
+//! # Ok(()) }
+//! ```
+
+mod attention;
+mod buffer;
+mod device;
+mod elementwise;
+mod error;
+mod kernel;
+mod matmul;
+mod norm;
+mod rope;
+
+pub use attention::{Attention, AttentionShape, KvCache, MAX_HEAD_DIM};
+pub use buffer::GpuTensor;
+pub use device::{AdapterSummary, Gpu};
+pub use elementwise::Elementwise;
+pub use error::{GpuError, Result};
+pub use matmul::{GpuMatrix, Matmul, WeightFormat};
+pub use norm::RmsNorm;
+pub use rope::{Rope, RopePairs, RopeShape, RopeTable};

@@ -1,0 +1,85 @@
+//! Rotary position embedding on the device, turning q or k in place by a host-made table.
+
+use crate::buffer::GpuTensor;
+use crate::device::Gpu;
+use crate::error::{GpuError, Result};
+use crate::kernel::{count, Kernel};
+
+/// How rotary embedding pairs up the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopePairs {
+    /// `(i, i + rotary_dim/2)`: HF's `rotate_half`, llama.cpp's NEOX mode.
+    Halves,
+    /// `(2i, 2i + 1)`: llama.cpp's normal mode.
+    Interleaved,
+}
+
+/// The layout of the tensor a [`Rope`] turns: `(tokens, heads, head_dim)`, of which the first
+/// `rotary_dim` values of each head turn (all of them but in partial-rotary models).
+#[derive(Clone, Copy, Debug)]
+pub struct RopeShape {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub rotary_dim: usize,
+    pub pairs: RopePairs,
+}
+
+/// Per token, the cosines and sines of its `rotary_dim / 2` angles (attention scaling already
+/// folded in), token after token.
+pub struct RopeTable {
+    pub cos: GpuTensor,
+    pub sin: GpuTensor,
+}
+
+pub struct Rope {
+    kernel: Kernel,
+}
+
+impl Rope {
+    pub fn new(gpu: &Gpu) -> Result<Self> {
+        Ok(Rope { kernel: Kernel::new(gpu, "rope", include_str!("shaders/rope.wgsl"))? })
+    }
+
+    /// Turns `x` (tokens, heads, head_dim) in place.
+    pub fn apply(
+        &self,
+        gpu: &Gpu,
+        x: &GpuTensor,
+        shape: RopeShape,
+        table: &RopeTable,
+    ) -> Result<()> {
+        let RopeShape { heads, head_dim, rotary_dim, pairs } = shape;
+        let half = rotary_dim / 2;
+        if half == 0 || rotary_dim % 2 == 1 || rotary_dim > head_dim || heads == 0 {
+            return Err(GpuError::BadInput(format!(
+                "rotary width {rotary_dim} over heads of {head_dim} ({heads} heads)"
+            )));
+        }
+        let tokens = x.len() / (heads * head_dim);
+        if x.len() != tokens * heads * head_dim
+            || table.cos.len() != tokens * half
+            || table.sin.len() != tokens * half
+        {
+            return Err(GpuError::BadInput(format!(
+                "{} values of {heads} heads of {head_dim}, with tables of {} and {} for {half} angles a token",
+                x.len(),
+                table.cos.len(),
+                table.sin.len()
+            )));
+        }
+        let params = [
+            count(tokens, "tokens")?,
+            count(heads, "heads")?,
+            count(head_dim, "head width")?,
+            count(rotary_dim, "rotary width")?,
+            u32::from(pairs == RopePairs::Interleaved),
+        ];
+        let groups = count((tokens * heads * half).div_ceil(64), "rope groups")?;
+        self.kernel.run(
+            gpu,
+            &[&x.buffer, &table.cos.buffer, &table.sin.buffer],
+            &params,
+            (groups, 1),
+        )
+    }
+}

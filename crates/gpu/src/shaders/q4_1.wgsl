@@ -1,0 +1,16 @@
+// Q4_1: 20-byte blocks of 32 values: f16 scale d, f16 minimum m, 16 bytes of nibbles laid out
+// as Q4_0's; value = d · q + m.
+fn load_unit(row_start: u32, u: u32) -> Unit {
+    let block = row_start + u * 20u;
+    var unit: Unit;
+    let d = f16_at(block);
+    unit.scale_lo = d;
+    unit.scale_hi = d;
+    unit.offset = f16_at(block + 2u);
+    for (var j = 0u; j < 16u; j++) {
+        let b = byte_at(block + 4u + j);
+        unit.q[j] = f32(b & 15u);
+        unit.q[j + 16u] = f32(b >> 4u);
+    }
+    return unit;
+}

@@ -1,0 +1,143 @@
+//! Attention over a contiguous KV cache against the CPU's paged attention
+//! (`SequenceCache::attend`), for prefill chunks after a cached prefix and decode steps.
+
+use candle_core::{Device, Tensor};
+use spindle_gpu::{Attention, AttentionShape, Gpu, KvCache};
+use spindle_models::{KvShape, KvType, RecurrentState, SequenceCache};
+
+use crate::harness::{check, gpu_or_skip, rng, same_bits, uniform};
+
+/// Per output value, absolute (values in [-1, 1), so outputs are too): an online softmax
+/// against the CPU's two-pass one, and the device's `exp` against the CPU's (measured on
+/// lavapipe: 1.8e-7).
+const ATTENTION_TOLERANCE: f64 = 1e-6;
+
+struct Case {
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    past: usize,
+    tokens: usize,
+    window: Option<usize>,
+}
+
+/// (tokens, heads, d) → (1, heads, tokens, d), the CPU's layout.
+fn heads_first(x: &[f32], tokens: usize, heads: usize, d: usize) -> Tensor {
+    Tensor::from_vec(x.to_vec(), (tokens, heads, d), &Device::Cpu)
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+}
+
+/// The CPU's outputs for the last `tokens` of `positions` queries, `(tokens, heads, d)`.
+fn cpu_attention(case: &Case, q: &[f32], k: &[f32], v: &[f32], scale: f32) -> Vec<f32> {
+    let Case { heads, kv_heads, head_dim: d, past, tokens, window } = *case;
+    let shape = KvShape { kv_heads, head_dim: d, window };
+    let mut cache = SequenceCache::standalone(
+        &[Some(shape)],
+        KvType::F32,
+        RecurrentState::none(1),
+        past + tokens,
+    );
+    let (kv_row, q_row) = (kv_heads * d, heads * d);
+    // The prefix goes in as one chunk whose outputs are not looked at.
+    if past > 0 {
+        let qp = heads_first(&vec![0.0; past * q_row], past, heads, d);
+        let kp = heads_first(&k[..past * kv_row], past, kv_heads, d);
+        let vp = heads_first(&v[..past * kv_row], past, kv_heads, d);
+        cache.attend(0, [&qp, &kp, &vp], scale, window, 1).unwrap();
+        cache.advance(past);
+    }
+    let qn = heads_first(q, tokens, heads, d);
+    let kn = heads_first(&k[past * kv_row..], tokens, kv_heads, d);
+    let vn = heads_first(&v[past * kv_row..], tokens, kv_heads, d);
+    let out = cache.attend(0, [&qn, &kn, &vn], scale, window, 1).unwrap();
+    out.squeeze(0).unwrap().transpose(0, 1).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+}
+
+fn gpu_attention(
+    gpu: &Gpu,
+    kernel: &Attention,
+    case: &Case,
+    q: &[f32],
+    kv: [&[f32]; 2],
+    len: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let cache =
+        KvCache { keys: gpu.upload(kv[0]).unwrap(), values: gpu.upload(kv[1]).unwrap(), len };
+    let shape = AttentionShape {
+        heads: case.heads,
+        kv_heads: case.kv_heads,
+        head_dim: case.head_dim,
+        scale,
+        window: case.window,
+    };
+    gpu.download(&kernel.forward(gpu, &gpu.upload(q).unwrap(), &cache, shape).unwrap()).unwrap()
+}
+
+#[test]
+fn prefill_and_decode_match_the_cpu_and_each_query_is_the_same_alone() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let kernel = Attention::new(gpu).unwrap();
+    let mut rng = rng(11);
+    let cases = [
+        // A decode step, grouped-query heads, keys past one chunk of 64.
+        Case { heads: 4, kv_heads: 2, head_dim: 64, past: 70, tokens: 1, window: None },
+        // A prefill from empty; head width not a multiple of 64 (80).
+        Case { heads: 3, kv_heads: 3, head_dim: 80, past: 0, tokens: 19, window: None },
+        // A chunk after a prefix, one key/value head, the widest heads.
+        Case { heads: 8, kv_heads: 1, head_dim: 256, past: 130, tokens: 6, window: None },
+        // A sliding window shorter than the chunk (Gemma's local layers).
+        Case { heads: 2, kv_heads: 1, head_dim: 128, past: 90, tokens: 7, window: Some(37) },
+    ];
+    for case in &cases {
+        let d = case.head_dim;
+        let len = case.past + case.tokens;
+        let scale = 1.0 / (d as f32).sqrt();
+        let q = uniform(&mut rng, case.tokens * case.heads * d);
+        let k = uniform(&mut rng, len * case.kv_heads * d);
+        let v = uniform(&mut rng, len * case.kv_heads * d);
+        let got = gpu_attention(gpu, &kernel, case, &q, [&k, &v], len, scale);
+        let want: Vec<f64> =
+            cpu_attention(case, &q, &k, &v, scale).iter().map(|&x| x as f64).collect();
+        let what = format!(
+            "attention {}/{} heads of {d}, {} after {}, window {:?}",
+            case.heads, case.kv_heads, case.tokens, case.past, case.window
+        );
+        check(&what, &got, &want, &vec![1.0; want.len()], ATTENTION_TOLERANCE);
+        // Each query as its own decode step over the same cache: the same bits.
+        let row = case.heads * d;
+        for t in 0..case.tokens {
+            let alone = gpu_attention(
+                gpu,
+                &kernel,
+                case,
+                &q[t * row..(t + 1) * row],
+                [&k, &v],
+                case.past + t + 1,
+                scale,
+            );
+            same_bits(&format!("{what}: query {t} alone"), &alone, &got[t * row..(t + 1) * row]);
+        }
+    }
+}
+
+#[test]
+fn shapes_the_kernel_cannot_hold_are_errors() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let kernel = Attention::new(gpu).unwrap();
+    let cache =
+        KvCache { keys: gpu.zeros(4 * 512).unwrap(), values: gpu.zeros(4 * 512).unwrap(), len: 4 };
+    let wide = AttentionShape { heads: 1, kv_heads: 1, head_dim: 512, scale: 1.0, window: None };
+    assert!(kernel.forward(gpu, &gpu.zeros(512).unwrap(), &cache, wide).is_err());
+    let uneven = AttentionShape { heads: 3, kv_heads: 2, head_dim: 64, scale: 1.0, window: None };
+    assert!(kernel.forward(gpu, &gpu.zeros(192).unwrap(), &cache, uneven).is_err());
+    // More queries than the cache holds positions.
+    let fine = AttentionShape { heads: 1, kv_heads: 1, head_dim: 64, scale: 1.0, window: None };
+    assert!(kernel.forward(gpu, &gpu.zeros(5 * 64).unwrap(), &cache, fine).is_err());
+}

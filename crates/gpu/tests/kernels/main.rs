@@ -1,0 +1,10 @@
+//! Every GPU kernel against its CPU counterpart in `spindle-models`, on random shapes with ragged
+//! tails, and bitwise batch invariance. They run on whatever adapter `Gpu::open` finds: Mesa's
+//! lavapipe in CI. Without any adapter they skip, saying why, unless `CI` is set: there a
+//! skipped kernel test would hide a broken GPU layer, so they fail.
+
+mod attention;
+mod forward;
+mod harness;
+mod matmul;
+mod norm_rope;
