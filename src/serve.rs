@@ -108,6 +108,11 @@ pub struct ServeArgs {
     /// Most tokens drafted per speculative round.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=MAX_DRAFT as i64))]
     draft_max: u16,
+    /// On SIGTERM or SIGINT the server stops admitting (`/health` and new requests answer 503)
+    /// and waits this long for the requests in flight to end before it cancels them and exits;
+    /// a second signal exits at once.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace_seconds: u64,
     #[command(flatten)]
     sampling: crate::sampling_flags::SamplingFlags,
 }
@@ -194,6 +199,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             script: None,
         },
         sampling,
+        shutdown_grace: Duration::from_secs(args.shutdown_grace_seconds),
     };
     let state = if let [spec] = specs.as_slice() {
         let files = spindle_hub::resolve(
@@ -238,10 +244,29 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         announce(log_format, &format!("listening on http://{}", listener.local_addr()?));
-        spindle_server::serve(listener, state, async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+        spindle_server::serve(listener, state, stop_signals()).await?;
         Ok(())
     })
+}
+
+/// Resolves on the first SIGTERM (service managers, `kill`, Kubernetes) or SIGINT (Ctrl-C),
+/// which starts the drain; a second one ends the process at once, for an operator who will not
+/// wait for it.
+async fn stop_signals() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
+    let mut interrupt = signal(SignalKind::interrupt()).expect("install the SIGINT handler");
+    let mut next = async move || {
+        tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        }
+    };
+    let first = next().await;
+    tracing::info!(signal = first, "asked to stop: draining (a second signal exits at once)");
+    tokio::spawn(async move {
+        let second = next().await;
+        tracing::warn!(signal = second, "asked again: exiting without waiting for the drain");
+        std::process::exit(1);
+    });
 }

@@ -194,6 +194,8 @@ impl Engine {
     pub fn start(bundle: Arc<ModelBundle>, config: EngineConfig) -> Self {
         let (requests, inbox) = mpsc::channel();
         let load = Arc::new(EngineLoad::default());
+        // Known before the thread allocates the pool: a gateway may scrape the shape at once.
+        load.kv_blocks_total.store(config.cache.kv_blocks(&bundle), Ordering::Relaxed);
         let thread_load = load.clone();
         let (report_failure, health) = watch::channel(None);
         let thread = std::thread::Builder::new()
