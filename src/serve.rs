@@ -6,8 +6,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use spindle_chat::ToolCallFormat;
+use spindle_kv_events::{Publisher, PublisherConfig};
 use spindle_models::KvType;
-use spindle_runner::{CacheConfig, DiskConfig, SpeculationConfig, MAX_DRAFT};
+use spindle_runner::{CacheConfig, DiskConfig, KvEventsOut, SpeculationConfig, MAX_DRAFT};
 use spindle_server::{BatchConfig, ServerConfig};
 
 use crate::byte_size::{human_bytes, parse_bytes};
@@ -113,6 +114,15 @@ pub struct ServeArgs {
     /// a second signal exits at once.
     #[arg(long, default_value_t = 30)]
     shutdown_grace_seconds: u64,
+    /// Publish the blocks entering and leaving the prefix cache as KV-cache events, as vLLM
+    /// does, on a ZeroMQ PUB socket at this endpoint (e.g. tcp://*:5557), for llm-d's precise
+    /// prefix-cache scorer. Off by default.
+    #[arg(long)]
+    kv_events_endpoint: Option<String>,
+    /// With --kv-events-endpoint: answer requests for missed event batches (the last 10,000)
+    /// on a ROUTER socket at this endpoint (e.g. tcp://*:5558).
+    #[arg(long, requires = "kv_events_endpoint")]
+    kv_events_replay_endpoint: Option<String>,
     #[command(flatten)]
     sampling: crate::sampling_flags::SamplingFlags,
 }
@@ -160,7 +170,9 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create --batch-dir {}", batch_dir.display()))?;
     let specs = crate::served_models::specs(&args.model, args.models.models_dir.as_deref())?;
     let kv_bytes = args.kv_cache_memory.resolve(args.snapshot_memory);
+    let events = kv_events(&args, log_format)?;
     let cache = CacheConfig {
+        events,
         kv_bytes,
         kv_type: args.kv_cache_type,
         snapshot_bytes: args.snapshot_memory,
@@ -247,6 +259,21 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         spindle_server::serve(listener, state, stop_signals()).await?;
         Ok(())
     })
+}
+
+/// The KV-cache events' publisher, its sockets bound, when --kv-events-endpoint asks for one.
+fn kv_events(args: &ServeArgs, log_format: LogFormat) -> anyhow::Result<Option<KvEventsOut>> {
+    let Some(endpoint) = &args.kv_events_endpoint else { return Ok(None) };
+    let config = PublisherConfig {
+        endpoint: endpoint.clone(),
+        replay_endpoint: args.kv_events_replay_endpoint.clone(),
+        replay_window: 10_000,
+    };
+    let (publisher, bound) = Publisher::start(config)?;
+    let replay = bound.replay_endpoint.map_or(String::new(), |r| format!(", replays on {r}"));
+    announce(log_format, &format!("KV-cache events on {}{replay}", bound.endpoint));
+    // The topic names this replica as routers reach it.
+    Ok(Some(KvEventsOut::new(publisher, &format!("{}:{}", args.host, args.port))))
 }
 
 /// Resolves on the first SIGTERM (service managers, `kill`, Kubernetes) or SIGINT (Ctrl-C),

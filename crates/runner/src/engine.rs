@@ -337,6 +337,7 @@ impl EngineState<'_> {
         self.prefix.set_busy(!self.running.is_empty());
         let stepped = self.step();
         self.prefix.release_window_rows(self.running.values().map(Sequence::cache));
+        self.prefix.publish_events();
         // Before blocking for new work, so an idle engine reports itself idle.
         self.report_memory();
         self.load.active.store(self.running.len(), Ordering::Relaxed);
