@@ -48,7 +48,7 @@ def router(policy, urls, port):
 
 
 def system_prompt(agent):
-    words = " ".join(f"rule{agent}.{i} keep tool output short;" for i in range(330))
+    words = " ".join(f"rule{agent}.{i} keep tool output short;" for i in range(190))
     return f"You are agent {agent}. Follow these rules: {words}"
 
 
