@@ -13,6 +13,7 @@ use clap::{Args, ValueEnum};
 
 use spindle_bench::cli::running_server::{models_at, AtAddress};
 use spindle_bench::cli::server_process::{ServeCommand, ServerProcess};
+use spindle_bench::SESSION_HEADER;
 
 #[derive(Args)]
 pub struct LaunchArgs {
@@ -97,6 +98,12 @@ pub struct Wiring {
     pub args: Vec<String>,
 }
 
+/// The session id this run's agent sends (as `X-Session-ID`, where the agent can be told to),
+/// so that vllm-router's `consistent_hash` keeps the whole session on one replica.
+fn session_id() -> String {
+    format!("spindle-launch-{}", std::process::id())
+}
+
 /// Any key does for a server started without `--api-key`; the agents only need one to exist.
 const PLACEHOLDER_KEY: &str = "spindle";
 
@@ -113,6 +120,8 @@ pub fn wiring(agent: Agent, endpoint: &Endpoint) -> Wiring {
                 ("ANTHROPIC_MODEL", model.clone()),
                 ("ANTHROPIC_SMALL_FAST_MODEL", model.clone()),
                 ("ANTHROPIC_DEFAULT_HAIKU_MODEL", model.clone()),
+                // Behind a router, the session stays on the replica holding its cache.
+                ("ANTHROPIC_CUSTOM_HEADERS", format!("{SESSION_HEADER}: {}", session_id())),
             ],
             remove: vec!["ANTHROPIC_API_KEY"],
             args: vec![],
@@ -126,6 +135,11 @@ pub fn wiring(agent: Agent, endpoint: &Endpoint) -> Wiring {
                 format!("model_providers.spindle.base_url={}", toml_string(&v1)),
                 format!("model_providers.spindle.wire_api={}", toml_string("responses")),
                 format!("model_providers.spindle.env_key={}", toml_string("SPINDLE_API_KEY")),
+                format!(
+                    "model_providers.spindle.http_headers={{{}={}}}",
+                    toml_string(SESSION_HEADER),
+                    toml_string(&session_id())
+                ),
             ];
             Wiring {
                 set: vec![("SPINDLE_API_KEY", api_key.clone())],
@@ -305,6 +319,8 @@ mod tests {
         }
         assert_eq!(wiring.remove, ["ANTHROPIC_API_KEY"]);
         assert!(wiring.args.is_empty());
+        let session = format!("X-Session-ID: spindle-launch-{}", std::process::id());
+        assert_eq!(value(&wiring, "ANTHROPIC_CUSTOM_HEADERS"), session);
     }
 
     #[test]
@@ -327,6 +343,10 @@ mod tests {
                 r#"model_providers.spindle.base_url="http://127.0.0.1:9000/v1""#,
                 r#"model_providers.spindle.wire_api="responses""#,
                 r#"model_providers.spindle.env_key="SPINDLE_API_KEY""#,
+                &format!(
+                    r#"model_providers.spindle.http_headers={{"X-Session-ID"="spindle-launch-{}"}}"#,
+                    std::process::id()
+                ),
             ]
         );
         assert_eq!(value(&wiring, "SPINDLE_API_KEY"), "sesame");

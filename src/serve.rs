@@ -6,8 +6,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use spindle_chat::ToolCallFormat;
+use spindle_kv_events::{Publisher, PublisherConfig};
 use spindle_models::KvType;
-use spindle_runner::{CacheConfig, DiskConfig, SpeculationConfig, MAX_DRAFT};
+use spindle_runner::{CacheConfig, DiskConfig, KvEventsOut, SpeculationConfig, MAX_DRAFT};
 use spindle_server::{BatchConfig, ServerConfig};
 
 use crate::byte_size::{human_bytes, parse_bytes};
@@ -109,6 +110,20 @@ pub struct ServeArgs {
     /// Most tokens drafted per speculative round.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=MAX_DRAFT as i64))]
     draft_max: u16,
+    /// On SIGTERM or SIGINT the server stops admitting (`/health` and new requests answer 503)
+    /// and waits this long for the requests in flight to end before it cancels them and exits;
+    /// a second signal exits at once.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace_seconds: u64,
+    /// Publish the blocks entering and leaving the prefix cache as KV-cache events, as vLLM
+    /// does, on a ZeroMQ PUB socket at this endpoint (e.g. tcp://*:5557), for llm-d's precise
+    /// prefix-cache scorer. Off by default.
+    #[arg(long)]
+    kv_events_endpoint: Option<String>,
+    /// With --kv-events-endpoint: answer requests for missed event batches (the last 10,000)
+    /// on a ROUTER socket at this endpoint (e.g. tcp://*:5558).
+    #[arg(long, requires = "kv_events_endpoint")]
+    kv_events_replay_endpoint: Option<String>,
     #[command(flatten)]
     sampling: crate::sampling_flags::SamplingFlags,
     /// Where model steps run: cpu, gpu (the first GPU found) or gpu:N (an adapter by index).
@@ -161,7 +176,9 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create --batch-dir {}", batch_dir.display()))?;
     let specs = crate::served_models::specs(&args.model, args.models.models_dir.as_deref())?;
     let kv_bytes = args.kv_cache_memory.resolve(args.snapshot_memory);
+    let events = kv_events(&args, log_format)?;
     let cache = CacheConfig {
+        events,
         kv_bytes,
         kv_type: args.kv_cache_type,
         snapshot_bytes: args.snapshot_memory,
@@ -200,6 +217,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             script: None,
         },
         sampling,
+        shutdown_grace: Duration::from_secs(args.shutdown_grace_seconds),
     };
     let state = if let [spec] = specs.as_slice() {
         let files = spindle_hub::resolve(
@@ -247,10 +265,44 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         announce(log_format, &format!("listening on http://{}", listener.local_addr()?));
-        spindle_server::serve(listener, state, async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+        spindle_server::serve(listener, state, stop_signals()).await?;
         Ok(())
     })
+}
+
+/// The KV-cache events' publisher, its sockets bound, when --kv-events-endpoint asks for one.
+fn kv_events(args: &ServeArgs, log_format: LogFormat) -> anyhow::Result<Option<KvEventsOut>> {
+    let Some(endpoint) = &args.kv_events_endpoint else { return Ok(None) };
+    let config = PublisherConfig {
+        endpoint: endpoint.clone(),
+        replay_endpoint: args.kv_events_replay_endpoint.clone(),
+        replay_window: 10_000,
+    };
+    let (publisher, bound) = Publisher::start(config)?;
+    let replay = bound.replay_endpoint.map_or(String::new(), |r| format!(", replays on {r}"));
+    announce(log_format, &format!("KV-cache events on {}{replay}", bound.endpoint));
+    // The topic names this replica as routers reach it.
+    Ok(Some(KvEventsOut::new(publisher, &format!("{}:{}", args.host, args.port))))
+}
+
+/// Resolves on the first SIGTERM (service managers, `kill`, Kubernetes) or SIGINT (Ctrl-C),
+/// which starts the drain; a second one ends the process at once, for an operator who will not
+/// wait for it.
+async fn stop_signals() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
+    let mut interrupt = signal(SignalKind::interrupt()).expect("install the SIGINT handler");
+    let mut next = async move || {
+        tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        }
+    };
+    let first = next().await;
+    tracing::info!(signal = first, "asked to stop: draining (a second signal exits at once)");
+    tokio::spawn(async move {
+        let second = next().await;
+        tracing::warn!(signal = second, "asked again: exiting without waiting for the drain");
+        std::process::exit(1);
+    });
 }

@@ -99,6 +99,26 @@ impl LoggedServer {
         std::fs::read_to_string(&self.log).unwrap()
     }
 
+    /// Sends `signal` (`libc::SIGTERM`, `libc::SIGINT`) to the server.
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill takes plain integers; the child is ours and not reaped yet.
+        let sent = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        assert_eq!(sent, 0, "{}", std::io::Error::last_os_error());
+    }
+
+    /// Waits for the server to exit by itself; fails after `bound`, so that a server that
+    /// never exits fails its test instead of hanging it.
+    pub fn wait_for_exit(&mut self, bound: std::time::Duration) -> std::process::ExitStatus {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(start.elapsed() < bound, "the server still runs:\n{}", self.log());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// Stops the server and returns its whole log.
     pub fn stop(mut self) -> Vec<u8> {
         self.child.kill().unwrap();

@@ -23,7 +23,14 @@ pub struct Client {
     base: String,
     model: Option<String>,
     api_key: Option<String>,
+    /// Sent as `X-Session-ID` on every request, so that a router in front of several replicas
+    /// (vllm-router's `consistent_hash`) keeps this client's conversation on the replica that
+    /// holds its cache.
+    session: String,
 }
+
+/// The header routers key sticky sessions on.
+pub const SESSION_HEADER: &str = "X-Session-ID";
 
 impl Client {
     /// A client for the server at `base_url` (e.g. `http://127.0.0.1:8080`, with or without a
@@ -35,7 +42,17 @@ impl Client {
         // connections, and a pooled one that closed fails the next call.
         let http =
             reqwest::Client::builder().timeout(CALL_TIMEOUT).pool_max_idle_per_host(0).build()?;
-        Ok(Self { http, base, model: None, api_key })
+        Ok(Self { http, base, model: None, api_key, session: new_session_id() })
+    }
+
+    /// The `X-Session-ID` this client sends.
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// Sends `session` as `X-Session-ID` from now on (each simulated agent its own).
+    pub fn set_session(&mut self, session: &str) {
+        self.session = session.to_string();
     }
 
     pub fn base_url(&self) -> &str {
@@ -58,7 +75,10 @@ impl Client {
         path: &str,
         key: Option<&str>,
     ) -> reqwest::RequestBuilder {
-        let builder = self.http.request(method, format!("{}{path}", self.base));
+        let builder = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .header(SESSION_HEADER, &self.session);
         match key {
             Some(key) => builder.bearer_auth(key),
             None => builder,
@@ -221,6 +241,13 @@ impl Client {
     }
 }
 
+/// A session id of its own per client made in this process.
+fn new_session_id() -> String {
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("spindle-bench-{}-{n}", std::process::id())
+}
+
 fn messages(system: &str, user: &str) -> Value {
     json!([{"role": "system", "content": system}, {"role": "user", "content": user}])
 }
@@ -234,5 +261,26 @@ mod tests {
         for url in ["http://h:1", "http://h:1/", "http://h:1/v1", "http://h:1/v1/"] {
             assert_eq!(Client::new(url, None).unwrap().base_url(), "http://h:1", "{url}");
         }
+    }
+
+    #[tokio::test]
+    async fn every_request_names_the_clients_session_for_sticky_routing() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client =
+            Client::new(&format!("http://{}", listener.local_addr().unwrap()), None).unwrap();
+        let other = Client::new("http://h:1", None).unwrap();
+        assert_ne!(client.session(), other.session(), "each client its own session");
+        client.set_session("agent-7");
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = vec![0u8; 4096];
+            let read = socket.read(&mut head).await.unwrap();
+            socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await.unwrap();
+            String::from_utf8_lossy(&head[..read]).to_lowercase()
+        });
+        assert!(client.is_ready().await);
+        let head = server.await.unwrap();
+        assert!(head.contains("x-session-id: agent-7\r\n"), "{head}");
     }
 }

@@ -64,7 +64,7 @@ mod workload;
 
 pub use agentic::{AgenticPanel, Phase, PhaseKind, Verdict, PREFIX_CALLS};
 pub use burst::{BurstLevel, BurstRun, BurstStats, REREAD_SLACK_TOKENS};
-pub use client::Client;
+pub use client::{Client, SESSION_HEADER};
 pub use error::BenchError;
 pub use sse::{parse_payload, CallTracker, ChunkInfo, Measurement, Payload, SseDecoder};
 pub use workload::{TokenCount, Workload};

@@ -194,6 +194,8 @@ impl Engine {
     pub fn start(bundle: Arc<ModelBundle>, config: EngineConfig) -> Self {
         let (requests, inbox) = mpsc::channel();
         let load = Arc::new(EngineLoad::default());
+        // Known before the thread allocates the pool: a gateway may scrape the shape at once.
+        load.kv_blocks_total.store(config.cache.kv_blocks(&bundle), Ordering::Relaxed);
         let thread_load = load.clone();
         let (report_failure, health) = watch::channel(None);
         let thread = std::thread::Builder::new()
@@ -338,6 +340,7 @@ impl EngineState<'_> {
         self.prefix.set_busy(!self.running.is_empty());
         let stepped = self.step();
         self.prefix.release_window_rows(self.running.values().map(Sequence::cache));
+        self.prefix.publish_events();
         // Before blocking for new work, so an idle engine reports itself idle.
         self.report_memory();
         self.load.active.store(self.running.len(), Ordering::Relaxed);

@@ -9,6 +9,7 @@ mod draft;
 mod engine;
 mod error;
 mod events;
+mod kv_events;
 pub mod model_sampling;
 mod output;
 mod polling_workers;
@@ -32,6 +33,7 @@ pub use events::{
     sequence_channel, Caller, Canceller, ClientGone, FinishReason, SequenceEvent, SequenceEvents,
     SequenceSummary, EVENT_CAPACITY,
 };
+pub use kv_events::KvEventsOut;
 pub use output::{OutputPipeline, ReasoningMode, TextDelta};
 pub use prefix_cache::CacheConfig;
 pub use request::{ReasoningBudget, SequenceRequest};

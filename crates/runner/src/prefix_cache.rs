@@ -26,6 +26,7 @@ use spindle_sched::{
 use crate::bundle::ModelBundle;
 use crate::disk_tier::snapshot_file::{Layout, StoredSnapshot};
 use crate::disk_tier::{self, DiskConfig, DiskTier};
+use crate::kv_events::{BlockEvents, KvEventsOut};
 use crate::window_rows::WindowRows;
 
 /// Sizes of the KV storage and of the snapshot store.
@@ -44,6 +45,8 @@ pub struct CacheConfig {
     /// Give the memory of sliding-window layers' rows that no query will see again back to
     /// the OS (see `window_rows`); off keeps every layer's rows, to compare.
     pub release_window_rows: bool,
+    /// Publish the blocks entering and leaving the prefix cache as KV-cache events.
+    pub events: Option<KvEventsOut>,
 }
 
 impl Default for CacheConfig {
@@ -55,6 +58,7 @@ impl Default for CacheConfig {
             kv_type: KvType::default(),
             disk: None,
             release_window_rows: true,
+            events: None,
         }
     }
 }
@@ -134,6 +138,8 @@ pub struct PrefixCache {
     orphan_tokens_reused: usize,
     /// For models with sliding-window layers: which blocks still hold their rows there.
     window_rows: Option<WindowRows>,
+    /// The blocks entering and leaving the tree, told to routers.
+    events: BlockEvents,
 }
 
 impl PrefixCache {
@@ -144,6 +150,14 @@ impl PrefixCache {
         self.disk = None;
         self.kv = Arc::new(PagedKv::new(&[], config.kv_type, 0, config.block_size));
         *self = Self::new(bundle, config);
+        self.events.cleared();
+    }
+
+    /// Publishes the blocks that entered and left the tree since the last call: one batch per
+    /// engine step.
+    pub fn publish_events(&mut self) {
+        let changes = self.tree.take_changes();
+        self.events.publish(changes);
     }
 
     pub fn new(bundle: &ModelBundle, config: &CacheConfig) -> Self {
@@ -178,6 +192,7 @@ impl PrefixCache {
             disk,
             orphan_reads: HashMap::new(),
             orphan_tokens_reused: 0,
+            events: BlockEvents::new(config.events.clone(), config.block_size),
         }
     }
 

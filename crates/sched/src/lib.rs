@@ -21,5 +21,7 @@ mod scheduler;
 
 pub use block_pool::{BlockId, BlockPool, PoolExhausted};
 pub use prefill_plan::PrefillPlan;
-pub use prefix_tree::{CacheKind, Inserted, NodeId, NodeView, PrefixTree, ResumePoint, SnapshotId};
+pub use prefix_tree::{
+    BlockChange, CacheKind, Inserted, NodeId, NodeView, PrefixTree, ResumePoint, SnapshotId,
+};
 pub use scheduler::{Scheduler, SchedulerConfig, SeqId, StepPlan};

@@ -88,6 +88,17 @@ pub struct Inserted {
     pub dropped_snapshots: Vec<SnapshotId>,
 }
 
+/// A full block entering or leaving the tree, in the order they did, for the KV-cache events a
+/// router reads ([`PrefixTree::take_changes`]). Partial nodes are left out: a block is known to
+/// others only once it is full, as vLLM hashes only full blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BlockChange {
+    /// A full node was added under `parent` (`None`: a first block), holding `tokens`.
+    Stored { node: NodeId, parent: Option<NodeId>, tokens: Vec<u32> },
+    /// A full node left (evicted, or pruned with a snapshot it led to).
+    Removed { node: NodeId },
+}
+
 /// A read-only view of one node, for metrics and tests.
 #[derive(Clone, Copy, Debug)]
 pub struct NodeView<'a> {
@@ -142,6 +153,8 @@ pub struct PrefixTree {
     /// Ticks once per lookup or insert; `last_used` is the tick of the last one that touched a
     /// node, so LRU order is deterministic (ties go to the lowest node id).
     clock: u64,
+    /// Full blocks added and removed since the last [`Self::take_changes`].
+    changes: Vec<BlockChange>,
 }
 
 impl PrefixTree {
@@ -157,7 +170,14 @@ impl PrefixTree {
             block_refs: BTreeMap::new(),
             snapshot_bytes: 0,
             clock: 0,
+            changes: Vec::new(),
         }
+    }
+
+    /// The full blocks added and removed since the last call, in order. The engine takes them
+    /// after every step, so they never pile up.
+    pub fn take_changes(&mut self) -> Vec<BlockChange> {
+        std::mem::take(&mut self.changes)
     }
 
     /// Places where `tokens` can resume, deepest first, all at positions `1..=tokens.len()`:
@@ -514,6 +534,7 @@ impl PrefixTree {
     ) -> NodeId {
         pool.share(&[block]);
         *self.block_refs.entry(block).or_insert(0) += 1;
+        let full = tokens.len() == self.block_size;
         let node = Node {
             parent,
             start,
@@ -535,6 +556,9 @@ impl PrefixTree {
             }
         };
         self.children_mut(parent).push(id);
+        if full {
+            self.changes.push(BlockChange::Stored { node: id, parent, tokens: tokens.to_vec() });
+        }
         id
     }
 
@@ -551,6 +575,9 @@ impl PrefixTree {
         }
         self.snapshot_bytes -= node.snapshot.map_or(0, |s| s.bytes);
         self.free_slots.insert(id.0);
+        if node.tokens.len() == self.block_size {
+            self.changes.push(BlockChange::Removed { node: id });
+        }
         node
     }
 

@@ -49,4 +49,7 @@ pub struct ServerConfig {
     /// `--temperature`, `--top-k`, `--top-p`, `--min-p`, `--repeat-penalty`: the defaults of a
     /// request that leaves them out, over the model's own.
     pub sampling: SamplingPreset,
+    /// `--shutdown-grace-seconds`: how long a drain waits for the requests in flight to end
+    /// before it cancels them.
+    pub shutdown_grace: std::time::Duration,
 }

@@ -9,12 +9,17 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use crate::drain;
 use crate::state::AppState;
 
-/// 200 while every loaded model's engine runs; 503 once a fault has stopped one (the process is
-/// on its way out).
+/// 200 while every loaded model's engine runs; 503 once a fault has stopped one, or while the
+/// server drains (the process is on its way out: routers stop sending work here).
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     let model = &state.config.model_id;
+    if drain::draining(&state) {
+        let body = json!({"status": "draining", "model": model});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
     match engine_fault(&state) {
         None => Json(json!({"status": "ok", "model": model})).into_response(),
         Some(_) => {

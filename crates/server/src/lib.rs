@@ -13,6 +13,7 @@ mod chat;
 mod clock;
 mod completions;
 mod config;
+mod drain;
 mod engine;
 mod error;
 mod files;
@@ -92,9 +93,10 @@ fn with_one_model(config: ServerConfig, model: LoadedModel) -> Arc<AppState> {
     start_with_registry(config, models)
 }
 
-/// Serves on `listener` until the process ends (or until `shutdown` resolves), and runs the
-/// batches left unfinished in the batch folder and those created meanwhile. Returns an error
-/// when a fault stops an engine: the process should exit and be restarted.
+/// Serves on `listener`, and runs the batches left unfinished in the batch folder and those
+/// created meanwhile, until `shutdown` resolves; then drains (see [`drain`]: nothing more is
+/// admitted, the requests in flight end within `config.shutdown_grace`) and returns. Returns
+/// an error when a fault stops an engine: the process should exit and be restarted.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
@@ -103,13 +105,28 @@ pub async fn serve(
     let address: SocketAddr = listener.local_addr()?;
     tracing::info!(%address, model = %state.config.model_id, "serving the OpenAI API");
     let worker = tokio::spawn(batch_worker::run(state.clone()));
-    let served = axum::serve(listener, router(state.clone())).with_graceful_shutdown(shutdown);
+    let (drained, stop_listening) = tokio::sync::oneshot::channel::<()>();
+    let draining = {
+        let (state, batch_work) = (state.clone(), worker.abort_handle());
+        async move {
+            shutdown.await;
+            // Batch work is not worth holding the exit for: unanswered requests run again.
+            batch_work.abort();
+            drain::drain(&state, state.config.shutdown_grace).await;
+            let _ = drained.send(());
+        }
+    };
+    let drain_task = tokio::spawn(draining);
+    let served = axum::serve(listener, router(state.clone())).with_graceful_shutdown(async {
+        let _ = stop_listening.await;
+    });
     let result = tokio::select! {
         served = served => served,
         reason = housekeeping(&state) => {
             Err(std::io::Error::other(format!("the engine stopped on a fault: {reason}")))
         }
     };
+    drain_task.abort();
     worker.abort();
     result
 }

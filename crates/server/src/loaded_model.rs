@@ -83,10 +83,13 @@ impl LoadedModel {
         let model = ServedModel::of(&bundle, &config.cache);
         let profile =
             ModelProfile::new(&model.template, &model.tokenizer, config.tool_call_parser)?;
+        let mut cache = config.cache.clone();
+        // Each model's blocks under its own topic, as llm-d tells models apart.
+        cache.events = cache.events.map(|events| events.for_model(&id));
         let engine_config = EngineConfig {
             orphan_prefill_tokens: config.orphan_prefill_tokens,
             speculation: config.speculation.clone(),
-            ..EngineConfig::new(config.max_concurrent, config.cache.clone())
+            ..EngineConfig::new(config.max_concurrent, cache)
         };
         let engine = Arc::new(Engine::start(Arc::new(bundle), engine_config));
         Ok(Self::with_profile(id, ctx_size, model, profile, engine))

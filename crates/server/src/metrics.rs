@@ -141,6 +141,8 @@ struct VllmMetrics {
     waiting: Gauges,
     running: Gauges,
     kv_cache_usage: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// Always 1, labelled with the KV pool's shape: llm-d's endpoint picker reads the labels.
+    cache_config_info: Gauges,
     preemptions: Counters,
     prefix_cache_queries: Counters,
     prefix_cache_hits: Counters,
@@ -163,6 +165,11 @@ impl VllmMetrics {
             "vllm:kv_cache_usage_perc",
             "Share of KV blocks running requests hold (1 = full)",
             self.kv_cache_usage.clone(),
+        );
+        registry.register(
+            "vllm:cache_config_info",
+            "The KV pool's shape: positions per block and blocks in the pool",
+            self.cache_config_info.clone(),
         );
         registry.register(
             "vllm:num_preemptions",
@@ -255,17 +262,20 @@ impl Metrics {
         self.spindle.cached_prompt_tokens.get_or_create(&labels).inc_by(cached as u64);
     }
 
-    /// The text exposition format, with each loaded model's engine gauges read now.
-    pub fn render(&self, engines: &[(String, &EngineLoad)]) -> String {
+    /// The text exposition format, with each loaded model's engine gauges read now; every
+    /// model's KV blocks hold `block_size` positions.
+    pub fn render(&self, engines: &[(String, &EngineLoad)], block_size: usize) -> String {
+        // A model unloaded, or reloaded with another pool, must not leave its old shape behind.
+        self.vllm.cache_config_info.clear();
         for (model, load) in engines {
-            self.read_engine(model, load);
+            self.read_engine(model, load, block_size);
         }
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");
         text
     }
 
-    fn read_engine(&self, model: &str, load: &EngineLoad) {
+    fn read_engine(&self, model: &str, load: &EngineLoad, block_size: usize) {
         let labels = model_labels(model);
         let read = |gauge: &AtomicUsize| gauge.load(Ordering::Relaxed);
         let set = |family: &Gauges, value: usize| family.get_or_create(&labels).set(value as i64);
@@ -279,6 +289,10 @@ impl Metrics {
         let total = read(&load.kv_blocks_total).max(1);
         let usage = read(&load.kv_blocks_used) as f64 / total as f64;
         vllm.kv_cache_usage.get_or_create(&labels).set(usage);
+        let mut shape = labels.clone();
+        shape.push(("block_size", block_size.to_string()));
+        shape.push(("num_gpu_blocks", read(&load.kv_blocks_total).to_string()));
+        vllm.cache_config_info.get_or_create(&shape).set(1);
         let prompt_tokens = spindle.prompt_tokens.get_or_create(&labels).get();
         catch_up(&vllm.prefix_cache_queries.get_or_create(&labels), prompt_tokens);
         let cached_tokens = spindle.cached_prompt_tokens.get_or_create(&labels).get();

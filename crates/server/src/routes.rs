@@ -1,7 +1,8 @@
 //! The route table, the layers around it (CORS, API key, body limit, request counting), and the
-//! small endpoints: models, health, metrics, tokenize, detokenize, cancel. The chat page and
+//! small endpoints: models, health, metrics, load, tokenize, detokenize, cancel. The chat page and
 //! `GET /` are in `web`.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -52,6 +53,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .merge(web::routes())
         .route("/metrics", get(metrics))
+        .route("/get_load", get(get_load))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), count_requests))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
@@ -120,8 +122,21 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let loaded = state.models.loaded();
     let engines: Vec<_> =
         loaded.iter().map(|(name, model)| (name.clone(), model.engine.load())).collect();
-    let text = state.metrics.render(&engines);
+    let text = state.metrics.render(&engines, state.config.cache.block_size);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+/// `{"load": N}`: the sequences every loaded model's engine runs or keeps waiting, which
+/// vllm-router's `power_of_two` policy polls to send a request to the less busy of two replicas.
+async fn get_load(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let read = |gauge: &std::sync::atomic::AtomicUsize| gauge.load(Ordering::Relaxed);
+    let loaded = state.models.loaded();
+    let load: usize = loaded
+        .iter()
+        .map(|(_, model)| model.engine.load())
+        .map(|load| read(&load.active) + read(&load.waiting))
+        .sum();
+    Json(json!({ "load": load }))
 }
 
 /// Every served model, whether it is loaded, and its sampling defaults (a loaded model's as its

@@ -167,6 +167,7 @@ pub async fn start_server(api_key: Option<&str>) -> (String, Arc<RecordingEngine
         batch: spindle_server::BatchConfig::new(batch_dir),
         speculation: Default::default(),
         sampling: Default::default(),
+        shutdown_grace: std::time::Duration::from_secs(30),
     };
     let model = ServedModel::of(&bundle, &config.cache);
     let engine_config = EngineConfig::new(config.max_concurrent, config.cache.clone());

@@ -179,3 +179,27 @@ async fn health_is_503_and_serve_ends_in_an_error_once_the_engine_has_stopped() 
     let error = served.expect_err("serving ends when the engine has stopped");
     assert!(error.to_string().contains("a fault while recovering from a fault"), "{error}");
 }
+
+#[tokio::test]
+async fn get_load_counts_running_and_waiting_and_the_pool_shape_is_a_metric() {
+    use std::sync::atomic::Ordering;
+    let server = replying("x");
+    let (status, load) = server.get("/get_load").await;
+    assert_eq!((status, load), (200, json!({"load": 0})));
+    let engine_load = spindle_server::GenerationEngine::load(server.engine.as_ref());
+    engine_load.active.store(3, Ordering::Relaxed);
+    engine_load.waiting.store(2, Ordering::Relaxed);
+    engine_load.kv_blocks_total.store(977, Ordering::Relaxed);
+    let (_, load) = server.get("/get_load").await;
+    assert_eq!(load, json!({"load": 5}));
+    let response =
+        server.send(axum::http::Request::get("/metrics").body(Default::default()).unwrap()).await;
+    let text = crate::common::body_text(response).await;
+    let info = format!(
+        "vllm:cache_config_info{{model_name=\"{MODEL}\",block_size=\"16\",num_gpu_blocks=\"977\"}} 1"
+    );
+    assert!(text.lines().any(|l| l == info), "{info} missing from\n{text}");
+    // The existing gauges keep their meaning beside it.
+    assert_eq!(gauge(&text, "vllm:num_requests_running"), 3.0);
+    assert_eq!(gauge(&text, "vllm:num_requests_waiting"), 2.0);
+}

@@ -8,6 +8,7 @@ mod chat;
 mod common;
 mod concurrency;
 mod conversation;
+mod kv_events;
 mod openai_python;
 mod prefix_cache;
 mod reasoning;

@@ -65,6 +65,7 @@ pub fn config() -> ServerConfig {
         batch: spindle_server::BatchConfig::new(fresh_dir("batches")),
         speculation: Default::default(),
         sampling: Default::default(),
+        shutdown_grace: std::time::Duration::from_secs(30),
     }
 }
 

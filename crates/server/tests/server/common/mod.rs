@@ -126,6 +126,7 @@ pub fn start_stoppable(setup: Setup, change: impl FnOnce(&mut ServerConfig)) -> 
         batch: spindle_server::BatchConfig::new(fresh_dir("batches")),
         speculation: Default::default(),
         sampling: Default::default(),
+        shutdown_grace: std::time::Duration::from_secs(30),
     };
     match setup {
         Setup::Default | Setup::GuidedJson => {
