@@ -121,7 +121,6 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     args.sampling.params(&args.sampling.defaults(&unread, ThinkingMode::NonThinking)).validate()?;
     let bundle = Arc::new(crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?);
     let defaults = args.sampling.defaults(&bundle.sampling, thinking_mode(&args, &extra));
-    eprintln!("sampling: {}", defaults.summary(bundle.sampling.source.unwrap_or("the model")));
     let sampling = args.sampling.params(&defaults);
     sampling.validate().context("the model's published sampling settings")?;
     let request = SequenceRequest {
@@ -144,6 +143,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
     })?;
     let _ = writeln!(out, "{}", stats.summary.tail.content);
+    // After the run, so that a request refused (a prompt over the context) prints only why.
+    eprintln!("sampling: {}", defaults.summary(bundle.sampling.source.unwrap_or("the model")));
     eprintln!(
         "prompt tokens: {}, generated tokens: {}, prefill: {:.1} tok/s, decode: {:.1} tok/s",
         stats.summary.prompt_tokens,
