@@ -1,6 +1,7 @@
 //! `spindle serve`: load the model, start the engine thread, serve the OpenAI API; with several
 //! models, serve them all and load each on its first request (`served_models`).
 
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -176,7 +177,8 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create --batch-dir {}", batch_dir.display()))?;
     let specs = crate::served_models::specs(&args.model, args.models.models_dir.as_deref())?;
     let kv_bytes = args.kv_cache_memory.resolve(args.snapshot_memory);
-    let events = kv_events(&args, log_format)?;
+    let address = reserve_address(&args.host, args.port)?;
+    let events = kv_events(&args, address.local_addr()?.port(), log_format)?;
     let cache = CacheConfig {
         events,
         kv_bytes,
@@ -261,8 +263,8 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
-            .await
+        let listener = address
+            .listen(LISTEN_BACKLOG)
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
         announce(log_format, &format!("listening on http://{}", listener.local_addr()?));
         spindle_server::serve(listener, state, stop_signals()).await?;
@@ -270,8 +272,37 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     })
 }
 
-/// The KV-cache events' publisher, its sockets bound, when --kv-events-endpoint asks for one.
-fn kv_events(args: &ServeArgs, log_format: LogFormat) -> anyhow::Result<Option<KvEventsOut>> {
+/// Connections the kernel queues before the server accepts them.
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// The HTTP address, bound before any model loads but not listened on yet: a port taken fails
+/// the start at once, `--port 0` knows its port for the KV-cache events' topic, and a client is
+/// refused (not kept waiting) until the server listens.
+fn reserve_address(host: &str, port: u16) -> anyhow::Result<tokio::net::TcpSocket> {
+    let cannot = || format!("cannot listen on {host}:{port}");
+    let address = (host, port)
+        .to_socket_addrs()
+        .with_context(cannot)?
+        .next()
+        .with_context(|| format!("{}: the host resolves to no address", cannot()))?;
+    let socket = match address {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .with_context(cannot)?;
+    // As the standard library's listeners do: a restarted server takes its port back at once.
+    socket.set_reuseaddr(true).with_context(cannot)?;
+    socket.bind(address).with_context(cannot)?;
+    Ok(socket)
+}
+
+/// The KV-cache events' publisher, its sockets bound, when --kv-events-endpoint asks for one;
+/// its topic names this replica by `--host` and the HTTP port bound.
+fn kv_events(
+    args: &ServeArgs,
+    http_port: u16,
+    log_format: LogFormat,
+) -> anyhow::Result<Option<KvEventsOut>> {
     let Some(endpoint) = &args.kv_events_endpoint else { return Ok(None) };
     let config = PublisherConfig {
         endpoint: endpoint.clone(),
@@ -282,7 +313,7 @@ fn kv_events(args: &ServeArgs, log_format: LogFormat) -> anyhow::Result<Option<K
     let replay = bound.replay_endpoint.map_or(String::new(), |r| format!(", replays on {r}"));
     announce(log_format, &format!("KV-cache events on {}{replay}", bound.endpoint));
     // The topic names this replica as routers reach it.
-    Ok(Some(KvEventsOut::new(publisher, &format!("{}:{}", args.host, args.port))))
+    Ok(Some(KvEventsOut::new(publisher, &format!("{}:{http_port}", args.host))))
 }
 
 /// Resolves on the first SIGTERM (service managers, `kill`, Kubernetes) or SIGINT (Ctrl-C),
