@@ -181,11 +181,15 @@ impl PrefixCache {
                 .ok()
         });
         let window = kv.widest_window().filter(|_| config.release_window_rows);
+        let mut tree = PrefixTree::new(config.block_size, kind, config.snapshot_bytes);
+        if config.events.is_some() {
+            tree.journal_changes();
+        }
         Self {
             window_rows: WindowRows::new(window, config.block_size),
             kv,
             pool: BlockPool::new(blocks, config.block_size),
-            tree: PrefixTree::new(config.block_size, kind, config.snapshot_bytes),
+            tree,
             snapshots: HashMap::new(),
             next_snapshot: 0,
             initial,

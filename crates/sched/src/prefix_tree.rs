@@ -153,8 +153,9 @@ pub struct PrefixTree {
     /// Ticks once per lookup or insert; `last_used` is the tick of the last one that touched a
     /// node, so LRU order is deterministic (ties go to the lowest node id).
     clock: u64,
-    /// Full blocks added and removed since the last [`Self::take_changes`].
-    changes: Vec<BlockChange>,
+    /// Full blocks added and removed since the last [`Self::take_changes`]; `None` until
+    /// [`Self::journal_changes`] (nobody reads them, so nothing is copied).
+    changes: Option<Vec<BlockChange>>,
 }
 
 impl PrefixTree {
@@ -170,14 +171,19 @@ impl PrefixTree {
             block_refs: BTreeMap::new(),
             snapshot_bytes: 0,
             clock: 0,
-            changes: Vec::new(),
+            changes: None,
         }
+    }
+
+    /// From now on, the tree keeps the full blocks added and removed for [`Self::take_changes`].
+    pub fn journal_changes(&mut self) {
+        self.changes.get_or_insert_with(Vec::new);
     }
 
     /// The full blocks added and removed since the last call, in order. The engine takes them
     /// after every step, so they never pile up.
     pub fn take_changes(&mut self) -> Vec<BlockChange> {
-        std::mem::take(&mut self.changes)
+        self.changes.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Places where `tokens` can resume, deepest first, all at positions `1..=tokens.len()`:
@@ -556,8 +562,8 @@ impl PrefixTree {
             }
         };
         self.children_mut(parent).push(id);
-        if full {
-            self.changes.push(BlockChange::Stored { node: id, parent, tokens: tokens.to_vec() });
+        if let Some(changes) = self.changes.as_mut().filter(|_| full) {
+            changes.push(BlockChange::Stored { node: id, parent, tokens: tokens.to_vec() });
         }
         id
     }
@@ -575,8 +581,10 @@ impl PrefixTree {
         }
         self.snapshot_bytes -= node.snapshot.map_or(0, |s| s.bytes);
         self.free_slots.insert(id.0);
-        if node.tokens.len() == self.block_size {
-            self.changes.push(BlockChange::Removed { node: id });
+        if let Some(changes) =
+            self.changes.as_mut().filter(|_| node.tokens.len() == self.block_size)
+        {
+            changes.push(BlockChange::Removed { node: id });
         }
         node
     }

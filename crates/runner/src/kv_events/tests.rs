@@ -27,6 +27,7 @@ fn tree_hashes(tree: &PrefixTree) -> BTreeSet<BlockHash> {
 fn run(kind: CacheKind, seed: u64) {
     let mut pool = BlockPool::new(20, BS);
     let mut tree = PrefixTree::new(BS, kind, 1000);
+    tree.journal_changes();
     let mut events = BlockEvents::new(None, BS);
     let mut announced: HashMap<BlockHash, Vec<u32>> = HashMap::new();
     let mut state = seed;
