@@ -7,10 +7,12 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 use spindle_chat::TemplateInput;
-use spindle_runner::model_sampling::{ModelSampling, SamplingPreset, ThinkingMode};
+use spindle_runner::model_sampling::ThinkingMode;
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{single_sequence_cache, Engine, EngineConfig, ModelBundle, SequenceRequest};
 use spindle_server::sampling_defaults::SamplingDefaults;
+
+use crate::sampling_flags::SamplingFlags;
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -40,25 +42,12 @@ pub struct GenerateArgs {
     ctx_size: usize,
 }
 
-/// Sampling: each parameter left out takes the model's published value (`general.sampling.*`,
-/// `generation_config.json`), else generate's own default.
+/// Sampling: the flags a model's files may publish go over the model's values (see
+/// [`SamplingFlags`]); the penalties and the seed are generate's own.
 #[derive(Args)]
 pub struct SamplingArgs {
-    /// 0 means greedy [default: the model's, else 1].
-    #[arg(long)]
-    temperature: Option<f32>,
-    /// [default: the model's, else 1].
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// 0 disables [default: the model's, else 0].
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// [default: the model's, else 0].
-    #[arg(long)]
-    min_p: Option<f32>,
-    /// [default: the model's, else 1].
-    #[arg(long = "repeat-penalty", alias = "repetition-penalty")]
-    repetition_penalty: Option<f32>,
+    #[command(flatten)]
+    published: SamplingFlags,
     #[arg(long, default_value_t = 0.0)]
     presence_penalty: f32,
     #[arg(long, default_value_t = 0.0)]
@@ -68,19 +57,6 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    /// The flags over the model's preset for `mode` over the server's built-in defaults, each
-    /// with where it came from.
-    fn defaults(&self, model: &ModelSampling, mode: ThinkingMode) -> SamplingDefaults {
-        let flags = SamplingPreset {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
-        };
-        SamplingDefaults::resolve(&flags, model, mode)
-    }
-
     fn params(&self, defaults: &SamplingDefaults) -> SamplingParams {
         SamplingParams {
             temperature: defaults.temperature.value,
@@ -117,10 +93,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         spindle_hub::WhenMissing::Download,
     )?;
     // Flags are checked before the weights are read.
-    let unread = ModelSampling::default();
-    args.sampling.params(&args.sampling.defaults(&unread, ThinkingMode::NonThinking)).validate()?;
+    let flags = args.sampling.published.preset()?;
     let bundle = Arc::new(crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?);
-    let defaults = args.sampling.defaults(&bundle.sampling, thinking_mode(&args, &extra));
+    let mode = thinking_mode(&args, &extra);
+    let defaults = SamplingDefaults::resolve(&flags, &bundle.sampling, mode);
     let sampling = args.sampling.params(&defaults);
     sampling.validate().context("the model's published sampling settings")?;
     let request = SequenceRequest {

@@ -1,28 +1,30 @@
-//! `spindle serve`'s sampling flags: the defaults of a request that leaves a parameter out,
-//! checked against the ranges a request's own fields have.
+//! The sampling flags of `spindle serve` (the defaults of a request that leaves a parameter out)
+//! and `spindle generate` (its one request's values), checked against the ranges a request's own
+//! fields have.
 
 use clap::Args;
 use spindle_runner::model_sampling::SamplingPreset;
 
-/// Defaults for requests that leave a sampling parameter out, over the model's own settings
+/// The sampling settings a model's files may publish, as flags that go over the model's own
 /// (`general.sampling.*` in a GGUF, `generation_config.json` beside safetensors) and Spindle's
-/// built-in ones (temperature 1, no filters, no penalty).
+/// built-in ones (temperature 1, no filters, no penalty); serve's are the defaults of requests
+/// that leave a parameter out.
 #[derive(Args)]
 pub struct SamplingFlags {
-    /// Default temperature, 0 to 2 (0: greedy).
+    /// Temperature, 0 to 2 (0: greedy).
     #[arg(long)]
     temperature: Option<f32>,
-    /// Default top-k (0: no limit).
+    /// Top-k (0: no limit).
     #[arg(long)]
     top_k: Option<u32>,
-    /// Default nucleus mass, in (0, 1].
+    /// Nucleus mass, in (0, 1].
     #[arg(long)]
     top_p: Option<f32>,
-    /// Default min-p, 0 to 1.
+    /// Min-p, 0 to 1.
     #[arg(long)]
     min_p: Option<f32>,
-    /// Default repetition penalty (> 0; 1: none).
-    #[arg(long)]
+    /// Repetition penalty (> 0; 1: none).
+    #[arg(long, alias = "repetition-penalty")]
     repeat_penalty: Option<f32>,
 }
 
