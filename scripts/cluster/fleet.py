@@ -1,6 +1,7 @@
 """The fleet workload of issue 40: 8 simulated agents x 5 turns, each with its own ~2K-token
 system prompt and X-Session-ID, against 2 Spindle replicas behind vllm-router, per policy;
-then one replica killed mid-run, then a rolling restart under a steady load. Prints a table.
+then one replica killed mid-run, then a rolling restart under a steady load (each replica taken
+out of the router's rotation, drained by SIGTERM, restarted, put back). Prints a table.
 
 Usage: python3 scripts/cluster/fleet.py SPINDLE_BIN [MODEL]   (vllm-router on PATH or in
 $SPINDLE_HOME/venv-vllm-router). Standard library only.
@@ -146,14 +147,25 @@ def kill_one(procs, base):
             0, float("nan"), float("nan"), errors)
 
 
+def router_workers(base, verb, i):
+    """Takes replica i out of the router's rotation (`remove_worker`) or puts it back."""
+    url = f"http://127.0.0.1:{BASE + i}"
+    urllib.request.urlopen(urllib.request.Request(f"{base}/{verb}_worker?url={url}", b"",
+                                                  method="POST"), timeout=30).read()
+
+
 def rolling_restart(procs, base):
+    """Each replica in turn: out of the router's rotation first, so no new request reaches it;
+    SIGTERM, which lets the requests it still runs finish; a fresh start; back in once healthy."""
     stop, outcome = threading.Event(), []
     load = threading.Thread(target=steady, args=(base, stop, outcome))
     load.start()
     for i in range(2):
+        router_workers(base, "remove", i)
         procs[i].send_signal(signal.SIGTERM)
         procs[i].wait()
         procs[i] = replica(i)
+        router_workers(base, "add", i)
         time.sleep(3)
     stop.set(); load.join()
     errors = sum(o != "ok" for o in outcome)

@@ -74,4 +74,6 @@ pub use response_object::{
 };
 pub use responses::{InputItem, ReasoningOptions, ResponseInput, ResponsesRequest, TextOptions};
 pub use sampling::{SamplingParams, StopSequences, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS};
-pub use tokenize::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
+pub use tokenize::{
+    DetokenizeRequest, DetokenizeResponse, RenderedPrompt, TokenizeRequest, TokenizeResponse,
+};

@@ -1,5 +1,5 @@
-//! `/tokenize` and `/detokenize`, vLLM's extension endpoints for counting and inspecting
-//! tokens without generating.
+//! `/tokenize`, `/detokenize` and the render endpoints, vLLM's extensions for counting and
+//! inspecting tokens without generating.
 
 use serde::{Deserialize, Serialize};
 
@@ -62,4 +62,15 @@ pub struct TokenizeResponse {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DetokenizeResponse {
     pub prompt: String,
+}
+
+/// The answer to `POST /v1/chat/completions/render` (one) and `POST /v1/completions/render` (a
+/// list, one per prompt): the token ids a generation request would start from, in vLLM's
+/// layout, which routers (vllm-router's `cache_aware`, llm-d's token producer) read to match a
+/// request against the blocks a replica caches.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenderedPrompt {
+    pub request_id: String,
+    pub model: String,
+    pub token_ids: Vec<u32>,
 }

@@ -11,7 +11,8 @@
 //! Writes happen on one background thread, so the engine never waits on the disk: it writes
 //! `<name>.tmp`, syncs it and renames it, so a crash never leaves a partial file under a real
 //! name. Loads happen on the engine thread, when a prompt is admitted. One server at a time
-//! should use a folder: opening it removes `.tmp` leftovers.
+//! should use a folder: opening it removes `.tmp` leftovers. With KV-cache events on, the
+//! writer also announces the files' blocks (`disk_blocks`).
 
 use std::fs;
 use std::io::{self, Read};
@@ -23,10 +24,14 @@ use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
 
+use disk_blocks::DiskBlocks;
 use snapshot_file::{
     check_identity, decode, encode, holds_logits, Layout, Rejected, StoredSnapshot,
 };
 
+use crate::kv_events::KvEventsOut;
+
+mod disk_blocks;
 pub(crate) mod snapshot_file;
 
 const SNAPSHOT_EXT: &str = "snap";
@@ -54,13 +59,18 @@ pub(crate) struct DiskTier {
     /// Set while the engine runs sequences: the writer waits (see [`DiskTier::set_busy`]).
     busy: Arc<AtomicBool>,
     /// `None` only while dropping: closing the channel ends the writer.
-    jobs: Option<mpsc::Sender<StoredSnapshot>>,
+    jobs: Option<mpsc::Sender<Job>>,
     writer: Option<JoinHandle<()>>,
 }
 
 impl DiskTier {
-    /// Opens (creating it) `<root>/<fingerprint>/` and starts its writer thread.
-    pub fn open(config: &DiskConfig, layout: Layout) -> io::Result<Self> {
+    /// Opens (creating it) `<root>/<fingerprint>/` and starts its writer thread, which first
+    /// announces the files already there when `events` has somewhere to publish.
+    pub fn open(
+        config: &DiskConfig,
+        layout: Layout,
+        events: Option<KvEventsOut>,
+    ) -> io::Result<Self> {
         let dir = config.dir.join(&layout.fingerprint);
         fs::create_dir_all(&dir)?;
         for entry in fs::read_dir(&dir)? {
@@ -79,6 +89,7 @@ impl DiskTier {
             cap: config.bytes,
             pending: pending.clone(),
             busy: busy.clone(),
+            events: events.map(|out| (out, DiskBlocks::new(layout.block_size))),
         };
         let writer = std::thread::Builder::new()
             .name("spindle-disk-cache".into())
@@ -109,9 +120,13 @@ impl DiskTier {
             );
             return;
         }
+        self.send(Job::Write(snapshot));
+    }
+
+    fn send(&self, job: Job) {
         if let Some(jobs) = &self.jobs {
             // Only fails once the writer has died, which it logged.
-            let _ = jobs.send(snapshot);
+            let _ = jobs.send(job);
         }
     }
 
@@ -141,6 +156,7 @@ impl DiskTier {
             Err(why) => {
                 tracing::warn!(file = %path.display(), %why, "ignoring and deleting a prefix-cache file");
                 let _ = fs::remove_file(&path);
+                self.send(Job::Forget(path));
                 None
             }
         }
@@ -183,6 +199,13 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// What the writer thread is asked to do.
+enum Job {
+    Write(StoredSnapshot),
+    /// The engine deleted this file (it was bad): its blocks are no longer on disk.
+    Forget(PathBuf),
+}
+
 /// The writer thread's side.
 struct Writer {
     dir: PathBuf,
@@ -190,12 +213,24 @@ struct Writer {
     cap: usize,
     pending: Arc<AtomicUsize>,
     busy: Arc<AtomicBool>,
+    /// Where the files' blocks are announced, and which blocks the files hold.
+    events: Option<(KvEventsOut, DiskBlocks)>,
 }
 
 impl Writer {
-    fn run(self, inbox: mpsc::Receiver<StoredSnapshot>) {
+    fn run(mut self, inbox: mpsc::Receiver<Job>) {
         yield_to_inference();
-        for snapshot in inbox {
+        if let Some((out, blocks)) = &mut self.events {
+            publish(out, blocks.scan(&self.dir, &self.layout));
+        }
+        for job in inbox {
+            let snapshot = match job {
+                Job::Write(snapshot) => snapshot,
+                Job::Forget(path) => {
+                    self.announce(|blocks| blocks.removed(&path));
+                    continue;
+                }
+            };
             while self.busy.load(Ordering::Acquire) {
                 std::thread::sleep(IDLE_POLL);
             }
@@ -206,7 +241,17 @@ impl Writer {
         }
     }
 
-    fn write(&self, snapshot: &StoredSnapshot) -> io::Result<()> {
+    /// Publishes the events `change` makes of the files' blocks, when events are on.
+    fn announce(
+        &mut self,
+        change: impl FnOnce(&mut DiskBlocks) -> Vec<spindle_kv_events::KvEvent>,
+    ) {
+        if let Some((out, blocks)) = &mut self.events {
+            publish(out, change(blocks));
+        }
+    }
+
+    fn write(&mut self, snapshot: &StoredSnapshot) -> io::Result<()> {
         let path = self.dir.join(file_name(&snapshot.tokens, snapshot.key, &self.layout.kv_type));
         // The same prefix under the same chunking holds the same bits; only logits can be new
         // (the memory tier added them to a snapshot that had none).
@@ -223,11 +268,12 @@ impl Writer {
         // Durable before it gets its real name: a power cut must not leave an empty file there.
         file.sync_data()?;
         fs::rename(&tmp, &path)?;
+        self.announce(|blocks| blocks.written(path, &snapshot.tokens));
         self.evict()
     }
 
     /// Deletes the least recently modified snapshot files until the folder fits the cap.
-    fn evict(&self) -> io::Result<()> {
+    fn evict(&mut self) -> io::Result<()> {
         let mut files = Vec::new();
         for entry in fs::read_dir(&self.dir)? {
             let entry = entry?;
@@ -246,9 +292,16 @@ impl Writer {
             }
             // Gone already (deleted by `load`) is as good as deleted.
             let _ = fs::remove_file(&path);
+            self.announce(|blocks| blocks.removed(&path));
             total -= len;
         }
         Ok(())
+    }
+}
+
+fn publish(out: &KvEventsOut, events: Vec<spindle_kv_events::KvEvent>) {
+    if !events.is_empty() {
+        out.publisher.publish(&out.topic, events);
     }
 }
 
@@ -275,7 +328,8 @@ mod tests {
     use super::*;
 
     fn open(root: &Path, layout: Layout) -> DiskTier {
-        DiskTier::open(&DiskConfig { dir: root.to_path_buf(), bytes: 1 << 30 }, layout).unwrap()
+        DiskTier::open(&DiskConfig { dir: root.to_path_buf(), bytes: 1 << 30 }, layout, None)
+            .unwrap()
     }
 
     /// Saves `snapshot` and waits until it is written (dropping a tier flushes its writer).
@@ -468,7 +522,7 @@ mod tests {
         };
         let save = |s: &StoredSnapshot| {
             // Dropping the tier waits for its writer.
-            DiskTier::open(&config, layout("m")).unwrap().save(s.clone());
+            DiskTier::open(&config, layout("m"), None).unwrap().save(s.clone());
         };
         let paths: Vec<PathBuf> = snaps
             .iter()
@@ -483,7 +537,10 @@ mod tests {
         assert!(!paths[0].exists() && paths[1].exists() && paths[2].exists());
         age(&paths[2], 100);
         // A hit makes a file recent: the older of the others goes next.
-        assert!(DiskTier::open(&config, layout("m")).unwrap().load(&snaps[1].tokens, 0).is_some());
+        assert!(DiskTier::open(&config, layout("m"), None)
+            .unwrap()
+            .load(&snaps[1].tokens, 0)
+            .is_some());
         save(&snaps[3]);
         assert!(paths[1].exists() && !paths[2].exists() && paths[3].exists());
         assert_eq!(snapshot_files(&root.path().join("m")), 2);
@@ -492,9 +549,12 @@ mod tests {
     #[test]
     fn a_snapshot_larger_than_the_cap_is_not_written() {
         let root = tempfile::tempdir().unwrap();
-        let tier =
-            DiskTier::open(&DiskConfig { dir: root.path().to_path_buf(), bytes: 16 }, layout("m"))
-                .unwrap();
+        let tier = DiskTier::open(
+            &DiskConfig { dir: root.path().to_path_buf(), bytes: 16 },
+            layout("m"),
+            None,
+        )
+        .unwrap();
         tier.save(snapshot(&[1, 2], 0, 1.0, true));
         let dir = tier.dir.clone();
         drop(tier);

@@ -97,13 +97,7 @@ impl BlockEvents {
                     *holders -= 1;
                     if *holders == 0 {
                         self.holders.remove(&hash);
-                        match events.last_mut() {
-                            Some(KvEvent::BlockRemoved { hashes, .. }) => hashes.push(hash),
-                            _ => events.push(KvEvent::BlockRemoved {
-                                hashes: vec![hash],
-                                medium: Medium::Cpu,
-                            }),
-                        }
+                        push_removed(&mut events, hash, Medium::Cpu);
                     }
                 }
             }
@@ -118,20 +112,7 @@ impl BlockEvents {
         parent: Option<BlockHash>,
         tokens: Vec<u32>,
     ) {
-        if let Some(KvEvent::BlockStored { hashes, token_ids, .. }) = events.last_mut() {
-            if parent.is_some() && hashes.last().copied() == parent {
-                hashes.push(hash);
-                token_ids.extend(tokens);
-                return;
-            }
-        }
-        events.push(KvEvent::BlockStored {
-            hashes: vec![hash],
-            parent,
-            token_ids: tokens,
-            block_size: self.block_size,
-            medium: Medium::Cpu,
-        });
+        push_stored(events, (hash, parent, tokens), self.block_size, Medium::Cpu);
     }
 
     /// The hashes of the blocks the tree holds now, as the events so far describe them.
@@ -141,9 +122,43 @@ impl BlockEvents {
     }
 }
 
+/// Appends block `(hash, parent, tokens)` as stored on `medium`: to the last event when that
+/// is a `BlockStored` ending in its parent (vLLM sends a sequence's blocks as one event).
+pub(crate) fn push_stored(
+    events: &mut Vec<KvEvent>,
+    (hash, parent, tokens): (BlockHash, Option<BlockHash>, Vec<u32>),
+    block_size: usize,
+    medium: Medium,
+) {
+    if let Some(KvEvent::BlockStored { hashes, token_ids, medium: last, .. }) = events.last_mut() {
+        if *last == medium && parent.is_some() && hashes.last().copied() == parent {
+            hashes.push(hash);
+            token_ids.extend(tokens);
+            return;
+        }
+    }
+    events.push(KvEvent::BlockStored {
+        hashes: vec![hash],
+        parent,
+        token_ids: tokens,
+        block_size,
+        medium,
+    });
+}
+
+/// Appends `hash` as removed from `medium`, to the last event when that is a removal there.
+pub(crate) fn push_removed(events: &mut Vec<KvEvent>, hash: BlockHash, medium: Medium) {
+    match events.last_mut() {
+        Some(KvEvent::BlockRemoved { hashes, medium: last }) if *last == medium => {
+            hashes.push(hash)
+        }
+        _ => events.push(KvEvent::BlockRemoved { hashes: vec![hash], medium }),
+    }
+}
+
 /// A block's hash: its parent's (none for a first block) chained with its token ids.
 /// `DefaultHasher::new` has fixed keys, so a path hashes alike in every run of a build.
-fn block_hash(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+pub(crate) fn block_hash(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
     let mut hasher = std::hash::DefaultHasher::new();
     parent.hash(&mut hasher);
     tokens.hash(&mut hasher);

@@ -176,7 +176,7 @@ impl PrefixCache {
                 recurrent_floats: initial.bytes() / std::mem::size_of::<f32>(),
             };
             // The memory tier works without it; a server should not refuse to start over it.
-            DiskTier::open(disk, layout)
+            DiskTier::open(disk, layout, config.events.clone())
                 .inspect_err(|e| tracing::error!(dir = %disk.dir.display(), error = %e, "the prefix cache's disk tier is off"))
                 .ok()
         });

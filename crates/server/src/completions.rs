@@ -12,6 +12,7 @@ use spindle_api::{
     ApiError, Completion, CompletionChoice, CompletionChunk, CompletionLogprobs, CompletionRequest,
     LegacyTopLogprobs, Prompt, TokenLogprob, DEFAULT_COMPLETION_MAX_TOKENS,
 };
+use spindle_chat::Tokenizer;
 use spindle_runner::SequenceSummary;
 
 use crate::admission::Admission;
@@ -47,14 +48,11 @@ pub async fn completions(
     Ok(respond_on_model(&state, choice, delivery, answer).await?)
 }
 
-/// Tokenizes `request`'s prompt with `model`'s tokenizer and submits it.
-fn answer_on(
-    state: &Arc<AppState>,
-    model: ModelLease,
-    request: &CompletionRequest,
-) -> Result<(Generation, CompletionAnswer), ApiError> {
-    let tokenizer = &model.model.tokenizer;
-    let prompt_ids = match &request.prompt {
+/// The token ids `prompt` starts from (text gets the tokenizer's special tokens, as the
+/// model was trained to see a raw prompt); an empty prompt or an id outside the vocabulary is
+/// refused naming `prompt`.
+pub(crate) fn prompt_ids(tokenizer: &Tokenizer, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+    let prompt_ids = match prompt {
         Prompt::TokenIds(ids) => ids.clone(),
         prompt => {
             let text = prompt.as_text().ok_or_else(|| {
@@ -72,6 +70,17 @@ fn answer_on(
             Some("prompt"),
         ));
     }
+    Ok(prompt_ids)
+}
+
+/// Tokenizes `request`'s prompt with `model`'s tokenizer and submits it.
+fn answer_on(
+    state: &Arc<AppState>,
+    model: ModelLease,
+    request: &CompletionRequest,
+) -> Result<(Generation, CompletionAnswer), ApiError> {
+    let tokenizer = &model.model.tokenizer;
+    let prompt_ids = prompt_ids(tokenizer, &request.prompt)?;
     let echo = if request.echo {
         tokenizer.decode(&prompt_ids, false).map_err(failure)?
     } else {

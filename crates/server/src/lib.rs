@@ -29,6 +29,7 @@ mod routes;
 pub mod sampling_defaults;
 mod sse;
 mod state;
+mod tokens;
 mod web;
 
 #[cfg(test)]

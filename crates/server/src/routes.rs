@@ -1,12 +1,10 @@
 //! The route table, the layers around it (CORS, API key, body limit, request counting), and the
-//! small endpoints: models, health, metrics, load, tokenize, detokenize, cancel. The chat page and
-//! `GET /` are in `web`.
+//! small endpoints: models, health, metrics, load, cancel. The chat page and `GET /` are in
+//! `web`; tokenize, detokenize and render in `tokens`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
 use axum::http::{header, Method};
 use axum::middleware::{self, Next};
@@ -14,33 +12,34 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
-use spindle_api::{
-    ApiError, DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest,
-    TokenizeResponse,
-};
+use spindle_api::{ApiError, ModelCard, ModelList};
 use tower_http::cors::CorsLayer;
 
 use crate::batches;
 use crate::chat::chat_completions;
 use crate::completions::completions;
-use crate::error::{failure, parse_json, HttpError};
+use crate::error::HttpError;
 use crate::files;
 use crate::health::health;
 use crate::messages::{count_tokens, error_for_path, messages};
-use crate::pipeline::render::render_prompt;
 use crate::responses::{create_response, delete_response, retrieve_response};
 use crate::sampling_defaults;
 use crate::state::AppState;
+use crate::tokens::{detokenize, render_chat, render_completion, tokenize};
 use crate::web;
 
 pub fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/chat/completions/{id}/cancel", post(cancel))
+        .route("/v1/chat/completions/render", post(render_chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/completions/render", post(render_completion))
         .route("/v1/models", get(models))
         .route("/v1/tokenize", post(tokenize))
         .route("/v1/detokenize", post(detokenize))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/responses", post(create_response))
@@ -93,10 +92,11 @@ async fn count_requests(
     request: Request,
     next: Next,
 ) -> Response {
-    let endpoint = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let matched = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string());
+    // An unmatched path is logged as sent (to see what a client or router looks for) but
+    // counted under one label, so stray paths cannot grow the metrics without bound.
+    let unmatched_path = matched.is_none().then(|| request.uri().path().to_string());
+    let endpoint = matched.unwrap_or_else(|| "unmatched".to_string());
     let method = request.method().clone();
     let response = next.run(request).await;
     let status = response.status();
@@ -105,7 +105,8 @@ async fn count_requests(
     // and speeds); a refused request gets its line here, and the small endpoints (health
     // checks, metrics scrapes) only at debug level, so polling does not flood the log.
     if status.is_client_error() || status.is_server_error() {
-        tracing::info!(%method, endpoint, status = status.as_u16(), "request refused");
+        let path = unmatched_path.as_deref();
+        tracing::info!(%method, endpoint, path, status = status.as_u16(), "request refused");
     } else {
         tracing::debug!(%method, endpoint, status = status.as_u16(), "request answered");
     }
@@ -159,46 +160,6 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
         }
     });
     Json(ModelList { data: data.collect() })
-}
-
-async fn tokenize(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<TokenizeResponse>, HttpError> {
-    let request: TokenizeRequest = parse_json(&body?)?;
-    request.validate()?;
-    let model = state.model(request.model.as_deref(), None).await?;
-    let tokenizer = &model.model.tokenizer;
-    let tokens = if let Some(messages) = &request.messages {
-        let prompt = render_prompt(&state, &model, messages, &[], &Default::default())?.text;
-        // The template already wrote the special tokens it wants.
-        tokenizer.encode(&prompt, request.add_special_tokens.unwrap_or(false))
-    } else {
-        tokenizer.encode(
-            request.prompt.as_deref().unwrap_or_default(),
-            request.add_special_tokens.unwrap_or(true),
-        )
-    }
-    .map_err(failure)?;
-    Ok(Json(TokenizeResponse { count: tokens.len(), tokens, max_model_len: model.ctx_size }))
-}
-
-async fn detokenize(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<DetokenizeResponse>, HttpError> {
-    let request: DetokenizeRequest = parse_json(&body?)?;
-    let model = state.model(request.model.as_deref(), None).await?;
-    let tokenizer = &model.model.tokenizer;
-    if let Some(bad) = request.tokens.iter().find(|&&id| id as usize >= tokenizer.vocab_size()) {
-        return Err(ApiError::bad_request(
-            format!("token id {bad} is outside the vocabulary"),
-            Some("tokens"),
-        )
-        .into());
-    }
-    let prompt = tokenizer.decode(&request.tokens, false).map_err(failure)?;
-    Ok(Json(DetokenizeResponse { prompt }))
 }
 
 async fn cancel(

@@ -64,7 +64,7 @@ fn generate(rng: &mut Rng) -> Case {
 fn damaged_snapshot_files_are_refused_or_read_exactly() {
     let root = tempfile::tempdir().unwrap();
     let config = DiskConfig { dir: root.path().to_path_buf(), bytes: 1 << 20 };
-    let tier = DiskTier::open(&config, layout()).unwrap();
+    let tier = DiskTier::open(&config, layout(), None).unwrap();
     let mut accepted = 0u64;
     let cases = spindle_fuzz::run("disk tier", CI_CASES, generate, |case| {
         if let Ok(decoded) = decode(&case.bytes, &layout()) {

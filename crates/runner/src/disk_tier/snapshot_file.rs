@@ -127,6 +127,27 @@ pub(crate) fn holds_logits(path: &Path) -> bool {
         && Header::read(&mut Cursor { bytes: &head, at: 0 }).is_ok_and(|h| h.logits.is_some())
 }
 
+/// The tokens of the snapshot `path` holds, read from its header alone (not checksummed: the
+/// caller only announces them, and a bad file is still refused when it is loaded); `None`
+/// when the file is unreadable or was written for another layout.
+pub(crate) fn read_tokens(path: &Path, layout: &Layout) -> Option<Vec<u32>> {
+    let mut file = fs::File::open(path).ok()?;
+    let mut head = Vec::new();
+    (&mut file).take(64 << 10).read_to_end(&mut head).ok()?;
+    let mut c = Cursor { bytes: &head, at: 0 };
+    let header = Header::read(&mut c).ok()?;
+    header.check(layout).ok()?;
+    let (start, tokens) = (c.at, header.tokens);
+    let end = start.checked_add(tokens.checked_mul(4)?)?;
+    if end > head.len() {
+        file.take((end - head.len()) as u64).read_to_end(&mut head).ok()?;
+    }
+    let bytes = head.get(start..end)?;
+    Some(
+        bytes.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))).collect(),
+    )
+}
+
 /// Reads a file's fields in order; running out of bytes means the file was cut short.
 struct Cursor<'a> {
     bytes: &'a [u8],

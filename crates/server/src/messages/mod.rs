@@ -24,7 +24,7 @@ use crate::messages::events::{assemble, MessageEvents};
 use crate::messages::request::generation_request;
 use crate::pipeline::generation::{Collected, Output};
 use crate::pipeline::respond::{respond_on_model, Answer, Delivery, ModelChoice, Protocol};
-use crate::pipeline::{count_prompt_tokens, start_on, Started};
+use crate::pipeline::{prompt_token_ids, start_on, Started};
 use crate::state::AppState;
 
 /// The path prefix whose errors take Anthropic's shape.
@@ -58,8 +58,8 @@ pub async fn count_tokens(
 ) -> Result<Json<TokenCount>, MessagesError> {
     let request: MessagesRequest = parse_json(&body?)?;
     let generation_request = generation_request(&request)?;
-    let input_tokens = count_prompt_tokens(&state, &generation_request).await?;
-    Ok(Json(TokenCount { input_tokens: input_tokens as u32 }))
+    let (_, ids) = prompt_token_ids(&state, &generation_request).await?;
+    Ok(Json(TokenCount { input_tokens: ids.len() as u32 }))
 }
 
 fn sse_event(event: &StreamEvent) -> Event {

@@ -55,15 +55,16 @@ pub(crate) fn start_on(
     Ok(Started { generation, tools, prompt_tokens })
 }
 
-/// The prompt's tokens, rendered and tokenized as [`start`] would, without generating.
-pub(crate) async fn count_prompt_tokens(
+/// The prompt's token ids, rendered and tokenized as [`start_on`] would, without generating,
+/// and the name of the model that read them.
+pub(crate) async fn prompt_token_ids(
     state: &AppState,
     request: &GenerationRequest,
-) -> Result<usize, ApiError> {
+) -> Result<(String, Vec<u32>), ApiError> {
     request.validate()?;
     let model = state.model(request.model.as_deref(), request.ttl).await?;
-    match &request.prompt {
-        Prompt::Tokens(ids) => Ok(ids.len()),
+    let ids = match &request.prompt {
+        Prompt::Tokens(ids) => ids.clone(),
         Prompt::Chat(conversation) => {
             let text = render::render_prompt(
                 state,
@@ -73,8 +74,8 @@ pub(crate) async fn count_prompt_tokens(
                 &conversation.template_kwargs,
             )?
             .text;
-            let ids = model.model.tokenizer.encode(&text, false).map_err(failure)?;
-            Ok(ids.len())
+            model.model.tokenizer.encode(&text, false).map_err(failure)?
         }
-    }
+    };
+    Ok((model.id.clone(), ids))
 }

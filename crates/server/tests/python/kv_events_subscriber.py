@@ -8,9 +8,11 @@ Usage: python kv_events_subscriber.py BASE_URL EVENTS_ENDPOINT REPLAY_ENDPOINT
    everything from sequence 0: the missed range comes back, and the numbers have no gap.
 3. More prompts than the server's small KV pool holds run, so the first ones are evicted.
 4. Every BlockStored holds the token ids of a block of a prompt sent (or of its reply, past the
-   prompt's end), its parent is a block stored before and not removed, every BlockRemoved names
-   stored blocks, the first prompts' blocks are removed; and the server agrees: the first prompt
-   sent again finds no whole block cached, the last finds its blocks.
+   prompt's end), its parent is a block stored before and not removed from the same medium,
+   every BlockRemoved names stored blocks; the first prompts' blocks are removed from memory
+   (medium "cpu") but their snapshot files keep them on disk (medium "disk", written while the
+   engine idles); and the server agrees: the first prompt sent again resumes from disk, the last
+   finds its blocks.
 Exits non-zero with the failing assertion on any mismatch.
 """
 
@@ -118,55 +120,73 @@ assert seqs == list(range(len(seqs))), f"a gap in the sequence numbers: {seqs}"
 assert topics <= {"kv@test-replica@tiny-random"}, topics
 
 # 4. What the events say.
-held = {}  # hash -> token path from the first block
+held = {"cpu": {}, "disk": {}}  # medium -> hash -> token path from the first block
 stored_in_prompts = 0
-for seq in seqs:
-    timestamp, events, dp_rank = batches[seq]
-    assert isinstance(timestamp, float) and dp_rank is None
-    for event in events:
-        tag = event[0]
-        if tag == "BlockStored":
-            _, hashes, parent, token_ids, block_size, lora_id, medium = event
-            assert block_size == BLOCK and lora_id is None and medium == "cpu", event
-            assert len(token_ids) == len(hashes) * BLOCK, event
-            path = [] if parent is None else list(held[parent])
-            for i, block_hash in enumerate(hashes):
-                assert block_hash not in held, f"{block_hash} stored twice"
-                path = path + token_ids[i * BLOCK:(i + 1) * BLOCK]
-                held[block_hash] = path
-                # The path is a prompt's own tokens, up to that prompt's end (then its reply).
-                sources = [
-                    p for p in prompt_tokens.values() if path[: len(p)] == p[: len(path)]
-                ]
-                assert sources, f"block {block_hash} matches no prompt: {path}"
-                stored_in_prompts += any(len(path) <= len(p) for p in sources)
-        elif tag == "BlockRemoved":
-            _, hashes, medium = event
-            assert medium == "cpu", event
-            for block_hash in hashes:
-                assert block_hash in held, f"{block_hash} removed but not held"
-                del held[block_hash]
-        else:
-            assert tag == "AllBlocksCleared", event
-            held.clear()
-assert stored_in_prompts >= 3 * 5, stored_in_prompts
+applied = 0
 
 
-def held_blocks(n):
+def apply_batches():
+    """Applies the batches not applied yet, in sequence order, checking each event."""
+    global applied, stored_in_prompts
+    for seq in range(applied, max(batches) + 1):
+        assert seq in batches, f"a gap at sequence number {seq}"
+        timestamp, events, dp_rank = batches[seq]
+        assert isinstance(timestamp, float) and dp_rank is None
+        for event in events:
+            tag = event[0]
+            if tag == "BlockStored":
+                _, hashes, parent, token_ids, block_size, lora_id, medium = event
+                assert block_size == BLOCK and lora_id is None and medium in held, event
+                assert len(token_ids) == len(hashes) * BLOCK, event
+                on = held[medium]
+                path = [] if parent is None else list(on[parent])
+                for i, block_hash in enumerate(hashes):
+                    assert block_hash not in on, f"{block_hash} stored twice on {medium}"
+                    path = path + token_ids[i * BLOCK:(i + 1) * BLOCK]
+                    on[block_hash] = path
+                    # The path is a prompt's own tokens, up to that prompt's end (then its reply).
+                    sources = [
+                        p for p in prompt_tokens.values() if path[: len(p)] == p[: len(path)]
+                    ]
+                    assert sources, f"block {block_hash} matches no prompt: {path}"
+                    stored_in_prompts += medium == "cpu" and any(len(path) <= len(p) for p in sources)
+            elif tag == "BlockRemoved":
+                _, hashes, medium = event
+                assert medium in held, event
+                for block_hash in hashes:
+                    assert block_hash in held[medium], f"{block_hash} removed but not held"
+                    del held[medium][block_hash]
+            else:
+                assert tag == "AllBlocksCleared", event
+                held["cpu"].clear()
+        applied = seq + 1
+
+
+def held_blocks(n, medium):
     tokens = prompt_tokens[n]
-    paths = set(tuple(path) for path in held.values())
+    paths = set(tuple(path) for path in held[medium].values())
     return sum(tuple(tokens[: BLOCK * (k + 1)]) in paths for k in range(len(tokens) // BLOCK))
 
 
-assert held_blocks(0) == 0, "the first prompt's blocks should have been evicted"
-assert held_blocks(last) == len(prompt_tokens[last]) // BLOCK, "the last prompt is cached"
+apply_batches()
+assert stored_in_prompts >= 3 * 5, stored_in_prompts
+assert held_blocks(0, "cpu") == 0, "the first prompt's blocks should have been evicted"
+assert held_blocks(last, "cpu") == len(prompt_tokens[last]) // BLOCK, "the last prompt is cached"
+# The writer writes while the engine idles: wait (bounded) for the first prompt's file.
+for _ in range(300):
+    if held_blocks(0, "disk") == len(prompt_tokens[0]) // BLOCK:
+        break
+    receive(100)
+    apply_batches()
+assert held_blocks(0, "disk") == len(prompt_tokens[0]) // BLOCK, "prompt 0 never reached the disk"
 first_again = chat(0)["usage"]
 cached_first = (first_again.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-# The prompts share their first few tokens ("Prompt number"), never a whole block.
-assert cached_first < BLOCK, first_again
+# Evicted from memory, resumed from its file, as the events said it could be.
+assert cached_first >= BLOCK * held_blocks(0, "disk"), first_again
 last_again = chat(last)["usage"]
 assert last_again["prompt_tokens_details"]["cached_tokens"] >= BLOCK, last_again
 print(
-    f"kv events: {len(seqs)} batches ({first_live} missed and replayed), "
-    f"{stored_in_prompts} prompt blocks stored, {len(held)} held at the end"
+    f"kv events: {applied} batches ({first_live} missed and replayed), "
+    f"{stored_in_prompts} prompt blocks stored, {len(held['cpu'])} held in memory and "
+    f"{len(held['disk'])} on disk at the end"
 )

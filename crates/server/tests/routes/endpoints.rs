@@ -99,6 +99,63 @@ async fn tokenize_renders_messages_through_the_template() {
     assert_eq!(back["prompt"], prompt);
 }
 
+#[tokio::test]
+async fn the_root_paths_tokenize_as_vllm_and_llama_server_serve_them() {
+    let server = replying("");
+    let body = json!({"prompt": "fn main() {}", "add_special_tokens": false});
+    let (status, root) = server.post("/tokenize", &body).await;
+    assert_eq!(status, 200, "{root}");
+    assert_eq!(root, server.post("/v1/tokenize", &body).await.1);
+    let (status, back) = server.post("/detokenize", &json!({"tokens": root["tokens"]})).await;
+    assert_eq!((status, back["prompt"].as_str()), (200, Some("fn main() {}")));
+}
+
+/// What a router reads before placing a request: the render gives the ids the chat request
+/// itself then runs on (its tools rendered into the prompt), and a bad request the same 400.
+#[tokio::test]
+async fn chat_render_gives_the_ids_the_same_request_then_runs_on() {
+    let server = replying("Sunny.");
+    let mut body = chat_body("What is the weather in Paris?", 8);
+    body["tools"] = crate::chat::weather_tools();
+    let (status, rendered) = server.post("/v1/chat/completions/render", &body).await;
+    assert_eq!(status, 200, "{rendered}");
+    assert_eq!(rendered["model"], MODEL);
+    assert!(rendered["request_id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let ids = rendered["token_ids"].clone();
+    assert!(server.engine.seen().is_empty(), "rendering runs nothing");
+
+    let (status, _) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200);
+    let ran = server.engine.last();
+    assert_eq!(ids.as_array().unwrap().len(), ran.prompt_tokens);
+    let (_, text) = server.post("/v1/detokenize", &json!({"tokens": ids})).await;
+    assert_eq!(text["prompt"].as_str(), Some(ran.prompt.as_str()));
+    assert!(ran.prompt.contains("get_weather"), "the tools are in the rendered prompt");
+
+    let (status, bad) = server.post("/v1/chat/completions/render", &json!({"messages": []})).await;
+    assert_eq!(status, 400, "{bad}");
+    assert_eq!(bad["error"]["param"], "messages");
+}
+
+#[tokio::test]
+async fn completion_render_lists_the_prompt_s_ids_as_the_completion_runs_them() {
+    let server = replying(" Paris.");
+    let body = json!({"prompt": "The capital of France is", "max_tokens": 4});
+    let (status, rendered) = server.post("/v1/completions/render", &body).await;
+    assert_eq!(status, 200, "{rendered}");
+    let rendered = rendered.as_array().expect("a list, one per prompt");
+    assert_eq!(rendered.len(), 1);
+    let (status, _) = server.post("/v1/completions", &body).await;
+    assert_eq!(status, 200);
+    let ran = server.engine.last();
+    let ids = &rendered[0]["token_ids"];
+    assert_eq!(ids.as_array().unwrap().len(), ran.prompt_tokens);
+    let (_, text) = server.post("/v1/detokenize", &json!({"tokens": ids})).await;
+    assert_eq!(text["prompt"].as_str(), Some(ran.prompt.as_str()));
+    let (status, bad) = server.post("/v1/completions/render", &json!({"prompt": ""})).await;
+    assert_eq!((status, &bad["error"]["param"]), (400, &json!("prompt")), "{bad}");
+}
+
 fn completion_text(body: &Value) -> String {
     body["choices"][0]["text"].as_str().unwrap().to_owned()
 }
