@@ -14,7 +14,7 @@ SPINDLE, MODEL = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "smollm2-13
 HOME = os.environ.get("SPINDLE_HOME", os.path.expanduser("~/.cache/spindle"))
 ROUTER = os.path.join(HOME, "venv-vllm-router/bin/vllm-router")
 LOGS = tempfile.mkdtemp(prefix="spindle-fleet-")
-AGENTS, TURNS, BASE = 8, 5, 18200
+AGENTS, TURNS, BASE, EVENTS = 8, 5, 18200, 18400
 
 
 def wait_health(url, proc=None, bound=600):
@@ -33,7 +33,9 @@ def wait_health(url, proc=None, bound=600):
 def replica(i):
     log = open(f"{LOGS}/replica-{i}.log", "a")
     args = [SPINDLE, "serve", "--model", MODEL, "--port", str(BASE + i), "--threads", "1",
-            "--batch-dir", f"{LOGS}/batches-{i}", "--shutdown-grace-seconds", "120"]
+            "--batch-dir", f"{LOGS}/batches-{i}", "--shutdown-grace-seconds", "120",
+            "--kv-events-endpoint", f"tcp://127.0.0.1:{EVENTS + 2 * i}",
+            "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{EVENTS + 2 * i + 1}"]
     proc = subprocess.Popen(args, stdout=log, stderr=log)
     wait_health(f"http://127.0.0.1:{BASE + i}", proc)
     return proc
@@ -43,6 +45,12 @@ def router(policy, urls, port):
     log = open(f"{LOGS}/router-{policy}.log", "a")
     args = [ROUTER, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
             "--policy", policy, "--health-check-interval-secs", "1"]
+    if policy == "kv_aware":
+        # The router follows each replica's KV-cache events (and replays what it missed).
+        for i, url in enumerate(urls):
+            args += ["--kv-event-source", f"{url}=tcp://127.0.0.1:{EVENTS + 2 * i}",
+                     "--kv-event-replay-source", f"{url}=tcp://127.0.0.1:{EVENTS + 2 * i + 1}"]
+        args += ["--kv-event-block-size", "16"]
     proc = subprocess.Popen(args, stdout=log, stderr=log)
     wait_health(f"http://127.0.0.1:{port}", proc)
     return proc
@@ -102,7 +110,7 @@ def main():
     single = replica(0)
     rows.append(("one replica alone", *workload(f"http://127.0.0.1:{BASE}", "single")))
     single.send_signal(signal.SIGTERM); single.wait()
-    for n, policy in enumerate(["cache_aware", "consistent_hash", "round_robin"]):
+    for n, policy in enumerate(["cache_aware", "kv_aware", "consistent_hash", "round_robin"]):
         procs = [replica(0), replica(1)]
         urls = [f"http://127.0.0.1:{BASE + i}" for i in range(2)]
         r = router(policy, urls, BASE + 50 + n)

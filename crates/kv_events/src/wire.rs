@@ -7,20 +7,23 @@
 /// a `BlockStored` announced. llm-d hashes the token ids itself; it maps these to its own keys.
 pub type BlockHash = u64;
 
-/// Where a block is kept.
+/// Where a block is kept, named as vLLM names its tiers (`MEDIUM_GPU`, `MEDIUM_STORAGE` in
+/// `vllm/distributed/kv_events.py`), since routers weigh a block by those names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Medium {
-    /// The KV pool in main memory that the model reads.
-    Cpu,
-    /// The prefix cache's disk tier.
+    /// The KV pool the model computes from. vLLM calls that tier "GPU" whatever the device
+    /// (its CPU backend too), and routers give it full credit; "CPU" means a host tier a block
+    /// must first be copied back from, which Spindle's pool is not.
+    Pool,
+    /// The prefix cache's disk tier: loaded back before use.
     Disk,
 }
 
 impl Medium {
     pub fn name(self) -> &'static str {
         match self {
-            Medium::Cpu => "cpu",
-            Medium::Disk => "disk",
+            Medium::Pool => "GPU",
+            Medium::Disk => "STORAGE",
         }
     }
 }
@@ -109,7 +112,7 @@ mod tests {
                 parent: None,
                 token_ids: vec![1, 2],
                 block_size: 2,
-                medium: Medium::Cpu,
+                medium: Medium::Pool,
             },
             KvEvent::BlockRemoved { hashes: vec![7], medium: Medium::Disk },
             KvEvent::AllBlocksCleared,
@@ -121,11 +124,11 @@ mod tests {
         expected.extend([0x97, 0xab]);
         expected.extend(b"BlockStored");
         expected.extend([0x91, 7, 0xc0, 0x92, 1, 2, 2, 0xc0, 0xa3]);
-        expected.extend(b"cpu");
+        expected.extend(b"GPU");
         expected.extend([0x93, 0xac]);
         expected.extend(b"BlockRemoved");
-        expected.extend([0x91, 7, 0xa4]);
-        expected.extend(b"disk");
+        expected.extend([0x91, 7, 0xa7]);
+        expected.extend(b"STORAGE");
         expected.extend([0x91, 0xb0]);
         expected.extend(b"AllBlocksCleared");
         expected.push(0xc0);

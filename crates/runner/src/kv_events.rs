@@ -97,7 +97,7 @@ impl BlockEvents {
                     *holders -= 1;
                     if *holders == 0 {
                         self.holders.remove(&hash);
-                        push_removed(&mut events, hash, Medium::Cpu);
+                        push_removed(&mut events, hash, Medium::Pool);
                     }
                 }
             }
@@ -112,7 +112,7 @@ impl BlockEvents {
         parent: Option<BlockHash>,
         tokens: Vec<u32>,
     ) {
-        push_stored(events, (hash, parent, tokens), self.block_size, Medium::Cpu);
+        push_stored(events, (hash, parent, tokens), self.block_size, Medium::Pool);
     }
 
     /// The hashes of the blocks the tree holds now, as the events so far describe them.

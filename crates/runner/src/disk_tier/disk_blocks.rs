@@ -1,4 +1,4 @@
-//! The disk tier's blocks as KV-cache events (medium `disk`), so a router knows what a replica
+//! The disk tier's blocks as KV-cache events (medium `STORAGE`), so a router knows what a replica
 //! can load instead of prefilling, across restarts too. A snapshot file holds the KV of every
 //! position of its prompt prefix, so its full blocks are "on disk" while it exists: announced
 //! when the writer has written it (or, at start, when the folder already held it) and removed

@@ -10,7 +10,8 @@ Usage: python kv_events_subscriber.py BASE_URL EVENTS_ENDPOINT REPLAY_ENDPOINT
 4. Every BlockStored holds the token ids of a block of a prompt sent (or of its reply, past the
    prompt's end), its parent is a block stored before and not removed from the same medium,
    every BlockRemoved names stored blocks; the first prompts' blocks are removed from memory
-   (medium "cpu") but their snapshot files keep them on disk (medium "disk", written while the
+   (medium "GPU", vLLM's name for the pool the model computes from) but their snapshot files
+   keep them on disk (medium "STORAGE", written while the
    engine idles); and the server agrees: the first prompt sent again resumes from disk, the last
    finds its blocks.
 Exits non-zero with the failing assertion on any mismatch.
@@ -120,7 +121,7 @@ assert seqs == list(range(len(seqs))), f"a gap in the sequence numbers: {seqs}"
 assert topics <= {"kv@test-replica@tiny-random"}, topics
 
 # 4. What the events say.
-held = {"cpu": {}, "disk": {}}  # medium -> hash -> token path from the first block
+held = {"GPU": {}, "STORAGE": {}}  # medium -> hash -> token path from the first block
 stored_in_prompts = 0
 applied = 0
 
@@ -149,7 +150,7 @@ def apply_batches():
                         p for p in prompt_tokens.values() if path[: len(p)] == p[: len(path)]
                     ]
                     assert sources, f"block {block_hash} matches no prompt: {path}"
-                    stored_in_prompts += medium == "cpu" and any(len(path) <= len(p) for p in sources)
+                    stored_in_prompts += medium == "GPU" and any(len(path) <= len(p) for p in sources)
             elif tag == "BlockRemoved":
                 _, hashes, medium = event
                 assert medium in held, event
@@ -158,7 +159,7 @@ def apply_batches():
                     del held[medium][block_hash]
             else:
                 assert tag == "AllBlocksCleared", event
-                held["cpu"].clear()
+                held["GPU"].clear()
         applied = seq + 1
 
 
@@ -170,23 +171,23 @@ def held_blocks(n, medium):
 
 apply_batches()
 assert stored_in_prompts >= 3 * 5, stored_in_prompts
-assert held_blocks(0, "cpu") == 0, "the first prompt's blocks should have been evicted"
-assert held_blocks(last, "cpu") == len(prompt_tokens[last]) // BLOCK, "the last prompt is cached"
+assert held_blocks(0, "GPU") == 0, "the first prompt's blocks should have been evicted"
+assert held_blocks(last, "GPU") == len(prompt_tokens[last]) // BLOCK, "the last prompt is cached"
 # The writer writes while the engine idles: wait (bounded) for the first prompt's file.
 for _ in range(300):
-    if held_blocks(0, "disk") == len(prompt_tokens[0]) // BLOCK:
+    if held_blocks(0, "STORAGE") == len(prompt_tokens[0]) // BLOCK:
         break
     receive(100)
     apply_batches()
-assert held_blocks(0, "disk") == len(prompt_tokens[0]) // BLOCK, "prompt 0 never reached the disk"
+assert held_blocks(0, "STORAGE") == len(prompt_tokens[0]) // BLOCK, "prompt 0 never reached the disk"
 first_again = chat(0)["usage"]
 cached_first = (first_again.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
 # Evicted from memory, resumed from its file, as the events said it could be.
-assert cached_first >= BLOCK * held_blocks(0, "disk"), first_again
+assert cached_first >= BLOCK * held_blocks(0, "STORAGE"), first_again
 last_again = chat(last)["usage"]
 assert last_again["prompt_tokens_details"]["cached_tokens"] >= BLOCK, last_again
 print(
     f"kv events: {applied} batches ({first_live} missed and replayed), "
-    f"{stored_in_prompts} prompt blocks stored, {len(held['cpu'])} held in memory and "
-    f"{len(held['disk'])} on disk at the end"
+    f"{stored_in_prompts} prompt blocks stored, {len(held['GPU'])} held in memory and "
+    f"{len(held['STORAGE'])} on disk at the end"
 )
