@@ -22,6 +22,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod few_rows;
+mod online;
 mod outputs;
 #[cfg(target_arch = "x86_64")]
 mod split;
@@ -68,10 +69,12 @@ impl Visibility {
 }
 
 /// Query rows that share their keys: each row's query and the keys `first..=last` it sees,
-/// counted from the first key of the runs.
+/// counted from the first key of the runs, which sits at position `base` (where the softmax's
+/// tiles are cut: [`online`]).
 struct Rows<'q> {
     queries: Vec<&'q [f32]>,
     ranges: Vec<(usize, usize)>,
+    base: usize,
 }
 
 /// One task's keys and values (those its rows see, from the first any sees) and query rows.
@@ -121,7 +124,7 @@ pub fn attend(
             let last_i = (first_i + tasks.positions).min(new) - 1;
             let (from, to) = (visibility.range(first_i).0, visibility.range(last_i).1);
             let runs = visible_runs(&heads[h].runs, d, from, to + 1);
-            let mut rows = Rows { queries: Vec::new(), ranges: Vec::new() };
+            let mut rows = Rows { queries: Vec::new(), ranges: Vec::new(), base: from };
             for i in first_i..=last_i {
                 let (first, last) = visibility.range(i);
                 for head in h * group + first_head..h * group + tasks.part_end(first_head) {
@@ -493,6 +496,69 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_row_does_not_depend_on_where_its_chunk_starts() {
+        // 150 positions read in chunks cut at different places (none, and some off the
+        // softmax's tiles), each chunk attending to all positions before it: every row gets the
+        // bits it gets read in one piece, with and without a window, by the wide layout (20
+        // heads per key/value head), the few-row one (3) and a decode step's phases (at 600
+        // positions and more).
+        let d = 64;
+        for (total, group, window, cuts) in [
+            (150, 20, None, vec![37, 64, 65, 100]),
+            (150, 3, Some(45), vec![1, 31, 33, 96, 149]),
+            (150, 2, Some(70), vec![10, 11, 12, 140]),
+            (700, 3, None, vec![640, 650, 690, 699]),
+            (700, 4, Some(333), vec![600, 651, 699]),
+        ] {
+            let q = sample(group * total * d, 80);
+            for kind in [KvType::F16, KvType::Q8_0] {
+                let (keys, values) = (
+                    Stored::new(kind, &sample(total * d, 81)),
+                    Stored::new(kind, &sample(total * d, 82)),
+                );
+                // The queries of positions `from..to`, `(group, to − from, d)`.
+                let chunk_queries = |from: usize, to: usize| -> Vec<f32> {
+                    (0..group)
+                        .flat_map(|h| q[(h * total + from) * d..(h * total + to) * d].to_vec())
+                        .collect()
+                };
+                let chunk = |from: usize, to: usize| {
+                    let (k, v) = (keys.rows().rows(d, 0, to), values.rows().rows(d, 0, to));
+                    attend(
+                        &[runs(k, v, d, 16)],
+                        Queries {
+                            values: &chunk_queries(from, to),
+                            heads: group,
+                            new: to - from,
+                            d,
+                        },
+                        0.125,
+                        Visibility { past: from, window },
+                        rayon::current_num_threads(),
+                    )
+                };
+                let whole = chunk(0, total);
+                let bounds: Vec<usize> =
+                    [0].into_iter().chain(cuts.clone()).chain([total]).collect();
+                for pair in bounds.windows(2) {
+                    let (from, to) = (pair[0], pair[1]);
+                    let got = chunk(from, to);
+                    for h in 0..group {
+                        for i in from..to {
+                            assert_eq!(
+                                bits(&got[(h * (to - from) + i - from) * d..][..d]),
+                                bits(&whole[(h * total + i) * d..][..d]),
+                                "{kind}: group {group}, window {window:?}, chunk {from}..{to}, \
+                                 head {h} position {i}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// The portable copy of the wide layout over all keys in one run: the order every copy and
     /// layout must keep.
     fn one_piece(
@@ -503,7 +569,8 @@ mod tests {
         scale: f32,
     ) -> Vec<f32> {
         let total = keys.len() / d;
-        let rows = Rows { queries: queries.to_vec(), ranges: vec![(0, total - 1); queries.len()] };
+        let ranges = vec![(0, total - 1); queries.len()];
+        let rows = Rows { queries: queries.to_vec(), ranges, base: 0 };
         let run = [(KvRows::F32(keys), KvRows::F32(values))];
         // SAFETY: the portable copy runs anywhere.
         unsafe { wide::attend(Isa::Portable, &run, &rows, d, scale) }
@@ -527,7 +594,7 @@ mod tests {
                 let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
                 let want =
                     bits(&one_piece(&keys.dequantized(), &values.dequantized(), &queries, d, 0.2));
-                let rows = Rows { queries, ranges: vec![(0, total - 1); rows] };
+                let rows = Rows { queries, ranges: vec![(0, total - 1); rows], base: 0 };
                 let isas = Isa::available().into_iter();
                 for isa in isas.filter(|&isa| isa != Isa::Avx512 || d.is_multiple_of(LANES)) {
                     assert_eq!(
@@ -535,6 +602,36 @@ mod tests {
                         want,
                         "{kind}, {} rows, {isa:?}",
                         rows.queries.len()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_copy_gives_the_same_bits_over_tiles_cut_at_positions() {
+        // 100 keys from position 20 (the softmax's tiles cut at keys 12, 44 and 76), each row
+        // seeing its own range; both layouts (up to 4 rows take the few-row one).
+        for (kind, d) in [(KvType::F16, 64), (KvType::F32, 40), (KvType::Q8_0, 96)] {
+            let total = 100;
+            let (keys, values) = (
+                Stored::new(kind, &sample(total * d, 90)),
+                Stored::new(kind, &sample(total * d, 91)),
+            );
+            let head = runs(keys.rows(), values.rows(), d, 16);
+            for count in [1, 3, 4, 5, 13, 17] {
+                let queries: Vec<Vec<f32>> = (0..count).map(|r| sample(d, 92 + r as u32)).collect();
+                let queries: Vec<&[f32]> = queries.iter().map(Vec::as_slice).collect();
+                let ranges = (0..count).map(|r| (r * 7 % 30, total - 1 - r * 13 % 50)).collect();
+                let rows = Rows { queries, ranges, base: 20 };
+                // SAFETY: the portable copy runs anywhere.
+                let want = bits(&unsafe { wide::attend(Isa::Portable, &head.runs, &rows, d, 0.2) });
+                let isas = Isa::available().into_iter();
+                for isa in isas.filter(|&isa| isa != Isa::Avx512 || d.is_multiple_of(LANES)) {
+                    assert_eq!(
+                        bits(&attend_rows_on(isa, &head.runs, &rows, d, 0.2)),
+                        want,
+                        "{kind}, {count} rows, {isa:?}"
                     );
                 }
             }
@@ -549,7 +646,7 @@ mod tests {
             let last = keys - count + r;
             (window.map_or(0, |w| (last + 1).saturating_sub(w)), last)
         });
-        Rows { queries: queries.chunks_exact(d).collect(), ranges: ranges.collect() }
+        Rows { queries: queries.chunks_exact(d).collect(), ranges: ranges.collect(), base: 0 }
     }
 
     #[test]

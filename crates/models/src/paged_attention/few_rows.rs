@@ -3,15 +3,16 @@
 //! lanes idle; here one register holds 16 keys' scores of one row on AVX-512 (8 on AVX2:
 //! `avx2`), from keys transposed a register's width at a time. The arithmetic is the wide
 //! layout's in the same order (a score is one fused chain over the dimensions, scaled after;
-//! the softmax adds its terms in key order; the outputs add `p·v` key by key), so a row gets the
-//! same bits on either path.
+//! the softmax is the same online recurrence over the same tiles, [`super::online`]; the
+//! outputs add `p·v` key by key), so a row gets the same bits on either path.
 
 mod avx2;
 
 use std::arch::x86_64::*;
 
-use super::{outputs, HeadRunsSlice, Isa, Rows, PREFETCH_RUNS};
-use crate::activation::exp_nonpositive;
+use std::ops::Range;
+
+use super::{online, outputs, HeadRunsSlice, Isa, Rows, PREFETCH_RUNS};
 
 /// Query rows a task may have to take this path.
 pub(super) const FEW_ROWS: usize = 4;
@@ -65,8 +66,8 @@ unsafe fn attend_avx512(
     unsafe { attend_with(Isa::Avx512, runs, rows, d, scale) }
 }
 
-/// The scores, the softmax row by row, then the outputs run by run. Probabilities are kept row
-/// by row (`rows × keys`).
+/// The scores, the softmax row by row, then the outputs tile by tile. Probabilities are kept
+/// row by row (`rows × keys`).
 ///
 /// # Safety
 /// The CPU runs `isa`, which the caller is compiled for; [`takes`] allows the task.
@@ -79,23 +80,39 @@ unsafe fn attend_with(
     scale: f32,
 ) -> Vec<f32> {
     let keys: usize = runs.iter().map(|(k, _)| k.values() / d).sum();
-    let mut probs = vec![0f32; rows.queries.len() * keys];
+    let count = rows.queries.len();
+    let mut probs = vec![0f32; count * keys];
     // SAFETY: the caller's promise.
     unsafe { score(isa, runs, &rows.queries, d, scale, &mut probs) };
-    for (r, &(first, last)) in rows.ranges.iter().enumerate() {
-        softmax_with(&mut probs[r * keys..][..keys], first, last);
+    let spans = online::tiles(rows.base, keys);
+    let mut factors = vec![1f32; count * spans.len()];
+    let mut sums = vec![0f32; count];
+    for (r, &range) in rows.ranges.iter().enumerate() {
+        let row = &mut probs[r * keys..][..keys];
+        let factors = &mut factors[r * spans.len()..][..spans.len()];
+        sums[r] = online::row_softmax(row, &spans, range, factors);
     }
-    let mut out = vec![0f32; rows.queries.len() * d];
+    let (parts, tiles) = online::tiled(runs, d, rows.base);
+    assert_eq!(tiles.len(), spans.len(), "tiles of {keys} keys");
+    let mut out = vec![0f32; count * d];
     let mut scratch = Vec::new();
     let mut first = 0;
-    for (i, &(_, values)) in runs.iter().enumerate() {
-        if let Some((_, ahead)) = runs.get(i + PREFETCH_RUNS) {
-            ahead.prefetch();
+    for (t, tile) in tiles.iter().enumerate() {
+        for (r, o) in out.chunks_exact_mut(d).enumerate() {
+            online::rescale(o, factors[r * spans.len() + t]);
         }
-        let values = values.to_f32_on(isa, &mut scratch);
-        // SAFETY: the caller's promise.
-        unsafe { outputs::add_on(isa, values, &probs[first..], (1, keys), d, &mut out) };
-        first += values.len() / d;
+        for i in tile.clone() {
+            if let Some((_, ahead)) = parts.get(i + PREFETCH_RUNS) {
+                ahead.prefetch();
+            }
+            let values = parts[i].1.to_f32_on(isa, &mut scratch);
+            // SAFETY: the caller's promise.
+            unsafe { outputs::add_on(isa, values, &probs[first..], (1, keys), d, &mut out) };
+            first += values.len() / d;
+        }
+    }
+    for (o, &sum) in out.chunks_exact_mut(d).zip(&sums) {
+        online::finish(o, sum);
     }
     out
 }
@@ -303,40 +320,36 @@ fn scores<const ROWS: usize>(
     sums
 }
 
-/// The softmax of one row's scores by the copy for `isa` (the exponential's fused
-/// multiply-adds in hardware).
+/// One row's online softmax ([`online::row_softmax`]) by the copy for `isa` (the
+/// exponential's fused multiply-adds in hardware): the probabilities in place, each tile's
+/// factor in `factors`; returns the sum.
 ///
 /// # Safety
 /// The CPU runs `isa`, AVX2 or AVX-512.
-pub(super) unsafe fn softmax(isa: Isa, probs: &mut [f32], first: usize, last: usize) {
+pub(super) unsafe fn softmax(
+    isa: Isa,
+    probs: &mut [f32],
+    tiles: &[Range<usize>],
+    range: (usize, usize),
+    factors: &mut [f32],
+) -> f32 {
     match isa {
         // SAFETY: the caller's promise.
-        Isa::Avx512 => unsafe { softmax_avx512(probs, first, last) },
+        Isa::Avx512 => unsafe { softmax_avx512(probs, tiles, range, factors) },
         // SAFETY: as above.
-        _ => unsafe { avx2::softmax(probs, first, last) },
+        _ => unsafe { avx2::softmax(probs, tiles, range, factors) },
     }
 }
 
-/// [`softmax_with`] compiled for AVX-512.
+/// [`online::row_softmax`] compiled for AVX-512.
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn softmax_avx512(probs: &mut [f32], first: usize, last: usize) {
-    softmax_with(probs, first, last)
-}
-
-/// The softmax of one row's scores over the keys `first..=last` (terms added in key order);
-/// every other key gets probability zero. Adding only the seen keys gives the wide layout's
-/// sum, which adds the zeros too: a non-negative sum plus zero is itself.
-#[inline(always)]
-fn softmax_with(probs: &mut [f32], first: usize, last: usize) {
-    let max = probs[first..=last].iter().fold(f32::NEG_INFINITY, |m, &p| m.max(p));
-    for (j, p) in probs.iter_mut().enumerate() {
-        let e = exp_nonpositive(*p - max);
-        *p = if first <= j && j <= last { e } else { 0.0 };
-    }
-    let sum = probs[first..=last].iter().fold(0f32, |s, &p| s + p);
-    for p in probs.iter_mut() {
-        *p /= sum;
-    }
+fn softmax_avx512(
+    probs: &mut [f32],
+    tiles: &[Range<usize>],
+    range: (usize, usize),
+    factors: &mut [f32],
+) -> f32 {
+    online::row_softmax(probs, tiles, range, factors)
 }
 
 /// Writes the keys `keys` (`m × d`, `m ≤ CHUNK`) transposed in blocks of 16: block `b`'s

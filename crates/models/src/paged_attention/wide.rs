@@ -2,21 +2,21 @@
 //! a group, one row per lane, so a register holds one key's scores for 16 (AVX-512) or 8
 //! (AVX2) rows and the softmax runs down the lanes with no sum folded across them.
 //!
-//! Keys and values are converted to f32 a chunk of [`CHUNK_KEYS`] at a time (four of the KV
-//! pool's 16-position blocks), once per task, and each converted chunk serves every row group:
+//! Tile by tile ([`online`]: [`online::TILE`] keys at fixed positions), the tile's keys are
+//! converted to f32 once and serve every row group, then its values:
 //! 1. scores: per group, a register-blocked kernel (several keys × the group's lanes held in
-//!    registers through all `d` dimensions), scaled after, then the rows' running maxima over
-//!    the keys each sees;
-//! 2. the exponentials and their sums, key by key in key order;
-//! 3. per chunk, its probabilities divided by the sums, then the values added
-//!    ([`super::outputs`]).
+//!    registers through all `d` dimensions), scaled after;
+//! 2. the online softmax's step, lane by lane: the running maxima, the factors, the
+//!    exponentials and their sums in key order;
+//! 3. the outputs rescaled where a maximum grew, then the values added ([`super::outputs`]).
 //!
-//! A score is the fused chain of its `d` products in dimension order, the sum adds in key
-//! order, and each output is the chain of `p·v` in key order, as in every other layout: a
-//! row's bits depend on neither its neighbours, nor the chunks, nor the copy.
+//! A score is the fused chain of its `d` products in dimension order, and each step is the
+//! one every layout takes: a row's bits depend on neither its neighbours, nor the tiles' cut
+//! into the task's runs, nor the copy.
 
 use std::cell::Cell;
 
+use super::online::{self, TILE};
 use super::outputs;
 use super::{HeadRunsSlice, Isa, Rows};
 use crate::activation::exp_nonpositive;
@@ -24,9 +24,6 @@ use crate::kv_type::KvRows;
 
 /// Rows per group: one lane each.
 pub(super) const GROUP_ROWS: usize = 16;
-/// Keys converted at a time: small enough that a chunk's keys (or values) and its
-/// probabilities stay in the first-level cache while every group uses them.
-const CHUNK_KEYS: usize = 32;
 
 /// A key's scores (or probabilities) of a group's lanes.
 type LaneScores = [f32; GROUP_ROWS];
@@ -40,13 +37,21 @@ fn by_key(scores: &mut [f32]) -> &mut [LaneScores] {
 }
 
 /// Per lane, the keys `first..=last` its row sees (counted from the task's first key); lanes
-/// without a row see every key (their results are dropped), so they never hold a chunk back
+/// without a row see every key (their results are dropped), so they never hold a tile back
 /// from the unmasked path. Signed, so the lanes compare in single instructions.
 struct Lanes {
     first: [i32; GROUP_ROWS],
     last: [i32; GROUP_ROWS],
     /// Keys every lane sees: `all.0..=all.1` (empty when `all.0 > all.1`).
     all: (usize, usize),
+}
+
+/// A group's online softmax state: per lane, the running maximum and sum, and the last tile's
+/// factor of the outputs.
+struct GroupState {
+    max: LaneScores,
+    sum: LaneScores,
+    factor: LaneScores,
 }
 
 impl Lanes {
@@ -78,6 +83,23 @@ impl Lanes {
         seen
     }
 
+    /// The online softmax's step over one tile ([`online`]): `scores` (`keys × GROUP_ROWS`,
+    /// the first being key `from`) become probabilities; returns whether a factor is not 1.
+    #[inline(always)]
+    fn step(&self, scores: &mut [f32], from: usize, state: &mut GroupState) -> bool {
+        let old = state.max;
+        self.fold_max(scores, from, &mut state.max);
+        let GroupState { max, sum, factor } = state;
+        let lanes = old.iter().zip(max.iter()).zip(sum.iter_mut()).zip(factor.iter_mut());
+        for (((&old, &max), sum), factor) in lanes {
+            let e = exp_nonpositive(old - max);
+            *factor = if max > old { e } else { 1.0 };
+            *sum *= *factor;
+        }
+        self.exponentials(scores, from, &state.max, &mut state.sum);
+        state.factor != [1.0; GROUP_ROWS]
+    }
+
     /// Folds the scores `scores` (`keys × GROUP_ROWS`, the first being key `from`) into each
     /// lane's maximum over the keys it sees.
     #[inline(always)]
@@ -99,26 +121,31 @@ impl Lanes {
         }
     }
 
-    /// Replaces the scores (`keys × GROUP_ROWS`) by `e^(score − max)` where the lane sees the
-    /// key and 0 elsewhere, and returns each lane's sum of them, added in key order.
+    /// Replaces the scores (`keys × GROUP_ROWS`, the first being key `from`) by
+    /// `e^(score − max)` where the lane sees the key and 0 elsewhere, and adds them to each
+    /// lane's sum in key order.
     #[inline(always)]
-    fn exponentials(&self, scores: &mut [f32], max: &LaneScores) -> LaneScores {
+    fn exponentials(
+        &self,
+        scores: &mut [f32],
+        from: usize,
+        max: &LaneScores,
+        sum: &mut LaneScores,
+    ) {
         let keys = scores.len() / GROUP_ROWS;
-        let mut sum = [0f32; GROUP_ROWS];
         // The keys every lane sees take the unmasked loop; those before and after, the masked.
-        let start = self.all.0.min(keys);
-        let end = self.all.1.saturating_add(1).clamp(start, keys);
+        let start = self.all.0.clamp(from, from + keys) - from;
+        let end = self.all.1.saturating_add(1).clamp(from + start, from + keys) - from;
         let (head, rest) = scores.split_at_mut(start * GROUP_ROWS);
         let (middle, tail) = rest.split_at_mut((end - start) * GROUP_ROWS);
-        self.masked_exponentials(head, 0, max, &mut sum);
+        self.masked_exponentials(head, from, max, sum);
         for s in by_key(middle) {
             for r in 0..GROUP_ROWS {
                 s[r] = exp_nonpositive(s[r] - max[r]);
                 sum[r] += s[r];
             }
         }
-        self.masked_exponentials(tail, end, max, &mut sum);
-        sum
+        self.masked_exponentials(tail, from + end, max, sum);
     }
 
     #[inline(always)]
@@ -154,7 +181,6 @@ pub(super) unsafe fn attend(
 ) -> Vec<f32> {
     let count = rows.queries.len();
     let groups = count.div_ceil(GROUP_ROWS);
-    let keys: usize = runs.iter().map(|(k, _)| k.values() / d).sum();
     // Per group, its queries transposed (`d × GROUP_ROWS`, missing rows zero).
     let mut queries = vec![0f32; groups * d * GROUP_ROWS];
     for (r, q) in rows.queries.iter().enumerate() {
@@ -164,57 +190,58 @@ pub(super) unsafe fn attend(
         }
     }
     let lanes: Vec<Lanes> = rows.ranges.chunks(GROUP_ROWS).map(Lanes::new).collect();
-    // Per group, scores then probabilities, key by key (`keys × GROUP_ROWS`), every one
-    // written by the scores before it is read.
+    let mut states: Vec<GroupState> = (0..groups)
+        .map(|_| GroupState {
+            max: [f32::NEG_INFINITY; GROUP_ROWS],
+            sum: [0.0; GROUP_ROWS],
+            factor: [1.0; GROUP_ROWS],
+        })
+        .collect();
+    let mut rescaled = vec![false; groups];
+    // Per group, one tile's scores then probabilities, key by key (`keys × GROUP_ROWS`), every
+    // one written by the scores before it is read.
     let (mut probs_buffer, mut converted_buffer) = BUFFERS.take();
-    let probs = at_least(&mut probs_buffer, groups * keys * GROUP_ROWS);
-    let mut max: Vec<LaneScores> = vec![[f32::NEG_INFINITY; GROUP_ROWS]; groups];
-    let converted_len = CHUNK_KEYS.max(longest_run(runs, d)) * d;
-    let converted = at_least(&mut converted_buffer, converted_len);
-    let chunks = chunks(runs, d);
-    for (i, (from, part)) in chunks.iter().enumerate() {
-        let from = *from;
-        if let Some((_, next)) = chunks.get(i + 1) {
-            runs[next.clone()].iter().for_each(|&(k, _)| k.prefetch());
+    let probs = at_least(&mut probs_buffer, groups * TILE * GROUP_ROWS);
+    let converted = at_least(&mut converted_buffer, TILE * d);
+    let (parts, tiles) = online::tiled(runs, d, rows.base);
+    let mut out = vec![0f32; count * d];
+    let mut from = 0;
+    for (i, tile) in tiles.iter().enumerate() {
+        for &(_, values) in &parts[tile.clone()] {
+            values.prefetch();
         }
-        let chunk = convert(isa, runs[part.clone()].iter().map(|&(k, _)| k), converted);
+        if let Some(next) = tiles.get(i + 1) {
+            for &(keys, _) in &parts[next.clone()] {
+                keys.prefetch();
+            }
+        }
+        let chunk = convert(isa, parts[tile.clone()].iter().map(|&(k, _)| k), converted);
         let n = chunk.len() / d;
         for (g, lanes) in lanes.iter().enumerate() {
-            let scores = &mut probs[(g * keys + from) * GROUP_ROWS..][..n * GROUP_ROWS];
+            let scores = &mut probs[g * TILE * GROUP_ROWS..][..n * GROUP_ROWS];
             let queries = &queries[g * d * GROUP_ROWS..][..d * GROUP_ROWS];
             // SAFETY: the caller's promise.
             unsafe { scores_on(isa, chunk, queries, d, scale, scores) };
-            lanes.fold_max(scores, from, &mut max[g]);
+            rescaled[g] = lanes.step(scores, from, &mut states[g]);
         }
-    }
-    // No closures on this path: a closure is compiled without the caller's features, and each
-    // `mul_add` in it would be a library call.
-    let mut divisors: Vec<LaneScores> = vec![[1f32; GROUP_ROWS]; groups];
-    for (g, lanes) in lanes.iter().enumerate() {
-        let scores = &mut probs[g * keys * GROUP_ROWS..][..keys * GROUP_ROWS];
-        let sums = lanes.exponentials(scores, &max[g]);
-        for (divisor, sum) in divisors[g].iter_mut().zip(sums) {
-            // A row that sees no key keeps its zeros.
-            if sum > 0.0 {
-                *divisor = sum;
-            }
-        }
-    }
-    let mut out = vec![0f32; count * d];
-    for (i, (from, part)) in chunks.iter().enumerate() {
-        let from = *from;
-        if let Some((_, next)) = chunks.get(i + 1) {
-            runs[next.clone()].iter().for_each(|&(_, v)| v.prefetch());
-        }
-        let chunk = convert(isa, runs[part.clone()].iter().map(|&(_, v)| v), converted);
-        let n = chunk.len() / d;
+        let chunk = convert(isa, parts[tile.clone()].iter().map(|&(_, v)| v), converted);
+        // No closures on this path: a closure is compiled without the caller's features, and
+        // each `mul_add` in it would be a library call.
         for (g, out) in out.chunks_mut(GROUP_ROWS * d).enumerate() {
-            let probs = &mut probs[(g * keys + from) * GROUP_ROWS..][..n * GROUP_ROWS];
-            // SAFETY: the caller's promise.
-            unsafe {
-                divide_on(isa, probs, &divisors[g]);
-                outputs::add_on(isa, chunk, probs, (GROUP_ROWS, 1), d, out);
+            if rescaled[g] {
+                for (o, &factor) in out.chunks_exact_mut(d).zip(&states[g].factor) {
+                    online::rescale(o, factor);
+                }
             }
+            let probs = &probs[g * TILE * GROUP_ROWS..][..n * GROUP_ROWS];
+            // SAFETY: the caller's promise.
+            unsafe { outputs::add_on(isa, chunk, probs, (GROUP_ROWS, 1), d, out) };
+        }
+        from += n;
+    }
+    for (out, state) in out.chunks_mut(GROUP_ROWS * d).zip(&states) {
+        for (o, &sum) in out.chunks_exact_mut(d).zip(&state.sum) {
+            online::finish(o, sum);
         }
     }
     BUFFERS.set((probs_buffer, converted_buffer));
@@ -222,9 +249,7 @@ pub(super) unsafe fn attend(
 }
 
 thread_local! {
-    /// The probabilities and converted chunk a thread's tasks reuse: a prefill task's
-    /// probabilities take ~1 MiB at depth 8K, which allocated afresh per task cost their
-    /// zeroing and page faults.
+    /// The probabilities and converted tile a thread's tasks reuse (a task's tile at a time).
     static BUFFERS: Cell<(Vec<f32>, Vec<f32>)> = const { Cell::new((Vec::new(), Vec::new())) };
 }
 
@@ -234,33 +259,6 @@ fn at_least(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
         buffer.resize(len, 0.0);
     }
     &mut buffer[..len]
-}
-
-/// The most positions one run holds.
-fn longest_run(runs: HeadRunsSlice<'_>, d: usize) -> usize {
-    runs.iter().map(|(k, _)| k.values() / d).max().unwrap_or(0)
-}
-
-/// Consecutive runs gathered into chunks of at most [`CHUNK_KEYS`] keys (a longer run alone):
-/// `(first key, runs)` per chunk.
-fn chunks(runs: HeadRunsSlice<'_>, d: usize) -> Vec<(usize, std::ops::Range<usize>)> {
-    let mut chunks: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
-    let (mut from, mut held) = (0, 0);
-    for (i, (k, _)) in runs.iter().enumerate() {
-        let n = k.values() / d;
-        match chunks.last_mut() {
-            Some((_, part)) if held + n <= CHUNK_KEYS => {
-                part.end = i + 1;
-                held += n;
-            }
-            _ => {
-                chunks.push((from, i..i + 1));
-                held = n;
-            }
-        }
-        from += n;
-    }
-    chunks
 }
 
 /// The rows of `parts` back to back as f32 at the start of `converted`.
@@ -305,30 +303,6 @@ unsafe fn scores_on(
     }
 }
 
-/// Divides each key's lanes (`probs`: `keys × GROUP_ROWS`) by `divisor`, by the copy for `isa`
-/// (the compiler leaves this loop scalar).
-///
-/// # Safety
-/// The CPU runs `isa`.
-#[inline(always)]
-unsafe fn divide_on(isa: Isa, probs: &mut [f32], divisor: &LaneScores) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller's promise.
-        Isa::Avx512 => unsafe { avx512::divide(by_key(probs), divisor) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe { avx2::divide(by_key(probs), divisor) },
-        _ => {
-            for p in by_key(probs) {
-                for r in 0..GROUP_ROWS {
-                    p[r] /= divisor[r];
-                }
-            }
-        }
-    }
-}
-
 /// The order every copy keeps: per key and lane, `s = q·k + s` over the dimensions in order,
 /// from zero, then `s · scale`.
 fn scores_portable(keys: &[f32], queries: &[f32], d: usize, scale: f32, scores: &mut [f32]) {
@@ -347,34 +321,11 @@ fn scores_portable(keys: &[f32], queries: &[f32], d: usize, scale: f32, scores: 
 
 /// The SIMD copies' kernels, written once for either register width: the scores' register
 /// blocking (`KEYS` keys' sums of the group's lanes, `REGS` registers of lanes per key, held
-/// through all dimensions) and the division.
+/// through all dimensions).
 #[cfg(target_arch = "x86_64")]
 macro_rules! score_kernel {
     ($name:ident, $features:literal, $vector:ty, $lanes:expr, $zero:ident, $load:ident,
-     $store:ident, $broadcast:ident, $fmadd:ident, $mul:ident, $div:ident) => {
-        /// Each key's lanes divided by `divisor`.
-        ///
-        /// # Safety
-        /// The CPU runs this function's features.
-        #[target_feature(enable = $features)]
-        pub unsafe fn divide(probs: &mut [super::LaneScores], divisor: &super::LaneScores) {
-            const REGS: usize = super::GROUP_ROWS / $lanes;
-            let mut by = [$zero(); REGS];
-            for (i, b) in by.iter_mut().enumerate() {
-                // SAFETY: lanes `i · LANES..` of the 16.
-                *b = unsafe { $load(divisor.as_ptr().add(i * $lanes)) };
-            }
-            for p in probs {
-                for (i, b) in by.iter().enumerate() {
-                    // SAFETY: as above.
-                    unsafe {
-                        let at = p.as_mut_ptr().add(i * $lanes);
-                        $store(at, $div($load(at), *b));
-                    }
-                }
-            }
-        }
-
+     $store:ident, $broadcast:ident, $fmadd:ident, $mul:ident) => {
         /// [`super::scores_portable`] in blocks of keys held in registers.
         ///
         /// # Safety
@@ -473,8 +424,7 @@ mod avx2 {
         _mm256_storeu_ps,
         _mm256_set1_ps,
         _mm256_fmadd_ps,
-        _mm256_mul_ps,
-        _mm256_div_ps
+        _mm256_mul_ps
     );
 }
 
@@ -495,8 +445,7 @@ mod avx512 {
         _mm512_storeu_ps,
         _mm512_set1_ps,
         _mm512_fmadd_ps,
-        _mm512_mul_ps,
-        _mm512_div_ps
+        _mm512_mul_ps
     );
 }
 
@@ -522,14 +471,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn chunks_gather_whole_runs_up_to_the_limit() {
-        let c = CHUNK_KEYS;
-        let data = vec![0f32; 3 * c * 4];
-        let run = |n: usize| (KvRows::F32(&data[..n * 4]), KvRows::F32(&data[..n * 4]));
-        let runs = [run(c / 4), run(c / 2), run(c / 4), run(c / 2), run(c / 2), run(3 * c), run(3)];
-        assert_eq!(chunks(&runs, 4), vec![(0, 0..3), (c, 3..5), (2 * c, 5..6), (5 * c, 6..7)]);
     }
 }

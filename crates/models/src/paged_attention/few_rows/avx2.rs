@@ -3,7 +3,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{attend_with, score_with, softmax_with, ChunkScorer, HeadRunsSlice, Isa, Rows};
+use std::ops::Range;
+
+use super::{attend_with, online, score_with, ChunkScorer, HeadRunsSlice, Isa, Rows};
 
 /// Keys per register.
 pub(super) const KEY_LANES: usize = 8;
@@ -30,8 +32,13 @@ pub(super) unsafe fn attend(
 
 /// [`super::softmax`] on AVX2.
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn softmax(probs: &mut [f32], first: usize, last: usize) {
-    softmax_with(probs, first, last)
+pub(super) fn softmax(
+    probs: &mut [f32],
+    tiles: &[Range<usize>],
+    range: (usize, usize),
+    factors: &mut [f32],
+) -> f32 {
+    online::row_softmax(probs, tiles, range, factors)
 }
 
 /// [`super::score`] on AVX2.
