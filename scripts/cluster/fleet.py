@@ -50,7 +50,7 @@ def router(policy, urls, port):
         for i, url in enumerate(urls):
             args += ["--kv-event-source", f"{url}=tcp://127.0.0.1:{EVENTS + 2 * i}",
                      "--kv-event-replay-source", f"{url}=tcp://127.0.0.1:{EVENTS + 2 * i + 1}"]
-        args += ["--kv-event-block-size", "16"]
+        args += ["--kv-event-block-size", "16", "--kv-event-model", MODEL]
     proc = subprocess.Popen(args, stdout=log, stderr=log)
     wait_health(f"http://127.0.0.1:{port}", proc)
     return proc
@@ -102,7 +102,7 @@ def workload(base, salt):
     [t.join() for t in threads]
     ttfts = sorted(r[0] for r in results)
     p = lambda q: ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] if ttfts else float("nan")
-    return sum(r[1] for r in results), p(0.5), p(0.95), len(errors)
+    return sum(r[1] for r in results), p(0.5), p(0.95), errors
 
 
 def main():
@@ -118,14 +118,17 @@ def main():
         if policy == "consistent_hash":
             rows.append(kill_one(procs, f"http://127.0.0.1:{BASE + 50 + n}"))
             procs[1] = replica(1)
-            wait_health(f"http://127.0.0.1:{BASE + 50 + n}")
+            wait_router_sees_healthy(f"http://127.0.0.1:{BASE + 50 + n}", 2)
             rows.append(rolling_restart(procs, f"http://127.0.0.1:{BASE + 50 + n}"))
         for p in [r, *procs]:
             p.send_signal(signal.SIGTERM)
             p.wait()
-    print(f"{'run':44} {'cached tokens':>13} {'TTFT p50 s':>10} {'TTFT p95 s':>10} {'errors':>6}")
+    print(f"{'run':56} {'cached tokens':>13} {'TTFT p50 s':>10} {'TTFT p95 s':>10} {'errors':>6}")
     for name, cached, p50, p95, errors in rows:
-        print(f"{name:44} {cached:>13} {p50:>10.2f} {p95:>10.2f} {errors:>6}")
+        print(f"{name:56} {cached:>13} {p50:>10.2f} {p95:>10.2f} {len(errors):>6}")
+    for name, *_, errors in rows:
+        for error in sorted(set(errors)):
+            print(f"{name}: {errors.count(error)} x {error}")
     print(f"logs: {LOGS}")
 
 
@@ -150,9 +153,20 @@ def kill_one(procs, base):
     time.sleep(20)
     stop.set(); load.join()
     failed_after = [o for o in outcome[killed_at + 4:] if o != "ok"]
-    errors = sum(o != "ok" for o in outcome)
+    errors = [o for o in outcome if o != "ok"]
     return (f"kill 1 of 2 ({len(outcome)} calls; {len(failed_after)} failed after the first 4)",
             0, float("nan"), float("nan"), errors)
+
+
+def wait_router_sees_healthy(base, count, bound=120):
+    """Until the router's own health checks count `count` healthy workers."""
+    start = time.time()
+    while time.time() - start < bound:
+        workers = json.load(urllib.request.urlopen(base + "/workers", timeout=5))["workers"]
+        if sum(w["is_healthy"] for w in workers) == count:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"{base}: fewer than {count} healthy workers")
 
 
 def router_workers(base, verb, i):
@@ -176,7 +190,7 @@ def rolling_restart(procs, base):
         router_workers(base, "add", i)
         time.sleep(3)
     stop.set(); load.join()
-    errors = sum(o != "ok" for o in outcome)
+    errors = [o for o in outcome if o != "ok"]
     return (f"rolling restart ({len(outcome)} calls)", 0, float("nan"), float("nan"), errors)
 
 

@@ -68,7 +68,7 @@ done
 
 router_args=(--host 127.0.0.1 --port "$ROUTER_PORT" --worker-urls "${urls[@]}" --policy "$POLICY")
 if [ "$POLICY" = kv_aware ]; then
-    router_args+=("${event_args[@]}" --kv-event-block-size 16)
+    router_args+=("${event_args[@]}" --kv-event-block-size 16 --kv-event-model "$MODEL")
 fi
 "$venv/bin/vllm-router" "${router_args[@]}" >"$LOGS/router.log" 2>&1 &
 pids+=($!)
