@@ -109,7 +109,7 @@ def main():
     rows = []
     single = replica(0)
     rows.append(("one replica alone", *workload(f"http://127.0.0.1:{BASE}", "single")))
-    single.send_signal(signal.SIGTERM); single.wait()
+    terminate(single)
     for n, policy in enumerate(["cache_aware", "kv_aware", "consistent_hash", "round_robin"]):
         procs = [replica(0), replica(1)]
         urls = [f"http://127.0.0.1:{BASE + i}" for i in range(2)]
@@ -117,12 +117,8 @@ def main():
         rows.append((f"2 replicas, {policy}", *workload(f"http://127.0.0.1:{BASE + 50 + n}", policy)))
         if policy == "consistent_hash":
             rows.append(kill_one(procs, f"http://127.0.0.1:{BASE + 50 + n}"))
-            procs[1] = replica(1)
-            wait_router_sees_healthy(f"http://127.0.0.1:{BASE + 50 + n}", 2)
-            rows.append(rolling_restart(procs, f"http://127.0.0.1:{BASE + 50 + n}"))
-        for p in [r, *procs]:
-            p.send_signal(signal.SIGTERM)
-            p.wait()
+        terminate(r, *procs)
+    rows.append(rolling_restart_phase())
     print(f"{'run':56} {'cached tokens':>13} {'TTFT p50 s':>10} {'TTFT p95 s':>10} {'errors':>6}")
     for name, cached, p50, p95, errors in rows:
         print(f"{name:56} {cached:>13} {p50:>10.2f} {p95:>10.2f} {len(errors):>6}")
@@ -158,15 +154,22 @@ def kill_one(procs, base):
             0, float("nan"), float("nan"), errors)
 
 
-def wait_router_sees_healthy(base, count, bound=120):
-    """Until the router's own health checks count `count` healthy workers."""
-    start = time.time()
-    while time.time() - start < bound:
-        workers = json.load(urllib.request.urlopen(base + "/workers", timeout=5))["workers"]
-        if sum(w["is_healthy"] for w in workers) == count:
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"{base}: fewer than {count} healthy workers")
+def terminate(*procs):
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+        p.wait()
+
+
+def rolling_restart_phase():
+    """A rolling restart of a steady fleet, behind a router of its own: one that just saw a
+    replica killed keeps that replica's circuit breaker open for a while and, with the other
+    replica out of rotation, would have nowhere to send a request."""
+    procs = [replica(0), replica(1)]
+    base = f"http://127.0.0.1:{BASE + 60}"
+    r = router("consistent_hash", [f"http://127.0.0.1:{BASE + i}" for i in range(2)], BASE + 60)
+    row = rolling_restart(procs, base)
+    terminate(r, *procs)
+    return row
 
 
 def router_workers(base, verb, i):
