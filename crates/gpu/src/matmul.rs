@@ -82,16 +82,25 @@ impl WeightFormat {
     }
 }
 
-/// A `rows × cols` weight matrix on the device, in its file layout.
+/// A `rows × cols` weight matrix on the device, in its file layout: in row ranges of at most
+/// one storage binding each (lavapipe allows 128 MiB; an embedding table can be more).
 pub struct GpuMatrix {
     format: WeightFormat,
     rows: usize,
     cols: usize,
+    parts: Vec<MatrixPart>,
+}
+
+/// Rows `first_row..first_row + rows` of a matrix, in one buffer.
+struct MatrixPart {
+    first_row: usize,
+    rows: usize,
     data: GpuBytes,
 }
 
 impl GpuMatrix {
-    /// Uploads `bytes`, which must be exactly `rows` rows of `cols` values in `format`.
+    /// Uploads `bytes`, which must be exactly `rows` rows of `cols` values in `format`, in as
+    /// few parts as the device's binding limit allows.
     pub fn upload(
         gpu: &Gpu,
         format: WeightFormat,
@@ -99,15 +108,48 @@ impl GpuMatrix {
         cols: usize,
         bytes: &[u8],
     ) -> Result<Self> {
-        let expected = rows * format.row_bytes(cols)?;
+        Self::upload_in_parts(gpu, format, rows, cols, bytes, gpu.max_binding_bytes())
+    }
+
+    /// [`upload`](Self::upload) with parts of at most `part_bytes` (whole rows each): the
+    /// device's limit, or less to test the split.
+    pub fn upload_in_parts(
+        gpu: &Gpu,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+        part_bytes: u64,
+    ) -> Result<Self> {
+        let row_bytes = format.row_bytes(cols)?;
+        let expected = rows * row_bytes;
         if rows == 0 || bytes.len() != expected {
             return Err(GpuError::BadInput(format!(
                 "a {rows} × {cols} {format:?} matrix takes {expected} bytes, not {}",
                 bytes.len()
             )));
         }
-        let data = gpu.upload_bytes(bytes, &format!("{format:?} weight"))?;
-        Ok(GpuMatrix { format, rows, cols, data })
+        let rows_per_part = usize::try_from(part_bytes / row_bytes as u64).unwrap_or(usize::MAX);
+        if rows_per_part == 0 {
+            return Err(GpuError::TooLarge {
+                what: format!("one row of a {format:?} matrix"),
+                bytes: row_bytes as u64,
+                limit: part_bytes,
+            });
+        }
+        let what = format!("{format:?} weight");
+        let parts = bytes
+            .chunks(rows_per_part * row_bytes)
+            .enumerate()
+            .map(|(i, chunk)| {
+                Ok(MatrixPart {
+                    first_row: i * rows_per_part,
+                    rows: chunk.len() / row_bytes,
+                    data: gpu.upload_bytes(chunk, &what)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(GpuMatrix { format, rows, cols, parts })
     }
 
     pub fn rows(&self) -> usize {
@@ -120,6 +162,11 @@ impl GpuMatrix {
 
     pub fn format(&self) -> WeightFormat {
         self.format
+    }
+
+    /// Buffers the matrix is held in.
+    pub fn parts(&self) -> usize {
+        self.parts.len()
     }
 }
 
@@ -152,15 +199,20 @@ impl Matmul {
         }
         let tokens = x.len() / w.cols;
         let y = gpu.zeros(tokens * w.rows)?;
-        let params = [
-            count(w.rows, "rows")?,
-            count(w.cols, "columns")?,
-            count(tokens, "tokens")?,
-            count(w.format.row_bytes(w.cols)?, "row bytes")?,
-        ];
-        let groups =
-            (count(w.rows, "rows")?, count(tokens.div_ceil(TOKENS_PER_GROUP), "token groups")?);
-        self.kernel.run(gpu, &[&w.data.buffer, &x.buffer, &y.buffer], &params, groups)?;
+        let token_groups = count(tokens.div_ceil(TOKENS_PER_GROUP), "token groups")?;
+        // Each part writes its own rows of every output row; a row's sum is the same either way.
+        for part in &w.parts {
+            let params = [
+                count(part.rows, "rows")?,
+                count(w.cols, "columns")?,
+                count(tokens, "tokens")?,
+                count(w.format.row_bytes(w.cols)?, "row bytes")?,
+                count(part.first_row, "first row")?,
+                count(w.rows, "rows")?,
+            ];
+            let buffers = [&part.data.buffer, &x.buffer, &y.buffer];
+            self.kernel.run(gpu, &buffers, &params, (count(part.rows, "rows")?, token_groups))?;
+        }
         Ok(y)
     }
 }

@@ -7,11 +7,15 @@
 // The format's file (appended after this one) supplies `load_unit`.
 
 struct Params {
+    // Rows of this part of the weight (a matrix over one binding's limit comes in parts).
     rows: u32,
     cols: u32,
     tokens: u32,
     // Bytes of one weight row in the file layout.
     row_bytes: u32,
+    // Where this part's rows start in the output row, and the output row's width.
+    first_row: u32,
+    out_rows: u32,
 }
 
 // The 32 values of one unit are `scale_lo · q[j] + offset` for j < 16 and `scale_hi · q[j] +
@@ -95,6 +99,6 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
         workgroupBarrier();
     }
     if (lane < count) {
-        y[(first + lane) * params.rows + row] = partial[lane * THREADS];
+        y[(first + lane) * params.out_rows + params.first_row + row] = partial[lane * THREADS];
     }
 }

@@ -200,3 +200,27 @@ fn mismatched_inputs_are_errors_not_panics() {
     let q4 = Matmul::new(gpu, WeightFormat::Q4_0).unwrap();
     assert!(q4.forward(gpu, &w, &gpu.upload(&[1.0; 32]).unwrap()).is_err());
 }
+
+#[test]
+fn a_matrix_in_parts_gives_the_same_bits_as_in_one() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = rng(128);
+    for format in WeightFormat::ALL {
+        let kernel = Matmul::new(gpu, format).unwrap();
+        let (rows, cols, tokens) = (45, 2 * 256, 11);
+        let w = weight(format, &uniform(&mut rng, rows * cols), rows, cols);
+        let x = uniform(&mut rng, tokens * cols);
+        let whole = GpuMatrix::upload(gpu, format, rows, cols, &w.bytes).unwrap();
+        assert_eq!(whole.parts(), 1);
+        let want = gpu_product(gpu, &kernel, &whole, &x);
+        // 7 rows a part: 7 parts, the last of 3 rows.
+        let part_bytes = (7 * format.row_bytes(cols).unwrap()).next_multiple_of(4) as u64;
+        let split =
+            GpuMatrix::upload_in_parts(gpu, format, rows, cols, &w.bytes, part_bytes).unwrap();
+        assert_eq!(split.parts(), 7, "{format:?}");
+        same_bits(&format!("{format:?} in 7 parts"), &want, &gpu_product(gpu, &kernel, &split, &x));
+    }
+    // A part smaller than one row is refused, not a panic.
+    let w = weight(WeightFormat::Q8_0, &uniform(&mut rng, 64), 2, 32);
+    assert!(GpuMatrix::upload_in_parts(gpu, WeightFormat::Q8_0, 2, 32, &w.bytes, 32).is_err());
+}
