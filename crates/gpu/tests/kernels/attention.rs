@@ -5,7 +5,7 @@ use candle_core::{Device, Tensor};
 use spindle_gpu::{Attention, AttentionShape, Gpu, KvCache};
 use spindle_models::{KvShape, KvType, RecurrentState, SequenceCache};
 
-use crate::harness::{check, gpu_or_skip, rng, same_bits, uniform};
+use crate::harness::{check, computed, gpu_or_skip, rng, same_bits, uniform};
 
 /// Per output value, absolute (values in [-1, 1), so outputs are too): an online softmax
 /// against the CPU's two-pass one, and the device's `exp` against the CPU's (measured on
@@ -77,7 +77,8 @@ fn gpu_attention(
         scale,
         window: case.window,
     };
-    gpu.download(&kernel.forward(gpu, &gpu.upload(q).unwrap(), &cache, shape).unwrap()).unwrap()
+    let q = gpu.upload(q).unwrap();
+    computed(gpu, |step| kernel.forward(step, &q, &cache, shape))
 }
 
 #[test]
@@ -134,10 +135,13 @@ fn shapes_the_kernel_cannot_hold_are_errors() {
     let cache =
         KvCache { keys: gpu.zeros(4 * 512).unwrap(), values: gpu.zeros(4 * 512).unwrap(), len: 4 };
     let wide = AttentionShape { heads: 1, kv_heads: 1, head_dim: 512, scale: 1.0, window: None };
-    assert!(kernel.forward(gpu, &gpu.zeros(512).unwrap(), &cache, wide).is_err());
+    let q = gpu.zeros(512).unwrap();
+    assert!(gpu.run(|step| kernel.forward(step, &q, &cache, wide)).is_err());
     let uneven = AttentionShape { heads: 3, kv_heads: 2, head_dim: 64, scale: 1.0, window: None };
-    assert!(kernel.forward(gpu, &gpu.zeros(192).unwrap(), &cache, uneven).is_err());
+    let q = gpu.zeros(192).unwrap();
+    assert!(gpu.run(|step| kernel.forward(step, &q, &cache, uneven)).is_err());
     // More queries than the cache holds positions.
     let fine = AttentionShape { heads: 1, kv_heads: 1, head_dim: 64, scale: 1.0, window: None };
-    assert!(kernel.forward(gpu, &gpu.zeros(5 * 64).unwrap(), &cache, fine).is_err());
+    let q = gpu.zeros(5 * 64).unwrap();
+    assert!(gpu.run(|step| kernel.forward(step, &q, &cache, fine)).is_err());
 }

@@ -11,7 +11,7 @@ use rand::Rng;
 use spindle_gpu::{Gpu, GpuMatrix, Matmul, WeightFormat};
 use spindle_models::{BlockFormat, BlockMatrix, Q4KMatrix, Q6KMatrix, QuantizedMatrix};
 
-use crate::harness::{check, gpu_or_skip, rng, same_bits, uniform};
+use crate::harness::{check, computed, gpu_or_skip, rng, same_bits, uniform};
 
 /// GPU against the f64 product of the weights it decoded, per output, relative to
 /// `Σ|w·x|`: f32 sums of up to ~3,000 terms, in 32-value runs and a 64-lane tree (measured on
@@ -123,7 +123,8 @@ fn exact_product(decoded: &[f32], cols: usize, x: &[f32]) -> (Vec<f64>, Vec<f64>
 }
 
 fn gpu_product(gpu: &Gpu, kernel: &Matmul, w: &GpuMatrix, x: &[f32]) -> Vec<f32> {
-    gpu.download(&kernel.forward(gpu, w, &gpu.upload(x).unwrap()).unwrap()).unwrap()
+    let x = gpu.upload(x).unwrap();
+    computed(gpu, |step| kernel.forward(step, w, &x))
 }
 
 /// Values per block: columns come in whole blocks (any count for f16/bf16).
@@ -196,9 +197,10 @@ fn mismatched_inputs_are_errors_not_panics() {
     let w = GpuMatrix::upload(gpu, WeightFormat::Q8_0, 2, 32, &[0; 68]).unwrap();
     let x = gpu.upload(&[1.0; 48]).unwrap(); // 1.5 rows
     let kernel = Matmul::new(gpu, WeightFormat::Q8_0).unwrap();
-    assert!(kernel.forward(gpu, &w, &x).is_err());
+    assert!(gpu.run(|step| kernel.forward(step, &w, &x)).is_err());
     let q4 = Matmul::new(gpu, WeightFormat::Q4_0).unwrap();
-    assert!(q4.forward(gpu, &w, &gpu.upload(&[1.0; 32]).unwrap()).is_err());
+    let x = gpu.upload(&[1.0; 32]).unwrap();
+    assert!(gpu.run(|step| q4.forward(step, &w, &x)).is_err());
 }
 
 #[test]
