@@ -26,30 +26,6 @@ fn load_on_gpu(path: &Path, gpu: Arc<Gpu>) -> GpuLlama {
     GpuLlama::load(gpu, cfg, &mut weights).unwrap()
 }
 
-/// Greedy decoding of `prompt` for `steps` tokens on both paths, each fed its own choice;
-/// returns the steps whose top-1 agreed and the largest logit difference while they did.
-fn greedy_on_both(
-    cpu: &dyn CausalLm,
-    gpu: &GpuLlama,
-    prompt: &[u32],
-    steps: usize,
-) -> (usize, f32) {
-    let (mut cpu_cache, mut gpu_cache) = (cpu.new_cache(512), gpu.new_cache(512));
-    let (mut cpu_next, mut gpu_next) = (prompt.to_vec(), prompt.to_vec());
-    let mut worst = 0.0f32;
-    for step in 0..steps {
-        let want = cpu.forward(&cpu_next, &mut cpu_cache).unwrap();
-        let got = gpu.forward(&gpu_next, &mut gpu_cache).unwrap();
-        let (a, b) = (argmax(&want), argmax(&got));
-        worst = worst.max(got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0, f32::max));
-        if a != b {
-            return (step, worst);
-        }
-        (cpu_next, gpu_next) = (vec![a], vec![b]);
-    }
-    (steps, worst)
-}
-
 fn tiny_model(dir: &Path) -> DenseShape {
     let shape = DenseShape { vocab: 512, context: 256, ..DenseShape::tiny(512) };
     write_random_dense(dir, &shape, 41, &[]).unwrap();
@@ -68,9 +44,10 @@ fn the_tiny_model_on_the_gpu_decodes_the_cpu_engines_greedy_tokens() {
     let device = Arc::new(Gpu::open(None).unwrap());
     let gpu = load_on_gpu(dir.path(), device.clone());
     let before = device.submissions();
-    let (agreed, worst) = greedy_on_both(cpu.as_ref(), &gpu, &[3, 141, 59, 26, 5], 24);
+    let run = greedy_on_gpu(&gpu, &[3, 141, 59, 26, 5], 24);
+    let (agreed, worst) = agreement(cpu.as_ref(), &run);
     eprintln!("tiny model: {agreed}/24 greedy tokens agree; max logit difference {worst:.2e}");
-    assert_eq!(agreed, 24, "greedy tokens differ at step {agreed}");
+    assert_eq!(agreed, 24, "greedy tokens differ");
     assert!(worst <= TINY_LOGIT_TOLERANCE, "logits differ by {worst}");
     assert_eq!(device.submissions() - before, 24, "one submission a step");
 }
@@ -136,4 +113,94 @@ fn a_sequence_gets_the_same_logits_alone_and_among_others_in_a_shared_pool() {
     let too_long = vec![1; 20];
     assert!(gpu.forward_batch(&mut [BatchEntry::new(&too_long, &mut third)]).is_err());
     assert_eq!(third.len(), 3 + 2 + 2);
+}
+
+/// SmolLM2-135M (Q4_1), pulled on first use into the Spindle cache.
+fn smollm2() -> std::path::PathBuf {
+    spindle_hub::pull("smollm2-135m", &spindle_hub::spindle_home()).unwrap()
+}
+
+/// SmolLM2's logits on the GPU against the CPU running the same dequantized weights in f32
+/// (`load_gguf_f32`): the GPU keeps activations in f32 too (measured on lavapipe: 3.9e-5 after
+/// the prompt; logits of ~10). The default CPU path rounds activations to 8 bits and differs
+/// from both by up to ~1, so its greedy tokens are compared, not its logits.
+const SMOLLM2_LOGIT_TOLERANCE: f32 = 1e-3;
+
+/// The GPU's greedy run of `prompt` for `steps` tokens: the tokens fed at each step and the
+/// logits after them.
+fn greedy_on_gpu(gpu: &GpuLlama, prompt: &[u32], steps: usize) -> Vec<(Vec<u32>, Vec<f32>)> {
+    let mut cache = gpu.new_cache(512);
+    let mut fed = prompt.to_vec();
+    let mut run = Vec::new();
+    for _ in 0..steps {
+        let logits = gpu.forward(&fed, &mut cache).unwrap();
+        let next = vec![argmax(&logits)];
+        run.push((std::mem::replace(&mut fed, next), logits));
+    }
+    run
+}
+
+/// `cpu` fed the GPU's tokens: the steps whose top-1 agrees with the GPU's, and the largest
+/// logit difference over all steps.
+fn agreement(cpu: &dyn CausalLm, run: &[(Vec<u32>, Vec<f32>)]) -> (usize, f32) {
+    let mut cache = cpu.new_cache(512);
+    let (mut agreed, mut worst) = (0, 0.0f32);
+    for (fed, got) in run {
+        let want = cpu.forward(fed, &mut cache).unwrap();
+        agreed += usize::from(argmax(&want) == argmax(got));
+        worst = worst.max(got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0, f32::max));
+    }
+    (agreed, worst)
+}
+
+/// SmolLM2 on the GPU for `steps` greedy steps against the CPU's f32 path (every top-1 the
+/// same, so the same greedy tokens), and its agreement with the default CPU path reported.
+fn smollm2_against_the_cpu(steps: usize) {
+    let Some(device) = gpu_or_skip() else { return };
+    let path = smollm2();
+    let gpu = load_on_gpu(&path, device.clone());
+    let started = std::time::Instant::now();
+    // "The capital" in SmolLM2's vocabulary.
+    let run = greedy_on_gpu(&gpu, &[504, 3575], steps);
+    eprintln!("smollm2: {steps} steps on the GPU in {:.1?}", started.elapsed());
+    let (agreed, worst) = agreement(spindle_models::load_gguf_f32(&path).unwrap().as_ref(), &run);
+    eprintln!(
+        "smollm2: top-1 as the CPU's f32 path at {agreed}/{steps} steps; max logit difference \
+         {worst:.2e}"
+    );
+    let cpu = spindle_models::load_gguf(&path).unwrap();
+    let (quantized_agreed, quantized_worst) = agreement(cpu.as_ref(), &run);
+    eprintln!(
+        "smollm2: top-1 as the default CPU path (8-bit activations) at {quantized_agreed}/{steps} \
+         steps; max logit difference {quantized_worst:.2e}"
+    );
+    assert_eq!(agreed, steps, "greedy tokens differ from the CPU's f32 path");
+    assert!(worst <= SMOLLM2_LOGIT_TOLERANCE, "logits differ by {worst}");
+}
+
+/// Lavapipe runs SmolLM2 at ~14 s a token on two busy cores (debug test build), so CI checks
+/// the prompt and one decode step; the 64-step run is `smollm2_for_64_greedy_steps`.
+#[test]
+fn smollm2_on_the_gpu_decodes_the_cpu_paths_greedy_tokens() {
+    smollm2_against_the_cpu(2);
+}
+
+/// The issue's full check (about 20 minutes on lavapipe; minutes on a GPU): 64 greedy steps,
+/// and a sequence bitwise the same alone and among others.
+#[test]
+#[ignore = "20 minutes on lavapipe; run with --ignored"]
+fn smollm2_for_64_greedy_steps() {
+    smollm2_against_the_cpu(64);
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = load_on_gpu(&smollm2(), device.clone());
+    let mut alone = gpu.new_cache(64);
+    let want = gpu.forward(&[504, 3575, 282], &mut alone).unwrap();
+    let (mut mine, mut other) = (gpu.new_cache(64), gpu.new_cache(64));
+    let got = gpu
+        .forward_batch(&mut [
+            BatchEntry::new(&[1, 2], &mut other),
+            BatchEntry::new(&[504, 3575, 282], &mut mine),
+        ])
+        .unwrap();
+    same_bits("smollm2 alone and batched", &want, &got[1]);
 }
