@@ -44,3 +44,35 @@ impl Elementwise {
         Ok(y)
     }
 }
+
+/// One vector added to every row of a tensor (a projection's bias).
+pub struct AddRows {
+    kernel: Kernel,
+}
+
+impl AddRows {
+    pub fn new(gpu: &Gpu) -> Result<Self> {
+        Ok(AddRows { kernel: Kernel::new(gpu, "add_rows", include_str!("shaders/add_rows.wgsl"))? })
+    }
+
+    /// `x` (rows, width) + `row` (width) on every row.
+    pub fn forward(
+        &self,
+        step: &mut Step<'_>,
+        x: &GpuTensor,
+        row: &GpuTensor,
+    ) -> Result<GpuTensor> {
+        if row.is_empty() || !x.len().is_multiple_of(row.len()) {
+            return Err(GpuError::BadInput(format!(
+                "{} values are no whole number of rows of {}",
+                x.len(),
+                row.len()
+            )));
+        }
+        let y = step.gpu.output(x.len());
+        let params = [count(x.len(), "values")?, count(row.len(), "row width")?];
+        let groups = count(x.len().div_ceil(64), "groups")?;
+        self.kernel.record(step, &[&x.buffer, &row.buffer, &y.buffer], &params, (groups, 1));
+        Ok(y)
+    }
+}

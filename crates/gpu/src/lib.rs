@@ -43,7 +43,7 @@ pub use attention::{
 };
 pub use buffer::GpuTensor;
 pub use device::{AdapterSummary, Gpu};
-pub use elementwise::Elementwise;
+pub use elementwise::{AddRows, Elementwise};
 pub use error::{GpuError, Result};
 pub use llama::GpuLlama;
 pub use matmul::{Embed, GpuMatrix, Matmul, WeightFormat};

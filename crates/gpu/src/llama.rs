@@ -1,4 +1,4 @@
-//! The dense Llama family (Llama, SmolLM2, Mistral, Qwen2 without biases) run on the GPU: the
+//! The dense Llama family (Llama, SmolLM2, Mistral, Qwen2 / Qwen2.5) run on the GPU: the
 //! same model as `spindle_models`' CPU `Llama`, from the kernels of this crate, with keys and
 //! values in device pools that mirror the callers' `PagedKv` block for block. One step of
 //! [`CausalLm::forward_batch`] is one submission; only its logits come back to the host.
@@ -14,7 +14,7 @@ use spindle_models::{
 use crate::attention::{Attention, AttentionShape, PagedRows, QueryPlace};
 use crate::buffer::GpuTensor;
 use crate::device::Gpu;
-use crate::elementwise::Elementwise;
+use crate::elementwise::{AddRows, Elementwise};
 use crate::error::{GpuError, Result};
 use crate::kv_pools::{KvPools, LayerPools};
 use crate::matmul::{Embed, GpuMatrix, Matmul, WeightFormat};
@@ -22,11 +22,17 @@ use crate::norm::RmsNorm;
 use crate::rope::{Rope, RopePairs, RopeShape, RopeTable};
 use crate::step::Step;
 
+/// A projection and its bias (Qwen2's q, k and v have one).
+struct Projection {
+    weight: GpuMatrix,
+    bias: Option<GpuTensor>,
+}
+
 struct Layer {
     attn_norm: GpuTensor,
-    q: GpuMatrix,
-    k: GpuMatrix,
-    v: GpuMatrix,
+    q: Projection,
+    k: Projection,
+    v: Projection,
     o: GpuMatrix,
     ffn_norm: GpuTensor,
     gate: GpuMatrix,
@@ -42,10 +48,19 @@ struct Kernels {
     rope: Rope,
     attention: Attention,
     add: Elementwise,
+    add_rows: AddRows,
     silu_mul: Elementwise,
 }
 
 impl Kernels {
+    fn project(&self, step: &mut Step<'_>, p: &Projection, x: &GpuTensor) -> Result<GpuTensor> {
+        let y = self.product(step, &p.weight, x)?;
+        match &p.bias {
+            Some(bias) => self.add_rows.forward(step, &y, bias),
+            None => Ok(y),
+        }
+    }
+
     fn product(&self, step: &mut Step<'_>, w: &GpuMatrix, x: &GpuTensor) -> Result<GpuTensor> {
         let kernel =
             self.products.iter().find(|k| k.format() == w.format()).ok_or_else(|| {
@@ -70,8 +85,9 @@ pub struct GpuLlama {
 }
 
 impl GpuLlama {
-    /// Loads the model of `cfg` from `weights` onto `gpu`; architectures and tensors this
-    /// path does not run (Gemma, biases) are refused here, not at the first step.
+    /// Loads the model of `cfg` from `weights` onto `gpu`; architectures and weight formats
+    /// this path does not run (Gemma; IQ and Q2_K-Q5_K types) are refused here, not at the
+    /// first step.
     pub fn load(
         gpu: Arc<Gpu>,
         cfg: TransformerConfig,
@@ -83,9 +99,6 @@ impl GpuLlama {
                 "{:?} is not a dense Llama-family model",
                 cfg.architecture
             )));
-        }
-        if weights.contains("blk.0.attn_q.bias") {
-            return Err(refused("projection biases (Qwen2) are not yet supported".into()));
         }
         // As the CPU model: llama.cpp's converter permutes llama q/k rows for its interleaved
         // rotary; Qwen2 and HF checkpoints keep HF's half-split layout.
@@ -104,13 +117,23 @@ impl GpuLlama {
         };
         let mut layers = Vec::new();
         for i in 0..cfg.num_hidden_layers {
+            let mut projection = |name: &str| -> spindle_models::Result<Projection> {
+                let bias = format!("blk.{i}.{name}.bias");
+                let bias = match weights.contains(&bias) {
+                    true => Some(upload_vector(&gpu, weights, &bias)?),
+                    false => None,
+                };
+                let weight = weights.weight(&format!("blk.{i}.{name}.weight"))?;
+                Ok(Projection { weight: upload_matrix(&gpu, weight)?, bias })
+            };
+            let (q, k, v) = (projection("attn_q")?, projection("attn_k")?, projection("attn_v")?);
             let mut matrix = |name: &str| {
                 upload_matrix(&gpu, weights.weight(&format!("blk.{i}.{name}.weight"))?)
             };
             layers.push(Layer {
-                q: matrix("attn_q")?,
-                k: matrix("attn_k")?,
-                v: matrix("attn_v")?,
+                q,
+                k,
+                v,
                 o: matrix("attn_output")?,
                 gate: matrix("ffn_gate")?,
                 up: matrix("ffn_up")?,
@@ -122,7 +145,7 @@ impl GpuLlama {
         let norm = upload_vector(&gpu, weights, "output_norm.weight")?;
         let mut formats: Vec<WeightFormat> = layers
             .iter()
-            .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+            .flat_map(|l| [&l.q.weight, &l.k.weight, &l.v.weight, &l.o, &l.gate, &l.up, &l.down])
             .chain(head.iter())
             .chain([&embed])
             .map(GpuMatrix::format)
@@ -137,6 +160,7 @@ impl GpuLlama {
                 rope: Rope::new(&gpu)?,
                 attention: Attention::new(&gpu)?,
                 add: Elementwise::add(&gpu)?,
+                add_rows: AddRows::new(&gpu)?,
                 silu_mul: Elementwise::silu_mul(&gpu)?,
             })
         })()
@@ -188,9 +212,9 @@ impl GpuLlama {
         let mut x = k.embed.forward(step, &self.embed, ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let normed = k.norm.forward(step, &x, &layer.attn_norm, eps)?;
-            let q = k.product(step, &layer.q, &normed)?;
-            let key = k.product(step, &layer.k, &normed)?;
-            let value = k.product(step, &layer.v, &normed)?;
+            let q = k.project(step, &layer.q, &normed)?;
+            let key = k.project(step, &layer.k, &normed)?;
+            let value = k.project(step, &layer.v, &normed)?;
             k.rope.apply(step, &q, turn(shape.heads), rope)?;
             k.rope.apply(step, &key, turn(shape.kv_heads), rope)?;
             // Each group of sequences sharing one storage: its keys in, then its attention.

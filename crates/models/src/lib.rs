@@ -221,9 +221,10 @@ pub fn open_dense(path: &Path) -> Result<(TransformerConfig, WeightSource)> {
         let source = SafetensorsWeights::open(path, cfg.architecture)?;
         return Ok((cfg, WeightSource::Safetensors(source)));
     }
-    let gguf = GgufWeights::open(path, GgufStorage::AsStored)?.without_tokenizer();
+    let gguf = GgufWeights::open(path, GgufStorage::AsStored)?;
+    // Before the tokenizer keys go: a file without `*.vocab_size` counts its tokens.
     let cfg = TransformerConfig::from_gguf(gguf.metadata())?;
-    Ok((cfg, WeightSource::Gguf(gguf)))
+    Ok((cfg, WeightSource::Gguf(gguf.without_tokenizer())))
 }
 
 fn build(cfg: TransformerConfig, weights: &mut WeightSource) -> Result<Box<dyn CausalLm>> {

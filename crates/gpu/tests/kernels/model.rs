@@ -204,3 +204,18 @@ fn smollm2_for_64_greedy_steps() {
         .unwrap();
     same_bits("smollm2 alone and batched", &want, &got[1]);
 }
+
+/// Qwen2.5-Coder-0.5B (Q4_K_M: Q4_K, Q6_K and Q8_0 weights, q/k/v biases, tied embeddings)
+/// against the CPU's f32 path. About a minute a token on lavapipe, so not in CI.
+#[test]
+#[ignore = "minutes on lavapipe; run with --ignored"]
+fn qwen25_on_the_gpu_matches_the_cpu_f32_path() {
+    let Some(device) = gpu_or_skip() else { return };
+    let path = spindle_hub::pull("qwen2.5-coder-0.5b", &spindle_hub::spindle_home()).unwrap();
+    let gpu = load_on_gpu(&path, device.clone());
+    let run = greedy_on_gpu(&gpu, &[785, 6722], 2);
+    let (agreed, worst) = agreement(spindle_models::load_gguf_f32(&path).unwrap().as_ref(), &run);
+    eprintln!("qwen2.5: top-1 as the CPU's f32 path at {agreed}/2 steps; max logit difference {worst:.2e}");
+    assert_eq!(agreed, 2);
+    assert!(worst <= SMOLLM2_LOGIT_TOLERANCE, "logits differ by {worst}");
+}

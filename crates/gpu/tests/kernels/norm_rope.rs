@@ -1,7 +1,7 @@
 //! RMSNorm and RoPE against `spindle_models::{RmsNorm, Rotary}`.
 
 use candle_core::{Device, Tensor};
-use spindle_gpu::{RmsNorm, Rope, RopePairs, RopeShape, RopeTable};
+use spindle_gpu::{AddRows, RmsNorm, Rope, RopePairs, RopeShape, RopeTable};
 use spindle_models::{RopeScaling, RopeStyle, Rotary};
 
 use crate::harness::{check, computed, gpu_or_skip, rng, same_bits, uniform};
@@ -115,4 +115,19 @@ fn rope_matches_the_cpu_in_both_pairings_and_partial_rotation() {
             }
         }
     }
+}
+
+#[test]
+fn a_bias_is_added_to_every_row_exactly() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = rng(3);
+    let kernel = AddRows::new(gpu).unwrap();
+    let (rows, width) = (7, 129);
+    let (x, bias) = (uniform(&mut rng, rows * width), uniform(&mut rng, width));
+    let (on_gpu, row) = (gpu.upload(&x).unwrap(), gpu.upload(&bias).unwrap());
+    let got = computed(gpu, |step| kernel.forward(step, &on_gpu, &row));
+    let want: Vec<f32> = x.iter().enumerate().map(|(i, v)| v + bias[i % width]).collect();
+    same_bits("bias added", &got, &want);
+    let short = gpu.upload(&bias[..100]).unwrap();
+    assert!(gpu.run(|step| kernel.forward(step, &on_gpu, &short)).is_err());
 }
