@@ -8,7 +8,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use half::{bf16, f16};
 use rand::Rng;
-use spindle_gpu::{Gpu, GpuMatrix, Matmul, WeightFormat};
+use spindle_gpu::{Embed, Gpu, GpuMatrix, Matmul, WeightFormat};
 use spindle_models::{BlockFormat, BlockMatrix, Q4KMatrix, Q6KMatrix, QuantizedMatrix};
 
 use crate::harness::{check, computed, gpu_or_skip, rng, same_bits, uniform};
@@ -201,6 +201,10 @@ fn mismatched_inputs_are_errors_not_panics() {
     let q4 = Matmul::new(gpu, WeightFormat::Q4_0).unwrap();
     let x = gpu.upload(&[1.0; 32]).unwrap();
     assert!(gpu.run(|step| q4.forward(step, &w, &x)).is_err());
+    // Token ids past the embedding table's rows.
+    let embed = Embed::new(gpu, WeightFormat::Q8_0).unwrap();
+    assert!(gpu.run(|step| embed.forward(step, &w, &[1])).is_ok());
+    assert!(gpu.run(|step| embed.forward(step, &w, &[2])).is_err());
 }
 
 #[test]
