@@ -86,7 +86,7 @@ pub struct GpuLlama {
 
 impl GpuLlama {
     /// Loads the model of `cfg` from `weights` onto `gpu`; architectures and weight formats
-    /// this path does not run (Gemma; IQ and Q2_K-Q5_K types) are refused here, not at the
+    /// this path does not run (Gemma; IQ, Q2_K, Q3_K and Q5_K types) are refused here, not at the
     /// first step.
     pub fn load(
         gpu: Arc<Gpu>,
@@ -119,9 +119,10 @@ impl GpuLlama {
         for i in 0..cfg.num_hidden_layers {
             let mut projection = |name: &str| -> spindle_models::Result<Projection> {
                 let bias = format!("blk.{i}.{name}.bias");
-                let bias = match weights.contains(&bias) {
-                    true => Some(upload_vector(&gpu, weights, &bias)?),
-                    false => None,
+                let bias = if weights.contains(&bias) {
+                    Some(upload_vector(&gpu, weights, &bias)?)
+                } else {
+                    None
                 };
                 let weight = weights.weight(&format!("blk.{i}.{name}.weight"))?;
                 Ok(Projection { weight: upload_matrix(&gpu, weight)?, bias })
