@@ -1,10 +1,12 @@
-//! Causal softmax attention over a contiguous per-sequence KV cache, for a prefill chunk's
-//! queries or a decode step's one (paged caches come later).
+//! Causal softmax attention over a paged KV pool (block tables as the CPU's `PagedKv` keeps
+//! them), for a prefill chunk's queries or a decode step's one, of any number of sequences in
+//! one dispatch; and writing a step's keys and values into the pool.
 
-use crate::buffer::GpuTensor;
+use crate::buffer::{GpuBytes, GpuTensor};
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 use crate::kernel::{count, Kernel};
+use crate::step::Step;
 
 /// Widest head the kernel holds (each of its 64 lanes keeps 4 output dimensions).
 pub const MAX_HEAD_DIM: usize = 256;
@@ -21,35 +23,9 @@ pub struct AttentionShape {
     pub window: Option<usize>,
 }
 
-/// One sequence's keys and values, `(capacity, kv_heads, head_dim)` each, of which the first
-/// `len` positions are filled.
-pub struct KvCache {
-    pub keys: GpuTensor,
-    pub values: GpuTensor,
-    pub len: usize,
-}
-
-pub struct Attention {
-    kernel: Kernel,
-}
-
-impl Attention {
-    pub fn new(gpu: &Gpu) -> Result<Self> {
-        Ok(Attention {
-            kernel: Kernel::new(gpu, "attention", include_str!("shaders/attention.wgsl"))?,
-        })
-    }
-
-    /// The outputs `(tokens, heads, head_dim)` of queries `q` `(tokens, heads, head_dim)` at
-    /// the last `tokens` positions of `cache` (their own keys and values already in it).
-    pub fn forward(
-        &self,
-        gpu: &Gpu,
-        q: &GpuTensor,
-        cache: &KvCache,
-        shape: AttentionShape,
-    ) -> Result<GpuTensor> {
-        let AttentionShape { heads, kv_heads, head_dim, scale, window } = shape;
+impl AttentionShape {
+    fn check(&self) -> Result<()> {
+        let &AttentionShape { heads, kv_heads, head_dim, .. } = self;
         if head_dim == 0
             || head_dim > MAX_HEAD_DIM
             || kv_heads == 0
@@ -61,12 +37,189 @@ impl Attention {
                  (at most {MAX_HEAD_DIM}; heads a multiple of key/value heads)"
             )));
         }
-        let row = heads * head_dim;
+        Ok(())
+    }
+}
+
+/// One sequence's keys and values, `(capacity, kv_heads, head_dim)` each, of which the first
+/// `len` positions are filled.
+pub struct KvCache {
+    pub keys: GpuTensor,
+    pub values: GpuTensor,
+    pub len: usize,
+}
+
+/// One layer's keys and values of many sequences: `blocks` blocks of `block_size` slots, each
+/// slot `(kv_heads, head_dim)`.
+pub struct KvPool {
+    keys: GpuTensor,
+    values: GpuTensor,
+    block_size: usize,
+    blocks: usize,
+}
+
+impl KvPool {
+    pub fn new(gpu: &Gpu, blocks: usize, block_size: usize, kv_width: usize) -> Result<Self> {
+        if blocks == 0 || block_size == 0 || kv_width == 0 {
+            return Err(GpuError::BadInput(format!(
+                "a pool of {blocks} blocks of {block_size} slots of {kv_width} values"
+            )));
+        }
+        let len = blocks * block_size * kv_width;
+        Ok(KvPool { keys: gpu.zeros(len)?, values: gpu.zeros(len)?, block_size, blocks })
+    }
+}
+
+/// Where a row of a step sits: its position in its sequence, whose block table starts at
+/// `table_start` of the step's tables.
+#[derive(Clone, Copy, Debug)]
+pub struct QueryPlace {
+    pub row: usize,
+    pub position: usize,
+    pub table_start: usize,
+}
+
+/// Rows of a step with their places, and the block tables they name, on the device.
+pub struct PagedRows {
+    places: Vec<QueryPlace>,
+    tables: Vec<u32>,
+    places_on_device: GpuBytes,
+    tables_on_device: GpuBytes,
+}
+
+impl PagedRows {
+    pub fn upload(gpu: &Gpu, places: Vec<QueryPlace>, tables: Vec<u32>) -> Result<Self> {
+        let words = places
+            .iter()
+            .flat_map(|p| [(p.row, "row"), (p.position, "position"), (p.table_start, "table")])
+            .map(|(n, what)| count(n, what))
+            .collect::<Result<Vec<u32>>>()?;
+        Ok(PagedRows {
+            places_on_device: gpu.upload_indices(&words, "query places")?,
+            tables_on_device: gpu.upload_indices(&tables, "block tables")?,
+            places,
+            tables,
+        })
+    }
+
+    /// Fails unless every row is below `rows` and every position up to each row's own lies in
+    /// blocks of its table within a pool of `blocks` blocks of `block_size`.
+    fn check(&self, rows: usize, blocks: usize, block_size: usize) -> Result<()> {
+        for p in &self.places {
+            let last = p.table_start + p.position / block_size;
+            let fits = p.row < rows
+                && last < self.tables.len()
+                && self.tables[p.table_start..=last].iter().all(|&b| (b as usize) < blocks);
+            if !fits {
+                return Err(GpuError::BadInput(format!(
+                    "{p:?} against {rows} rows, tables of {} entries and a pool of {blocks} \
+                     blocks of {block_size}",
+                    self.tables.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+pub struct Attention {
+    attend: Kernel,
+    write: Kernel,
+}
+
+impl Attention {
+    pub fn new(gpu: &Gpu) -> Result<Self> {
+        Ok(Attention {
+            attend: Kernel::new(gpu, "attention", include_str!("shaders/attention.wgsl"))?,
+            write: Kernel::new(gpu, "kv_write", include_str!("shaders/kv_write.wgsl"))?,
+        })
+    }
+
+    /// Stores rows `rows` of `keys` and `values` `(rows, kv_heads, head_dim)` at their places
+    /// in `pool`.
+    pub fn write(
+        &self,
+        step: &mut Step<'_>,
+        keys: &GpuTensor,
+        values: &GpuTensor,
+        pool: &KvPool,
+        rows: &PagedRows,
+    ) -> Result<()> {
+        let width = pool.keys.len() / (pool.blocks * pool.block_size);
+        if keys.len() != values.len() || !keys.len().is_multiple_of(width) {
+            return Err(GpuError::BadInput(format!(
+                "{} keys and {} values for slots of {width}",
+                keys.len(),
+                values.len()
+            )));
+        }
+        rows.check(keys.len() / width, pool.blocks, pool.block_size)?;
+        let params = [
+            count(rows.places.len(), "rows")?,
+            count(width, "key width")?,
+            count(pool.block_size, "block size")?,
+        ];
+        let buffers = [
+            &keys.buffer,
+            &values.buffer,
+            &pool.keys.buffer,
+            &pool.values.buffer,
+            &rows.tables_on_device.buffer,
+            &rows.places_on_device.buffer,
+        ];
+        let groups = count((rows.places.len() * width).div_ceil(64), "groups")?;
+        self.write.record(step, &buffers, &params, (groups, 1));
+        Ok(())
+    }
+
+    /// Writes into `out` `(rows, heads, head_dim)` the attention of each query row of `q`
+    /// (shaped alike) that `queries` names, over its sequence's positions in `pool` up to its
+    /// own (its keys and values already written there).
+    pub fn paged(
+        &self,
+        step: &mut Step<'_>,
+        q: &GpuTensor,
+        pool: &KvPool,
+        queries: &PagedRows,
+        shape: AttentionShape,
+        out: &GpuTensor,
+    ) -> Result<()> {
+        shape.check()?;
+        let row = shape.heads * shape.head_dim;
+        let kv_width = shape.kv_heads * shape.head_dim;
+        if !q.len().is_multiple_of(row)
+            || out.len() != q.len()
+            || pool.keys.len() != pool.blocks * pool.block_size * kv_width
+        {
+            return Err(GpuError::BadInput(format!(
+                "{} query values and {} outputs for rows of {row}, over a pool of {} values \
+                 for slots of {kv_width}",
+                q.len(),
+                out.len(),
+                pool.keys.len()
+            )));
+        }
+        queries.check(q.len() / row, pool.blocks, pool.block_size)?;
+        self.dispatch(step, q, [&pool.keys, &pool.values], pool.block_size, queries, shape, out)
+    }
+
+    /// The outputs `(tokens, heads, head_dim)` of queries `q` `(tokens, heads, head_dim)` at
+    /// the last `tokens` positions of one sequence's contiguous `cache` (their own keys and
+    /// values already in it).
+    pub fn forward(
+        &self,
+        step: &mut Step<'_>,
+        q: &GpuTensor,
+        cache: &KvCache,
+        shape: AttentionShape,
+    ) -> Result<GpuTensor> {
+        shape.check()?;
+        let row = shape.heads * shape.head_dim;
         let tokens = q.len() / row;
-        let kv_row = kv_heads * head_dim;
+        let kv_width = shape.kv_heads * shape.head_dim;
         if q.len() != tokens * row
             || tokens > cache.len
-            || cache.keys.len() < cache.len * kv_row
+            || cache.keys.len() < cache.len * kv_width
             || cache.values.len() != cache.keys.len()
         {
             return Err(GpuError::BadInput(format!(
@@ -77,18 +230,47 @@ impl Attention {
                 cache.values.len()
             )));
         }
-        let out = gpu.zeros(q.len())?;
-        let params = [
-            count(tokens, "tokens")?,
-            count(heads, "heads")?,
-            count(kv_heads, "key/value heads")?,
-            count(head_dim, "head width")?,
-            count(cache.len - tokens, "cached positions")?,
-            count(window.unwrap_or(0), "window")?,
-            scale.to_bits(),
-        ];
-        let buffers = [&q.buffer, &cache.keys.buffer, &cache.values.buffer, &out.buffer];
-        self.kernel.run(gpu, &buffers, &params, (count(tokens * heads, "query heads")?, 1))?;
+        // The whole cache is one block.
+        let past = cache.len - tokens;
+        let places = (0..tokens).map(|t| QueryPlace { row: t, position: past + t, table_start: 0 });
+        let queries = PagedRows::upload(step.gpu, places.collect(), vec![0])?;
+        let out = step.gpu.output(q.len());
+        let capacity = (cache.keys.len() / kv_width).max(1);
+        let kv = [&cache.keys, &cache.values];
+        self.dispatch(step, q, kv, capacity, &queries, shape, &out)?;
         Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)] // one per binding of the shader
+    fn dispatch(
+        &self,
+        step: &mut Step<'_>,
+        q: &GpuTensor,
+        [keys, values]: [&GpuTensor; 2],
+        block_size: usize,
+        queries: &PagedRows,
+        shape: AttentionShape,
+        out: &GpuTensor,
+    ) -> Result<()> {
+        let params = [
+            count(queries.places.len(), "queries")?,
+            count(shape.heads, "heads")?,
+            count(shape.kv_heads, "key/value heads")?,
+            count(shape.head_dim, "head width")?,
+            count(block_size, "block size")?,
+            count(shape.window.unwrap_or(0), "window")?,
+            shape.scale.to_bits(),
+        ];
+        let buffers = [
+            &q.buffer,
+            &keys.buffer,
+            &values.buffer,
+            &out.buffer,
+            &queries.tables_on_device.buffer,
+            &queries.places_on_device.buffer,
+        ];
+        let groups = count(queries.places.len() * shape.heads, "query heads")?;
+        self.attend.record(step, &buffers, &params, (groups, 1));
+        Ok(())
     }
 }

@@ -48,48 +48,21 @@ impl Gpu {
         self.upload(&vec![0.0; len])
     }
 
-    /// Copies a device tensor back to the host.
-    pub fn download(&self, tensor: &GpuTensor) -> Result<Vec<f32>> {
-        let size = (tensor.len * 4) as u64;
-        if size == 0 {
-            return Ok(Vec::new());
-        }
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("download"),
-            size,
-            usage: BufferUsages::MAP_READ | BufferUsages::COPY_DST,
+    /// A device tensor of `len` values for a kernel to fill: made without a wait, inside a
+    /// [`Gpu::run`] that reports any error of its making.
+    pub(crate) fn output(&self, len: usize) -> GpuTensor {
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("output"),
+            size: (len.max(1) * 4) as u64,
+            usage: BufferUsages::STORAGE | BufferUsages::COPY_SRC | BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.checked(|| {
-            let mut encoder = self.device.create_command_encoder(&Default::default());
-            encoder.copy_buffer_to_buffer(&tensor.buffer, 0, &staging, 0, size);
-            self.queue.submit([encoder.finish()]);
-            staging.slice(..).map_async(wgpu::MapMode::Read, |_| ());
-            Ok(())
-        })?;
-        let view =
-            staging.slice(..).get_mapped_range().map_err(|e| GpuError::Device(e.to_string()))?;
-        let values = bytemuck::cast_slice::<u8, f32>(&view).to_vec();
-        drop(view);
-        staging.unmap();
-        Ok(values)
+        GpuTensor { buffer, len }
     }
 
-    /// Copies all of `src` into `dst` from value `at` on (a step's keys into a KV cache).
-    pub fn copy_into(&self, src: &GpuTensor, dst: &GpuTensor, at: usize) -> Result<()> {
-        if at + src.len > dst.len {
-            return Err(GpuError::BadInput(format!(
-                "{} values from {at} overrun a tensor of {}",
-                src.len, dst.len
-            )));
-        }
-        self.checked(|| {
-            let mut encoder = self.device.create_command_encoder(&Default::default());
-            let bytes = (src.len * 4) as u64;
-            encoder.copy_buffer_to_buffer(&src.buffer, 0, &dst.buffer, (at * 4) as u64, bytes);
-            self.queue.submit([encoder.finish()]);
-            Ok(())
-        })
+    /// Copies indices (token ids, block tables) to the device.
+    pub(crate) fn upload_indices(&self, indices: &[u32], what: &str) -> Result<GpuBytes> {
+        self.upload_bytes(bytemuck::cast_slice(indices), what)
     }
 
     /// Copies raw bytes (a weight in its file layout) to the device.

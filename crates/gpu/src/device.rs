@@ -4,6 +4,8 @@
 //! macOS; DX12 on Windows). A machine without a GPU still has one when Mesa's lavapipe (a Vulkan
 //! driver that runs on the CPU) is installed, which is how CI runs every kernel.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use wgpu::{AdapterInfo, Backends, DeviceType};
 
 use crate::error::{GpuError, Result};
@@ -17,6 +19,7 @@ pub struct Gpu {
     pub(crate) queue: wgpu::Queue,
     adapter: AdapterSummary,
     limits: wgpu::Limits,
+    submissions: AtomicU64,
 }
 
 /// One adapter as a user would pick it: its index in [`Gpu::adapters`] and its description.
@@ -96,7 +99,7 @@ impl Gpu {
             })?;
         // Errors outside a `checked` call (none are expected) are printed, never a panic.
         device.on_uncaptured_error(std::sync::Arc::new(|e| eprintln!("GPU error: {e}")));
-        Ok(Gpu { device, queue, adapter: summary, limits })
+        Ok(Gpu { device, queue, adapter: summary, limits, submissions: AtomicU64::new(0) })
     }
 
     pub fn info(&self) -> &AdapterInfo {
@@ -106,6 +109,15 @@ impl Gpu {
     /// The opened adapter with its index, as `--device gpu:N` names it.
     pub fn adapter(&self) -> &AdapterSummary {
         &self.adapter
+    }
+
+    /// Command buffers submitted so far (a model step is one).
+    pub fn submissions(&self) -> u64 {
+        self.submissions.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_submission(&self) {
+        self.submissions.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The most bytes one storage binding may hold on this device.

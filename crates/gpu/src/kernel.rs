@@ -1,10 +1,11 @@
-//! A compiled compute shader and its dispatch: storage buffers bound in order, then one uniform
-//! block of 32-bit parameters.
+//! A compiled compute shader and its dispatch into a [`Step`]: storage buffers bound in order,
+//! then one uniform block of 32-bit parameters.
 
 use wgpu::util::DeviceExt;
 
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
+use crate::step::Step;
 
 /// Workgroups along x at most; more go along y (every adapter allows 65,535 per dimension).
 pub(crate) const GRID_X: u32 = 32768;
@@ -37,51 +38,44 @@ impl Kernel {
         Ok(Kernel { name, pipeline })
     }
 
-    /// Runs `workgroups` (a count laid out by [`grid`] on x and y, and `z`) over `buffers`
-    /// (bindings 0..) and `params` (the binding after them), and waits for it.
-    pub(crate) fn run(
+    /// Records `workgroups` (a count laid out by [`GRID_X`] on x and y, and `z`) over
+    /// `buffers` (bindings 0..) and `params` (the binding after them) into `step`.
+    pub(crate) fn record(
         &self,
-        gpu: &Gpu,
+        step: &mut Step<'_>,
         buffers: &[&wgpu::Buffer],
         params: &[u32],
         (workgroups, z): (u32, u32),
-    ) -> Result<()> {
+    ) {
         if workgroups == 0 || z == 0 {
-            return Ok(());
+            return;
         }
+        let device = &step.gpu.device;
         let mut words = params.to_vec();
         words.resize(params.len().next_multiple_of(4), 0); // uniform blocks: 16-byte multiples
-        gpu.checked(|| {
-            let uniform = gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(self.name),
-                contents: bytemuck::cast_slice(&words),
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
-            let entries: Vec<wgpu::BindGroupEntry> = buffers
-                .iter()
-                .chain([&&uniform])
-                .enumerate()
-                .map(|(i, b)| wgpu::BindGroupEntry {
-                    binding: i as u32,
-                    resource: b.as_entire_binding(),
-                })
-                .collect();
-            let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(self.name),
-                layout: &self.pipeline.get_bind_group_layout(0),
-                entries: &entries,
-            });
-            let mut encoder = gpu.device.create_command_encoder(&Default::default());
-            {
-                let mut pass = encoder.begin_compute_pass(&Default::default());
-                pass.set_pipeline(&self.pipeline);
-                pass.set_bind_group(0, &bind_group, &[]);
-                pass.dispatch_workgroups(workgroups.min(GRID_X), workgroups.div_ceil(GRID_X), z);
-            }
-            gpu.queue.submit([encoder.finish()]);
-            Ok(())
-        })
-        .map_err(|e| GpuError::Device(format!("kernel {}: {e}", self.name)))
+        let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(self.name),
+            contents: bytemuck::cast_slice(&words),
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .chain([&&uniform])
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(self.name),
+            layout: &self.pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let mut pass = step.encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(workgroups.min(GRID_X), workgroups.div_ceil(GRID_X), z);
     }
 }
 

@@ -15,8 +15,13 @@
 //! let bytes = vec![0u8; 2 * 34]; // two Q8_0 rows of 32 values
 //! let w = GpuMatrix::upload(&gpu, WeightFormat::Q8_0, 2, 32, &bytes)?;
 //! let x = gpu.upload(&[1.0; 32])?;
-//! let y = Matmul::new(&gpu, WeightFormat::Q8_0)?.forward(&gpu, &w, &x)?;
-//! assert_eq!(gpu.download(&y)?.len(), 2);
+//! let product = Matmul::new(&gpu, WeightFormat::Q8_0)?;
+//! // Kernels are recorded into a step, submitted once.
+//! let y = gpu.run(|step| {
+//!     let y = product.forward(step, &w, &x)?;
+//!     Ok(step.read(&y))
+//! })?;
+//! assert_eq!(y.values()?.len(), 2);
 //! # Ok(()) }
 //! ```
 
@@ -26,15 +31,22 @@ mod device;
 mod elementwise;
 mod error;
 mod kernel;
+mod kv_pools;
+mod llama;
 mod matmul;
 mod norm;
 mod rope;
+mod step;
 
-pub use attention::{Attention, AttentionShape, KvCache, MAX_HEAD_DIM};
+pub use attention::{
+    Attention, AttentionShape, KvCache, KvPool, PagedRows, QueryPlace, MAX_HEAD_DIM,
+};
 pub use buffer::GpuTensor;
 pub use device::{AdapterSummary, Gpu};
-pub use elementwise::Elementwise;
+pub use elementwise::{AddRows, Elementwise};
 pub use error::{GpuError, Result};
-pub use matmul::{GpuMatrix, Matmul, WeightFormat};
+pub use llama::GpuLlama;
+pub use matmul::{Embed, GpuMatrix, Matmul, WeightFormat};
 pub use norm::RmsNorm;
 pub use rope::{Rope, RopePairs, RopeShape, RopeTable};
+pub use step::{Readback, Step};

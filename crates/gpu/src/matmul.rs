@@ -1,13 +1,15 @@
 //! Products of a weight matrix kept in its file format (GGUF blocks, f16, bf16) with rows of
 //! f32 activations: `y = x · Wᵀ`, one kernel for a decode step's single row and a prefill
-//! chunk's many (see `shaders/matmul.wgsl` for the fixed reduction order).
+//! chunk's many (see `shaders/matmul.wgsl` for the fixed reduction order); and the embedding
+//! rows of token ids out of such a matrix.
 
 use crate::buffer::{GpuBytes, GpuTensor};
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 use crate::kernel::{count, Kernel};
+use crate::step::Step;
 
-const COMMON: &str = include_str!("shaders/matmul.wgsl");
+const BLOCKS: &str = include_str!("shaders/blocks.wgsl");
 /// Tokens one workgroup serves (`TOKENS` in the shader).
 const TOKENS_PER_GROUP: usize = 8;
 
@@ -66,6 +68,11 @@ impl WeightFormat {
         Ok(cols / values * bytes)
     }
 
+    /// `kernel` (a `main` over `weights` and its own bindings) with this format's decoding.
+    fn source(self, kernel: &str) -> String {
+        format!("{kernel}\n{BLOCKS}\n{}", self.shader())
+    }
+
     fn shader(self) -> &'static str {
         match self {
             Self::F32 => include_str!("shaders/f32.wgsl"),
@@ -82,16 +89,38 @@ impl WeightFormat {
     }
 }
 
-/// A `rows × cols` weight matrix on the device, in its file layout.
+/// A `rows × cols` weight matrix on the device, in its file layout: in row ranges of at most
+/// one storage binding each (lavapipe allows 128 MiB; an embedding table can be more).
 pub struct GpuMatrix {
     format: WeightFormat,
     rows: usize,
     cols: usize,
+    parts: Vec<MatrixPart>,
+}
+
+/// Rows `first_row..first_row + rows` of a matrix, in one buffer.
+struct MatrixPart {
+    first_row: usize,
+    rows: usize,
     data: GpuBytes,
 }
 
 impl GpuMatrix {
-    /// Uploads `bytes`, which must be exactly `rows` rows of `cols` values in `format`.
+    /// Fails unless this is a matrix the `format` kernel reads.
+    fn check_format(&self, format: WeightFormat) -> Result<()> {
+        if self.format != format {
+            return Err(GpuError::BadInput(format!(
+                "a {format:?} kernel was given a {:?} matrix",
+                self.format
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl GpuMatrix {
+    /// Uploads `bytes`, which must be exactly `rows` rows of `cols` values in `format`, in as
+    /// few parts as the device's binding limit allows.
     pub fn upload(
         gpu: &Gpu,
         format: WeightFormat,
@@ -99,15 +128,48 @@ impl GpuMatrix {
         cols: usize,
         bytes: &[u8],
     ) -> Result<Self> {
-        let expected = rows * format.row_bytes(cols)?;
+        Self::upload_in_parts(gpu, format, rows, cols, bytes, gpu.max_binding_bytes())
+    }
+
+    /// [`upload`](Self::upload) with parts of at most `part_bytes` (whole rows each): the
+    /// device's limit, or less to test the split.
+    pub fn upload_in_parts(
+        gpu: &Gpu,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+        part_bytes: u64,
+    ) -> Result<Self> {
+        let row_bytes = format.row_bytes(cols)?;
+        let expected = rows * row_bytes;
         if rows == 0 || bytes.len() != expected {
             return Err(GpuError::BadInput(format!(
                 "a {rows} × {cols} {format:?} matrix takes {expected} bytes, not {}",
                 bytes.len()
             )));
         }
-        let data = gpu.upload_bytes(bytes, &format!("{format:?} weight"))?;
-        Ok(GpuMatrix { format, rows, cols, data })
+        let rows_per_part = usize::try_from(part_bytes / row_bytes as u64).unwrap_or(usize::MAX);
+        if rows_per_part == 0 {
+            return Err(GpuError::TooLarge {
+                what: format!("one row of a {format:?} matrix"),
+                bytes: row_bytes as u64,
+                limit: part_bytes,
+            });
+        }
+        let what = format!("{format:?} weight");
+        let parts = bytes
+            .chunks(rows_per_part * row_bytes)
+            .enumerate()
+            .map(|(i, chunk)| {
+                Ok(MatrixPart {
+                    first_row: i * rows_per_part,
+                    rows: chunk.len() / row_bytes,
+                    data: gpu.upload_bytes(chunk, &what)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(GpuMatrix { format, rows, cols, parts })
     }
 
     pub fn rows(&self) -> usize {
@@ -121,6 +183,11 @@ impl GpuMatrix {
     pub fn format(&self) -> WeightFormat {
         self.format
     }
+
+    /// Buffers the matrix is held in.
+    pub fn parts(&self) -> usize {
+        self.parts.len()
+    }
 }
 
 /// The product kernel of one weight format.
@@ -131,18 +198,17 @@ pub struct Matmul {
 
 impl Matmul {
     pub fn new(gpu: &Gpu, format: WeightFormat) -> Result<Self> {
-        let source = format!("{COMMON}\n{}", format.shader());
+        let source = format.source(include_str!("shaders/matmul.wgsl"));
         Ok(Matmul { format, kernel: Kernel::new(gpu, "matmul", &source)? })
     }
 
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
     /// `x`: (tokens, cols) → (tokens, rows).
-    pub fn forward(&self, gpu: &Gpu, w: &GpuMatrix, x: &GpuTensor) -> Result<GpuTensor> {
-        if w.format != self.format {
-            return Err(GpuError::BadInput(format!(
-                "a {:?} kernel was given a {:?} matrix",
-                self.format, w.format
-            )));
-        }
+    pub fn forward(&self, step: &mut Step<'_>, w: &GpuMatrix, x: &GpuTensor) -> Result<GpuTensor> {
+        w.check_format(self.format)?;
         if x.is_empty() || !x.len().is_multiple_of(w.cols) {
             return Err(GpuError::BadInput(format!(
                 "{} activations are no whole number of rows of {}",
@@ -151,16 +217,65 @@ impl Matmul {
             )));
         }
         let tokens = x.len() / w.cols;
-        let y = gpu.zeros(tokens * w.rows)?;
-        let params = [
-            count(w.rows, "rows")?,
-            count(w.cols, "columns")?,
-            count(tokens, "tokens")?,
-            count(w.format.row_bytes(w.cols)?, "row bytes")?,
-        ];
-        let groups =
-            (count(w.rows, "rows")?, count(tokens.div_ceil(TOKENS_PER_GROUP), "token groups")?);
-        self.kernel.run(gpu, &[&w.data.buffer, &x.buffer, &y.buffer], &params, groups)?;
+        let y = step.gpu.output(tokens * w.rows);
+        let token_groups = count(tokens.div_ceil(TOKENS_PER_GROUP), "token groups")?;
+        // Each part writes its own rows of every output row; a row's sum is the same either way.
+        for part in &w.parts {
+            let params = [
+                count(part.rows, "rows")?,
+                count(w.cols, "columns")?,
+                count(tokens, "tokens")?,
+                count(w.format.row_bytes(w.cols)?, "row bytes")?,
+                count(part.first_row, "first row")?,
+                count(w.rows, "rows")?,
+            ];
+            let buffers = [&part.data.buffer, &x.buffer, &y.buffer];
+            self.kernel.record(step, &buffers, &params, (count(part.rows, "rows")?, token_groups));
+        }
         Ok(y)
+    }
+}
+
+/// The rows of an embedding table that token ids name, decoded to f32.
+pub struct Embed {
+    format: WeightFormat,
+    kernel: Kernel,
+}
+
+impl Embed {
+    pub fn new(gpu: &Gpu, format: WeightFormat) -> Result<Self> {
+        let source = format.source(include_str!("shaders/embed.wgsl"));
+        Ok(Embed { format, kernel: Kernel::new(gpu, "embed", &source)? })
+    }
+
+    /// `ids` → (ids, cols): row `id` of `table` for each.
+    pub fn forward(
+        &self,
+        step: &mut Step<'_>,
+        table: &GpuMatrix,
+        ids: &[u32],
+    ) -> Result<GpuTensor> {
+        table.check_format(self.format)?;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= table.rows) {
+            return Err(GpuError::BadInput(format!(
+                "token id {id} is past the table's {} rows",
+                table.rows
+            )));
+        }
+        let out = step.gpu.output(ids.len() * table.cols);
+        let on_device = step.gpu.upload_indices(ids, "token ids")?;
+        let tokens = count(ids.len(), "tokens")?;
+        for part in &table.parts {
+            let params = [
+                count(part.rows, "rows")?,
+                count(table.cols, "columns")?,
+                tokens,
+                count(table.format.row_bytes(table.cols)?, "row bytes")?,
+                count(part.first_row, "first row")?,
+            ];
+            let buffers = [&part.data.buffer, &on_device.buffer, &out.buffer];
+            self.kernel.record(step, &buffers, &params, (tokens, 1));
+        }
+        Ok(out)
     }
 }

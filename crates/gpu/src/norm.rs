@@ -4,6 +4,7 @@ use crate::buffer::GpuTensor;
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 use crate::kernel::{count, Kernel};
+use crate::step::Step;
 
 /// `y = x / sqrt(mean(x²) + eps) · w` per row of `w.len()` values (Gemma's `1 + w` is folded into
 /// `w` when weights load).
@@ -18,7 +19,7 @@ impl RmsNorm {
 
     pub fn forward(
         &self,
-        gpu: &Gpu,
+        step: &mut Step<'_>,
         x: &GpuTensor,
         weight: &GpuTensor,
         eps: f32,
@@ -31,14 +32,14 @@ impl RmsNorm {
             )));
         }
         let rows = x.len() / dim;
-        let y = gpu.zeros(x.len())?;
+        let y = step.gpu.output(x.len());
         let params = [count(rows, "rows")?, count(dim, "norm width")?, eps.to_bits()];
-        self.kernel.run(
-            gpu,
+        self.kernel.record(
+            step,
             &[&x.buffer, &weight.buffer, &y.buffer],
             &params,
             (count(rows, "rows")?, 1),
-        )?;
+        );
         Ok(y)
     }
 }

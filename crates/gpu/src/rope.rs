@@ -4,6 +4,7 @@ use crate::buffer::GpuTensor;
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 use crate::kernel::{count, Kernel};
+use crate::step::Step;
 
 /// How rotary embedding pairs up the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,7 +44,7 @@ impl Rope {
     /// Turns `x` (tokens, heads, head_dim) in place.
     pub fn apply(
         &self,
-        gpu: &Gpu,
+        step: &mut Step<'_>,
         x: &GpuTensor,
         shape: RopeShape,
         table: &RopeTable,
@@ -75,11 +76,12 @@ impl Rope {
             u32::from(pairs == RopePairs::Interleaved),
         ];
         let groups = count((tokens * heads * half).div_ceil(64), "rope groups")?;
-        self.kernel.run(
-            gpu,
+        self.kernel.record(
+            step,
             &[&x.buffer, &table.cos.buffer, &table.sin.buffer],
             &params,
             (groups, 1),
-        )
+        );
+        Ok(())
     }
 }

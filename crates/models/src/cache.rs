@@ -135,6 +135,12 @@ impl SequenceCache {
         &self.blocks
     }
 
+    /// The storage the block table points into (a model on a device keys its own copy of the
+    /// keys and values by it).
+    pub fn storage(&self) -> &Arc<PagedKv> {
+        &self.kv
+    }
+
     /// More blocks for the positions after those the table covers.
     pub fn add_blocks(&mut self, blocks: &[u32]) {
         self.blocks.extend_from_slice(blocks);

@@ -24,6 +24,10 @@ pub enum ModelError {
     ContextExceeded { needed: usize, limit: usize },
     #[error("tensor computation failed: {}", first_line(.0))]
     Candle(#[from] candle_core::Error),
+    /// A model step on a GPU failed (the GPU crate's error, as text: this crate does not
+    /// depend on it).
+    #[error("GPU: {0}")]
+    Gpu(String),
 }
 
 /// candle appends a backtrace to its messages when RUST_BACKTRACE is set; users get one line.

@@ -62,7 +62,10 @@ pub use k_quants::supported as k_quant_kernels_run;
 pub use q4_k::Q4KMatrix;
 pub use q6_k::Q6KMatrix;
 pub use quantized::QuantizedMatrix;
-use weights::{GgufStorage, GgufWeights, SafetensorsWeights, WeightSource};
+// The weights as stored, for model implementations outside this crate (the GPU's).
+pub use weight::Weight;
+pub use weights::WeightSource;
+use weights::{GgufStorage, GgufWeights, SafetensorsWeights};
 
 /// A decoder-only language model that predicts the next token.
 pub trait CausalLm: Send + Sync {
@@ -201,6 +204,27 @@ pub fn load_safetensors(dir: &Path) -> Result<Box<dyn CausalLm>> {
     let cfg = TransformerConfig::from_hf_json(&text)?;
     let source = SafetensorsWeights::open(dir, cfg.architecture)?;
     build(cfg, &mut WeightSource::Safetensors(source))
+}
+
+/// The configuration and weights, as stored, of a dense transformer (a `.gguf` file, or a
+/// folder with `config.json` and `*.safetensors`), for a model built elsewhere; hybrid models
+/// are refused.
+pub fn open_dense(path: &Path) -> Result<(TransformerConfig, WeightSource)> {
+    if path.is_dir() {
+        let config_path = path.join("config.json");
+        let text = std::fs::read_to_string(&config_path)
+            .map_err(|source| ModelError::Io { path: config_path, source })?;
+        if qwen3_next::HybridConfig::detect(&text)?.is_some() {
+            return Err(ModelError::BadConfig("a hybrid model is not a dense transformer".into()));
+        }
+        let cfg = TransformerConfig::from_hf_json(&text)?;
+        let source = SafetensorsWeights::open(path, cfg.architecture)?;
+        return Ok((cfg, WeightSource::Safetensors(source)));
+    }
+    let gguf = GgufWeights::open(path, GgufStorage::AsStored)?;
+    // Before the tokenizer keys go: a file without `*.vocab_size` counts its tokens.
+    let cfg = TransformerConfig::from_gguf(gguf.metadata())?;
+    Ok((cfg, WeightSource::Gguf(gguf.without_tokenizer())))
 }
 
 fn build(cfg: TransformerConfig, weights: &mut WeightSource) -> Result<Box<dyn CausalLm>> {

@@ -235,6 +235,11 @@ impl PagedKv {
         self.block_size
     }
 
+    /// Blocks held.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
     fn layer(&self, layer: usize) -> Result<&LayerStore> {
         self.layers
             .get(layer)

@@ -1,30 +1,35 @@
-// Causal softmax attention of new queries over a contiguous KV cache, one workgroup per (query
-// token, head). Keys go by in chunks of THREADS from the first the query sees (window) to its
+// Causal softmax attention of new queries over a paged KV pool, one workgroup per (query, head).
+// A query names its row of `q`, its position, and where its sequence's block table starts;
+// position p of that sequence lives at slot table[p / block_size] · block_size + p % block_size. Keys go by in chunks of THREADS from the first the query sees (window) to its
 // own position; each lane scores one key of a chunk (a dot product in dimension order, scaled
 // after), the chunk's maximum and sum meet in fixed trees, and the running output is rescaled
 // as the maximum grows (online softmax). Everything a query computes depends only on its
-// position and the cache, not on the other queries of the step: same bits alone or batched.
+// position and its sequence's keys and values, not on the other queries of the step or where
+// the blocks lie: same bits alone or batched.
 
 struct Params {
-    tokens: u32,
+    queries: u32,
     heads: u32,
     kv_heads: u32,
     head_dim: u32,
-    // Positions cached before the first new query; query t sits at past + t.
-    past: u32,
+    block_size: u32,
     // Keys further back than this are not seen; 0: no window.
     window: u32,
     scale: f32,
 }
 
-// (tokens, heads, head_dim)
+// (rows, heads, head_dim)
 @group(0) @binding(0) var<storage, read> q: array<f32>;
-// (capacity, kv_heads, head_dim), positions 0..past+tokens filled.
+// (slots, kv_heads, head_dim), each sequence's positions 0..=its query's position filled.
 @group(0) @binding(1) var<storage, read> k: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<f32>;
-// (tokens, heads, head_dim)
+// (rows, heads, head_dim); rows no query names are left as they are.
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<uniform> params: Params;
+// Block tables, one after another.
+@group(0) @binding(4) var<storage, read> tables: array<u32>;
+// Per query: its row, its position, where its block table starts.
+@group(0) @binding(5) var<storage, read> places: array<u32>;
+@group(0) @binding(6) var<uniform> params: Params;
 
 const THREADS: u32 = 64u;
 const MAX_HEAD_DIM: u32 = 256u;
@@ -64,22 +69,30 @@ fn tree_sum(lane: u32, value: f32) -> f32 {
     return result;
 }
 
+// The first value of position `p`'s key (or value) of `kv_head` for a table starting at `table`.
+fn kv_base(table: u32, p: u32, kv_head: u32) -> u32 {
+    let slot = tables[table + p / params.block_size] * params.block_size + p % params.block_size;
+    return (slot * params.kv_heads + kv_head) * params.head_dim;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let id = group.y * GRID_X + group.x;
-    if (id >= params.tokens * params.heads) {
+    if (id >= params.queries * params.heads) {
         return;
     }
     let d = params.head_dim;
-    let token = id / params.heads;
+    let query_index = id / params.heads;
     let head = id % params.heads;
     let kv_head = head / (params.heads / params.kv_heads);
-    let position = params.past + token;
+    let row = places[3u * query_index];
+    let position = places[3u * query_index + 1u];
+    let table = places[3u * query_index + 2u];
     var first = 0u;
     if (params.window > 0u && position + 1u > params.window) {
         first = position + 1u - params.window;
     }
-    let q_base = id * d;
+    let q_base = (row * params.heads + head) * d;
     for (var j = lane; j < d; j += THREADS) {
         query[j] = q[q_base + j];
     }
@@ -92,7 +105,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
         let key = chunk + lane;
         var score = NEG_HUGE;
         if (key >= first && key <= position) {
-            let k_base = (key * params.kv_heads + kv_head) * d;
+            let k_base = kv_base(table, key, kv_head);
             var dot = 0.0;
             for (var j = 0u; j < d; j++) {
                 dot += query[j] * k[k_base + j];
@@ -111,7 +124,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
             if (j < d) {
                 var sum = acc[i] * rescale;
                 for (var c = 0u; c < keys; c++) {
-                    sum += probs[c] * v[((chunk + c) * params.kv_heads + kv_head) * d + j];
+                    sum += probs[c] * v[kv_base(table, chunk + c, kv_head) + j];
                 }
                 acc[i] = sum;
             }

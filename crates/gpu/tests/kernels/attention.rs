@@ -2,10 +2,10 @@
 //! (`SequenceCache::attend`), for prefill chunks after a cached prefix and decode steps.
 
 use candle_core::{Device, Tensor};
-use spindle_gpu::{Attention, AttentionShape, Gpu, KvCache};
+use spindle_gpu::{Attention, AttentionShape, Gpu, KvCache, KvPool, PagedRows, QueryPlace};
 use spindle_models::{KvShape, KvType, RecurrentState, SequenceCache};
 
-use crate::harness::{check, gpu_or_skip, rng, same_bits, uniform};
+use crate::harness::{check, computed, gpu_or_skip, rng, same_bits, uniform};
 
 /// Per output value, absolute (values in [-1, 1), so outputs are too): an online softmax
 /// against the CPU's two-pass one, and the device's `exp` against the CPU's (measured on
@@ -77,7 +77,8 @@ fn gpu_attention(
         scale,
         window: case.window,
     };
-    gpu.download(&kernel.forward(gpu, &gpu.upload(q).unwrap(), &cache, shape).unwrap()).unwrap()
+    let q = gpu.upload(q).unwrap();
+    computed(gpu, |step| kernel.forward(step, &q, &cache, shape))
 }
 
 #[test]
@@ -134,10 +135,37 @@ fn shapes_the_kernel_cannot_hold_are_errors() {
     let cache =
         KvCache { keys: gpu.zeros(4 * 512).unwrap(), values: gpu.zeros(4 * 512).unwrap(), len: 4 };
     let wide = AttentionShape { heads: 1, kv_heads: 1, head_dim: 512, scale: 1.0, window: None };
-    assert!(kernel.forward(gpu, &gpu.zeros(512).unwrap(), &cache, wide).is_err());
+    let q = gpu.zeros(512).unwrap();
+    assert!(gpu.run(|step| kernel.forward(step, &q, &cache, wide)).is_err());
     let uneven = AttentionShape { heads: 3, kv_heads: 2, head_dim: 64, scale: 1.0, window: None };
-    assert!(kernel.forward(gpu, &gpu.zeros(192).unwrap(), &cache, uneven).is_err());
+    let q = gpu.zeros(192).unwrap();
+    assert!(gpu.run(|step| kernel.forward(step, &q, &cache, uneven)).is_err());
     // More queries than the cache holds positions.
     let fine = AttentionShape { heads: 1, kv_heads: 1, head_dim: 64, scale: 1.0, window: None };
-    assert!(kernel.forward(gpu, &gpu.zeros(5 * 64).unwrap(), &cache, fine).is_err());
+    let q = gpu.zeros(5 * 64).unwrap();
+    assert!(gpu.run(|step| kernel.forward(step, &q, &cache, fine)).is_err());
+}
+
+#[test]
+fn places_outside_their_block_tables_or_pool_are_errors() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let kernel = Attention::new(gpu).unwrap();
+    let shape = AttentionShape { heads: 2, kv_heads: 1, head_dim: 64, scale: 1.0, window: None };
+    // Two blocks of 4 slots; queries of two rows.
+    let pool = KvPool::new(gpu, 2, 4, 64).unwrap();
+    let (q, kv) = (gpu.zeros(2 * 128).unwrap(), gpu.zeros(2 * 64).unwrap());
+    let out = gpu.zeros(2 * 128).unwrap();
+    let place = |row, position| QueryPlace { row, position, table_start: 0 };
+    let run = |places: Vec<QueryPlace>, table: Vec<u32>| {
+        let rows = PagedRows::upload(gpu, places, table).unwrap();
+        gpu.run(|step| {
+            kernel.write(step, &kv, &kv, &pool, &rows)?;
+            kernel.paged(step, &q, &pool, &rows, shape, &out)
+        })
+    };
+    assert!(run(vec![place(0, 3), place(1, 4)], vec![1, 0]).is_ok());
+    // Position 8 needs a third table entry; block 2 is past the pool; row 2 past the step.
+    assert!(run(vec![place(0, 8)], vec![1, 0]).is_err());
+    assert!(run(vec![place(0, 1)], vec![2]).is_err());
+    assert!(run(vec![place(2, 1)], vec![0]).is_err());
 }

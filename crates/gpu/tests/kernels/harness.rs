@@ -1,16 +1,16 @@
 //! The shared device, seeded random inputs, and the error measures the tolerances are in.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use spindle_gpu::Gpu;
+use spindle_gpu::{Gpu, GpuTensor, Step};
 
 /// The device every test shares (one instance: lavapipe starts one set of threads per device),
 /// or `None` with the reason printed when there is none and `CI` is unset.
-pub fn gpu_or_skip() -> Option<&'static Gpu> {
-    static GPU: OnceLock<Result<Gpu, String>> = OnceLock::new();
-    match GPU.get_or_init(|| Gpu::open(None).map_err(|e| e.to_string())) {
+pub fn gpu_or_skip() -> Option<&'static Arc<Gpu>> {
+    static GPU: OnceLock<Result<Arc<Gpu>, String>> = OnceLock::new();
+    match GPU.get_or_init(|| Gpu::open(None).map(Arc::new).map_err(|e| e.to_string())) {
         Ok(gpu) => Some(gpu),
         Err(e) if std::env::var_os("CI").is_some() => {
             panic!("CI is set, and the GPU kernel tests need an adapter: {e}. .ci/run installs lavapipe (mesa-vulkan-drivers)")
@@ -61,4 +61,17 @@ pub fn same_bits(what: &str, a: &[f32], b: &[f32]) {
     if let Some(i) = (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits()) {
         panic!("{what}: value {i} differs: {} vs {}", a[i], b[i]);
     }
+}
+
+/// The values of the tensor `work` records, run as one step.
+pub fn computed(
+    gpu: &Gpu,
+    work: impl FnOnce(&mut Step<'_>) -> spindle_gpu::Result<GpuTensor>,
+) -> Vec<f32> {
+    gpu.run(|step| {
+        let out = work(step)?;
+        Ok(step.read(&out))
+    })
+    .and_then(|values| values.values())
+    .unwrap()
 }

@@ -4,7 +4,7 @@
 //! skipped kernel test would hide a broken GPU layer, so they fail.
 
 mod attention;
-mod forward;
 mod harness;
 mod matmul;
+mod model;
 mod norm_rope;

@@ -8,10 +8,10 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use half::{bf16, f16};
 use rand::Rng;
-use spindle_gpu::{Gpu, GpuMatrix, Matmul, WeightFormat};
+use spindle_gpu::{Embed, Gpu, GpuMatrix, Matmul, WeightFormat};
 use spindle_models::{BlockFormat, BlockMatrix, Q4KMatrix, Q6KMatrix, QuantizedMatrix};
 
-use crate::harness::{check, gpu_or_skip, rng, same_bits, uniform};
+use crate::harness::{check, computed, gpu_or_skip, rng, same_bits, uniform};
 
 /// GPU against the f64 product of the weights it decoded, per output, relative to
 /// `Σ|w·x|`: f32 sums of up to ~3,000 terms, in 32-value runs and a 64-lane tree (measured on
@@ -123,7 +123,8 @@ fn exact_product(decoded: &[f32], cols: usize, x: &[f32]) -> (Vec<f64>, Vec<f64>
 }
 
 fn gpu_product(gpu: &Gpu, kernel: &Matmul, w: &GpuMatrix, x: &[f32]) -> Vec<f32> {
-    gpu.download(&kernel.forward(gpu, w, &gpu.upload(x).unwrap()).unwrap()).unwrap()
+    let x = gpu.upload(x).unwrap();
+    computed(gpu, |step| kernel.forward(step, w, &x))
 }
 
 /// Values per block: columns come in whole blocks (any count for f16/bf16).
@@ -196,7 +197,36 @@ fn mismatched_inputs_are_errors_not_panics() {
     let w = GpuMatrix::upload(gpu, WeightFormat::Q8_0, 2, 32, &[0; 68]).unwrap();
     let x = gpu.upload(&[1.0; 48]).unwrap(); // 1.5 rows
     let kernel = Matmul::new(gpu, WeightFormat::Q8_0).unwrap();
-    assert!(kernel.forward(gpu, &w, &x).is_err());
+    assert!(gpu.run(|step| kernel.forward(step, &w, &x)).is_err());
     let q4 = Matmul::new(gpu, WeightFormat::Q4_0).unwrap();
-    assert!(q4.forward(gpu, &w, &gpu.upload(&[1.0; 32]).unwrap()).is_err());
+    let x = gpu.upload(&[1.0; 32]).unwrap();
+    assert!(gpu.run(|step| q4.forward(step, &w, &x)).is_err());
+    // Token ids past the embedding table's rows.
+    let embed = Embed::new(gpu, WeightFormat::Q8_0).unwrap();
+    assert!(gpu.run(|step| embed.forward(step, &w, &[1])).is_ok());
+    assert!(gpu.run(|step| embed.forward(step, &w, &[2])).is_err());
+}
+
+#[test]
+fn a_matrix_in_parts_gives_the_same_bits_as_in_one() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = rng(128);
+    for format in WeightFormat::ALL {
+        let kernel = Matmul::new(gpu, format).unwrap();
+        let (rows, cols, tokens) = (45, 2 * 256, 11);
+        let w = weight(format, &uniform(&mut rng, rows * cols), rows, cols);
+        let x = uniform(&mut rng, tokens * cols);
+        let whole = GpuMatrix::upload(gpu, format, rows, cols, &w.bytes).unwrap();
+        assert_eq!(whole.parts(), 1);
+        let want = gpu_product(gpu, &kernel, &whole, &x);
+        // 7 rows a part: 7 parts, the last of 3 rows.
+        let part_bytes = (7 * format.row_bytes(cols).unwrap()).next_multiple_of(4) as u64;
+        let split =
+            GpuMatrix::upload_in_parts(gpu, format, rows, cols, &w.bytes, part_bytes).unwrap();
+        assert_eq!(split.parts(), 7, "{format:?}");
+        same_bits(&format!("{format:?} in 7 parts"), &want, &gpu_product(gpu, &kernel, &split, &x));
+    }
+    // A part smaller than one row is refused, not a panic.
+    let w = weight(WeightFormat::Q8_0, &uniform(&mut rng, 64), 2, 32);
+    assert!(GpuMatrix::upload_in_parts(gpu, WeightFormat::Q8_0, 2, 32, &w.bytes, 32).is_err());
 }

@@ -1,10 +1,10 @@
 //! RMSNorm and RoPE against `spindle_models::{RmsNorm, Rotary}`.
 
 use candle_core::{Device, Tensor};
-use spindle_gpu::{RmsNorm, Rope, RopePairs, RopeShape, RopeTable};
+use spindle_gpu::{AddRows, RmsNorm, Rope, RopePairs, RopeShape, RopeTable};
 use spindle_models::{RopeScaling, RopeStyle, Rotary};
 
-use crate::harness::{check, gpu_or_skip, rng, same_bits, uniform};
+use crate::harness::{check, computed, gpu_or_skip, rng, same_bits, uniform};
 
 /// Per value, relative to the largest `|y|` of its row: the GPU's tree and the CPU's running
 /// sum of squares round differently, then one division and one product (measured on lavapipe: 2.2e-7).
@@ -23,13 +23,8 @@ fn rms_norm_matches_the_cpu_and_does_not_depend_on_the_rows_beside() {
         let x = uniform(&mut rng, rows * dim);
         let w = uniform(&mut rng, dim);
         let eps = 1e-6;
-        let got = gpu
-            .download(
-                &norm
-                    .forward(gpu, &gpu.upload(&x).unwrap(), &gpu.upload(&w).unwrap(), eps)
-                    .unwrap(),
-            )
-            .unwrap();
+        let (on_gpu, weight) = (gpu.upload(&x).unwrap(), gpu.upload(&w).unwrap());
+        let got = computed(gpu, |step| norm.forward(step, &on_gpu, &weight, eps));
         let cpu = spindle_models::RmsNorm::new(
             Tensor::from_vec(w.clone(), dim, &Device::Cpu).unwrap(),
             eps as f64,
@@ -50,19 +45,9 @@ fn rms_norm_matches_the_cpu_and_does_not_depend_on_the_rows_beside() {
             .collect();
         let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
         check(&format!("rms_norm {rows}x{dim}"), &got, &want, &scale, NORM_TOLERANCE);
-        let last_alone = norm
-            .forward(
-                gpu,
-                &gpu.upload(&x[(rows - 1) * dim..]).unwrap(),
-                &gpu.upload(&w).unwrap(),
-                eps,
-            )
-            .unwrap();
-        same_bits(
-            "rms_norm last row alone",
-            &gpu.download(&last_alone).unwrap(),
-            &got[(rows - 1) * dim..],
-        );
+        let last = gpu.upload(&x[(rows - 1) * dim..]).unwrap();
+        let last_alone = computed(gpu, |step| norm.forward(step, &last, &weight, eps));
+        same_bits("rms_norm last row alone", &last_alone, &got[(rows - 1) * dim..]);
     }
 }
 
@@ -94,7 +79,7 @@ fn rope_matches_the_cpu_in_both_pairings_and_partial_rotation() {
                     RopeTable { cos: gpu.upload(&cos).unwrap(), sin: gpu.upload(&sin).unwrap() };
                 let on_gpu = gpu.upload(&x).unwrap();
                 let shape = RopeShape { heads, head_dim, rotary_dim, pairs };
-                rope.apply(gpu, &on_gpu, shape, &table).unwrap();
+                gpu.run(|step| rope.apply(step, &on_gpu, shape, &table)).unwrap();
                 let got = gpu.download(&on_gpu).unwrap();
                 // The CPU turns (1, heads, tokens, rotary_dim); the rest of each head stays.
                 let t =
@@ -130,4 +115,19 @@ fn rope_matches_the_cpu_in_both_pairings_and_partial_rotation() {
             }
         }
     }
+}
+
+#[test]
+fn a_bias_is_added_to_every_row_exactly() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = rng(3);
+    let kernel = AddRows::new(gpu).unwrap();
+    let (rows, width) = (7, 129);
+    let (x, bias) = (uniform(&mut rng, rows * width), uniform(&mut rng, width));
+    let (on_gpu, row) = (gpu.upload(&x).unwrap(), gpu.upload(&bias).unwrap());
+    let got = computed(gpu, |step| kernel.forward(step, &on_gpu, &row));
+    let want: Vec<f32> = x.iter().enumerate().map(|(i, v)| v + bias[i % width]).collect();
+    same_bits("bias added", &got, &want);
+    let short = gpu.upload(&bias[..100]).unwrap();
+    assert!(gpu.run(|step| kernel.forward(step, &on_gpu, &short)).is_err());
 }

@@ -1,0 +1,76 @@
+//! The device's keys and values for each `PagedKv` a caller's caches point into: the same
+//! blocks, numbered alike, so block tables, shared prefixes and preemption work unchanged
+//! (the host pool itself stays unwritten, and the OS never commits its pages). A device pool
+//! lives while its host pool does.
+
+use std::sync::{Arc, Mutex, Weak};
+
+use spindle_models::{BatchEntry, KvShape, PagedKv};
+
+use crate::attention::{KvPool, PagedRows};
+use crate::device::Gpu;
+use crate::error::{GpuError, Result};
+use crate::llama::paged_rows;
+
+/// One device pool per attention layer.
+pub(crate) struct LayerPools {
+    pub(crate) layers: Vec<KvPool>,
+}
+
+#[derive(Default)]
+pub(crate) struct KvPools {
+    by_host: Mutex<Vec<(Weak<PagedKv>, Arc<LayerPools>)>>,
+}
+
+impl KvPools {
+    /// The entries of `batch` grouped by the storage their caches use, each group with its
+    /// device pools (made on first sight, as large as the host's) and its rows' places.
+    pub(crate) fn groups(
+        &self,
+        gpu: &Gpu,
+        shapes: &[Option<KvShape>],
+        batch: &[BatchEntry<'_>],
+    ) -> Result<Vec<(Arc<LayerPools>, PagedRows)>> {
+        let mut by_host = self.by_host.lock().unwrap_or_else(|e| e.into_inner());
+        // Pools whose host storage is gone free their device memory here.
+        by_host.retain(|(host, _)| host.strong_count() > 0);
+        let mut groups: Vec<(Arc<LayerPools>, Vec<usize>)> = Vec::new();
+        for (i, entry) in batch.iter().enumerate() {
+            let host = entry.cache.storage();
+            let found = by_host.iter().find(|(h, _)| std::ptr::eq(h.as_ptr(), Arc::as_ptr(host)));
+            let pools = match found {
+                Some((_, pools)) => pools.clone(),
+                None => {
+                    let pools = Arc::new(device_pools(gpu, shapes, host)?);
+                    by_host.push((Arc::downgrade(host), pools.clone()));
+                    pools
+                }
+            };
+            match groups.iter_mut().find(|(p, _)| Arc::ptr_eq(p, &pools)) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((pools, vec![i])),
+            }
+        }
+        drop(by_host);
+        groups
+            .into_iter()
+            .map(|(pools, members)| Ok((pools, paged_rows(gpu, batch, &members)?)))
+            .collect()
+    }
+}
+
+fn device_pools(gpu: &Gpu, shapes: &[Option<KvShape>], host: &PagedKv) -> Result<LayerPools> {
+    if host.shapes() != shapes || shapes.iter().any(|s| s.is_none_or(|s| s.window.is_some())) {
+        return Err(GpuError::BadInput(format!(
+            "a cache shaped {:?} for a model whose layers are {shapes:?} (every layer full \
+             attention)",
+            host.shapes()
+        )));
+    }
+    let layers = shapes
+        .iter()
+        .flatten()
+        .map(|s| KvPool::new(gpu, host.blocks(), host.block_size(), s.kv_heads * s.head_dim))
+        .collect::<Result<_>>()?;
+    Ok(LayerPools { layers })
+}

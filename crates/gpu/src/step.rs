@@ -1,0 +1,102 @@
+//! Recording many kernels into one command buffer and submitting it once: a model step is
+//! hundreds of dispatches, and a submission (with its wait) per kernel would cost more than the
+//! kernels on a GPU.
+
+use wgpu::BufferUsages;
+
+use crate::buffer::GpuTensor;
+use crate::device::Gpu;
+use crate::error::{GpuError, Result};
+
+/// Work being recorded for one submission. Kernels add their dispatches to it in order; each
+/// sees the results of those before it.
+pub struct Step<'g> {
+    pub(crate) gpu: &'g Gpu,
+    pub(crate) encoder: wgpu::CommandEncoder,
+    readbacks: Vec<wgpu::Buffer>,
+}
+
+/// A tensor's values as they will be after the step: readable once [`Gpu::run`] returns.
+pub struct Readback {
+    buffer: wgpu::Buffer,
+    len: usize,
+}
+
+impl Gpu {
+    /// Records `work` into one command buffer, submits it once and waits for it. An `Err` from
+    /// `work` submits nothing; a device error during the step is an `Err` too.
+    pub fn run<T>(&self, work: impl FnOnce(&mut Step<'_>) -> Result<T>) -> Result<T> {
+        self.checked(|| {
+            let encoder = self.device.create_command_encoder(&Default::default());
+            let mut step = Step { gpu: self, encoder, readbacks: Vec::new() };
+            let result = work(&mut step)?;
+            self.queue.submit([step.encoder.finish()]);
+            self.count_submission();
+            for buffer in &step.readbacks {
+                buffer.slice(..).map_async(wgpu::MapMode::Read, |_| ());
+            }
+            Ok(result)
+        })
+    }
+
+    /// Copies a device tensor back to the host (a step of its own).
+    pub fn download(&self, tensor: &GpuTensor) -> Result<Vec<f32>> {
+        self.run(|step| Ok(step.read(tensor)))?.values()
+    }
+}
+
+impl Step<'_> {
+    pub fn gpu(&self) -> &Gpu {
+        self.gpu
+    }
+
+    /// Copies `tensor`'s values as they are at this point of the step to the host.
+    pub fn read(&mut self, tensor: &GpuTensor) -> Readback {
+        let size = (tensor.len().max(1) * 4) as u64;
+        let buffer = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: BufferUsages::MAP_READ | BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.encoder.copy_buffer_to_buffer(&tensor.buffer, 0, &buffer, 0, size);
+        self.readbacks.push(buffer.clone());
+        Readback { buffer, len: tensor.len() }
+    }
+
+    /// Copies values `from..from + len` of `src` to `dst` from value `to` on.
+    pub fn copy(
+        &mut self,
+        src: &GpuTensor,
+        from: usize,
+        dst: &GpuTensor,
+        to: usize,
+        len: usize,
+    ) -> Result<()> {
+        if from + len > src.len() || to + len > dst.len() {
+            return Err(GpuError::BadInput(format!(
+                "{len} values from {from} of {} to {to} of {}",
+                src.len(),
+                dst.len()
+            )));
+        }
+        let (from, to, bytes) = ((from * 4) as u64, (to * 4) as u64, (len * 4) as u64);
+        self.encoder.copy_buffer_to_buffer(&src.buffer, from, &dst.buffer, to, bytes);
+        Ok(())
+    }
+}
+
+impl Readback {
+    /// The values, once the step that read them has run.
+    pub fn values(self) -> Result<Vec<f32>> {
+        let view = self
+            .buffer
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| GpuError::Device(e.to_string()))?;
+        let values = bytemuck::cast_slice::<u8, f32>(&view)[..self.len].to_vec();
+        drop(view);
+        self.buffer.unmap();
+        Ok(values)
+    }
+}

@@ -1,0 +1,221 @@
+//! Whole dense models on the GPU path (`GpuLlama`) against the CPU engine: the same greedy
+//! tokens, logits within recorded bounds, and a sequence's logits bitwise the same alone and
+//! batched with others in a shared paged pool.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use spindle_gpu::{Gpu, GpuLlama};
+use spindle_models::random_dense::{write_random_dense, DenseShape};
+use spindle_models::{
+    BatchEntry, CausalLm, KvType, PagedKv, RecurrentState, SequenceCache, TransformerConfig,
+};
+
+use crate::harness::{gpu_or_skip, same_bits};
+
+/// Largest logit difference between the paths on the tiny f32 model (measured on lavapipe:
+/// 5.1e-6; logits of a few units, f32 sums of 32 to 512 terms through two layers).
+const TINY_LOGIT_TOLERANCE: f32 = 1e-4;
+
+fn argmax(logits: &[f32]) -> u32 {
+    (0..logits.len()).fold(0, |best, i| if logits[i] > logits[best] { i } else { best }) as u32
+}
+
+fn load_on_gpu(path: &Path, gpu: Arc<Gpu>) -> GpuLlama {
+    let (cfg, mut weights) = spindle_models::open_dense(path).unwrap();
+    GpuLlama::load(gpu, cfg, &mut weights).unwrap()
+}
+
+fn tiny_model(dir: &Path) -> DenseShape {
+    let shape = DenseShape { vocab: 512, context: 256, ..DenseShape::tiny(512) };
+    write_random_dense(dir, &shape, 41, &[]).unwrap();
+    shape
+}
+
+#[test]
+fn the_tiny_model_on_the_gpu_decodes_the_cpu_engines_greedy_tokens() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path());
+    let cpu = spindle_models::load_safetensors(dir.path()).unwrap();
+    // A device of its own: the other tests' submissions would mix into its count.
+    let device = Arc::new(Gpu::open(None).unwrap());
+    let gpu = load_on_gpu(dir.path(), device.clone());
+    let before = device.submissions();
+    let run = greedy_on_gpu(&gpu, &[3, 141, 59, 26, 5], 24);
+    let (agreed, worst) = agreement(cpu.as_ref(), &run);
+    eprintln!("tiny model: {agreed}/24 greedy tokens agree; max logit difference {worst:.2e}");
+    assert_eq!(agreed, 24, "greedy tokens differ");
+    assert!(worst <= TINY_LOGIT_TOLERANCE, "logits differ by {worst}");
+    assert_eq!(device.submissions() - before, 24, "one submission a step");
+}
+
+/// A cache in a pool shared with other sequences, on the blocks given (out of order, so the
+/// block tables are no identity).
+fn shared_cache(cfg: &TransformerConfig, pool: &Arc<PagedKv>, blocks: Vec<u32>) -> SequenceCache {
+    let limit = blocks.len() * pool.block_size();
+    SequenceCache::resume(
+        pool.clone(),
+        blocks,
+        0,
+        RecurrentState::none(cfg.num_hidden_layers),
+        limit,
+    )
+}
+
+#[test]
+fn a_sequence_gets_the_same_logits_alone_and_among_others_in_a_shared_pool() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path());
+    let gpu = load_on_gpu(dir.path(), gpu_or_skip().unwrap().clone());
+    let cfg = gpu.config().clone();
+    let target: Vec<u32> = (0..21).map(|i| (i * 37 + 11) % 512).collect();
+    // Alone, in a standalone cache: a prompt, then two decode steps.
+    let mut alone = gpu.new_cache(64);
+    let mut want = vec![gpu.forward(&target, &mut alone).unwrap()];
+    for token in [7, 300] {
+        want.push(gpu.forward(&[token], &mut alone).unwrap());
+    }
+    // Among others, every cache in one pool of 8-position blocks, scattered.
+    let pool = Arc::new(PagedKv::new(&gpu.kv_shapes(), KvType::F32, 16, 8));
+    let mut mine = shared_cache(&cfg, &pool, vec![9, 2, 14, 5]);
+    let mut other = shared_cache(&cfg, &pool, vec![0, 11, 7, 3]);
+    let mut third = shared_cache(&cfg, &pool, vec![15, 1]);
+    let other_prompt: Vec<u32> = (0..13).map(|i| (i * 5 + 1) % 512).collect();
+    let mut got = gpu
+        .forward_batch(&mut [
+            BatchEntry::new(&other_prompt, &mut other),
+            BatchEntry::new(&target, &mut mine),
+            BatchEntry { tokens: &[4, 8, 15], cache: &mut third, logit_rows: 3 },
+        ])
+        .unwrap();
+    assert_eq!(got[2].len(), 3 * cfg.vocab_size, "three rows of logits");
+    let mut steps = vec![got.swap_remove(1)];
+    for token in [7, 300] {
+        let mut batched = gpu
+            .forward_batch(&mut [
+                BatchEntry::new(&[token], &mut mine),
+                BatchEntry::new(&[42], &mut other),
+                BatchEntry::new(&[16, 23], &mut third),
+            ])
+            .unwrap();
+        steps.push(batched.swap_remove(0));
+    }
+    for (step, (a, b)) in want.iter().zip(&steps).enumerate() {
+        same_bits(&format!("step {step} alone and batched"), a, b);
+    }
+    // A step that does not fit is refused before any work: the caches are unchanged.
+    let too_long = vec![1; 20];
+    assert!(gpu.forward_batch(&mut [BatchEntry::new(&too_long, &mut third)]).is_err());
+    assert_eq!(third.len(), 3 + 2 + 2);
+}
+
+/// SmolLM2-135M (Q4_1), pulled on first use into the Spindle cache.
+fn smollm2() -> std::path::PathBuf {
+    spindle_hub::pull("smollm2-135m", &spindle_hub::spindle_home()).unwrap()
+}
+
+/// SmolLM2's logits on the GPU against the CPU running the same dequantized weights in f32
+/// (`load_gguf_f32`): the GPU keeps activations in f32 too (measured on lavapipe: 3.9e-5 after
+/// the prompt; logits of ~10). The default CPU path rounds activations to 8 bits and differs
+/// from both by up to ~1, so its greedy tokens are compared, not its logits.
+const SMOLLM2_LOGIT_TOLERANCE: f32 = 1e-3;
+
+/// The GPU's greedy run of `prompt` for `steps` tokens: the tokens fed at each step and the
+/// logits after them.
+fn greedy_on_gpu(gpu: &GpuLlama, prompt: &[u32], steps: usize) -> Vec<(Vec<u32>, Vec<f32>)> {
+    let mut cache = gpu.new_cache(512);
+    let mut fed = prompt.to_vec();
+    let mut run = Vec::new();
+    for _ in 0..steps {
+        let logits = gpu.forward(&fed, &mut cache).unwrap();
+        let next = vec![argmax(&logits)];
+        run.push((std::mem::replace(&mut fed, next), logits));
+    }
+    run
+}
+
+/// `cpu` fed the GPU's tokens: the steps whose top-1 agrees with the GPU's, and the largest
+/// logit difference over all steps.
+fn agreement(cpu: &dyn CausalLm, run: &[(Vec<u32>, Vec<f32>)]) -> (usize, f32) {
+    let mut cache = cpu.new_cache(512);
+    let (mut agreed, mut worst) = (0, 0.0f32);
+    for (fed, got) in run {
+        let want = cpu.forward(fed, &mut cache).unwrap();
+        agreed += usize::from(argmax(&want) == argmax(got));
+        worst = worst.max(got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0, f32::max));
+    }
+    (agreed, worst)
+}
+
+/// SmolLM2 on the GPU for `steps` greedy steps against the CPU's f32 path (every top-1 the
+/// same, so the same greedy tokens), and its agreement with the default CPU path reported.
+fn smollm2_against_the_cpu(steps: usize) {
+    let Some(device) = gpu_or_skip() else { return };
+    let path = smollm2();
+    let gpu = load_on_gpu(&path, device.clone());
+    let started = std::time::Instant::now();
+    // "The capital" in SmolLM2's vocabulary.
+    let run = greedy_on_gpu(&gpu, &[504, 3575], steps);
+    eprintln!("smollm2: {steps} steps on the GPU in {:.1?}", started.elapsed());
+    let (agreed, worst) = agreement(spindle_models::load_gguf_f32(&path).unwrap().as_ref(), &run);
+    eprintln!(
+        "smollm2: top-1 as the CPU's f32 path at {agreed}/{steps} steps; max logit difference \
+         {worst:.2e}"
+    );
+    let cpu = spindle_models::load_gguf(&path).unwrap();
+    let (quantized_agreed, quantized_worst) = agreement(cpu.as_ref(), &run);
+    eprintln!(
+        "smollm2: top-1 as the default CPU path (8-bit activations) at {quantized_agreed}/{steps} \
+         steps; max logit difference {quantized_worst:.2e}"
+    );
+    assert_eq!(agreed, steps, "greedy tokens differ from the CPU's f32 path");
+    assert!(worst <= SMOLLM2_LOGIT_TOLERANCE, "logits differ by {worst}");
+}
+
+/// Lavapipe runs SmolLM2 at ~14 s a token on two busy cores (debug test build), so CI checks
+/// the prompt and one decode step; the 64-step run is `smollm2_for_64_greedy_steps`.
+#[test]
+fn smollm2_on_the_gpu_decodes_the_cpu_paths_greedy_tokens() {
+    smollm2_against_the_cpu(2);
+}
+
+/// The issue's full check (about 30 minutes on lavapipe; minutes on a GPU): 64 greedy steps,
+/// and a sequence bitwise the same alone and among others.
+#[test]
+#[ignore = "30 minutes on lavapipe; run with --ignored"]
+fn smollm2_for_64_greedy_steps() {
+    smollm2_against_the_cpu(64);
+    let Some(device) = gpu_or_skip() else { return };
+    let gpu = load_on_gpu(&smollm2(), device.clone());
+    let mut alone = gpu.new_cache(64);
+    let want = gpu.forward(&[504, 3575, 282], &mut alone).unwrap();
+    let (mut mine, mut other) = (gpu.new_cache(64), gpu.new_cache(64));
+    let got = gpu
+        .forward_batch(&mut [
+            BatchEntry::new(&[1, 2], &mut other),
+            BatchEntry::new(&[504, 3575, 282], &mut mine),
+        ])
+        .unwrap();
+    same_bits("smollm2 alone and batched", &want, &got[1]);
+}
+
+/// Qwen2.5-Coder-0.5B (Q4_K_M: Q4_K, Q6_K and Q8_0 weights, q/k/v biases, tied embeddings)
+/// against the CPU's f32 path. About a minute a token on lavapipe, so not in CI.
+#[test]
+#[ignore = "minutes on lavapipe; run with --ignored"]
+fn qwen25_on_the_gpu_matches_the_cpu_f32_path() {
+    let Some(device) = gpu_or_skip() else { return };
+    let path = spindle_hub::pull("qwen2.5-coder-0.5b", &spindle_hub::spindle_home()).unwrap();
+    let gpu = load_on_gpu(&path, device.clone());
+    let run = greedy_on_gpu(&gpu, &[785, 6722], 2);
+    let (agreed, worst) = agreement(spindle_models::load_gguf_f32(&path).unwrap().as_ref(), &run);
+    eprintln!("qwen2.5: top-1 as the CPU's f32 path at {agreed}/2 steps; max logit difference {worst:.2e}");
+    assert_eq!(agreed, 2);
+    assert!(worst <= SMOLLM2_LOGIT_TOLERANCE, "logits differ by {worst}");
+}
