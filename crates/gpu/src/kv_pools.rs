@@ -7,10 +7,9 @@ use std::sync::{Arc, Mutex, Weak};
 
 use spindle_models::{BatchEntry, KvShape, PagedKv};
 
-use crate::attention::{KvPool, PagedRows};
+use crate::attention::{KvPool, PagedRows, QueryPlace};
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
-use crate::llama::paged_rows;
 
 /// One device pool per attention layer.
 pub(crate) struct LayerPools {
@@ -73,4 +72,30 @@ fn device_pools(gpu: &Gpu, shapes: &[Option<KvShape>], host: &PagedKv) -> Result
         .map(|s| KvPool::new(gpu, host.blocks(), host.block_size(), s.kv_heads * s.head_dim))
         .collect::<Result<_>>()?;
     Ok(LayerPools { layers })
+}
+
+/// Places of every row of `batch` (its entries' tokens in order) in the block tables of its
+/// cache, for the entries `members` (indices into `batch`) that share one storage.
+fn paged_rows(gpu: &Gpu, batch: &[BatchEntry<'_>], members: &[usize]) -> Result<PagedRows> {
+    let starts: Vec<usize> = batch
+        .iter()
+        .scan(0, |row, e| {
+            let start = *row;
+            *row += e.tokens.len();
+            Some(start)
+        })
+        .collect();
+    let (mut places, mut tables) = (Vec::new(), Vec::new());
+    for &m in members {
+        let entry = &batch[m];
+        let table_start = tables.len();
+        tables.extend_from_slice(entry.cache.blocks());
+        let past = entry.cache.len();
+        places.extend((0..entry.tokens.len()).map(|t| QueryPlace {
+            row: starts[m] + t,
+            position: past + t,
+            table_start,
+        }));
+    }
+    PagedRows::upload(gpu, places, tables)
 }

@@ -11,7 +11,7 @@ use spindle_models::{
     WeightSource,
 };
 
-use crate::attention::{Attention, AttentionShape, PagedRows, QueryPlace};
+use crate::attention::{Attention, AttentionShape, PagedRows};
 use crate::buffer::GpuTensor;
 use crate::device::Gpu;
 use crate::elementwise::{AddRows, Elementwise};
@@ -295,36 +295,6 @@ impl CausalLm for GpuLlama {
 
 fn model_error(e: GpuError) -> ModelError {
     ModelError::Gpu(e.to_string())
-}
-
-/// Places of every row of `batch` (its entries' tokens in order) in the block tables of its
-/// cache, for the entries `members` (indices into `batch`) that share one storage.
-pub(crate) fn paged_rows(
-    gpu: &Gpu,
-    batch: &[BatchEntry<'_>],
-    members: &[usize],
-) -> Result<PagedRows> {
-    let starts: Vec<usize> = batch
-        .iter()
-        .scan(0, |row, e| {
-            let start = *row;
-            *row += e.tokens.len();
-            Some(start)
-        })
-        .collect();
-    let (mut places, mut tables) = (Vec::new(), Vec::new());
-    for &m in members {
-        let entry = &batch[m];
-        let table_start = tables.len();
-        tables.extend_from_slice(entry.cache.blocks());
-        let past = entry.cache.len();
-        places.extend((0..entry.tokens.len()).map(|t| QueryPlace {
-            row: starts[m] + t,
-            position: past + t,
-            table_start,
-        }));
-    }
-    PagedRows::upload(gpu, places, tables)
 }
 
 /// A weight matrix as the file stores it (quantized blocks, f16/bf16) or as f32.
