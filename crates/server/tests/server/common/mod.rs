@@ -227,6 +227,8 @@ pub fn run_python_script(python: &std::path::Path, script: &str, args: &[String]
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+    // What the script measured, for `--nocapture`.
+    print!("{}", String::from_utf8_lossy(&output.stdout));
 }
 
 /// The Python interpreter of `$SPINDLE_HOME/venv-openai` (where `.ci/run` installs the official
