@@ -53,7 +53,9 @@ impl GgufWeights {
     pub fn open(path: &Path, storage: GgufStorage) -> Result<Self> {
         let mut file =
             File::open(path).map_err(|source| ModelError::Io { path: path.into(), source })?;
-        let content = gguf_file::Content::read(&mut file).map_err(|e| gguf_error(path, e))?;
+        // Buffered: the header is read a value at a time, and a vocabulary is ~10^6 values.
+        let content = gguf_file::Content::read(&mut std::io::BufReader::new(&mut file))
+            .map_err(|e| gguf_error(path, e))?;
         let file_len =
             file.metadata().map_err(|source| ModelError::Io { path: path.into(), source })?.len();
         check_tensor_sizes(&content, file_len)

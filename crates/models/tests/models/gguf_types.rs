@@ -7,8 +7,8 @@
 //!
 //! gemma3 is the catalogue model with the most matrices whose rows fit K-quants' 256-value
 //! blocks: attn_output (1024 columns) and ffn_down (2048), 36 of 127 (SmolLM2 and Qwen2.5 have
-//! only ffn_down). The other 91 are then stored as F32, dense in both paths, so the paths differ
-//! only where the K-quant matrices are.
+//! only ffn_down). The other 91 are then stored as F16, dense f32 in both paths, so the paths
+//! differ only where the K-quant matrices are.
 //!
 //! F32, F16 and BF16 matrices become dense f32 in both paths, so those files are checked
 //! against transformers instead, as tests/models/safetensors.rs checks HF checkpoints.
@@ -63,9 +63,9 @@ fn float_file_follows_transformers(dtype: GgmlDType, tol: Tolerance) {
 /// 0.74 from transformers on the original file). Measured (2026-11-23, all 96 steps), largest
 /// logprob difference / top-1 changes (widest margin among them): Q4_0 0.96 / 0; Q4_1 0.54 / 3
 /// (0.21); Q5_0 0.41 / 3 (0.08); Q8_0 0.59 / 4 (0.38); with only the K-quant matrices
-/// quantized, Q4_K 0.73 / 2 (0.28); Q5_K 0.53 / 3 (0.25); Q6_K 0.49 / 1 (0.06). A type decoded
-/// or routed wrongly is off by whole nats (Q4_1 without its block minimums: 267); an error of
-/// 1% in the activation scale stays within.
+/// quantized and the rest in F16 (2026-11-28), Q4_K 0.74 / 1 (0.01); Q5_K 0.75 / 4 (0.25);
+/// Q6_K 0.87 / 2 (0.26). A type decoded or routed wrongly is off by whole nats (Q4_1 without
+/// its block minimums: 267); an error of 1% in the activation scale stays within.
 const EIGHT_BIT_ACTIVATIONS: Tolerance = Tolerance { logprob: 1.5, near_tie: 0.5 };
 
 #[test]

@@ -7,11 +7,13 @@ use candle_core::quantized::gguf_file::{self, Content};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Device;
 
-/// Writes `src` to `dst` with every matrix (2-D, or 3-D stacked experts) in `dtype`, or in F32
-/// where its rows do not fit `dtype`'s blocks; vectors are kept. Returns how many are in `dtype`.
+/// Writes `src` to `dst` with every matrix (2-D, or 3-D stacked experts) in `dtype`, or in F16
+/// where its rows do not fit `dtype`'s blocks (dense f32 once loaded, on every load path, and
+/// half F32's bytes to write and read); vectors are kept. Returns how many are in `dtype`.
 pub fn rewrite_gguf(src: &Path, dst: &Path, dtype: GgmlDType) -> usize {
     let mut file = std::fs::File::open(src).unwrap();
-    let content = Content::read(&mut file).unwrap();
+    // Buffered: the header is read a value at a time, and gemma3's vocabulary is 262,144 tokens.
+    let content = Content::read(&mut std::io::BufReader::new(&mut file)).unwrap();
     let mut requantized = 0;
     let tensors: Vec<(String, QTensor)> = content
         .tensor_infos
@@ -27,13 +29,15 @@ pub fn rewrite_gguf(src: &Path, dst: &Path, dtype: GgmlDType) -> usize {
             let w = q.dequantize(&Device::Cpu).unwrap();
             (
                 name.clone(),
-                QTensor::quantize(&w, if fits { dtype } else { GgmlDType::F32 }).unwrap(),
+                QTensor::quantize(&w, if fits { dtype } else { GgmlDType::F16 }).unwrap(),
             )
         })
         .collect();
     let metadata: Vec<(&str, &gguf_file::Value)> =
         content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    gguf_file::write(&mut std::fs::File::create(dst).unwrap(), &metadata, &tensors).unwrap();
+    let mut out = std::io::BufWriter::new(std::fs::File::create(dst).unwrap());
+    gguf_file::write(&mut out, &metadata, &tensors).unwrap();
+    std::io::Write::flush(&mut out).unwrap();
     requantized
 }
