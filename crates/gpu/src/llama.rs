@@ -252,23 +252,13 @@ impl CausalLm for GpuLlama {
 
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> spindle_models::Result<Vec<Vec<f32>>> {
         // Every entry is checked before any work, so a refusal changes no cache.
-        let mut ids = Vec::new();
-        let mut wanted = Vec::with_capacity(batch.len());
+        let (rows, ids) = spindle_models::batch_rows(batch)?;
+        let wanted = spindle_models::logit_rows(batch, &rows);
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
         for entry in batch.iter() {
-            if entry.logit_rows == 0 || entry.logit_rows > entry.tokens.len() {
-                return Err(ModelError::BadConfig(format!(
-                    "logits for {} rows of an entry of {} tokens",
-                    entry.logit_rows,
-                    entry.tokens.len()
-                )));
-            }
-            entry.cache.check_room(entry.tokens.len())?;
             let (c, s) = self.rotary.cos_sin(entry.cache.len(), entry.tokens.len());
             cos.extend(c);
             sin.extend(s);
-            ids.extend_from_slice(entry.tokens);
-            wanted.push((ids.len() - entry.logit_rows, entry.logit_rows));
         }
         let groups = self.pools.groups(&self.gpu, &self.kv_shapes(), batch).map_err(model_error)?;
         let vocab = self.cfg.vocab_size;

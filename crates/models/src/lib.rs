@@ -127,12 +127,12 @@ impl<'a> BatchEntry<'a> {
 }
 
 /// `(first row, rows)` of one entry in a batch's concatenated rows.
-pub(crate) type RowRange = (usize, usize);
+pub type RowRange = (usize, usize);
 
 /// The start of every batched forward pass: checks each entry has room (before any work, so a
 /// refusal changes no cache), and returns where each entry's rows lie in the concatenated rows
 /// and all the tokens in that order.
-pub(crate) fn batch_rows(batch: &[BatchEntry<'_>]) -> Result<(Vec<RowRange>, Vec<u32>)> {
+pub fn batch_rows(batch: &[BatchEntry<'_>]) -> Result<(Vec<RowRange>, Vec<u32>)> {
     let mut rows = Vec::with_capacity(batch.len());
     let mut ids = Vec::new();
     for entry in batch {
@@ -151,7 +151,7 @@ pub(crate) fn batch_rows(batch: &[BatchEntry<'_>]) -> Result<(Vec<RowRange>, Vec
 }
 
 /// Per entry, the rows whose logits it wants: `(first row, rows)` in the concatenated rows.
-pub(crate) fn logit_rows(batch: &[BatchEntry<'_>], rows: &[RowRange]) -> Vec<RowRange> {
+pub fn logit_rows(batch: &[BatchEntry<'_>], rows: &[RowRange]) -> Vec<RowRange> {
     batch
         .iter()
         .zip(rows)

@@ -85,18 +85,14 @@ impl BlockEvents {
                     let parent_hash = parent.and_then(|p| self.hashes.get(&p).copied());
                     let hash = block_hash(parent_hash, &tokens);
                     self.hashes.insert(node, hash);
-                    let holders = self.holders.entry(hash).or_insert(0);
-                    *holders += 1;
-                    if *holders == 1 {
-                        self.stored(&mut events, hash, parent_hash, tokens);
+                    if hold(&mut self.holders, hash) {
+                        let block = (hash, parent_hash, tokens);
+                        push_stored(&mut events, block, self.block_size, Medium::Pool);
                     }
                 }
                 BlockChange::Removed { node } => {
                     let Some(hash) = self.hashes.remove(&node) else { continue };
-                    let holders = self.holders.get_mut(&hash).expect("a held hash is counted");
-                    *holders -= 1;
-                    if *holders == 0 {
-                        self.holders.remove(&hash);
+                    if release(&mut self.holders, hash) {
                         push_removed(&mut events, hash, Medium::Pool);
                     }
                 }
@@ -105,21 +101,29 @@ impl BlockEvents {
         events
     }
 
-    fn stored(
-        &self,
-        events: &mut Vec<KvEvent>,
-        hash: BlockHash,
-        parent: Option<BlockHash>,
-        tokens: Vec<u32>,
-    ) {
-        push_stored(events, (hash, parent, tokens), self.block_size, Medium::Pool);
-    }
-
     /// The hashes of the blocks the tree holds now, as the events so far describe them.
     #[cfg(test)]
     pub fn held(&self) -> std::collections::BTreeSet<BlockHash> {
         self.holders.keys().copied().collect()
     }
+}
+
+/// Counts one more holder of `hash`; true for its first, which announces it.
+pub(crate) fn hold(holders: &mut HashMap<BlockHash, u32>, hash: BlockHash) -> bool {
+    let count = holders.entry(hash).or_insert(0);
+    *count += 1;
+    *count == 1
+}
+
+/// Counts one holder of `hash` fewer; true for its last, which removes it.
+pub(crate) fn release(holders: &mut HashMap<BlockHash, u32>, hash: BlockHash) -> bool {
+    let count = holders.get_mut(&hash).expect("a held hash is counted");
+    *count -= 1;
+    if *count > 0 {
+        return false;
+    }
+    holders.remove(&hash);
+    true
 }
 
 /// Appends block `(hash, parent, tokens)` as stored on `medium`: to the last event when that

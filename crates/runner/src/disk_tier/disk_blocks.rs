@@ -14,7 +14,7 @@ use spindle_kv_events::{BlockHash, KvEvent, Medium};
 
 use super::snapshot_file::{read_tokens, Layout};
 use super::SNAPSHOT_EXT;
-use crate::kv_events::{block_hash, push_removed, push_stored};
+use crate::kv_events::{block_hash, hold, push_removed, push_stored, release};
 
 pub(crate) struct DiskBlocks {
     block_size: usize,
@@ -55,9 +55,7 @@ impl DiskBlocks {
         let mut hashes = Vec::new();
         for block in tokens.chunks_exact(self.block_size) {
             let hash = block_hash(parent, block);
-            let holders = self.holders.entry(hash).or_insert(0);
-            *holders += 1;
-            if *holders == 1 {
+            if hold(&mut self.holders, hash) {
                 let stored = (hash, parent, block.to_vec());
                 push_stored(&mut events, stored, self.block_size, Medium::Disk);
             }
@@ -72,10 +70,7 @@ impl DiskBlocks {
     pub fn removed(&mut self, path: &Path) -> Vec<KvEvent> {
         let mut events = Vec::new();
         for hash in self.files.remove(path).unwrap_or_default() {
-            let holders = self.holders.get_mut(&hash).expect("a file's hash is counted");
-            *holders -= 1;
-            if *holders == 0 {
-                self.holders.remove(&hash);
+            if release(&mut self.holders, hash) {
                 push_removed(&mut events, hash, Medium::Disk);
             }
         }
