@@ -41,6 +41,14 @@ impl PositionHistory {
         self.conv_channels = channels;
     }
 
+    /// Whether this holds what [`restore`](Self::restore) needs to bring `state` back to
+    /// position `position` of the pass.
+    fn holds(&self, position: usize, state: &LinearAttentionState) -> bool {
+        let window_end = (position + 1) * self.conv_channels + state.conv.len();
+        self.states.get(position).is_some_and(|kept| kept.len() == state.recurrent.len())
+            && window_end <= self.conv_inputs.len()
+    }
+
     /// Makes `state` the layer's state after position `position` of the pass (not its last).
     fn restore(&mut self, position: usize, state: &mut LinearAttentionState) {
         std::mem::swap(&mut state.recurrent, &mut self.states[position]);
@@ -92,6 +100,14 @@ impl Rollback {
             return false;
         }
         let position = len - window.start - 1;
+        let complete = self.layers.iter().zip(states.iter()).all(|pair| match pair {
+            (Some(history), Some(state)) => history.holds(position, state),
+            (None, None) => true,
+            _ => false,
+        });
+        if !complete {
+            return false;
+        }
         for (history, state) in self.layers.iter_mut().zip(states.iter_mut()) {
             if let (Some(history), Some(state)) = (history, state) {
                 history.restore(position, state);
