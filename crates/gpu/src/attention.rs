@@ -68,6 +68,35 @@ impl KvPool {
         let len = blocks * block_size * kv_width;
         Ok(KvPool { keys: gpu.zeros(len)?, values: gpu.zeros(len)?, block_size, blocks })
     }
+
+    /// Copies the first `positions` slots of block `from` into block `to`, keys and values,
+    /// through `staging` (at least a block long): a buffer cannot be copied into itself.
+    pub(crate) fn copy_positions(
+        &self,
+        step: &mut Step<'_>,
+        (from, to, positions): (u32, u32, usize),
+        staging: &GpuTensor,
+    ) -> Result<()> {
+        let (from, to) = (from as usize, to as usize);
+        if from >= self.blocks || to >= self.blocks || positions > self.block_size {
+            return Err(GpuError::BadInput(format!(
+                "{positions} positions from block {from} to block {to} of a pool of {} blocks of {}",
+                self.blocks, self.block_size
+            )));
+        }
+        let block = self.keys.len() / self.blocks;
+        let len = positions * (block / self.block_size);
+        for rows in [&self.keys, &self.values] {
+            step.copy(rows, from * block, staging, 0, len)?;
+            step.copy(staging, 0, rows, to * block, len)?;
+        }
+        Ok(())
+    }
+
+    /// Values one block holds (keys or values alone).
+    pub(crate) fn block_len(&self) -> usize {
+        self.keys.len() / self.blocks
+    }
 }
 
 /// Where a row of a step sits: its position in its sequence, whose block table starts at

@@ -1,11 +1,12 @@
 //! The device's keys and values for each `PagedKv` a caller's caches point into: the same
 //! blocks, numbered alike, so block tables, shared prefixes and preemption work unchanged
-//! (the host pool itself stays unwritten, and the OS never commits its pages). A device pool
-//! lives while its host pool does.
+//! (the host pool itself stays unwritten, and the OS never commits its pages). The device
+//! pools are the host pool's mirror, so the prefix cache's copy of a partly filled shared
+//! block happens here. A device pool lives while its host pool does.
 
 use std::sync::{Arc, Mutex, Weak};
 
-use spindle_models::{BatchEntry, KvShape, PagedKv};
+use spindle_models::{BatchEntry, KvMirror, KvShape, ModelError, PagedKv};
 
 use crate::attention::{KvPool, PagedRows, QueryPlace};
 use crate::device::Gpu;
@@ -26,7 +27,7 @@ impl KvPools {
     /// device pools (made on first sight, as large as the host's) and its rows' places.
     pub(crate) fn groups(
         &self,
-        gpu: &Gpu,
+        gpu: &Arc<Gpu>,
         shapes: &[Option<KvShape>],
         batch: &[BatchEntry<'_>],
     ) -> Result<Vec<(Arc<LayerPools>, PagedRows)>> {
@@ -41,6 +42,9 @@ impl KvPools {
                 Some((_, pools)) => pools.clone(),
                 None => {
                     let pools = Arc::new(device_pools(gpu, shapes, host)?);
+                    let mirror = DeviceRows { gpu: gpu.clone(), pools: pools.clone() };
+                    host.mirror_to(Arc::new(mirror))
+                        .map_err(|e| GpuError::BadInput(e.to_string()))?;
                     by_host.push((Arc::downgrade(host), pools.clone()));
                     pools
                 }
@@ -55,6 +59,26 @@ impl KvPools {
             .into_iter()
             .map(|(pools, members)| Ok((pools, paged_rows(gpu, batch, &members)?)))
             .collect()
+    }
+}
+
+/// A host pool's rows on the device.
+struct DeviceRows {
+    gpu: Arc<Gpu>,
+    pools: Arc<LayerPools>,
+}
+
+impl KvMirror for DeviceRows {
+    fn copy_positions(&self, from: u32, to: u32, positions: usize) -> spindle_models::Result<()> {
+        let block = self.pools.layers.iter().map(KvPool::block_len).max().unwrap_or(0);
+        let staging = self.gpu.output(block);
+        let copied = self.gpu.run(|step| {
+            for pool in &self.pools.layers {
+                pool.copy_positions(step, (from, to, positions), &staging)?;
+            }
+            Ok(())
+        });
+        copied.map_err(|e| ModelError::Gpu(e.to_string()))
     }
 }
 

@@ -25,6 +25,7 @@ mod gguf_metadata;
 mod huge_pages;
 mod isa;
 mod k_quants;
+mod kv_mirror;
 mod kv_type;
 mod layers;
 mod linear;
@@ -55,6 +56,7 @@ pub use error::{ModelError, Result};
 pub use kv_type::KvType;
 pub use rope::RopeScaling;
 // The layers the GPU kernels are checked against.
+pub use kv_mirror::KvMirror;
 pub use layers::{RmsNorm, RopeStyle, Rotary};
 pub use paged_kv::{KvShape, PagedKv};
 // The matrix kernels, public for the benchmarks that weigh them against each other.

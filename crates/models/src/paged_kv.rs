@@ -13,10 +13,12 @@
 // Not std's: a panic while a step writes (a model fault the engine survives) must not poison
 // the storage for every later step.
 use parking_lot::RwLock;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::Tensor;
 
 use crate::error::{ModelError, Result};
+use crate::kv_mirror::KvMirror;
 use crate::kv_type::{encode_bf16, encode_f16, encode_q8_0, KvRows, KvType};
 use crate::paged_attention::HeadRuns;
 
@@ -148,6 +150,8 @@ pub struct PagedKv {
     blocks: usize,
     /// `None` for layers without softmax attention (the linear-attention layers of a hybrid).
     layers: Vec<Option<LayerStore>>,
+    /// Where the rows live when a device computes in this pool (the host's stay unwritten).
+    mirror: OnceLock<Arc<dyn KvMirror>>,
 }
 
 struct LayerStore {
@@ -180,7 +184,25 @@ impl PagedKv {
                 })
             })
             .collect();
-        Self { kind, block_size, blocks, layers }
+        Self { kind, block_size, blocks, layers, mirror: OnceLock::new() }
+    }
+
+    /// Hands the rows to `mirror` for good: copies outside a model pass go there, and the
+    /// host's rows, never written, cannot be read out (for the disk tier) or restored.
+    pub fn mirror_to(&self, mirror: Arc<dyn KvMirror>) -> Result<()> {
+        self.mirror
+            .set(mirror)
+            .map_err(|_| ModelError::BadConfig("a KV pool already mirrored".into()))
+    }
+
+    /// Fails when the rows live in a mirror, for what reads or writes the host's rows.
+    fn host_rows(&self, what: &str) -> Result<()> {
+        match self.mirror.get() {
+            Some(_) => Err(ModelError::BadConfig(format!(
+                "{what}: this pool's rows live on another device"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Bytes one block takes across all layers (keys and values) stored as `kind`.
@@ -356,6 +378,8 @@ impl PagedKv {
         to: &PagedKv,
         to_table: &[u32],
     ) -> Result<()> {
+        self.host_rows("copying a sequence")?;
+        to.host_rows("copying a sequence")?;
         if to.kind != self.kind || to.shapes() != self.shapes() {
             return Err(ModelError::BadConfig(format!(
                 "cannot copy {} keys into a pool of {}",
@@ -403,6 +427,9 @@ impl PagedKv {
     /// (a sequence taking over a partly filled shared block before writing past it).
     pub fn copy_positions(&self, from: u32, to: u32, positions: usize) -> Result<()> {
         self.check_blocks(&[from, to])?;
+        if let Some(mirror) = self.mirror.get() {
+            return mirror.copy_positions(from, to, positions);
+        }
         for store in self.layers.iter().flatten() {
             for storage in [&store.keys, &store.values] {
                 let mut data = storage.write();
@@ -420,6 +447,7 @@ impl PagedKv {
     /// little-endian bytes (for the disk tier).
     pub fn read_block(&self, block: u32) -> Result<Vec<u8>> {
         self.check_blocks(&[block])?;
+        self.host_rows("reading a block")?;
         let mut out = Vec::with_capacity(self.bytes_per_block());
         for store in self.layers.iter().flatten() {
             let units = store.shape.kv_heads * self.block_size * self.row_units(store.shape);
@@ -439,6 +467,7 @@ impl PagedKv {
     /// Overwrites `block` in every layer with what [`read_block`](Self::read_block) returned.
     pub fn write_block(&self, block: u32, data: &[u8]) -> Result<()> {
         self.check_blocks(&[block])?;
+        self.host_rows("writing a block")?;
         if data.len() != self.bytes_per_block() {
             return Err(ModelError::BadConfig(format!(
                 "a block holds {} bytes, got {}",

@@ -115,6 +115,44 @@ fn a_sequence_gets_the_same_logits_alone_and_among_others_in_a_shared_pool() {
     assert_eq!(third.len(), 3 + 2 + 2);
 }
 
+/// The prefix cache's resume on a partly filled shared block: the host pool copies the block's
+/// cached positions to a fresh block, and the device pools must do it (the host's rows are
+/// never written on the GPU path): the resumed sequence's next logits are the original's.
+#[test]
+fn a_copied_partial_block_resumes_with_the_originals_logits() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    tiny_model(dir.path());
+    let gpu = load_on_gpu(dir.path(), gpu_or_skip().unwrap().clone());
+    let cfg = gpu.config().clone();
+    let pool = Arc::new(PagedKv::new(&gpu.kv_shapes(), KvType::F32, 16, 8));
+    // 13 positions: block 9 full, block 2 holding 5.
+    let prompt: Vec<u32> = (0..13).map(|i| (i * 29 + 3) % 512).collect();
+    let mut original = shared_cache(&cfg, &pool, vec![9, 2, 14]);
+    gpu.forward_batch(&mut [BatchEntry::new(&prompt, &mut original)]).unwrap();
+    pool.copy_positions(2, 6, 5).unwrap();
+    let limit = 3 * pool.block_size();
+    let mut resumed = SequenceCache::resume(
+        pool.clone(),
+        vec![9, 6, 12],
+        prompt.len(),
+        RecurrentState::none(cfg.num_hidden_layers),
+        limit,
+    );
+    let mut got = gpu
+        .forward_batch(&mut [
+            BatchEntry::new(&[77], &mut original),
+            BatchEntry::new(&[77], &mut resumed),
+        ])
+        .unwrap();
+    let resumed_logits = got.pop().unwrap();
+    same_bits("resumed on the copy and the original", &got[0], &resumed_logits);
+    // The host's rows are not the truth: what would read them refuses.
+    assert!(pool.read_block(9).is_err(), "the host's unwritten rows were read out");
+}
+
 /// SmolLM2-135M (Q4_1), pulled on first use into the Spindle cache.
 fn smollm2() -> std::path::PathBuf {
     spindle_hub::pull("smollm2-135m", &spindle_hub::spindle_home()).unwrap()
