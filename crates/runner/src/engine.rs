@@ -18,13 +18,13 @@ use spindle_sched::{CacheKind, Scheduler, SchedulerConfig, SeqId, StepPlan};
 use tokio::sync::watch;
 
 use crate::bundle::ModelBundle;
-use crate::draft::{DraftScript, NgramDrafter, RecentOutputs};
+use crate::draft::{DraftModel, DraftPool, DraftScript, NgramDrafter, RecentOutputs};
 use crate::error::{EngineStopped, RunnerError};
 use crate::events::{Caller, SequenceEvent};
 use crate::polling_workers;
 use crate::prefix_cache::{CacheConfig, PrefixCache};
 use crate::request::SequenceRequest;
-use crate::sequence::{Next, Sequence};
+use crate::sequence::{Drafting, Next, Sequence};
 
 /// Limits of the engine thread.
 #[derive(Clone, Debug)]
@@ -47,8 +47,8 @@ pub struct EngineConfig {
 }
 
 /// Speculative decoding: a sequence drafts the tokens that followed the latest earlier
-/// occurrence of its last few tokens and checks them all in one step, keeping those the model
-/// picks itself. The output is byte for byte what plain decoding gives; attention-only models
+/// occurrence of its last few tokens (failing that, the draft model's tokens) and checks them
+/// all in one step, keeping those the model picks itself. The output is byte for byte what plain decoding gives; attention-only models
 /// only (a recurrent state cannot forget rejected drafts yet).
 #[derive(Clone, Debug)]
 pub struct SpeculationConfig {
@@ -59,11 +59,15 @@ pub struct SpeculationConfig {
     pub max_draft: usize,
     /// Drafts by this instead of the lookup (tests). `None` in service.
     pub script: Option<DraftScript>,
+    /// Drafts where the lookup finds nothing (`--draft-model`).
+    pub draft_model: Option<Arc<DraftModel>>,
+    /// Whether the lookup drafts; on in service, off where a test measures the draft model alone.
+    pub lookup: bool,
 }
 
 impl Default for SpeculationConfig {
     fn default() -> Self {
-        Self { by_default: true, max_draft: 8, script: None }
+        Self { by_default: true, max_draft: 8, script: None, draft_model: None, lookup: true }
     }
 }
 
@@ -269,6 +273,8 @@ struct EngineState<'a> {
     used_blocks: HashSet<u32>,
     /// Finished outputs, which speculating sequences draft from.
     recent_outputs: RecentOutputs,
+    /// The draft model's KV pool, with `--draft-model`.
+    draft_pool: Option<DraftPool>,
 }
 
 fn run(
@@ -288,6 +294,7 @@ fn run(
         next_id: 0,
         used_blocks: HashSet::new(),
         recent_outputs: RecentOutputs::default(),
+        draft_pool: draft_pool(config),
     };
     loop {
         if engine.waiting.is_empty() && engine.running.is_empty() {
@@ -361,6 +368,8 @@ impl EngineState<'_> {
         }
         self.prefix.rebuild(self.bundle, &self.config.cache);
         self.scheduler = new_scheduler(self.config);
+        // The failed sequences' draft blocks went with them.
+        self.draft_pool = draft_pool(self.config);
         let mut waiting: Vec<SeqId> = self.waiting.keys().copied().collect();
         waiting.sort_unstable_by_key(|id| id.0);
         for id in waiting {
@@ -427,9 +436,15 @@ impl EngineState<'_> {
             }
             let Waiting { request, caller, sent } = self.waiting.remove(&id).expect("waiting");
             let speculation = &self.config.speculation;
-            let drafter = max_draft(speculation, self.prefix.kind(), &request)
-                .map(|max| NgramDrafter::new(&request.prompt_ids, max, speculation.script.clone()));
-            self.running.insert(id, Sequence::new(request, caller, plan, started, sent, drafter));
+            let drafter = max_draft(speculation, self.prefix.kind(), &request).map(|max| {
+                let script = speculation.script.clone();
+                NgramDrafter::new(&request.prompt_ids, max, script, speculation.lookup)
+            });
+            let model_draft = (self.draft_pool.as_ref())
+                .filter(|_| drafter.is_some())
+                .map(|pool| pool.start(request.context));
+            let drafting = Drafting { drafter, model_draft };
+            self.running.insert(id, Sequence::new(request, caller, plan, started, sent, drafting));
             true
         });
         for (id, error) in failed {
@@ -566,7 +581,9 @@ impl EngineState<'_> {
             if budget == 0 {
                 return;
             }
-            let drafts = job.seq.add_drafts(&mut self.prefix, &self.recent_outputs, budget);
+            let recent = &self.recent_outputs;
+            let drafts =
+                job.seq.add_drafts(&mut self.prefix, recent, self.draft_pool.as_mut(), budget);
             budget -= drafts.len();
             job.tokens.extend(drafts);
         }
@@ -612,6 +629,9 @@ impl EngineState<'_> {
         let Some(seq) = self.running.remove(&id) else { return };
         seq.keep_read_prompt(&mut self.prefix);
         self.prefix.release(seq.cache());
+        if let Some(pool) = &mut self.draft_pool {
+            seq.release_draft(pool);
+        }
         match seq.into_retry() {
             Some((request, caller, sent)) => {
                 self.load.preemptions.fetch_add(1, Ordering::Relaxed);
@@ -643,8 +663,17 @@ impl EngineState<'_> {
             self.recent_outputs.add(prompt, reply);
         }
         self.prefix.release(seq.cache());
+        if let Some(pool) = &mut self.draft_pool {
+            seq.release_draft(pool);
+        }
         self.scheduler.remove(id);
     }
+}
+
+/// The draft model's KV pool, when speculation has a draft model.
+fn draft_pool(config: &EngineConfig) -> Option<DraftPool> {
+    let draft = config.speculation.draft_model.clone()?;
+    Some(DraftPool::new(draft, &config.cache))
 }
 
 /// A request waiting to be admitted, and how many of its tokens its client already has (a

@@ -9,7 +9,7 @@ use spindle_models::SequenceCache;
 use spindle_sched::{CacheKind, PrefillPlan};
 
 use crate::bundle::ModelBundle;
-use crate::draft::{NgramDrafter, RecentOutputs};
+use crate::draft::{DraftPool, ModelDraft, NgramDrafter, RecentOutputs};
 use crate::error::RunnerError;
 use crate::events::{Caller, FinishReason, SequenceEvent, SequenceSummary};
 use crate::output::{OutputPipeline, TextDelta};
@@ -55,6 +55,8 @@ pub struct Sequence {
     sent: usize,
     /// Proposes drafts when the sequence decodes speculatively.
     drafter: Option<NgramDrafter>,
+    /// Drafts where the lookup finds nothing, with a draft model.
+    model_draft: Option<ModelDraft>,
     /// The drafts that run after the decided token in this step, in order.
     drafts: Vec<u32>,
     /// A token decided (sampled and reported) where the model rejected a draft: it runs next,
@@ -62,6 +64,13 @@ pub struct Sequence {
     pending: Option<u32>,
     drafted: usize,
     accepted: usize,
+}
+
+/// How a sequence drafts: `None`s when it does not speculate.
+pub struct Drafting {
+    pub drafter: Option<NgramDrafter>,
+    /// The draft model's state for this sequence, with `--draft-model`.
+    pub model_draft: Option<ModelDraft>,
 }
 
 /// What checking a round's drafts came to.
@@ -80,7 +89,7 @@ impl Sequence {
         plan: PrefillPlan,
         started: Started,
         sent: usize,
-        drafter: Option<NgramDrafter>,
+        drafting: Drafting,
     ) -> Self {
         let sampler = Sampler::new(request.sampling.clone(), &request.prompt_ids);
         let output = OutputPipeline::new(&request.stop_strings, request.reasoning.clone());
@@ -101,7 +110,8 @@ impl Sequence {
             answer_owed: false,
             orphan: false,
             sent,
-            drafter,
+            drafter: drafting.drafter,
+            model_draft: drafting.model_draft,
             drafts: Vec::new(),
             pending: None,
             drafted: 0,
@@ -208,6 +218,13 @@ impl Sequence {
         prefix.store_in_memory(&tokens, &self.cache, &self.plan);
     }
 
+    /// Gives the draft model's blocks back to `pool` (the sequence ended or was preempted).
+    pub fn release_draft(&self, pool: &mut DraftPool) {
+        if let Some(state) = &self.model_draft {
+            pool.release(state);
+        }
+    }
+
     /// The prompt and the tokens the sequence wrote, for other requests' drafts.
     pub fn prompt_and_reply(&self) -> (&[u32], &[u32]) {
         (&self.request.prompt_ids, &self.reply)
@@ -286,11 +303,13 @@ impl Sequence {
 
     /// Drafts to run after the decided token this step, at most `budget` of them (the rows
     /// the step has left), with their blocks reserved; empty when the sequence does not
-    /// speculate, nothing matches, or no block is free.
+    /// speculate, nothing matches (nor does the draft model, from `draft_pool`, propose), or
+    /// no block is free.
     pub fn add_drafts(
         &mut self,
         prefix: &mut PrefixCache,
         recent: &RecentOutputs,
+        draft_pool: Option<&mut DraftPool>,
         budget: usize,
     ) -> Vec<u32> {
         let Some(drafter) = &mut self.drafter else { return Vec::new() };
@@ -303,7 +322,12 @@ impl Sequence {
             .min(self.request.max_tokens.saturating_sub(self.generated))
             .min(self.cache.limit().saturating_sub(self.cache.len() + 1))
             .min(self.caller.spare_events());
-        let drafts = drafter.propose(room, recent);
+        let model_draft = &mut self.model_draft;
+        let drafts =
+            drafter.propose(room, recent, |history, want| match (draft_pool, model_draft) {
+                (Some(pool), Some(state)) => pool.propose(state, history, want),
+                _ => Vec::new(),
+            });
         if drafts.is_empty() || prefix.reserve(&mut self.cache, 1 + drafts.len()).is_err() {
             return Vec::new();
         }
@@ -405,6 +429,9 @@ impl Sequence {
         let drafts = std::mem::take(&mut self.drafts);
         let vocab = logits.len() / (drafts.len() + 1);
         let mut verified = Verified { alive: true, drafted: drafts.len(), accepted: 0 };
+        // Counted before the drafts are decided: deciding one may end the sequence, and its
+        // summary reports this round too.
+        self.drafted += drafts.len();
         if !drafts.is_empty() {
             // Back to the decided token; each accepted draft's position is taken again.
             let decided = self.cache.len() - drafts.len();
@@ -417,6 +444,7 @@ impl Sequence {
                     self.cache.advance(1);
                     self.reply.push(id);
                     verified.accepted += 1;
+                    self.accepted += 1;
                     continue;
                 }
                 Some(id) => self.pending = Some(id),
@@ -431,8 +459,6 @@ impl Sequence {
         if let Some(drafter) = &mut self.drafter {
             drafter.record(verified.drafted, verified.accepted);
         }
-        self.drafted += verified.drafted;
-        self.accepted += verified.accepted;
         verified
     }
 

@@ -41,7 +41,12 @@ fn start(bundle: &Arc<ModelBundle>, max_active: usize, script: Option<DraftScrip
         block_size: BLOCK_SIZE,
         ..CacheConfig::default()
     };
-    let speculation = SpeculationConfig { by_default: false, max_draft: 8, script };
+    let speculation = SpeculationConfig {
+        by_default: false,
+        max_draft: 8,
+        script,
+        ..SpeculationConfig::default()
+    };
     Engine::start(
         bundle.clone(),
         EngineConfig { speculation, ..EngineConfig::new(max_active, cache) },
