@@ -141,3 +141,53 @@ impl DraftPool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use spindle_models::random_dense::{write_random_dense, DenseShape};
+
+    use super::*;
+
+    /// A pool over a tiny random model of 512 ids, holding 2,048 positions.
+    fn pool() -> DraftPool {
+        let dir = tempfile::tempdir().unwrap();
+        write_random_dense(dir.path(), &DenseShape::tiny(512), 9, &[]).unwrap();
+        let model = spindle_models::load_safetensors(dir.path()).unwrap();
+        let draft = Arc::new(DraftModel::new(model, "random").unwrap());
+        let cache = CacheConfig { draft_kv_bytes: 1 << 20, ..CacheConfig::default() };
+        DraftPool::new(draft, &cache)
+    }
+
+    /// What a draft that reads `history` from scratch proposes.
+    fn fresh(pool: &mut DraftPool, history: &[u32], want: usize) -> Vec<u32> {
+        let mut state = pool.start(4096);
+        let drafts = std::iter::repeat_with(|| pool.propose(&mut state, history, want))
+            .find(|drafts| !drafts.is_empty())
+            .unwrap();
+        pool.release(&state);
+        drafts
+    }
+
+    #[test]
+    fn the_draft_follows_the_decided_tokens_as_if_it_had_read_them_afresh() {
+        let mut pool = pool();
+        let mut state = pool.start(4096);
+        // Longer than a step's catch-up: read over two steps, drafting on the second.
+        let mut history: Vec<u32> = (0..CATCH_UP_TOKENS as u32 + 40).map(|i| i * 7 % 512).collect();
+        assert!(pool.propose(&mut state, &history, 4).is_empty(), "still catching up");
+        let drafts = pool.propose(&mut state, &history, 4);
+        assert_eq!(drafts, fresh(&mut pool, &history, 4));
+        // The second draft rejected: the target's own token follows the first.
+        history.extend([drafts[0], (drafts[1] + 1) % 512]);
+        let drafts = pool.propose(&mut state, &history, 4);
+        assert_eq!(drafts, fresh(&mut pool, &history, 4), "after a rejection");
+        // Every draft accepted, then the target's next token.
+        history.extend(&drafts);
+        history.push(3);
+        let drafts = pool.propose(&mut state, &history, 6);
+        assert_eq!(drafts, fresh(&mut pool, &history, 6), "after a full acceptance");
+        assert_eq!(state.cache.len(), history.len() + 5, "the last draft is not run");
+        pool.release(&state);
+        assert_eq!(pool.blocks.free_blocks(), pool.blocks.total_blocks());
+    }
+}
