@@ -18,7 +18,7 @@ use spindle_sched::{CacheKind, Scheduler, SchedulerConfig, SeqId, StepPlan};
 use tokio::sync::watch;
 
 use crate::bundle::ModelBundle;
-use crate::draft::{DraftModel, DraftPool, DraftScript, NgramDrafter, RecentOutputs};
+use crate::draft::{DraftModel, DraftPool, DraftScript, NgramDrafter, Proposal, RecentOutputs};
 use crate::error::{EngineStopped, RunnerError};
 use crate::events::{Caller, SequenceEvent};
 use crate::polling_workers;
@@ -577,14 +577,49 @@ impl EngineState<'_> {
     fn add_drafts(&mut self, jobs: &mut [Job]) {
         let planned: usize = jobs.iter().map(|job| job.tokens.len()).sum();
         let mut budget = self.config.step_tokens.saturating_sub(planned);
-        for job in jobs.iter_mut().filter(|job| matches!(job.work, Work::Decode)) {
+        // Per job, the tokens it asks of the draft model (0: none).
+        let mut from_model = vec![0; jobs.len()];
+        for (job, wanted) in jobs.iter_mut().zip(&mut from_model) {
             if budget == 0 {
+                break;
+            }
+            if !matches!(job.work, Work::Decode) {
+                continue;
+            }
+            match job.seq.propose_drafts(&self.recent_outputs, budget) {
+                Proposal::Tokens(drafts) => {
+                    let drafts = job.seq.take_drafts(&mut self.prefix, drafts);
+                    budget -= drafts.len();
+                    job.tokens.extend(drafts);
+                }
+                Proposal::Fallback(want) => {
+                    budget -= want;
+                    *wanted = want;
+                }
+            }
+        }
+        self.add_model_drafts(jobs, &from_model);
+    }
+
+    /// Drafts with the draft model for the jobs that ask it for some (`wanted`, per job), all
+    /// of them in one batched round.
+    fn add_model_drafts(&mut self, jobs: &mut [Job], wanted: &[usize]) {
+        let Some(pool) = &mut self.draft_pool else { return };
+        let (asking, drafts): (Vec<usize>, Vec<Vec<u32>>) = {
+            let (asking, mut rounds): (Vec<usize>, Vec<_>) = (jobs.iter_mut().zip(wanted))
+                .enumerate()
+                .filter(|(_, (_, &want))| want > 0)
+                .filter_map(|(i, (job, &want))| Some((i, job.seq.draft_round(want)?)))
+                .unzip();
+            if asking.is_empty() {
                 return;
             }
-            let recent = &self.recent_outputs;
-            let drafts =
-                job.seq.add_drafts(&mut self.prefix, recent, self.draft_pool.as_mut(), budget);
-            budget -= drafts.len();
+            let drafts = pool.propose(&mut rounds);
+            (asking, drafts)
+        };
+        for (i, drafts) in asking.into_iter().zip(drafts) {
+            let job = &mut jobs[i];
+            let drafts = job.seq.take_drafts(&mut self.prefix, drafts);
             job.tokens.extend(drafts);
         }
     }

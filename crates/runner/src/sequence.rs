@@ -9,7 +9,7 @@ use spindle_models::SequenceCache;
 use spindle_sched::{CacheKind, PrefillPlan};
 
 use crate::bundle::ModelBundle;
-use crate::draft::{DraftPool, ModelDraft, NgramDrafter, RecentOutputs};
+use crate::draft::{DraftPool, DraftRound, ModelDraft, NgramDrafter, Proposal, RecentOutputs};
 use crate::error::RunnerError;
 use crate::events::{Caller, FinishReason, SequenceEvent, SequenceSummary};
 use crate::output::{OutputPipeline, TextDelta};
@@ -301,20 +301,13 @@ impl Sequence {
         Next::Run(vec![id])
     }
 
-    /// Drafts to run after the decided token this step, at most `budget` of them (the rows
-    /// the step has left), with their blocks reserved; empty when the sequence does not
-    /// speculate, nothing matches (nor does the draft model, from `draft_pool`, propose), or
-    /// no block is free.
-    pub fn add_drafts(
-        &mut self,
-        prefix: &mut PrefixCache,
-        recent: &RecentOutputs,
-        draft_pool: Option<&mut DraftPool>,
-        budget: usize,
-    ) -> Vec<u32> {
-        let Some(drafter) = &mut self.drafter else { return Vec::new() };
+    /// What the sequence drafts after the decided token this step, at most `budget` tokens
+    /// (the rows the step has left): the lookup's, or a length for the draft model where it
+    /// has one; no tokens when it does not speculate or nothing matches.
+    pub fn propose_drafts(&mut self, recent: &RecentOutputs, budget: usize) -> Proposal {
+        let Some(drafter) = &mut self.drafter else { return Proposal::Tokens(Vec::new()) };
         if self.orphan {
-            return Vec::new();
+            return Proposal::Tokens(Vec::new());
         }
         // After the decided token: tokens the sequence may still decide, positions it may
         // still hold, and events its client has room for.
@@ -322,12 +315,21 @@ impl Sequence {
             .min(self.request.max_tokens.saturating_sub(self.generated))
             .min(self.cache.limit().saturating_sub(self.cache.len() + 1))
             .min(self.caller.spare_events());
-        let model_draft = &mut self.model_draft;
-        let drafts =
-            drafter.propose(room, recent, |history, want| match (draft_pool, model_draft) {
-                (Some(pool), Some(state)) => pool.propose(state, history, want),
-                _ => Vec::new(),
-            });
+        match drafter.propose(room, recent) {
+            Proposal::Fallback(_) if self.model_draft.is_none() => Proposal::Tokens(Vec::new()),
+            proposal => proposal,
+        }
+    }
+
+    /// The sequence's part of the draft model's round, drafting up to `want` tokens.
+    pub fn draft_round(&mut self, want: usize) -> Option<DraftRound<'_>> {
+        let history = self.drafter.as_ref()?.history();
+        Some(DraftRound { state: self.model_draft.as_mut()?, history, want })
+    }
+
+    /// Runs `drafts` after the decided token this step, with their blocks reserved; none when
+    /// no block is free.
+    pub fn take_drafts(&mut self, prefix: &mut PrefixCache, drafts: Vec<u32>) -> Vec<u32> {
         if drafts.is_empty() || prefix.reserve(&mut self.cache, 1 + drafts.len()).is_err() {
             return Vec::new();
         }

@@ -22,7 +22,7 @@ mod token_index;
 use std::sync::Arc;
 
 pub use draft_model::DraftModel;
-pub use model_drafts::{DraftPool, ModelDraft};
+pub use model_drafts::{DraftPool, DraftRound, ModelDraft};
 pub use recent_outputs::RecentOutputs;
 use token_index::{TokenIndex, LONGEST_MATCH, SHORTEST_MATCH};
 
@@ -48,6 +48,15 @@ impl std::fmt::Debug for DraftScript {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("DraftScript")
     }
+}
+
+/// What a sequence drafts in a round.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Proposal {
+    /// These tokens (the lookup's, or a script's); none while drafting pauses.
+    Tokens(Vec<u32>),
+    /// The lookup found nothing: up to this many from the draft model, if there is one.
+    Fallback(usize),
 }
 
 /// One sequence's drafter: its tokens so far and where each short run of them last occurred.
@@ -96,30 +105,29 @@ impl NgramDrafter {
         self.history.push(token);
     }
 
+    /// The sequence's prompt and decided tokens.
+    pub fn history(&self) -> &[u32] {
+        self.history.tokens()
+    }
+
     /// Up to `room` tokens to follow the history, from the latest earlier occurrence of its
     /// longest matching tail, in its own tokens first and then in `recent` outputs of other
-    /// requests, and where nothing matches from `fallback` (given the history and the length
-    /// wanted); empty when none of them drafts or drafting is paused.
-    pub fn propose(
-        &mut self,
-        room: usize,
-        recent: &RecentOutputs,
-        fallback: impl FnOnce(&[u32], usize) -> Vec<u32>,
-    ) -> Vec<u32> {
+    /// requests; where nothing matches, the length to draft by other means.
+    pub fn propose(&mut self, room: usize, recent: &RecentOutputs) -> Proposal {
         let history = self.history.tokens();
         if let Some(script) = &self.script {
             let mut drafts = (script.0)(history, room);
             drafts.truncate(room.min(self.max_length));
-            return drafts;
+            return Proposal::Tokens(drafts);
         }
         if self.paused > 0 {
             self.paused -= 1;
-            return Vec::new();
+            return Proposal::Tokens(Vec::new());
         }
         let want = self.length.min(room);
         let end = history.len();
         if want == 0 {
-            return Vec::new();
+            return Proposal::Tokens(Vec::new());
         }
         let longest = if self.lookup { LONGEST_MATCH.min(end) } else { 0 };
         for n in (SHORTEST_MATCH..=longest).rev() {
@@ -127,12 +135,10 @@ impl NgramDrafter {
             if let Some(drafts) =
                 self.history.follow(tail, want).or_else(|| recent.follow(tail, want))
             {
-                return drafts.to_vec();
+                return Proposal::Tokens(drafts.to_vec());
             }
         }
-        let mut drafts = fallback(history, want);
-        drafts.truncate(want);
-        drafts
+        Proposal::Fallback(want)
     }
 
     /// Learns from a round: `accepted` of `drafted` tokens were what the model picked.
@@ -165,7 +171,10 @@ mod tests {
     }
 
     fn propose(drafter: &mut NgramDrafter, room: usize, recent: &RecentOutputs) -> Vec<u32> {
-        drafter.propose(room, recent, |_, _| Vec::new())
+        match drafter.propose(room, recent) {
+            Proposal::Tokens(drafts) => drafts,
+            Proposal::Fallback(_) => Vec::new(),
+        }
     }
 
     #[test]
@@ -226,12 +235,12 @@ mod tests {
     #[test]
     fn the_fallback_drafts_only_where_the_lookup_finds_nothing() {
         let none = RecentOutputs::default();
-        let model = |history: &[u32], want: usize| vec![history.len() as u32; want + 3];
         let mut matching = lookup_only(&[1, 2, 3, 1, 2]);
-        assert_eq!(matching.propose(8, &none, model), [3, 1, 2], "the lookup's drafts first");
+        assert_eq!(matching.propose(8, &none), Proposal::Tokens(vec![3, 1, 2]));
         let mut nothing = lookup_only(&[1, 2, 3, 4]);
-        assert_eq!(nothing.propose(8, &none, model), [4; 4], "no more than the length wanted");
+        assert_eq!(nothing.propose(8, &none), Proposal::Fallback(4), "the length wanted");
+        assert_eq!(nothing.propose(2, &none), Proposal::Fallback(2), "within the room");
         let mut model_only = NgramDrafter::new(&[1, 2, 3, 1, 2], 8, None, false);
-        assert_eq!(model_only.propose(8, &none, model), [5; 4], "the lookup off");
+        assert_eq!(model_only.propose(8, &none), Proposal::Fallback(4), "the lookup off");
     }
 }

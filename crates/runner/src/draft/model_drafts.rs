@@ -13,9 +13,10 @@
 //! which would charge the draft's prefill to requests that never speculate. A sequence reads
 //! its prompt into the draft instead, [`CATCH_UP_TOKENS`] a step, decoding plainly meanwhile.
 
+use std::ops::Range;
 use std::sync::Arc;
 
-use spindle_models::{PagedKv, SequenceCache};
+use spindle_models::{BatchEntry, PagedKv, SequenceCache};
 use spindle_sched::{BlockId, BlockPool};
 
 use super::draft_model::DraftModel;
@@ -32,6 +33,23 @@ pub struct DraftPool {
     draft: Arc<DraftModel>,
     kv: Arc<PagedKv>,
     blocks: BlockPool,
+}
+
+/// One sequence's part of a draft round.
+pub struct DraftRound<'a> {
+    pub state: &'a mut ModelDraft,
+    /// The sequence's prompt and decided tokens.
+    pub history: &'a [u32],
+    /// Most tokens to draft.
+    pub want: usize,
+}
+
+/// What a sequence reads into the draft first in a round.
+struct Read {
+    /// Positions of its history.
+    range: Range<usize>,
+    /// Whether it drafts after them (not while it catches up).
+    drafts: bool,
 }
 
 /// One sequence's draft state: the draft's cache holds the sequence's first `followed` tokens,
@@ -58,45 +76,47 @@ impl DraftPool {
         ModelDraft { cache, followed: 0, ran: Vec::new() }
     }
 
-    /// Up to `want` tokens the draft model picks greedily after `history` (the sequence's
-    /// prompt and decided tokens); empty while it catches up, when its pool is full, or on a
-    /// failed step of the draft (drafts are optional: the sequence decodes plainly).
-    pub fn propose(&mut self, state: &mut ModelDraft, history: &[u32], want: usize) -> Vec<u32> {
-        let seen = &history[state.followed.min(history.len())..];
-        let accepted = state.ran.iter().zip(seen).take_while(|(ran, token)| ran == token).count();
-        state.followed += accepted;
-        state.ran.clear();
-        let beyond_reach = history.len() > state.cache.limit();
-        if state.cache.truncate(state.followed).is_err() || beyond_reach {
-            return Vec::new();
-        }
-        let unseen = &history[state.followed..];
-        if unseen.is_empty() {
-            return Vec::new();
-        }
-        if unseen.len() > CATCH_UP_TOKENS {
-            let chunk = &unseen[..CATCH_UP_TOKENS];
-            if self.reserve(&mut state.cache, chunk.len()) {
-                self.run(state, chunk);
+    /// For each round, up to its `want` tokens the draft model picks greedily after its
+    /// `history`, all sequences in one batched pass of the draft per drafted position; empty
+    /// for a sequence that is catching up or whose blocks ran out, and for every sequence of a
+    /// pass that failed (drafts are optional: those sequences decode plainly).
+    pub fn propose(&mut self, rounds: &mut [DraftRound<'_>]) -> Vec<Vec<u32>> {
+        let reads: Vec<Option<Read>> = rounds.iter_mut().map(|round| self.prepare(round)).collect();
+        let mut drafts = vec![Vec::new(); rounds.len()];
+        let reading: Vec<usize> = (0..rounds.len()).filter(|&i| reads[i].is_some()).collect();
+        let unseen: Vec<&[u32]> = (reading.iter())
+            .map(|&i| {
+                let history = rounds[i].history;
+                &history[reads[i].as_ref().expect("reading").range.clone()]
+            })
+            .collect();
+        let Some(logits) = self.pass(rounds, &reading, &unseen) else { return drafts };
+        let mut drafting = Vec::new();
+        for (&i, logits) in reading.iter().zip(logits) {
+            let read = reads[i].as_ref().expect("reading");
+            rounds[i].state.followed += read.range.len();
+            if read.drafts {
+                drafts[i].push(argmax(&logits).0);
+                drafting.push(i);
             }
-            return Vec::new();
         }
-        let want = want.min((state.cache.limit() + 1).saturating_sub(history.len()));
-        if want == 0 || !self.reserve(&mut state.cache, unseen.len() + want - 1) {
-            return Vec::new();
-        }
-        let Some(mut logits) = self.run(state, unseen) else { return Vec::new() };
-        let mut drafts = vec![argmax(&logits).0];
-        while drafts.len() < want {
-            let last = *drafts.last().expect("one draft at least");
-            match self.draft.model.forward(&[last], &mut state.cache) {
-                Ok(next) => logits = next,
-                Err(e) => return self.failed(state, &e),
+        loop {
+            drafting.retain(|&i| drafts[i].len() < rounds[i].want);
+            if drafting.is_empty() {
+                return drafts;
             }
-            state.ran.push(last);
-            drafts.push(argmax(&logits).0);
+            let lasts: Vec<[u32; 1]> =
+                drafting.iter().map(|&i| [*drafts[i].last().expect("drafted")]).collect();
+            let tokens: Vec<&[u32]> = lasts.iter().map(|last| last.as_slice()).collect();
+            let Some(logits) = self.pass(rounds, &drafting, &tokens) else {
+                drafting.iter().for_each(|&i| drafts[i].clear());
+                return drafts;
+            };
+            for ((&i, last), logits) in drafting.iter().zip(&lasts).zip(logits) {
+                rounds[i].state.ran.push(last[0]);
+                drafts[i].push(argmax(&logits).0);
+            }
         }
-        drafts
     }
 
     /// Gives back the blocks of a sequence that ended or was preempted.
@@ -105,15 +125,59 @@ impl DraftPool {
         self.blocks.release(&blocks);
     }
 
-    /// Runs `tokens` (the next of the sequence's own) through the draft: the logits after them.
-    fn run(&self, state: &mut ModelDraft, tokens: &[u32]) -> Option<Vec<f32>> {
-        match self.draft.model.forward(tokens, &mut state.cache) {
-            Ok(logits) => {
-                state.followed += tokens.len();
-                Some(logits)
-            }
-            Err(e) => {
-                self.failed(state, &e);
+    /// Brings `round`'s draft state in line with its history (the drafts the target took are
+    /// kept, the rest forgotten) and reserves blocks for what it reads first this round; `None`
+    /// when it reads nothing.
+    fn prepare(&mut self, round: &mut DraftRound<'_>) -> Option<Read> {
+        let (state, history) = (&mut *round.state, round.history);
+        let seen = &history[state.followed.min(history.len())..];
+        let accepted = state.ran.iter().zip(seen).take_while(|(ran, token)| ran == token).count();
+        state.followed += accepted;
+        state.ran.clear();
+        let beyond_reach = history.len() > state.cache.limit();
+        if state.cache.truncate(state.followed).is_err() || beyond_reach {
+            return None;
+        }
+        let unseen = state.followed..history.len();
+        if unseen.is_empty() {
+            return None;
+        }
+        if unseen.len() > CATCH_UP_TOKENS {
+            let range = state.followed..state.followed + CATCH_UP_TOKENS;
+            return self
+                .reserve(&mut state.cache, CATCH_UP_TOKENS)
+                .then_some(Read { range, drafts: false });
+        }
+        round.want = round.want.min((state.cache.limit() + 1).saturating_sub(history.len()));
+        let positions = unseen.len() + round.want.saturating_sub(1);
+        if round.want == 0 || !self.reserve(&mut state.cache, positions) {
+            return None;
+        }
+        Some(Read { range: unseen, drafts: true })
+    }
+
+    /// Runs `tokens[k]` through the draft after what the `k`-th of `members` (ascending
+    /// indices into `rounds`) holds, in one batch: the logits after each; `None` when the pass
+    /// failed, and then those sequences' drafts start over.
+    fn pass(
+        &self,
+        rounds: &mut [DraftRound<'_>],
+        members: &[usize],
+        tokens: &[&[u32]],
+    ) -> Option<Vec<Vec<f32>>> {
+        let mut entries: Vec<BatchEntry> = (rounds.iter_mut().enumerate())
+            .filter(|(i, _)| members.binary_search(i).is_ok())
+            .zip(tokens)
+            .map(|((_, round), tokens)| BatchEntry::new(tokens, &mut round.state.cache))
+            .collect();
+        let ran = self.draft.model.forward_batch(&mut entries);
+        drop(entries);
+        match ran {
+            Ok(logits) => Some(logits),
+            Err(error) => {
+                for &i in members {
+                    self.failed(rounds[i].state, &error);
+                }
                 None
             }
         }
@@ -121,12 +185,11 @@ impl DraftPool {
 
     /// After a failed draft step the cache's last positions are unknown: the draft reads the
     /// sequence again from its start.
-    fn failed(&self, state: &mut ModelDraft, error: &spindle_models::ModelError) -> Vec<u32> {
+    fn failed(&self, state: &mut ModelDraft, error: &spindle_models::ModelError) {
         tracing::warn!(draft = %self.draft.name, %error, "a draft model step failed");
         state.followed = 0;
         state.ran.clear();
         let _ = state.cache.truncate(0);
-        Vec::new()
     }
 
     /// Adds the blocks `cache` needs for `positions` more; false when the pool is out of them.
@@ -161,11 +224,22 @@ mod tests {
     /// What a draft that reads `history` from scratch proposes.
     fn fresh(pool: &mut DraftPool, history: &[u32], want: usize) -> Vec<u32> {
         let mut state = pool.start(4096);
-        let drafts = std::iter::repeat_with(|| pool.propose(&mut state, history, want))
+        let drafts = std::iter::repeat_with(|| propose(pool, &mut state, history, want))
             .find(|drafts| !drafts.is_empty())
             .unwrap();
         pool.release(&state);
         drafts
+    }
+
+    /// One sequence's round alone.
+    fn propose(
+        pool: &mut DraftPool,
+        state: &mut ModelDraft,
+        history: &[u32],
+        want: usize,
+    ) -> Vec<u32> {
+        let round = DraftRound { state, history, want };
+        pool.propose(&mut [round]).pop().unwrap()
     }
 
     #[test]
@@ -174,20 +248,36 @@ mod tests {
         let mut state = pool.start(4096);
         // Longer than a step's catch-up: read over two steps, drafting on the second.
         let mut history: Vec<u32> = (0..CATCH_UP_TOKENS as u32 + 40).map(|i| i * 7 % 512).collect();
-        assert!(pool.propose(&mut state, &history, 4).is_empty(), "still catching up");
-        let drafts = pool.propose(&mut state, &history, 4);
+        assert!(propose(&mut pool, &mut state, &history, 4).is_empty(), "still catching up");
+        let drafts = propose(&mut pool, &mut state, &history, 4);
         assert_eq!(drafts, fresh(&mut pool, &history, 4));
         // The second draft rejected: the target's own token follows the first.
         history.extend([drafts[0], (drafts[1] + 1) % 512]);
-        let drafts = pool.propose(&mut state, &history, 4);
+        let drafts = propose(&mut pool, &mut state, &history, 4);
         assert_eq!(drafts, fresh(&mut pool, &history, 4), "after a rejection");
         // Every draft accepted, then the target's next token.
         history.extend(&drafts);
         history.push(3);
-        let drafts = pool.propose(&mut state, &history, 6);
+        let drafts = propose(&mut pool, &mut state, &history, 6);
         assert_eq!(drafts, fresh(&mut pool, &history, 6), "after a full acceptance");
         assert_eq!(state.cache.len(), history.len() + 5, "the last draft is not run");
         pool.release(&state);
         assert_eq!(pool.blocks.free_blocks(), pool.blocks.total_blocks());
+    }
+
+    #[test]
+    fn sequences_drafting_in_one_batch_draft_what_each_drafts_alone() {
+        let mut pool = pool();
+        let histories: [Vec<u32>; 3] =
+            [(1..40).collect(), (100..107).collect(), (0..CATCH_UP_TOKENS as u32 + 1).collect()];
+        let mut states: Vec<ModelDraft> = histories.iter().map(|_| pool.start(4096)).collect();
+        let mut rounds: Vec<DraftRound> = (states.iter_mut().zip(&histories))
+            .zip([3, 5, 4])
+            .map(|((state, history), want)| DraftRound { state, history, want })
+            .collect();
+        let drafts = pool.propose(&mut rounds);
+        assert_eq!(drafts[0], fresh(&mut pool, &histories[0], 3));
+        assert_eq!(drafts[1], fresh(&mut pool, &histories[1], 5));
+        assert!(drafts[2].is_empty(), "the third catches up");
     }
 }
