@@ -1,5 +1,6 @@
 //! Drafting with the draft model: each speculating sequence keeps the draft's cache of its
-//! tokens, and a round runs the draft greedily from there. The draft follows what the target
+//! tokens, and a round runs the draft greedily from there, every sequence that asks in one
+//! batched pass per drafted position. The draft follows what the target
 //! decided, not what it proposed: at the next round the positions the target rejected are
 //! forgotten (truncated, as the target's own cache forgets them) and the draft reads the tokens
 //! it has not seen (the last accepted draft, the target's own token), so no accepted position
