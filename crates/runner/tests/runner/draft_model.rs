@@ -2,7 +2,8 @@
 //! a random-weight model of SmolLM2's vocabulary has few accepted, and either way every
 //! request's tokens, logprobs, text and finish are those of the same request decoded plainly,
 //! greedy or seeded, alone or batched with plain sequences. A draft whose vocabulary is not the
-//! target's is refused, naming both.
+//! target's is refused, naming both. Preempted sequences give their blocks back to the draft's
+//! pool and still answer as alone.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
@@ -15,7 +16,8 @@ use spindle_runner::{
 };
 
 use crate::common::{
-    collect_summary as collect, greedy, request, seeded, smollm2, smollm2_files, Output, BLOCK_SIZE,
+    collect_summary as collect, greedy, request, seeded, smollm2, smollm2_files, tiny_dense, vocab,
+    Output, BLOCK_SIZE,
 };
 
 const CONTEXT: usize = 1024;
@@ -159,6 +161,81 @@ fn draft_model_and_plain_sequences_batched_together_change_no_byte() {
             assert_same(&batched, &plain, &what);
             assert_eq!(batched.1.drafted_tokens > 0, i != 1, "{what}: {:?}", batched.1);
         }
+    }
+}
+
+/// An engine over the tiny random model, speculating by default with a random draft of its
+/// vocabulary alone (the same shape, so its pool holds as many blocks), over `blocks` blocks
+/// each.
+fn tiny_engine(blocks: usize, speculate: bool) -> Engine {
+    let bundle = tiny_dense();
+    let dir = tempfile::tempdir().unwrap();
+    let shape = DenseShape::tiny(vocab(&bundle) as usize);
+    write_random_dense(dir.path(), &shape, 11, &[]).unwrap();
+    let draft = DraftModel::new(spindle_models::load_safetensors(dir.path()).unwrap(), "random");
+    let draft = draft.unwrap();
+    let block_bytes =
+        CacheConfig { block_size: BLOCK_SIZE, ..CacheConfig::default() }.block_bytes(&bundle);
+    let mut cache = CacheConfig {
+        kv_bytes: 2 * blocks * block_bytes,
+        block_size: BLOCK_SIZE,
+        ..CacheConfig::default()
+    };
+    draft.share_kv_memory(&mut cache, &bundle).unwrap();
+    assert_eq!(cache.kv_blocks(&bundle), blocks);
+    let speculation = SpeculationConfig {
+        by_default: speculate,
+        draft_model: Some(Arc::new(draft)),
+        // The draft model alone: the burst's outputs would draft the requests after it.
+        lookup: false,
+        ..SpeculationConfig::default()
+    };
+    let config = EngineConfig { speculation, ..EngineConfig::new(6, cache) };
+    Engine::start(bundle, config)
+}
+
+#[test]
+fn sequences_preempted_while_the_draft_model_drafts_give_their_outputs_alone() {
+    const BURST_CONTEXT: usize = 160;
+    let ids = vocab(&tiny_dense());
+    let prompt = |i: usize| -> Vec<u32> {
+        (0..72 + 6 * i as u32).map(|p| (p * 13 + i as u32 * 71 + 3) % (ids - 2) + 1).collect()
+    };
+    let burst = |engine: &Engine| {
+        let inboxes: Vec<_> = (0..6)
+            .map(|i| {
+                let sampling = if i % 2 == 0 { greedy() } else { seeded() };
+                let p = prompt(i);
+                let max_tokens = BURST_CONTEXT - p.len();
+                submit(
+                    engine,
+                    SequenceRequest { sampling, ..request(&p, max_tokens, BURST_CONTEXT) },
+                )
+            })
+            .collect();
+        // A reader per request, as a server has: all outgrow the pool together.
+        std::thread::scope(|scope| {
+            let readers: Vec<_> =
+                inboxes.into_iter().map(|inbox| scope.spawn(move || collect(inbox))).collect();
+            readers.into_iter().map(|reader| reader.join().unwrap()).collect::<Vec<_>>()
+        })
+    };
+    // Room for the longest request alone, and about two and a half in all.
+    let tight =
+        tiny_engine(2 * BURST_CONTEXT / BLOCK_SIZE + BURST_CONTEXT / (2 * BLOCK_SIZE), true);
+    let outputs = burst(&tight);
+    let load = tight.load();
+    assert!(load.preemptions.load(Ordering::Relaxed) > 0, "the burst outgrew the pool");
+    assert!(load.spec_draft_tokens.load(Ordering::Relaxed) > 0, "the draft model drafted");
+    // Every draft block came back: requests after the burst, one after another, each draft
+    // (a pool that lost an ended sequence's blocks runs dry within a few).
+    for i in 0..6 {
+        let after = run(&tight, request(&prompt(i), 24, BURST_CONTEXT));
+        assert!(after.1.drafted_tokens > 0, "request {i} after the burst: {:?}", after.1);
+    }
+    let plain = burst(&tiny_engine(6 * BURST_CONTEXT / BLOCK_SIZE, false));
+    for (i, (output, alone)) in outputs.iter().zip(&plain).enumerate() {
+        assert_same(output, alone, &format!("request {i}"));
     }
 }
 
