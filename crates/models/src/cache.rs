@@ -9,10 +9,11 @@ use candle_core::{Device, Tensor};
 
 use crate::dense::with_values;
 use crate::error::{ModelError, Result};
-use crate::gated_deltanet::LinearAttentionState;
+use crate::gated_deltanet::{LinearAttentionState, LinearRun};
 use crate::kv_type::KvType;
 use crate::paged_attention::{self, Queries, Visibility};
 use crate::paged_kv::{KvShape, PagedKv};
+use crate::rollback::Rollback;
 
 /// Positions per block of a cache that owns its storage alone.
 const STANDALONE_BLOCK: usize = 64;
@@ -86,6 +87,8 @@ pub struct SequenceCache {
     kv: Arc<PagedKv>,
     blocks: Vec<u32>,
     recurrent: RecurrentState,
+    /// What the recurrent layers kept of the latest pass that verified drafts.
+    rollback: Rollback,
     len: usize,
     limit: usize,
 }
@@ -101,7 +104,8 @@ impl SequenceCache {
     ) -> Self {
         let blocks = limit.div_ceil(STANDALONE_BLOCK).max(1);
         let kv = Arc::new(PagedKv::new(shapes, kind, blocks, STANDALONE_BLOCK));
-        Self { kv, blocks: (0..blocks as u32).collect(), recurrent, len: 0, limit }
+        let rollback = Rollback::new(&recurrent.0);
+        Self { kv, blocks: (0..blocks as u32).collect(), recurrent, rollback, len: 0, limit }
     }
 
     /// A cache that has processed positions `0..len`, whose keys/values are in `blocks` of the
@@ -114,7 +118,8 @@ impl SequenceCache {
         recurrent: RecurrentState,
         limit: usize,
     ) -> Self {
-        Self { kv, blocks, recurrent, len, limit }
+        let rollback = Rollback::new(&recurrent.0);
+        Self { kv, blocks, recurrent, rollback, len, limit }
     }
 
     /// Positions already processed.
@@ -207,28 +212,45 @@ impl SequenceCache {
         Ok(copy)
     }
 
-    /// The recurrent state of linear-attention layer `layer`.
-    pub(crate) fn linear_state(&mut self, layer: usize) -> Result<&mut LinearAttentionState> {
-        self.recurrent.0[layer].as_mut().ok_or_else(|| {
+    /// Linear-attention layer `layer`'s part of a pass: its recurrent state, and where it keeps
+    /// the state after each position when the pass verifies drafts (`verifying`).
+    pub(crate) fn linear_run(&mut self, layer: usize, verifying: bool) -> Result<LinearRun<'_>> {
+        let state = self.recurrent.0.get_mut(layer).and_then(Option::as_mut).ok_or_else(|| {
             ModelError::BadConfig(format!("layer {layer} has no linear-attention state"))
-        })
+        })?;
+        let history = if verifying { self.rollback.layer(layer) } else { None };
+        Ok(LinearRun { state, history })
     }
 
     /// Records that `n` more positions were processed by every layer.
     pub fn advance(&mut self, n: usize) {
+        self.rollback.close();
+        self.len += n;
+    }
+
+    /// Records that `n` more positions were processed by a pass that verified drafts: the
+    /// cache can go back to any of them with [`truncate`](Self::truncate).
+    pub(crate) fn advance_verified(&mut self, n: usize) {
+        self.rollback.verified(self.len..self.len + n);
         self.len += n;
     }
 
     /// Forgets the positions from `len` on (a speculative round's drafts that were not
     /// accepted). Their keys and values stay in the blocks until later positions overwrite
-    /// them; nothing reads past `len`. A recurrent state has folded them in and cannot go back.
+    /// them; nothing reads past `len`. Recurrent layers go back only to a position of the
+    /// latest pass that verified drafts (one they kept the state after); elsewhere this fails
+    /// and changes nothing.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
-        if self.recurrent.0.iter().any(Option::is_some) {
-            return Err(ModelError::BadConfig(
-                "a cache with recurrent state cannot forget positions".into(),
-            ));
+        if len >= self.len {
+            return Ok(());
         }
-        self.len = self.len.min(len);
+        if !self.recurrent.is_empty() && !self.rollback.go_back(len, &mut self.recurrent.0) {
+            return Err(ModelError::BadConfig(format!(
+                "the recurrent state cannot go back to position {len}: only to one of the \
+                 latest pass that verified drafts"
+            )));
+        }
+        self.len = len;
         Ok(())
     }
 }

@@ -60,10 +60,23 @@ pub fn zero_state(heads: &DeltaHeads) -> Vec<f32> {
 }
 
 /// Runs `t` tokens one at a time, updating `state`; returns the outputs, `t × v_heads × v_dim`.
-pub fn recurrent(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<f32> {
+/// `kept[i]`, for as many positions as it has slots, receives the state after position `i`.
+pub fn recurrent(
+    heads: &DeltaHeads,
+    x: &DeltaInputs,
+    state: &mut [f32],
+    kept: &mut [Vec<f32>],
+) -> Vec<f32> {
     let DeltaHeads { k_heads, v_heads, k_dim, v_dim, .. } = *heads;
     let kh_of = |h| heads.k_head_of(h);
-    each_head(heads, x.g.len() / v_heads, state, |h, s, out| {
+    // Each head writes its own part of every slot.
+    let mut kept_by_head: Vec<Vec<&mut [f32]>> = (0..v_heads).map(|_| Vec::new()).collect();
+    for slot in kept.iter_mut() {
+        for (head, part) in kept_by_head.iter_mut().zip(slot.chunks_exact_mut(k_dim * v_dim)) {
+            head.push(part);
+        }
+    }
+    each_head(heads, x.g.len() / v_heads, state, kept_by_head, |h, s, out, mut kept| {
         let kh = kh_of(h);
         let mut delta = vec![0.0; v_dim];
         for (pos, o) in out.chunks_exact_mut(v_dim).enumerate() {
@@ -82,6 +95,9 @@ pub fn recurrent(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<
                 row.iter_mut().zip(&delta).for_each(|(e, &d)| *e += kd * d);
                 o.iter_mut().zip(row.iter()).for_each(|(o, &e)| *o += e * qd);
             }
+            if let Some(slot) = kept.get_mut(pos) {
+                slot.copy_from_slice(s);
+            }
         }
     })
 }
@@ -90,29 +106,32 @@ pub fn recurrent(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<
 /// up to rounding, with most of the work in dense chunk-sized products.
 pub fn chunked(heads: &DeltaHeads, x: &DeltaInputs, state: &mut [f32]) -> Vec<f32> {
     let t = x.g.len() / heads.v_heads;
-    each_head(heads, t, state, |h, s, out| {
+    let nothing_kept = vec![(); heads.v_heads];
+    each_head(heads, t, state, nothing_kept, |h, s, out, ()| {
         for start in (0..t).step_by(CHUNK) {
             chunk_head(heads, x, h, start, CHUNK.min(t - start), s, out);
         }
     })
 }
 
-/// Runs `head(h, state of h, outputs of h)` for every value head in parallel (heads are
-/// independent; each has its own state and a head-major `t × v_dim` output), then interleaves
-/// the outputs token-major: the same arithmetic whatever the split.
-fn each_head(
+/// Runs `head(h, state of h, outputs of h, extra[h])` for every value head in parallel (heads
+/// are independent; each has its own state and a head-major `t × v_dim` output), then
+/// interleaves the outputs token-major: the same arithmetic whatever the split.
+fn each_head<T: Send>(
     heads: &DeltaHeads,
     t: usize,
     state: &mut [f32],
-    head: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
+    extra: Vec<T>,
+    head: impl Fn(usize, &mut [f32], &mut [f32], T) + Sync,
 ) -> Vec<f32> {
     let DeltaHeads { v_heads, k_dim, v_dim, .. } = *heads;
     let per_head: Vec<Vec<f32>> = state
         .par_chunks_mut(k_dim * v_dim)
+        .zip(extra)
         .enumerate()
-        .map(|(h, head_state)| {
+        .map(|(h, (head_state, extra))| {
             let mut head_out = vec![0.0; t * v_dim];
-            head(h, head_state, &mut head_out);
+            head(h, head_state, &mut head_out, extra);
             head_out
         })
         .collect();
@@ -288,7 +307,7 @@ mod tests {
         for t in [1, 5, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK + 17] {
             let x = random(&HEADS, t, t as u64);
             let (mut s1, mut s2) = (zero_state(&HEADS), zero_state(&HEADS));
-            let a = recurrent(&HEADS, &x.inputs(), &mut s1);
+            let a = recurrent(&HEADS, &x.inputs(), &mut s1, &mut []);
             let b = chunked(&HEADS, &x.inputs(), &mut s2);
             assert!(max_diff(&a, &b) < 1e-4, "t={t}: outputs differ by {}", max_diff(&a, &b));
             assert!(max_diff(&s1, &s2) < 1e-4, "t={t}: states differ by {}", max_diff(&s1, &s2));
@@ -303,7 +322,7 @@ mod tests {
         let t = CHUNK + 9;
         let x = random(&heads, t, 5);
         let (mut s1, mut s2) = (zero_state(&heads), zero_state(&heads));
-        let a = recurrent(&heads, &x.inputs(), &mut s1);
+        let a = recurrent(&heads, &x.inputs(), &mut s1, &mut []);
         let b = chunked(&heads, &x.inputs(), &mut s2);
         assert!(max_diff(&a, &b) < 1e-4, "outputs differ by {}", max_diff(&a, &b));
         assert!(max_diff(&s1, &s2) < 1e-4, "states differ by {}", max_diff(&s1, &s2));
@@ -331,9 +350,33 @@ mod tests {
             let mut out = chunked(&HEADS, &x.slice(&HEADS, 0, cut).inputs(), &mut state);
             // Resume from a copy of the state, as a prefix-cache snapshot would.
             let mut resumed = state.clone();
-            out.extend(recurrent(&HEADS, &x.slice(&HEADS, cut, t).inputs(), &mut resumed));
+            out.extend(recurrent(&HEADS, &x.slice(&HEADS, cut, t).inputs(), &mut resumed, &mut []));
             assert!(max_diff(&out, &expected) < 1e-4, "cut {cut}");
             assert!(max_diff(&resumed, &whole) < 1e-4, "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn the_states_kept_after_each_position_are_those_of_running_that_far() {
+        let t = 7;
+        let x = random(&HEADS, t, 9);
+        let start: Vec<f32> =
+            random(&HEADS, 1, 3).v.iter().cycle().take(HEADS.state_len()).copied().collect();
+        let mut state = start.clone();
+        let mut kept = vec![zero_state(&HEADS); t - 1];
+        let outputs = recurrent(&HEADS, &x.inputs(), &mut state, &mut kept);
+        let mut one_by_one = start;
+        for pos in 0..t {
+            let out = recurrent(
+                &HEADS,
+                &x.slice(&HEADS, pos, pos + 1).inputs(),
+                &mut one_by_one,
+                &mut [],
+            );
+            let width = HEADS.v_heads * HEADS.v_dim;
+            assert_eq!(out, outputs[pos * width..][..width], "position {pos}: outputs");
+            let after = kept.get(pos).unwrap_or(&state);
+            assert_eq!(after, &one_by_one, "position {pos}: state");
         }
     }
 
@@ -348,7 +391,7 @@ mod tests {
             g: vec![(0.5f32).ln()],
             beta: vec![0.5],
         };
-        let out = recurrent(&heads, &x.inputs(), &mut state);
+        let out = recurrent(&heads, &x.inputs(), &mut state, &mut []);
         // Decay: S = [[0.5], [1]]; Sᵀk = 1; delta = 0.5 (5 − 1) = 2; S = [[0.5], [3]]; o = Sᵀq = 0.5.
         assert_eq!(state, vec![0.5, 3.0]);
         assert_eq!(out, vec![0.5]);

@@ -14,6 +14,7 @@ use crate::delta_rule::{self, DeltaHeads, DeltaInputs};
 use crate::error::{ModelError, Result};
 use crate::linear::Linear;
 use crate::projections::Projections;
+use crate::rollback::PositionHistory;
 
 /// Layer sizes, from the config.
 #[derive(Clone, Copy, Debug)]
@@ -68,6 +69,13 @@ impl LinearAttentionState {
     }
 }
 
+/// One sequence's part in a layer's pass: its state, which moves on, and where the state after
+/// each position is kept when the pass verifies drafts.
+pub struct LinearRun<'a> {
+    pub state: &'a mut LinearAttentionState,
+    pub history: Option<&'a mut PositionHistory>,
+}
+
 /// The layer's weights, with the in-projections in the canonical split layout: q, k and v of
 /// all heads, then z, b and a.
 pub struct GatedDeltaNet {
@@ -85,13 +93,13 @@ pub struct GatedDeltaNet {
 
 impl GatedDeltaNet {
     /// Runs the batch's rows `x` (tokens × hidden), sequence `s` being rows `rows[s]` and
-    /// continuing from `states[s]`, which move on. Projections run over all rows at once; the
-    /// convolution and the delta rule per sequence.
+    /// continuing from `runs[s]`'s state, which moves on. Projections run over all rows at once;
+    /// the convolution and the delta rule per sequence.
     pub fn forward(
         &self,
         x: &Tensor,
         rows: &[(usize, usize)],
-        states: &mut [&mut LinearAttentionState],
+        runs: &mut [LinearRun<'_>],
     ) -> Result<Tensor> {
         let s = &self.shape;
         let [qkv_all, z, b_all, a_all]: [Vec<f32>; 4] = self
@@ -107,12 +115,12 @@ impl GatedDeltaNet {
         // Sequences are independent: each runs on its own thread (and splits further inside).
         let per_sequence: Vec<Vec<f32>> = rows
             .par_iter()
-            .zip(states.par_iter_mut())
-            .map(|(&(first, n), state)| {
+            .zip(runs.par_iter_mut())
+            .map(|(&(first, n), run)| {
                 let mut qkv = qkv_all[first * channels..(first + n) * channels].to_vec();
                 let b = &b_all[first * v_heads..(first + n) * v_heads];
                 let a = &a_all[first * v_heads..(first + n) * v_heads];
-                self.mix(&mut qkv, b, a, state)
+                self.mix(&mut qkv, b, a, run)
             })
             .collect();
         let mut core = per_sequence.concat();
@@ -152,17 +160,15 @@ impl GatedDeltaNet {
     }
 
     /// One sequence's convolution and delta rule over its projected rows; returns the rule's
-    /// outputs (tokens × value_dim) and moves `state` on.
-    fn mix(
-        &self,
-        qkv: &mut [f32],
-        b: &[f32],
-        a: &[f32],
-        state: &mut LinearAttentionState,
-    ) -> Vec<f32> {
+    /// outputs (tokens × value_dim) and moves the state on, keeping what going back to each
+    /// position needs when the pass verifies drafts.
+    fn mix(&self, qkv: &mut [f32], b: &[f32], a: &[f32], run: &mut LinearRun<'_>) -> Vec<f32> {
         let s = &self.shape;
         let tokens = b.len() / s.heads.v_heads;
-        causal_conv_silu(qkv, &self.conv_weight, s.conv_channels(), s.conv_kernel, &mut state.conv);
+        let state = &mut *run.state;
+        let channels = s.conv_channels();
+        let conv_inputs =
+            causal_conv_silu(qkv, &self.conv_weight, channels, s.conv_kernel, &mut state.conv);
         let (key_dim, value_dim) = (s.key_dim(), s.value_dim());
         let mut q = Vec::with_capacity(tokens * key_dim);
         let mut k = Vec::with_capacity(tokens * key_dim);
@@ -185,24 +191,32 @@ impl GatedDeltaNet {
             })
             .collect();
         let inputs = DeltaInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
-        if tokens == 1 {
-            delta_rule::recurrent(&s.heads, &inputs, &mut state.recurrent)
-        } else {
-            delta_rule::chunked(&s.heads, &inputs, &mut state.recurrent)
+        match &mut run.history {
+            // Token by token, as decoding the same tokens one per step rounds.
+            Some(history) => {
+                history.keep_conv_inputs(conv_inputs, channels);
+                let kept = history.state_slots(tokens.saturating_sub(1), state.recurrent.len());
+                delta_rule::recurrent(&s.heads, &inputs, &mut state.recurrent, kept)
+            }
+            None if tokens == 1 => {
+                delta_rule::recurrent(&s.heads, &inputs, &mut state.recurrent, &mut [])
+            }
+            None => delta_rule::chunked(&s.heads, &inputs, &mut state.recurrent),
         }
     }
 }
 
 /// Depthwise causal convolution then SiLU, in place over `x` (tokens × channels), reading the
 /// positions before the first token from `window` and leaving the last `kernel - 1` inputs there.
-/// Tokens run in parallel: each reads only the unmodified inputs.
+/// Returns every input it read: the old window, then `x` as it came. Tokens run in parallel:
+/// each reads only the unmodified inputs.
 fn causal_conv_silu(
     x: &mut [f32],
     weight: &[f32],
     channels: usize,
     kernel: usize,
     window: &mut Vec<f32>,
-) {
+) -> Vec<f32> {
     let history = kernel - 1;
     let mut inputs = std::mem::take(window);
     inputs.extend_from_slice(x);
@@ -213,7 +227,8 @@ fn causal_conv_silu(
             *o = sum * sigmoid(sum);
         }
     });
-    *window = inputs.split_off(inputs.len() - history * channels);
+    window.extend_from_slice(&inputs[inputs.len() - history * channels..]);
+    inputs
 }
 
 /// Scales each `dim`-sized row to unit L2 norm (eps 1e-6 inside the root, as FLA), times `scale`.

@@ -39,6 +39,7 @@ mod quantized;
 mod qwen3_next;
 pub mod random_dense;
 pub mod random_hybrid;
+mod rollback;
 mod rope;
 mod small_matmul;
 #[cfg(test)]
@@ -124,6 +125,13 @@ impl<'a> BatchEntry<'a> {
     pub fn new(tokens: &'a [u32], cache: &'a mut SequenceCache) -> Self {
         Self { tokens, cache, logit_rows: 1 }
     }
+
+    /// Whether the entry verifies drafts (it wants logits for more than one row): recurrent
+    /// layers then run its tokens one at a time, as decoding them would, and keep the state
+    /// after each, so that its cache can go back to any of them.
+    pub fn verifies(&self) -> bool {
+        self.logit_rows > 1
+    }
 }
 
 /// `(first row, rows)` of one entry in a batch's concatenated rows.
@@ -162,7 +170,11 @@ pub fn logit_rows(batch: &[BatchEntry<'_>], rows: &[RowRange]) -> Vec<RowRange> 
 /// The end of every batched forward pass: each cache now holds its entry's tokens.
 pub(crate) fn advance_all(batch: &mut [BatchEntry<'_>]) {
     for entry in batch {
-        entry.cache.advance(entry.tokens.len());
+        if entry.verifies() {
+            entry.cache.advance_verified(entry.tokens.len());
+        } else {
+            entry.cache.advance(entry.tokens.len());
+        }
     }
 }
 

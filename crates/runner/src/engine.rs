@@ -14,7 +14,7 @@ use std::sync::mpsc::{self, TryRecvError};
 use std::sync::Arc;
 
 use spindle_models::BatchEntry;
-use spindle_sched::{CacheKind, Scheduler, SchedulerConfig, SeqId, StepPlan};
+use spindle_sched::{Scheduler, SchedulerConfig, SeqId, StepPlan};
 use tokio::sync::watch;
 
 use crate::bundle::ModelBundle;
@@ -48,8 +48,11 @@ pub struct EngineConfig {
 
 /// Speculative decoding: a sequence drafts the tokens that followed the latest earlier
 /// occurrence of its last few tokens (failing that, the draft model's tokens) and checks them
-/// all in one step, keeping those the model picks itself. The output is byte for byte what plain decoding gives; attention-only models
-/// only (a recurrent state cannot forget rejected drafts yet).
+/// all in one step, keeping those the model picks itself. The output is byte for byte what
+/// plain decoding gives, on attention-only and hybrid models alike: a hybrid's recurrent layers
+/// run the checked tokens one at a time, as decoding does, and keep the state after each, so
+/// rejected drafts are forgotten by taking the state of the last accepted one (see
+/// `spindle_models::SequenceCache::truncate`).
 #[derive(Clone, Debug)]
 pub struct SpeculationConfig {
     /// Whether requests that do not say speculate.
@@ -436,7 +439,7 @@ impl EngineState<'_> {
             }
             let Waiting { request, caller, sent } = self.waiting.remove(&id).expect("waiting");
             let speculation = &self.config.speculation;
-            let drafter = max_draft(speculation, self.prefix.kind(), &request).map(|max| {
+            let drafter = max_draft(speculation, &request).map(|max| {
                 let script = speculation.script.clone();
                 NgramDrafter::new(&request.prompt_ids, max, script, speculation.lookup)
             });
@@ -691,9 +694,9 @@ impl EngineState<'_> {
     }
 
     /// Frees an ended sequence's blocks and its place in the scheduler, and keeps what it wrote
-    /// for others' drafts where the model speculates at all.
+    /// for others' drafts where the engine speculates at all.
     fn end(&mut self, id: SeqId, seq: Sequence) {
-        if self.config.speculation.max_draft > 0 && self.prefix.kind() == CacheKind::AttentionOnly {
+        if self.config.speculation.max_draft > 0 {
             let (prompt, reply) = seq.prompt_and_reply();
             self.recent_outputs.add(prompt, reply);
         }
@@ -737,15 +740,11 @@ struct Job {
 }
 
 /// Most tokens `request` drafts per round: `None` unless it speculates (by its own choice or
-/// the server's) on a model whose cache (of `kind`) can forget rejected drafts.
-fn max_draft(
-    speculation: &SpeculationConfig,
-    kind: CacheKind,
-    request: &SequenceRequest,
-) -> Option<usize> {
+/// the server's).
+fn max_draft(speculation: &SpeculationConfig, request: &SequenceRequest) -> Option<usize> {
     let wanted = request.speculative.unwrap_or(speculation.by_default);
     let max = speculation.max_draft.min(MAX_DRAFT);
-    (wanted && kind == CacheKind::AttentionOnly && max > 0).then_some(max)
+    (wanted && max > 0).then_some(max)
 }
 
 /// Runs `f` on `seq`, turning a panic into a failure of that sequence alone.

@@ -287,7 +287,7 @@ impl Sequence {
                     return self
                         .fail(RunnerError::Internal("decode before the prompt was in".into()));
                 };
-                match self.decide(bundle, logits) {
+                match self.decide(bundle, logits, self.cache.len()) {
                     Some(id) => id,
                     None => return Next::Ended,
                 }
@@ -337,10 +337,15 @@ impl Sequence {
         drafts
     }
 
-    /// Decides one token from `logits` exactly as plain decoding does (forced close tags, the
-    /// grammar, one draw of the sampler) and reports it; `None` when the sequence ended
-    /// instead (a stop, `max_tokens`, the context).
-    fn decide(&mut self, bundle: &ModelBundle, mut logits: Vec<f32>) -> Option<u32> {
+    /// Decides one token from `logits`, the logits after `processed` positions, exactly as
+    /// plain decoding does (forced close tags, the grammar, one draw of the sampler) and reports
+    /// it; `None` when the sequence ended instead (a stop, `max_tokens`, the context).
+    fn decide(
+        &mut self,
+        bundle: &ModelBundle,
+        mut logits: Vec<f32>,
+        processed: usize,
+    ) -> Option<u32> {
         let reasoning = self.output.in_reasoning();
         self.apply_reasoning_budget(reasoning);
         let mut forced = true;
@@ -382,7 +387,7 @@ impl Sequence {
             self.report(FinishReason::Stop, TextDelta::default());
             return None;
         }
-        if self.generated >= self.request.max_tokens || self.cache.len() >= self.cache.limit() {
+        if self.generated >= self.request.max_tokens || processed >= self.cache.limit() {
             self.finish(FinishReason::Length);
             return None;
         }
@@ -424,9 +429,9 @@ impl Sequence {
 
     /// After a decode step ran (`logits`: one vocabulary per token it ran): checks the round's
     /// drafts in order, deciding each position exactly as plain decoding would from the same
-    /// logits; a draft stays in the cache while it is what the model decided. The first it did
-    /// not decide ends the round (the decided token runs next step); when all were, the logits
-    /// after the last wait for the next step.
+    /// logits; a draft is kept while it is what the model decided. The first it did not decide
+    /// ends the round (the decided token runs next step) and the cache goes back to the last
+    /// draft kept; when all were, the logits after the last wait for the next step.
     pub fn end_decode(&mut self, bundle: &ModelBundle, mut logits: Vec<f32>) -> Verified {
         let drafts = std::mem::take(&mut self.drafts);
         let vocab = logits.len() / (drafts.len() + 1);
@@ -434,16 +439,12 @@ impl Sequence {
         // Counted before the drafts are decided: deciding one may end the sequence, and its
         // summary reports this round too.
         self.drafted += drafts.len();
-        if !drafts.is_empty() {
-            // Back to the decided token; each accepted draft's position is taken again.
-            let decided = self.cache.len() - drafts.len();
-            self.cache.truncate(decided).expect("only attention-only sequences draft");
-        }
+        // Positions processed up to the decided token.
+        let decided = self.cache.len() - drafts.len();
         for (&draft, row) in drafts.iter().zip(logits.chunks_exact(vocab)) {
-            match self.decide(bundle, row.to_vec()) {
+            match self.decide(bundle, row.to_vec(), decided + verified.accepted) {
                 None => verified.alive = false,
                 Some(id) if id == draft => {
-                    self.cache.advance(1);
                     self.reply.push(id);
                     verified.accepted += 1;
                     self.accepted += 1;
@@ -452,6 +453,12 @@ impl Sequence {
                 Some(id) => self.pending = Some(id),
             }
             break;
+        }
+        if let Err(e) = self.cache.truncate(decided + verified.accepted) {
+            if verified.alive {
+                self.fail(RunnerError::Internal(format!("rejected drafts stay in the cache: {e}")));
+                verified.alive = false;
+            }
         }
         if verified.alive && self.pending.is_none() {
             // The last row, kept in place: a plain step moves its logits without a copy.

@@ -114,7 +114,10 @@ impl CausalLm for Qwen3Next {
                 TokenMixer::Linear(net) => {
                     let mut states = batch
                         .iter_mut()
-                        .map(|e| e.cache.linear_state(i))
+                        .map(|e| {
+                            let verifying = e.verifies();
+                            e.cache.linear_run(i, verifying)
+                        })
                         .collect::<Result<Vec<_>>>()?;
                     net.forward(&h, &rows, &mut states)?
                 }

@@ -30,6 +30,13 @@ fn tiny_hybrid() -> Box<dyn CausalLm> {
     load_safetensors(&dir).unwrap()
 }
 
+/// The tiny random hybrid fixture `name` (`qwen3_5_moe`, `qwen3_5`, `qwen3_next`), from its
+/// safetensors.
+fn hybrid_fixture(name: &str) -> Box<dyn CausalLm> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid").join(name);
+    load_safetensors(&dir).unwrap()
+}
+
 fn tiny_hybrid_gguf() -> Box<dyn CausalLm> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/data/hybrid/qwen3_5_moe/model.gguf");
@@ -247,8 +254,11 @@ fn check_verified_run(model: &dyn CausalLm, kind: KvType, name: &str) {
     // The last two drafts rejected: the cache goes back and runs another token there.
     verified.truncate(prompt.len() + 3).unwrap();
     let other = model.forward(&[7], &mut verified).unwrap();
-    one_by_one.truncate(prompt.len() + 3).unwrap();
-    assert_bits(&other, &model.forward(&[7], &mut one_by_one).unwrap(), name);
+    if one_by_one.recurrent().is_empty() {
+        // Attention forgets positions wherever they came from.
+        one_by_one.truncate(prompt.len() + 3).unwrap();
+        assert_bits(&other, &model.forward(&[7], &mut one_by_one).unwrap(), name);
+    }
     let mut fresh = own_cache(model, kind, 256);
     model.forward(&prompt, &mut fresh).unwrap();
     let after: Vec<u32> = run[..3].iter().copied().chain([7]).collect();
@@ -262,6 +272,85 @@ fn a_verified_run_gets_each_tokens_decode_logits() {
     for kind in KvType::ALL {
         check_verified_run(smollm2.as_ref(), kind, "smollm2");
     }
-    let mut hybrid = own_cache(tiny_hybrid_gguf().as_ref(), KvType::default(), 64);
-    assert!(hybrid.truncate(0).is_err(), "a recurrent state cannot go back");
+    let hybrid = tiny_hybrid_gguf();
+    for kind in KvType::ALL {
+        check_verified_run(hybrid.as_ref(), kind, "qwen3_5_moe (GGUF)");
+    }
+}
+
+/// `run` (one verification pass) after `prompt`, with logits for every row.
+fn verify(model: &dyn CausalLm, cache: &mut SequenceCache, run: &[u32]) -> Vec<f32> {
+    let mut entry = BatchEntry::new(run, cache);
+    entry.logit_rows = run.len();
+    model.forward_batch(&mut [entry]).unwrap().pop().unwrap()
+}
+
+/// The recurrent state's numbers as bits, for a bitwise comparison.
+fn state_bits(cache: &SequenceCache) -> Vec<u32> {
+    cache.recurrent().to_floats().iter().map(|v| v.to_bits()).collect()
+}
+
+/// On every hybrid fixture, a verification pass of `k` positions kept up to its `j`-th leaves
+/// the recurrent state (the delta rule's matrices and the convolution window) bitwise what
+/// decoding exactly those `j` tokens one at a time leaves, and the next token's logits too;
+/// going back twice within one pass, and a second pass after going back, work alike.
+#[test]
+fn a_verified_run_kept_to_any_position_is_that_many_tokens_decoded() {
+    let prompt = prompt(37, 5);
+    let run: Vec<u32> = (0..6).map(|i| 40 + 11 * i).collect();
+    for name in ["qwen3_5_moe", "qwen3_5", "qwen3_next"] {
+        let model = hybrid_fixture(name);
+        let model = model.as_ref();
+        let decoded_after = |tokens: &[u32]| {
+            let mut cache = own_cache(model, KvType::default(), 256);
+            model.forward(&prompt, &mut cache).unwrap();
+            for &t in tokens {
+                model.forward(&[t], &mut cache).unwrap();
+            }
+            cache
+        };
+        for keep in 1..=run.len() {
+            let what = format!("{name}: {keep} of {} positions kept", run.len());
+            let mut verified = own_cache(model, KvType::default(), 256);
+            model.forward(&prompt, &mut verified).unwrap();
+            verify(model, &mut verified, &run);
+            verified.truncate(prompt.len() + keep).unwrap();
+            let mut decoded = decoded_after(&run[..keep]);
+            assert_eq!(verified.len(), decoded.len(), "{what}");
+            assert!(state_bits(&verified) == state_bits(&decoded), "{what}: states differ");
+            let next = model.forward(&[7], &mut verified).unwrap();
+            assert_bits(&next, &model.forward(&[7], &mut decoded).unwrap(), &what);
+        }
+        // Back twice within one pass, then a second pass from there.
+        let mut cache = own_cache(model, KvType::default(), 256);
+        model.forward(&prompt, &mut cache).unwrap();
+        verify(model, &mut cache, &run);
+        cache.truncate(prompt.len() + 4).unwrap();
+        cache.truncate(prompt.len() + 2).unwrap();
+        verify(model, &mut cache, &[9, 8, 7]);
+        cache.truncate(prompt.len() + 3).unwrap();
+        let decoded = decoded_after(&[run[0], run[1], 9]);
+        assert!(state_bits(&cache) == state_bits(&decoded), "{name}: back twice, then again");
+    }
+}
+
+/// A recurrent state goes back only within the latest verification pass; anywhere else the
+/// cache refuses and stays as it was.
+#[test]
+fn a_recurrent_state_goes_back_only_within_the_latest_verification() {
+    let model = tiny_hybrid();
+    let model = model.as_ref();
+    let mut cache = own_cache(model, KvType::default(), 64);
+    model.forward(&prompt(9, 1), &mut cache).unwrap();
+    let before = state_bits(&cache);
+    assert!(cache.truncate(5).is_err(), "after a prompt chunk");
+    verify(model, &mut cache, &[11, 12, 13]);
+    let verified = state_bits(&cache);
+    assert!(cache.truncate(9).is_err(), "before the pass's first position");
+    assert!(cache.truncate(12).is_ok(), "to the pass's last position: nothing to do");
+    assert_eq!((cache.len(), state_bits(&cache) == verified), (12, true));
+    model.forward(&[14], &mut cache).unwrap();
+    assert!(cache.truncate(11).is_err(), "a plain step after the pass ends it");
+    assert_eq!(cache.len(), 13);
+    assert!(state_bits(&cache) != before);
 }

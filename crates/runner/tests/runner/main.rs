@@ -15,4 +15,5 @@ mod prefix_cache;
 mod reasoning_budget;
 mod reference;
 mod speculation;
+mod speculation_hybrid;
 mod window_rows;

@@ -45,14 +45,15 @@ fn released_window_rows_change_no_output_and_are_never_resumed_from() {
     let bundle = gemma3();
     let windows: Vec<_> = bundle.model.kv_shapes().iter().flatten().map(|s| s.window).collect();
     assert_eq!(windows.iter().filter(|w| **w == Some(512)).count(), 15, "{windows:?}");
-    let system = tokens(1, 1000);
-    let with = |head: &[u32], seed| [head, &tokens(seed, 300)].concat();
+    // Past the 512-position window and no longer (every position read costs time).
+    let system = tokens(1, 600);
+    let with = |head: &[u32], seed| [head, &tokens(seed, 200)].concat();
     // A system prompt and two users (snapshots at the end of each message), then a prompt
-    // sharing only the first 700 positions of the system prompt.
+    // sharing only the first 400 positions of the system prompt.
     let prompts = [
-        (with(&system, 2), vec![1000, 1300]),
-        (with(&system, 3), vec![1000, 1300]),
-        (with(&system[..700], 4), vec![1000]),
+        (with(&system, 2), vec![600, 800]),
+        (with(&system, 3), vec![600, 800]),
+        (with(&system[..400], 4), vec![600]),
     ];
     let mut results = Vec::new();
     for release in [true, false] {
@@ -66,19 +67,19 @@ fn released_window_rows_change_no_output_and_are_never_resumed_from() {
         results.push((runs, released));
     }
     let [(released_runs, released), (kept_runs, kept)] = &results[..] else { unreachable!() };
-    // The first prompt ended ~800 positions past blocks 0..30 (positions 0..480); the system
-    // prompt's snapshot pins the 512 positions before it, so the second prompt adds none; the
-    // third, read anew, gives back its own first blocks.
-    assert_eq!(released[..2], [30, 30]);
-    assert!(released[2] > 30, "{released:?}");
+    // The first prompt ended ~730 positions past blocks 0..5 (positions 0..80); the system
+    // prompt's snapshot pins the 512 positions before it (88..600), so the second prompt adds
+    // none; the third, read anew, gives back its own first blocks.
+    assert_eq!(released[..2], [5, 5]);
+    assert!(released[2] > 5, "{released:?}");
     assert_eq!(kept, &[0, 0, 0]);
     for (i, ((a, _), (b, _))) in released_runs.iter().zip(kept_runs).enumerate() {
         assert_eq!(a, b, "prompt {i}: the same bits either way");
     }
     let cached = |runs: &Vec<(common::Output, usize)>| runs.iter().map(|r| r.1).collect::<Vec<_>>();
     // The second user resumes after the system prompt in both. The third prompt could resume
-    // after the 700 positions it shares, which needs positions 188..700, whose rows are gone
-    // in the first engine: it reads its prompt again there.
-    assert_eq!(cached(kept_runs), [0, 1000, 700]);
-    assert_eq!(cached(released_runs), [0, 1000, 0]);
+    // after the 400 positions it shares, which needs positions 0..400, whose first rows are
+    // gone in the first engine: it reads its prompt again there.
+    assert_eq!(cached(kept_runs), [0, 600, 400]);
+    assert_eq!(cached(released_runs), [0, 600, 0]);
 }
