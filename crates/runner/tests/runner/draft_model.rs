@@ -16,8 +16,8 @@ use spindle_runner::{
 };
 
 use crate::common::{
-    collect_summary as collect, greedy, request, seeded, smollm2, smollm2_files, tiny_dense, vocab,
-    Output, BLOCK_SIZE,
+    collect_summary as collect, greedy, hybrid, request, seeded, smollm2, smollm2_files,
+    tiny_dense, vocab, Output, BLOCK_SIZE,
 };
 
 const CONTEXT: usize = 1024;
@@ -236,6 +236,31 @@ fn sequences_preempted_while_the_draft_model_drafts_give_their_outputs_alone() {
     let plain = burst(&tiny_engine(6 * BURST_CONTEXT / BLOCK_SIZE, false));
     for (i, (output, alone)) in outputs.iter().zip(&plain).enumerate() {
         assert_same(output, alone, &format!("request {i}"));
+    }
+}
+
+#[test]
+fn a_hybrid_model_checks_the_draft_model_s_drafts_without_changing_a_byte() {
+    let bundle = hybrid();
+    let dir = tempfile::tempdir().unwrap();
+    write_random_dense(dir.path(), &DenseShape::tiny(vocab(&bundle) as usize), 13, &[]).unwrap();
+    let draft = DraftModel::new(spindle_models::load_safetensors(dir.path()).unwrap(), "random");
+    let draft = Arc::new(draft.unwrap());
+    let mut cache = CacheConfig { block_size: BLOCK_SIZE, ..CacheConfig::default() };
+    draft.share_kv_memory(&mut cache, &bundle).unwrap();
+    let speculation = SpeculationConfig {
+        by_default: false,
+        draft_model: Some(draft),
+        lookup: false,
+        ..SpeculationConfig::default()
+    };
+    let engine = Engine::start(bundle, EngineConfig { speculation, ..EngineConfig::new(2, cache) });
+    let prompt: Vec<u32> = (0..40).map(|i| 10 + i % 7).collect();
+    for (name, sampling) in [("greedy", greedy()), ("seeded", seeded())] {
+        let plain = run(&engine, spec_request(&prompt, sampling.clone(), false));
+        let spec = run(&engine, spec_request(&prompt, sampling, true));
+        assert_same(&spec, &plain, name);
+        assert!(spec.1.drafted_tokens > 0, "{name}: {:?}", spec.1);
     }
 }
 
