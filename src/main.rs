@@ -69,7 +69,8 @@ enum Command {
     /// Generate text from a prompt, printing it as it is produced.
     Generate(generate::GenerateArgs),
     /// Serve the OpenAI API (pulls the default model on first run).
-    Serve(serve::ServeArgs),
+    // Boxed: its many flags make it the one large variant.
+    Serve(Box<serve::ServeArgs>),
     /// Measure prefill and decode speed in-process, or, with a subcommand (agentic,
     /// conversation, burst, quality), the agent benchmark panel against any OpenAI-compatible
     /// server.
@@ -106,7 +107,7 @@ fn run(command: Command, log_format: logging::LogFormat) -> anyhow::Result<ExitC
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench_agent::run(args),
         Command::Eval(args) => spindle_bench::cli::eval::run(args, &started_model::resolve),
-        Command::Serve(args) => serve::run(args, log_format),
+        Command::Serve(args) => serve::run(*args, log_format),
     };
     done.map(|()| ExitCode::SUCCESS)
 }

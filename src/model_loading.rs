@@ -6,7 +6,7 @@
 use anyhow::Context;
 use spindle_models::KvType;
 use spindle_runner::model_sampling::ThinkingMode;
-use spindle_runner::{CacheConfig, ModelBundle};
+use spindle_runner::{CacheConfig, DraftModel, ModelBundle};
 use spindle_server::{LoadedModel, ServerConfig};
 
 use crate::byte_size::human_bytes;
@@ -109,6 +109,22 @@ impl Loading {
             cache.block_bytes(bundle) as f64 / cache.block_size as f64 / 1024.0,
         )
     }
+}
+
+/// Loads `--draft-model spec` (resolved as `--model` is) to draft for `target`, served as
+/// `target_id`, and gives it its share of `cache`'s KV memory.
+pub fn load_draft(
+    spec: &str,
+    target: &ModelBundle,
+    target_id: &str,
+    cache: &mut CacheConfig,
+) -> anyhow::Result<DraftModel> {
+    let home = spindle_hub::spindle_home();
+    let files = spindle_hub::resolve(spec, &home, spindle_hub::WhenMissing::Download)?;
+    let load = || DraftModel::load(&files, &model_id(spec), target, target_id);
+    let draft = crate::memory::returning_freed_memory(load)?;
+    draft.share_kv_memory(cache, target)?;
+    Ok(draft)
 }
 
 /// The name clients use: the catalogue name, or a path's file or folder name, or a hub id's

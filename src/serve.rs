@@ -16,7 +16,7 @@ use crate::byte_size::{human_bytes, parse_bytes};
 use crate::device_flag::DeviceChoice;
 use crate::kv_memory::KvMemory;
 use crate::logging::{announce, LogFormat};
-use crate::model_loading::{check_guided_json, model_id, sampling_summary, Loading};
+use crate::model_loading::{check_guided_json, load_draft, model_id, sampling_summary, Loading};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -108,6 +108,11 @@ pub struct ServeArgs {
     /// the model picks itself: the output is the same byte for byte (attention-only models).
     #[arg(long)]
     no_speculate: bool,
+    /// A smaller model of the same vocabulary (catalogue name, .gguf file or folder, as
+    /// --model) that drafts where the lookup finds nothing; its keys and values take their
+    /// share of --kv-cache-memory. Refused at start when its tokens are not the model's.
+    #[arg(long)]
+    draft_model: Option<String>,
     /// Most tokens drafted per speculative round.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=MAX_DRAFT as i64))]
     draft_max: u16,
@@ -176,6 +181,9 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     std::fs::create_dir_all(&batch_dir)
         .with_context(|| format!("cannot create --batch-dir {}", batch_dir.display()))?;
     let specs = crate::served_models::specs(&args.model, args.models.models_dir.as_deref())?;
+    if args.draft_model.is_some() && specs.len() > 1 {
+        anyhow::bail!("--draft-model drafts for one --model; {} are served", specs.len());
+    }
     let kv_bytes = args.kv_cache_memory.resolve(args.snapshot_memory);
     let address = reserve_address(&args.host, args.port)?;
     let events = kv_events(&args, address.local_addr()?.port(), log_format)?;
@@ -216,7 +224,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         speculation: SpeculationConfig {
             by_default: !args.no_speculate,
             max_draft: args.draft_max.into(),
-            script: None,
+            ..SpeculationConfig::default()
         },
         sampling,
         shutdown_grace: Duration::from_secs(args.shutdown_grace_seconds),
@@ -228,6 +236,11 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             spindle_hub::WhenMissing::Download,
         )?;
         let bundle = loading.bundle(&files)?;
+        let draft = (args.draft_model.as_deref())
+            .map(|spec| load_draft(spec, &bundle, &config.model_id, &mut config.cache))
+            .transpose()?;
+        let draft_summary = draft.as_ref().map(|draft| draft.summary(&config.cache));
+        config.speculation.draft_model = draft.map(std::sync::Arc::new);
         let fitted = loading.fit(&bundle, &config.cache);
         config.ctx_size = fitted.ctx_size;
         config.orphan_prefill_tokens = args.orphan_prefill_tokens.unwrap_or(fitted.ctx_size);
@@ -237,6 +250,9 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         check_guided_json(&state.config, model)?;
         // After every check that can refuse to start, so a refusal is the only line.
         announce(log_format, &summary);
+        if let Some(line) = &draft_summary {
+            announce(log_format, line);
+        }
         for line in sampling_summary(&state.config, model) {
             announce(log_format, &line);
         }

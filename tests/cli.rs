@@ -152,6 +152,14 @@ fn a_bad_guided_json_schema_stops_the_server_at_start() {
 }
 
 #[test]
+fn a_draft_model_of_another_vocabulary_stops_the_server_at_start_naming_both() {
+    let target = smollm2().file_stem().unwrap().to_string_lossy().into_owned();
+    let stderr = serve_refuses(&["--draft-model", "gemma3-270m"]);
+    assert_clean_error(&stderr, "the draft model gemma3-270m cannot draft for");
+    assert!(stderr.contains(&target) && stderr.contains("vocabularies differ"), "{stderr}");
+}
+
+#[test]
 fn a_sampling_flag_out_of_range_stops_the_server_at_start() {
     assert_clean_error(&serve_refuses(&["--temperature", "3"]), "--temperature");
     assert_clean_error(&serve_refuses(&["--top-p", "0"]), "--top-p");

@@ -18,13 +18,13 @@ use spindle_sched::{Scheduler, SchedulerConfig, SeqId, StepPlan};
 use tokio::sync::watch;
 
 use crate::bundle::ModelBundle;
-use crate::draft::{DraftScript, NgramDrafter, RecentOutputs};
+use crate::draft::{DraftModel, DraftPool, DraftScript, NgramDrafter, Proposal, RecentOutputs};
 use crate::error::{EngineStopped, RunnerError};
 use crate::events::{Caller, SequenceEvent};
 use crate::polling_workers;
 use crate::prefix_cache::{CacheConfig, PrefixCache};
 use crate::request::SequenceRequest;
-use crate::sequence::{Next, Sequence};
+use crate::sequence::{Drafting, Next, Sequence};
 
 /// Limits of the engine thread.
 #[derive(Clone, Debug)]
@@ -47,11 +47,12 @@ pub struct EngineConfig {
 }
 
 /// Speculative decoding: a sequence drafts the tokens that followed the latest earlier
-/// occurrence of its last few tokens and checks them all in one step, keeping those the model
-/// picks itself. The output is byte for byte what plain decoding gives, on attention-only and
-/// hybrid models alike: a hybrid's recurrent layers run the checked tokens one at a time, as
-/// decoding does, and keep the state after each, so rejected drafts are forgotten by taking
-/// the state of the last accepted one (see `spindle_models::SequenceCache::truncate`).
+/// occurrence of its last few tokens (failing that, the draft model's tokens) and checks them
+/// all in one step, keeping those the model picks itself. The output is byte for byte what
+/// plain decoding gives, on attention-only and hybrid models alike: a hybrid's recurrent layers
+/// run the checked tokens one at a time, as decoding does, and keep the state after each, so
+/// rejected drafts are forgotten by taking the state of the last accepted one (see
+/// `spindle_models::SequenceCache::truncate`).
 #[derive(Clone, Debug)]
 pub struct SpeculationConfig {
     /// Whether requests that do not say speculate.
@@ -61,11 +62,15 @@ pub struct SpeculationConfig {
     pub max_draft: usize,
     /// Drafts by this instead of the lookup (tests). `None` in service.
     pub script: Option<DraftScript>,
+    /// Drafts where the lookup finds nothing (`--draft-model`).
+    pub draft_model: Option<Arc<DraftModel>>,
+    /// Whether the lookup drafts; on in service, off where a test measures the draft model alone.
+    pub lookup: bool,
 }
 
 impl Default for SpeculationConfig {
     fn default() -> Self {
-        Self { by_default: true, max_draft: 8, script: None }
+        Self { by_default: true, max_draft: 8, script: None, draft_model: None, lookup: true }
     }
 }
 
@@ -271,6 +276,8 @@ struct EngineState<'a> {
     used_blocks: HashSet<u32>,
     /// Finished outputs, which speculating sequences draft from.
     recent_outputs: RecentOutputs,
+    /// The draft model's KV pool, with `--draft-model`.
+    draft_pool: Option<DraftPool>,
 }
 
 fn run(
@@ -290,6 +297,7 @@ fn run(
         next_id: 0,
         used_blocks: HashSet::new(),
         recent_outputs: RecentOutputs::default(),
+        draft_pool: draft_pool(config),
     };
     loop {
         if engine.waiting.is_empty() && engine.running.is_empty() {
@@ -363,6 +371,8 @@ impl EngineState<'_> {
         }
         self.prefix.rebuild(self.bundle, &self.config.cache);
         self.scheduler = new_scheduler(self.config);
+        // The failed sequences' draft blocks went with them.
+        self.draft_pool = draft_pool(self.config);
         let mut waiting: Vec<SeqId> = self.waiting.keys().copied().collect();
         waiting.sort_unstable_by_key(|id| id.0);
         for id in waiting {
@@ -429,9 +439,15 @@ impl EngineState<'_> {
             }
             let Waiting { request, caller, sent } = self.waiting.remove(&id).expect("waiting");
             let speculation = &self.config.speculation;
-            let drafter = max_draft(speculation, &request)
-                .map(|max| NgramDrafter::new(&request.prompt_ids, max, speculation.script.clone()));
-            self.running.insert(id, Sequence::new(request, caller, plan, started, sent, drafter));
+            let drafter = max_draft(speculation, &request).map(|max| {
+                let script = speculation.script.clone();
+                NgramDrafter::new(&request.prompt_ids, max, script, speculation.lookup)
+            });
+            let model_draft = (self.draft_pool.as_ref())
+                .filter(|_| drafter.is_some())
+                .map(|pool| pool.start(request.context));
+            let drafting = Drafting { drafter, model_draft };
+            self.running.insert(id, Sequence::new(request, caller, plan, started, sent, drafting));
             true
         });
         for (id, error) in failed {
@@ -564,12 +580,49 @@ impl EngineState<'_> {
     fn add_drafts(&mut self, jobs: &mut [Job]) {
         let planned: usize = jobs.iter().map(|job| job.tokens.len()).sum();
         let mut budget = self.config.step_tokens.saturating_sub(planned);
-        for job in jobs.iter_mut().filter(|job| matches!(job.work, Work::Decode)) {
+        // Per job, the tokens it asks of the draft model (0: none).
+        let mut from_model = vec![0; jobs.len()];
+        for (job, wanted) in jobs.iter_mut().zip(&mut from_model) {
             if budget == 0 {
+                break;
+            }
+            if !matches!(job.work, Work::Decode) {
+                continue;
+            }
+            match job.seq.propose_drafts(&self.recent_outputs, budget) {
+                Proposal::Tokens(drafts) => {
+                    let drafts = job.seq.take_drafts(&mut self.prefix, drafts);
+                    budget -= drafts.len();
+                    job.tokens.extend(drafts);
+                }
+                Proposal::Fallback(want) => {
+                    budget -= want;
+                    *wanted = want;
+                }
+            }
+        }
+        self.add_model_drafts(jobs, &from_model);
+    }
+
+    /// Drafts with the draft model for the jobs that ask it for some (`wanted`, per job), all
+    /// of them in one batched round.
+    fn add_model_drafts(&mut self, jobs: &mut [Job], wanted: &[usize]) {
+        let Some(pool) = &mut self.draft_pool else { return };
+        let (asking, drafts): (Vec<usize>, Vec<Vec<u32>>) = {
+            let (asking, mut rounds): (Vec<usize>, Vec<_>) = (jobs.iter_mut().zip(wanted))
+                .enumerate()
+                .filter(|(_, (_, &want))| want > 0)
+                .filter_map(|(i, (job, &want))| Some((i, job.seq.draft_round(want)?)))
+                .unzip();
+            if asking.is_empty() {
                 return;
             }
-            let drafts = job.seq.add_drafts(&mut self.prefix, &self.recent_outputs, budget);
-            budget -= drafts.len();
+            let drafts = pool.propose(&mut rounds);
+            (asking, drafts)
+        };
+        for (i, drafts) in asking.into_iter().zip(drafts) {
+            let job = &mut jobs[i];
+            let drafts = job.seq.take_drafts(&mut self.prefix, drafts);
             job.tokens.extend(drafts);
         }
     }
@@ -614,6 +667,9 @@ impl EngineState<'_> {
         let Some(seq) = self.running.remove(&id) else { return };
         seq.keep_read_prompt(&mut self.prefix);
         self.prefix.release(seq.cache());
+        if let Some(pool) = &mut self.draft_pool {
+            seq.release_draft(pool);
+        }
         match seq.into_retry() {
             Some((request, caller, sent)) => {
                 self.load.preemptions.fetch_add(1, Ordering::Relaxed);
@@ -645,8 +701,17 @@ impl EngineState<'_> {
             self.recent_outputs.add(prompt, reply);
         }
         self.prefix.release(seq.cache());
+        if let Some(pool) = &mut self.draft_pool {
+            seq.release_draft(pool);
+        }
         self.scheduler.remove(id);
     }
+}
+
+/// The draft model's KV pool, when speculation has a draft model.
+fn draft_pool(config: &EngineConfig) -> Option<DraftPool> {
+    let draft = config.speculation.draft_model.clone()?;
+    Some(DraftPool::new(draft, &config.cache))
 }
 
 /// A request waiting to be admitted, and how many of its tokens its client already has (a

@@ -18,6 +18,9 @@ pub enum RunnerError {
     Sampling(#[from] crate::sampler::SamplingError),
     #[error("cannot load model: {0}")]
     Load(String),
+    /// A draft model whose tokens are not the target's: its drafts would spell other text.
+    #[error("the draft model {draft} cannot draft for {target}: their vocabularies differ ({difference})")]
+    DraftVocabulary { draft: String, target: String, difference: String },
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error(transparent)]

@@ -34,6 +34,9 @@ use crate::window_rows::WindowRows;
 pub struct CacheConfig {
     /// Bytes of key/value blocks, shared by running sequences and the prefix cache.
     pub kv_bytes: usize,
+    /// Bytes of the draft model's key/value blocks, taken out of the KV memory budget by
+    /// [`crate::DraftModel::share_kv_memory`]; 0 without a draft model.
+    pub draft_kv_bytes: usize,
     /// Bytes of snapshots (recurrent states, logits) the prefix cache may keep.
     pub snapshot_bytes: usize,
     /// Positions per block.
@@ -53,6 +56,7 @@ impl Default for CacheConfig {
     fn default() -> Self {
         Self {
             kv_bytes: 1 << 30,
+            draft_kv_bytes: 0,
             snapshot_bytes: 1 << 30,
             block_size: 16,
             kv_type: KvType::default(),

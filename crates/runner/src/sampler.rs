@@ -256,7 +256,7 @@ fn apply_penalties(p: &SamplingParams, seen: &HashMap<u32, u32>, logits: &mut [f
 }
 
 /// The highest logit and its id; ties go to the lowest id.
-fn argmax(logits: &[f32]) -> (u32, f32) {
+pub(crate) fn argmax(logits: &[f32]) -> (u32, f32) {
     let mut best = (0, logits[0]);
     for (id, &l) in logits.iter().enumerate().skip(1) {
         if l > best.1 {

@@ -9,7 +9,7 @@ use spindle_models::SequenceCache;
 use spindle_sched::{CacheKind, PrefillPlan};
 
 use crate::bundle::ModelBundle;
-use crate::draft::{NgramDrafter, RecentOutputs};
+use crate::draft::{DraftPool, DraftRound, ModelDraft, NgramDrafter, Proposal, RecentOutputs};
 use crate::error::RunnerError;
 use crate::events::{Caller, FinishReason, SequenceEvent, SequenceSummary};
 use crate::output::{OutputPipeline, TextDelta};
@@ -55,6 +55,8 @@ pub struct Sequence {
     sent: usize,
     /// Proposes drafts when the sequence decodes speculatively.
     drafter: Option<NgramDrafter>,
+    /// Drafts where the lookup finds nothing, with a draft model.
+    model_draft: Option<ModelDraft>,
     /// The drafts that run after the decided token in this step, in order.
     drafts: Vec<u32>,
     /// A token decided (sampled and reported) where the model rejected a draft: it runs next,
@@ -62,6 +64,13 @@ pub struct Sequence {
     pending: Option<u32>,
     drafted: usize,
     accepted: usize,
+}
+
+/// How a sequence drafts: `None`s when it does not speculate.
+pub struct Drafting {
+    pub drafter: Option<NgramDrafter>,
+    /// The draft model's state for this sequence, with `--draft-model`.
+    pub model_draft: Option<ModelDraft>,
 }
 
 /// What checking a round's drafts came to.
@@ -80,7 +89,7 @@ impl Sequence {
         plan: PrefillPlan,
         started: Started,
         sent: usize,
-        drafter: Option<NgramDrafter>,
+        drafting: Drafting,
     ) -> Self {
         let sampler = Sampler::new(request.sampling.clone(), &request.prompt_ids);
         let output = OutputPipeline::new(&request.stop_strings, request.reasoning.clone());
@@ -101,7 +110,8 @@ impl Sequence {
             answer_owed: false,
             orphan: false,
             sent,
-            drafter,
+            drafter: drafting.drafter,
+            model_draft: drafting.model_draft,
             drafts: Vec::new(),
             pending: None,
             drafted: 0,
@@ -208,6 +218,13 @@ impl Sequence {
         prefix.store_in_memory(&tokens, &self.cache, &self.plan);
     }
 
+    /// Gives the draft model's blocks back to `pool` (the sequence ended or was preempted).
+    pub fn release_draft(&self, pool: &mut DraftPool) {
+        if let Some(state) = &self.model_draft {
+            pool.release(state);
+        }
+    }
+
     /// The prompt and the tokens the sequence wrote, for other requests' drafts.
     pub fn prompt_and_reply(&self) -> (&[u32], &[u32]) {
         (&self.request.prompt_ids, &self.reply)
@@ -284,18 +301,13 @@ impl Sequence {
         Next::Run(vec![id])
     }
 
-    /// Drafts to run after the decided token this step, at most `budget` of them (the rows
-    /// the step has left), with their blocks reserved; empty when the sequence does not
-    /// speculate, nothing matches, or no block is free.
-    pub fn add_drafts(
-        &mut self,
-        prefix: &mut PrefixCache,
-        recent: &RecentOutputs,
-        budget: usize,
-    ) -> Vec<u32> {
-        let Some(drafter) = &mut self.drafter else { return Vec::new() };
+    /// What the sequence drafts after the decided token this step, at most `budget` tokens
+    /// (the rows the step has left): the lookup's, or a length for the draft model where it
+    /// has one; no tokens when it does not speculate or nothing matches.
+    pub fn propose_drafts(&mut self, recent: &RecentOutputs, budget: usize) -> Proposal {
+        let Some(drafter) = &mut self.drafter else { return Proposal::Tokens(Vec::new()) };
         if self.orphan {
-            return Vec::new();
+            return Proposal::Tokens(Vec::new());
         }
         // After the decided token: tokens the sequence may still decide, positions it may
         // still hold, and events its client has room for.
@@ -303,7 +315,21 @@ impl Sequence {
             .min(self.request.max_tokens.saturating_sub(self.generated))
             .min(self.cache.limit().saturating_sub(self.cache.len() + 1))
             .min(self.caller.spare_events());
-        let drafts = drafter.propose(room, recent);
+        match drafter.propose(room, recent) {
+            Proposal::Fallback(_) if self.model_draft.is_none() => Proposal::Tokens(Vec::new()),
+            proposal => proposal,
+        }
+    }
+
+    /// The sequence's part of the draft model's round, drafting up to `want` tokens.
+    pub fn draft_round(&mut self, want: usize) -> Option<DraftRound<'_>> {
+        let history = self.drafter.as_ref()?.history();
+        Some(DraftRound { state: self.model_draft.as_mut()?, history, want })
+    }
+
+    /// Runs `drafts` after the decided token this step, with their blocks reserved; none when
+    /// no block is free.
+    pub fn take_drafts(&mut self, prefix: &mut PrefixCache, drafts: Vec<u32>) -> Vec<u32> {
         if drafts.is_empty() || prefix.reserve(&mut self.cache, 1 + drafts.len()).is_err() {
             return Vec::new();
         }
@@ -410,6 +436,9 @@ impl Sequence {
         let drafts = std::mem::take(&mut self.drafts);
         let vocab = logits.len() / (drafts.len() + 1);
         let mut verified = Verified { alive: true, drafted: drafts.len(), accepted: 0 };
+        // Counted before the drafts are decided: deciding one may end the sequence, and its
+        // summary reports this round too.
+        self.drafted += drafts.len();
         // Positions processed up to the decided token.
         let decided = self.cache.len() - drafts.len();
         for (&draft, row) in drafts.iter().zip(logits.chunks_exact(vocab)) {
@@ -418,6 +447,7 @@ impl Sequence {
                 Some(id) if id == draft => {
                     self.reply.push(id);
                     verified.accepted += 1;
+                    self.accepted += 1;
                     continue;
                 }
                 Some(id) => self.pending = Some(id),
@@ -438,8 +468,6 @@ impl Sequence {
         if let Some(drafter) = &mut self.drafter {
             drafter.record(verified.drafted, verified.accepted);
         }
-        self.drafted += verified.drafted;
-        self.accepted += verified.accepted;
         verified
     }
 

@@ -5,16 +5,24 @@
 //! identifiers and whole blocks out of their context, so such drafts are often right; where
 //! nothing matches, nothing is drafted and the step is a plain decode step.
 //!
+//! Where the lookup finds nothing, a draft model of the target's vocabulary (`--draft-model`,
+//! [`DraftPool`]) proposes instead: the lookup's drafts cost nothing to make and are right
+//! more often when they exist (copied text), the draft model's cost a few of its steps.
+//!
 //! How many tokens to draft follows how many were accepted lately: the length grows after a
 //! round that accepted everything and shrinks after one that accepted little, and a sequence
 //! whose drafts keep failing stops drafting for a while (a rejected draft costs a row of the
 //! step for nothing).
 
+mod draft_model;
+mod model_drafts;
 mod recent_outputs;
 mod token_index;
 
 use std::sync::Arc;
 
+pub use draft_model::DraftModel;
+pub use model_drafts::{DraftPool, DraftRound, ModelDraft};
 pub use recent_outputs::RecentOutputs;
 use token_index::{TokenIndex, LONGEST_MATCH, SHORTEST_MATCH};
 
@@ -42,6 +50,15 @@ impl std::fmt::Debug for DraftScript {
     }
 }
 
+/// What a sequence drafts in a round.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Proposal {
+    /// These tokens (the lookup's, or a script's); none while drafting pauses.
+    Tokens(Vec<u32>),
+    /// The lookup found nothing: up to this many from the draft model, if there is one.
+    Fallback(usize),
+}
+
 /// One sequence's drafter: its tokens so far and where each short run of them last occurred.
 pub struct NgramDrafter {
     history: TokenIndex,
@@ -55,12 +72,19 @@ pub struct NgramDrafter {
     paused: usize,
     /// Proposes instead of the lookup (tests).
     script: Option<DraftScript>,
+    /// Whether the lookup drafts at all (off, only the fallback does).
+    lookup: bool,
 }
 
 impl NgramDrafter {
     /// A drafter over `prompt`, proposing at most `max_length` tokens a round (by `script`
-    /// instead of the lookup, if given).
-    pub fn new(prompt: &[u32], max_length: usize, script: Option<DraftScript>) -> Self {
+    /// instead of the lookup, if given; by the fallback alone unless `lookup`).
+    pub fn new(
+        prompt: &[u32],
+        max_length: usize,
+        script: Option<DraftScript>,
+        lookup: bool,
+    ) -> Self {
         let mut drafter = Self {
             history: TokenIndex::with_capacity(prompt.len() + 256),
             max_length,
@@ -68,6 +92,7 @@ impl NgramDrafter {
             acceptance: 1.0,
             paused: 0,
             script,
+            lookup,
         };
         for &token in prompt {
             drafter.push(token);
@@ -80,34 +105,40 @@ impl NgramDrafter {
         self.history.push(token);
     }
 
+    /// The sequence's prompt and decided tokens.
+    pub fn history(&self) -> &[u32] {
+        self.history.tokens()
+    }
+
     /// Up to `room` tokens to follow the history, from the latest earlier occurrence of its
     /// longest matching tail, in its own tokens first and then in `recent` outputs of other
-    /// requests; empty when nothing matches or drafting is paused.
-    pub fn propose(&mut self, room: usize, recent: &RecentOutputs) -> Vec<u32> {
+    /// requests; where nothing matches, the length to draft by other means.
+    pub fn propose(&mut self, room: usize, recent: &RecentOutputs) -> Proposal {
         let history = self.history.tokens();
         if let Some(script) = &self.script {
             let mut drafts = (script.0)(history, room);
             drafts.truncate(room.min(self.max_length));
-            return drafts;
+            return Proposal::Tokens(drafts);
         }
         if self.paused > 0 {
             self.paused -= 1;
-            return Vec::new();
+            return Proposal::Tokens(Vec::new());
         }
         let want = self.length.min(room);
         let end = history.len();
         if want == 0 {
-            return Vec::new();
+            return Proposal::Tokens(Vec::new());
         }
-        for n in (SHORTEST_MATCH..=LONGEST_MATCH.min(end)).rev() {
+        let longest = if self.lookup { LONGEST_MATCH.min(end) } else { 0 };
+        for n in (SHORTEST_MATCH..=longest).rev() {
             let tail = &history[end - n..];
             if let Some(drafts) =
                 self.history.follow(tail, want).or_else(|| recent.follow(tail, want))
             {
-                return drafts.to_vec();
+                return Proposal::Tokens(drafts.to_vec());
             }
         }
-        Vec::new()
+        Proposal::Fallback(want)
     }
 
     /// Learns from a round: `accepted` of `drafted` tokens were what the model picked.
@@ -135,44 +166,55 @@ impl NgramDrafter {
 mod tests {
     use super::*;
 
+    fn lookup_only(prompt: &[u32]) -> NgramDrafter {
+        NgramDrafter::new(prompt, 8, None, true)
+    }
+
+    fn propose(drafter: &mut NgramDrafter, room: usize, recent: &RecentOutputs) -> Vec<u32> {
+        match drafter.propose(room, recent) {
+            Proposal::Tokens(drafts) => drafts,
+            Proposal::Fallback(_) => Vec::new(),
+        }
+    }
+
     #[test]
     fn the_tokens_after_the_latest_match_are_proposed() {
         let none = RecentOutputs::default();
         // "a b c d e" then "x a b c": the tail "a b c" occurred before, followed by "d e".
-        let mut drafter = NgramDrafter::new(&[1, 2, 3, 4, 5, 9, 1, 2, 3], 8, None);
-        assert_eq!(drafter.propose(8, &none), [4, 5, 9, 1]);
-        assert_eq!(drafter.propose(2, &none), [4, 5], "no more than there is room for");
+        let mut drafter = lookup_only(&[1, 2, 3, 4, 5, 9, 1, 2, 3]);
+        assert_eq!(propose(&mut drafter, 8, &none), [4, 5, 9, 1]);
+        assert_eq!(propose(&mut drafter, 2, &none), [4, 5], "no more than there is room for");
         // A later occurrence of the tail wins.
         for t in [6, 7, 1, 2, 3] {
             drafter.push(t);
         }
-        assert_eq!(drafter.propose(8, &none), [6, 7, 1, 2]);
+        assert_eq!(propose(&mut drafter, 8, &none), [6, 7, 1, 2]);
     }
 
     #[test]
     fn a_shorter_tail_matches_when_no_longer_one_does() {
         let none = RecentOutputs::default();
-        let mut drafter = NgramDrafter::new(&[5, 6, 7, 8, 1, 6, 7], 8, None);
-        assert_eq!(drafter.propose(8, &none), [8, 1, 6, 7]);
-        let mut nothing = NgramDrafter::new(&[1, 2, 3, 4], 8, None);
-        assert!(nothing.propose(8, &none).is_empty());
+        let mut drafter = lookup_only(&[5, 6, 7, 8, 1, 6, 7]);
+        assert_eq!(propose(&mut drafter, 8, &none), [8, 1, 6, 7]);
+        let mut nothing = lookup_only(&[1, 2, 3, 4]);
+        assert!(propose(&mut nothing, 8, &none).is_empty());
     }
 
     #[test]
     fn length_follows_acceptance_and_failing_drafts_pause() {
         let none = RecentOutputs::default();
         let prompt: Vec<u32> = (0..40).map(|i| i % 10).collect();
-        let mut drafter = NgramDrafter::new(&prompt, 8, None);
-        assert_eq!(drafter.propose(16, &none).len(), 4);
+        let mut drafter = lookup_only(&prompt);
+        assert_eq!(propose(&mut drafter, 16, &none).len(), 4);
         drafter.record(4, 4);
-        assert_eq!(drafter.propose(16, &none).len(), 8);
+        assert_eq!(propose(&mut drafter, 16, &none).len(), 8);
         drafter.record(8, 2);
-        assert_eq!(drafter.propose(16, &none).len(), 3);
+        assert_eq!(propose(&mut drafter, 16, &none).len(), 3);
         for _ in 0..4 {
             drafter.record(3, 0);
         }
-        assert!((0..PAUSE_TOKENS).all(|_| drafter.propose(16, &none).is_empty()), "paused");
-        assert_eq!(drafter.propose(16, &none).len(), 4, "drafting again after the pause");
+        assert!((0..PAUSE_TOKENS).all(|_| propose(&mut drafter, 16, &none).is_empty()), "paused");
+        assert_eq!(propose(&mut drafter, 16, &none).len(), 4, "drafting again after the pause");
     }
 
     #[test]
@@ -180,13 +222,25 @@ mod tests {
         let mut recent = RecentOutputs::default();
         recent.add(&[7, 8], &[1, 2, 3, 4, 5]);
         // Nothing in the sequence's own tokens follows "7 8": the earlier output does.
-        let mut drafter = NgramDrafter::new(&[6, 7, 8], 8, None);
-        assert_eq!(drafter.propose(8, &recent), [1, 2, 3, 4]);
+        let mut drafter = lookup_only(&[6, 7, 8]);
+        assert_eq!(propose(&mut drafter, 8, &recent), [1, 2, 3, 4]);
         // At the same match length the sequence's own tokens come first...
-        let mut own = NgramDrafter::new(&[2, 3, 9, 9, 2, 3], 8, None);
-        assert_eq!(own.propose(8, &recent), [9, 9, 2, 3]);
+        let mut own = lookup_only(&[2, 3, 9, 9, 2, 3]);
+        assert_eq!(propose(&mut own, 8, &recent), [9, 9, 2, 3]);
         // ...and a longer match in another output beats a shorter one of its own.
-        let mut longer = NgramDrafter::new(&[3, 9, 1, 2, 3], 8, None);
-        assert_eq!(longer.propose(8, &recent), [4, 5]);
+        let mut longer = lookup_only(&[3, 9, 1, 2, 3]);
+        assert_eq!(propose(&mut longer, 8, &recent), [4, 5]);
+    }
+
+    #[test]
+    fn the_fallback_drafts_only_where_the_lookup_finds_nothing() {
+        let none = RecentOutputs::default();
+        let mut matching = lookup_only(&[1, 2, 3, 1, 2]);
+        assert_eq!(matching.propose(8, &none), Proposal::Tokens(vec![3, 1, 2]));
+        let mut nothing = lookup_only(&[1, 2, 3, 4]);
+        assert_eq!(nothing.propose(8, &none), Proposal::Fallback(4), "the length wanted");
+        assert_eq!(nothing.propose(2, &none), Proposal::Fallback(2), "within the room");
+        let mut model_only = NgramDrafter::new(&[1, 2, 3, 1, 2], 8, None, false);
+        assert_eq!(model_only.propose(8, &none), Proposal::Fallback(4), "the lookup off");
     }
 }

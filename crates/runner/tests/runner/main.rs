@@ -5,6 +5,7 @@ mod chunking_keys;
 mod common;
 mod conversation;
 mod disk_tier;
+mod draft_model;
 mod dropped_prefill;
 mod failures;
 mod faults;
