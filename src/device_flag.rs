@@ -1,11 +1,15 @@
 //! `--device cpu | gpu | gpu:N`: where model steps are to run. The CPU is the default; a GPU is
 //! opened at startup so `serve` says which adapter it found, or why there is none, before
-//! anything else loads. Model steps on the GPU are not wired yet (issue 41): a GPU found is
-//! announced and the model still runs on the CPU.
+//! anything else loads. Dense Llama-family models (Llama, SmolLM2, Qwen2.5) run on it; other
+//! architectures are refused at load (issue 41).
 
 use std::str::FromStr;
+use std::sync::Arc;
 
 use anyhow::Context;
+use spindle_gpu::{Gpu, GpuLlama};
+use spindle_hub::ModelFiles;
+use spindle_models::CausalLm;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceChoice {
@@ -28,16 +32,29 @@ impl FromStr for DeviceChoice {
     }
 }
 
-/// Opens the GPU `choice` names and returns the startup line about it (`None` for the CPU), or
-/// an error that says what was tried and found.
-pub fn announce_line(choice: DeviceChoice) -> anyhow::Result<Option<String>> {
+/// Opens the GPU `choice` names (`None` for the CPU), or fails with what was tried and found.
+pub fn open(choice: DeviceChoice) -> anyhow::Result<Option<Arc<Gpu>>> {
     let DeviceChoice::Gpu(index) = choice else { return Ok(None) };
     quiet_mesa_device_select();
-    let gpu = spindle_gpu::Gpu::open(index).context("--device")?;
-    Ok(Some(format!(
-        "GPU {}: found; model steps still run on the CPU (the GPU path is in progress)",
-        gpu.adapter()
-    )))
+    Ok(Some(Arc::new(Gpu::open(index).context("--device")?)))
+}
+
+/// The startup line about the GPU the model steps run on.
+pub fn announce_line(gpu: &Gpu) -> String {
+    format!("GPU {}: model steps run here, keys and values in f32 on the device", gpu.adapter())
+}
+
+/// Loads the dense model of `files` onto `gpu` (other architectures are refused, naming theirs).
+pub fn load_on_gpu(
+    gpu: &Arc<Gpu>,
+    files: &ModelFiles,
+) -> spindle_models::Result<Box<dyn CausalLm>> {
+    let path = match files {
+        ModelFiles::Gguf(path) => path,
+        ModelFiles::Safetensors { dir } => dir,
+    };
+    let (config, mut weights) = spindle_models::open_dense(path)?;
+    Ok(Box::new(GpuLlama::load(gpu.clone(), config, &mut weights)?))
 }
 
 /// Mesa's device-select layer, loaded with any Mesa Vulkan driver, asks the display server

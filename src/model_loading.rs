@@ -3,6 +3,8 @@
 //! rather than per request, and the id clients call it by. `serve` loads the first model with
 //! it, the registry every later one.
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use spindle_models::KvType;
 use spindle_runner::model_sampling::ThinkingMode;
@@ -10,6 +12,7 @@ use spindle_runner::{CacheConfig, DraftModel, ModelBundle};
 use spindle_server::{LoadedModel, ServerConfig};
 
 use crate::byte_size::human_bytes;
+use crate::device_flag::load_on_gpu;
 use crate::kv_memory::KvMemory;
 
 /// `sampling defaults: temperature 0.7 (generation_config.json), …`, and the thinking preset's
@@ -46,6 +49,8 @@ pub struct Loading {
     pub kv_type: KvType,
     /// `--ctx-size`.
     pub ctx_size: Option<usize>,
+    /// `--device gpu`: the model's steps run there.
+    pub gpu: Option<Arc<spindle_gpu::Gpu>>,
 }
 
 /// A model's context, fitted to its training and the KV pool.
@@ -59,7 +64,10 @@ impl Loading {
     /// Loads `files` (with `--chat-template` in place of the model's own), refusing a KV cache
     /// type its attention heads cannot use.
     pub fn bundle(&self, files: &spindle_hub::ModelFiles) -> anyhow::Result<ModelBundle> {
-        let mut bundle = crate::memory::returning_freed_memory(|| ModelBundle::load(files))?;
+        let mut bundle = crate::memory::returning_freed_memory(|| match &self.gpu {
+            Some(gpu) => ModelBundle::load_with(files, |files| load_on_gpu(gpu, files)),
+            None => ModelBundle::load(files),
+        })?;
         if let Some(path) = &self.chat_template {
             let source = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read {}", path.display()))?;

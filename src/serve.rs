@@ -161,7 +161,15 @@ fn guided_json(arg: &str) -> anyhow::Result<serde_json::Value> {
 
 pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     // First: a GPU asked for and missing refuses the start before anything loads.
-    let device_line = crate::device_flag::announce_line(args.device)?;
+    let gpu = crate::device_flag::open(args.device)?;
+    if gpu.is_some() && args.prefix_cache_dir.is_some() {
+        anyhow::bail!(
+            "--prefix-cache-dir with --device gpu: the disk tier writes keys and values from \
+             host memory, and on the GPU they live on the device (not yet supported together)"
+        );
+    }
+    // The device pools hold f32 (the host pool, sized alike, stays unwritten).
+    let kv_type = if gpu.is_some() { KvType::F32 } else { args.kv_cache_type };
     crate::set_threads(args.threads);
     let chat_template_kwargs = match &args.chat_template_kwargs {
         Some(text) => {
@@ -190,7 +198,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let cache = CacheConfig {
         events,
         kv_bytes,
-        kv_type: args.kv_cache_type,
+        kv_type,
         snapshot_bytes: args.snapshot_memory,
         disk: args
             .prefix_cache_dir
@@ -201,8 +209,9 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let loading = Loading {
         chat_template: args.chat_template.clone(),
         kv_memory: args.kv_cache_memory,
-        kv_type: args.kv_cache_type,
+        kv_type,
         ctx_size: args.ctx_size,
+        gpu: gpu.clone(),
     };
     let mut config = ServerConfig {
         model_id: model_id(&specs[0]),
@@ -274,8 +283,8 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         );
         spindle_server::start_with_registry(config, models)
     };
-    if let Some(line) = &device_line {
-        announce(log_format, line);
+    if let Some(gpu) = &gpu {
+        announce(log_format, &crate::device_flag::announce_line(gpu));
     }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {

@@ -4,6 +4,7 @@
 
 mod common;
 mod drain;
+mod gpu;
 mod kv_events_topic;
 mod logs;
 mod models;

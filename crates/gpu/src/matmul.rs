@@ -12,6 +12,8 @@ use crate::step::Step;
 const BLOCKS: &str = include_str!("shaders/blocks.wgsl");
 /// Tokens one workgroup serves (`TOKENS` in the shader).
 const TOKENS_PER_GROUP: usize = 8;
+/// Weight rows one workgroup serves (`ROWS` in the shader).
+const ROWS_PER_GROUP: usize = 8;
 
 /// How a weight matrix's values are stored, as in GGUF.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,7 +232,8 @@ impl Matmul {
                 count(w.rows, "rows")?,
             ];
             let buffers = [&part.data.buffer, &x.buffer, &y.buffer];
-            self.kernel.record(step, &buffers, &params, (count(part.rows, "rows")?, token_groups));
+            let row_groups = count(part.rows.div_ceil(ROWS_PER_GROUP), "row groups")?;
+            self.kernel.record(step, &buffers, &params, (row_groups, token_groups));
         }
         Ok(y)
     }

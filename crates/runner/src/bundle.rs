@@ -33,7 +33,21 @@ pub struct ModelBundle {
 
 impl ModelBundle {
     pub fn load(files: &ModelFiles) -> Result<Self> {
-        let bundle = Self::load_files(files)?;
+        Self::load_with(files, |files| {
+            Ok(match files {
+                ModelFiles::Gguf(path) => spindle_models::load_gguf(path)?,
+                ModelFiles::Safetensors { dir } => spindle_models::load_safetensors(dir)?,
+            })
+        })
+    }
+
+    /// [`load`](Self::load) with the weights loaded by `load_model` (onto a GPU, say); the
+    /// tokenizer, template and sampling settings come from the files as usual.
+    pub fn load_with(
+        files: &ModelFiles,
+        load_model: impl FnOnce(&ModelFiles) -> spindle_models::Result<Box<dyn CausalLm>>,
+    ) -> Result<Self> {
+        let bundle = Self::load_files(files, load_model)?;
         if !bundle.sampling.ignored.is_empty() {
             tracing::info!(
                 ignored = ?bundle.sampling.ignored,
@@ -43,7 +57,10 @@ impl ModelBundle {
         Ok(bundle)
     }
 
-    fn load_files(files: &ModelFiles) -> Result<Self> {
+    fn load_files(
+        files: &ModelFiles,
+        load_model: impl FnOnce(&ModelFiles) -> spindle_models::Result<Box<dyn CausalLm>>,
+    ) -> Result<Self> {
         let fingerprint = model_fingerprint(files)
             .map_err(|e| RunnerError::Load(format!("cannot read the model files: {e}")))?;
         match files {
@@ -61,12 +78,12 @@ impl ModelBundle {
                 let tokenizer = Tokenizer::from_gguf(meta)?;
                 let template = ChatTemplate::from_gguf(&template_meta, &tokenizer)?
                     .unwrap_or_else(ChatTemplate::chatml);
-                let model = spindle_models::load_gguf(path)?;
+                let model = load_model(files)?;
                 let tokenizer = Arc::new(tokenizer);
                 Ok(Self { model, tokenizer, template, fingerprint, sampling })
             }
             ModelFiles::Safetensors { dir } => {
-                let model = spindle_models::load_safetensors(dir)?;
+                let model = load_model(files)?;
                 let tokenizer = Tokenizer::from_tokenizer_json(&dir.join("tokenizer.json"))?;
                 let template = ChatTemplate::from_tokenizer_config(
                     &dir.join("tokenizer_config.json"),

@@ -1,0 +1,65 @@
+//! `spindle serve --device gpu` on the tiny random model, on whatever adapter the machine has
+//! (Mesa's lavapipe in CI): the model's steps run on the device, a repeated request resumes
+//! from the prefix cache with the same answer (a partly filled block copied on the device), and
+//! the disk tier, which reads keys and values from host memory, is refused with the GPU.
+
+use std::process::Command;
+
+use crate::common::LoggedServer;
+
+/// The tiny model's folder, or `None` (the test skipped) where no GPU adapter opens and CI is
+/// unset; in CI a missing adapter fails, as the kernel tests do.
+fn tiny_model_with_a_gpu() -> Option<String> {
+    if let Err(e) = spindle_gpu::Gpu::open(None) {
+        assert!(std::env::var_os("CI").is_none(), "CI is set and no GPU adapter opens: {e}");
+        eprintln!("SKIPPED a GPU serve test: {e}, and CI is unset");
+        return None;
+    }
+    let spindle_hub::ModelFiles::Safetensors { dir } = spindle_testkit::tiny_model() else {
+        unreachable!("the tiny model is a safetensors folder")
+    };
+    Some(dir.to_str().unwrap().to_string())
+}
+
+/// A prompt whose cached part ends inside a block of 16 (a snapshot at the end of the system
+/// message), so the repeat resumes on a copy of that block.
+const CHAT: &str = concat!(
+    r#"{"messages": [{"role": "system", "content": "You are a careful assistant that answers "#,
+    r#"in one word. Here is a long system prompt to share across requests."},"#,
+    r#" {"role": "user", "content": "Hi there"}], "max_tokens": 3, "temperature": 0,"#,
+    r#" "chat_template_kwargs": {"enable_thinking": false}}"#
+);
+
+#[test]
+fn a_request_on_the_gpu_answers_alike_cold_and_from_the_prefix_cache() {
+    let Some(model) = tiny_model_with_a_gpu() else { return };
+    let server = LoggedServer::with_args(&["--model", &model, "--device", "gpu"]);
+    let cold = server.post_ok("/v1/chat/completions", CHAT);
+    let cached = server.post_ok("/v1/chat/completions", CHAT);
+    let log = server.stop();
+    let log = String::from_utf8_lossy(&log);
+    assert!(log.contains("model steps run here"), "no GPU line in:\n{log}");
+    let text = |answer: &serde_json::Value| answer["choices"][0]["message"]["content"].clone();
+    assert_eq!(cold["usage"]["completion_tokens"], 3, "{cold}");
+    assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{cold}");
+    let hit = cached["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(hit > 0 && hit % 16 != 0, "resumed at {hit}: inside a block, so one was copied");
+    assert_eq!(text(&cold), text(&cached), "the cached run answers as the cold one");
+}
+
+#[test]
+fn the_disk_tier_is_refused_with_the_gpu_naming_both() {
+    let Some(model) = tiny_model_with_a_gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["serve", "--model", &model, "--device", "gpu", "--port", "0"])
+        .arg("--prefix-cache-dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    for needle in ["--prefix-cache-dir", "--device gpu"] {
+        assert!(stderr.contains(needle), "{needle} not in: {stderr}");
+    }
+}
