@@ -61,11 +61,14 @@ pub struct SpeculationConfig {
     pub max_draft: usize,
     /// Drafts by this instead of the lookup (tests). `None` in service.
     pub script: Option<DraftScript>,
+    /// Most tokens the model's MTP head drafts per round where the lookup finds nothing (models
+    /// whose checkpoint carries a head); 0 leaves the head unused.
+    pub mtp_max_draft: usize,
 }
 
 impl Default for SpeculationConfig {
     fn default() -> Self {
-        Self { by_default: true, max_draft: 8, script: None }
+        Self { by_default: true, max_draft: 8, script: None, mtp_max_draft: 0 }
     }
 }
 
@@ -431,7 +434,9 @@ impl EngineState<'_> {
             let speculation = &self.config.speculation;
             let drafter = max_draft(speculation, &request)
                 .map(|max| NgramDrafter::new(&request.prompt_ids, max, speculation.script.clone()));
-            self.running.insert(id, Sequence::new(request, caller, plan, started, sent, drafter));
+            let mut seq = Sequence::new(request, caller, plan, started, sent, drafter);
+            seq.draft_with_head(self.bundle.model.as_ref(), speculation.mtp_max_draft);
+            self.running.insert(id, seq);
             true
         });
         for (id, error) in failed {
@@ -553,6 +558,7 @@ impl EngineState<'_> {
                     }
                 }
             }
+            job.seq.observe_pass(self.bundle.model.as_ref());
             self.running.insert(job.id, job.seq);
         }
         Stepped::Ran
@@ -568,7 +574,8 @@ impl EngineState<'_> {
             if budget == 0 {
                 return;
             }
-            let drafts = job.seq.add_drafts(&mut self.prefix, &self.recent_outputs, budget);
+            let model = self.bundle.model.as_ref();
+            let drafts = job.seq.add_drafts(model, &mut self.prefix, &self.recent_outputs, budget);
             budget -= drafts.len();
             job.tokens.extend(drafts);
         }

@@ -5,13 +5,14 @@
 use std::collections::VecDeque;
 
 use spindle_constrain::ConstrainError;
-use spindle_models::SequenceCache;
+use spindle_models::{CausalLm, SequenceCache};
 use spindle_sched::{CacheKind, PrefillPlan};
 
 use crate::bundle::ModelBundle;
 use crate::draft::{NgramDrafter, RecentOutputs};
 use crate::error::RunnerError;
 use crate::events::{Caller, FinishReason, SequenceEvent, SequenceSummary};
+use crate::mtp_drafter::MtpDrafter;
 use crate::output::{OutputPipeline, TextDelta};
 use crate::prefix_cache::{PrefixCache, Started};
 use crate::request::SequenceRequest;
@@ -55,6 +56,8 @@ pub struct Sequence {
     sent: usize,
     /// Proposes drafts when the sequence decodes speculatively.
     drafter: Option<NgramDrafter>,
+    /// Drafts from the model's MTP head where the lookup finds nothing.
+    head: Option<MtpDrafter>,
     /// The drafts that run after the decided token in this step, in order.
     drafts: Vec<u32>,
     /// A token decided (sampled and reported) where the model rejected a draft: it runs next,
@@ -102,6 +105,7 @@ impl Sequence {
             orphan: false,
             sent,
             drafter,
+            head: None,
             drafts: Vec::new(),
             pending: None,
             drafted: 0,
@@ -284,11 +288,31 @@ impl Sequence {
         Next::Run(vec![id])
     }
 
+    /// Drafts also from `model`'s MTP head, up to `max_length` a round, when the sequence
+    /// speculates and the model has a head: where the lookup finds nothing, and not while
+    /// drafting pauses.
+    pub fn draft_with_head(&mut self, model: &dyn CausalLm, max_length: usize) {
+        if self.drafter.is_some() && max_length > 0 {
+            self.head = MtpDrafter::new(model, &mut self.cache, max_length);
+        }
+    }
+
+    /// Lets the MTP head see the pass that just ran. A failing head stops drafting, never the
+    /// sequence.
+    pub fn observe_pass(&mut self, model: &dyn CausalLm) {
+        let (Some(head), Some(drafter)) = (&mut self.head, &self.drafter) else { return };
+        if let Err(e) = head.observe(model, &self.cache, drafter.tokens()) {
+            tracing::warn!("a sequence stops drafting with the MTP head: {e}");
+            self.head = None;
+        }
+    }
+
     /// Drafts to run after the decided token this step, at most `budget` of them (the rows
     /// the step has left), with their blocks reserved; empty when the sequence does not
     /// speculate, nothing matches, or no block is free.
     pub fn add_drafts(
         &mut self,
+        model: &dyn CausalLm,
         prefix: &mut PrefixCache,
         recent: &RecentOutputs,
         budget: usize,
@@ -303,7 +327,17 @@ impl Sequence {
             .min(self.request.max_tokens.saturating_sub(self.generated))
             .min(self.cache.limit().saturating_sub(self.cache.len() + 1))
             .min(self.caller.spare_events());
-        let drafts = drafter.propose(room, recent);
+        let paused = drafter.is_paused();
+        let mut drafts = drafter.propose(room, recent);
+        if let Some(head) = self.head.as_mut().filter(|_| drafts.is_empty() && !paused) {
+            match head.propose(model, drafter.tokens(), room) {
+                Ok(proposed) => drafts = proposed,
+                Err(e) => {
+                    tracing::warn!("a sequence stops drafting with the MTP head: {e}");
+                    self.head = None;
+                }
+            }
+        }
         if drafts.is_empty() || prefix.reserve(&mut self.cache, 1 + drafts.len()).is_err() {
             return Vec::new();
         }

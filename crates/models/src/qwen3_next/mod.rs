@@ -175,7 +175,7 @@ impl Qwen3Next {
         for (entry, &(first, len)) in batch.iter_mut().zip(rows) {
             if entry.cache.wants_hidden_states() {
                 let normed = self.norm.forward(&x.narrow(0, first, len)?)?;
-                entry.cache.set_hidden_states(normed.flatten_all()?.to_vec1()?);
+                entry.cache.set_hidden_states(normed.flatten_all()?.to_vec1()?, len);
             }
         }
         Ok(())

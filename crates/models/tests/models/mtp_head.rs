@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use serde::Deserialize;
-use spindle_models::{load_gguf, load_safetensors, CausalLm};
+use spindle_models::{load_gguf, load_safetensors, BatchEntry, CausalLm};
 
 /// Largest |logit| difference allowed against the float64 reference. Measured (2026-11-28):
 /// at most 4.4e-6 over the three models and both formats; logits are O(3), so a wrong norm, a
@@ -111,9 +111,9 @@ fn kept_hidden_states_are_what_the_lm_head_reads() {
     assert_eq!(cache.hidden_states(), None, "kept only when asked");
     cache.keep_hidden_states();
     let logits = model.forward(&ids, &mut cache).unwrap();
-    let hidden = cache.hidden_states().unwrap();
+    let (from, hidden) = cache.hidden_states().unwrap();
     let width = model.config().hidden_size;
-    assert_eq!(hidden.len(), ids.len() * width, "one row per token of the pass");
+    assert_eq!((from, hidden.len()), (0, ids.len() * width), "one row per token of the pass");
 
     let weights =
         candle_core::safetensors::load(dir(name).join("model.safetensors"), &Device::Cpu).unwrap();
@@ -122,9 +122,27 @@ fn kept_hidden_states_are_what_the_lm_head_reads() {
     let from_hidden: Vec<f32> = from_hidden.flatten_all().unwrap().to_vec1().unwrap();
     assert!(max_diff(&from_hidden, &logits) < 1e-4, "{}", max_diff(&from_hidden, &logits));
 
-    let next = model.forward(&[7], &mut cache).unwrap();
-    assert_eq!(cache.hidden_states().unwrap().len(), width, "the latest pass's rows only");
-    assert_eq!(next.len(), logits.len());
+    model.forward(&[7], &mut cache).unwrap();
+    let (from, last_pass) = cache.hidden_states().unwrap();
+    assert_eq!((from, last_pass.len()), (ids.len(), width), "the latest pass's rows only");
+}
+
+/// Going back over a verified pass drops the hidden states of the positions it forgets.
+#[test]
+fn kept_hidden_states_follow_a_rollback() {
+    let model = load_safetensors(&dir("qwen3_5")).unwrap();
+    let width = model.config().hidden_size;
+    let mut cache = model.new_cache(64);
+    cache.keep_hidden_states();
+    model.forward(&[3, 141, 59], &mut cache).unwrap();
+    let drafts = [5, 6, 7, 8];
+    model
+        .forward_batch(&mut [BatchEntry { tokens: &drafts, cache: &mut cache, logit_rows: 4 }])
+        .unwrap();
+    let (_, all) = cache.hidden_states().unwrap();
+    let kept_rows = all[..2 * width].to_vec();
+    cache.truncate(5).unwrap();
+    assert_eq!(cache.hidden_states(), Some((3, kept_rows.as_slice())));
 }
 
 /// A folder with the fixture's config and its tensors as `edit` leaves them.

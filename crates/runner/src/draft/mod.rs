@@ -80,6 +80,16 @@ impl NgramDrafter {
         self.history.push(token);
     }
 
+    /// The sequence's tokens so far: prompt and decided tokens.
+    pub fn tokens(&self) -> &[u32] {
+        self.history.tokens()
+    }
+
+    /// Whether drafting pauses (recent drafts were mostly rejected): other drafters wait too.
+    pub fn is_paused(&self) -> bool {
+        self.paused > 0
+    }
+
     /// Up to `room` tokens to follow the history, from the latest earlier occurrence of its
     /// longest matching tail, in its own tokens first and then in `recent` outputs of other
     /// requests; empty when nothing matches or drafting is paused.

@@ -44,7 +44,12 @@ pub(crate) fn start(
         block_size: BLOCK_SIZE,
         ..CacheConfig::default()
     };
-    let speculation = SpeculationConfig { by_default: false, max_draft: 8, script };
+    let speculation = SpeculationConfig {
+        by_default: false,
+        max_draft: 8,
+        script,
+        ..SpeculationConfig::default()
+    };
     Engine::start(
         bundle.clone(),
         EngineConfig { speculation, ..EngineConfig::new(max_active, cache) },
