@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use candle_core::quantized::gguf_file::{self, Content, Value};
+use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 use serde::Deserialize;
 use spindle_models::{load_gguf, load_safetensors, BatchEntry, CausalLm};
@@ -191,4 +193,45 @@ fn the_head_refuses_rows_that_do_not_fit() {
     assert!(head.predict(&[], &[], &mut cache).is_err());
     assert!(head.predict(&vec![0.0; width], &[100_000], &mut cache).is_err());
     assert_eq!(cache.len(), 0, "a refused pass leaves the cache as it was");
+}
+
+/// The fixture's GGUF with its metadata and tensors as `edit` leaves them.
+fn edited_gguf(
+    name: &str,
+    edit: impl FnOnce(&mut HashMap<String, Value>, &mut Vec<(String, QTensor)>),
+) -> tempfile::TempDir {
+    let src = dir(name).join("model.gguf");
+    let mut file = std::fs::File::open(&src).unwrap();
+    let content = Content::read(&mut file).unwrap();
+    let mut tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|n| (n.clone(), content.tensor(&mut file, n, &Device::Cpu).unwrap()))
+        .collect();
+    let mut metadata = content.metadata.clone();
+    edit(&mut metadata, &mut tensors);
+    let tmp = tempfile::tempdir().unwrap();
+    let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut out = std::fs::File::create(tmp.path().join("model.gguf")).unwrap();
+    gguf_file::write(&mut out, &metadata, &tensors).unwrap();
+    tmp
+}
+
+/// A GGUF whose `nextn_predict_layers` leaves no target layer, or whose head lacks a tensor, is
+/// refused with a message naming what is wrong.
+#[test]
+fn a_gguf_with_a_damaged_head_is_refused_by_name() {
+    for count in [9, 50] {
+        let damaged = edited_gguf("qwen3_5", |meta, _| {
+            meta.insert("qwen35.nextn_predict_layers".into(), Value::U32(count));
+        });
+        let err = load_gguf(&damaged.path().join("model.gguf")).err().expect("refused");
+        assert!(err.to_string().contains("nextn_predict_layers"), "{count}: {err}");
+    }
+    let missing = edited_gguf("qwen3_5", |_, tensors| {
+        tensors.retain(|(n, _)| n != "blk.8.nextn.hnorm.weight");
+    });
+    let err = load_gguf(&missing.path().join("model.gguf")).err().expect("refused");
+    assert!(err.to_string().contains("blk.8.nextn.hnorm.weight"), "{err}");
 }
