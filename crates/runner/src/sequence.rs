@@ -290,7 +290,8 @@ impl Sequence {
 
     /// Drafts also from `model`'s MTP head, up to `max_length` a round, when the sequence
     /// speculates and the model has a head: where the lookup finds nothing, and not while
-    /// drafting pauses.
+    /// drafting pauses. Both drafters' rounds feed the lookup's one measure of acceptance, so
+    /// drafts that keep failing pause both.
     pub fn draft_with_head(&mut self, model: &dyn CausalLm, max_length: usize) {
         if self.drafter.is_some() && max_length > 0 {
             self.head = MtpDrafter::new(model, &mut self.cache, max_length);
