@@ -116,6 +116,11 @@ pub struct ServeArgs {
     /// Most tokens drafted per speculative round.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=MAX_DRAFT as i64))]
     draft_max: u16,
+    /// Most tokens a round drafts with the model's multi-token-prediction head (Qwen3.5 /
+    /// Qwen3.6 / Qwen3-Next checkpoints that carry one) where the lookup finds nothing; 0 (the
+    /// default) leaves the head unused. The output stays the same byte for byte.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=MAX_DRAFT as i64))]
+    spec_mtp: u16,
     /// On SIGTERM or SIGINT the server stops admitting (`/health` and new requests answer 503)
     /// and waits this long for the requests in flight to end before it cancels them and exits;
     /// a second signal exits at once.
@@ -233,6 +238,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         speculation: SpeculationConfig {
             by_default: !args.no_speculate,
             max_draft: args.draft_max.into(),
+            mtp_max_draft: args.spec_mtp.into(),
             ..SpeculationConfig::default()
         },
         sampling,

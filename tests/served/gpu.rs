@@ -43,7 +43,10 @@ fn a_request_on_the_gpu_answers_alike_cold_and_from_the_prefix_cache() {
     assert_eq!(cold["usage"]["completion_tokens"], 3, "{cold}");
     assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{cold}");
     let hit = cached["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
-    assert!(hit > 0 && !hit.is_multiple_of(16), "resumed at {hit}: inside a block, so one was copied");
+    assert!(
+        hit > 0 && !hit.is_multiple_of(16),
+        "resumed at {hit}: inside a block, so one was copied"
+    );
     assert_eq!(text(&cold), text(&cached), "the cached run answers as the cold one");
 }
 

@@ -91,6 +91,9 @@ pub struct SequenceCache {
     rollback: Rollback,
     len: usize,
     limit: usize,
+    /// The final hidden states of the latest pass's rows and the position of the first, once
+    /// asked for ([`keep_hidden_states`](Self::keep_hidden_states)): a draft head reads them.
+    hidden: Option<(usize, Vec<f32>)>,
 }
 
 impl SequenceCache {
@@ -105,7 +108,8 @@ impl SequenceCache {
         let blocks = limit.div_ceil(STANDALONE_BLOCK).max(1);
         let kv = Arc::new(PagedKv::new(shapes, kind, blocks, STANDALONE_BLOCK));
         let rollback = Rollback::new(&recurrent.0);
-        Self { kv, blocks: (0..blocks as u32).collect(), recurrent, rollback, len: 0, limit }
+        let blocks = (0..blocks as u32).collect();
+        Self { kv, blocks, recurrent, rollback, len: 0, limit, hidden: None }
     }
 
     /// A cache that has processed positions `0..len`, whose keys/values are in `blocks` of the
@@ -119,7 +123,7 @@ impl SequenceCache {
         limit: usize,
     ) -> Self {
         let rollback = Rollback::new(&recurrent.0);
-        Self { kv, blocks, recurrent, rollback, len, limit }
+        Self { kv, blocks, recurrent, rollback, len, limit, hidden: None }
     }
 
     /// Positions already processed.
@@ -158,6 +162,29 @@ impl SequenceCache {
 
     pub fn recurrent(&self) -> &RecurrentState {
         &self.recurrent
+    }
+
+    /// From the next pass on, keeps the final hidden states (what the LM head reads, after the
+    /// final norm) of all its rows, for a model with a [`DraftHead`](crate::DraftHead).
+    pub fn keep_hidden_states(&mut self) {
+        let len = self.len;
+        self.hidden.get_or_insert_with(|| (len, Vec::new()));
+    }
+
+    /// The kept final hidden states: the position of the first row, and the rows (of the model's
+    /// hidden width, one after another) of the latest pass's positions that the cache still
+    /// holds; `None` unless asked for.
+    pub fn hidden_states(&self) -> Option<(usize, &[f32])> {
+        self.hidden.as_ref().map(|(from, rows)| (*from, rows.as_slice()))
+    }
+
+    pub(crate) fn wants_hidden_states(&self) -> bool {
+        self.hidden.is_some()
+    }
+
+    /// The rows of the pass that just ran, which ended at [`len`](Self::len).
+    pub(crate) fn set_hidden_states(&mut self, rows: Vec<f32>, count: usize) {
+        self.hidden = Some((self.len - count, rows));
     }
 
     /// Fails before any work is done when `new_tokens` more would not fit.
@@ -249,6 +276,11 @@ impl SequenceCache {
                 "the recurrent state cannot go back to position {len}: only to one of the \
                  latest pass that verified drafts"
             )));
+        }
+        if let Some((from, rows)) = &mut self.hidden {
+            let width = rows.len().checked_div(self.len - *from).unwrap_or(0);
+            *from = (*from).min(len);
+            rows.truncate((len - *from) * width);
         }
         self.len = len;
         Ok(())

@@ -18,6 +18,7 @@ mod cache;
 mod config;
 mod delta_rule;
 mod dense;
+mod draft_head;
 mod error;
 mod gated_deltanet;
 mod gemma3;
@@ -52,6 +53,7 @@ use std::path::Path;
 
 pub use cache::{RecurrentState, SequenceCache};
 pub use config::{Architecture, TransformerConfig};
+pub use draft_head::{DraftHead, HeadRows};
 pub use error::{ModelError, Result};
 pub use kv_type::KvType;
 pub use rope::RopeScaling;
@@ -98,6 +100,13 @@ pub trait CausalLm: Send + Sync {
     /// The recurrent state before any token (empty for models without linear attention).
     fn initial_recurrent_state(&self) -> RecurrentState {
         RecurrentState::none(self.config().num_hidden_layers)
+    }
+
+    /// The head that drafts tokens from this model's hidden states, when its checkpoint carries
+    /// one (the target's hidden states are kept in a cache after
+    /// [`SequenceCache::keep_hidden_states`]).
+    fn draft_head(&self) -> Option<&dyn DraftHead> {
+        None
     }
 
     /// An empty cache with storage of its own for at most `context` positions (capped at the

@@ -66,11 +66,21 @@ pub struct SpeculationConfig {
     pub draft_model: Option<Arc<DraftModel>>,
     /// Whether the lookup drafts; on in service, off where a test measures the draft model alone.
     pub lookup: bool,
+    /// Most tokens the model's MTP head drafts per round where the lookup finds nothing (models
+    /// whose checkpoint carries a head; before the draft model); 0 leaves the head unused.
+    pub mtp_max_draft: usize,
 }
 
 impl Default for SpeculationConfig {
     fn default() -> Self {
-        Self { by_default: true, max_draft: 8, script: None, draft_model: None, lookup: true }
+        Self {
+            by_default: true,
+            max_draft: 8,
+            script: None,
+            draft_model: None,
+            lookup: true,
+            mtp_max_draft: 0,
+        }
     }
 }
 
@@ -447,7 +457,9 @@ impl EngineState<'_> {
                 .filter(|_| drafter.is_some())
                 .map(|pool| pool.start(request.context));
             let drafting = Drafting { drafter, model_draft };
-            self.running.insert(id, Sequence::new(request, caller, plan, started, sent, drafting));
+            let mut seq = Sequence::new(request, caller, plan, started, sent, drafting);
+            seq.draft_with_head(self.bundle.model.as_ref(), speculation.mtp_max_draft);
+            self.running.insert(id, seq);
             true
         });
         for (id, error) in failed {
@@ -569,6 +581,7 @@ impl EngineState<'_> {
                     }
                 }
             }
+            job.seq.observe_pass(self.bundle.model.as_ref());
             self.running.insert(job.id, job.seq);
         }
         Stepped::Ran
@@ -589,7 +602,7 @@ impl EngineState<'_> {
             if !matches!(job.work, Work::Decode) {
                 continue;
             }
-            match job.seq.propose_drafts(&self.recent_outputs, budget) {
+            match job.seq.propose_drafts(self.bundle.model.as_ref(), &self.recent_outputs, budget) {
                 Proposal::Tokens(drafts) => {
                     let drafts = job.seq.take_drafts(&mut self.prefix, drafts);
                     budget -= drafts.len();

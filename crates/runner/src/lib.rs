@@ -11,6 +11,7 @@ mod error;
 mod events;
 mod kv_events;
 pub mod model_sampling;
+mod mtp_drafter;
 mod output;
 mod polling_workers;
 mod prefix_cache;

@@ -5,13 +5,14 @@
 use std::collections::VecDeque;
 
 use spindle_constrain::ConstrainError;
-use spindle_models::SequenceCache;
+use spindle_models::{CausalLm, SequenceCache};
 use spindle_sched::{CacheKind, PrefillPlan};
 
 use crate::bundle::ModelBundle;
 use crate::draft::{DraftPool, DraftRound, ModelDraft, NgramDrafter, Proposal, RecentOutputs};
 use crate::error::RunnerError;
 use crate::events::{Caller, FinishReason, SequenceEvent, SequenceSummary};
+use crate::mtp_drafter::MtpDrafter;
 use crate::output::{OutputPipeline, TextDelta};
 use crate::prefix_cache::{PrefixCache, Started};
 use crate::request::SequenceRequest;
@@ -57,6 +58,8 @@ pub struct Sequence {
     drafter: Option<NgramDrafter>,
     /// Drafts where the lookup finds nothing, with a draft model.
     model_draft: Option<ModelDraft>,
+    /// Drafts from the model's MTP head where the lookup finds nothing (before the draft model).
+    head: Option<MtpDrafter>,
     /// The drafts that run after the decided token in this step, in order.
     drafts: Vec<u32>,
     /// A token decided (sampled and reported) where the model rejected a draft: it runs next,
@@ -112,6 +115,7 @@ impl Sequence {
             sent,
             drafter: drafting.drafter,
             model_draft: drafting.model_draft,
+            head: None,
             drafts: Vec::new(),
             pending: None,
             drafted: 0,
@@ -301,10 +305,35 @@ impl Sequence {
         Next::Run(vec![id])
     }
 
+    /// Drafts also from `model`'s MTP head, up to `max_length` a round, when the sequence
+    /// speculates and the model has a head: where the lookup finds nothing (the lookup proposes
+    /// nothing at all while drafting pauses). Every drafter's rounds feed the lookup's one
+    /// measure of acceptance, so drafts that keep failing pause them all.
+    pub fn draft_with_head(&mut self, model: &dyn CausalLm, max_length: usize) {
+        if self.drafter.is_some() && max_length > 0 {
+            self.head = MtpDrafter::new(model, &mut self.cache, max_length);
+        }
+    }
+
+    /// Lets the MTP head see the pass that just ran. A failing head stops drafting, never the
+    /// sequence.
+    pub fn observe_pass(&mut self, model: &dyn CausalLm) {
+        let (Some(head), Some(drafter)) = (&mut self.head, &self.drafter) else { return };
+        if let Err(e) = head.observe(model, &self.cache, drafter.history()) {
+            tracing::warn!("a sequence stops drafting with the MTP head: {e}");
+            self.head = None;
+        }
+    }
+
     /// What the sequence drafts after the decided token this step, at most `budget` tokens
-    /// (the rows the step has left): the lookup's, or a length for the draft model where it
-    /// has one; no tokens when it does not speculate or nothing matches.
-    pub fn propose_drafts(&mut self, recent: &RecentOutputs, budget: usize) -> Proposal {
+    /// (the rows the step has left): the lookup's; where it finds nothing, the MTP head's, or
+    /// a length for the draft model; no tokens when it does not speculate or nothing matches.
+    pub fn propose_drafts(
+        &mut self,
+        model: &dyn CausalLm,
+        recent: &RecentOutputs,
+        budget: usize,
+    ) -> Proposal {
         let Some(drafter) = &mut self.drafter else { return Proposal::Tokens(Vec::new()) };
         if self.orphan {
             return Proposal::Tokens(Vec::new());
@@ -315,9 +344,23 @@ impl Sequence {
             .min(self.request.max_tokens.saturating_sub(self.generated))
             .min(self.cache.limit().saturating_sub(self.cache.len() + 1))
             .min(self.caller.spare_events());
-        match drafter.propose(room, recent) {
-            Proposal::Fallback(_) if self.model_draft.is_none() => Proposal::Tokens(Vec::new()),
-            proposal => proposal,
+        let want = match drafter.propose(room, recent) {
+            Proposal::Fallback(want) => want,
+            tokens => return tokens,
+        };
+        if let Some(head) = &mut self.head {
+            match head.propose(model, drafter.history(), room) {
+                Ok(drafts) if !drafts.is_empty() => return Proposal::Tokens(drafts),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!("a sequence stops drafting with the MTP head: {e}");
+                    self.head = None;
+                }
+            }
+        }
+        match self.model_draft {
+            Some(_) => Proposal::Fallback(want),
+            None => Proposal::Tokens(Vec::new()),
         }
     }
 

@@ -43,8 +43,8 @@ pub struct ServerConfig {
     pub orphan_prefill_tokens: usize,
     /// `--batch-dir` and the Batch API's size limits.
     pub batch: BatchConfig,
-    /// `--no-speculate` and `--draft-max`: whether requests decode speculatively unless they
-    /// say, and how far.
+    /// `--no-speculate`, `--draft-max` and `--spec-mtp`: whether requests decode speculatively
+    /// unless they say, how far, and whether the model's MTP head drafts too.
     pub speculation: SpeculationConfig,
     /// `--temperature`, `--top-k`, `--top-p`, `--min-p`, `--repeat-penalty`: the defaults of a
     /// request that leaves them out, over the model's own.

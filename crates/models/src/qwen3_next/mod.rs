@@ -9,6 +9,7 @@
 mod attention;
 mod config;
 mod gguf;
+mod mtp;
 
 use candle_core::{Device, Tensor};
 
@@ -24,7 +25,7 @@ use crate::paged_kv::KvShape;
 use crate::projections::Projections;
 use crate::weight::Weight;
 use crate::weights::SafetensorsWeights;
-use crate::{advance_all, batch_rows, logit_rows, BatchEntry, CausalLm};
+use crate::{advance_all, batch_rows, logit_rows, BatchEntry, CausalLm, DraftHead, RowRange};
 use attention::GatedAttention;
 pub use config::{HybridConfig, Mixer};
 pub use gguf::ARCHITECTURES as GGUF_ARCHITECTURES;
@@ -64,6 +65,8 @@ pub struct Qwen3Next {
     norm: RmsNorm,
     head: Linear,
     rotary: Rotary,
+    /// The multi-token-prediction head, when the checkpoint carries one.
+    mtp: Option<mtp::MtpHead>,
 }
 
 impl Qwen3Next {
@@ -84,6 +87,7 @@ impl Qwen3Next {
             dense_linear(table.clone())?
         };
         Ok(Self {
+            mtp: mtp::MtpHead::from_safetensors(&cfg, w)?,
             rotary: Rotary::new(
                 cfg.rotary_dim(),
                 cfg.rope_theta(),
@@ -127,7 +131,12 @@ impl CausalLm for Qwen3Next {
             x = (&x + layer.ffn.forward(&layer.post_attention_norm.forward(&x)?)?)?;
         }
         advance_all(batch);
+        self.keep_hidden_states(&x, batch, &rows)?;
         layers::logits_of_rows(&x, &logit_rows(batch, &rows), &self.norm, &self.head)
+    }
+
+    fn draft_head(&self) -> Option<&dyn DraftHead> {
+        self.mtp.as_ref().map(|_| self as &dyn DraftHead)
     }
 
     fn kv_shapes(&self) -> Vec<Option<KvShape>> {
@@ -152,6 +161,24 @@ impl CausalLm for Qwen3Next {
             .map(|kind| (kind == Mixer::Linear).then(|| LinearAttentionState::new(&shape)))
             .collect();
         RecurrentState(states)
+    }
+}
+
+impl Qwen3Next {
+    /// Hands each entry whose cache asks for them the final hidden states of its rows.
+    fn keep_hidden_states(
+        &self,
+        x: &Tensor,
+        batch: &mut [BatchEntry<'_>],
+        rows: &[RowRange],
+    ) -> Result<()> {
+        for (entry, &(first, len)) in batch.iter_mut().zip(rows) {
+            if entry.cache.wants_hidden_states() {
+                let normed = self.norm.forward(&x.narrow(0, first, len)?)?;
+                entry.cache.set_hidden_states(normed.flatten_all()?.to_vec1()?, len);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -189,32 +216,44 @@ fn load_layer(
     let norm = |name: &str| {
         RmsNorm::new_offset_by_one(w.model_tensor(&format!("{p}.{name}.weight"))?, cfg.rms_norm_eps)
     };
-    let linear = |name: &str| dense_linear(w.model_tensor(&format!("{p}.{name}.weight"))?);
     let mixer = match kind {
         Mixer::Linear => TokenMixer::Linear(load_delta_net(cfg, w, &format!("{p}.linear_attn"))?),
-        Mixer::Full => TokenMixer::Full(GatedAttention {
-            q_and_gate: linear("self_attn.q_proj")?,
-            k: linear("self_attn.k_proj")?,
-            v: linear("self_attn.v_proj")?,
-            o: linear("self_attn.o_proj")?,
-            q_norm: norm("self_attn.q_norm")?,
-            k_norm: norm("self_attn.k_norm")?,
-            heads: cfg.num_attention_heads,
-            kv_heads: cfg.num_key_value_heads,
-            head_dim: cfg.head_dim,
-            rotary_dim: cfg.rotary_dim(),
-        }),
-    };
-    let ffn = if moe {
-        FeedForward::Moe(Box::new(load_moe(cfg, w, &format!("{p}.mlp"))?))
-    } else {
-        FeedForward::Dense(mlp(w, &format!("{p}.mlp"))?)
+        Mixer::Full => TokenMixer::Full(load_attention(cfg, w, &format!("{p}.self_attn"))?),
     };
     Ok(Layer {
         input_norm: norm("input_layernorm")?,
         mixer,
         post_attention_norm: norm("post_attention_layernorm")?,
-        ffn,
+        ffn: load_ffn(cfg, w, &format!("{p}.mlp"), moe)?,
+    })
+}
+
+/// The gated full attention at `p` (`layers.3.self_attn`).
+fn load_attention(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str) -> Result<GatedAttention> {
+    let norm = |name: &str| {
+        RmsNorm::new_offset_by_one(w.model_tensor(&format!("{p}.{name}.weight"))?, cfg.rms_norm_eps)
+    };
+    let linear = |name: &str| dense_linear(w.model_tensor(&format!("{p}.{name}.weight"))?);
+    Ok(GatedAttention {
+        q_and_gate: linear("q_proj")?,
+        k: linear("k_proj")?,
+        v: linear("v_proj")?,
+        o: linear("o_proj")?,
+        q_norm: norm("q_norm")?,
+        k_norm: norm("k_norm")?,
+        heads: cfg.num_attention_heads,
+        kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim,
+        rotary_dim: cfg.rotary_dim(),
+    })
+}
+
+/// The MoE block or dense MLP at `p` (`layers.3.mlp`).
+fn load_ffn(cfg: &HybridConfig, w: &SafetensorsWeights, p: &str, moe: bool) -> Result<FeedForward> {
+    Ok(if moe {
+        FeedForward::Moe(Box::new(load_moe(cfg, w, p)?))
+    } else {
+        FeedForward::Dense(mlp(w, p)?)
     })
 }
 

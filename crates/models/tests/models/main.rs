@@ -4,6 +4,7 @@
 mod common;
 mod gguf_types;
 mod hybrid_reference;
+mod mtp_head;
 mod paged_kv;
 mod safetensors;
 mod transformers_reference;

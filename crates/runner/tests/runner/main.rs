@@ -16,4 +16,5 @@ mod reasoning_budget;
 mod reference;
 mod speculation;
 mod speculation_hybrid;
+mod speculation_mtp;
 mod window_rows;
