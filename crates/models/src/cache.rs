@@ -9,8 +9,9 @@ use candle_core::{Device, Tensor};
 
 use crate::dense::with_values;
 use crate::error::{ModelError, Result};
-use crate::gated_deltanet::{LinearAttentionState, LinearRun};
+use crate::gated_deltanet::LinearRun;
 use crate::kv_type::KvType;
+use crate::linear_state::LinearAttentionState;
 use crate::paged_attention::{self, Queries, Visibility};
 use crate::paged_kv::{KvShape, PagedKv};
 use crate::rollback::Rollback;

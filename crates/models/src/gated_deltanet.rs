@@ -13,6 +13,7 @@ use rayon::prelude::*;
 use crate::delta_rule::{self, DeltaHeads, DeltaInputs};
 use crate::error::{ModelError, Result};
 use crate::linear::Linear;
+use crate::linear_state::LinearAttentionState;
 use crate::projections::Projections;
 use crate::rollback::PositionHistory;
 
@@ -51,20 +52,12 @@ fn mismatch<'a>(mut lengths: impl Iterator<Item = (&'a str, usize, Option<usize>
     }
 }
 
-/// One sequence's state in one linear-attention layer.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LinearAttentionState {
-    /// The last `conv_kernel - 1` convolution inputs, oldest first, `conv_channels` each.
-    pub conv: Vec<f32>,
-    /// The delta rule's `k_dim × v_dim` matrix per value head.
-    pub recurrent: Vec<f32>,
-}
-
-impl LinearAttentionState {
-    pub fn new(shape: &DeltaNetShape) -> Self {
-        Self {
-            conv: vec![0.0; (shape.conv_kernel - 1) * shape.conv_channels()],
-            recurrent: delta_rule::zero_state(&shape.heads),
+impl DeltaNetShape {
+    /// A sequence's state before its first token: an empty convolution window, zero matrices.
+    pub fn initial_state(&self) -> LinearAttentionState {
+        LinearAttentionState {
+            conv: vec![0.0; (self.conv_kernel - 1) * self.conv_channels()],
+            recurrent: delta_rule::zero_state(&self.heads),
         }
     }
 }

@@ -30,6 +30,7 @@ mod kv_mirror;
 mod kv_type;
 mod layers;
 mod linear;
+mod linear_state;
 mod llama;
 mod moe;
 mod paged_attention;

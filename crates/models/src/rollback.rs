@@ -10,7 +10,7 @@
 
 use std::ops::Range;
 
-use crate::gated_deltanet::LinearAttentionState;
+use crate::linear_state::LinearAttentionState;
 
 /// What one linear-attention layer keeps of the latest verification pass.
 #[derive(Debug, Default)]

@@ -10,7 +10,7 @@ use candle_core::quantized::gguf_file::Value;
 use candle_core::{Device, Tensor};
 
 use super::attention::GatedAttention;
-use super::mtp::MtpHead;
+use super::mtp::{self, MtpHead};
 use super::{summary, FeedForward, HybridConfig, Layer, Mixer, Qwen3Next, TokenMixer};
 use crate::activation::Activation;
 use crate::error::Result;
@@ -38,7 +38,7 @@ impl Qwen3Next {
             .map(|(i, kind)| layer(&cfg, w, i, kind))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            mtp: MtpHead::from_gguf(&cfg, w)?,
+            mtp: mtp_head(&cfg, w)?,
             rotary: Rotary::new(
                 cfg.rotary_dim(),
                 cfg.rope_theta(),
@@ -177,4 +177,23 @@ fn moe(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<SparseMoe> {
         )?,
         shared_gate: w.linear(&format!("{p}.ffn_gate_inp_shexp"))?,
     })
+}
+
+/// The head as llama.cpp writes it: block `num_hidden_layers`, norms already `1 + w`.
+fn mtp_head(cfg: &HybridConfig, w: &mut WeightSource) -> Result<Option<MtpHead>> {
+    if cfg.mtp_num_hidden_layers.unwrap_or(0) == 0 {
+        return Ok(None);
+    }
+    mtp::check_one_layer(cfg)?;
+    let p = format!("blk.{}", cfg.num_hidden_layers);
+    Ok(Some(MtpHead {
+        embedding_norm: norm(cfg, w, &format!("{p}.nextn.enorm"))?,
+        hidden_norm: norm(cfg, w, &format!("{p}.nextn.hnorm"))?,
+        fc: w.linear(&format!("{p}.nextn.eh_proj"))?,
+        input_norm: norm(cfg, w, &format!("{p}.attn_norm"))?,
+        attention: attention(cfg, w, &p)?,
+        post_attention_norm: norm(cfg, w, &format!("{p}.post_attention_norm"))?,
+        ffn: ffn(cfg, w, &p, w.contains(&format!("{p}.ffn_gate_inp.weight")))?,
+        norm: norm(cfg, w, &format!("{p}.nextn.shared_head_norm"))?,
+    }))
 }

@@ -17,7 +17,7 @@ use crate::activation::Activation;
 use crate::cache::RecurrentState;
 use crate::config::{Architecture, TransformerConfig};
 use crate::error::Result;
-use crate::gated_deltanet::{GatedDeltaNet, LinearAttentionState};
+use crate::gated_deltanet::GatedDeltaNet;
 use crate::layers::{self, GatedMlp, RmsNorm, RopeStyle, Rotary};
 use crate::linear::{Embedding, Linear};
 use crate::moe::SparseMoe;
@@ -158,7 +158,7 @@ impl CausalLm for Qwen3Next {
             .cfg
             .layer_types()
             .into_iter()
-            .map(|kind| (kind == Mixer::Linear).then(|| LinearAttentionState::new(&shape)))
+            .map(|kind| (kind == Mixer::Linear).then(|| shape.initial_state()))
             .collect();
         RecurrentState(states)
     }

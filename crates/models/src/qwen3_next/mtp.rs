@@ -19,25 +19,24 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::attention::GatedAttention;
-use super::gguf as gguf_parts;
 use super::{load_attention, load_ffn, FeedForward, HybridConfig, Qwen3Next};
 use crate::error::{ModelError, Result};
 use crate::layers::RmsNorm;
 use crate::linear::Linear;
 use crate::paged_kv::KvShape;
-use crate::weights::{SafetensorsWeights, WeightSource};
+use crate::weights::SafetensorsWeights;
 use crate::{advance_all, batch_rows, BatchEntry, DraftHead, HeadRows, SequenceCache};
 
 pub(super) struct MtpHead {
-    embedding_norm: RmsNorm,
-    hidden_norm: RmsNorm,
+    pub(super) embedding_norm: RmsNorm,
+    pub(super) hidden_norm: RmsNorm,
     /// `hidden × 2·hidden`: the normed embedding's columns first, then the hidden state's.
-    fc: Linear,
-    input_norm: RmsNorm,
-    attention: GatedAttention,
-    post_attention_norm: RmsNorm,
-    ffn: FeedForward,
-    norm: RmsNorm,
+    pub(super) fc: Linear,
+    pub(super) input_norm: RmsNorm,
+    pub(super) attention: GatedAttention,
+    pub(super) post_attention_norm: RmsNorm,
+    pub(super) ffn: FeedForward,
+    pub(super) norm: RmsNorm,
 }
 
 impl MtpHead {
@@ -65,29 +64,10 @@ impl MtpHead {
             norm: norm("norm.weight")?,
         }))
     }
-
-    /// The head as llama.cpp writes it: block `num_hidden_layers`, norms already `1 + w`.
-    pub(super) fn from_gguf(cfg: &HybridConfig, w: &mut WeightSource) -> Result<Option<Self>> {
-        if cfg.mtp_num_hidden_layers.unwrap_or(0) == 0 {
-            return Ok(None);
-        }
-        check_one_layer(cfg)?;
-        let p = format!("blk.{}", cfg.num_hidden_layers);
-        Ok(Some(Self {
-            embedding_norm: gguf_parts::norm(cfg, w, &format!("{p}.nextn.enorm"))?,
-            hidden_norm: gguf_parts::norm(cfg, w, &format!("{p}.nextn.hnorm"))?,
-            fc: w.linear(&format!("{p}.nextn.eh_proj"))?,
-            input_norm: gguf_parts::norm(cfg, w, &format!("{p}.attn_norm"))?,
-            attention: gguf_parts::attention(cfg, w, &p)?,
-            post_attention_norm: gguf_parts::norm(cfg, w, &format!("{p}.post_attention_norm"))?,
-            ffn: gguf_parts::ffn(cfg, w, &p, w.contains(&format!("{p}.ffn_gate_inp.weight")))?,
-            norm: gguf_parts::norm(cfg, w, &format!("{p}.nextn.shared_head_norm"))?,
-        }))
-    }
 }
 
 /// Every released checkpoint has one MTP layer; vLLM would take turns over several.
-fn check_one_layer(cfg: &HybridConfig) -> Result<()> {
+pub(super) fn check_one_layer(cfg: &HybridConfig) -> Result<()> {
     match cfg.mtp_num_hidden_layers {
         None | Some(1) => Ok(()),
         Some(n) => Err(ModelError::BadConfig(format!(
