@@ -11,14 +11,14 @@ use std::sync::{Arc, OnceLock};
 use spindle_models::random_dense::{write_random_dense, DenseShape};
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
-    sequence_channel, CacheConfig, DraftModel, Engine, EngineConfig, ModelBundle, SequenceEvents,
-    SequenceRequest, SequenceSummary, SpeculationConfig,
+    CacheConfig, DraftModel, Engine, EngineConfig, SequenceRequest, SpeculationConfig,
 };
 
 use crate::common::{
     collect_summary as collect, greedy, hybrid, request, seeded, smollm2, smollm2_files,
-    tiny_dense, vocab, Output, BLOCK_SIZE,
+    tiny_dense, vocab, BLOCK_SIZE,
 };
+use crate::speculation::{assert_same, encode, on_request, run, spec_cache, start_with, submit};
 
 const CONTEXT: usize = 1024;
 
@@ -58,49 +58,15 @@ fn random_draft() -> Arc<DraftModel> {
 /// memory shared with the draft as `spindle serve` shares it.
 fn start(draft: &Arc<DraftModel>, max_active: usize, lookup: bool) -> Engine {
     let bundle = smollm2();
-    let mut cache = CacheConfig {
-        kv_bytes: 64 << 20,
-        snapshot_bytes: 64 << 20,
-        block_size: BLOCK_SIZE,
-        ..CacheConfig::default()
-    };
+    let mut cache = spec_cache();
     draft.share_kv_memory(&mut cache, &bundle).unwrap();
-    let speculation = SpeculationConfig {
-        by_default: false,
-        max_draft: 8,
-        draft_model: Some(draft.clone()),
-        lookup,
-        ..SpeculationConfig::default()
-    };
-    Engine::start(bundle, EngineConfig { speculation, ..EngineConfig::new(max_active, cache) })
-}
-
-fn encode(bundle: &ModelBundle, text: &str) -> Vec<u32> {
-    bundle.tokenizer.encode(text, true).unwrap()
+    let speculation =
+        SpeculationConfig { draft_model: Some(draft.clone()), lookup, ..on_request() };
+    start_with(&bundle, max_active, cache, speculation)
 }
 
 fn spec_request(prompt: &[u32], sampling: SamplingParams, speculative: bool) -> SequenceRequest {
     SequenceRequest { sampling, speculative: Some(speculative), ..request(prompt, 40, CONTEXT) }
-}
-
-fn submit(engine: &Engine, request: SequenceRequest) -> SequenceEvents {
-    let (caller, inbox) = sequence_channel();
-    engine.submit(request, caller).unwrap();
-    inbox
-}
-
-fn run(engine: &Engine, request: SequenceRequest) -> (Output, SequenceSummary) {
-    collect(submit(engine, request))
-}
-
-/// The same client-visible result: tokens, logprobs, text, finish and usage.
-fn assert_same(spec: &(Output, SequenceSummary), plain: &(Output, SequenceSummary), what: &str) {
-    assert_eq!(spec.0, plain.0, "{what}: output");
-    let usage = |s: &SequenceSummary| {
-        (s.finish_reason, s.stop_sequence.clone(), s.prompt_tokens, s.completion_tokens)
-    };
-    assert_eq!(usage(&spec.1), usage(&plain.1), "{what}: finish and usage");
-    assert_eq!(plain.1.drafted_tokens, 0, "{what}: the plain run drafted");
 }
 
 #[test]

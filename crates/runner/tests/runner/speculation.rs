@@ -33,27 +33,39 @@ const REPETITIVE: &str = "def area(width, height):\n    return width * height\n\
 const PROSE: &str = "The lighthouse keeper wrote in his log every evening. He noted the wind, \
     the colour of the sea, and the ships that passed. One winter night";
 
+/// The pool the speculation tests run on.
+pub(crate) fn spec_cache() -> CacheConfig {
+    CacheConfig {
+        kv_bytes: 64 << 20,
+        snapshot_bytes: 64 << 20,
+        block_size: BLOCK_SIZE,
+        ..CacheConfig::default()
+    }
+}
+
+/// Speculation where a request asks for it, up to 8 drafts a round.
+pub(crate) fn on_request() -> SpeculationConfig {
+    SpeculationConfig { by_default: false, max_draft: 8, ..SpeculationConfig::default() }
+}
+
+pub(crate) fn start_with(
+    bundle: &Arc<ModelBundle>,
+    max_active: usize,
+    cache: CacheConfig,
+    speculation: SpeculationConfig,
+) -> Engine {
+    Engine::start(
+        bundle.clone(),
+        EngineConfig { speculation, ..EngineConfig::new(max_active, cache) },
+    )
+}
+
 pub(crate) fn start(
     bundle: &Arc<ModelBundle>,
     max_active: usize,
     script: Option<DraftScript>,
 ) -> Engine {
-    let cache = CacheConfig {
-        kv_bytes: 64 << 20,
-        snapshot_bytes: 64 << 20,
-        block_size: BLOCK_SIZE,
-        ..CacheConfig::default()
-    };
-    let speculation = SpeculationConfig {
-        by_default: false,
-        max_draft: 8,
-        script,
-        ..SpeculationConfig::default()
-    };
-    Engine::start(
-        bundle.clone(),
-        EngineConfig { speculation, ..EngineConfig::new(max_active, cache) },
-    )
+    start_with(bundle, max_active, spec_cache(), SpeculationConfig { script, ..on_request() })
 }
 
 pub(crate) fn encode(bundle: &ModelBundle, text: &str) -> Vec<u32> {

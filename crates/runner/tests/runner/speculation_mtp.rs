@@ -9,33 +9,19 @@ use std::time::{Duration, Instant};
 
 use spindle_models::{BatchEntry, CausalLm};
 use spindle_runner::sampler::SamplingParams;
-use spindle_runner::{
-    CacheConfig, Engine, EngineConfig, ModelBundle, SequenceRequest, SpeculationConfig,
-};
+use spindle_runner::{Engine, ModelBundle, SequenceRequest, SpeculationConfig};
 
-use crate::common::{collect_summary as collect, greedy, hybrid, seeded, BLOCK_SIZE};
-use crate::speculation::{assert_same, run, spec_request, start, submit};
+use crate::common::{collect_summary as collect, greedy, hybrid, seeded};
+use crate::speculation::{
+    assert_same, on_request, run, spec_cache, spec_request, start, start_with, submit,
+};
 
 /// Drafts per round from the head.
 const MTP_DRAFTS: usize = 3;
 
 fn start_mtp(bundle: &Arc<ModelBundle>, max_active: usize) -> Engine {
-    let cache = CacheConfig {
-        kv_bytes: 64 << 20,
-        snapshot_bytes: 64 << 20,
-        block_size: BLOCK_SIZE,
-        ..CacheConfig::default()
-    };
-    let speculation = SpeculationConfig {
-        by_default: false,
-        max_draft: 8,
-        mtp_max_draft: MTP_DRAFTS,
-        ..SpeculationConfig::default()
-    };
-    Engine::start(
-        bundle.clone(),
-        EngineConfig { speculation, ..EngineConfig::new(max_active, cache) },
-    )
+    let speculation = SpeculationConfig { mtp_max_draft: MTP_DRAFTS, ..on_request() };
+    start_with(bundle, max_active, spec_cache(), speculation)
 }
 
 /// Ids that do not repeat, so the lookup finds nothing and every draft is the head's.
