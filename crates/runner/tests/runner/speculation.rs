@@ -8,13 +8,13 @@
 //! not continue repeated code).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use spindle_constrain::{grammar, Grammars};
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
-    sequence_channel, CacheConfig, DraftScript, Engine, EngineConfig, ModelBundle, SequenceEvents,
-    SequenceRequest, SequenceSummary, SpeculationConfig,
+    sequence_channel, CacheConfig, Canceller, DraftScript, Engine, EngineConfig, FinishReason,
+    ModelBundle, SequenceEvents, SequenceRequest, SequenceSummary, SpeculationConfig,
 };
 
 use crate::common::{
@@ -192,6 +192,47 @@ fn a_draft_rejected_at_each_position_changes_no_byte() {
         let engine = start(&bundle, 1, Some(planted_script(vec![(prompt.clone(), truth)], 49152)));
         assert_same(&run(&engine, spec_request(&prompt, sampling, 7, true)), &short, "max 7");
     }
+}
+
+/// A request cancelled while its drafts are in the step (its draft script raises the cancel
+/// flag as it drafts, so the verification runs with the flag up): it ends `Cancelled` with a
+/// prefix of its plain output, and the sequence beside it and the next request are unchanged.
+#[test]
+fn a_request_cancelled_mid_verification_changes_nothing_else() {
+    let bundle = tiny_dense();
+    let (prompt_a, prompt_b) = (encode(&bundle, PROSE), encode(&bundle, REPETITIVE));
+    let plain_engine = start(&bundle, 1, None);
+    let plain_a = run(&plain_engine, spec_request(&prompt_a, greedy(), 40, false));
+    let plain_b = run(&plain_engine, spec_request(&prompt_b, seeded(), 40, false));
+    let truth: Vec<u32> = plain_a.0.tokens.iter().map(|t| t.id).collect();
+    let cancel_a: Arc<OnceLock<Canceller>> = Arc::default();
+    let script = {
+        let (cancel_a, prompt_a, truth) = (cancel_a.clone(), prompt_a.clone(), truth.clone());
+        DraftScript(Arc::new(move |history: &[u32], room: usize| {
+            let Some(decided) = history.strip_prefix(&prompt_a[..]).map(<[u32]>::len) else {
+                return Vec::new();
+            };
+            if decided >= 10 {
+                cancel_a.get().expect("set before the request was submitted").cancel();
+            }
+            truth.iter().skip(decided).take(room).copied().collect()
+        }))
+    };
+    let engine = start(&bundle, 2, Some(script));
+    // The flag's handle is in place before the engine sees the request.
+    let (caller, inbox_a) = sequence_channel();
+    assert!(cancel_a.set(inbox_a.canceller()).is_ok());
+    engine.submit(spec_request(&prompt_a, greedy(), 40, true), caller).unwrap();
+    let inbox_b = submit(&engine, spec_request(&prompt_b, seeded(), 40, true));
+    let (a, b) = (collect(inbox_a), collect(inbox_b));
+    assert_eq!(a.1.finish_reason, FinishReason::Cancelled, "{:?}", a.1);
+    let sent: Vec<u32> = a.0.tokens.iter().map(|t| t.id).collect();
+    assert!(sent.len() >= 10 && sent.len() < truth.len(), "{} tokens", sent.len());
+    assert_eq!(sent, truth[..sent.len()], "the cancelled request's tokens");
+    assert!(a.1.drafted_tokens > 0, "{:?}", a.1);
+    assert_same(&b, &plain_b, "the sequence beside");
+    let again = run(&engine, spec_request(&prompt_a, greedy(), 40, false));
+    assert_same(&again, &plain_a, "the next request");
 }
 
 #[test]
