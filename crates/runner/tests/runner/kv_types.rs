@@ -2,8 +2,8 @@
 //! through the serving engine. Along f32's greedy continuation of each prompt (teacher forcing:
 //! where a type's top-1 differs, a new request goes on from f32's tokens), every step compares
 //! the log-probabilities of f32's top-5 tokens under the type with f32's, and whether the
-//! type's top-1 is f32's. The README's drift table is this test's output; it fails when a type
-//! drifts beyond the bounds below.
+//! type's top-1 is f32's. The README's drift table is this test's output (Qwen2.5's f32-weights
+//! row from the `--ignored` run); it fails when a type drifts beyond the bounds below.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -247,5 +247,13 @@ fn smollm2_kv_types_stay_near_f32() {
 #[test]
 fn qwen25_coder_kv_types_stay_near_f32() {
     check("qwen2.5-coder-0.5b", Weights::Served);
+}
+
+/// The README's row of Qwen2.5 with f32 weights: each type's own error, which smollm2's f32 run
+/// checks in every test run; here 2 GB of f32 weights read per step made it the slowest test
+/// of all (~45 s of a quiet 2-core machine), for the same q8_0 outliers the served run shows.
+#[test]
+#[ignore = "the README's f32-weights row for Qwen2.5: run with --ignored"]
+fn qwen25_coder_kv_types_stay_near_f32_with_f32_weights() {
     check("qwen2.5-coder-0.5b", Weights::F32);
 }
