@@ -16,6 +16,7 @@
 use spindle_models::{CausalLm, DraftHead, SequenceCache};
 
 use crate::error::RunnerError;
+use crate::sampler::argmax;
 
 pub struct MtpDrafter {
     /// The head's attention cache: its position `i` is the target's position `origin + i`.
@@ -94,7 +95,7 @@ impl MtpDrafter {
             if let (true, Some(logits), Some(row)) =
                 (ready == total, out.logits.last(), out.hidden.pop())
             {
-                self.ran_last = Some((start + ready - 1, greedy(logits), row));
+                self.ran_last = Some((start + ready - 1, argmax(logits).0, row));
             }
         }
         if ready < total {
@@ -123,7 +124,7 @@ impl MtpDrafter {
                 let row = self.waiting.take().unwrap_or_default();
                 head.predict(&row, &tokens[position + 1..], &mut self.cache).map(|mut out| {
                     let hidden = out.hidden.pop().unwrap_or_default();
-                    (greedy(&out.logits[0]), hidden)
+                    (argmax(&out.logits[0]).0, hidden)
                 })
             }
             (_, Some((at, draft, hidden))) if *at == position => Ok((*draft, hidden.clone())),
@@ -142,7 +143,7 @@ impl MtpDrafter {
             }
             step = head.predict(&hidden, &[draft], &mut self.cache).map(|mut out| {
                 let hidden = out.hidden.pop().unwrap_or_default();
-                (greedy(&out.logits[0]), hidden)
+                (argmax(&out.logits[0]).0, hidden)
             });
         };
         // The chained rows were the head's guesses: only the decided token's row stays.
@@ -158,17 +159,6 @@ fn head_of(model: &dyn CausalLm) -> Result<&dyn DraftHead, RunnerError> {
 
 fn model_error(e: spindle_models::ModelError) -> RunnerError {
     RunnerError::Internal(format!("the MTP head failed: {e}"))
-}
-
-/// The highest logit's token (the first of equals).
-fn greedy(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &logit) in logits.iter().enumerate() {
-        if logit > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 #[cfg(test)]
@@ -226,11 +216,11 @@ mod tests {
         // The reference: every position at once, then the chain.
         let mut cache = head.new_cache(128);
         let out = head.predict(&all_hidden, &tokens[1..], &mut cache).unwrap();
-        let mut expected = vec![greedy(out.logits.last().unwrap())];
+        let mut expected = vec![argmax(out.logits.last().unwrap()).0];
         let mut hidden = out.hidden.last().unwrap().clone();
         while expected.len() < 3 {
             let out = head.predict(&hidden, &expected[expected.len() - 1..], &mut cache).unwrap();
-            expected.push(greedy(&out.logits[0]));
+            expected.push(argmax(&out.logits[0]).0);
             hidden = out.hidden[0].clone();
         }
         assert_eq!(drafts, expected);
