@@ -9,7 +9,9 @@ use clap::Args;
 use spindle_chat::ToolCallFormat;
 use spindle_kv_events::{Publisher, PublisherConfig};
 use spindle_models::KvType;
-use spindle_runner::{CacheConfig, DiskConfig, KvEventsOut, SpeculationConfig, MAX_DRAFT};
+use spindle_runner::{
+    share_rollback_memory, CacheConfig, DiskConfig, KvEventsOut, SpeculationConfig, MAX_DRAFT,
+};
 use spindle_server::{BatchConfig, ServerConfig};
 
 use crate::byte_size::{human_bytes, parse_bytes};
@@ -256,6 +258,13 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             .transpose()?;
         let draft_summary = draft.as_ref().map(|draft| draft.summary(&config.cache));
         config.speculation.draft_model = draft.map(std::sync::Arc::new);
+        let rollback_summary = share_rollback_memory(
+            &bundle,
+            &mut config.cache,
+            config.max_concurrent,
+            &config.speculation,
+        )
+        .map(|share| share.summary(config.speculation.max_draft));
         let fitted = loading.fit(&bundle, &config.cache);
         config.ctx_size = fitted.ctx_size;
         config.orphan_prefill_tokens = args.orphan_prefill_tokens.unwrap_or(fitted.ctx_size);
@@ -265,7 +274,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         check_guided_json(&state.config, model)?;
         // After every check that can refuse to start, so a refusal is the only line.
         announce(log_format, &summary);
-        if let Some(line) = &draft_summary {
+        for line in draft_summary.iter().chain(&rollback_summary) {
             announce(log_format, line);
         }
         for line in sampling_summary(&state.config, model) {

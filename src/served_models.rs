@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::Args;
 use spindle_hub::{ModelFiles, WhenMissing};
 use spindle_runner::model_sampling::ModelSampling;
+use spindle_runner::share_rollback_memory;
 use spindle_server::model_registry::UnloadHook;
 use spindle_server::{LoadedModel, Loader, ModelEntry, ModelRegistry, ServerConfig, SystemClock};
 
@@ -125,12 +126,18 @@ fn load(
     let home = spindle_hub::spindle_home();
     let files = spindle_hub::resolve(&entry.source, &home, WhenMissing::Download)?;
     let bundle = loading.bundle(&files)?;
+    let mut config = config.clone();
+    let (max_active, speculation) = (config.max_concurrent, &config.speculation);
+    let rollback = share_rollback_memory(&bundle, &mut config.cache, max_active, speculation);
     let fitted = loading.fit(&bundle, &config.cache);
     let summary = loading.summary(&entry.name, &fitted, &bundle, &config.cache);
-    let model = LoadedModel::start(entry.name.clone(), fitted.ctx_size, config, bundle)?;
-    check_guided_json(config, &model)?;
+    let model = LoadedModel::start(entry.name.clone(), fitted.ctx_size, &config, bundle)?;
+    check_guided_json(&config, &model)?;
     tracing::info!("{summary}");
-    for line in sampling_summary(config, &model) {
+    if let Some(share) = rollback {
+        tracing::info!("{}", share.summary(config.speculation.max_draft));
+    }
+    for line in sampling_summary(&config, &model) {
         tracing::info!("{line}");
     }
     Ok(model)

@@ -18,7 +18,9 @@ use spindle_sched::{Scheduler, SchedulerConfig, SeqId, StepPlan};
 use tokio::sync::watch;
 
 use crate::bundle::ModelBundle;
-use crate::draft::{DraftModel, DraftPool, DraftScript, NgramDrafter, Proposal, RecentOutputs};
+use crate::draft::{
+    DraftModel, DraftPool, DraftScript, NgramDrafter, Proposal, RecentOutputs, RollbackStates,
+};
 use crate::error::{EngineStopped, RunnerError};
 use crate::events::{Caller, SequenceEvent};
 use crate::polling_workers;
@@ -288,6 +290,8 @@ struct EngineState<'a> {
     recent_outputs: RecentOutputs,
     /// The draft model's KV pool, with `--draft-model`.
     draft_pool: Option<DraftPool>,
+    /// The states recurrent layers may keep for drafted positions, shared by the sequences.
+    rollback: RollbackStates,
 }
 
 fn run(
@@ -308,6 +312,7 @@ fn run(
         used_blocks: HashSet::new(),
         recent_outputs: RecentOutputs::default(),
         draft_pool: draft_pool(config),
+        rollback: RollbackStates::new(bundle, &config.cache),
     };
     loop {
         if engine.waiting.is_empty() && engine.running.is_empty() {
@@ -383,6 +388,7 @@ impl EngineState<'_> {
         self.scheduler = new_scheduler(self.config);
         // The failed sequences' draft blocks went with them.
         self.draft_pool = draft_pool(self.config);
+        self.rollback = RollbackStates::new(self.bundle, &self.config.cache);
         let mut waiting: Vec<SeqId> = self.waiting.keys().copied().collect();
         waiting.sort_unstable_by_key(|id| id.0);
         for id in waiting {
@@ -602,17 +608,23 @@ impl EngineState<'_> {
             if !matches!(job.work, Work::Decode) {
                 continue;
             }
-            match job.seq.propose_drafts(self.bundle.model.as_ref(), &self.recent_outputs, budget) {
+            // On a hybrid model, no more drafts than the sequence can hold states for.
+            let room = budget.min(self.rollback.allowance(job.seq.rollback_hold()));
+            let model = self.bundle.model.as_ref();
+            let drafted = match job.seq.propose_drafts(model, &self.recent_outputs, room) {
                 Proposal::Tokens(drafts) => {
                     let drafts = job.seq.take_drafts(&mut self.prefix, drafts);
-                    budget -= drafts.len();
+                    let drafted = drafts.len();
                     job.tokens.extend(drafts);
+                    drafted
                 }
                 Proposal::Fallback(want) => {
-                    budget -= want;
                     *wanted = want;
+                    want
                 }
-            }
+            };
+            budget -= drafted;
+            self.rollback.hold(job.seq.rollback_hold_mut(), drafted);
         }
         self.add_model_drafts(jobs, &from_model);
     }
@@ -683,6 +695,7 @@ impl EngineState<'_> {
         if let Some(pool) = &mut self.draft_pool {
             seq.release_draft(pool);
         }
+        self.rollback.release(seq.rollback_hold());
         match seq.into_retry() {
             Some((request, caller, sent)) => {
                 self.load.preemptions.fetch_add(1, Ordering::Relaxed);
@@ -717,6 +730,7 @@ impl EngineState<'_> {
         if let Some(pool) = &mut self.draft_pool {
             seq.release_draft(pool);
         }
+        self.rollback.release(seq.rollback_hold());
         self.scheduler.remove(id);
     }
 }

@@ -24,7 +24,7 @@ mod window_rows;
 pub use blocking::{single_sequence_cache, GenerationStats};
 pub use bundle::{model_fingerprint, ModelBundle};
 pub use disk_tier::DiskConfig;
-pub use draft::{DraftModel, DraftScript};
+pub use draft::{share_rollback_memory, DraftModel, DraftScript, RollbackShare};
 pub use engine::{
     Engine, EngineConfig, EngineHealth, EngineLoad, FaultInjection, SpeculationConfig, StepStage,
     MAX_DRAFT,

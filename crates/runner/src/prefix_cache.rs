@@ -37,6 +37,10 @@ pub struct CacheConfig {
     /// Bytes of the draft model's key/value blocks, taken out of the KV memory budget by
     /// [`crate::DraftModel::share_kv_memory`]; 0 without a draft model.
     pub draft_kv_bytes: usize,
+    /// Bytes of the states a hybrid model's recurrent layers keep while verifying drafts, taken
+    /// out of the KV memory budget by [`crate::share_rollback_memory`]; `None`: not counted
+    /// (one-sequence runs and tests, whose drafts are few).
+    pub rollback_bytes: Option<usize>,
     /// Bytes of snapshots (recurrent states, logits) the prefix cache may keep.
     pub snapshot_bytes: usize,
     /// Positions per block.
@@ -57,6 +61,7 @@ impl Default for CacheConfig {
         Self {
             kv_bytes: 1 << 30,
             draft_kv_bytes: 0,
+            rollback_bytes: None,
             snapshot_bytes: 1 << 30,
             block_size: 16,
             kv_type: KvType::default(),

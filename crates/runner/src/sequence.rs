@@ -9,7 +9,9 @@ use spindle_models::{CausalLm, SequenceCache};
 use spindle_sched::{CacheKind, PrefillPlan};
 
 use crate::bundle::ModelBundle;
-use crate::draft::{DraftPool, DraftRound, ModelDraft, NgramDrafter, Proposal, RecentOutputs};
+use crate::draft::{
+    DraftPool, DraftRound, ModelDraft, NgramDrafter, Proposal, RecentOutputs, RollbackHold,
+};
 use crate::error::RunnerError;
 use crate::events::{Caller, FinishReason, SequenceEvent, SequenceSummary};
 use crate::mtp_drafter::MtpDrafter;
@@ -67,6 +69,8 @@ pub struct Sequence {
     pending: Option<u32>,
     drafted: usize,
     accepted: usize,
+    /// The recurrent layers' states it keeps for drafted positions (hybrid models).
+    rollback: RollbackHold,
 }
 
 /// How a sequence drafts: `None`s when it does not speculate.
@@ -120,6 +124,7 @@ impl Sequence {
             pending: None,
             drafted: 0,
             accepted: 0,
+            rollback: RollbackHold::default(),
         }
     }
 
@@ -220,6 +225,15 @@ impl Sequence {
         }
         let tokens: Vec<u32> = prompt.iter().chain(&self.reply).copied().take(len).collect();
         prefix.store_in_memory(&tokens, &self.cache, &self.plan);
+    }
+
+    /// The recurrent layers' states it keeps for drafted positions.
+    pub fn rollback_hold(&self) -> &RollbackHold {
+        &self.rollback
+    }
+
+    pub fn rollback_hold_mut(&mut self) -> &mut RollbackHold {
+        &mut self.rollback
     }
 
     /// Gives the draft model's blocks back to `pool` (the sequence ended or was preempted).

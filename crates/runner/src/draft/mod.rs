@@ -17,6 +17,7 @@
 mod draft_model;
 mod model_drafts;
 mod recent_outputs;
+mod rollback_memory;
 mod token_index;
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 pub use draft_model::DraftModel;
 pub use model_drafts::{DraftPool, DraftRound, ModelDraft};
 pub use recent_outputs::RecentOutputs;
+pub use rollback_memory::{share_rollback_memory, RollbackHold, RollbackShare, RollbackStates};
 use token_index::{TokenIndex, LONGEST_MATCH, SHORTEST_MATCH};
 
 /// The draft length a sequence starts with.

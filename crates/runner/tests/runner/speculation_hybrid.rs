@@ -4,11 +4,19 @@
 //! the window, greedy and seeded, alone and batched with plain sequences and with prompts being
 //! read, and the prefix cache those runs leave behind serves later requests bit for bit.
 
-use spindle_runner::sampler::SamplingParams;
-use spindle_runner::SequenceRequest;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use crate::common::{collect_summary as collect, greedy, hybrid, seeded};
-use crate::speculation::{assert_same, planted_script, run, spec_request, start, submit};
+use spindle_runner::sampler::SamplingParams;
+use spindle_runner::{
+    share_rollback_memory, CacheConfig, DraftScript, SequenceRequest, SpeculationConfig,
+};
+
+use crate::common::{collect_summary as collect, greedy, hybrid, seeded, tiny_dense};
+use crate::speculation::{
+    assert_same, on_request, planted_script, run, spec_cache, spec_request, start, start_with,
+    submit,
+};
 
 /// The hybrid fixture's vocabulary.
 const VOCAB: u32 = 512;
@@ -122,4 +130,76 @@ fn batched_and_cached_hybrid_runs_speculate_without_changing_a_byte() {
         assert_same(&cached, &cold, name);
         assert!(cached.1.cached_tokens > 0, "{name}: nothing came from the cache");
     }
+}
+
+/// The states the recurrent layers keep for drafted positions come out of the KV memory
+/// (`share_rollback_memory`): with room for 5, two sequences whose scripts would draft 8 right
+/// tokens a round share them (each keeps what it took until it ends) and never draft a sixth;
+/// outputs are the plain ones. Without a share, the same runs draft 8.
+#[test]
+fn hybrid_drafts_stay_within_the_states_their_share_holds() {
+    let bundle = hybrid();
+    let plain_engine = start(&bundle, 1, None);
+    let prompts = [repeating(40, 11, 30), repeating(50, 17, 200)];
+    let lengths = [20, 48];
+    let plain: Vec<_> = (prompts.iter().zip(lengths))
+        .map(|(p, n)| run(&plain_engine, spec_request(p, greedy(), n, false)))
+        .collect();
+    let truths: Vec<(Vec<u32>, Vec<u32>)> = (prompts.iter().zip(&plain))
+        .map(|(p, out)| (p.clone(), out.0.tokens.iter().map(|t| t.id).collect()))
+        .collect();
+    let right_drafts = DraftScript(Arc::new(move |history: &[u32], room: usize| {
+        let Some((prompt, truth)) = truths.iter().find(|(p, _)| history.starts_with(p)) else {
+            return Vec::new();
+        };
+        truth.iter().skip(history.len() - prompt.len()).take(room).copied().collect()
+    }));
+    let position_bytes = bundle.model.initial_recurrent_state().bytes();
+    let deepest_accepted = |rollback_bytes: Option<usize>| {
+        let cache = CacheConfig { rollback_bytes, ..spec_cache() };
+        let speculation = SpeculationConfig { script: Some(right_drafts.clone()), ..on_request() };
+        let engine = start_with(&bundle, 2, cache, speculation);
+        let inboxes: Vec<_> = (prompts.iter().zip(lengths))
+            .map(|(p, n)| submit(&engine, spec_request(p, greedy(), n, true)))
+            .collect();
+        for (i, inbox) in inboxes.into_iter().enumerate() {
+            let spec = collect(inbox);
+            assert_same(&spec, &plain[i], &format!("sequence {i}, share {rollback_bytes:?}"));
+            assert!(spec.1.accepted_tokens > 0, "sequence {i} never drafted: {:?}", spec.1);
+        }
+        let by_position = &engine.load().spec_accepted_by_position;
+        by_position.iter().rposition(|n| n.load(Ordering::Relaxed) > 0).map_or(0, |p| p + 1)
+    };
+    assert_eq!(deepest_accepted(Some(5 * position_bytes)), 5);
+    assert_eq!(deepest_accepted(None), 8, "uncounted, the scripts draft their most");
+}
+
+/// The share comes out of the KV memory: enough for every sequence's longest round, at most an
+/// eighth, the pool keeping whole blocks; nothing for a model without recurrent layers or with
+/// speculation off.
+#[test]
+fn the_rollback_share_is_taken_from_the_kv_memory() {
+    let bundle = hybrid();
+    let position_bytes = bundle.model.initial_recurrent_state().bytes();
+    let block_bytes = spec_cache().block_bytes(&bundle);
+    let shared = |kv_bytes: usize, max_active: usize, speculation: &SpeculationConfig| {
+        let mut cache = CacheConfig { kv_bytes, ..spec_cache() };
+        let share = share_rollback_memory(&bundle, &mut cache, max_active, speculation);
+        (share, cache)
+    };
+    let roomy = 1000 * position_bytes;
+    let (share, cache) = shared(roomy, 4, &on_request());
+    let share = share.unwrap();
+    assert_eq!((share.positions, share.position_bytes), (4 * 8, position_bytes));
+    assert_eq!(cache.rollback_bytes, Some(32 * position_bytes));
+    assert!(cache.kv_bytes + share.bytes() <= roomy, "more than the budget");
+    assert!(roomy - share.bytes() - cache.kv_bytes < block_bytes, "a whole block left out");
+    assert_eq!(cache.kv_bytes % block_bytes, 0);
+    let (tight, _) = shared(16 * position_bytes, 4, &on_request());
+    assert_eq!(tight.unwrap().positions, 2, "an eighth of the KV memory at most");
+    let off = SpeculationConfig { max_draft: 0, ..on_request() };
+    assert_eq!(shared(roomy, 4, &off).0, None);
+    let mut cache = spec_cache();
+    assert_eq!(share_rollback_memory(&tiny_dense(), &mut cache, 4, &on_request()), None);
+    assert_eq!((cache.kv_bytes, cache.rollback_bytes), (spec_cache().kv_bytes, None));
 }
