@@ -3,8 +3,10 @@
 //! Q4_K_M file, and the file carries a real model's tokenizer, so llama.cpp and this crate load
 //! it alike.
 //!
-//! Two shapes: [`HybridShape::QWEN35_35B_A3B`] (`spindle bench --hybrid-blocks`) and
-//! [`HybridShape::AGENT_BAR`] (`spindle bench <panel> --hybrid`).
+//! Three shapes: [`HybridShape::QWEN35_35B_A3B`] (`spindle bench --hybrid-blocks`),
+//! [`HybridShape::AGENT_BAR`] (`spindle bench <panel> --hybrid`), and
+//! [`HybridShape::QWEN35_35B_A3B_MTP`], the first with a multi-token-prediction head (the step
+//! time of a round drafted by it).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -43,6 +45,9 @@ pub struct HybridShape {
     k_heads: usize,
     v_heads: usize,
     linear_head_dim: usize,
+    /// Whether the file carries an MTP head: one more block (full attention and the MoE) with
+    /// llama.cpp's `nextn` tensors, counted in `block_count` and `nextn_predict_layers`.
+    mtp_head: bool,
 }
 
 impl HybridShape {
@@ -60,7 +65,12 @@ impl HybridShape {
         k_heads: 16,
         v_heads: 32,
         linear_head_dim: 128,
+        mtp_head: false,
     };
+
+    /// Qwen3.5-35B-A3B with its MTP head, as the checkpoints carry one.
+    pub const QWEN35_35B_A3B_MTP: Self =
+        Self { stem: "qwen35moe-mtp-shape-random", mtp_head: true, ..Self::QWEN35_35B_A3B };
 
     /// The llama-server comparison of the agent benchmark: hidden 1024 and 64 experts top-8,
     /// the other sizes as 35B-A3B's (transformers' `Qwen3_5MoeTextConfig` defaults), with the
@@ -122,6 +132,13 @@ impl Writer {
     }
 }
 
+/// A tokenizer of `count` placeholder tokens (`tokenizer.*` keys), for files that only the model
+/// reads, never a tokenizer: step-time measurements at a real vocabulary's size.
+pub fn placeholder_tokenizer(count: usize) -> HashMap<String, Value> {
+    let tokens = (0..count).map(|i| Value::String(format!("<{i}>"))).collect();
+    HashMap::from([("tokenizer.ggml.tokens".to_string(), Value::Array(tokens))])
+}
+
 /// Writes a random-weight file of `shape` with `blocks` blocks to `out`, with `tokenizer` (the
 /// `tokenizer.*` keys of a GGUF header) as its tokenizer and chat template. The same inputs
 /// write the same bytes.
@@ -141,7 +158,10 @@ pub fn write_random_hybrid<W: Write + Seek>(
     w.matrix("output.weight", vocab, hidden)?;
     w.vector("output_norm.weight", vec![1.0; hidden])?;
     for i in 0..4 * blocks {
-        layer(&mut w, shape, i)?;
+        layer(&mut w, shape, i, (i + 1).is_multiple_of(4))?;
+    }
+    if shape.mtp_head {
+        mtp_head(&mut w, shape, 4 * blocks)?;
     }
     let mut metadata = metadata(shape, 4 * blocks);
     let mut tokenizer: Vec<(String, Value)> = tokenizer.into_iter().collect();
@@ -154,14 +174,14 @@ pub fn write_random_hybrid<W: Write + Seek>(
     Ok(())
 }
 
-/// Layer `i`: full attention every 4th layer, linear attention otherwise; a sparse MoE always.
-fn layer(w: &mut Writer, s: &HybridShape, i: usize) -> Result<()> {
+/// Layer `i`: full attention where `full`, linear attention otherwise; a sparse MoE always.
+fn layer(w: &mut Writer, s: &HybridShape, i: usize, full: bool) -> Result<()> {
     let (hidden, width) = (s.hidden, s.expert_width);
     let (key_dim, value_dim) = (s.k_heads * s.linear_head_dim, s.v_heads * s.linear_head_dim);
     let p = format!("blk.{i}");
     w.vector(&format!("{p}.attn_norm.weight"), vec![1.0; hidden])?;
     w.vector(&format!("{p}.post_attention_norm.weight"), vec![1.0; hidden])?;
-    if (i + 1).is_multiple_of(4) {
+    if full {
         w.matrix(&format!("{p}.attn_q.weight"), 2 * s.heads * s.head_dim, hidden)?;
         w.matrix(&format!("{p}.attn_k.weight"), s.kv_heads * s.head_dim, hidden)?;
         w.matrix(&format!("{p}.attn_v.weight"), s.kv_heads * s.head_dim, hidden)?;
@@ -199,13 +219,25 @@ fn layer(w: &mut Writer, s: &HybridShape, i: usize) -> Result<()> {
     Ok(())
 }
 
+/// The MTP head as block `i` (after the model's layers): a full-attention layer with the MoE,
+/// and the norms and projection that feed it the embedding and the model's hidden state.
+fn mtp_head(w: &mut Writer, s: &HybridShape, i: usize) -> Result<()> {
+    layer(w, s, i, true)?;
+    let (p, hidden) = (format!("blk.{i}.nextn"), s.hidden);
+    w.matrix(&format!("{p}.eh_proj.weight"), hidden, 2 * hidden)?;
+    for norm in ["enorm", "hnorm", "shared_head_norm"] {
+        w.vector(&format!("{p}.{norm}.weight"), vec![1.0; hidden])?;
+    }
+    Ok(())
+}
+
 /// The `qwen35moe.*` keys llama.cpp writes for this shape.
 fn metadata(s: &HybridShape, layers: usize) -> Vec<(String, Value)> {
     let arch = "qwen35moe";
     let u = |v: usize| Value::U32(v as u32);
-    vec![
+    let mut keys = vec![
         ("general.architecture".into(), Value::String(arch.into())),
-        (format!("{arch}.block_count"), u(layers)),
+        (format!("{arch}.block_count"), u(layers + usize::from(s.mtp_head))),
         (format!("{arch}.context_length"), u(TRAINED_CONTEXT)),
         (format!("{arch}.embedding_length"), u(s.hidden)),
         (format!("{arch}.attention.head_count"), u(s.heads)),
@@ -230,5 +262,50 @@ fn metadata(s: &HybridShape, layers: usize) -> Vec<(String, Value)> {
         (format!("{arch}.ssm.time_step_rank"), u(s.v_heads)),
         (format!("{arch}.ssm.inner_size"), u(s.v_heads * s.linear_head_dim)),
         (format!("{arch}.full_attention_interval"), u(4)),
-    ]
+    ];
+    if s.mtp_head {
+        keys.push((format!("{arch}.nextn_predict_layers"), u(1)));
+    }
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The smallest sizes Q4_K's 256-wide blocks allow.
+    const SMALL: HybridShape = HybridShape {
+        stem: "test",
+        hidden: 256,
+        experts: 4,
+        experts_used: 2,
+        expert_width: 256,
+        heads: 2,
+        kv_heads: 1,
+        head_dim: 128,
+        k_heads: 2,
+        v_heads: 2,
+        linear_head_dim: 128,
+        mtp_head: true,
+    };
+
+    /// The head written is the head loaded: the model has 4 layers and drafts with a head that
+    /// reads its hidden states.
+    #[test]
+    fn a_shape_with_an_mtp_head_loads_with_its_head() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        write_random_hybrid(&mut file.as_file(), &SMALL, 1, placeholder_tokenizer(64)).unwrap();
+        let model = crate::load_gguf(file.path()).unwrap();
+        assert_eq!(model.config().num_hidden_layers, 4);
+        let head = model.draft_head().expect("the head");
+        let width = model.config().hidden_size;
+        let drafted = head.predict(&vec![0.5; width], &[3], &mut head.new_cache(8)).unwrap();
+        assert_eq!(drafted.logits[0].len(), 64);
+        assert!(drafted.logits[0].iter().all(|l| l.is_finite()));
+
+        let plain = tempfile::NamedTempFile::new().unwrap();
+        let shape = HybridShape { mtp_head: false, ..SMALL };
+        write_random_hybrid(&mut plain.as_file(), &shape, 1, placeholder_tokenizer(64)).unwrap();
+        assert!(crate::load_gguf(plain.path()).unwrap().draft_head().is_none());
+    }
 }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use spindle_models::random_hybrid::{placeholder_tokenizer, write_random_hybrid, HybridShape};
 use spindle_models::{BatchEntry, CausalLm};
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{Engine, ModelBundle, SequenceRequest, SpeculationConfig};
@@ -97,8 +98,31 @@ fn batched_mtp_and_lookup_drafts_change_no_byte() {
 #[test]
 #[ignore = "a measurement: run with --ignored --nocapture"]
 fn print_the_cost_of_an_mtp_round_against_a_plain_step() {
-    let bundle = hybrid();
-    let model: &dyn CausalLm = bundle.model.as_ref();
+    print_mtp_round_cost("tiny hybrid (qwen3_5_moe fixture)", hybrid().model.as_ref());
+}
+
+/// The same on Qwen3.5-35B-A3B's shape (one block of 3 linear-attention and 1 full-attention
+/// layers, 256 experts top-8, its 248,320-token vocabulary, and its MTP head; random Q4_K
+/// weights, ~3 GB written once to the temporary directory).
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+fn print_the_cost_of_an_mtp_round_on_the_35b_a3b_shape() {
+    let shape = HybridShape::QWEN35_35B_A3B_MTP;
+    let path = std::env::temp_dir().join(shape.file_name(1));
+    if !path.exists() {
+        let partial = path.with_extension("partial");
+        let mut file = std::fs::File::create(&partial).unwrap();
+        write_random_hybrid(&mut file, &shape, 1, placeholder_tokenizer(QWEN35_VOCAB)).unwrap();
+        std::fs::rename(&partial, &path).unwrap();
+    }
+    let model = spindle_models::load_gguf(&path).unwrap();
+    print_mtp_round_cost("Qwen3.5-35B-A3B shape, 1 block + MTP head", model.as_ref());
+}
+
+/// Qwen3.5's vocabulary.
+const QWEN35_VOCAB: usize = 248_320;
+
+fn print_mtp_round_cost(what: &str, model: &dyn CausalLm) {
     let head = model.draft_head().unwrap();
     let prompt = scattered(64, 9);
     let mut cache = model.new_cache(256);
@@ -142,7 +166,7 @@ fn print_the_cost_of_an_mtp_round_against_a_plain_step() {
     }
     let (drafting, verifying) = (drafting / rounds, verifying / rounds);
     eprintln!(
-        "tiny hybrid (qwen3_5_moe fixture): plain decode step {plain_step:?}; MTP round \
+        "{what}: plain decode step {plain_step:?}; MTP round \
          {:?} = {MTP_DRAFTS} head drafts {drafting:?} + verifying {} rows {verifying:?}: \
          {:.2}x a plain step",
         drafting + verifying,
