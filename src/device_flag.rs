@@ -1,7 +1,7 @@
 //! `--device cpu | gpu | gpu:N`: where model steps are to run. The CPU is the default; a GPU is
 //! opened at startup so `serve` says which adapter it found, or why there is none, before
-//! anything else loads. Dense Llama-family models (Llama, SmolLM2, Qwen2.5) run on it; other
-//! architectures are refused at load (issue 41).
+//! anything else loads. Dense Llama-family models (Llama, SmolLM2, Qwen2.5) and Gemma 3 run
+//! on it; hybrid architectures are refused at load (issue 41).
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -44,7 +44,8 @@ pub fn announce_line(gpu: &Gpu) -> String {
     format!("GPU {}: model steps run here, keys and values in f32 on the device", gpu.adapter())
 }
 
-/// Loads the dense model of `files` onto `gpu` (other architectures are refused, naming theirs).
+/// Loads the dense model (Llama family or Gemma 3) of `files` onto `gpu` (others are refused,
+/// naming theirs).
 pub fn load_on_gpu(
     gpu: &Arc<Gpu>,
     files: &ModelFiles,

@@ -83,9 +83,12 @@ impl KvMirror for DeviceRows {
 }
 
 fn device_pools(gpu: &Gpu, shapes: &[Option<KvShape>], host: &PagedKv) -> Result<LayerPools> {
-    if host.shapes() != shapes || shapes.iter().any(|s| s.is_none_or(|s| s.window.is_some())) {
+    // A sliding-window layer keeps every block of the host's numbering too (the host only
+    // gives the memory of blocks out of every window back, and the kernel never reads
+    // positions out of a query's window), so every layer's pool is the host's size.
+    if host.shapes() != shapes || shapes.iter().any(Option::is_none) {
         return Err(GpuError::BadInput(format!(
-            "a cache shaped {:?} for a model whose layers are {shapes:?} (every layer full \
+            "a cache shaped {:?} for a model whose layers are {shapes:?} (every layer softmax \
              attention)",
             host.shapes()
         )));

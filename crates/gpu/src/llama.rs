@@ -1,14 +1,21 @@
-//! The dense Llama family (Llama, SmolLM2, Mistral, Qwen2 / Qwen2.5) run on the GPU: the
-//! same model as `spindle_models`' CPU `Llama`, from the kernels of this crate, with keys and
-//! values in device pools that mirror the callers' `PagedKv` block for block. One step of
-//! [`CausalLm::forward_batch`] is one submission; only its logits come back to the host.
+//! The dense Llama family (Llama, SmolLM2, Mistral, Qwen2 / Qwen2.5) and Gemma 3 run on the
+//! GPU: the same models as `spindle_models`' CPU `Llama` and `Gemma3`, from the kernels of this
+//! crate, with keys and values in device pools that mirror the callers' `PagedKv` block for
+//! block. One step of [`CausalLm::forward_batch`] is one submission; only its logits come back
+//! to the host.
+//!
+//! Gemma 3 is the Llama layer with: embeddings scaled by `sqrt(hidden)`; RMSNorm by `1 + w`
+//! (llama.cpp's files store `1 + w`, HF checkpoints `w`: folded in at load); each head's q and
+//! k normalised; the attention and MLP outputs normalised before their residual adds; scores
+//! scaled by `query_pre_attn_scalar^-0.5`; a GELU-tanh MLP; sliding-window layers turned by
+//! their own rotary base, every `sliding_window_pattern`-th layer global.
 
 use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
 use spindle_models::{
-    Architecture, BatchEntry, CausalLm, ModelError, RopeStyle, Rotary, TransformerConfig, Weight,
-    WeightSource,
+    Architecture, BatchEntry, CausalLm, KvShape, ModelError, RopeScaling, RopeStyle, Rotary,
+    TransformerConfig, Weight, WeightSource,
 };
 
 use crate::attention::{Attention, AttentionShape, PagedRows};
@@ -28,6 +35,15 @@ struct Projection {
     bias: Option<GpuTensor>,
 }
 
+/// Gemma 3's norms beyond the Llama layer's two.
+struct GemmaNorms {
+    /// Per head, over `head_dim` values.
+    q: GpuTensor,
+    k: GpuTensor,
+    post_attention: GpuTensor,
+    post_ffn: GpuTensor,
+}
+
 struct Layer {
     attn_norm: GpuTensor,
     q: Projection,
@@ -38,6 +54,9 @@ struct Layer {
     gate: GpuMatrix,
     up: GpuMatrix,
     down: GpuMatrix,
+    gemma: Option<GemmaNorms>,
+    /// A sliding-window layer's window (turned by the local rotary table).
+    window: Option<usize>,
 }
 
 /// The kernels a step uses, compiled once: a product kernel per weight format the file has.
@@ -49,7 +68,9 @@ struct Kernels {
     attention: Attention,
     add: Elementwise,
     add_rows: AddRows,
-    silu_mul: Elementwise,
+    mul: Elementwise,
+    /// `act(gate) · up`: SiLU, or Gemma's GELU-tanh.
+    gated: Elementwise,
 }
 
 impl Kernels {
@@ -80,26 +101,36 @@ pub struct GpuLlama {
     layers: Vec<Layer>,
     norm: GpuTensor,
     rotary: Rotary,
+    /// Gemma 3's sliding-window layers' rotary (its own base, unscaled).
+    local_rotary: Option<Rotary>,
     pairs: RopePairs,
+    /// Gemma 3's embedding scale, `sqrt(hidden)`, as a one-value row.
+    embed_scale: Option<GpuTensor>,
     pools: KvPools,
 }
 
 impl GpuLlama {
     /// Loads the model of `cfg` from `weights` onto `gpu`; architectures and weight formats
-    /// this path does not run (Gemma; IQ, Q2_K, Q3_K and Q5_K types) are refused here, not at the
-    /// first step.
+    /// this path does not run (hybrid models; IQ, Q2_K, Q3_K and Q5_K types) are refused here,
+    /// not at the first step.
     pub fn load(
         gpu: Arc<Gpu>,
         cfg: TransformerConfig,
         weights: &mut WeightSource,
     ) -> spindle_models::Result<Self> {
         let refused = |what: String| ModelError::BadConfig(format!("on the GPU: {what}"));
-        if !matches!(cfg.architecture, Architecture::Llama | Architecture::Qwen2) {
-            return Err(refused(format!(
-                "{:?} is not a dense Llama-family model",
-                cfg.architecture
-            )));
-        }
+        let gemma = match cfg.architecture {
+            Architecture::Llama | Architecture::Qwen2 => false,
+            Architecture::Gemma3 => true,
+            other => {
+                return Err(refused(format!(
+                    "{other:?} is neither a dense Llama-family model nor Gemma 3"
+                )))
+            }
+        };
+        // HF checkpoints store Gemma's norms as `w` for a `1 + w` scale; llama.cpp's `1 + w`.
+        let norm_offset =
+            if gemma && matches!(weights, WeightSource::Safetensors(_)) { 1.0 } else { 0.0 };
         // As the CPU model: llama.cpp's converter permutes llama q/k rows for its interleaved
         // rotary; Qwen2 and HF checkpoints keep HF's half-split layout.
         let (style, pairs) = match (cfg.architecture, &weights) {
@@ -109,6 +140,9 @@ impl GpuLlama {
             _ => (RopeStyle::Halves, RopePairs::Halves),
         };
         let rotary = Rotary::new(cfg.head_dim(), cfg.rope_theta, &cfg.rope_scaling, style);
+        let local_rotary = gemma.then(|| {
+            Rotary::new(cfg.head_dim(), cfg.rope_local_base_freq, &RopeScaling::None, style)
+        });
         let embed = upload_matrix(&gpu, weights.weight("token_embd.weight")?)?;
         let head = if weights.contains("output.weight") {
             Some(upload_matrix(&gpu, weights.weight("output.weight")?)?)
@@ -120,7 +154,7 @@ impl GpuLlama {
             let mut projection = |name: &str| -> spindle_models::Result<Projection> {
                 let bias = format!("blk.{i}.{name}.bias");
                 let bias = if weights.contains(&bias) {
-                    Some(upload_vector(&gpu, weights, &bias)?)
+                    Some(upload_vector(&gpu, weights, &bias, 0.0)?)
                 } else {
                     None
                 };
@@ -131,19 +165,47 @@ impl GpuLlama {
             let mut matrix = |name: &str| {
                 upload_matrix(&gpu, weights.weight(&format!("blk.{i}.{name}.weight"))?)
             };
+            let (o, gate, up, down) = (
+                matrix("attn_output")?,
+                matrix("ffn_gate")?,
+                matrix("ffn_up")?,
+                matrix("ffn_down")?,
+            );
+            let mut norm = |name: &str| {
+                upload_vector(&gpu, weights, &format!("blk.{i}.{name}.weight"), norm_offset)
+            };
+            let gemma_norms = if gemma {
+                Some(GemmaNorms {
+                    q: norm("attn_q_norm")?,
+                    k: norm("attn_k_norm")?,
+                    post_attention: norm("post_attention_norm")?,
+                    post_ffn: norm("post_ffw_norm")?,
+                })
+            } else {
+                None
+            };
+            // As the CPU's Gemma 3: every `sliding_window_pattern`-th layer is global.
+            let global = !gemma || (i + 1) % cfg.sliding_window_pattern.max(1) == 0;
             layers.push(Layer {
                 q,
                 k,
                 v,
-                o: matrix("attn_output")?,
-                gate: matrix("ffn_gate")?,
-                up: matrix("ffn_up")?,
-                down: matrix("ffn_down")?,
-                attn_norm: upload_vector(&gpu, weights, &format!("blk.{i}.attn_norm.weight"))?,
-                ffn_norm: upload_vector(&gpu, weights, &format!("blk.{i}.ffn_norm.weight"))?,
+                o,
+                gate,
+                up,
+                down,
+                attn_norm: norm("attn_norm")?,
+                ffn_norm: norm("ffn_norm")?,
+                gemma: gemma_norms,
+                window: if global { None } else { cfg.sliding_window },
             });
         }
-        let norm = upload_vector(&gpu, weights, "output_norm.weight")?;
+        let norm = upload_vector(&gpu, weights, "output_norm.weight", norm_offset)?;
+        let embed_scale = if gemma {
+            Some(gpu.upload(&[(cfg.hidden_size as f64).sqrt() as f32]).map_err(model_error)?)
+        } else {
+            None
+        };
         let mut formats: Vec<WeightFormat> = layers
             .iter()
             .flat_map(|l| [&l.q.weight, &l.k.weight, &l.v.weight, &l.o, &l.gate, &l.up, &l.down])
@@ -162,7 +224,12 @@ impl GpuLlama {
                 attention: Attention::new(&gpu)?,
                 add: Elementwise::add(&gpu)?,
                 add_rows: AddRows::new(&gpu)?,
-                silu_mul: Elementwise::silu_mul(&gpu)?,
+                mul: Elementwise::mul(&gpu)?,
+                gated: if gemma {
+                    Elementwise::gelu_mul(&gpu)?
+                } else {
+                    Elementwise::silu_mul(&gpu)?
+                },
             })
         })()
         .map_err(model_error)?;
@@ -175,19 +242,26 @@ impl GpuLlama {
             layers,
             norm,
             rotary,
+            local_rotary,
             pairs,
+            embed_scale,
             pools: KvPools::default(),
         })
     }
 
-    fn attention_shape(&self) -> AttentionShape {
+    /// Layer `layer`'s heads (Gemma 3 scales by `query_pre_attn_scalar^-0.5`, as the CPU).
+    fn attention_shape(&self, layer: &Layer) -> AttentionShape {
         let d = self.cfg.head_dim();
+        let scale = match &layer.gemma {
+            Some(_) => self.cfg.query_pre_attn_scalar.unwrap_or(d as f64).powf(-0.5) as f32,
+            None => 1.0 / (d as f32).sqrt(),
+        };
         AttentionShape {
             heads: self.cfg.num_attention_heads,
             kv_heads: self.cfg.num_kv_heads(),
             head_dim: d,
-            scale: 1.0 / (d as f32).sqrt(),
-            window: None,
+            scale,
+            window: layer.window,
         }
     }
 
@@ -198,24 +272,28 @@ impl GpuLlama {
         step: &mut Step<'_>,
         ids: &[u32],
         groups: &[(Arc<LayerPools>, PagedRows)],
-        rope: &RopeTable,
+        [global_rope, local_rope]: [&RopeTable; 2],
         wanted: &[(usize, usize)],
     ) -> Result<GpuTensor> {
         let k = &self.kernels;
         let eps = self.cfg.rms_norm_eps as f32;
-        let shape = self.attention_shape();
-        let turn = |heads| RopeShape {
-            heads,
-            head_dim: shape.head_dim,
-            rotary_dim: shape.head_dim,
-            pairs: self.pairs,
-        };
+        let d = self.cfg.head_dim();
+        let turn = |heads| RopeShape { heads, head_dim: d, rotary_dim: d, pairs: self.pairs };
         let mut x = k.embed.forward(step, &self.embed, ids)?;
+        if let Some(scale) = &self.embed_scale {
+            x = k.mul.forward_rows(step, &x, scale)?;
+        }
         for (i, layer) in self.layers.iter().enumerate() {
+            let shape = self.attention_shape(layer);
             let normed = k.norm.forward(step, &x, &layer.attn_norm, eps)?;
-            let q = k.project(step, &layer.q, &normed)?;
-            let key = k.project(step, &layer.k, &normed)?;
+            let mut q = k.project(step, &layer.q, &normed)?;
+            let mut key = k.project(step, &layer.k, &normed)?;
             let value = k.project(step, &layer.v, &normed)?;
+            if let Some(norms) = &layer.gemma {
+                q = k.norm.forward(step, &q, &norms.q, eps)?;
+                key = k.norm.forward(step, &key, &norms.k, eps)?;
+            }
+            let rope = if layer.window.is_some() { local_rope } else { global_rope };
             k.rope.apply(step, &q, turn(shape.heads), rope)?;
             k.rope.apply(step, &key, turn(shape.kv_heads), rope)?;
             // Each group of sequences sharing one storage: its keys in, then its attention.
@@ -224,13 +302,19 @@ impl GpuLlama {
                 k.attention.write(step, &key, &value, &pools.layers[i], rows)?;
                 k.attention.paged(step, &q, &pools.layers[i], rows, shape, &attended)?;
             }
-            let out = k.product(step, &layer.o, &attended)?;
+            let mut out = k.product(step, &layer.o, &attended)?;
+            if let Some(norms) = &layer.gemma {
+                out = k.norm.forward(step, &out, &norms.post_attention, eps)?;
+            }
             x = k.add.forward(step, &x, &out)?;
             let normed = k.norm.forward(step, &x, &layer.ffn_norm, eps)?;
             let gate = k.product(step, &layer.gate, &normed)?;
             let up = k.product(step, &layer.up, &normed)?;
-            let mixed = k.silu_mul.forward(step, &gate, &up)?;
-            let out = k.product(step, &layer.down, &mixed)?;
+            let mixed = k.gated.forward(step, &gate, &up)?;
+            let mut out = k.product(step, &layer.down, &mixed)?;
+            if let Some(norms) = &layer.gemma {
+                out = k.norm.forward(step, &out, &norms.post_ffn, eps)?;
+            }
             x = k.add.forward(step, &x, &out)?;
         }
         let hidden = self.cfg.hidden_size;
@@ -250,23 +334,38 @@ impl CausalLm for GpuLlama {
         &self.cfg
     }
 
+    fn kv_shapes(&self) -> Vec<Option<KvShape>> {
+        let (kv_heads, head_dim) = (self.cfg.num_kv_heads(), self.cfg.head_dim());
+        self.layers.iter().map(|l| Some(KvShape { kv_heads, head_dim, window: l.window })).collect()
+    }
+
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> spindle_models::Result<Vec<Vec<f32>>> {
         // Every entry is checked before any work, so a refusal changes no cache.
         let (rows, ids) = spindle_models::batch_rows(batch)?;
         let wanted = spindle_models::logit_rows(batch, &rows);
-        let (mut cos, mut sin) = (Vec::new(), Vec::new());
-        for entry in batch.iter() {
-            let (c, s) = self.rotary.cos_sin(entry.cache.len(), entry.tokens.len());
-            cos.extend(c);
-            sin.extend(s);
-        }
+        let tables = |rotary: &Rotary| {
+            let (mut cos, mut sin) = (Vec::new(), Vec::new());
+            for entry in batch.iter() {
+                let (c, s) = rotary.cos_sin(entry.cache.len(), entry.tokens.len());
+                cos.extend(c);
+                sin.extend(s);
+            }
+            (cos, sin)
+        };
+        let global = tables(&self.rotary);
+        let local = self.local_rotary.as_ref().map(tables);
         let groups = self.pools.groups(&self.gpu, &self.kv_shapes(), batch).map_err(model_error)?;
         let vocab = self.cfg.vocab_size;
         let logits = (|| {
-            let rope = RopeTable { cos: self.gpu.upload(&cos)?, sin: self.gpu.upload(&sin)? };
+            let upload = |(cos, sin): &(Vec<f32>, Vec<f32>)| -> Result<RopeTable> {
+                Ok(RopeTable { cos: self.gpu.upload(cos)?, sin: self.gpu.upload(sin)? })
+            };
+            let global = upload(&global)?;
+            let local = local.as_ref().map(upload).transpose()?;
+            let ropes = [&global, local.as_ref().unwrap_or(&global)];
             self.gpu
                 .run(|step| {
-                    let logits = self.record(step, &ids, &groups, &rope, &wanted)?;
+                    let logits = self.record(step, &ids, &groups, ropes, &wanted)?;
                     Ok(step.read(&logits))
                 })?
                 .values()
@@ -320,11 +419,16 @@ fn upload_matrix(gpu: &Gpu, weight: Weight) -> spindle_models::Result<GpuMatrix>
     GpuMatrix::upload(gpu, format, rows, cols, &bytes).map_err(model_error)
 }
 
+/// A vector of f32 values plus `offset` (Gemma's HF norms' `1 + w`).
 fn upload_vector(
     gpu: &Gpu,
     weights: &mut WeightSource,
     name: &str,
+    offset: f32,
 ) -> spindle_models::Result<GpuTensor> {
-    let values: Vec<f32> = weights.dense(name)?.flatten_all()?.to_vec1()?;
+    let mut values: Vec<f32> = weights.dense(name)?.flatten_all()?.to_vec1()?;
+    if offset != 0.0 {
+        values.iter_mut().for_each(|v| *v += offset);
+    }
     gpu.upload(&values).map_err(model_error)
 }

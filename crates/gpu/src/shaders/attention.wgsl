@@ -1,8 +1,9 @@
 // Causal softmax attention of new queries over a paged KV pool, one workgroup per (query, head).
 // A query names its row of `q`, its position, and where its sequence's block table starts;
-// position p of that sequence lives at slot table[p / block_size] · block_size + p % block_size. Keys go by in chunks of THREADS from the first the query sees (window) to its
-// own position; each lane scores one key of a chunk (a dot product in dimension order, scaled
-// after), the chunk's maximum and sum meet in fixed trees, and the running output is rescaled
+// position p of that sequence lives at slot table[p / block_size] · block_size + p % block_size.
+// Keys go by in chunks of THREADS from the first the query sees (window) to its own position;
+// each lane scores one key of a chunk (a dot product in dimension order, scaled after), the
+// chunk's maximum and sum meet in fixed trees, and the running output is rescaled
 // as the maximum grows (online softmax). Everything a query computes depends only on its
 // position and its sequence's keys and values, not on the other queries of the step or where
 // the blocks lie: same bits alone or batched.
@@ -118,12 +119,15 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
         probs[lane] = p;
         running_sum = running_sum * rescale + tree_sum(lane, p);
         running_max = new_max;
+        // Keys before the window are not read at all: a sliding-window layer's rows that far
+        // back may be stale (a released block's), and 0 · NaN is NaN.
         let keys = min(THREADS, position + 1u - chunk);
+        let skipped = select(0u, first - chunk, first > chunk);
         for (var i = 0u; i < 4u; i++) {
             let j = lane + THREADS * i;
             if (j < d) {
                 var sum = acc[i] * rescale;
-                for (var c = 0u; c < keys; c++) {
+                for (var c = skipped; c < keys; c++) {
                     sum += probs[c] * v[kv_base(table, chunk + c, kv_head) + j];
                 }
                 acc[i] = sum;

@@ -169,3 +169,53 @@ fn places_outside_their_block_tables_or_pool_are_errors() {
     assert!(run(vec![place(0, 1)], vec![2]).is_err());
     assert!(run(vec![place(2, 1)], vec![0]).is_err());
 }
+
+/// A sliding-window layer over a paged pool: rows further back than every query's window hold
+/// NaN (as stale rows of released blocks might), and the outputs are the CPU's windowed ones,
+/// finite. With the window left off, the same kernel reads those rows: the check that the
+/// poison is there, so this fails for a kernel that ignores the window or reads values it
+/// weights by 0 (0 · NaN is NaN).
+#[test]
+fn a_sliding_window_reads_no_key_or_value_further_back() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let kernel = Attention::new(gpu).unwrap();
+    let mut rng = rng(23);
+    // Queries at 75..80 see 56.. and later with a window of 20: the first chunk of 64 keys
+    // holds both unseen and seen positions.
+    let case = Case { heads: 2, kv_heads: 1, head_dim: 64, past: 75, tokens: 5, window: Some(20) };
+    let (d, len, block_size) = (case.head_dim, case.past + case.tokens, 8);
+    let first_seen = case.past + 1 - 20;
+    let scale = 1.0 / (d as f32).sqrt();
+    let q = uniform(&mut rng, case.tokens * case.heads * d);
+    let (k, v) = (uniform(&mut rng, len * d), uniform(&mut rng, len * d));
+    let want: Vec<f64> =
+        cpu_attention(&case, &q, &k, &v, scale).iter().map(|&x| x as f64).collect();
+    let poisoned = |x: &[f32]| {
+        let mut x = x.to_vec();
+        x[..first_seen * d].fill(f32::NAN);
+        gpu.upload(&x).unwrap()
+    };
+    let (keys, values) = (poisoned(&k), poisoned(&v));
+    // Ten blocks out of twelve, out of order.
+    let table = vec![5, 2, 7, 0, 11, 3, 9, 1, 4, 10];
+    let pool = KvPool::new(gpu, 12, block_size, d).unwrap();
+    let place = |row, position| QueryPlace { row, position, table_start: 0 };
+    let every = PagedRows::upload(gpu, (0..len).map(|p| place(p, p)).collect(), table.clone());
+    let queries =
+        PagedRows::upload(gpu, (0..case.tokens).map(|t| place(t, case.past + t)).collect(), table);
+    let (every, queries) = (every.unwrap(), queries.unwrap());
+    let q = gpu.upload(&q).unwrap();
+    let attend = |window| {
+        let shape = AttentionShape { heads: 2, kv_heads: 1, head_dim: d, scale, window };
+        computed(gpu, |step| {
+            kernel.write(step, &keys, &values, &pool, &every)?;
+            let out = gpu.zeros(q.len())?;
+            kernel.paged(step, &q, &pool, &queries, shape, &out)?;
+            Ok(out)
+        })
+    };
+    let got = attend(case.window);
+    check("window 20 over poisoned rows", &got, &want, &vec![1.0; want.len()], ATTENTION_TOLERANCE);
+    let unwindowed = attend(None);
+    assert!(unwindowed.iter().all(|x| x.is_nan()), "without the window the poison is read");
+}

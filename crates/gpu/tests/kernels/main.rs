@@ -4,6 +4,8 @@
 //! skipped kernel test would hide a broken GPU layer, so they fail.
 
 mod attention;
+mod elementwise;
+mod gemma;
 mod harness;
 mod matmul;
 mod model;

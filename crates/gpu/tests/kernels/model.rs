@@ -17,11 +17,11 @@ use crate::harness::{gpu_or_skip, same_bits};
 /// 5.1e-6; logits of a few units, f32 sums of 32 to 512 terms through two layers).
 const TINY_LOGIT_TOLERANCE: f32 = 1e-4;
 
-fn argmax(logits: &[f32]) -> u32 {
+pub(crate) fn argmax(logits: &[f32]) -> u32 {
     (0..logits.len()).fold(0, |best, i| if logits[i] > logits[best] { i } else { best }) as u32
 }
 
-fn load_on_gpu(path: &Path, gpu: Arc<Gpu>) -> GpuLlama {
+pub(crate) fn load_on_gpu(path: &Path, gpu: Arc<Gpu>) -> GpuLlama {
     let (cfg, mut weights) = spindle_models::open_dense(path).unwrap();
     GpuLlama::load(gpu, cfg, &mut weights).unwrap()
 }
@@ -166,7 +166,11 @@ const SMOLLM2_LOGIT_TOLERANCE: f32 = 1e-3;
 
 /// The GPU's greedy run of `prompt` for `steps` tokens: the tokens fed at each step and the
 /// logits after them.
-fn greedy_on_gpu(gpu: &GpuLlama, prompt: &[u32], steps: usize) -> Vec<(Vec<u32>, Vec<f32>)> {
+pub(crate) fn greedy_on_gpu(
+    gpu: &GpuLlama,
+    prompt: &[u32],
+    steps: usize,
+) -> Vec<(Vec<u32>, Vec<f32>)> {
     let mut cache = gpu.new_cache(512);
     let mut fed = prompt.to_vec();
     let mut run = Vec::new();
@@ -180,7 +184,7 @@ fn greedy_on_gpu(gpu: &GpuLlama, prompt: &[u32], steps: usize) -> Vec<(Vec<u32>,
 
 /// `cpu` fed the GPU's tokens: the steps whose top-1 agrees with the GPU's, and the largest
 /// logit difference over all steps.
-fn agreement(cpu: &dyn CausalLm, run: &[(Vec<u32>, Vec<f32>)]) -> (usize, f32) {
+pub(crate) fn agreement(cpu: &dyn CausalLm, run: &[(Vec<u32>, Vec<f32>)]) -> (usize, f32) {
     let mut cache = cpu.new_cache(512);
     let (mut agreed, mut worst) = (0, 0.0f32);
     for (fed, got) in run {
