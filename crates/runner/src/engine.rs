@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use crate::bundle::ModelBundle;
 use crate::draft::{
-    DraftModel, DraftPool, DraftScript, NgramDrafter, Proposal, RecentOutputs, RollbackStates,
+    self, DraftModel, DraftPool, DraftScript, NgramDrafter, Proposal, RecentOutputs, RollbackStates,
 };
 use crate::error::{EngineStopped, RunnerError};
 use crate::events::{Caller, SequenceEvent};
@@ -292,6 +292,8 @@ struct EngineState<'a> {
     draft_pool: Option<DraftPool>,
     /// The states recurrent layers may keep for drafted positions, shared by the sequences.
     rollback: RollbackStates,
+    /// Acceptance below which a sequence pauses drafting, for this model.
+    break_even: f32,
 }
 
 fn run(
@@ -313,6 +315,7 @@ fn run(
         recent_outputs: RecentOutputs::default(),
         draft_pool: draft_pool(config),
         rollback: RollbackStates::new(bundle, &config.cache),
+        break_even: draft::break_even(bundle.model.as_ref()),
     };
     loop {
         if engine.waiting.is_empty() && engine.running.is_empty() {
@@ -458,6 +461,7 @@ impl EngineState<'_> {
             let drafter = max_draft(speculation, &request).map(|max| {
                 let script = speculation.script.clone();
                 NgramDrafter::new(&request.prompt_ids, max, script, speculation.lookup)
+                    .with_break_even(self.break_even)
             });
             let model_draft = (self.draft_pool.as_ref())
                 .filter(|_| drafter.is_some())

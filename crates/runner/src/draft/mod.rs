@@ -11,8 +11,9 @@
 //!
 //! How many tokens to draft follows how many were accepted lately: the length grows after a
 //! round that accepted everything and shrinks after one that accepted little, and a sequence
-//! whose drafts keep failing stops drafting for a while (a rejected draft costs a row of the
-//! step for nothing).
+//! whose drafts keep failing stops drafting for a while, longer each time it fails again (a
+//! rejected draft costs a row of the step for nothing). Where a row costs more, more must be
+//! accepted to go on ([`break_even`]).
 
 mod draft_model;
 mod model_drafts;
@@ -22,6 +23,8 @@ mod token_index;
 
 use std::sync::Arc;
 
+use spindle_models::CausalLm;
+
 pub use draft_model::DraftModel;
 pub use model_drafts::{DraftPool, DraftRound, ModelDraft};
 pub use recent_outputs::RecentOutputs;
@@ -30,10 +33,21 @@ use token_index::{TokenIndex, LONGEST_MATCH, SHORTEST_MATCH};
 
 /// The draft length a sequence starts with.
 const FIRST_LENGTH: usize = 4;
-/// Below this share of drafted tokens accepted (over recent rounds), drafting pauses.
+/// Below this share of drafted tokens accepted (over recent rounds), drafting pauses: on an
+/// attention-only model a verified row costs little beside the step's one (the weights are
+/// read once for all rows).
 const BREAK_EVEN: f32 = 0.25;
-/// Tokens decoded plainly before a paused sequence drafts again.
+/// The same on a model with recurrent layers. Its verification runs those layers token by token
+/// and keeps a whole state per row, and its experts are read per row (each picks its own);
+/// measured on the random Qwen3.5-MoE shapes (2-core AVX2 EPYC), a verified row costs ~0.6
+/// (agent-bench shape) to ~0.8 (35B-A3B layers) of a plain step, so a round gains only where
+/// at least that share of its drafts is accepted.
+const RECURRENT_BREAK_EVEN: f32 = 0.75;
+/// Tokens decoded plainly before a paused sequence drafts again, the first time.
 const PAUSE_TOKENS: usize = 32;
+/// Pauses in a row double up to this many times (32 → 512 tokens), so a text that keeps
+/// offering wrong drafts costs a failed round ever more rarely.
+const LONGEST_PAUSE_DOUBLINGS: u32 = 4;
 /// Weight of the latest round in the running acceptance.
 const RECENT_WEIGHT: f32 = 0.3;
 
@@ -72,6 +86,10 @@ pub struct NgramDrafter {
     acceptance: f32,
     /// Plain decode steps left before drafting again.
     paused: usize,
+    /// Pauses since a round last accepted every draft.
+    pauses_in_a_row: u32,
+    /// Acceptance below which drafting pauses.
+    break_even: f32,
     /// Proposes instead of the lookup (tests).
     script: Option<DraftScript>,
     /// Whether the lookup drafts at all (off, only the fallback does).
@@ -93,6 +111,8 @@ impl NgramDrafter {
             length: FIRST_LENGTH.min(max_length),
             acceptance: 1.0,
             paused: 0,
+            pauses_in_a_row: 0,
+            break_even: BREAK_EVEN,
             script,
             lookup,
         };
@@ -100,6 +120,11 @@ impl NgramDrafter {
             drafter.push(token);
         }
         drafter
+    }
+
+    /// The same, pausing below `break_even` ([`break_even`]) instead of the attention-only one.
+    pub fn with_break_even(self, break_even: f32) -> Self {
+        Self { break_even, ..self }
     }
 
     /// Records the sequence's next token.
@@ -151,16 +176,27 @@ impl NgramDrafter {
         let share = accepted as f32 / drafted as f32;
         self.acceptance += RECENT_WEIGHT * (share - self.acceptance);
         self.length = if accepted == drafted {
+            self.pauses_in_a_row = 0;
             (self.length * 2).min(self.max_length)
         } else {
             (accepted + 1).clamp(1, self.max_length)
         };
-        if self.acceptance < BREAK_EVEN {
-            self.paused = PAUSE_TOKENS;
+        if self.acceptance < self.break_even {
+            self.paused = PAUSE_TOKENS << self.pauses_in_a_row;
+            self.pauses_in_a_row = (self.pauses_in_a_row + 1).min(LONGEST_PAUSE_DOUBLINGS);
             // A fresh start when drafting resumes.
             self.acceptance = 1.0;
             self.length = FIRST_LENGTH.min(self.max_length);
         }
+    }
+}
+
+/// The acceptance below which `model`'s sequences pause drafting.
+pub fn break_even(model: &dyn CausalLm) -> f32 {
+    if model.initial_recurrent_state().is_empty() {
+        BREAK_EVEN
+    } else {
+        RECURRENT_BREAK_EVEN
     }
 }
 
@@ -217,6 +253,32 @@ mod tests {
         }
         assert!((0..PAUSE_TOKENS).all(|_| propose(&mut drafter, 16, &none).is_empty()), "paused");
         assert_eq!(propose(&mut drafter, 16, &none).len(), 4, "drafting again after the pause");
+        // Failing again pauses twice as long, and a fully accepted round ends the doubling.
+        for _ in 0..4 {
+            drafter.record(4, 0);
+        }
+        let paused = (0..).take_while(|_| propose(&mut drafter, 16, &none).is_empty()).count();
+        assert_eq!(paused, 2 * PAUSE_TOKENS);
+        drafter.record(4, 4);
+        for _ in 0..4 {
+            drafter.record(4, 0);
+        }
+        let paused = (0..).take_while(|_| propose(&mut drafter, 16, &none).is_empty()).count();
+        assert_eq!(paused, PAUSE_TOKENS);
+    }
+
+    #[test]
+    fn a_higher_break_even_pauses_sooner() {
+        let none = RecentOutputs::default();
+        let prompt: Vec<u32> = (0..40).map(|i| i % 10).collect();
+        let mut cheap = lookup_only(&prompt);
+        let mut costly = lookup_only(&prompt).with_break_even(RECURRENT_BREAK_EVEN);
+        for drafter in [&mut cheap, &mut costly] {
+            drafter.record(4, 2);
+            drafter.record(4, 2);
+        }
+        assert_eq!(propose(&mut cheap, 16, &none).len(), 3, "half accepted goes on");
+        assert!(propose(&mut costly, 16, &none).is_empty(), "half accepted is a loss: paused");
     }
 
     #[test]

@@ -6,13 +6,18 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
+use spindle_models::random_hybrid::{placeholder_tokenizer, write_random_hybrid, HybridShape};
 use spindle_runner::sampler::SamplingParams;
 use spindle_runner::{
-    share_rollback_memory, CacheConfig, DraftScript, SequenceRequest, SpeculationConfig,
+    share_rollback_memory, CacheConfig, DraftScript, ModelBundle, SequenceRequest,
+    SpeculationConfig,
 };
 
-use crate::common::{collect_summary as collect, greedy, hybrid, seeded, tiny_dense};
+use crate::common::{
+    collect_summary as collect, greedy, hybrid, seeded, smollm2_files, tiny_dense,
+};
 use crate::speculation::{
     assert_same, on_request, planted_script, run, spec_cache, spec_request, start, start_with,
     submit,
@@ -202,4 +207,49 @@ fn the_rollback_share_is_taken_from_the_kv_memory() {
     let mut cache = spec_cache();
     assert_eq!(share_rollback_memory(&tiny_dense(), &mut cache, 4, &on_request()), None);
     assert_eq!((cache.kv_bytes, cache.rollback_bytes), (spec_cache().kv_bytes, None));
+}
+
+/// Decode speed with and without speculation on the random Qwen3.5-MoE shape of the agent
+/// benchmark (hidden 1024, 64 experts top-8, 2 blocks, SmolLM2's tokenizer), alternated rounds:
+/// a request whose drafts are all right (a retry: the lookup drafts the earlier output) and a
+/// fresh one whose drafts are mostly wrong (a random model does not repeat itself). A
+/// measurement, printed and run by hand; it checks only that the outputs are the plain ones.
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+fn print_speculation_speed_on_a_hybrid_moe_shape() {
+    let shape = HybridShape::AGENT_BAR;
+    let path = std::env::temp_dir().join(shape.file_name(2));
+    if !path.exists() {
+        let partial = path.with_extension("partial");
+        let mut file = std::fs::File::create(&partial).unwrap();
+        write_random_hybrid(&mut file, &shape, 2, placeholder_tokenizer(49_152)).unwrap();
+        std::fs::rename(&partial, &path).unwrap();
+    }
+    let model = spindle_models::load_gguf(&path).unwrap();
+    let ModelBundle { tokenizer, template, sampling, fingerprint, .. } =
+        ModelBundle::load(&smollm2_files()).unwrap();
+    let bundle = Arc::new(ModelBundle { model, tokenizer, template, fingerprint, sampling });
+    let engine = start_with(&bundle, 1, spec_cache(), on_request());
+    let tokens = 96;
+    let timed = |prompt: &[u32], speculative: bool| {
+        let started = Instant::now();
+        let out = run(&engine, spec_request(prompt, greedy(), tokens, speculative));
+        (tokens as f64 / started.elapsed().as_secs_f64(), out)
+    };
+    let (mut retry, mut fresh) = (Vec::new(), Vec::new());
+    for round in 0..3u32 {
+        let prompt = repeating(16, 4093, 1000 + 97 * round);
+        let (plain_speed, plain) = timed(&prompt, false);
+        let (spec_speed, spec) = timed(&prompt, true);
+        assert_same(&spec, &plain, "retry");
+        retry.push((spec_speed / plain_speed, spec.1.accepted_tokens, spec.1.drafted_tokens));
+        let other = repeating(16, 4091, 20_000 + 89 * round);
+        let (spec_speed, spec) = timed(&other, true);
+        let (plain_speed, plain) = timed(&other, false);
+        assert_same(&spec, &plain, "fresh");
+        fresh.push((spec_speed / plain_speed, spec.1.accepted_tokens, spec.1.drafted_tokens));
+    }
+    eprintln!("{} (speculation on / off, accepted of drafted):", shape.file_name(2));
+    eprintln!("  retry (drafts right): {retry:.2?}");
+    eprintln!("  fresh (drafts mostly wrong): {fresh:.2?}");
 }
