@@ -23,7 +23,7 @@ use crate::stats::Spread;
 use crate::Client;
 use acceptance::{from_timings, Acceptance, Counters, Source};
 use stream::{streamed_chat, Streamed};
-use workloads::{fidelity, request, Kind};
+use workloads::{fidelity, request, self_repeat, Kind};
 
 /// The sampling seed of every call (greedy anyway; a server that samples still repeats).
 pub const SEED: u64 = 1234;
@@ -82,6 +82,8 @@ pub struct SpecCall {
     pub acceptance: Option<(Acceptance, Source)>,
     /// Share of the expected answer's lines the reply has ([`workloads::fidelity`]).
     pub fidelity: Option<f64>,
+    /// Share of the reply that repeats itself ([`workloads::self_repeat`]).
+    pub self_repeat: Option<f64>,
     pub reply: String,
 }
 
@@ -114,6 +116,10 @@ impl SpecRow {
 
     pub fn fidelity(&self) -> Option<Spread> {
         Spread::of(&self.calls.iter().filter_map(|c| c.fidelity).collect::<Vec<_>>())
+    }
+
+    pub fn self_repeat(&self) -> Option<Spread> {
+        Spread::of(&self.calls.iter().filter_map(|c| c.self_repeat).collect::<Vec<_>>())
     }
 }
 
@@ -238,6 +244,7 @@ fn call_of(
         decode_seconds,
         acceptance: from_metrics.or_else(from_stream),
         fidelity: fidelity(expected, &reply),
+        self_repeat: self_repeat(&reply),
         reply,
     }
 }
@@ -255,6 +262,7 @@ pub(crate) mod tests {
             decode_seconds: 99.0 / speed,
             acceptance: Some((Acceptance { rounds: Some(1), drafted, accepted }, Source::Metrics)),
             fidelity: Some(1.0),
+            self_repeat: Some(0.25),
             reply: reply.into(),
         }
     }

@@ -9,7 +9,7 @@ use crate::stats::Spread;
 /// agreed.
 pub fn table(panel: &SpeculationPanel) -> Vec<String> {
     let mut lines = vec![format!(
-        "{:<10} {:<7} {:>24} {:>16} {:>9} {:>9} {:>10} {:>9}",
+        "{:<10} {:<7} {:>24} {:>16} {:>9} {:>9} {:>10} {:>9} {:>8}",
         "workload",
         "mode",
         "decode tok/s",
@@ -17,7 +17,8 @@ pub fn table(panel: &SpeculationPanel) -> Vec<String> {
         "drafted",
         "accepted",
         "acceptance",
-        "fidelity"
+        "fidelity",
+        "repeats"
     )];
     for kind in panel.kinds() {
         for row in panel.rows.iter().filter(|r| r.kind == kind) {
@@ -47,9 +48,9 @@ fn row_line(row: &SpecRow) -> String {
     };
     let rate =
         acceptance.and_then(|a| a.rate()).map_or("-".into(), |r| format!("{:.1}%", r * 100.0));
-    let fidelity = row.fidelity().map_or("-".into(), |f| format!("{:.0}%", f.median * 100.0));
+    let percent = |s: Option<Spread>| s.map_or("-".into(), |f| format!("{:.0}%", f.median * 100.0));
     format!(
-        "{:<10} {:<7} {:>24} {:>16} {:>9} {:>9} {:>10} {:>9}",
+        "{:<10} {:<7} {:>24} {:>16} {:>9} {:>9} {:>10} {:>9} {:>8}",
         row.kind.name(),
         row.mode.name(),
         show(row.decode(), 1),
@@ -57,7 +58,8 @@ fn row_line(row: &SpecRow) -> String {
         count(|a| a.drafted),
         count(|a| a.accepted),
         rate,
-        fidelity,
+        percent(row.fidelity()),
+        percent(row.self_repeat()),
     )
 }
 
@@ -110,7 +112,8 @@ fn row_json(row: &SpecRow) -> Value {
                 "accepted": figures.map(|a| a.accepted),
                 "acceptance_source": source,
                 "fidelity": c.fidelity,
-                "reply_chars": c.reply.len(),
+                "self_repeat": c.self_repeat,
+                "reply": c.reply,
             })
         })
         .collect();
@@ -124,6 +127,7 @@ fn row_json(row: &SpecRow) -> Value {
         "accepted": acceptance.map(|a| a.accepted),
         "acceptance_rate": acceptance.and_then(|a| a.rate()),
         "fidelity": spread(row.fidelity()),
+        "self_repeat": spread(row.self_repeat()),
         "calls": calls,
     })
 }
@@ -138,7 +142,13 @@ mod tests {
         let lines = table(&panel());
         assert_eq!(lines.len(), 4, "{lines:#?}");
         assert!(lines[1].starts_with("code-edit  spec"), "{}", lines[1]);
-        assert!(lines[1].contains("50.0 [40.0–60.0]") && lines[1].contains("81."), "{}", lines[1]);
+        assert!(
+            lines[1].contains("50.0 [40.0–60.0]")
+                && lines[1].contains("81.")
+                && lines[1].ends_with("25%"),
+            "{}",
+            lines[1]
+        );
         assert!(
             lines[2].contains("plain") && lines[2].contains("25.0 [20.0–30.0]"),
             "{}",
@@ -166,6 +176,7 @@ mod tests {
         assert_eq!((row["drafted"].as_u64(), row["accepted"].as_u64()), (Some(160), Some(130)));
         assert_eq!(row["calls"].as_array().unwrap().len(), 3);
         assert_eq!(row["calls"][0]["acceptance_source"], "metrics");
+        assert_eq!(row["self_repeat"]["median"], 0.25);
         assert_eq!(doc["rows"][1]["speculative_field"], false);
         assert_eq!(doc["workloads"][0]["spec_over_plain"], 2.0);
         assert_eq!(doc["workloads"][0]["outputs_agree"], true);

@@ -253,6 +253,21 @@ pub fn fidelity(expected: &str, reply: &str) -> Option<f64> {
     Some(found as f64 / expected.len() as f64)
 }
 
+/// Share of the reply's runs of 8 words that occurred earlier in the reply: near 0 for prose
+/// that moves on, high for an answer stuck in a loop (a small model decoding greedily), whose
+/// repeats the lookup drafts as well as a copied file's. `None` under 16 words.
+pub fn self_repeat(reply: &str) -> Option<f64> {
+    const RUN: usize = 8;
+    let words: Vec<&str> = reply.split_whitespace().collect();
+    if words.len() < 2 * RUN {
+        return None;
+    }
+    let mut seen = std::collections::HashSet::new();
+    let runs: Vec<&[&str]> = words.windows(RUN).collect();
+    let repeated = runs.iter().filter(|run| !seen.insert(**run)).count();
+    Some(repeated as f64 / runs.len() as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,6 +327,17 @@ mod tests {
             (0..VARIANTS).map(|v| request(Kind::Prose, v).messages.to_string()).collect();
         assert_eq!(users.len(), VARIANTS);
         assert_eq!(request(Kind::CodeEdit, VARIANTS + 2).variant, 2);
+    }
+
+    #[test]
+    fn a_looping_answer_repeats_itself_and_prose_does_not() {
+        let sentence = "The baker was ready to leave after hours of work in the warm kitchen.";
+        let looped = [sentence; 10].join(" ");
+        assert!(self_repeat(&looped).unwrap() > 0.85);
+        let prose = "one two three four five six seven eight nine ten eleven twelve thirteen \
+                     fourteen fifteen sixteen seventeen";
+        assert_eq!(self_repeat(prose), Some(0.0));
+        assert_eq!(self_repeat("too short"), None);
     }
 
     #[test]
