@@ -72,8 +72,8 @@ enum Command {
     // Boxed: its many flags make it the one large variant.
     Serve(Box<serve::ServeArgs>),
     /// Measure prefill and decode speed in-process, or, with a subcommand (agentic,
-    /// conversation, burst, quality), the agent benchmark panel against any OpenAI-compatible
-    /// server.
+    /// conversation, burst, quality, speculation), the agent benchmark panel against any
+    /// OpenAI-compatible server.
     Bench(bench_agent::BenchCli),
     /// Pass/fail checks of server behaviour against any OpenAI-compatible server: stop strings,
     /// max_tokens, logprobs, reasoning, tool calls, structured output, prefix cache, seed

@@ -54,6 +54,10 @@ pub fn render(meta: &Meta, results: &Results) -> String {
     if let Some(report) = &results.quality {
         body += &quality(report);
     }
+    if let Some(panel) = &results.speculation {
+        body += "<h2>Speculative decoding</h2>";
+        body += &pre(&crate::speculation::report::table(panel));
+    }
     if let Some(gates) = &results.gates {
         body += "<h2>Quality gates and footprint</h2>";
         body += &pre(&report::gate_lines(gates));

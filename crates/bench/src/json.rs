@@ -54,6 +54,9 @@ pub fn document(meta: &Meta, results: &Results) -> Value {
     if let Some(report) = &results.quality {
         doc["quality"] = quality(report);
     }
+    if let Some(panel) = &results.speculation {
+        doc["speculation"] = crate::speculation::report::json(panel);
+    }
     if let Some(gates) = &results.gates {
         doc["gates"] = gates_json(gates);
     }
@@ -301,6 +304,7 @@ pub(crate) mod tests {
                 stopped: None,
             }),
             quality: Some(quality_report()),
+            speculation: Some(crate::speculation::tests::panel()),
             gates: Some(Gates {
                 early_stop: EarlyStop::of(&[16, 16]),
                 memory_source: "/proc/PID/status VmRSS".into(),
@@ -377,6 +381,8 @@ pub(crate) mod tests {
             Value::Null,
             "one prompt length"
         );
+
+        assert_eq!(doc["speculation"]["workloads"][0]["spec_over_plain"], 2.0);
 
         let code = &doc["quality"]["code"][0];
         assert_eq!(code["chat_template_kwargs"], json!({"enable_thinking": false}));

@@ -15,6 +15,8 @@
 //!   and whether the calls ran one after another.
 //! - **conversation**: one growing agent conversation (each call adds a tool call and its
 //!   result): per call the tokens read and the latency, and how the cost grows with depth.
+//! - **speculation**: decode speed and draft acceptance with speculative decoding on and off,
+//!   on a whole-file edit, a tool call that quotes its context, and prose.
 //!
 //! [`eval`] is the pass/fail suite of server behaviour (`spindle eval`): stop strings, limits,
 //! logprobs, tool calls, structured output, reasoning, the prefix cache, seed parity,
@@ -57,6 +59,7 @@ pub mod quality;
 pub mod report;
 pub mod results;
 pub mod schema;
+pub mod speculation;
 mod sse;
 pub mod stats;
 pub mod svg;

@@ -5,12 +5,13 @@ use crate::burst::BurstLevel;
 use crate::conversation::ConversationRun;
 use crate::gates::Gates;
 use crate::quality::QualityReport;
+use crate::speculation::SpeculationPanel;
 use crate::workload::TokenCount;
 
 /// The server and the settings of a run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Meta {
-    /// `agentic`, `conversation`, `burst` or `quality`.
+    /// `agentic`, `conversation`, `burst`, `quality` or `speculation`.
     pub panel: String,
     pub server: String,
     pub model: Option<String>,
@@ -30,12 +31,14 @@ pub struct Results {
     pub bursts: Vec<BurstLevel>,
     pub conversation: Option<ConversationRun>,
     pub quality: Option<QualityReport>,
+    pub speculation: Option<SpeculationPanel>,
     pub gates: Option<Gates>,
 }
 
 impl Results {
-    /// Completion tokens of every measured call (warm-ups, a burst's lone and warming calls
-    /// and the quality probes, whose answers differ by design, left out), for `early_stop`.
+    /// Completion tokens of every measured call (warm-ups, a burst's lone and warming calls,
+    /// the quality probes and the speculation workloads, whose answers differ by design, left
+    /// out), for `early_stop`.
     pub fn completions(&self) -> Vec<u32> {
         let agentic = self.agentic.iter().flat_map(|p| p.runs.iter().flatten());
         let bursts = self.bursts.iter().flat_map(|l| &l.runs).flat_map(|r| r.succeeded());

@@ -9,7 +9,8 @@
 //!   prefix-cache verdict;
 //! - `conversation`: one growing agent conversation of tool calls and results;
 //! - `burst`: concurrent calls on a warmed system prompt, at several concurrencies;
-//! - `quality`: tool-call cleanliness, its thinking ablation, and instruction following.
+//! - `quality`: tool-call cleanliness, its thinking ablation, and instruction following;
+//! - `speculation`: decode speed and draft acceptance with speculative decoding on and off.
 //!
 //! With `--base-url` they measure a running server; without, they start `spindle serve` (and
 //! restart it for the cold-prefix phase) and stop it at the end.
@@ -32,7 +33,7 @@ use clap::Subcommand;
 use crate::gates::{GateWatch, IDLE_WATCH};
 use crate::report;
 use crate::results::Meta;
-use panels::{AgenticArgs, BurstArgs, ConversationArgs, QualityArgs};
+use panels::{AgenticArgs, BurstArgs, ConversationArgs, QualityArgs, SpeculationArgs};
 use server_process::{ServeCommand, ServerProcess};
 use session::{clock_salt, Session, Target};
 
@@ -57,6 +58,10 @@ pub enum Panel {
     /// Agent quality probes at temperature 0 with a fixed seed: tool-call cleanliness over a
     /// multi-turn edit task (--code), its thinking ablation, and instruction following.
     Quality(QualityArgs),
+    /// Decode speed and draft acceptance with speculative decoding on and off (per request,
+    /// `"speculative": true|false`), greedy: a whole-file rename, a tool call that quotes its
+    /// context, and prose with nothing to copy.
+    Speculation(SpeculationArgs),
 }
 
 impl Panel {
@@ -67,6 +72,7 @@ impl Panel {
             Panel::Conversation(c) => ("conversation", &c.target, c.max_tokens),
             Panel::Burst(b) => ("burst", &b.target, b.calls.max_tokens),
             Panel::Quality(q) => ("quality", &q.target, q.max_tokens),
+            Panel::Speculation(s) => ("speculation", &s.target, s.max_tokens),
         }
     }
 }
@@ -164,6 +170,7 @@ async fn run_panel(session: &mut Session, panel: &Panel) -> anyhow::Result<()> {
         Panel::Conversation(args) => panels::conversation(session, args).await?,
         Panel::Burst(args) => panels::burst(session, args).await?,
         Panel::Quality(args) => panels::quality(session, args).await?,
+        Panel::Speculation(args) => panels::speculation(session, args).await?,
     };
     let gates = watch.end(&outcome.results.completions()).await;
     report::gate_lines(&gates).iter().for_each(|l| println!("{l}"));
@@ -236,5 +243,18 @@ mod tests {
             panic!("quality")
         };
         assert!(q.instruct && !q.code && q.max_tokens == 1024);
+        let Panel::Speculation(s) = parse(&["speculation"]).unwrap() else { panic!("speculation") };
+        assert_eq!((s.max_tokens, s.runs, s.workloads.len()), (2048, 3, 3));
+        assert!(s.speculative == panels::SpeculativeRows::Both);
+        let Panel::Speculation(s) =
+            parse(&["speculation", "--speculative", "server", "--workloads", "prose,code-edit"])
+                .unwrap()
+        else {
+            panic!("speculation")
+        };
+        use crate::speculation::workloads::Kind;
+        assert_eq!(s.workloads, [Kind::Prose, Kind::CodeEdit]);
+        assert!(s.speculative == panels::SpeculativeRows::Server);
+        assert!(parse(&["speculation", "--workloads", "poetry"]).is_err());
     }
 }

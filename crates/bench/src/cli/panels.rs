@@ -1,4 +1,4 @@
-//! The panels of `spindle bench` (agentic, conversation, burst, quality): each one's flags, and
+//! The panels of `spindle bench` (agentic, conversation, burst, quality, speculation): each one's flags, and
 //! its run of the workload from `spindle-bench` against the session's server, printing its table
 //! as it goes.
 
@@ -11,8 +11,10 @@ use crate::burst::run_bursts;
 use crate::conversation::{run_conversation, ConversationOptions};
 use crate::quality::{run_code, run_instruct, QualityReport, Thinking, SEED};
 use crate::results::Results;
+use crate::speculation::workloads::Kind;
+use crate::speculation::{run_speculation, Mode, SpeculationOptions};
 use crate::{report, BenchError, Client, PhaseKind, TokenCount, Workload};
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 /// The agent calls the agentic and burst panels send: one shared system prompt, short answers.
 #[derive(Args)]
@@ -95,6 +97,53 @@ pub struct QualityArgs {
     /// Repeats of every probe (greedy with a fixed seed: runs should agree).
     #[arg(long, default_value_t = 1)]
     pub runs: usize,
+}
+
+#[derive(Args)]
+pub struct SpeculationArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// Completion tokens per call at most: the code edit's whole file is ~1,600.
+    #[arg(long, default_value_t = 2048)]
+    pub max_tokens: u32,
+    /// Rounds, each with new versions of the requests (picked by --seed); figures are then
+    /// median [min–max].
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Which rows: `both` sends each request with `"speculative": true` and then `false`
+    /// (Spindle), `on` / `off` one of them, `server` leaves the field out (llama-server: the
+    /// row is the server's own setting).
+    #[arg(long, value_enum, default_value_t = SpeculativeRows::Both)]
+    pub speculative: SpeculativeRows,
+    /// Workloads, comma-separated: code-edit, tool-call, prose.
+    #[arg(long, value_delimiter = ',', value_parser = parse_kind,
+        default_values = ["code-edit", "tool-call", "prose"])]
+    pub workloads: Vec<Kind>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SpeculativeRows {
+    Both,
+    On,
+    Off,
+    Server,
+}
+
+impl SpeculativeRows {
+    /// The modes of a round, in order: on before off (see [`crate::speculation`]).
+    fn modes(self) -> Vec<Mode> {
+        match self {
+            SpeculativeRows::Both => vec![Mode::On, Mode::Off],
+            SpeculativeRows::On => vec![Mode::On],
+            SpeculativeRows::Off => vec![Mode::Off],
+            SpeculativeRows::Server => vec![Mode::Server],
+        }
+    }
+}
+
+fn parse_kind(name: &str) -> Result<Kind, String> {
+    Kind::parse(name)
+        .ok_or_else(|| format!("unknown workload {name} (code-edit, tool-call, prose)"))
 }
 
 /// What a panel measured, and the system prompt it measured with.
@@ -255,5 +304,30 @@ pub async fn quality(session: &mut Session, args: &QualityArgs) -> anyhow::Resul
     finish_progress();
     report::quality_lines(&report).iter().for_each(|l| println!("{l}"));
     let results = Results { quality: Some(report), ..Results::default() };
+    Ok(Outcome { results, system_chars: 0, system_tokens: TokenCount::Estimated(0) })
+}
+
+pub async fn speculation(session: &mut Session, args: &SpeculationArgs) -> anyhow::Result<Outcome> {
+    println!(
+        "server {}  model {}  seed {} (request versions; sampling seed {} fixed)  temperature 0  \
+         max_tokens {}  {} rounds",
+        session.url,
+        session.client.model().unwrap_or("(unnamed)"),
+        session.salt,
+        crate::speculation::SEED,
+        session.max_tokens,
+        args.runs
+    );
+    let options = SpeculationOptions {
+        kinds: args.workloads.clone(),
+        modes: args.speculative.modes(),
+        rounds: args.runs.max(1),
+        max_tokens: session.max_tokens,
+        salt: session.salt,
+    };
+    let panel = run_speculation(&session.client, &options, &mut progress).await?;
+    finish_progress();
+    crate::speculation::report::table(&panel).iter().for_each(|l| println!("{l}"));
+    let results = Results { speculation: Some(panel), ..Results::default() };
     Ok(Outcome { results, system_chars: 0, system_tokens: TokenCount::Estimated(0) })
 }

@@ -3,3 +3,4 @@
 
 mod eval_mock;
 mod mock_server;
+mod speculation_mock;

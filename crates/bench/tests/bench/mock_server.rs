@@ -55,7 +55,7 @@ async fn start_mock_serving(serving: Serving) -> (String, Arc<Mutex<Vec<Value>>>
     (url, seen)
 }
 
-async fn read_request(socket: &mut TcpStream) -> (String, Value) {
+pub(crate) async fn read_request(socket: &mut TcpStream) -> (String, Value) {
     let mut data = Vec::new();
     let mut buf = [0u8; 4096];
     let head_end = loop {
@@ -84,7 +84,7 @@ async fn read_request(socket: &mut TcpStream) -> (String, Value) {
     (line, body)
 }
 
-async fn reply(socket: &mut TcpStream, status: &str, content_type: &str, body: &str) {
+pub(crate) async fn reply(socket: &mut TcpStream, status: &str, content_type: &str, body: &str) {
     let head = format!(
         "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         body.len()
