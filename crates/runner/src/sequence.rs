@@ -334,9 +334,14 @@ impl Sequence {
     pub fn observe_pass(&mut self, model: &dyn CausalLm) {
         let (Some(head), Some(drafter)) = (&mut self.head, &self.drafter) else { return };
         if let Err(e) = head.observe(model, &self.cache, drafter.history()) {
-            tracing::warn!("a sequence stops drafting with the MTP head: {e}");
-            self.head = None;
+            self.stop_head(&e);
         }
+    }
+
+    /// Drafts no more with the MTP head, which failed with `error`.
+    fn stop_head(&mut self, error: &dyn std::fmt::Display) {
+        tracing::warn!("a sequence stops drafting with the MTP head: {error}");
+        self.head = None;
     }
 
     /// What the sequence drafts after the decided token this step, at most `budget` tokens
@@ -366,10 +371,7 @@ impl Sequence {
             match head.propose(model, drafter.history(), room) {
                 Ok(drafts) if !drafts.is_empty() => return Proposal::Tokens(drafts),
                 Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!("a sequence stops drafting with the MTP head: {e}");
-                    self.head = None;
-                }
+                Err(e) => self.stop_head(&e),
             }
         }
         match self.model_draft {
