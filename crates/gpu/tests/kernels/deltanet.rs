@@ -141,6 +141,26 @@ fn the_convolution_matches_the_cpu_per_sequence_and_moves_each_window_on() {
             same_bits(&format!("{what}: window"), got_window, &window);
         }
     }
+    // Two sequences on one slot would move it on at once; rows or a slot past the step's are
+    // refused before anything is recorded.
+    let twice = [
+        LinearRun { first_row: 0, rows: 1, slot: 0 },
+        LinearRun { first_row: 1, rows: 1, slot: 0 },
+    ];
+    assert!(LinearRuns::upload(gpu, twice.to_vec()).is_err());
+    let s = FIXTURE;
+    let states = LinearStates::zeros(gpu, s, 2).unwrap();
+    let (x, w) =
+        (up(gpu, &vec![0.0; 2 * s.conv_channels()]), up(gpu, &vec![0.0; s.conv_channels() * 4]));
+    for run in
+        [LinearRun { first_row: 1, rows: 2, slot: 0 }, LinearRun { first_row: 0, rows: 1, slot: 2 }]
+    {
+        let runs = LinearRuns::upload(gpu, vec![run]).unwrap();
+        assert!(
+            gpu.run(|step| conv.forward(step, &x, &w, &states, &runs).map(|_| ())).is_err(),
+            "{run:?}"
+        );
+    }
 }
 
 #[test]
