@@ -27,11 +27,15 @@
 
 mod attention;
 mod buffer;
+mod causal_conv;
+mod delta_rule;
 mod device;
 mod elementwise;
 mod error;
 mod kernel;
 mod kv_pools;
+mod linear_attention;
+mod linear_state;
 mod llama;
 mod matmul;
 mod norm;
@@ -42,11 +46,17 @@ pub use attention::{
     Attention, AttentionShape, KvCache, KvPool, PagedRows, QueryPlace, MAX_HEAD_DIM,
 };
 pub use buffer::GpuTensor;
+pub use causal_conv::{CausalConv, ConvOutputs};
+pub use delta_rule::{DeltaRule, DeltaRuleInputs};
 pub use device::{AdapterSummary, Gpu};
 pub use elementwise::{AddRows, Elementwise};
 pub use error::{GpuError, Result};
+pub use linear_attention::{
+    LinearAttention, LinearAttentionHostWeights, LinearAttentionWeights, Projected,
+};
+pub use linear_state::{DeltaNetShape, LinearRun, LinearRuns, LinearStates, MAX_K_DIM};
 pub use llama::GpuLlama;
 pub use matmul::{Embed, GpuMatrix, Matmul, WeightFormat};
-pub use norm::RmsNorm;
+pub use norm::{GatedRmsNorm, L2Norm, RmsNorm};
 pub use rope::{Rope, RopePairs, RopeShape, RopeTable};
 pub use step::{Readback, Step};

@@ -113,7 +113,7 @@ impl GatedDeltaNet {
                 let mut qkv = qkv_all[first * channels..(first + n) * channels].to_vec();
                 let b = &b_all[first * v_heads..(first + n) * v_heads];
                 let a = &a_all[first * v_heads..(first + n) * v_heads];
-                self.mix(&mut qkv, b, a, run)
+                self.mixing().mix(&mut qkv, b, a, run)
             })
             .collect();
         let mut core = per_sequence.concat();
@@ -152,6 +152,46 @@ impl GatedDeltaNet {
         mismatch(widths.into_iter())
     }
 
+    /// The weights between the projections, borrowed.
+    fn mixing(&self) -> Mixing<'_> {
+        Mixing {
+            shape: self.shape,
+            conv_weight: &self.conv_weight,
+            neg_decay_rate: &self.neg_decay_rate,
+            dt_bias: &self.dt_bias,
+            norm_weight: &self.norm_weight,
+        }
+    }
+}
+
+/// A layer's weights between its projections, borrowed: the convolution, the decay and the
+/// gated norm. Public for checks of other implementations of the layer (the GPU kernels).
+pub struct Mixing<'a> {
+    pub shape: DeltaNetShape,
+    pub conv_weight: &'a [f32],
+    pub neg_decay_rate: &'a [f32],
+    pub dt_bias: &'a [f32],
+    pub norm_weight: &'a [f32],
+}
+
+impl Mixing<'_> {
+    /// One sequence's mixing of its projected rows (`qkv`: tokens × conv channels; `z`:
+    /// tokens × value dim; `b`, `a`: tokens × value heads), as [`GatedDeltaNet::forward`] runs
+    /// it between the projections: convolution, norms, delta rule, gated norm. `state` moves on.
+    pub fn run(
+        &self,
+        qkv: &[f32],
+        z: &[f32],
+        b: &[f32],
+        a: &[f32],
+        state: &mut LinearAttentionState,
+    ) -> Vec<f32> {
+        let mut qkv = qkv.to_vec();
+        let mut core = self.mix(&mut qkv, b, a, &mut LinearRun { state, history: None });
+        gated_rms_norm(&mut core, z, self.norm_weight, self.shape.norm_eps as f32);
+        core
+    }
+
     /// One sequence's convolution and delta rule over its projected rows; returns the rule's
     /// outputs (tokens × value_dim) and moves the state on, keeping what going back to each
     /// position needs when the pass verifies drafts.
@@ -161,7 +201,7 @@ impl GatedDeltaNet {
         let state = &mut *run.state;
         let channels = s.conv_channels();
         let conv_inputs =
-            causal_conv_silu(qkv, &self.conv_weight, channels, s.conv_kernel, &mut state.conv);
+            causal_conv_silu(qkv, self.conv_weight, channels, s.conv_kernel, &mut state.conv);
         let (key_dim, value_dim) = (s.key_dim(), s.value_dim());
         let mut q = Vec::with_capacity(tokens * key_dim);
         let mut k = Vec::with_capacity(tokens * key_dim);
@@ -203,7 +243,7 @@ impl GatedDeltaNet {
 /// positions before the first token from `window` and leaving the last `kernel - 1` inputs there.
 /// Returns every input it read: the old window, then `x` as it came. Tokens run in parallel:
 /// each reads only the unmodified inputs.
-fn causal_conv_silu(
+pub fn causal_conv_silu(
     x: &mut [f32],
     weight: &[f32],
     channels: usize,
@@ -225,7 +265,7 @@ fn causal_conv_silu(
 }
 
 /// Scales each `dim`-sized row to unit L2 norm (eps 1e-6 inside the root, as FLA), times `scale`.
-fn l2_normalize(x: &mut [f32], dim: usize, scale: f32) {
+pub fn l2_normalize(x: &mut [f32], dim: usize, scale: f32) {
     x.par_chunks_mut(dim).for_each(|row| {
         let inv = scale / (row.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
         row.iter_mut().for_each(|v| *v *= inv);
@@ -233,7 +273,7 @@ fn l2_normalize(x: &mut [f32], dim: usize, scale: f32) {
 }
 
 /// Per head: RMS-normalise, scale by `weight`, multiply by `silu(z)`.
-fn gated_rms_norm(x: &mut [f32], z: &[f32], weight: &[f32], eps: f32) {
+pub fn gated_rms_norm(x: &mut [f32], z: &[f32], weight: &[f32], eps: f32) {
     let dim = weight.len();
     x.par_chunks_mut(dim).zip(z.par_chunks(dim)).for_each(|(row, gate)| {
         let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / dim as f32 + eps).sqrt();

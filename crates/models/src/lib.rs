@@ -62,6 +62,15 @@ pub use rope::RopeScaling;
 pub use kv_mirror::KvMirror;
 pub use layers::{RmsNorm, RopeStyle, Rotary};
 pub use paged_kv::{KvShape, PagedKv};
+/// The steps of the Gated DeltaNet layer on plain slices, which the GPU kernels are checked
+/// against.
+pub mod linear_attention {
+    pub use crate::delta_rule::{recurrent, DeltaHeads, DeltaInputs};
+    pub use crate::gated_deltanet::{
+        causal_conv_silu, gated_rms_norm, l2_normalize, DeltaNetShape, Mixing,
+    };
+    pub use crate::linear_state::LinearAttentionState;
+}
 // The matrix kernels, public for the benchmarks that weigh them against each other.
 pub use block_quants::{BlockFormat, BlockMatrix};
 pub use k_quants::supported as k_quant_kernels_run;

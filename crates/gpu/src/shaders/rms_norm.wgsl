@@ -1,11 +1,15 @@
-// y[r] = x[r] / sqrt(mean(x[r]²) + eps) · w, one workgroup per row: lane i sums the squares of
-// values i, i+THREADS, ... in order, and the lanes' sums meet in a fixed tree, whatever the
-// number of rows.
+// y[r] = x[r] / sqrt(sum(x[r]²) / divisor + eps) · w, one workgroup per row: lane i sums the
+// squares of values i, i+THREADS, ... in order, and the lanes' sums meet in a fixed tree,
+// whatever the number of rows. With divisor = dim it is RMSNorm; with divisor 1, L2
+// normalisation. `w` is a row repeated along x (weight_len a multiple of dim): RMSNorm's weight
+// (weight_len = dim), or per-head scales (Gated DeltaNet's q heads scaled, its k heads not).
 
 struct Params {
     rows: u32,
     dim: u32,
     eps: f32,
+    divisor: f32,
+    weight_len: u32,
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -37,8 +41,8 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
         }
         workgroupBarrier();
     }
-    let rms = sqrt(partial[0] / f32(params.dim) + params.eps);
+    let rms = sqrt(partial[0] / params.divisor + params.eps);
     for (var i = lane; i < params.dim; i += THREADS) {
-        y[base + i] = x[base + i] / rms * weight[i];
+        y[base + i] = x[base + i] / rms * weight[(base + i) % params.weight_len];
     }
 }

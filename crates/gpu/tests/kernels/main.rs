@@ -4,6 +4,7 @@
 //! skipped kernel test would hide a broken GPU layer, so they fail.
 
 mod attention;
+mod deltanet;
 mod elementwise;
 mod gemma;
 mod harness;
