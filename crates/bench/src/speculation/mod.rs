@@ -1,7 +1,8 @@
 //! The speculation panel: decode speed and draft acceptance on three workloads of different
 //! copyability ([`workloads`]), with speculative decoding on and off.
 //!
-//! Every call is greedy (temperature 0, fixed seed) and streamed; its decode speed runs from
+//! Every call is greedy (temperature 0; prose sampled, see [`workloads`]) with a fixed seed and
+//! streamed; its decode speed runs from
 //! the first to the last token ([`stream`]). Against Spindle one server gives both rows: each
 //! request says `"speculative": true` or `false`. Against a server without that field
 //! (llama-server), [`Mode::Server`] leaves it out and the row is whatever the server was started
@@ -25,7 +26,7 @@ use acceptance::{from_timings, Acceptance, Counters, Source};
 use stream::{streamed_chat, Streamed};
 use workloads::{fidelity, request, self_repeat, Kind};
 
-/// The sampling seed of every call (greedy anyway; a server that samples still repeats).
+/// The sampling seed of every call (the same answer on every run of a server, prose too).
 pub const SEED: u64 = 1234;
 
 /// How a call asks for speculation.
@@ -202,8 +203,11 @@ async fn measure(
     max_tokens: u32,
 ) -> Result<SpecCall, BenchError> {
     let request = request(kind, variant);
-    let mut body = json!({"messages": request.messages, "temperature": 0, "seed": SEED,
-        "max_tokens": max_tokens});
+    let mut body = json!({"messages": request.messages, "temperature": request.temperature,
+        "seed": SEED, "max_tokens": max_tokens});
+    if request.frequency_penalty > 0.0 {
+        body["frequency_penalty"] = request.frequency_penalty.into();
+    }
     if let Some(tools) = &request.tools {
         body["tools"] = tools.clone();
     }

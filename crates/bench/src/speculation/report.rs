@@ -88,7 +88,8 @@ pub fn json(panel: &SpeculationPanel) -> Value {
                 "outputs_agree": panel.outputs_agree(k)})
         })
         .collect();
-    json!({"seed": super::SEED, "temperature": 0, "rows": rows, "workloads": workloads})
+    json!({"seed": super::SEED, "temperature": 0,
+        "prose_temperature": super::workloads::PROSE_TEMPERATURE, "rows": rows, "workloads": workloads})
 }
 
 fn row_json(row: &SpecRow) -> Value {

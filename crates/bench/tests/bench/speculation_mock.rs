@@ -169,8 +169,12 @@ async fn spindle_rows_with_and_without_speculation_from_metric_deltas() {
     let bodies = mock.bodies.lock().unwrap();
     let flags: Vec<&Value> = bodies.iter().map(|b| &b["speculative"]).collect();
     assert_eq!(flags[..2], [&json!(true), &json!(false)], "on before off");
+    let prose = |b: &Value| b["messages"].to_string().contains("short story");
     for body in bodies.iter() {
-        assert_eq!((body["temperature"].clone(), body["seed"].clone()), (json!(0), json!(1234)));
+        let (temperature, penalty) =
+            if prose(body) { (json!(0.8), json!(0.5)) } else { (json!(0.0), Value::Null) };
+        assert_eq!((body["temperature"].clone(), body["seed"].clone()), (temperature, json!(1234)));
+        assert_eq!(body["frequency_penalty"], penalty);
         assert_eq!((body["stream"].clone(), body["max_tokens"].clone()), (json!(true), json!(64)));
         assert_eq!(body["stream_options"]["include_usage"], true);
     }

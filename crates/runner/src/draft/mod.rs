@@ -184,9 +184,10 @@ impl NgramDrafter {
         if self.acceptance < self.break_even {
             self.paused = PAUSE_TOKENS << self.pauses_in_a_row;
             self.pauses_in_a_row = (self.pauses_in_a_row + 1).min(LONGEST_PAUSE_DOUBLINGS);
-            // A fresh start when drafting resumes.
-            self.acceptance = 1.0;
-            self.length = FIRST_LENGTH.min(self.max_length);
+            // Drafting resumes with a probe: one token, and an acceptance at the break-even,
+            // so that one more failing round pauses again (for longer) and a good one grows.
+            self.acceptance = self.break_even;
+            self.length = 1;
         }
     }
 }
@@ -252,17 +253,16 @@ mod tests {
             drafter.record(3, 0);
         }
         assert!((0..PAUSE_TOKENS).all(|_| propose(&mut drafter, 16, &none).is_empty()), "paused");
-        assert_eq!(propose(&mut drafter, 16, &none).len(), 4, "drafting again after the pause");
-        // Failing again pauses twice as long, and a fully accepted round ends the doubling.
-        for _ in 0..4 {
-            drafter.record(4, 0);
-        }
+        assert_eq!(propose(&mut drafter, 16, &none).len(), 1, "a probe after the pause");
+        // One more failing round pauses twice as long.
+        drafter.record(1, 0);
         let paused = (0..).take_while(|_| propose(&mut drafter, 16, &none).is_empty()).count();
         assert_eq!(paused, 2 * PAUSE_TOKENS);
-        drafter.record(4, 4);
-        for _ in 0..4 {
-            drafter.record(4, 0);
-        }
+        // A probe that succeeds grows the length, and a fully accepted round ends the doubling.
+        drafter.record(1, 1);
+        assert_eq!(propose(&mut drafter, 16, &none).len(), 2);
+        drafter.record(2, 0);
+        drafter.record(1, 0);
         let paused = (0..).take_while(|_| propose(&mut drafter, 16, &none).is_empty()).count();
         assert_eq!(paused, PAUSE_TOKENS);
     }
