@@ -82,7 +82,8 @@ pub struct NgramDrafter {
     max_length: usize,
     /// Tokens to draft next round.
     length: usize,
-    /// Share of drafted tokens accepted, weighted toward recent rounds.
+    /// Share of drafted tokens accepted, weighted toward recent rounds; it starts at the
+    /// break-even, so a first round that accepts less pauses at once and a good one goes on.
     acceptance: f32,
     /// Plain decode steps left before drafting again.
     paused: usize,
@@ -109,7 +110,7 @@ impl NgramDrafter {
             history: TokenIndex::with_capacity(prompt.len() + 256),
             max_length,
             length: FIRST_LENGTH.min(max_length),
-            acceptance: 1.0,
+            acceptance: BREAK_EVEN,
             paused: 0,
             pauses_in_a_row: 0,
             break_even: BREAK_EVEN,
@@ -124,7 +125,7 @@ impl NgramDrafter {
 
     /// The same, pausing below `break_even` ([`break_even`]) instead of the attention-only one.
     pub fn with_break_even(self, break_even: f32) -> Self {
-        Self { break_even, ..self }
+        Self { break_even, acceptance: break_even, ..self }
     }
 
     /// Records the sequence's next token.
@@ -249,9 +250,9 @@ mod tests {
         assert_eq!(propose(&mut drafter, 16, &none).len(), 8);
         drafter.record(8, 2);
         assert_eq!(propose(&mut drafter, 16, &none).len(), 3);
-        for _ in 0..4 {
-            drafter.record(3, 0);
-        }
+        drafter.record(3, 0);
+        assert_eq!(propose(&mut drafter, 16, &none).len(), 1, "not paused yet");
+        drafter.record(1, 0);
         assert!((0..PAUSE_TOKENS).all(|_| propose(&mut drafter, 16, &none).is_empty()), "paused");
         assert_eq!(propose(&mut drafter, 16, &none).len(), 1, "a probe after the pause");
         // One more failing round pauses twice as long.
@@ -265,6 +266,18 @@ mod tests {
         drafter.record(1, 0);
         let paused = (0..).take_while(|_| propose(&mut drafter, 16, &none).is_empty()).count();
         assert_eq!(paused, PAUSE_TOKENS);
+    }
+
+    #[test]
+    fn a_first_round_that_fails_pauses_at_once() {
+        let none = RecentOutputs::default();
+        let prompt: Vec<u32> = (0..40).map(|i| i % 10).collect();
+        let mut drafter = lookup_only(&prompt);
+        drafter.record(4, 0);
+        assert!(propose(&mut drafter, 16, &none).is_empty());
+        let mut good = lookup_only(&prompt);
+        good.record(4, 1);
+        assert_eq!(propose(&mut good, 16, &none).len(), 2, "a quarter accepted goes on");
     }
 
     #[test]

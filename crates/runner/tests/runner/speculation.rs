@@ -281,8 +281,13 @@ fn a_grammar_that_rejects_every_draft_changes_no_byte() {
 fn the_cache_a_speculative_run_leaves_serves_the_next_turn_bit_for_bit() {
     let bundle = tiny_dense();
     let prompt = encode(&bundle, REPETITIVE);
-    let warm = start(&bundle, 1, None);
+    // Drafts of the plain answer with a wrong one planted: rounds that keep some and forget
+    // the rest (a random model's own lookup drafts fail and pause).
+    let plain = run(&start(&bundle, 1, None), spec_request(&prompt, greedy(), 32, false));
+    let truth = plain.0.tokens.iter().map(|t| t.id).collect();
+    let warm = start(&bundle, 1, Some(planted_script(vec![(prompt.clone(), truth)], 49152)));
     let first = run(&warm, spec_request(&prompt, greedy(), 32, true));
+    assert_same(&first, &plain, "the first turn");
     assert!(first.1.accepted_tokens > 0, "{:?}", first.1);
     // The next turn: the prompt, the reply, more text.
     let mut next: Vec<u32> = prompt.clone();
