@@ -283,12 +283,12 @@ pub fn gated_rms_norm(x: &mut [f32], z: &[f32], weight: &[f32], eps: f32) {
     });
 }
 
-fn sigmoid(x: f32) -> f32 {
+pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
 /// `ln(1 + e^x)`, linear above 20 as torch's softplus.
-fn softplus(x: f32) -> f32 {
+pub fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {

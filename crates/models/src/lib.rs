@@ -67,7 +67,7 @@ pub use paged_kv::{KvShape, PagedKv};
 pub mod linear_attention {
     pub use crate::delta_rule::{recurrent, DeltaHeads, DeltaInputs};
     pub use crate::gated_deltanet::{
-        causal_conv_silu, gated_rms_norm, l2_normalize, DeltaNetShape, Mixing,
+        causal_conv_silu, gated_rms_norm, l2_normalize, sigmoid, softplus, DeltaNetShape, Mixing,
     };
     pub use crate::linear_state::LinearAttentionState;
 }

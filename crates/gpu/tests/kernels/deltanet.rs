@@ -191,19 +191,6 @@ fn l2_norms_match_the_cpu_with_q_scaled_and_k_not() {
     }
 }
 
-/// The CPU's `sigmoid` and `softplus` (private there), for the rule's inputs from `b` and `a`.
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-fn softplus(x: f32) -> f32 {
-    if x > 20.0 {
-        x
-    } else {
-        x.exp().ln_1p()
-    }
-}
-
 /// Random per-head decay weights: `−exp(A_log)` (as the fixtures, −0.1 − 0.05·h) and `dt_bias`.
 fn decay_weights(rng: &mut ChaCha8Rng, s: DeltaNetShape) -> (Vec<f32>, Vec<f32>) {
     let neg_decay_rate = (0..s.v_heads).map(|h| -0.1 - h as f32 * 0.05).collect();
@@ -250,10 +237,10 @@ fn the_delta_rule_matches_the_cpu_token_by_token_for_each_sequence_and_slot() {
                 k.extend_from_slice(&row[key_dim..]);
             }
             let g: Vec<f32> = (rows.start * vh..rows.end * vh)
-                .map(|i| neg_decay_rate[i % vh] * softplus(a[i] + dt_bias[i % vh]))
+                .map(|i| neg_decay_rate[i % vh] * cpu::softplus(a[i] + dt_bias[i % vh]))
                 .collect();
             let beta: Vec<f32> =
-                b[rows.start * vh..rows.end * vh].iter().map(|&x| sigmoid(x)).collect();
+                b[rows.start * vh..rows.end * vh].iter().map(|&x| cpu::sigmoid(x)).collect();
             let inputs = cpu::DeltaInputs {
                 q: &q,
                 k: &k,
