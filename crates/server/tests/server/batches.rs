@@ -341,9 +341,13 @@ async fn a_restarted_server_finishes_a_batch_without_redoing_answered_requests()
 async fn a_server_stopped_mid_batch_leaves_it_to_the_next_one() {
     let dir = fresh_dir("restart");
     let first = start_stoppable(Setup::Default, |config| config.batch.dir = dir.clone());
+    // Each request runs to its token limit (the schema needs more characters than that): the
+    // four left after the first answer cannot all be done before the server is stopped.
     let lines: Vec<String> = (0..5)
         .map(|i| {
-            request_line(&format!("r{i}"), chat_body(&format!("Count from {i} to 1000."), 200))
+            let mut body = chat_body(&format!("Count from {i} to 1000."), 300);
+            body["response_format"] = unclosable_schema();
+            request_line(&format!("r{i}"), body)
         })
         .collect();
     let (_, file) = upload(&first.url, "batch", &jsonl(&lines)).await;
@@ -372,6 +376,12 @@ async fn a_server_stopped_mid_batch_leaves_it_to_the_next_one() {
     }
 }
 
+/// A response format needing 3,000 characters: an answer to it ends at its token limit.
+fn unclosable_schema() -> Value {
+    let schema = json!({"type": "object", "properties": {"numbers": {"type": "string", "minLength": 3000}}, "required": ["numbers"]});
+    json!({"type": "json_schema", "json_schema": {"name": "long", "schema": schema}})
+}
+
 /// The number a Prometheus gauge shows on `/metrics` (its one model's series).
 async fn gauge(base: &str, name: &str) -> f64 {
     let text = client().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
@@ -385,11 +395,9 @@ async fn a_live_request_goes_before_the_batch_request_in_flight() {
     // One slot and no queue: a live request that had to wait for batch work would be refused.
     let base =
         start_with(Setup::Default, |config| (config.max_concurrent, config.max_queue) = (1, 0));
-    // A schema that needs 3,000 characters: the batch request cannot end early.
+    // The batch request cannot end early.
     let mut long = chat_body("Count from 1 to 1000.", 1500);
-    let schema = json!({"type": "object", "properties": {"numbers": {"type": "string", "minLength": 3000}}, "required": ["numbers"]});
-    long["response_format"] =
-        json!({"type": "json_schema", "json_schema": {"name": "long", "schema": schema}});
+    long["response_format"] = unclosable_schema();
     let lines: Vec<String> = (0..2).map(|i| request_line(&format!("n{i}"), long.clone())).collect();
     let (_, file) = upload(&base, "batch", &jsonl(&lines)).await;
     let batch = create_batch(&base, file["id"].as_str().unwrap()).await;
