@@ -185,11 +185,13 @@ fn smollm2_bf16_checkpoint_follows_transformers() {
 }
 
 #[test]
+#[ignore = "by hand: each dtype is read on smollm2 and gemma3, and Qwen2.5's names, biases and config by its bf16 run, in every run"]
 fn qwen25_coder_f32_checkpoint_matches_transformers() {
     check("qwen2.5-coder-0.5b", DType::F32, SAME_WEIGHTS);
 }
 
 #[test]
+#[ignore = "by hand: each dtype is read on smollm2 and gemma3, and Qwen2.5's names, biases and config by its bf16 run, in every run"]
 fn qwen25_coder_f16_checkpoint_follows_transformers() {
     check("qwen2.5-coder-0.5b", DType::F16, F16_WEIGHTS);
 }

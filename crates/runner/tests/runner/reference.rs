@@ -98,10 +98,11 @@ fn gguf(name: &str) -> PathBuf {
 /// Keys and values in f32, as both references kept them (the f16 default drifts past these
 /// tolerances: 2.3e-3 against transformers' 1e-3, and top-1 flips at 0.28–0.30-nat gaps against
 /// llama.cpp's f32 KV run); tests/runner/kv_types.rs measures each type's drift from f32.
-fn engine(bundle: ModelBundle) -> Engine {
-    let cache =
-        CacheConfig { kv_type: KvType::F32, ..CacheConfig::default() }.holding(&bundle, CONTEXT);
-    Engine::start(Arc::new(bundle), EngineConfig::new(1, cache))
+/// Room for `runs` sequences at once.
+fn engine(bundle: ModelBundle, runs: usize) -> Engine {
+    let cache = CacheConfig { kv_type: KvType::F32, ..CacheConfig::default() }
+        .holding(&bundle, CONTEXT * runs);
+    Engine::start(Arc::new(bundle), EngineConfig::new(runs, cache))
 }
 
 /// Our log-probability of `id` at the step that produced `token`, if among its top ones.
@@ -109,45 +110,53 @@ fn logprob_of(token: &SampledToken, id: u32) -> Option<f32> {
     token.top_logprobs.iter().find(|&&(top, _)| top == id).map(|&(_, lp)| lp)
 }
 
-/// Generates greedily after `prompt` on `engine`, calling `check(step, token)` for each step of
-/// `reference`; where our token differs from the reference's, continues with a new request
-/// whose prompt has the reference's tokens up to and including that step.
-fn teacher_force(
-    engine: &Engine,
-    prompt: &[u32],
-    reference: &[u32],
-    mut check: impl FnMut(usize, &SampledToken),
-) {
-    let mut fed = 0;
-    while fed < reference.len() {
+/// Our token at each step of `reference` after `prompt`, generated greedily on `engine`; where
+/// our token differs from the reference's, a new request continues whose prompt has the
+/// reference's tokens up to and including that step.
+fn teacher_forced(engine: &Engine, prompt: &[u32], reference: &[u32]) -> Vec<SampledToken> {
+    let mut ours: Vec<SampledToken> = Vec::new();
+    while ours.len() < reference.len() {
         let sampling = SamplingParams {
             temperature: 0.0,
             top_logprobs: Some(MAX_TOP_LOGPROBS),
             ..SamplingParams::default()
         };
+        let fed = ours.len();
         let request = SequenceRequest::plain(
             [prompt, &reference[..fed]].concat(),
             reference.len() - fed,
             sampling,
             CONTEXT,
         );
-        let start = fed;
         let mut diverged = false;
         let stats = engine
             .generate(request, |token, _| {
-                if diverged {
-                    return;
+                if !diverged {
+                    diverged = token.id != reference[ours.len()];
+                    ours.push(token.clone());
                 }
-                check(fed, token);
-                diverged = token.id != reference[fed];
-                fed += 1;
             })
             .unwrap();
         assert!(
-            diverged || stats.summary.completion_tokens == reference.len() - start,
+            diverged || stats.summary.completion_tokens == reference.len() - fed,
             "the engine stopped early"
         );
     }
+    ours
+}
+
+/// [`teacher_forced`] for every `(prompt, reference)` at once: batched, since a row's bits do
+/// not depend on the rows beside it, so this only saves time.
+fn all_teacher_forced(engine: &Engine, runs: &[(&[u32], &[u32])]) -> Vec<Vec<SampledToken>> {
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = runs
+            .iter()
+            .map(|&(prompt, reference)| {
+                scope.spawn(move || teacher_forced(engine, prompt, reference))
+            })
+            .collect();
+        runs.into_iter().map(|run| run.join().unwrap()).collect()
+    })
 }
 
 fn check_llama_cpp(name: &str) {
@@ -165,10 +174,12 @@ fn check_llama_cpp(name: &str) {
         assert!(g.greedy_ids.len() >= 24);
         assert_eq!(g.top_logprobs.len(), g.greedy_ids.len());
     }
-    let engine = engine(bundle);
+    let engine = engine(bundle, fx.generations.len());
+    let runs: Vec<_> =
+        fx.generations.iter().map(|g| (&g.prompt_ids[..], &g.greedy_ids[..])).collect();
     let (mut steps, mut worst, mut flips) = (0, 0f32, 0);
-    for g in &fx.generations {
-        teacher_force(&engine, &g.prompt_ids, &g.greedy_ids, |step, token| {
+    for (g, tokens) in fx.generations.iter().zip(all_teacher_forced(&engine, &runs)) {
+        for (step, token) in tokens.iter().enumerate() {
             let at = format!("{name}: prompt {:?} step {step}", g.prompt);
             let (ours, expected) = (token.id, g.greedy_ids[step]);
             steps += 1;
@@ -186,7 +197,7 @@ fn check_llama_cpp(name: &str) {
                         fx.reference
                     );
                 }
-                return;
+                continue;
             };
             assert_eq!(top[0].0, expected, "{at}: fixture's top-1 is not its greedy token");
             let lp = logprob_of(token, expected)
@@ -208,7 +219,7 @@ fn check_llama_cpp(name: &str) {
                     "{at}: logprob of our top-1 {ours} differs from llama.cpp's by {ours_diff}"
                 );
             }
-        });
+        }
     }
     eprintln!("{name} vs llama.cpp through the engine: {steps} steps, largest logprob difference {worst:.3}, top-1 differs at {flips}");
 }
@@ -228,11 +239,13 @@ fn check_transformers(name: &str) {
         fingerprint: "f32".into(),
         sampling: Default::default(),
     };
-    let engine = engine(bundle);
+    let engine = engine(bundle, fx.generations.len());
+    assert!(fx.generations.iter().all(|g| g.greedy_ids.len() == 24));
+    let runs: Vec<_> =
+        fx.generations.iter().map(|g| (&g.prompt_ids[..], &g.greedy_ids[..])).collect();
     let (mut steps, mut worst) = (0, 0f32);
-    for g in &fx.generations {
-        assert_eq!(g.greedy_ids.len(), 24);
-        teacher_force(&engine, &g.prompt_ids, &g.greedy_ids, |step, token| {
+    for (g, tokens) in fx.generations.iter().zip(all_teacher_forced(&engine, &runs)) {
+        for (step, token) in tokens.iter().enumerate() {
             let at = format!("{name}: prompt {:?} step {step}", g.prompt);
             let expected = g.top_logprobs[step][0].0;
             assert_eq!(token.id, expected, "{at}: top-1 differs from transformers'");
@@ -246,7 +259,7 @@ fn check_transformers(name: &str) {
                 );
             }
             steps += 1;
-        });
+        }
     }
     eprintln!("{name} vs transformers through the engine: {steps} steps, largest logprob difference {worst:.2e}");
 }

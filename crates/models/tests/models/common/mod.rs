@@ -9,7 +9,7 @@ use std::cmp::Ordering;
 use std::path::PathBuf;
 
 use serde::Deserialize;
-use spindle_models::CausalLm;
+use spindle_models::{BatchEntry, CausalLm};
 
 /// A recorded run: per prompt, the tokens fed back in and the recorder's view at each step.
 #[derive(Deserialize)]
@@ -93,19 +93,15 @@ impl Reference {
     /// The same prompts and tokens fed back in, with `model`'s own predictions recorded as the
     /// reference (`by` names it).
     pub fn recorded(&self, model: &dyn CausalLm, by: &str) -> Self {
-        let generations = self.generations.iter().map(|g| {
-            let (mut top_logprobs, mut top2_gap) = (Vec::new(), Vec::new());
-            teacher_force(model, g, |_, logprobs| {
-                let top = top5(logprobs);
-                top2_gap.push(top[0].1 - top[1].1);
-                top_logprobs.push(top);
-            });
+        let forced = teacher_force(model, &self.generations);
+        let generations = self.generations.iter().zip(forced).map(|(g, steps)| {
+            let top_logprobs: Vec<_> = steps.iter().map(|logprobs| top5(logprobs)).collect();
             Generation {
                 prompt: g.prompt.clone(),
                 prompt_ids: g.prompt_ids.clone(),
                 greedy_ids: g.greedy_ids.clone(),
+                top2_gap: top_logprobs.iter().map(|top| top[0].1 - top[1].1).collect(),
                 top_logprobs,
-                top2_gap,
             }
         });
         Self {
@@ -121,8 +117,8 @@ impl Reference {
     pub fn assert_followed_by(&self, model: &dyn CausalLm, what: &str, tol: Tolerance) {
         let by = self.reference.split(',').next().unwrap();
         let (mut steps, mut worst, mut flips, mut widest_flip) = (0, 0f64, 0, 0f64);
-        for g in &self.generations {
-            teacher_force(model, g, |step, ours| {
+        for (g, forced) in self.generations.iter().zip(teacher_force(model, &self.generations)) {
+            for (step, ours) in forced.iter().enumerate() {
                 let at =
                     format!("{}: {what} vs {by}: prompt {:?} step {step}", self.model, g.prompt);
                 let (expected, gap) = (g.top_logprobs[step][0].0, g.top2_gap[step]);
@@ -144,7 +140,7 @@ impl Reference {
                     );
                 }
                 steps += 1;
-            });
+            }
         }
         eprintln!(
             "{}: {what} vs {by}: {steps} steps, largest logprob difference {worst:.2e}, \
@@ -154,17 +150,32 @@ impl Reference {
     }
 }
 
-/// Runs the prompt, then at each step hands `f` the log-probabilities of the next token and
-/// feeds the reference's token back in.
-fn teacher_force(model: &dyn CausalLm, g: &Generation, mut f: impl FnMut(usize, &[f64])) {
-    let mut cache = model.new_cache(4096);
-    let mut logits = model.forward(&g.prompt_ids, &mut cache).unwrap();
-    for (step, &token) in g.greedy_ids.iter().enumerate() {
-        f(step, &log_softmax(&logits));
-        if step + 1 < g.greedy_ids.len() {
-            logits = model.forward(&[token], &mut cache).unwrap();
+/// Per generation, the log-probabilities of the next token after its prompt and after each of
+/// its tokens fed back in. The generations run batched, a step of each per forward pass: a
+/// row's logits do not depend on the rows beside it, so this only saves time.
+fn teacher_force(model: &dyn CausalLm, generations: &[Generation]) -> Vec<Vec<Vec<f64>>> {
+    let steps = generations[0].greedy_ids.len();
+    assert!(generations.iter().all(|g| g.greedy_ids.len() == steps));
+    let mut caches: Vec<_> = generations.iter().map(|_| model.new_cache(4096)).collect();
+    let mut forced: Vec<Vec<Vec<f64>>> = generations.iter().map(|_| Vec::new()).collect();
+    for step in 0..steps {
+        let mut batch: Vec<BatchEntry> = generations
+            .iter()
+            .zip(&mut caches)
+            .map(|(g, cache)| {
+                let tokens = match step {
+                    0 => &g.prompt_ids[..],
+                    _ => std::slice::from_ref(&g.greedy_ids[step - 1]),
+                };
+                BatchEntry::new(tokens, cache)
+            })
+            .collect();
+        let logits = model.forward_batch(&mut batch).unwrap();
+        for (steps, logits) in forced.iter_mut().zip(logits) {
+            steps.push(log_softmax(&logits));
         }
     }
+    forced
 }
 
 fn log_softmax(logits: &[f32]) -> Vec<f64> {
