@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, TryRecvError};
 use std::sync::Arc;
 
@@ -21,6 +21,7 @@ use crate::bundle::ModelBundle;
 use crate::draft::{
     self, DraftModel, DraftPool, DraftScript, NgramDrafter, Proposal, RecentOutputs, RollbackStates,
 };
+use crate::engine_load::{EngineLoad, MAX_DRAFT};
 use crate::error::{EngineStopped, RunnerError};
 use crate::events::{Caller, SequenceEvent};
 use crate::polling_workers;
@@ -129,50 +130,6 @@ impl EngineConfig {
             orphan_prefill_tokens: usize::MAX,
             fault_injection: None,
             speculation: SpeculationConfig::default(),
-        }
-    }
-}
-
-/// Gauges and counters the server exports.
-#[derive(Debug, Default)]
-pub struct EngineLoad {
-    pub waiting: AtomicUsize,
-    pub active: AtomicUsize,
-    /// Prompt positions read for requests whose client had gone (kept for a retry).
-    pub orphan_prefill_tokens: AtomicUsize,
-    /// Of those, positions later requests took from the prefix cache (each time they did).
-    pub orphan_tokens_reused: AtomicUsize,
-    /// Sequences sent back to the queue because the KV pool ran out.
-    pub preemptions: AtomicUsize,
-    /// KV blocks running sequences hold (shared ones once), and blocks in the pool.
-    pub kv_blocks_used: AtomicUsize,
-    pub kv_blocks_total: AtomicUsize,
-    /// Bytes of prefix-cache snapshots kept in memory.
-    pub snapshot_bytes: AtomicUsize,
-    /// KV blocks whose sliding-window layers' rows were given back to the OS.
-    pub kv_window_released_blocks: AtomicUsize,
-    /// Speculative rounds that drafted, the tokens they drafted, and those the model accepted.
-    pub spec_drafts: AtomicUsize,
-    pub spec_draft_tokens: AtomicUsize,
-    pub spec_accepted_tokens: AtomicUsize,
-    /// Per draft position (first, second, ...), how often it was accepted.
-    pub spec_accepted_by_position: [AtomicUsize; MAX_DRAFT],
-}
-
-/// The most tokens a round may draft.
-pub const MAX_DRAFT: usize = 16;
-
-impl EngineLoad {
-    /// Counts a decode step's round: `accepted` of `drafted` drafts, a prefix of them.
-    fn count_round(&self, drafted: usize, accepted: usize) {
-        if drafted == 0 {
-            return;
-        }
-        self.spec_drafts.fetch_add(1, Ordering::Relaxed);
-        self.spec_draft_tokens.fetch_add(drafted, Ordering::Relaxed);
-        self.spec_accepted_tokens.fetch_add(accepted, Ordering::Relaxed);
-        for position in &self.spec_accepted_by_position[..accepted.min(MAX_DRAFT)] {
-            position.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -582,9 +539,7 @@ impl EngineState<'_> {
                     job.seq.end_prefill(&mut self.prefix, logits);
                 }
                 Work::Decode => {
-                    let verified = job.seq.end_decode(self.bundle, logits);
-                    self.load.count_round(verified.drafted, verified.accepted);
-                    if !verified.alive {
+                    if !job.seq.end_decode(self.bundle, logits, self.load) {
                         job.seq.keep_reply(&mut self.prefix);
                         self.end(job.id, job.seq);
                         continue;

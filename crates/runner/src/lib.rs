@@ -7,6 +7,7 @@ mod bundle;
 mod disk_tier;
 mod draft;
 mod engine;
+mod engine_load;
 mod error;
 mod events;
 mod kv_events;
@@ -26,9 +27,9 @@ pub use bundle::{model_fingerprint, ModelBundle};
 pub use disk_tier::DiskConfig;
 pub use draft::{share_rollback_memory, DraftModel, DraftScript, RollbackShare};
 pub use engine::{
-    Engine, EngineConfig, EngineHealth, EngineLoad, FaultInjection, SpeculationConfig, StepStage,
-    MAX_DRAFT,
+    Engine, EngineConfig, EngineHealth, FaultInjection, SpeculationConfig, StepStage,
 };
+pub use engine_load::{EngineLoad, MAX_DRAFT};
 pub use error::{EngineStopped, Result, RunnerError};
 pub use events::{
     sequence_channel, Caller, Canceller, ClientGone, FinishReason, SequenceEvent, SequenceEvents,

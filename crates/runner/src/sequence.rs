@@ -12,6 +12,7 @@ use crate::bundle::ModelBundle;
 use crate::draft::{
     DraftPool, DraftRound, ModelDraft, NgramDrafter, Proposal, RecentOutputs, RollbackHold,
 };
+use crate::engine_load::EngineLoad;
 use crate::error::RunnerError;
 use crate::events::{Caller, FinishReason, SequenceEvent, SequenceSummary};
 use crate::mtp_drafter::MtpDrafter;
@@ -78,15 +79,6 @@ pub struct Drafting {
     pub drafter: Option<NgramDrafter>,
     /// The draft model's state for this sequence, with `--draft-model`.
     pub model_draft: Option<ModelDraft>,
-}
-
-/// What checking a round's drafts came to.
-pub struct Verified {
-    /// The sequence goes on (otherwise its end has been reported).
-    pub alive: bool,
-    pub drafted: usize,
-    /// Drafts the model picked itself, a prefix of the round's.
-    pub accepted: usize,
 }
 
 impl Sequence {
@@ -490,22 +482,31 @@ impl Sequence {
     /// drafts in order, deciding each position exactly as plain decoding would from the same
     /// logits; a draft is kept while it is what the model decided. The first it did not decide
     /// ends the round (the decided token runs next step) and the cache goes back to the last
-    /// draft kept; when all were, the logits after the last wait for the next step.
-    pub fn end_decode(&mut self, bundle: &ModelBundle, mut logits: Vec<f32>) -> Verified {
+    /// draft kept; when all were, the logits after the last wait for the next step. `load`
+    /// counts the round as it is decided, before the sequence can end. Returns whether the
+    /// sequence goes on (otherwise its end has been reported).
+    pub fn end_decode(
+        &mut self,
+        bundle: &ModelBundle,
+        mut logits: Vec<f32>,
+        load: &EngineLoad,
+    ) -> bool {
         let drafts = std::mem::take(&mut self.drafts);
         let vocab = logits.len() / (drafts.len() + 1);
-        let mut verified = Verified { alive: true, drafted: drafts.len(), accepted: 0 };
+        let (mut alive, mut accepted) = (true, 0);
         // Counted before the drafts are decided: deciding one may end the sequence, and its
-        // summary reports this round too.
+        // summary (and a scrape after it) reports this round too.
         self.drafted += drafts.len();
+        load.count_drafts(drafts.len());
         // Positions processed up to the decided token.
         let decided = self.cache.len() - drafts.len();
         for (&draft, row) in drafts.iter().zip(logits.chunks_exact(vocab)) {
-            match self.decide(bundle, row.to_vec(), decided + verified.accepted) {
-                None => verified.alive = false,
+            match self.decide(bundle, row.to_vec(), decided + accepted) {
+                None => alive = false,
                 Some(id) if id == draft => {
                     self.reply.push(id);
-                    verified.accepted += 1;
+                    load.count_accepted(accepted);
+                    accepted += 1;
                     self.accepted += 1;
                     continue;
                 }
@@ -513,21 +514,21 @@ impl Sequence {
             }
             break;
         }
-        if let Err(e) = self.cache.truncate(decided + verified.accepted) {
-            if verified.alive {
+        if let Err(e) = self.cache.truncate(decided + accepted) {
+            if alive {
                 self.fail(RunnerError::Internal(format!("rejected drafts stay in the cache: {e}")));
-                verified.alive = false;
+                alive = false;
             }
         }
-        if verified.alive && self.pending.is_none() {
+        if alive && self.pending.is_none() {
             // The last row, kept in place: a plain step moves its logits without a copy.
             logits.drain(..drafts.len() * vocab);
             self.logits = Some(logits);
         }
         if let Some(drafter) = &mut self.drafter {
-            drafter.record(verified.drafted, verified.accepted);
+            drafter.record(drafts.len(), accepted);
         }
-        verified
+        alive
     }
 
     /// Starts forcing the close tag when reasoning has used its budget, or when thinking on
