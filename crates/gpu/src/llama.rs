@@ -400,7 +400,10 @@ fn upload_matrix(gpu: &Gpu, weight: Weight) -> spindle_models::Result<GpuMatrix>
                 GgmlDType::Q5_0 => WeightFormat::Q5_0,
                 GgmlDType::Q5_1 => WeightFormat::Q5_1,
                 GgmlDType::Q8_0 => WeightFormat::Q8_0,
+                GgmlDType::Q2K => WeightFormat::Q2K,
+                GgmlDType::Q3K => WeightFormat::Q3K,
                 GgmlDType::Q4K => WeightFormat::Q4K,
+                GgmlDType::Q5K => WeightFormat::Q5K,
                 GgmlDType::Q6K => WeightFormat::Q6K,
                 other => {
                     return Err(ModelError::BadConfig(format!(

@@ -26,12 +26,15 @@ pub enum WeightFormat {
     Q5_0,
     Q5_1,
     Q8_0,
+    Q2K,
+    Q3K,
     Q4K,
+    Q5K,
     Q6K,
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 10] = [
+    pub const ALL: [WeightFormat; 13] = [
         Self::F32,
         Self::F16,
         Self::Bf16,
@@ -40,7 +43,10 @@ impl WeightFormat {
         Self::Q5_0,
         Self::Q5_1,
         Self::Q8_0,
+        Self::Q2K,
+        Self::Q3K,
         Self::Q4K,
+        Self::Q5K,
         Self::Q6K,
     ];
 
@@ -54,7 +60,10 @@ impl WeightFormat {
             Self::Q5_0 => (32, 22),
             Self::Q5_1 => (32, 24),
             Self::Q8_0 => (32, 34),
+            Self::Q2K => (256, 84),
+            Self::Q3K => (256, 110),
             Self::Q4K => (256, 144),
+            Self::Q5K => (256, 176),
             Self::Q6K => (256, 210),
         }
     }
@@ -85,7 +94,10 @@ impl WeightFormat {
             Self::Q5_0 => include_str!("shaders/q5_0.wgsl"),
             Self::Q5_1 => include_str!("shaders/q5_1.wgsl"),
             Self::Q8_0 => include_str!("shaders/q8_0.wgsl"),
+            Self::Q2K => include_str!("shaders/q2_k.wgsl"),
+            Self::Q3K => include_str!("shaders/q3_k.wgsl"),
             Self::Q4K => include_str!("shaders/q4_k.wgsl"),
+            Self::Q5K => include_str!("shaders/q5_k.wgsl"),
             Self::Q6K => include_str!("shaders/q6_k.wgsl"),
         }
     }

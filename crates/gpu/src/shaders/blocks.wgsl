@@ -3,13 +3,15 @@
 // supplies `load_unit(row_start, u)`, the u-th 32 values of the row starting at byte
 // `row_start`; the kernel's `params` has `cols`.
 
-// The 32 values of one unit are `scale_lo · q[j] + offset` for j < 16 and `scale_hi · q[j] +
-// offset` after (Q6_K has a scale per 16 values; the other formats give both halves one).
+// The 32 values of one unit are `scale_lo · q[j] + offset_lo` for j < 16 and `scale_hi · q[j] +
+// offset_hi` after (Q2_K, Q3_K and Q6_K scale each 16 values, Q2_K offsets them too; the other
+// formats give both halves one).
 struct Unit {
     q: array<f32, 32>,
     scale_lo: f32,
     scale_hi: f32,
-    offset: f32,
+    offset_lo: f32,
+    offset_hi: f32,
 }
 
 @group(0) @binding(0) var<storage, read> weights: array<u32>;

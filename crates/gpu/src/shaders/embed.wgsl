@@ -37,10 +37,12 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
         let width = min(32u, params.cols - col);
         for (var j = 0u; j < width; j++) {
             var scale = unit.scale_hi;
+            var offset = unit.offset_hi;
             if (j < 16u) {
                 scale = unit.scale_lo;
+                offset = unit.offset_lo;
             }
-            out[token * params.cols + col + j] = scale * unit.q[j] + unit.offset;
+            out[token * params.cols + col + j] = scale * unit.q[j] + offset;
         }
     }
 }

@@ -18,7 +18,8 @@ fn load_unit(row_start: u32, u: u32) -> Unit {
     let scale = f16_at(block) * f32(sc);
     unit.scale_lo = scale;
     unit.scale_hi = scale;
-    unit.offset = -f16_at(block + 2u) * f32(m);
+    unit.offset_lo = -f16_at(block + 2u) * f32(m);
+    unit.offset_hi = unit.offset_lo;
     let quants = block + 16u + (s / 2u) * 32u;
     let shift = (s % 2u) * 4u;
     for (var j = 0u; j < 32u; j++) {

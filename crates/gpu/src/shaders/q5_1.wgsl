@@ -7,7 +7,8 @@ fn load_unit(row_start: u32, u: u32) -> Unit {
     let high = u32_at(block + 4u);
     unit.scale_lo = d;
     unit.scale_hi = d;
-    unit.offset = f16_at(block + 2u);
+    unit.offset_lo = f16_at(block + 2u);
+    unit.offset_hi = unit.offset_lo;
     for (var j = 0u; j < 16u; j++) {
         let b = byte_at(block + 8u + j);
         unit.q[j] = f32((b & 15u) | (((high >> j) & 1u) << 4u));

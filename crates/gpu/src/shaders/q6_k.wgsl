@@ -13,7 +13,8 @@ fn load_unit(row_start: u32, u: u32) -> Unit {
     var unit: Unit;
     unit.scale_lo = d * i8_at(scales);
     unit.scale_hi = d * i8_at(scales + 1u);
-    unit.offset = 0.0;
+    unit.offset_lo = 0.0;
+    unit.offset_hi = unit.offset_lo;
     for (var l = 0u; l < 32u; l++) {
         let nibble = (byte_at(low + l) >> (4u * (k / 2u))) & 15u;
         let bits = (byte_at(high + l) >> (2u * k)) & 3u;

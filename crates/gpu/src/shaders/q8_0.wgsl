@@ -5,7 +5,8 @@ fn load_unit(row_start: u32, u: u32) -> Unit {
     let d = f16_at(block);
     unit.scale_lo = d;
     unit.scale_hi = d;
-    unit.offset = 0.0;
+    unit.offset_lo = 0.0;
+    unit.offset_hi = unit.offset_lo;
     for (var j = 0u; j < 32u; j++) {
         unit.q[j] = i8_at(block + 2u + j);
     }

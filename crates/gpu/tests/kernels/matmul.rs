@@ -37,7 +37,10 @@ fn ggml(format: WeightFormat) -> Option<GgmlDType> {
         WeightFormat::Q5_0 => GgmlDType::Q5_0,
         WeightFormat::Q5_1 => GgmlDType::Q5_1,
         WeightFormat::Q8_0 => GgmlDType::Q8_0,
+        WeightFormat::Q2K => GgmlDType::Q2K,
+        WeightFormat::Q3K => GgmlDType::Q3K,
         WeightFormat::Q4K => GgmlDType::Q4K,
+        WeightFormat::Q5K => GgmlDType::Q5K,
         WeightFormat::Q6K => GgmlDType::Q6K,
         WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => return None,
     })
@@ -97,7 +100,11 @@ fn cpu_product(format: WeightFormat, w: &Weight, rows: usize, cols: usize, x: &[
         WeightFormat::Q6K if tiled => {
             Q6KMatrix::new(rows, cols, &w.bytes).unwrap().forward(&xt).unwrap()
         }
-        WeightFormat::Q4K | WeightFormat::Q6K => {
+        WeightFormat::Q2K
+        | WeightFormat::Q3K
+        | WeightFormat::Q4K
+        | WeightFormat::Q5K
+        | WeightFormat::Q6K => {
             let q = w.quantized.clone().unwrap();
             QuantizedMatrix::new(q, 1).unwrap().forward(&xt).unwrap()
         }
@@ -131,7 +138,11 @@ fn gpu_product(gpu: &Gpu, kernel: &Matmul, w: &GpuMatrix, x: &[f32]) -> Vec<f32>
 fn block_values(format: WeightFormat) -> usize {
     match format {
         WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => 1,
-        WeightFormat::Q4K | WeightFormat::Q6K => 256,
+        WeightFormat::Q2K
+        | WeightFormat::Q3K
+        | WeightFormat::Q4K
+        | WeightFormat::Q5K
+        | WeightFormat::Q6K => 256,
         _ => 32,
     }
 }
@@ -229,4 +240,24 @@ fn a_matrix_in_parts_gives_the_same_bits_as_in_one() {
     // A part smaller than one row is refused, not a panic.
     let w = weight(WeightFormat::Q8_0, &uniform(&mut rng, 64), 2, 32);
     assert!(GpuMatrix::upload_in_parts(gpu, WeightFormat::Q8_0, 2, 32, &w.bytes, 32).is_err());
+}
+
+#[test]
+fn embedding_rows_of_every_format_are_the_decoded_rows() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = rng(76);
+    for format in WeightFormat::ALL {
+        let (rows, cols) = (9, 2 * 256);
+        let w = weight(format, &uniform(&mut rng, rows * cols), rows, cols);
+        let table = GpuMatrix::upload(gpu, format, rows, cols, &w.bytes).unwrap();
+        let embed = Embed::new(gpu, format).unwrap();
+        let ids = [4, 0, 8, 4];
+        let got = computed(gpu, |step| embed.forward(step, &table, &ids));
+        let want: Vec<f32> =
+            ids.iter().flat_map(|&id| &w.decoded[id as usize * cols..][..cols]).copied().collect();
+        // Decoding is a multiply-add per value of at most 1 (absolute error: a value whose two
+        // terms cancel has no relative one).
+        let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+        check(&format!("{format:?} embedding rows"), &got, &want, &vec![1.0; want.len()], 1e-6);
+    }
 }
