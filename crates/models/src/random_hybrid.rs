@@ -82,6 +82,23 @@ impl HybridShape {
         ..Self::QWEN35_35B_A3B
     };
 
+    /// The smallest sizes Q4_K's 256-wide blocks allow (4 experts, top 2), for tests that run
+    /// the whole model.
+    pub const TINY: Self = Self {
+        stem: "qwen35moe-tiny-random",
+        hidden: 256,
+        experts: 4,
+        experts_used: 2,
+        expert_width: 256,
+        heads: 2,
+        kv_heads: 1,
+        head_dim: 128,
+        k_heads: 2,
+        v_heads: 2,
+        linear_head_dim: 128,
+        mtp_head: false,
+    };
+
     /// The file name of this shape with `blocks` blocks; it changes whenever the written bytes
     /// do, so a file from an older writer is not reused.
     pub fn file_name(&self, blocks: usize) -> String {
@@ -273,21 +290,7 @@ fn metadata(s: &HybridShape, layers: usize) -> Vec<(String, Value)> {
 mod tests {
     use super::*;
 
-    /// The smallest sizes Q4_K's 256-wide blocks allow.
-    const SMALL: HybridShape = HybridShape {
-        stem: "test",
-        hidden: 256,
-        experts: 4,
-        experts_used: 2,
-        expert_width: 256,
-        heads: 2,
-        kv_heads: 1,
-        head_dim: 128,
-        k_heads: 2,
-        v_heads: 2,
-        linear_head_dim: 128,
-        mtp_head: true,
-    };
+    const SMALL: HybridShape = HybridShape { mtp_head: true, ..HybridShape::TINY };
 
     /// The head written is the head loaded: the model has 4 layers and drafts with a head that
     /// reads its hidden states.
