@@ -37,6 +37,7 @@ mod kv_pools;
 mod linear_attention;
 mod linear_state;
 mod llama;
+mod loading;
 mod matmul;
 mod norm;
 mod rope;
