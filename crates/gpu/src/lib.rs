@@ -28,10 +28,13 @@
 mod attention;
 mod buffer;
 mod causal_conv;
+mod delta_net_layer;
 mod delta_rule;
 mod device;
 mod elementwise;
 mod error;
+mod gated_attention;
+mod hybrid;
 mod kernel;
 mod kv_pools;
 mod linear_attention;
@@ -39,9 +42,11 @@ mod linear_state;
 mod llama;
 mod loading;
 mod matmul;
+mod moe;
 mod norm;
 mod rope;
 mod step;
+mod step_states;
 
 pub use attention::{
     Attention, AttentionShape, KvCache, KvPool, PagedRows, QueryPlace, MAX_HEAD_DIM,
@@ -52,6 +57,7 @@ pub use delta_rule::{DeltaRule, DeltaRuleInputs};
 pub use device::{AdapterSummary, Gpu};
 pub use elementwise::{AddRows, Elementwise};
 pub use error::{GpuError, Result};
+pub use hybrid::GpuHybrid;
 pub use linear_attention::{
     LinearAttention, LinearAttentionHostWeights, LinearAttentionWeights, Projected,
 };

@@ -8,6 +8,7 @@ mod deltanet;
 mod elementwise;
 mod gemma;
 mod harness;
+mod hybrid;
 mod matmul;
 mod model;
 mod norm_rope;
