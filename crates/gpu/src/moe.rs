@@ -18,7 +18,7 @@ use crate::matmul::GpuMatrix;
 use crate::step::Step;
 
 /// Most experts a token's router picks (`MAX_TOP_K` in `moe_route.wgsl`).
-pub(crate) const MAX_TOP_K: usize = 32;
+pub const MAX_TOP_K: usize = 32;
 
 /// `down(silu(gate · x) · (up · x))`.
 pub(crate) struct GatedMlp {
@@ -51,10 +51,53 @@ impl SparseMoe {
     }
 }
 
+/// The router's choice per token (`moe_route.wgsl`), as `spindle_models::Routing`: softmax,
+/// top-k (ties to the lower expert), renormalised when asked, as a dense row of expert weights
+/// (0 for the experts not chosen).
+pub struct MoeRoute {
+    kernel: Kernel,
+}
+
+impl MoeRoute {
+    pub fn new(gpu: &Gpu) -> Result<Self> {
+        Ok(MoeRoute {
+            kernel: Kernel::new(gpu, "moe_route", include_str!("shaders/moe_route.wgsl"))?,
+        })
+    }
+
+    /// `logits` (tokens × `experts`) → weights (tokens × `experts`).
+    pub fn forward(
+        &self,
+        step: &mut Step<'_>,
+        logits: &GpuTensor,
+        experts: usize,
+        top_k: usize,
+        normalize: bool,
+    ) -> Result<GpuTensor> {
+        let tokens = logits.len().checked_div(experts).unwrap_or(0);
+        if top_k == 0 || top_k > experts.min(MAX_TOP_K) || tokens * experts != logits.len() {
+            return Err(GpuError::BadInput(format!(
+                "top {top_k} of {experts} experts (at most {MAX_TOP_K}) over {} logits",
+                logits.len()
+            )));
+        }
+        let weights = step.gpu.output(logits.len());
+        let params = [
+            count(tokens, "tokens")?,
+            count(experts, "experts")?,
+            count(top_k, "top k")?,
+            u32::from(normalize),
+        ];
+        let groups = (count(tokens.div_ceil(64), "routing groups")?, 1);
+        self.kernel.record(step, &[&logits.buffer, &weights.buffer], &params, groups);
+        Ok(weights)
+    }
+}
+
 /// The feed-forward kernels, compiled once.
 pub(crate) struct FeedForwardKernels {
     silu_mul: Elementwise,
-    route: Kernel,
+    route: MoeRoute,
     /// `a + b · s` (an expert's weight).
     weighted_add: Kernel,
     /// `a + b · sigmoid(s)` (the shared expert's gate).
@@ -69,7 +112,7 @@ impl FeedForwardKernels {
         };
         Ok(FeedForwardKernels {
             silu_mul: Elementwise::silu_mul(gpu)?,
-            route: Kernel::new(gpu, "moe_route", include_str!("shaders/moe_route.wgsl"))?,
+            route: MoeRoute::new(gpu)?,
             weighted_add: scaled("weighted_add", "fn scale(v: f32) -> f32 { return v; }")?,
             gated_add: scaled(
                 "gated_add",
@@ -100,23 +143,8 @@ impl FeedForwardKernels {
         x: &GpuTensor,
     ) -> Result<GpuTensor> {
         let experts = moe.experts.len();
-        if moe.top_k == 0 || moe.top_k > experts.min(MAX_TOP_K) {
-            return Err(GpuError::BadInput(format!(
-                "top {} of {experts} experts (at most {MAX_TOP_K})",
-                moe.top_k
-            )));
-        }
         let logits = products.forward(step, &moe.router, x)?;
-        let tokens = logits.len() / experts;
-        let weights = step.gpu.output(tokens * experts);
-        let params = [
-            count(tokens, "tokens")?,
-            count(experts, "experts")?,
-            count(moe.top_k, "top k")?,
-            u32::from(moe.normalize_top_k),
-        ];
-        let groups = (count(tokens.div_ceil(64), "routing groups")?, 1);
-        self.route.record(step, &[&logits.buffer, &weights.buffer], &params, groups);
+        let weights = self.route.forward(step, &logits, experts, moe.top_k, moe.normalize_top_k)?;
         // A fresh buffer is zeros: the CPU's sum starts there too.
         let mut sum = step.gpu.output(x.len());
         for (e, expert) in moe.experts.iter().enumerate() {

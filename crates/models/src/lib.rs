@@ -62,6 +62,7 @@ pub use rope::RopeScaling;
 // The layers the GPU kernels are checked against.
 pub use kv_mirror::KvMirror;
 pub use layers::{RmsNorm, RopeStyle, Rotary};
+pub use moe::Routing;
 pub use paged_kv::{KvShape, PagedKv};
 /// The steps of the Gated DeltaNet layer on plain slices, which the GPU kernels are checked
 /// against.

@@ -11,4 +11,5 @@ mod harness;
 mod hybrid;
 mod matmul;
 mod model;
+mod moe;
 mod norm_rope;
