@@ -37,7 +37,7 @@ enum TokenMixer {
 }
 
 enum FeedForward {
-    Moe(SparseMoe),
+    Moe(Box<SparseMoe>),
     Dense(GatedMlp),
 }
 
@@ -154,6 +154,10 @@ impl GpuHybrid {
             })
             .chain(head.iter())
             .chain([&embed]);
+        let stacks = layers.iter().flat_map(|l| match &l.ffn {
+            FeedForward::Moe(moe) => moe.experts.matrices().to_vec(),
+            FeedForward::Dense(_) => Vec::new(),
+        });
         let kernels = (|| {
             Ok(Kernels {
                 products: Products::new(&gpu, matrices)?,
@@ -162,7 +166,7 @@ impl GpuHybrid {
                 add: Elementwise::add(&gpu)?,
                 attention: AttentionKernels::new(&gpu)?,
                 linear: LinearAttention::new(&gpu)?,
-                ffn: FeedForwardKernels::new(&gpu)?,
+                ffn: FeedForwardKernels::new(&gpu, stacks)?,
             })
         })()
         .map_err(model_error)?;
@@ -313,27 +317,29 @@ fn feed_forward(
     if !moe {
         return Ok(FeedForward::Dense(mlp(w, "")?));
     }
-    let stacks = [
-        w.weight(&format!("{p}.ffn_gate_exps.weight"))?,
-        w.weight(&format!("{p}.ffn_up_exps.weight"))?,
-        w.weight(&format!("{p}.ffn_down_exps.weight"))?,
-    ];
-    let experts = (0..cfg.num_experts)
-        .map(|e| {
-            let [gate, up, down] = [0, 1, 2].map(|m| stacks[m].expert(e));
-            Ok(GatedMlp {
-                gate: upload_matrix(gpu, gate?)?,
-                up: upload_matrix(gpu, up?)?,
-                down: upload_matrix(gpu, down?)?,
-            })
-        })
-        .collect::<spindle_models::Result<_>>()?;
-    Ok(FeedForward::Moe(SparseMoe {
+    let mut stack = |name: &str| -> spindle_models::Result<GpuMatrix> {
+        let stack = upload_matrix(gpu, w.weight(&format!("{p}.{name}.weight"))?)?;
+        if cfg.num_experts == 0 || !stack.rows().is_multiple_of(cfg.num_experts) {
+            return Err(ModelError::BadConfig(format!(
+                "{p}.{name} has {} rows: no whole number of rows for each of {} experts",
+                stack.rows(),
+                cfg.num_experts
+            )));
+        }
+        Ok(stack)
+    };
+    let experts = GatedMlp {
+        gate: stack("ffn_gate_exps")?,
+        up: stack("ffn_up_exps")?,
+        down: stack("ffn_down_exps")?,
+    };
+    Ok(FeedForward::Moe(Box::new(SparseMoe {
         router: upload_matrix(gpu, w.weight(&format!("{p}.ffn_gate_inp.weight"))?)?,
         experts,
+        expert_count: cfg.num_experts,
         top_k: cfg.num_experts_per_tok,
         normalize_top_k: cfg.normalize_top_k(),
         shared: mlp(w, "_shexp")?,
         shared_gate: upload_matrix(gpu, w.weight(&format!("{p}.ffn_gate_inp_shexp.weight"))?)?,
-    }))
+    })))
 }

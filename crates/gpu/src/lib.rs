@@ -63,7 +63,7 @@ pub use linear_attention::{
 };
 pub use linear_state::{DeltaNetShape, LinearRun, LinearRuns, LinearStates, MAX_K_DIM};
 pub use llama::GpuLlama;
-pub use matmul::{Embed, GpuMatrix, Matmul, WeightFormat};
+pub use matmul::{Embed, GatheredMatmul, GpuMatrix, Matmul, WeightFormat};
 pub use moe::{MoeRoute, MAX_TOP_K};
 pub use norm::{GatedRmsNorm, L2Norm, RmsNorm};
 pub use rope::{Rope, RopePairs, RopeShape, RopeTable};

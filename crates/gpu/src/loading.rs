@@ -21,13 +21,20 @@ pub(crate) fn upload_matrix(gpu: &Gpu, weight: Weight) -> spindle_models::Result
 }
 
 /// A matrix's format, rows, columns and bytes as the device holds it: a quantized one as the
-/// file stores it, a dense one as f32.
+/// file stores it, a dense one as f32. A stack of experts' matrices (`experts × rows × cols`)
+/// is one matrix of `experts · rows` rows.
 pub(crate) fn file_layout(
     weight: Weight,
 ) -> spindle_models::Result<(WeightFormat, usize, usize, Vec<u8>)> {
+    let rows_cols = |dims: &[usize]| match dims.split_last() {
+        Some((&cols, outer)) if !outer.is_empty() && outer.len() <= 2 => {
+            Ok((outer.iter().product(), cols))
+        }
+        _ => Err(ModelError::BadConfig(format!("a weight of dimensions {dims:?} is no matrix"))),
+    };
     Ok(match weight {
         Weight::Quantized(q) => {
-            let (rows, cols) = q.shape().dims2()?;
+            let (rows, cols) = rows_cols(q.shape().dims())?;
             let format = match q.dtype() {
                 GgmlDType::F32 => WeightFormat::F32,
                 GgmlDType::F16 => WeightFormat::F16,
@@ -48,7 +55,7 @@ pub(crate) fn file_layout(
             (format, rows, cols, q.data()?.into_owned())
         }
         Weight::Dense(t) => {
-            let (rows, cols) = t.dims2()?;
+            let (rows, cols) = rows_cols(t.dims())?;
             let values: Vec<f32> = t.flatten_all()?.to_vec1()?;
             (WeightFormat::F32, rows, cols, bytemuck::cast_slice(&values).to_vec())
         }

@@ -1,8 +1,8 @@
 // Per token, the router's choice as the CPU's `Routing::from_logits`: softmax over the experts'
 // logits (exp(l − max), summed in expert order), the top_k largest (ties to the lower expert),
-// renormalised to sum 1 when asked. Written as a dense row of weights, 0 for the experts not
-// chosen, so every expert's output is added in expert order whatever the batch. One lane a
-// token.
+// renormalised to sum 1 when asked (summed in the order chosen, as the CPU). Written as the
+// chosen experts in expert order with their weights, so the experts' outputs are added in the
+// CPU's order. One lane a token.
 
 struct Params {
     tokens: u32,
@@ -12,8 +12,9 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
-@group(0) @binding(1) var<storage, read_write> weights: array<f32>;
-@group(0) @binding(2) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read_write> ids: array<u32>;
+@group(0) @binding(2) var<storage, read_write> weights: array<f32>;
+@group(0) @binding(3) var<uniform> params: Params;
 
 const MAX_TOP_K: u32 = 32u;
 const GRID_X: u32 = 32768u;
@@ -62,10 +63,21 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
             share[j] /= total;
         }
     }
-    for (var e = 0u; e < params.experts; e++) {
-        weights[row + e] = 0.0;
+    // Into expert order (insertion sort: top_k is small).
+    for (var j = 1u; j < params.top_k; j++) {
+        let e = chosen[j];
+        let w = share[j];
+        var i = j;
+        while (i > 0u && chosen[i - 1u] > e) {
+            chosen[i] = chosen[i - 1u];
+            share[i] = share[i - 1u];
+            i--;
+        }
+        chosen[i] = e;
+        share[i] = w;
     }
     for (var j = 0u; j < params.top_k; j++) {
-        weights[row + chosen[j]] = share[j];
+        ids[t * params.top_k + j] = chosen[j];
+        weights[t * params.top_k + j] = share[j];
     }
 }
