@@ -82,8 +82,8 @@ impl HybridShape {
         ..Self::QWEN35_35B_A3B
     };
 
-    /// The smallest sizes Q4_K's 256-wide blocks allow (4 experts, top 2), for tests that run
-    /// the whole model.
+    /// The smallest sizes Q4_K's 256-wide blocks allow (4 experts, top 2; two value heads per
+    /// key head, so the file's tiled head order matters), for tests that run the whole model.
     pub const TINY: Self = Self {
         stem: "qwen35moe-tiny-random",
         hidden: 256,
@@ -94,7 +94,7 @@ impl HybridShape {
         kv_heads: 1,
         head_dim: 128,
         k_heads: 2,
-        v_heads: 2,
+        v_heads: 4,
         linear_head_dim: 128,
         mtp_head: false,
     };
