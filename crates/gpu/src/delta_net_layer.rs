@@ -2,7 +2,8 @@
 //! the in-projections (q, k and v as the convolution's channels, z, b, a), the mixing chain of
 //! [`LinearAttention`] from each sequence's state slot, and the output projection.
 
-use spindle_models::{ModelError, WeightSource};
+use candle_core::{Device, Tensor};
+use spindle_models::{Weight, WeightSource};
 
 use crate::buffer::GpuTensor;
 use crate::device::Gpu;
@@ -34,20 +35,15 @@ impl DeltaNetLayer {
         shape: DeltaNetShape,
         norm_eps: f32,
     ) -> spindle_models::Result<Self> {
-        if w.contains(&format!("{p}.ssm_ba.weight")) {
-            // Qwen3-Next's b and a rows come grouped per key head; the CPU regroups them.
-            return Err(ModelError::BadConfig(format!(
-                "on the GPU: {p}.ssm_ba (Qwen3-Next's fused b and a) is not yet supported"
-            )));
-        }
+        let (b, a) = if w.contains(&format!("{p}.ssm_ba.weight")) {
+            let [b, a] = b_and_a(w.dense(&format!("{p}.ssm_ba.weight"))?, shape)?;
+            (upload_matrix(gpu, b)?, upload_matrix(gpu, a)?)
+        } else {
+            let mut matrix = |name| upload_matrix(gpu, w.weight(&format!("{p}.{name}.weight"))?);
+            (matrix("ssm_beta")?, matrix("ssm_alpha")?)
+        };
         let mut matrix = |name: &str| upload_matrix(gpu, w.weight(&format!("{p}.{name}.weight"))?);
-        let (qkv, z, b, a, out) = (
-            matrix("attn_qkv")?,
-            matrix("attn_gate")?,
-            matrix("ssm_beta")?,
-            matrix("ssm_alpha")?,
-            matrix("ssm_out")?,
-        );
+        let (qkv, z, out) = (matrix("attn_qkv")?, matrix("attn_gate")?, matrix("ssm_out")?);
         let mut vector = |name: &str| -> spindle_models::Result<Vec<f32>> {
             Ok(w.dense(&format!("{p}.{name}"))?.flatten_all()?.to_vec1()?)
         };
@@ -85,4 +81,19 @@ impl DeltaNetLayer {
         let core = mixing.forward(step, &self.mixing, &projected, states, runs)?;
         products.forward(step, &self.out, &core)
     }
+}
+
+/// Qwen3-Next's `ssm_ba` rows come grouped per key head, `[b (r rows), a (r rows)]` for `r`
+/// value heads per key head: the b rows and the a rows of all heads apart, as the CPU regroups
+/// them.
+fn b_and_a(ba: Tensor, shape: DeltaNetShape) -> spindle_models::Result<[Weight; 2]> {
+    let per_group = shape.v_heads / shape.k_heads;
+    let rows = |offset: usize| -> spindle_models::Result<Weight> {
+        let ids: Vec<u32> = (0..shape.k_heads)
+            .flat_map(|g| (0..per_group).map(move |r| (g * 2 * per_group + offset + r) as u32))
+            .collect();
+        let n = ids.len();
+        Ok(Weight::Dense(ba.index_select(&Tensor::from_vec(ids, n, &Device::Cpu)?, 0)?))
+    };
+    Ok([rows(0)?, rows(per_group)?])
 }

@@ -78,7 +78,7 @@ pub struct GpuHybrid {
 impl GpuHybrid {
     /// Loads the model of `cfg` from a llama.cpp file's `weights` (see
     /// `spindle_models::open_hybrid`) onto `gpu`; what this path does not run (checkpoints,
-    /// Qwen3-Next's fused b/a, weight formats without a kernel) is refused here.
+    /// weight formats without a kernel) is refused here.
     pub fn load(
         gpu: Arc<Gpu>,
         cfg: HybridConfig,

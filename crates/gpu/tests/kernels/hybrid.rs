@@ -3,17 +3,19 @@
 //! matrices; 3 DeltaNet layers of 2 key and 4 value heads in llama.cpp's tiled order, 1
 //! attention layer; 4 experts, top 2): the same greedy tokens, logits within a recorded bound;
 //! a sequence's logits bitwise the same alone and batched; bad input refused with the caches
-//! unchanged.
+//! unchanged. And the hybrid fixtures' GGUF files (Qwen3-Next, Qwen3.5-MoE, Qwen3.5) against
+//! transformers' own logits.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use serde::Deserialize;
 use spindle_gpu::{Gpu, GpuHybrid};
 use spindle_models::random_hybrid::{placeholder_tokenizer, write_random_hybrid, HybridShape};
 use spindle_models::{BatchEntry, CausalLm, KvType, PagedKv, SequenceCache};
 
 use crate::harness::{gpu_or_skip, same_bits};
-use crate::model::{agreement, greedy_on_gpu};
+use crate::model::{agreement, argmax, greedy_on_gpu};
 
 const VOCAB: usize = 256;
 
@@ -154,4 +156,70 @@ fn bad_input_to_the_hybrid_is_refused_and_changes_no_cache() {
     assert!(gpu.forward(&[1], &mut foreign).is_err());
     assert_eq!((cache.len(), fine.len(), foreign.len()), (3, 0, 0));
     assert_eq!(cache.recurrent(), &state, "a refused step moved a state on");
+}
+
+/// Largest logit difference from transformers' float32 logits on the hybrid fixtures, the
+/// CPU's own bound there (measured on lavapipe: qwen3_next 6.2e-5, qwen3_5_moe 3.6e-4, qwen3_5
+/// 7.5e-5; the CPU's 1.1e-4 to 3.0e-4; transformers' two f32 paths differ by up to 2e-4;
+/// logits O(10)).
+const TRANSFORMERS_TOLERANCE: f32 = 1e-3;
+
+#[derive(Deserialize)]
+struct Fixture {
+    prompts: Vec<Prompt>,
+}
+
+#[derive(Deserialize)]
+struct Prompt {
+    ids: Vec<u32>,
+    greedy_ids: Vec<u32>,
+    /// `step_logits[i]` chose `greedy_ids[i]`; step 0 is the prefill's last position.
+    step_logits: Vec<Vec<f32>>,
+}
+
+/// Greedy steps checked after each fixture prompt: every decode step runs the same kernels (all
+/// 15 made each test ~17 s on lavapipe, 4 make it ~10 s).
+const FIXTURE_STEPS: usize = 4;
+
+/// Fixture `name` (tests/data/hybrid/<name>: a tiny seeded model as F32 GGUF, and
+/// transformers' logits, from scripts/reference/hybrid/make_hybrid_fixtures.py) on the GPU:
+/// each prompt (5, 17 and 80 tokens) and its first greedy steps, fed transformers' tokens,
+/// within the bound and with transformers' top-1 at every step.
+fn against_transformers(name: &str) {
+    let Some(device) = gpu_or_skip() else { return };
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid").join(name);
+    let text = std::fs::read_to_string(dir.join("fixture.json")).unwrap();
+    let fixture: Fixture = serde_json::from_str(&text).unwrap();
+    let gpu = load_on_gpu(&dir.join("model.gguf"), device.clone());
+    let mut worst = 0.0f32;
+    for p in &fixture.prompts {
+        let mut cache = gpu.new_cache(256);
+        let mut logits = gpu.forward(&p.ids, &mut cache).unwrap();
+        for (step, want) in p.step_logits.iter().enumerate().take(1 + FIXTURE_STEPS) {
+            if step > 0 {
+                logits = gpu.forward(&[p.greedy_ids[step - 1]], &mut cache).unwrap();
+            }
+            let at = format!("{name}, {} tokens, step {step}", p.ids.len());
+            assert_eq!(argmax(&logits), p.greedy_ids[step], "{at}: top-1");
+            worst =
+                worst.max(logits.iter().zip(want).map(|(g, w)| (g - w).abs()).fold(0.0, f32::max));
+            assert!(worst <= TRANSFORMERS_TOLERANCE, "{at}: logits differ by {worst}");
+        }
+    }
+    eprintln!("{name} on the GPU: max logit difference from transformers {worst:.2e}");
+}
+
+#[test]
+fn the_qwen3_next_fixture_on_the_gpu_matches_transformers() {
+    against_transformers("qwen3_next");
+}
+
+#[test]
+fn the_qwen3_5_moe_fixture_on_the_gpu_matches_transformers() {
+    against_transformers("qwen3_5_moe");
+}
+
+#[test]
+fn the_qwen3_5_dense_fixture_on_the_gpu_matches_transformers() {
+    against_transformers("qwen3_5");
 }
