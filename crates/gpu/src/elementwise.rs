@@ -13,6 +13,8 @@ const ADD: &str = "fn op(a: f32, b: f32) -> f32 { return a + b; }";
 const MUL: &str = "fn op(a: f32, b: f32) -> f32 { return a * b; }";
 /// `silu(g) = g / (1 + exp(−g))`.
 const SILU_MUL: &str = "fn op(g: f32, u: f32) -> f32 { return g / (1.0 + exp(-g)) * u; }";
+/// `a · sigmoid(g)` (the gated attention's output gate).
+const SIGMOID_MUL: &str = "fn op(a: f32, g: f32) -> f32 { return a * (1.0 / (1.0 + exp(-g))); }";
 /// `g/2 · (1 + tanh(√(2/π)·(g + 0.044715·g³)))` as the CPU's: `tanh t = sign(t)·(1 − e)/(1 + e)`
 /// for `e = exp(−2|t|)`, which never overflows (a device's own `tanh` may, far out).
 const GELU_MUL: &str = "fn op(g: f32, u: f32) -> f32 {
@@ -47,6 +49,11 @@ impl Elementwise {
     /// `silu(a) · b`.
     pub fn silu_mul(gpu: &Gpu) -> Result<Self> {
         Self::new(gpu, "silu_mul", SILU_MUL)
+    }
+
+    /// `a · sigmoid(b)`.
+    pub fn sigmoid_mul(gpu: &Gpu) -> Result<Self> {
+        Self::new(gpu, "sigmoid_mul", SIGMOID_MUL)
     }
 
     /// `gelu_tanh(a) · b`.

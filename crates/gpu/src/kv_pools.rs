@@ -12,7 +12,8 @@ use crate::attention::{KvPool, PagedRows, QueryPlace};
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 
-/// One device pool per attention layer.
+/// One device pool per softmax-attention layer, in layer order (linear-attention layers,
+/// which keep no keys, have none).
 pub(crate) struct LayerPools {
     pub(crate) layers: Vec<KvPool>,
 }
@@ -86,10 +87,9 @@ fn device_pools(gpu: &Gpu, shapes: &[Option<KvShape>], host: &PagedKv) -> Result
     // A sliding-window layer keeps every block of the host's numbering too (the host only
     // gives the memory of blocks out of every window back, and the kernel never reads
     // positions out of a query's window), so every layer's pool is the host's size.
-    if host.shapes() != shapes || shapes.iter().any(Option::is_none) {
+    if host.shapes() != shapes {
         return Err(GpuError::BadInput(format!(
-            "a cache shaped {:?} for a model whose layers are {shapes:?} (every layer softmax \
-             attention)",
+            "a cache shaped {:?} for a model whose layers are {shapes:?}",
             host.shapes()
         )));
     }

@@ -28,19 +28,25 @@
 mod attention;
 mod buffer;
 mod causal_conv;
+mod delta_net_layer;
 mod delta_rule;
 mod device;
 mod elementwise;
 mod error;
+mod gated_attention;
+mod hybrid;
 mod kernel;
 mod kv_pools;
 mod linear_attention;
 mod linear_state;
 mod llama;
+mod loading;
 mod matmul;
+mod moe;
 mod norm;
 mod rope;
 mod step;
+mod step_states;
 
 pub use attention::{
     Attention, AttentionShape, KvCache, KvPool, PagedRows, QueryPlace, MAX_HEAD_DIM,
@@ -51,12 +57,14 @@ pub use delta_rule::{DeltaRule, DeltaRuleInputs};
 pub use device::{AdapterSummary, Gpu};
 pub use elementwise::{AddRows, Elementwise};
 pub use error::{GpuError, Result};
+pub use hybrid::GpuHybrid;
 pub use linear_attention::{
     LinearAttention, LinearAttentionHostWeights, LinearAttentionWeights, Projected,
 };
 pub use linear_state::{DeltaNetShape, LinearRun, LinearRuns, LinearStates, MAX_K_DIM};
 pub use llama::GpuLlama;
-pub use matmul::{Embed, GpuMatrix, Matmul, WeightFormat};
+pub use matmul::{Embed, GatheredMatmul, GpuMatrix, Matmul, WeightFormat};
+pub use moe::{MoeRoute, MAX_TOP_K};
 pub use norm::{GatedRmsNorm, L2Norm, RmsNorm};
 pub use rope::{Rope, RopePairs, RopeShape, RopeTable};
 pub use step::{Readback, Step};

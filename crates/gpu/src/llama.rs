@@ -12,19 +12,19 @@
 
 use std::sync::Arc;
 
-use candle_core::quantized::GgmlDType;
 use spindle_models::{
     Architecture, BatchEntry, CausalLm, KvShape, ModelError, RopeScaling, RopeStyle, Rotary,
-    TransformerConfig, Weight, WeightSource,
+    TransformerConfig, WeightSource,
 };
 
 use crate::attention::{Attention, AttentionShape, PagedRows};
 use crate::buffer::GpuTensor;
 use crate::device::Gpu;
 use crate::elementwise::{AddRows, Elementwise};
-use crate::error::{GpuError, Result};
+use crate::error::Result;
 use crate::kv_pools::{KvPools, LayerPools};
-use crate::matmul::{Embed, GpuMatrix, Matmul, WeightFormat};
+use crate::loading::{model_error, upload_matrix, upload_vector, Products};
+use crate::matmul::{Embed, GpuMatrix};
 use crate::norm::RmsNorm;
 use crate::rope::{Rope, RopePairs, RopeShape, RopeTable};
 use crate::step::Step;
@@ -61,7 +61,7 @@ struct Layer {
 
 /// The kernels a step uses, compiled once: a product kernel per weight format the file has.
 struct Kernels {
-    products: Vec<Matmul>,
+    products: Products,
     embed: Embed,
     norm: RmsNorm,
     rope: Rope,
@@ -83,11 +83,7 @@ impl Kernels {
     }
 
     fn product(&self, step: &mut Step<'_>, w: &GpuMatrix, x: &GpuTensor) -> Result<GpuTensor> {
-        let kernel =
-            self.products.iter().find(|k| k.format() == w.format()).ok_or_else(|| {
-                GpuError::BadInput(format!("no product kernel for {:?}", w.format()))
-            })?;
-        kernel.forward(step, w, x)
+        self.products.forward(step, w, x)
     }
 }
 
@@ -206,18 +202,14 @@ impl GpuLlama {
         } else {
             None
         };
-        let mut formats: Vec<WeightFormat> = layers
+        let matrices = layers
             .iter()
             .flat_map(|l| [&l.q.weight, &l.k.weight, &l.v.weight, &l.o, &l.gate, &l.up, &l.down])
             .chain(head.iter())
-            .chain([&embed])
-            .map(GpuMatrix::format)
-            .collect();
-        formats.sort_by_key(|f| *f as u8);
-        formats.dedup();
+            .chain([&embed]);
         let kernels = (|| {
             Ok(Kernels {
-                products: formats.iter().map(|&f| Matmul::new(&gpu, f)).collect::<Result<_>>()?,
+                products: Products::new(&gpu, matrices)?,
                 embed: Embed::new(&gpu, embed.format())?,
                 norm: RmsNorm::new(&gpu)?,
                 rope: Rope::new(&gpu)?,
@@ -317,13 +309,7 @@ impl GpuLlama {
             }
             x = k.add.forward(step, &x, &out)?;
         }
-        let hidden = self.cfg.hidden_size;
-        let picked = step.gpu.output(wanted.iter().map(|w| w.1).sum::<usize>() * hidden);
-        let mut at = 0;
-        for &(first, rows) in wanted {
-            step.copy(&x, first * hidden, &picked, at, rows * hidden)?;
-            at += rows * hidden;
-        }
+        let picked = step.gather_rows(&x, self.cfg.hidden_size, wanted)?;
         let normed = k.norm.forward(step, &picked, &self.norm, eps)?;
         k.product(step, self.head.as_ref().unwrap_or(&self.embed), &normed)
     }
@@ -380,58 +366,4 @@ impl CausalLm for GpuLlama {
             .map(|&(_, n)| rows.by_ref().take(n).flatten().copied().collect())
             .collect())
     }
-}
-
-fn model_error(e: GpuError) -> ModelError {
-    ModelError::Gpu(e.to_string())
-}
-
-/// A weight matrix as the file stores it (quantized blocks, f16/bf16) or as f32.
-fn upload_matrix(gpu: &Gpu, weight: Weight) -> spindle_models::Result<GpuMatrix> {
-    let (format, rows, cols, bytes) = match weight {
-        Weight::Quantized(q) => {
-            let (rows, cols) = q.shape().dims2()?;
-            let format = match q.dtype() {
-                GgmlDType::F32 => WeightFormat::F32,
-                GgmlDType::F16 => WeightFormat::F16,
-                GgmlDType::BF16 => WeightFormat::Bf16,
-                GgmlDType::Q4_0 => WeightFormat::Q4_0,
-                GgmlDType::Q4_1 => WeightFormat::Q4_1,
-                GgmlDType::Q5_0 => WeightFormat::Q5_0,
-                GgmlDType::Q5_1 => WeightFormat::Q5_1,
-                GgmlDType::Q8_0 => WeightFormat::Q8_0,
-                GgmlDType::Q2K => WeightFormat::Q2K,
-                GgmlDType::Q3K => WeightFormat::Q3K,
-                GgmlDType::Q4K => WeightFormat::Q4K,
-                GgmlDType::Q5K => WeightFormat::Q5K,
-                GgmlDType::Q6K => WeightFormat::Q6K,
-                other => {
-                    return Err(ModelError::BadConfig(format!(
-                        "on the GPU: {other:?} weights are not yet supported"
-                    )))
-                }
-            };
-            (format, rows, cols, q.data()?.into_owned())
-        }
-        Weight::Dense(t) => {
-            let (rows, cols) = t.dims2()?;
-            let values: Vec<f32> = t.flatten_all()?.to_vec1()?;
-            (WeightFormat::F32, rows, cols, bytemuck::cast_slice(&values).to_vec())
-        }
-    };
-    GpuMatrix::upload(gpu, format, rows, cols, &bytes).map_err(model_error)
-}
-
-/// A vector of f32 values plus `offset` (Gemma's HF norms' `1 + w`).
-fn upload_vector(
-    gpu: &Gpu,
-    weights: &mut WeightSource,
-    name: &str,
-    offset: f32,
-) -> spindle_models::Result<GpuTensor> {
-    let mut values: Vec<f32> = weights.dense(name)?.flatten_all()?.to_vec1()?;
-    if offset != 0.0 {
-        values.iter_mut().for_each(|v| *v += offset);
-    }
-    gpu.upload(&values).map_err(model_error)
 }

@@ -10,6 +10,8 @@ use crate::kernel::{count, Kernel};
 use crate::step::Step;
 
 const BLOCKS: &str = include_str!("shaders/blocks.wgsl");
+/// Appended to the product kernels: how a unit multiplies their activations.
+const UNIT_DOT: &str = include_str!("shaders/unit_dot.wgsl");
 /// Tokens one workgroup serves (`TOKENS` in the shader).
 const TOKENS_PER_GROUP: usize = 8;
 /// Weight rows one workgroup serves (`ROWS` in the shader).
@@ -212,7 +214,7 @@ pub struct Matmul {
 
 impl Matmul {
     pub fn new(gpu: &Gpu, format: WeightFormat) -> Result<Self> {
-        let source = format.source(include_str!("shaders/matmul.wgsl"));
+        let source = format.source(&[include_str!("shaders/matmul.wgsl"), UNIT_DOT].concat());
         Ok(Matmul { format, kernel: Kernel::new(gpu, "matmul", &source)? })
     }
 
@@ -292,5 +294,77 @@ impl Embed {
             self.kernel.record(step, &buffers, &params, (tokens, 1));
         }
         Ok(out)
+    }
+}
+
+/// The product of each token with the expert it chose in one routing slot, out of a stack of
+/// experts' matrices (`experts × expert_rows` rows): a routed MoE runs only the chosen experts
+/// (`shaders/matmul_gathered.wgsl`, in the plain product's order).
+pub struct GatheredMatmul {
+    format: WeightFormat,
+    kernel: Kernel,
+}
+
+impl GatheredMatmul {
+    pub fn new(gpu: &Gpu, format: WeightFormat) -> Result<Self> {
+        let source =
+            format.source(&[include_str!("shaders/matmul_gathered.wgsl"), UNIT_DOT].concat());
+        Ok(GatheredMatmul { format, kernel: Kernel::new(gpu, "matmul_gathered", &source)? })
+    }
+
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// `x` (tokens, cols) → (tokens, expert_rows): token `t` times the matrix of expert
+    /// `ids[t · top_k + slot]` (`ids`: u32 values, tokens × top_k, in a tensor's buffer).
+    pub fn forward(
+        &self,
+        step: &mut Step<'_>,
+        stack: &GpuMatrix,
+        expert_rows: usize,
+        x: &GpuTensor,
+        ids: &GpuTensor,
+        (top_k, slot): (usize, usize),
+    ) -> Result<GpuTensor> {
+        stack.check_format(self.format)?;
+        let tokens = x.len() / stack.cols;
+        if x.is_empty()
+            || x.len() != tokens * stack.cols
+            || expert_rows == 0
+            || !stack.rows.is_multiple_of(expert_rows)
+            || slot >= top_k
+            || ids.len() != tokens * top_k
+        {
+            return Err(GpuError::BadInput(format!(
+                "{} activations of rows of {}, experts of {expert_rows} of a stack's {} rows, \
+                 slot {slot} of {top_k} in {} ids",
+                x.len(),
+                stack.cols,
+                stack.rows,
+                ids.len()
+            )));
+        }
+        let y = step.gpu.output(tokens * expert_rows);
+        let row_groups = count(expert_rows.div_ceil(ROWS_PER_GROUP), "row groups")?;
+        // A workgroup per token along z, where adapters allow 65,535.
+        let tokens_z = u32::try_from(tokens).ok().filter(|&t| t <= 65_535).ok_or_else(|| {
+            GpuError::BadInput(format!("{tokens} tokens in one gathered product (at most 65,535)"))
+        })?;
+        for part in &stack.parts {
+            let params = [
+                count(part.rows, "rows")?,
+                count(stack.cols, "columns")?,
+                tokens_z,
+                count(stack.format.row_bytes(stack.cols)?, "row bytes")?,
+                count(part.first_row, "first row")?,
+                count(expert_rows, "expert rows")?,
+                count(top_k, "top k")?,
+                count(slot, "slot")?,
+            ];
+            let buffers = [&part.data.buffer, &x.buffer, &ids.buffer, &y.buffer];
+            self.kernel.record(step, &buffers, &params, (row_groups, tokens_z));
+        }
+        Ok(y)
     }
 }

@@ -86,6 +86,24 @@ impl Step<'_> {
     }
 }
 
+impl Step<'_> {
+    /// The rows `wanted` (first row, rows) of `x` (rows of `width`), one range after another.
+    pub(crate) fn gather_rows(
+        &mut self,
+        x: &GpuTensor,
+        width: usize,
+        wanted: &[(usize, usize)],
+    ) -> Result<GpuTensor> {
+        let picked = self.gpu.output(wanted.iter().map(|w| w.1).sum::<usize>() * width);
+        let mut at = 0;
+        for &(first, rows) in wanted {
+            self.copy(x, first * width, &picked, at, rows * width)?;
+            at += rows * width;
+        }
+        Ok(picked)
+    }
+}
+
 impl Readback {
     /// The values, once the step that read them has run.
     pub fn values(self) -> Result<Vec<f32>> {

@@ -165,6 +165,14 @@ impl SequenceCache {
         &self.recurrent
     }
 
+    /// Replaces the recurrent state with `floats`, laid out as
+    /// [`RecurrentState::to_floats`] writes them (a model that moved the state on elsewhere, on
+    /// a device, hands it back here); a state of another shape is refused.
+    pub fn set_recurrent_floats(&mut self, floats: &[f32]) -> Result<()> {
+        self.recurrent = self.recurrent.with_floats(floats)?;
+        Ok(())
+    }
+
     /// From the next pass on, keeps the final hidden states (what the LM head reads, after the
     /// final norm) of all its rows, for a model with a [`DraftHead`](crate::DraftHead).
     pub fn keep_hidden_states(&mut self) {

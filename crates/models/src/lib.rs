@@ -57,10 +57,12 @@ pub use config::{Architecture, TransformerConfig};
 pub use draft_head::{DraftHead, HeadRows};
 pub use error::{ModelError, Result};
 pub use kv_type::KvType;
+pub use qwen3_next::{HybridConfig, Mixer};
 pub use rope::RopeScaling;
 // The layers the GPU kernels are checked against.
 pub use kv_mirror::KvMirror;
 pub use layers::{RmsNorm, RopeStyle, Rotary};
+pub use moe::Routing;
 pub use paged_kv::{KvShape, PagedKv};
 /// The steps of the Gated DeltaNet layer on plain slices, which the GPU kernels are checked
 /// against.
@@ -258,6 +260,16 @@ pub fn open_dense(path: &Path) -> Result<(TransformerConfig, WeightSource)> {
     // Before the tokenizer keys go: a file without `*.vocab_size` counts its tokens.
     let cfg = TransformerConfig::from_gguf(gguf.metadata())?;
     Ok((cfg, WeightSource::Gguf(gguf.without_tokenizer())))
+}
+
+/// The configuration and weights, as stored, of a hybrid model's `.gguf` file (`qwen3next`,
+/// `qwen35moe`, `qwen35`), for a model built elsewhere.
+pub fn open_hybrid(path: &Path) -> Result<(HybridConfig, WeightSource)> {
+    let gguf = GgufWeights::open(path, GgufStorage::AsStored)?.without_tokenizer();
+    let vocab = gguf.dims("token_embd.weight")?.first().copied().unwrap_or(0);
+    let tied = gguf.dims("output.weight").is_err();
+    let cfg = HybridConfig::from_gguf(gguf.metadata(), vocab, tied)?;
+    Ok((cfg, WeightSource::Gguf(gguf)))
 }
 
 fn build(cfg: TransformerConfig, weights: &mut WeightSource) -> Result<Box<dyn CausalLm>> {

@@ -31,7 +31,8 @@ const FILE_REVISION: u32 = 4;
 const TRAINED_CONTEXT: usize = 262_144;
 
 /// The per-layer sizes of a Qwen3.5-MoE: hybrid blocks of 3 linear-attention layers and 1
-/// full-attention layer, every layer a sparse MoE with a shared expert.
+/// full-attention layer, every layer a sparse MoE with a shared expert (with no experts, a
+/// dense Qwen3.5: every layer an MLP of `expert_width`).
 pub struct HybridShape {
     /// Start of the file name ([`HybridShape::file_name`]).
     stem: &'static str,
@@ -81,6 +82,27 @@ impl HybridShape {
         experts: 64,
         ..Self::QWEN35_35B_A3B
     };
+
+    /// The smallest sizes Q4_K's 256-wide blocks allow (4 experts, top 2; two value heads per
+    /// key head, so the file's tiled head order matters), for tests that run the whole model.
+    pub const TINY: Self = Self {
+        stem: "qwen35moe-tiny-random",
+        hidden: 256,
+        experts: 4,
+        experts_used: 2,
+        expert_width: 256,
+        heads: 2,
+        kv_heads: 1,
+        head_dim: 128,
+        k_heads: 2,
+        v_heads: 4,
+        linear_head_dim: 128,
+        mtp_head: false,
+    };
+
+    /// [`HybridShape::TINY`] as a dense Qwen3.5 (`qwen35`): an MLP of 256 in every layer.
+    pub const TINY_DENSE: Self =
+        Self { stem: "qwen35-tiny-random", experts: 0, experts_used: 0, ..Self::TINY };
 
     /// The file name of this shape with `blocks` blocks; it changes whenever the written bytes
     /// do, so a file from an older writer is not reused.
@@ -204,6 +226,11 @@ fn layer(w: &mut Writer, s: &HybridShape, i: usize, full: bool) -> Result<()> {
         w.vector(&format!("{p}.ssm_dt.bias"), vec![0.0; s.v_heads])?;
         w.vector(&format!("{p}.ssm_norm.weight"), vec![1.0; s.linear_head_dim])?;
     }
+    if s.experts == 0 {
+        w.matrix(&format!("{p}.ffn_gate.weight"), width, hidden)?;
+        w.matrix(&format!("{p}.ffn_up.weight"), width, hidden)?;
+        return w.matrix(&format!("{p}.ffn_down.weight"), hidden, width);
+    }
     w.matrix(&format!("{p}.ffn_gate_inp.weight"), s.experts, hidden)?;
     w.experts(&format!("{p}.ffn_gate_exps.weight"), s.experts, width, hidden)?;
     w.experts(&format!("{p}.ffn_up_exps.weight"), s.experts, width, hidden)?;
@@ -231,10 +258,20 @@ fn mtp_head(w: &mut Writer, s: &HybridShape, i: usize) -> Result<()> {
     Ok(())
 }
 
-/// The `qwen35moe.*` keys llama.cpp writes for this shape.
+/// The `qwen35moe.*` (dense: `qwen35.*`) keys llama.cpp writes for this shape.
 fn metadata(s: &HybridShape, layers: usize) -> Vec<(String, Value)> {
-    let arch = "qwen35moe";
+    let arch = if s.experts == 0 { "qwen35" } else { "qwen35moe" };
     let u = |v: usize| Value::U32(v as u32);
+    let feed_forward = if s.experts == 0 {
+        vec![(format!("{arch}.feed_forward_length"), u(s.expert_width))]
+    } else {
+        vec![
+            (format!("{arch}.expert_count"), u(s.experts)),
+            (format!("{arch}.expert_used_count"), u(s.experts_used)),
+            (format!("{arch}.expert_feed_forward_length"), u(s.expert_width)),
+            (format!("{arch}.expert_shared_feed_forward_length"), u(s.expert_width)),
+        ]
+    };
     let mut keys = vec![
         ("general.architecture".into(), Value::String(arch.into())),
         (format!("{arch}.block_count"), u(layers + usize::from(s.mtp_head))),
@@ -252,17 +289,17 @@ fn metadata(s: &HybridShape, layers: usize) -> Vec<(String, Value)> {
             format!("{arch}.rope.dimension_sections"),
             Value::Array([11, 11, 10, 0].map(Value::I32).to_vec()),
         ),
-        (format!("{arch}.expert_count"), u(s.experts)),
-        (format!("{arch}.expert_used_count"), u(s.experts_used)),
-        (format!("{arch}.expert_feed_forward_length"), u(s.expert_width)),
-        (format!("{arch}.expert_shared_feed_forward_length"), u(s.expert_width)),
+    ];
+    // Where the MoE's keys always were: the same shape writes the same bytes.
+    keys.extend(feed_forward);
+    keys.extend([
         (format!("{arch}.ssm.conv_kernel"), u(CONV_KERNEL)),
         (format!("{arch}.ssm.state_size"), u(s.linear_head_dim)),
         (format!("{arch}.ssm.group_count"), u(s.k_heads)),
         (format!("{arch}.ssm.time_step_rank"), u(s.v_heads)),
         (format!("{arch}.ssm.inner_size"), u(s.v_heads * s.linear_head_dim)),
         (format!("{arch}.full_attention_interval"), u(4)),
-    ];
+    ]);
     if s.mtp_head {
         keys.push((format!("{arch}.nextn_predict_layers"), u(1)));
     }
@@ -273,21 +310,7 @@ fn metadata(s: &HybridShape, layers: usize) -> Vec<(String, Value)> {
 mod tests {
     use super::*;
 
-    /// The smallest sizes Q4_K's 256-wide blocks allow.
-    const SMALL: HybridShape = HybridShape {
-        stem: "test",
-        hidden: 256,
-        experts: 4,
-        experts_used: 2,
-        expert_width: 256,
-        heads: 2,
-        kv_heads: 1,
-        head_dim: 128,
-        k_heads: 2,
-        v_heads: 2,
-        linear_head_dim: 128,
-        mtp_head: true,
-    };
+    const SMALL: HybridShape = HybridShape { mtp_head: true, ..HybridShape::TINY };
 
     /// The head written is the head loaded: the model has 4 layers and drafts with a head that
     /// reads its hidden states.

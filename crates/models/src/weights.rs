@@ -67,6 +67,12 @@ impl GgufWeights {
         &self.content.metadata
     }
 
+    /// The dimensions of tensor `name`, as the header gives them (outermost first).
+    pub fn dims(&self, name: &str) -> Result<&[usize]> {
+        let info = self.content.tensor_infos.get(name);
+        Ok(info.ok_or_else(|| ModelError::MissingTensor(name.to_string()))?.shape.dims())
+    }
+
     /// A 2-D block-quantized tensor (Q4_0 … Q8_0) kept as stored, read from the file a group
     /// of rows at a time into its tiles; `None` for other types or when the file is loaded as
     /// f32.

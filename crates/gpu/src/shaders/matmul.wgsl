@@ -48,22 +48,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
         let width = min(32u, params.cols - col);
         for (var t = 0u; t < count; t++) {
             let base = (first + t) * params.cols + col;
-            var lo = 0.0;
-            var hi = 0.0;
-            var sum_lo = 0.0;
-            var sum_hi = 0.0;
-            for (var j = 0u; j < width; j++) {
-                let v = x[base + j];
-                if (j < 16u) {
-                    lo += unit.q[j] * v;
-                    sum_lo += v;
-                } else {
-                    hi += unit.q[j] * v;
-                    sum_hi += v;
-                }
-            }
-            acc[t] += unit.scale_lo * lo + unit.scale_hi * hi + unit.offset_lo * sum_lo
-                + unit.offset_hi * sum_hi;
+            acc[t] += unit_dot(unit, base, width);
         }
     }
     for (var t = 0u; t < TOKENS; t++) {

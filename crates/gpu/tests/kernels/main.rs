@@ -8,6 +8,8 @@ mod deltanet;
 mod elementwise;
 mod gemma;
 mod harness;
+mod hybrid;
 mod matmul;
 mod model;
+mod moe;
 mod norm_rope;

@@ -8,7 +8,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use half::{bf16, f16};
 use rand::Rng;
-use spindle_gpu::{Embed, Gpu, GpuMatrix, Matmul, WeightFormat};
+use spindle_gpu::{Embed, GatheredMatmul, Gpu, GpuMatrix, Matmul, WeightFormat};
 use spindle_models::{BlockFormat, BlockMatrix, Q4KMatrix, Q6KMatrix, QuantizedMatrix};
 
 use crate::harness::{check, computed, gpu_or_skip, rng, same_bits, uniform};
@@ -259,5 +259,54 @@ fn embedding_rows_of_every_format_are_the_decoded_rows() {
         // terms cancel has no relative one).
         let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
         check(&format!("{format:?} embedding rows"), &got, &want, &vec![1.0; want.len()], 1e-6);
+    }
+}
+
+/// A routed MoE's product: each token times the matrix of the expert it chose, out of a stack
+/// of experts held in parts that cut through experts, has the bits of the plain product with
+/// that expert's own matrix.
+#[test]
+fn a_gathered_product_gives_each_token_its_experts_plain_bits() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = rng(64);
+    let (experts, expert_rows, tokens, top_k) = (3, 5, 6, 2);
+    let rows = experts * expert_rows;
+    // Each token's experts, u32 values in a tensor's buffer.
+    let ids: Vec<u32> = (0..tokens * top_k).map(|i| ((i * 7 + i / 3) % experts) as u32).collect();
+    let on_gpu_ids =
+        gpu.upload(&ids.iter().map(|&e| f32::from_bits(e)).collect::<Vec<_>>()).unwrap();
+    for format in WeightFormat::ALL {
+        let plain = Matmul::new(gpu, format).unwrap();
+        let gathered = GatheredMatmul::new(gpu, format).unwrap();
+        let cols = 2 * block_values(format).max(32);
+        let w = weight(format, &uniform(&mut rng, rows * cols), rows, cols);
+        let row_bytes = format.row_bytes(cols).unwrap();
+        // 4 rows a part: parts end inside experts.
+        let part_bytes = (4 * row_bytes).next_multiple_of(4) as u64;
+        let stack =
+            GpuMatrix::upload_in_parts(gpu, format, rows, cols, &w.bytes, part_bytes).unwrap();
+        assert_eq!(stack.parts(), 4, "{format:?}");
+        let x = uniform(&mut rng, tokens * cols);
+        let on_gpu_x = gpu.upload(&x).unwrap();
+        for slot in 0..top_k {
+            let got = computed(gpu, |step| {
+                gathered.forward(step, &stack, expert_rows, &on_gpu_x, &on_gpu_ids, (top_k, slot))
+            });
+            for t in 0..tokens {
+                let e = ids[t * top_k + slot] as usize;
+                let bytes = &w.bytes[e * expert_rows * row_bytes..][..expert_rows * row_bytes];
+                let own = GpuMatrix::upload(gpu, format, expert_rows, cols, bytes).unwrap();
+                let want = gpu_product(gpu, &plain, &own, &x[t * cols..(t + 1) * cols]);
+                let what = format!("{format:?}: token {t}, slot {slot} (expert {e})");
+                same_bits(&what, &want, &got[t * expert_rows..(t + 1) * expert_rows]);
+            }
+        }
+        // A slot past the routing's, or experts that do not divide the stack, are refused.
+        let refused = |rows, slot| {
+            let args = (top_k, slot);
+            gpu.run(|step| gathered.forward(step, &stack, rows, &on_gpu_x, &on_gpu_ids, args))
+                .is_err()
+        };
+        assert!(refused(expert_rows, top_k) && refused(4, 0), "{format:?}");
     }
 }

@@ -167,7 +167,7 @@ const SMOLLM2_LOGIT_TOLERANCE: f32 = 1e-3;
 /// The GPU's greedy run of `prompt` for `steps` tokens: the tokens fed at each step and the
 /// logits after them.
 pub(crate) fn greedy_on_gpu(
-    gpu: &GpuLlama,
+    gpu: &dyn CausalLm,
     prompt: &[u32],
     steps: usize,
 ) -> Vec<(Vec<u32>, Vec<f32>)> {

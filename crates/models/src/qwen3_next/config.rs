@@ -7,6 +7,7 @@ use candle_core::quantized::gguf_file::Value as GgufValue;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::cache::RecurrentState;
 use crate::config::{check_attention_width, MAX_HEAD_DIM};
 use crate::delta_rule::DeltaHeads;
 use crate::error::{ModelError, Result};
@@ -333,6 +334,17 @@ impl HybridConfig {
             .or(self.partial_rotary_factor)
             .unwrap_or(0.25);
         (self.head_dim as f64 * factor) as usize
+    }
+
+    /// Every linear-attention layer's state before any token (`None` for the others).
+    pub fn initial_recurrent_state(&self) -> RecurrentState {
+        let shape = self.delta_net_shape();
+        let states = self
+            .layer_types()
+            .into_iter()
+            .map(|kind| (kind == Mixer::Linear).then(|| shape.initial_state()))
+            .collect();
+        RecurrentState(states)
     }
 
     pub fn delta_net_shape(&self) -> DeltaNetShape {

@@ -11,7 +11,7 @@ use candle_core::{Device, Tensor};
 
 use super::attention::GatedAttention;
 use super::mtp::{self, MtpHead};
-use super::{summary, FeedForward, HybridConfig, Layer, Mixer, Qwen3Next, TokenMixer};
+use super::{FeedForward, HybridConfig, Layer, Mixer, Qwen3Next, TokenMixer};
 use crate::activation::Activation;
 use crate::error::Result;
 use crate::gated_deltanet::GatedDeltaNet;
@@ -49,7 +49,7 @@ impl Qwen3Next {
             embed,
             head,
             layers,
-            summary: summary(&cfg),
+            summary: cfg.summary(),
             cfg,
         })
     }

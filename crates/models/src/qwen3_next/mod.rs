@@ -98,7 +98,7 @@ impl Qwen3Next {
             norm: norm("norm.weight")?,
             head,
             layers,
-            summary: summary(&cfg),
+            summary: cfg.summary(),
             cfg,
         })
     }
@@ -153,14 +153,7 @@ impl CausalLm for Qwen3Next {
     }
 
     fn initial_recurrent_state(&self) -> RecurrentState {
-        let shape = self.cfg.delta_net_shape();
-        let states = self
-            .cfg
-            .layer_types()
-            .into_iter()
-            .map(|kind| (kind == Mixer::Linear).then(|| shape.initial_state()))
-            .collect();
-        RecurrentState(states)
+        self.cfg.initial_recurrent_state()
     }
 }
 
@@ -182,26 +175,29 @@ impl Qwen3Next {
     }
 }
 
-/// The dense-model view of the sizes, for [`CausalLm::config`].
-fn summary(cfg: &HybridConfig) -> TransformerConfig {
-    TransformerConfig {
-        architecture: Architecture::Qwen3Next,
-        vocab_size: cfg.vocab_size,
-        hidden_size: cfg.hidden_size,
-        intermediate_size: cfg.intermediate_size.unwrap_or(cfg.moe_intermediate_size),
-        num_hidden_layers: cfg.num_hidden_layers,
-        num_attention_heads: cfg.num_attention_heads,
-        num_key_value_heads: Some(cfg.num_key_value_heads),
-        head_dim: Some(cfg.head_dim),
-        rms_norm_eps: cfg.rms_norm_eps,
-        rope_theta: cfg.rope_theta(),
-        rope_local_base_freq: cfg.rope_theta(),
-        rope_scaling: cfg.rope_scaling.clone(),
-        max_position_embeddings: cfg.max_position_embeddings,
-        sliding_window: None,
-        sliding_window_pattern: 1,
-        query_pre_attn_scalar: None,
-        tie_word_embeddings: cfg.tie_word_embeddings,
+impl HybridConfig {
+    /// The dense-model view of the sizes, for [`CausalLm::config`].
+    pub fn summary(&self) -> TransformerConfig {
+        let cfg = self;
+        TransformerConfig {
+            architecture: Architecture::Qwen3Next,
+            vocab_size: cfg.vocab_size,
+            hidden_size: cfg.hidden_size,
+            intermediate_size: cfg.intermediate_size.unwrap_or(cfg.moe_intermediate_size),
+            num_hidden_layers: cfg.num_hidden_layers,
+            num_attention_heads: cfg.num_attention_heads,
+            num_key_value_heads: Some(cfg.num_key_value_heads),
+            head_dim: Some(cfg.head_dim),
+            rms_norm_eps: cfg.rms_norm_eps,
+            rope_theta: cfg.rope_theta(),
+            rope_local_base_freq: cfg.rope_theta(),
+            rope_scaling: cfg.rope_scaling.clone(),
+            max_position_embeddings: cfg.max_position_embeddings,
+            sliding_window: None,
+            sliding_window_pattern: 1,
+            query_pre_attn_scalar: None,
+            tie_word_embeddings: cfg.tie_word_embeddings,
+        }
     }
 }
 

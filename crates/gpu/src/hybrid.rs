@@ -1,0 +1,345 @@
+//! The hybrid Qwen3.5 / Qwen3-Next family on the GPU: the same model as `spindle_models`' CPU
+//! `Qwen3Next`, from a llama.cpp GGUF, on the kernels of this crate. Per layer `x +=
+//! mixer(norm(x))` (Gated DeltaNet or gated full attention), then `x += ffn(norm(x))` (the
+//! sparse MoE with its shared expert, or a dense MLP); the file's norms already hold the
+//! zero-centred `1 + w`. Keys and values sit in device pools that mirror the callers' `PagedKv`;
+//! the DeltaNet states go up from the caches and come back with the logits. One step of
+//! [`CausalLm::forward_batch`] is one submission.
+
+use std::sync::Arc;
+
+use spindle_models::{
+    BatchEntry, CausalLm, HybridConfig, KvShape, Mixer, ModelError, RecurrentState, RopeStyle,
+    Rotary, TransformerConfig, WeightSource,
+};
+
+use crate::attention::PagedRows;
+use crate::buffer::GpuTensor;
+use crate::delta_net_layer::DeltaNetLayer;
+use crate::device::Gpu;
+use crate::elementwise::Elementwise;
+use crate::error::{GpuError, Result};
+use crate::gated_attention::{AttentionKernels, GatedAttention, GatedAttentionShape};
+use crate::kv_pools::{KvPools, LayerPools};
+use crate::linear_attention::LinearAttention;
+use crate::linear_state::DeltaNetShape;
+use crate::loading::{model_error, upload_matrix, upload_vector, Products};
+use crate::matmul::{Embed, GpuMatrix};
+use crate::moe::{FeedForwardKernels, GatedMlp, SparseMoe};
+use crate::norm::RmsNorm;
+use crate::rope::RopeTable;
+use crate::step::Step;
+use crate::step_states::StepStates;
+
+enum TokenMixer {
+    Linear(DeltaNetLayer),
+    Full(GatedAttention),
+}
+
+enum FeedForward {
+    Moe(Box<SparseMoe>),
+    Dense(GatedMlp),
+}
+
+struct Layer {
+    input_norm: GpuTensor,
+    mixer: TokenMixer,
+    post_attention_norm: GpuTensor,
+    ffn: FeedForward,
+}
+
+/// The kernels a step uses, compiled once.
+struct Kernels {
+    products: Products,
+    embed: Embed,
+    norm: RmsNorm,
+    add: Elementwise,
+    attention: AttentionKernels,
+    linear: LinearAttention,
+    ffn: FeedForwardKernels,
+}
+
+pub struct GpuHybrid {
+    cfg: HybridConfig,
+    /// The dense-model view of the sizes, for [`CausalLm::config`].
+    summary: TransformerConfig,
+    gpu: Arc<Gpu>,
+    kernels: Kernels,
+    embed: GpuMatrix,
+    /// `None`: tied to the embedding table.
+    head: Option<GpuMatrix>,
+    layers: Vec<Layer>,
+    norm: GpuTensor,
+    rotary: Rotary,
+    linear_shape: DeltaNetShape,
+    pools: KvPools,
+}
+
+impl GpuHybrid {
+    /// Loads the model of `cfg` from a llama.cpp file's `weights` (see
+    /// `spindle_models::open_hybrid`) onto `gpu`; what this path does not run (checkpoints,
+    /// weight formats without a kernel) is refused here.
+    pub fn load(
+        gpu: Arc<Gpu>,
+        cfg: HybridConfig,
+        weights: &mut WeightSource,
+    ) -> spindle_models::Result<Self> {
+        if !matches!(weights, WeightSource::Gguf(_)) {
+            // Checkpoints store the norms as `w` and fuse the in-projections differently.
+            return Err(ModelError::BadConfig(
+                "on the GPU: hybrid models load from llama.cpp GGUF files".into(),
+            ));
+        }
+        let h = cfg.delta_net_shape();
+        let linear_shape = DeltaNetShape {
+            k_heads: h.heads.k_heads,
+            v_heads: h.heads.v_heads,
+            k_dim: h.heads.k_dim,
+            v_dim: h.heads.v_dim,
+            tiled: h.heads.tiled,
+            conv_kernel: h.conv_kernel,
+        };
+        let attention_shape = GatedAttentionShape {
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+            rotary_dim: cfg.rotary_dim(),
+        };
+        let embed = upload_matrix(&gpu, weights.weight("token_embd.weight")?)?;
+        let head = if weights.contains("output.weight") {
+            Some(upload_matrix(&gpu, weights.weight("output.weight")?)?)
+        } else {
+            None
+        };
+        let mut layers = Vec::new();
+        for (i, kind) in cfg.layer_types().into_iter().enumerate() {
+            let p = format!("blk.{i}");
+            let mixer = match kind {
+                Mixer::Linear => TokenMixer::Linear(DeltaNetLayer::load(
+                    &gpu,
+                    weights,
+                    &p,
+                    linear_shape,
+                    h.norm_eps as f32,
+                )?),
+                Mixer::Full => {
+                    TokenMixer::Full(GatedAttention::load(&gpu, weights, &p, attention_shape)?)
+                }
+            };
+            layers.push(Layer {
+                input_norm: upload_vector(&gpu, weights, &format!("{p}.attn_norm.weight"), 0.0)?,
+                mixer,
+                post_attention_norm: upload_vector(
+                    &gpu,
+                    weights,
+                    &format!("{p}.post_attention_norm.weight"),
+                    0.0,
+                )?,
+                ffn: feed_forward(&gpu, &cfg, weights, &p, cfg.is_moe_layer(i))?,
+            });
+        }
+        let norm = upload_vector(&gpu, weights, "output_norm.weight", 0.0)?;
+        let matrices = layers
+            .iter()
+            .flat_map(|l| {
+                let mixer: Vec<&GpuMatrix> = match &l.mixer {
+                    TokenMixer::Linear(net) => net.matrices().into(),
+                    TokenMixer::Full(attn) => attn.matrices().into(),
+                };
+                let ffn: Vec<&GpuMatrix> = match &l.ffn {
+                    FeedForward::Moe(moe) => moe.matrices().collect(),
+                    FeedForward::Dense(mlp) => mlp.matrices().into(),
+                };
+                mixer.into_iter().chain(ffn)
+            })
+            .chain(head.iter())
+            .chain([&embed]);
+        let stacks = layers.iter().flat_map(|l| match &l.ffn {
+            FeedForward::Moe(moe) => moe.experts.matrices().to_vec(),
+            FeedForward::Dense(_) => Vec::new(),
+        });
+        let kernels = (|| {
+            Ok(Kernels {
+                products: Products::new(&gpu, matrices)?,
+                embed: Embed::new(&gpu, embed.format())?,
+                norm: RmsNorm::new(&gpu)?,
+                add: Elementwise::add(&gpu)?,
+                attention: AttentionKernels::new(&gpu)?,
+                linear: LinearAttention::new(&gpu)?,
+                ffn: FeedForwardKernels::new(&gpu, stacks)?,
+            })
+        })()
+        .map_err(model_error)?;
+        Ok(GpuHybrid {
+            rotary: Rotary::new(
+                cfg.rotary_dim(),
+                cfg.rope_theta(),
+                &cfg.rope_scaling,
+                RopeStyle::Halves,
+            ),
+            summary: cfg.summary(),
+            cfg,
+            gpu,
+            kernels,
+            embed,
+            head,
+            layers,
+            norm,
+            linear_shape,
+            pools: KvPools::default(),
+        })
+    }
+
+    fn linear_layers(&self) -> usize {
+        self.layers.iter().filter(|l| matches!(l.mixer, TokenMixer::Linear(_))).count()
+    }
+
+    /// Records the whole step: `ids` (every entry's tokens in order) through every layer, then
+    /// the final norm and head on the rows `wanted` (first row, rows) only.
+    fn record(
+        &self,
+        step: &mut Step<'_>,
+        ids: &[u32],
+        groups: &[(Arc<LayerPools>, PagedRows)],
+        rope: &RopeTable,
+        states: &StepStates,
+        wanted: &[(usize, usize)],
+    ) -> Result<GpuTensor> {
+        let k = &self.kernels;
+        let eps = self.cfg.rms_norm_eps as f32;
+        let mut x = k.embed.forward(step, &self.embed, ids)?;
+        let (mut linear, mut pool) = (states.layers.iter(), 0);
+        for layer in &self.layers {
+            let h = k.norm.forward(step, &x, &layer.input_norm, eps)?;
+            let mixed = match &layer.mixer {
+                TokenMixer::Linear(net) => {
+                    let layer_states = linear.next().ok_or_else(|| {
+                        GpuError::BadInput("fewer linear-attention states than layers".into())
+                    })?;
+                    let kernels = (&k.products, &k.linear);
+                    net.forward(step, kernels, &h, layer_states, &states.runs)?
+                }
+                TokenMixer::Full(attn) => {
+                    pool += 1;
+                    let place = (groups, pool - 1);
+                    k.attention.forward(step, &k.products, attn, &h, place, rope, eps)?
+                }
+            };
+            x = k.add.forward(step, &x, &mixed)?;
+            let h = k.norm.forward(step, &x, &layer.post_attention_norm, eps)?;
+            let out = match &layer.ffn {
+                FeedForward::Moe(moe) => k.ffn.moe(step, &k.products, moe, &h)?,
+                FeedForward::Dense(mlp) => k.ffn.mlp(step, &k.products, mlp, &h)?,
+            };
+            x = k.add.forward(step, &x, &out)?;
+        }
+        let picked = step.gather_rows(&x, self.cfg.hidden_size, wanted)?;
+        let normed = k.norm.forward(step, &picked, &self.norm, eps)?;
+        k.products.forward(step, self.head.as_ref().unwrap_or(&self.embed), &normed)
+    }
+}
+
+impl CausalLm for GpuHybrid {
+    fn config(&self) -> &TransformerConfig {
+        &self.summary
+    }
+
+    fn kv_shapes(&self) -> Vec<Option<KvShape>> {
+        let shape = KvShape {
+            kv_heads: self.cfg.num_key_value_heads,
+            head_dim: self.cfg.head_dim,
+            window: None,
+        };
+        let full = |l: &Layer| matches!(l.mixer, TokenMixer::Full(_));
+        self.layers.iter().map(|l| full(l).then_some(shape)).collect()
+    }
+
+    fn initial_recurrent_state(&self) -> RecurrentState {
+        self.cfg.initial_recurrent_state()
+    }
+
+    fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> spindle_models::Result<Vec<Vec<f32>>> {
+        // Every entry is checked before any work, so a refusal changes no cache.
+        let (rows, ids) = spindle_models::batch_rows(batch)?;
+        if batch.iter().any(BatchEntry::verifies) {
+            return Err(ModelError::BadConfig(
+                "on the GPU: the recurrent layers keep no state per position, so a pass cannot \
+                 verify drafts"
+                    .into(),
+            ));
+        }
+        let wanted = spindle_models::logit_rows(batch, &rows);
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for entry in batch.iter() {
+            let (c, s) = self.rotary.cos_sin(entry.cache.len(), entry.tokens.len());
+            cos.extend(c);
+            sin.extend(s);
+        }
+        let states =
+            StepStates::upload(&self.gpu, self.linear_shape, self.linear_layers(), batch, &rows)
+                .map_err(model_error)?;
+        let groups = self.pools.groups(&self.gpu, &self.kv_shapes(), batch).map_err(model_error)?;
+        let (logits, read) = (|| {
+            let rope = RopeTable { cos: self.gpu.upload(&cos)?, sin: self.gpu.upload(&sin)? };
+            self.gpu.run(|step| {
+                let logits = self.record(step, &ids, &groups, &rope, &states, &wanted)?;
+                Ok((step.read(&logits), states.read(step)))
+            })
+        })()
+        .map_err(model_error)?;
+        let logits = logits.values().map_err(model_error)?;
+        read.write_back(batch)?;
+        for entry in batch.iter_mut() {
+            entry.cache.advance(entry.tokens.len());
+        }
+        let mut rows = logits.chunks_exact(self.cfg.vocab_size);
+        Ok(wanted
+            .iter()
+            .map(|&(_, n)| rows.by_ref().take(n).flatten().copied().collect())
+            .collect())
+    }
+}
+
+/// Block `p`'s (`blk.3`) feed-forward: the sparse MoE with its shared expert (experts stacked
+/// in one tensor per matrix, as llama.cpp writes them), or a dense MLP.
+fn feed_forward(
+    gpu: &Gpu,
+    cfg: &HybridConfig,
+    w: &mut WeightSource,
+    p: &str,
+    moe: bool,
+) -> spindle_models::Result<FeedForward> {
+    let mlp = |w: &mut WeightSource, suffix: &str| -> spindle_models::Result<GatedMlp> {
+        let mut matrix =
+            |name: &str| upload_matrix(gpu, w.weight(&format!("{p}.{name}{suffix}.weight"))?);
+        Ok(GatedMlp { gate: matrix("ffn_gate")?, up: matrix("ffn_up")?, down: matrix("ffn_down")? })
+    };
+    if !moe {
+        return Ok(FeedForward::Dense(mlp(w, "")?));
+    }
+    let mut stack = |name: &str| -> spindle_models::Result<GpuMatrix> {
+        let stack = upload_matrix(gpu, w.weight(&format!("{p}.{name}.weight"))?)?;
+        if cfg.num_experts == 0 || !stack.rows().is_multiple_of(cfg.num_experts) {
+            return Err(ModelError::BadConfig(format!(
+                "{p}.{name} has {} rows: no whole number of rows for each of {} experts",
+                stack.rows(),
+                cfg.num_experts
+            )));
+        }
+        Ok(stack)
+    };
+    let experts = GatedMlp {
+        gate: stack("ffn_gate_exps")?,
+        up: stack("ffn_up_exps")?,
+        down: stack("ffn_down_exps")?,
+    };
+    Ok(FeedForward::Moe(Box::new(SparseMoe {
+        router: upload_matrix(gpu, w.weight(&format!("{p}.ffn_gate_inp.weight"))?)?,
+        experts,
+        expert_count: cfg.num_experts,
+        top_k: cfg.num_experts_per_tok,
+        normalize_top_k: cfg.normalize_top_k(),
+        shared: mlp(w, "_shexp")?,
+        shared_gate: upload_matrix(gpu, w.weight(&format!("{p}.ffn_gate_inp_shexp.weight"))?)?,
+    })))
+}

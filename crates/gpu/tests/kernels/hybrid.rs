@@ -1,0 +1,225 @@
+//! The hybrid model on the GPU path (`GpuHybrid`: Gated DeltaNet, gated attention, the sparse
+//! MoE) against the CPU's f32 path of the same file, on a tiny random Qwen3.5-MoE GGUF (Q4_K
+//! matrices; 3 DeltaNet layers of 2 key and 4 value heads in llama.cpp's tiled order, 1
+//! attention layer; 4 experts, top 2): the same greedy tokens, logits within a recorded bound;
+//! a sequence's logits bitwise the same alone and batched; bad input refused with the caches
+//! unchanged. And the hybrid fixtures' GGUF files (Qwen3-Next, Qwen3.5-MoE, Qwen3.5) against
+//! transformers' own logits.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use spindle_gpu::{Gpu, GpuHybrid};
+use spindle_models::random_hybrid::{placeholder_tokenizer, write_random_hybrid, HybridShape};
+use spindle_models::{BatchEntry, CausalLm, KvType, PagedKv, SequenceCache};
+
+use crate::harness::{gpu_or_skip, same_bits};
+use crate::model::{agreement, argmax, greedy_on_gpu};
+
+const VOCAB: usize = 256;
+
+/// Largest logit difference between the GPU and the CPU's f32 path (measured on lavapipe over
+/// a 6-token prompt and 7 steps, logits of a few units: 1.5e-5 with the MoE, 1.9e-5 dense). The CPU runs a prompt's
+/// delta rule in its chunked form (a triangular solve: other rounding than the GPU's token by
+/// token), the device's `exp` differs in the last bits, and four layers of 256-wide sums.
+const LOGIT_TOLERANCE: f32 = 1e-4;
+
+fn tiny_hybrid(dir: &Path) -> PathBuf {
+    write_tiny(dir, &HybridShape::TINY)
+}
+
+fn write_tiny(dir: &Path, shape: &HybridShape) -> PathBuf {
+    let path = dir.join(shape.file_name(1));
+    let mut file = std::fs::File::create(&path).unwrap();
+    write_random_hybrid(&mut file, shape, 1, placeholder_tokenizer(VOCAB)).unwrap();
+    path
+}
+
+fn load_on_gpu(path: &Path, gpu: Arc<Gpu>) -> GpuHybrid {
+    let (cfg, mut weights) = spindle_models::open_hybrid(path).unwrap();
+    GpuHybrid::load(gpu, cfg, &mut weights).unwrap()
+}
+
+/// `shape` on the GPU for 8 greedy steps against the CPU's f32 path of the same file.
+fn greedy_against_the_cpu(shape: &HybridShape, what: &str) {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_tiny(dir.path(), shape);
+    // A device of its own: the other tests' submissions would mix into its count.
+    let device = Arc::new(Gpu::open(None).unwrap());
+    let gpu = load_on_gpu(&path, device.clone());
+    let steps = 8;
+    let before = device.submissions();
+    let run = greedy_on_gpu(&gpu, &[3, 141, 59, 26, 5, 35], steps);
+    assert_eq!(device.submissions() - before, steps as u64, "one submission a step");
+    let cpu = spindle_models::load_gguf_f32(&path).unwrap();
+    let (agreed, worst) = agreement(cpu.as_ref(), &run);
+    eprintln!("{what}: {agreed}/{steps} greedy tokens agree; max logit difference {worst:.2e}");
+    assert_eq!(agreed, steps, "greedy tokens differ");
+    assert!(worst <= LOGIT_TOLERANCE, "logits differ by {worst}");
+}
+
+#[test]
+fn the_tiny_hybrid_on_the_gpu_decodes_the_cpu_f32_paths_greedy_tokens() {
+    greedy_against_the_cpu(&HybridShape::TINY, "tiny hybrid");
+}
+
+/// Qwen3.5 without experts: a dense MLP in every layer.
+#[test]
+fn the_tiny_dense_hybrid_on_the_gpu_decodes_the_cpu_f32_paths_greedy_tokens() {
+    greedy_against_the_cpu(&HybridShape::TINY_DENSE, "tiny dense hybrid");
+}
+
+/// A cache in `pool` (shared with other sequences) on the blocks given, out of order.
+fn shared_cache(gpu: &GpuHybrid, pool: &Arc<PagedKv>, blocks: Vec<u32>) -> SequenceCache {
+    let limit = blocks.len() * pool.block_size();
+    SequenceCache::resume(pool.clone(), blocks, 0, gpu.initial_recurrent_state(), limit)
+}
+
+#[test]
+fn a_hybrid_sequence_gets_the_same_logits_alone_and_among_others() {
+    let Some(device) = gpu_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = load_on_gpu(&tiny_hybrid(dir.path()), device.clone());
+    let target: Vec<u32> = (0..11).map(|i| (i * 37 + 11) % VOCAB as u32).collect();
+    let mut alone = gpu.new_cache(64);
+    let mut want = vec![gpu.forward(&target, &mut alone).unwrap()];
+    for token in [7, 200] {
+        want.push(gpu.forward(&[token], &mut alone).unwrap());
+    }
+    let pool = Arc::new(PagedKv::new(&gpu.kv_shapes(), KvType::F32, 16, 8));
+    let mut mine = shared_cache(&gpu, &pool, vec![9, 2, 14]);
+    let mut other = shared_cache(&gpu, &pool, vec![0, 11, 7]);
+    let mut third = shared_cache(&gpu, &pool, vec![15, 1]);
+    let other_prompt: Vec<u32> = (0..7).map(|i| (i * 5 + 1) % VOCAB as u32).collect();
+    let mut got = gpu
+        .forward_batch(&mut [
+            BatchEntry::new(&other_prompt, &mut other),
+            BatchEntry::new(&target, &mut mine),
+            BatchEntry::new(&[4, 8, 15], &mut third),
+        ])
+        .unwrap();
+    let mut steps = vec![got.swap_remove(1)];
+    for token in [7, 200] {
+        let mut batched = gpu
+            .forward_batch(&mut [
+                BatchEntry::new(&[42], &mut other),
+                BatchEntry::new(&[16, 23], &mut third),
+                BatchEntry::new(&[token], &mut mine),
+            ])
+            .unwrap();
+        steps.push(batched.swap_remove(2));
+    }
+    for (step, (a, b)) in want.iter().zip(&steps).enumerate() {
+        same_bits(&format!("step {step} alone and batched"), a, b);
+    }
+    same_bits(
+        "the recurrent states alone and batched",
+        &alone.recurrent().to_floats(),
+        &mine.recurrent().to_floats(),
+    );
+}
+
+#[test]
+fn bad_input_to_the_hybrid_is_refused_and_changes_no_cache() {
+    let Some(device) = gpu_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = load_on_gpu(&tiny_hybrid(dir.path()), device.clone());
+    let mut cache = gpu.new_cache(64);
+    gpu.forward(&[1, 2, 3], &mut cache).unwrap();
+    let state = cache.recurrent().clone();
+    let mut fine = gpu.new_cache(64);
+    // A token id past the vocabulary, beside a good entry.
+    let past = VOCAB as u32;
+    let refused = gpu.forward_batch(&mut [
+        BatchEntry::new(&[5], &mut fine),
+        BatchEntry::new(&[4, past], &mut cache),
+    ]);
+    assert!(matches!(refused, Err(spindle_models::ModelError::Gpu(_))), "{refused:?}");
+    // A pass that verifies drafts wants the states after each position.
+    let drafts = [4, 5, 6];
+    let verifying =
+        gpu.forward_batch(&mut [BatchEntry { tokens: &drafts, cache: &mut cache, logit_rows: 3 }]);
+    assert!(verifying.is_err());
+    // A cache without the model's recurrent state (another model's).
+    let pool = Arc::new(PagedKv::new(&gpu.kv_shapes(), KvType::F32, 4, 8));
+    let mut foreign = SequenceCache::resume(
+        pool,
+        vec![0],
+        0,
+        spindle_models::RecurrentState::none(gpu.config().num_hidden_layers),
+        8,
+    );
+    assert!(gpu.forward(&[1], &mut foreign).is_err());
+    assert_eq!((cache.len(), fine.len(), foreign.len()), (3, 0, 0));
+    assert_eq!(cache.recurrent(), &state, "a refused step moved a state on");
+}
+
+/// Largest logit difference from transformers' float32 logits on the hybrid fixtures, the
+/// CPU's own bound there (measured on lavapipe: qwen3_next 6.2e-5, qwen3_5_moe 3.6e-4, qwen3_5
+/// 7.5e-5; the CPU's 1.1e-4 to 3.0e-4; transformers' two f32 paths differ by up to 2e-4;
+/// logits O(10)).
+const TRANSFORMERS_TOLERANCE: f32 = 1e-3;
+
+#[derive(Deserialize)]
+struct Fixture {
+    prompts: Vec<Prompt>,
+}
+
+#[derive(Deserialize)]
+struct Prompt {
+    ids: Vec<u32>,
+    greedy_ids: Vec<u32>,
+    /// `step_logits[i]` chose `greedy_ids[i]`; step 0 is the prefill's last position.
+    step_logits: Vec<Vec<f32>>,
+}
+
+/// Greedy steps checked after each fixture prompt: every decode step runs the same kernels (all
+/// 15 made each test ~17 s on lavapipe, 4 make it ~10 s).
+const FIXTURE_STEPS: usize = 4;
+
+/// Fixture `name` (tests/data/hybrid/<name>: a tiny seeded model as F32 GGUF, and
+/// transformers' logits, from scripts/reference/hybrid/make_hybrid_fixtures.py) on the GPU:
+/// each prompt (5, 17 and 80 tokens) and its first greedy steps, fed transformers' tokens,
+/// within the bound and with transformers' top-1 at every step.
+fn against_transformers(name: &str) {
+    let Some(device) = gpu_or_skip() else { return };
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid").join(name);
+    let text = std::fs::read_to_string(dir.join("fixture.json")).unwrap();
+    let fixture: Fixture = serde_json::from_str(&text).unwrap();
+    let gpu = load_on_gpu(&dir.join("model.gguf"), device.clone());
+    let mut worst = 0.0f32;
+    for p in &fixture.prompts {
+        let mut cache = gpu.new_cache(256);
+        let mut logits = gpu.forward(&p.ids, &mut cache).unwrap();
+        for (step, want) in p.step_logits.iter().enumerate().take(1 + FIXTURE_STEPS) {
+            if step > 0 {
+                logits = gpu.forward(&[p.greedy_ids[step - 1]], &mut cache).unwrap();
+            }
+            let at = format!("{name}, {} tokens, step {step}", p.ids.len());
+            assert_eq!(argmax(&logits), p.greedy_ids[step], "{at}: top-1");
+            worst =
+                worst.max(logits.iter().zip(want).map(|(g, w)| (g - w).abs()).fold(0.0, f32::max));
+            assert!(worst <= TRANSFORMERS_TOLERANCE, "{at}: logits differ by {worst}");
+        }
+    }
+    eprintln!("{name} on the GPU: max logit difference from transformers {worst:.2e}");
+}
+
+#[test]
+fn the_qwen3_next_fixture_on_the_gpu_matches_transformers() {
+    against_transformers("qwen3_next");
+}
+
+#[test]
+fn the_qwen3_5_moe_fixture_on_the_gpu_matches_transformers() {
+    against_transformers("qwen3_5_moe");
+}
+
+#[test]
+fn the_qwen3_5_dense_fixture_on_the_gpu_matches_transformers() {
+    against_transformers("qwen3_5");
+}
