@@ -108,6 +108,13 @@ pub struct QueryPlace {
     pub table_start: usize,
 }
 
+/// Keys and values as the attention kernel reads them: blocks of `block_size` positions.
+struct StoredKv<'a> {
+    keys: &'a GpuTensor,
+    values: &'a GpuTensor,
+    block_size: usize,
+}
+
 /// Rows of a step with their places, and the block tables they name, on the device.
 pub struct PagedRows {
     places: Vec<QueryPlace>,
@@ -229,7 +236,8 @@ impl Attention {
             )));
         }
         queries.check(q.len() / row, pool.blocks, pool.block_size)?;
-        self.dispatch(step, q, [&pool.keys, &pool.values], pool.block_size, queries, shape, out)
+        let kv = StoredKv { keys: &pool.keys, values: &pool.values, block_size: pool.block_size };
+        self.dispatch(step, q, kv, queries, shape, out)
     }
 
     /// The outputs `(tokens, heads, head_dim)` of queries `q` `(tokens, heads, head_dim)` at
@@ -265,18 +273,16 @@ impl Attention {
         let queries = PagedRows::upload(step.gpu, places.collect(), vec![0])?;
         let out = step.gpu.output(q.len());
         let capacity = (cache.keys.len() / kv_width).max(1);
-        let kv = [&cache.keys, &cache.values];
-        self.dispatch(step, q, kv, capacity, &queries, shape, &out)?;
+        let kv = StoredKv { keys: &cache.keys, values: &cache.values, block_size: capacity };
+        self.dispatch(step, q, kv, &queries, shape, &out)?;
         Ok(out)
     }
 
-    #[allow(clippy::too_many_arguments)] // one per binding of the shader
     fn dispatch(
         &self,
         step: &mut Step<'_>,
         q: &GpuTensor,
-        [keys, values]: [&GpuTensor; 2],
-        block_size: usize,
+        StoredKv { keys, values, block_size }: StoredKv<'_>,
         queries: &PagedRows,
         shape: AttentionShape,
         out: &GpuTensor,

@@ -29,6 +29,8 @@ pub(crate) struct GatedAttention {
     k_norm: GpuTensor,
     shape: AttentionShape,
     rotary_dim: usize,
+    /// The q/k norms' epsilon (the model's RMSNorm one).
+    norm_eps: f32,
 }
 
 /// The sizes of every gated attention layer of a model.
@@ -38,6 +40,7 @@ pub(crate) struct GatedAttentionShape {
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
     pub(crate) rotary_dim: usize,
+    pub(crate) norm_eps: f32,
 }
 
 impl GatedAttention {
@@ -68,6 +71,7 @@ impl GatedAttention {
                 window: None,
             },
             rotary_dim: s.rotary_dim,
+            norm_eps: s.norm_eps,
         })
     }
 
@@ -123,7 +127,6 @@ impl AttentionKernels {
 
     /// The layer's output for the normed rows `x`; each group's keys and values go into its
     /// pools' layer `pool` first.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         step: &mut Step<'_>,
@@ -132,7 +135,6 @@ impl AttentionKernels {
         x: &GpuTensor,
         (groups, pool): (&[(std::sync::Arc<LayerPools>, PagedRows)], usize),
         rope: &RopeTable,
-        eps: f32,
     ) -> Result<GpuTensor> {
         let shape = layer.shape;
         let d = shape.head_dim;
@@ -144,9 +146,9 @@ impl AttentionKernels {
         };
         let q = products.forward(step, &layer.q, x)?;
         let gate = products.forward(step, &layer.gate, x)?;
-        let q = self.norm.forward(step, &q, &layer.q_norm, eps)?;
+        let q = self.norm.forward(step, &q, &layer.q_norm, layer.norm_eps)?;
         let k = products.forward(step, &layer.k, x)?;
-        let k = self.norm.forward(step, &k, &layer.k_norm, eps)?;
+        let k = self.norm.forward(step, &k, &layer.k_norm, layer.norm_eps)?;
         let v = products.forward(step, &layer.v, x)?;
         self.rope.apply(step, &q, turn(shape.heads), rope)?;
         self.rope.apply(step, &k, turn(shape.kv_heads), rope)?;

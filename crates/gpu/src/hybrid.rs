@@ -104,6 +104,7 @@ impl GpuHybrid {
             kv_heads: cfg.num_key_value_heads,
             head_dim: cfg.head_dim,
             rotary_dim: cfg.rotary_dim(),
+            norm_eps: cfg.rms_norm_eps as f32,
         };
         let embed = upload_matrix(&gpu, weights.weight("token_embd.weight")?)?;
         let head = if weights.contains("output.weight") {
@@ -222,7 +223,7 @@ impl GpuHybrid {
                 TokenMixer::Full(attn) => {
                     pool += 1;
                     let place = (groups, pool - 1);
-                    k.attention.forward(step, &k.products, attn, &h, place, rope, eps)?
+                    k.attention.forward(step, &k.products, attn, &h, place, rope)?
                 }
             };
             x = k.add.forward(step, &x, &mixed)?;
