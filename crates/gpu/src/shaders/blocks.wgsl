@@ -32,3 +32,15 @@ fn u32_at(offset: u32) -> u32 {
     return byte_at(offset) | (byte_at(offset + 1u) << 8u) | (byte_at(offset + 2u) << 16u)
         | (byte_at(offset + 3u) << 24u);
 }
+
+// Q4_K's and Q5_K's sub-block s (< 8): its 6-bit scale (x) and minimum (y), out of the 12 bytes
+// at `at`: bytes s and s + 4 for s < 4, else the nibbles of byte s + 4 under the top bits of
+// bytes s − 4 and s.
+fn k_scale_min(at: u32, s: u32) -> vec2<u32> {
+    if (s < 4u) {
+        return vec2<u32>(byte_at(at + s) & 63u, byte_at(at + s + 4u) & 63u);
+    }
+    let sc = (byte_at(at + s + 4u) & 15u) | ((byte_at(at + s - 4u) >> 6u) << 4u);
+    let m = (byte_at(at + s + 4u) >> 4u) | ((byte_at(at + s) >> 6u) << 4u);
+    return vec2<u32>(sc, m);
+}

@@ -4,21 +4,12 @@
 fn load_unit(row_start: u32, u: u32) -> Unit {
     let block = row_start + (u / 8u) * 144u;
     let s = u % 8u;
-    let scales = block + 4u;
-    var sc: u32;
-    var m: u32;
-    if (s < 4u) {
-        sc = byte_at(scales + s) & 63u;
-        m = byte_at(scales + s + 4u) & 63u;
-    } else {
-        sc = (byte_at(scales + s + 4u) & 15u) | ((byte_at(scales + s - 4u) >> 6u) << 4u);
-        m = (byte_at(scales + s + 4u) >> 4u) | ((byte_at(scales + s) >> 6u) << 4u);
-    }
+    let sc_m = k_scale_min(block + 4u, s);
     var unit: Unit;
-    let scale = f16_at(block) * f32(sc);
+    let scale = f16_at(block) * f32(sc_m.x);
     unit.scale_lo = scale;
     unit.scale_hi = scale;
-    unit.offset_lo = -f16_at(block + 2u) * f32(m);
+    unit.offset_lo = -f16_at(block + 2u) * f32(sc_m.y);
     unit.offset_hi = unit.offset_lo;
     let quants = block + 16u + (s / 2u) * 32u;
     let shift = (s % 2u) * 4u;
