@@ -192,15 +192,24 @@ fn against_transformers(name: &str) {
     let fixture: Fixture = serde_json::from_str(&text).unwrap();
     let gpu = load_on_gpu(&dir.join("model.gguf"), device.clone());
     let mut worst = 0.0f32;
-    for p in &fixture.prompts {
-        let mut cache = gpu.new_cache(256);
-        let mut logits = gpu.forward(&p.ids, &mut cache).unwrap();
-        for (step, want) in p.step_logits.iter().enumerate().take(1 + FIXTURE_STEPS) {
-            if step > 0 {
-                logits = gpu.forward(&[p.greedy_ids[step - 1]], &mut cache).unwrap();
-            }
+    // The prompts run batched, a step of each per pass (a row's bits do not depend on the rows
+    // beside it, tested above): a third of the passes.
+    let mut caches: Vec<_> = fixture.prompts.iter().map(|_| gpu.new_cache(256)).collect();
+    for step in 0..=FIXTURE_STEPS {
+        let mut batch: Vec<BatchEntry> = (fixture.prompts.iter().zip(&mut caches))
+            .map(|(p, cache)| {
+                let tokens = match step {
+                    0 => &p.ids[..],
+                    _ => std::slice::from_ref(&p.greedy_ids[step - 1]),
+                };
+                BatchEntry::new(tokens, cache)
+            })
+            .collect();
+        let all_logits = gpu.forward_batch(&mut batch).unwrap();
+        for (p, logits) in fixture.prompts.iter().zip(all_logits) {
             let at = format!("{name}, {} tokens, step {step}", p.ids.len());
             assert_eq!(argmax(&logits), p.greedy_ids[step], "{at}: top-1");
+            let want = &p.step_logits[step];
             worst =
                 worst.max(logits.iter().zip(want).map(|(g, w)| (g - w).abs()).fold(0.0, f32::max));
             assert!(worst <= TRANSFORMERS_TOLERANCE, "{at}: logits differ by {worst}");
