@@ -1,13 +1,13 @@
 //! `--device cpu | gpu | gpu:N`: where model steps are to run. The CPU is the default; a GPU is
 //! opened at startup so `serve` says which adapter it found, or why there is none, before
-//! anything else loads. Dense Llama-family models (Llama, SmolLM2, Qwen2.5) and Gemma 3 run
-//! on it; hybrid architectures are refused at load (issue 41).
+//! anything else loads. Dense Llama-family models (Llama, SmolLM2, Qwen2.5), Gemma 3 and the
+//! hybrid Qwen3.5 / Qwen3.5-MoE / Qwen3-Next GGUFs run on it (hybrids without speculation).
 
 use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use spindle_gpu::{Gpu, GpuLlama};
+use spindle_gpu::{Gpu, GpuHybrid, GpuLlama};
 use spindle_hub::ModelFiles;
 use spindle_models::CausalLm;
 
@@ -39,18 +39,36 @@ pub fn open(choice: DeviceChoice) -> anyhow::Result<Option<Arc<Gpu>>> {
     Ok(Some(Arc::new(Gpu::open(index).context("--device")?)))
 }
 
-/// The startup line about the GPU the model steps run on.
+/// The startup line about the GPU the model steps run on (once, whichever models are served).
 pub fn announce_line(gpu: &Gpu) -> String {
-    format!("GPU {}: model steps run here, keys and values in f32 on the device", gpu.adapter())
+    format!(
+        "GPU {}: model steps run here, keys and values in f32 on the device; a hybrid model's \
+         DeltaNet states stay in host memory and go to the device and back every step",
+        gpu.adapter()
+    )
 }
 
-/// Loads the dense model (Llama family or Gemma 3) of `files` onto `gpu` (others are refused,
-/// naming theirs).
+/// The startup line for a model the engine never drafts for (a hybrid on the GPU), `None` for
+/// one it may.
+pub fn speculation_off_line(model: &dyn CausalLm) -> Option<String> {
+    (!model.verifies_drafts()).then(|| {
+        "speculation off for this model on this device: its recurrent layers keep no state per \
+         drafted position there, so drafts cannot be verified (requests decode plainly)"
+            .to_string()
+    })
+}
+
+/// Loads the model of `files` onto `gpu`: a dense one (Llama family or Gemma 3) as `GpuLlama`,
+/// a hybrid GGUF (by its header's architecture) as `GpuHybrid`; others are refused, naming why.
 pub fn load_on_gpu(
     gpu: &Arc<Gpu>,
     files: &ModelFiles,
 ) -> spindle_models::Result<Box<dyn CausalLm>> {
     let path = match files {
+        ModelFiles::Gguf(path) if spindle_models::is_hybrid_gguf(path)? => {
+            let (config, mut weights) = spindle_models::open_hybrid(path)?;
+            return Ok(Box::new(GpuHybrid::load(gpu.clone(), config, &mut weights)?));
+        }
         ModelFiles::Gguf(path) => path,
         ModelFiles::Safetensors { dir } => dir,
     };

@@ -253,6 +253,10 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             spindle_hub::WhenMissing::Download,
         )?;
         let bundle = loading.bundle(&files)?;
+        let speculation_off = crate::device_flag::speculation_off_line(bundle.model.as_ref());
+        if let (Some(reason), Some(_)) = (&speculation_off, &args.draft_model) {
+            anyhow::bail!("--draft-model: {reason}");
+        }
         let draft = (args.draft_model.as_deref())
             .map(|spec| load_draft(spec, &bundle, &config.model_id, &mut config.cache))
             .transpose()?;
@@ -274,7 +278,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         check_guided_json(&state.config, model)?;
         // After every check that can refuse to start, so a refusal is the only line.
         announce(log_format, &summary);
-        for line in draft_summary.iter().chain(&rollback_summary) {
+        for line in draft_summary.iter().chain(&rollback_summary).chain(&speculation_off) {
             announce(log_format, line);
         }
         for line in sampling_summary(&state.config, model) {

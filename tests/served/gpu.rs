@@ -1,7 +1,10 @@
 //! `spindle serve --device gpu` on the tiny random model, on whatever adapter the machine has
 //! (Mesa's lavapipe in CI): the model's steps run on the device, a repeated request resumes
 //! from the prefix cache with the same answer (a partly filled block copied on the device), and
-//! the disk tier, which reads keys and values from host memory, is refused with the GPU.
+//! the disk tier, which reads keys and values from host memory, is refused with the GPU. A
+//! tiny random hybrid GGUF runs on `GpuHybrid`: a request asking to speculate decodes plainly
+//! (the device cannot verify drafts) with the CPU server's greedy answer, and its repeat
+//! resumes from the prefix cache.
 
 use std::process::Command;
 
@@ -65,4 +68,52 @@ fn the_disk_tier_is_refused_with_the_gpu_naming_both() {
     for needle in ["--prefix-cache-dir", "--device gpu"] {
         assert!(stderr.contains(needle), "{needle} not in: {stderr}");
     }
+}
+
+/// A tiny random Qwen3.5-MoE GGUF (`HybridShape::TINY`, one block) in `dir`, with SmolLM2's
+/// tokenizer and chat template so the chat endpoint renders and decodes its tokens.
+fn tiny_hybrid(dir: &std::path::Path) -> std::path::PathBuf {
+    use candle_core::quantized::gguf_file;
+    use spindle_models::random_hybrid::{write_random_hybrid, HybridShape};
+    let mut source = std::fs::File::open(crate::common::smollm2()).unwrap();
+    let content = gguf_file::Content::read(&mut source).unwrap();
+    let tokenizer = content.metadata.into_iter().filter(|(k, _)| k.starts_with("tokenizer."));
+    let path = dir.join(HybridShape::TINY.file_name(1));
+    let mut file = std::fs::File::create(&path).unwrap();
+    write_random_hybrid(&mut file, &HybridShape::TINY, 1, tokenizer.collect()).unwrap();
+    path
+}
+
+/// [`CHAT`] asking to speculate.
+const SPECULATIVE_CHAT: &str = concat!(
+    r#"{"messages": [{"role": "system", "content": "You are a careful assistant that answers "#,
+    r#"in one word. Here is a long system prompt to share across requests."},"#,
+    r#" {"role": "user", "content": "Hi there"}], "max_tokens": 4, "temperature": 0,"#,
+    r#" "speculative": true, "chat_template_kwargs": {"enable_thinking": false}}"#
+);
+
+#[test]
+fn a_hybrid_on_the_gpu_decodes_plainly_as_the_cpu_does_and_resumes_from_the_prefix_cache() {
+    if tiny_model_with_a_gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_hybrid(dir.path());
+    let model = model.to_str().unwrap();
+    let text = |answer: &serde_json::Value| answer["choices"][0]["message"]["content"].clone();
+    let cpu = LoggedServer::with_args(&["--model", model]);
+    let expected = cpu.post_ok("/v1/chat/completions", SPECULATIVE_CHAT);
+    cpu.stop();
+    let server = LoggedServer::with_args(&["--model", model, "--device", "gpu"]);
+    let cold = server.post_ok("/v1/chat/completions", SPECULATIVE_CHAT);
+    let cached = server.post_ok("/v1/chat/completions", SPECULATIVE_CHAT);
+    let log = server.stop();
+    let log = String::from_utf8_lossy(&log);
+    assert!(log.contains("speculation off for this model on this device"), "in:\n{log}");
+    assert_eq!(cold["usage"]["completion_tokens"], 4, "{cold}");
+    assert_eq!(text(&cold), text(&expected), "the GPU's greedy answer is the CPU's");
+    assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{cold}");
+    let hit = cached["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(hit > 0, "the repeat resumed from the prefix cache: {cached}");
+    assert_eq!(text(&cold), text(&cached), "the cached run answers as the cold one");
 }

@@ -259,6 +259,12 @@ impl CausalLm for GpuHybrid {
         self.cfg.initial_recurrent_state()
     }
 
+    /// The device keeps no DeltaNet state per position, so a pass could not go back to the
+    /// last accepted draft; [`CausalLm::forward_batch`] refuses such passes.
+    fn verifies_drafts(&self) -> bool {
+        false
+    }
+
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> spindle_models::Result<Vec<Vec<f32>>> {
         // Every entry is checked before any work, so a refusal changes no cache.
         let (rows, ids) = spindle_models::batch_rows(batch)?;

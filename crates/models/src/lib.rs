@@ -50,7 +50,10 @@ mod test_data;
 mod weight;
 mod weights;
 
+use std::collections::HashMap;
 use std::path::Path;
+
+use candle_core::quantized::gguf_file;
 
 pub use cache::{RecurrentState, SequenceCache};
 pub use config::{Architecture, TransformerConfig};
@@ -119,6 +122,12 @@ pub trait CausalLm: Send + Sync {
     /// [`SequenceCache::keep_hidden_states`]).
     fn draft_head(&self) -> Option<&dyn DraftHead> {
         None
+    }
+
+    /// Whether a pass can verify drafts (entries with [`BatchEntry::verifies`]); a model that
+    /// cannot refuses such a pass, so the engine never drafts for it.
+    fn verifies_drafts(&self) -> bool {
+        true
     }
 
     /// An empty cache with storage of its own for at most `context` positions (capped at the
@@ -215,9 +224,7 @@ pub fn load_gguf_f32(path: &Path) -> Result<Box<dyn CausalLm>> {
 
 fn open_gguf(path: &Path, storage: GgufStorage) -> Result<Box<dyn CausalLm>> {
     let gguf = GgufWeights::open(path, storage)?;
-    let arch =
-        gguf.metadata().get("general.architecture").and_then(|v| v.to_string().ok()).cloned();
-    if arch.is_some_and(|a| qwen3_next::GGUF_ARCHITECTURES.contains(&a.as_str())) {
+    if names_a_hybrid(gguf.metadata()) {
         let gguf = gguf.without_tokenizer();
         let metadata = gguf.metadata().clone();
         let model = qwen3_next::Qwen3Next::load_gguf(&mut WeightSource::Gguf(gguf), &metadata)?;
@@ -225,6 +232,19 @@ fn open_gguf(path: &Path, storage: GgufStorage) -> Result<Box<dyn CausalLm>> {
     }
     let cfg = TransformerConfig::from_gguf(gguf.metadata())?;
     build(cfg, &mut WeightSource::Gguf(gguf.without_tokenizer()))
+}
+
+/// Whether a GGUF header's `general.architecture` is a hybrid one (`qwen3next`, `qwen35moe`,
+/// `qwen35`).
+fn names_a_hybrid(metadata: &HashMap<String, gguf_file::Value>) -> bool {
+    let arch = metadata.get("general.architecture").and_then(|v| v.to_string().ok());
+    arch.is_some_and(|a| qwen3_next::GGUF_ARCHITECTURES.contains(&a.as_str()))
+}
+
+/// Whether the `.gguf` file at `path` holds a hybrid model (for [`open_hybrid`]) rather than a
+/// dense one (for [`open_dense`]), by its header's architecture, as [`load_gguf`] decides.
+pub fn is_hybrid_gguf(path: &Path) -> Result<bool> {
+    Ok(names_a_hybrid(GgufWeights::open(path, GgufStorage::AsStored)?.metadata()))
 }
 
 /// Loads a folder with `config.json` and `*.safetensors`.
@@ -242,15 +262,19 @@ pub fn load_safetensors(dir: &Path) -> Result<Box<dyn CausalLm>> {
 }
 
 /// The configuration and weights, as stored, of a dense transformer (a `.gguf` file, or a
-/// folder with `config.json` and `*.safetensors`), for a model built elsewhere; hybrid models
-/// are refused.
+/// folder with `config.json` and `*.safetensors`), for a model built elsewhere; hybrid
+/// checkpoint folders are refused (their GGUF files open with [`open_hybrid`]).
 pub fn open_dense(path: &Path) -> Result<(TransformerConfig, WeightSource)> {
     if path.is_dir() {
         let config_path = path.join("config.json");
         let text = std::fs::read_to_string(&config_path)
             .map_err(|source| ModelError::Io { path: config_path, source })?;
         if qwen3_next::HybridConfig::detect(&text)?.is_some() {
-            return Err(ModelError::BadConfig("a hybrid model is not a dense transformer".into()));
+            return Err(ModelError::BadConfig(
+                "a hybrid model's checkpoint folder: hybrid models open from llama.cpp GGUF files \
+                 only (see open_hybrid)"
+                    .into(),
+            ));
         }
         let cfg = TransformerConfig::from_hf_json(&text)?;
         let source = SafetensorsWeights::open(path, cfg.architecture)?;

@@ -335,3 +335,54 @@ fn a_request_drafts_from_what_an_earlier_request_wrote() {
         );
     }
 }
+
+/// The tiny model as a device that cannot verify drafts: it refuses a verifying pass, as
+/// `spindle_gpu::GpuHybrid` does.
+struct CannotVerify(Box<dyn spindle_models::CausalLm>);
+
+impl spindle_models::CausalLm for CannotVerify {
+    fn config(&self) -> &spindle_models::TransformerConfig {
+        self.0.config()
+    }
+
+    fn forward_batch(
+        &self,
+        batch: &mut [spindle_models::BatchEntry<'_>],
+    ) -> spindle_models::Result<Vec<Vec<f32>>> {
+        if batch.iter().any(spindle_models::BatchEntry::verifies) {
+            return Err(spindle_models::ModelError::BadConfig("a verifying pass".into()));
+        }
+        self.0.forward_batch(batch)
+    }
+
+    fn verifies_drafts(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_model_that_cannot_verify_drafts_is_never_drafted_for() {
+    let bundle = tiny_dense();
+    let prompt = encode(&bundle, PROSE);
+    let plain = run(&start(&bundle, 1, None), spec_request(&prompt, greedy(), 24, false));
+    let truth: Vec<u32> = plain.0.tokens.iter().map(|t| t.id).collect();
+    let ModelBundle { model, tokenizer, template, fingerprint, sampling } =
+        ModelBundle::load(&spindle_testkit::tiny_model()).unwrap();
+    let refusing = Arc::new(ModelBundle {
+        model: Box::new(CannotVerify(model)),
+        tokenizer,
+        template,
+        fingerprint,
+        sampling,
+    });
+    // Speculation on for every request, with a script that always has drafts.
+    let speculation = SpeculationConfig {
+        by_default: true,
+        script: Some(planted_script(vec![(prompt.clone(), truth)], 49152)),
+        ..on_request()
+    };
+    let engine = start_with(&refusing, 1, spec_cache(), speculation);
+    let spec = run(&engine, spec_request(&prompt, greedy(), 24, true));
+    assert_same(&spec, &plain, "cannot verify");
+    assert_eq!(spec.1.drafted_tokens, 0, "{:?}", spec.1);
+}
