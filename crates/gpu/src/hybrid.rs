@@ -23,12 +23,12 @@ use crate::gated_attention::{AttentionKernels, GatedAttention, GatedAttentionSha
 use crate::kv_pools::{KvPools, LayerPools};
 use crate::linear_attention::LinearAttention;
 use crate::linear_state::DeltaNetShape;
-use crate::loading::{model_error, upload_matrix, upload_vector, Products};
+use crate::loading::{model_error, upload_head, upload_matrix, upload_vector, Products};
 use crate::matmul::{Embed, GpuMatrix};
 use crate::moe::{FeedForwardKernels, GatedMlp, SparseMoe};
 use crate::norm::RmsNorm;
-use crate::rope::RopeTable;
-use crate::step::Step;
+use crate::rope::{RopeAngles, RopeTable};
+use crate::step::{rows_per_range, Step};
 use crate::step_states::StepStates;
 
 enum TokenMixer {
@@ -107,11 +107,7 @@ impl GpuHybrid {
             norm_eps: cfg.rms_norm_eps as f32,
         };
         let embed = upload_matrix(&gpu, weights.weight("token_embd.weight")?)?;
-        let head = if weights.contains("output.weight") {
-            Some(upload_matrix(&gpu, weights.weight("output.weight")?)?)
-        } else {
-            None
-        };
+        let head = upload_head(&gpu, weights)?;
         let mut layers = Vec::new();
         for (i, kind) in cfg.layer_types().into_iter().enumerate() {
             let p = format!("blk.{i}");
@@ -276,18 +272,13 @@ impl CausalLm for GpuHybrid {
             ));
         }
         let wanted = spindle_models::logit_rows(batch, &rows);
-        let (mut cos, mut sin) = (Vec::new(), Vec::new());
-        for entry in batch.iter() {
-            let (c, s) = self.rotary.cos_sin(entry.cache.len(), entry.tokens.len());
-            cos.extend(c);
-            sin.extend(s);
-        }
+        let angles = RopeAngles::of_batch(&self.rotary, batch);
         let states =
             StepStates::upload(&self.gpu, self.linear_shape, self.linear_layers(), batch, &rows)
                 .map_err(model_error)?;
         let groups = self.pools.groups(&self.gpu, &self.kv_shapes(), batch).map_err(model_error)?;
         let (logits, read) = (|| {
-            let rope = RopeTable { cos: self.gpu.upload(&cos)?, sin: self.gpu.upload(&sin)? };
+            let rope = angles.upload(&self.gpu)?;
             self.gpu.run(|step| {
                 let logits = self.record(step, &ids, &groups, &rope, &states, &wanted)?;
                 Ok((step.read(&logits), states.read(step)))
@@ -299,11 +290,7 @@ impl CausalLm for GpuHybrid {
         for entry in batch.iter_mut() {
             entry.cache.advance(entry.tokens.len());
         }
-        let mut rows = logits.chunks_exact(self.cfg.vocab_size);
-        Ok(wanted
-            .iter()
-            .map(|&(_, n)| rows.by_ref().take(n).flatten().copied().collect())
-            .collect())
+        Ok(rows_per_range(&logits, self.cfg.vocab_size, &wanted))
     }
 }
 

@@ -23,11 +23,11 @@ use crate::device::Gpu;
 use crate::elementwise::{AddRows, Elementwise};
 use crate::error::Result;
 use crate::kv_pools::{KvPools, LayerPools};
-use crate::loading::{model_error, upload_matrix, upload_vector, Products};
+use crate::loading::{model_error, upload_head, upload_matrix, upload_vector, Products};
 use crate::matmul::{Embed, GpuMatrix};
 use crate::norm::RmsNorm;
-use crate::rope::{Rope, RopePairs, RopeShape, RopeTable};
-use crate::step::Step;
+use crate::rope::{Rope, RopeAngles, RopePairs, RopeShape, RopeTable};
+use crate::step::{rows_per_range, Step};
 
 /// A projection and its bias (Qwen2's q, k and v have one).
 struct Projection {
@@ -140,11 +140,7 @@ impl GpuLlama {
             Rotary::new(cfg.head_dim(), cfg.rope_local_base_freq, &RopeScaling::None, style)
         });
         let embed = upload_matrix(&gpu, weights.weight("token_embd.weight")?)?;
-        let head = if weights.contains("output.weight") {
-            Some(upload_matrix(&gpu, weights.weight("output.weight")?)?)
-        } else {
-            None
-        };
+        let head = upload_head(&gpu, weights)?;
         let mut layers = Vec::new();
         for i in 0..cfg.num_hidden_layers {
             let mut projection = |name: &str| -> spindle_models::Result<Projection> {
@@ -329,25 +325,12 @@ impl CausalLm for GpuLlama {
         // Every entry is checked before any work, so a refusal changes no cache.
         let (rows, ids) = spindle_models::batch_rows(batch)?;
         let wanted = spindle_models::logit_rows(batch, &rows);
-        let tables = |rotary: &Rotary| {
-            let (mut cos, mut sin) = (Vec::new(), Vec::new());
-            for entry in batch.iter() {
-                let (c, s) = rotary.cos_sin(entry.cache.len(), entry.tokens.len());
-                cos.extend(c);
-                sin.extend(s);
-            }
-            (cos, sin)
-        };
-        let global = tables(&self.rotary);
-        let local = self.local_rotary.as_ref().map(tables);
+        let global = RopeAngles::of_batch(&self.rotary, batch);
+        let local = self.local_rotary.as_ref().map(|rotary| RopeAngles::of_batch(rotary, batch));
         let groups = self.pools.groups(&self.gpu, &self.kv_shapes(), batch).map_err(model_error)?;
-        let vocab = self.cfg.vocab_size;
         let logits = (|| {
-            let upload = |(cos, sin): &(Vec<f32>, Vec<f32>)| -> Result<RopeTable> {
-                Ok(RopeTable { cos: self.gpu.upload(cos)?, sin: self.gpu.upload(sin)? })
-            };
-            let global = upload(&global)?;
-            let local = local.as_ref().map(upload).transpose()?;
+            let global = global.upload(&self.gpu)?;
+            let local = local.as_ref().map(|angles| angles.upload(&self.gpu)).transpose()?;
             let ropes = [&global, local.as_ref().unwrap_or(&global)];
             self.gpu
                 .run(|step| {
@@ -360,10 +343,6 @@ impl CausalLm for GpuLlama {
         for entry in batch.iter_mut() {
             entry.cache.advance(entry.tokens.len());
         }
-        let mut rows = logits.chunks_exact(vocab);
-        Ok(wanted
-            .iter()
-            .map(|&(_, n)| rows.by_ref().take(n).flatten().copied().collect())
-            .collect())
+        Ok(rows_per_range(&logits, self.cfg.vocab_size, &wanted))
     }
 }

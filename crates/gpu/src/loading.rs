@@ -20,6 +20,17 @@ pub(crate) fn upload_matrix(gpu: &Gpu, weight: Weight) -> spindle_models::Result
     GpuMatrix::upload(gpu, format, rows, cols, &bytes).map_err(model_error)
 }
 
+/// The file's LM head, or `None` when it is tied to the embedding table (no `output.weight`).
+pub(crate) fn upload_head(
+    gpu: &Gpu,
+    weights: &mut WeightSource,
+) -> spindle_models::Result<Option<GpuMatrix>> {
+    if !weights.contains("output.weight") {
+        return Ok(None);
+    }
+    Ok(Some(upload_matrix(gpu, weights.weight("output.weight")?)?))
+}
+
 /// A matrix's format, rows, columns and bytes as the device holds it: a quantized one as the
 /// file stores it, a dense one as f32. A stack of experts' matrices (`experts × rows × cols`)
 /// is one matrix of `experts · rows` rows.

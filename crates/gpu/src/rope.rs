@@ -1,5 +1,7 @@
 //! Rotary position embedding on the device, turning q or k in place by a host-made table.
 
+use spindle_models::{BatchEntry, Rotary};
+
 use crate::buffer::GpuTensor;
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
@@ -30,6 +32,29 @@ pub struct RopeShape {
 pub struct RopeTable {
     pub cos: GpuTensor,
     pub sin: GpuTensor,
+}
+
+/// A [`RopeTable`]'s values on the host: those of every token of a step's entries, in order.
+pub(crate) struct RopeAngles {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeAngles {
+    /// `rotary`'s angles at each entry's new positions (after what its cache holds).
+    pub(crate) fn of_batch(rotary: &Rotary, batch: &[BatchEntry<'_>]) -> Self {
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for entry in batch {
+            let (c, s) = rotary.cos_sin(entry.cache.len(), entry.tokens.len());
+            cos.extend(c);
+            sin.extend(s);
+        }
+        RopeAngles { cos, sin }
+    }
+
+    pub(crate) fn upload(&self, gpu: &Gpu) -> Result<RopeTable> {
+        Ok(RopeTable { cos: gpu.upload(&self.cos)?, sin: gpu.upload(&self.sin)? })
+    }
 }
 
 pub struct Rope {

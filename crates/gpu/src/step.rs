@@ -104,6 +104,17 @@ impl Step<'_> {
     }
 }
 
+/// Rows of `width` read back for the ranges `wanted` (as [`Step::gather_rows`] picked them),
+/// split again: one vector per range.
+pub(crate) fn rows_per_range(
+    values: &[f32],
+    width: usize,
+    wanted: &[(usize, usize)],
+) -> Vec<Vec<f32>> {
+    let mut rows = values.chunks_exact(width);
+    wanted.iter().map(|&(_, n)| rows.by_ref().take(n).flatten().copied().collect()).collect()
+}
+
 impl Readback {
     /// The values, once the step that read them has run.
     pub fn values(self) -> Result<Vec<f32>> {
