@@ -1,6 +1,6 @@
 //! What the engine counts for the server's `/metrics`: gauges of its load and counters of its
-//! work, atomics the engine thread writes and any thread reads. Each is written before the
-//! client hears of the work it counts, so a scrape after a response ends includes it.
+//! work, atomics the engine thread writes and any thread reads. A speculative round is counted
+//! before the sequence can end in it, so a scrape after a response includes all its drafts.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
