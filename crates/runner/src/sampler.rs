@@ -276,16 +276,7 @@ fn top_ids(logits: &[f32], n: usize) -> Vec<u32> {
         let (la, lb) = (logits[*a as usize], logits[*b as usize]);
         lb.partial_cmp(&la).unwrap_or(Ordering::Equal).then(a.cmp(b))
     };
-    // Split the logits into at least n chunks: their maxima are at least n distinct tokens, so
-    // the smallest maximum cannot beat the n-th highest logit, and nothing below it can make the
-    // top n. Selecting over the vocabulary itself costs milliseconds; after this pass there are
-    // usually only a few hundred ids left.
-    let floor = if n < logits.len() {
-        let chunk_max = |c: &[f32]| c.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
-        logits.chunks(logits.len() / n).map(chunk_max).fold(f32::INFINITY, f32::min)
-    } else {
-        f32::NEG_INFINITY
-    };
+    let floor = selection_floor(logits, n);
     let mut ids: Vec<u32> = (0..logits.len() as u32)
         .filter(|&id| {
             let l = logits[id as usize];
@@ -298,6 +289,19 @@ fn top_ids(logits: &[f32], n: usize) -> Vec<u32> {
     }
     ids.sort_unstable_by(by_logit);
     ids
+}
+
+/// A logit that the `n`-th highest is at least: the smallest maximum of `n` or more equal chunks
+/// (their maxima are that many distinct tokens), so nothing below it can make the top `n`.
+/// Selecting over the vocabulary itself costs milliseconds; above the floor there are usually
+/// only a few hundred ids. A shorter last chunk is left out: its maximum is close to a random
+/// logit (151,936 ids in chunks for 3 left one of a single id, and half the vocabulary above it).
+fn selection_floor(logits: &[f32], n: usize) -> f32 {
+    if n >= logits.len() {
+        return f32::NEG_INFINITY;
+    }
+    let chunk_max = |c: &[f32]| c.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    logits.chunks_exact(logits.len() / n).map(chunk_max).fold(f32::INFINITY, f32::min)
 }
 
 /// The tokens that survive top_k, top_p and min_p at the params' temperature (which must be
@@ -582,6 +586,15 @@ mod tests {
             // 3 degrees of freedom: 20 has a p-value of about 2e-4.
             assert!(chi2 < 20.0, "temperature {temperature}: {counts:?}, chi2 {chi2}");
         }
+    }
+
+    #[test]
+    fn the_selection_floor_ignores_a_short_last_chunk() {
+        // Chunks of 3: [9 8 7] [6 5 4] [3 2 1] and [0], whose maximum would let every id pass.
+        let descending: Vec<f32> = (0..10).rev().map(|l| l as f32).collect();
+        assert_eq!(selection_floor(&descending, 3), 3.0);
+        assert_eq!(top_ids(&descending, 3), vec![0, 1, 2]);
+        assert_eq!(selection_floor(&descending, 10), f32::NEG_INFINITY);
     }
 
     #[test]
