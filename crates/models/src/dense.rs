@@ -8,9 +8,11 @@ use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use rayon::prelude::*;
 
 use crate::error::Result;
+use crate::isa::Isa;
 
-/// Independent partial sums per dot product: enough for the compiler to vectorize the loop.
-const LANES: usize = 16;
+/// Independent partial sums per dot product: enough for the compiler to vectorize the loop
+/// into independent chains of additions on every instruction set.
+const LANES: usize = 64;
 
 /// A float matrix of `rows` outputs × `cols` inputs, kept as f32.
 pub struct DenseMatrix {
@@ -144,22 +146,56 @@ impl SharedOutput {
     }
 }
 
-/// `a · b` with `LANES` running sums (lane `i` takes elements `i, i + LANES, ...`), added up
-/// in lane order at the end, then the tail in order.
+/// `a · b` with `LANES` running sums: lane `i` takes elements `i, i + LANES, ...`, the tail
+/// included, and the lanes are added up in halves (lane `i` plus lane `i + LANES / 2`, and so on
+/// down to one). Every copy runs this same arithmetic, a multiply and an add each (never
+/// fused), so all give the same bits; the wider copies only hold more lanes per register (64
+/// lanes are 4 AVX-512 or 8 AVX2 chains of additions, where 16 lanes in the compiler's SSE2
+/// baseline were 4 chains, each waiting on its adds). No step is a long serial chain: a
+/// tiny model's 32-wide rows are all tail.
 fn dot(a: &[f32], b: &[f32]) -> f32 {
+    match Isa::best() {
+        // SAFETY: `Isa::best` found the features each copy is compiled for.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { dot_avx512(a, b) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { dot_avx2(a, b) },
+        _ => dot_lanes(a, b),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes(a, b)
+}
+
+#[inline(always)]
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; LANES];
-    let (a_body, a_tail) = a.split_at(a.len() - a.len() % LANES);
-    let (b_body, b_tail) = b.split_at(a_body.len());
-    for (xa, xb) in a_body.chunks_exact(LANES).zip(b_body.chunks_exact(LANES)) {
+    let body = a.len() - a.len() % LANES;
+    for (xa, xb) in a[..body].chunks_exact(LANES).zip(b[..body].chunks_exact(LANES)) {
         for i in 0..LANES {
             lanes[i] += xa[i] * xb[i];
         }
     }
-    let mut sum = lanes.iter().sum::<f32>();
-    for (x, y) in a_tail.iter().zip(b_tail) {
-        sum += x * y;
+    for (lane, (x, y)) in lanes.iter_mut().zip(a[body..].iter().zip(&b[body..])) {
+        *lane += x * y;
     }
-    sum
+    let mut half = LANES / 2;
+    while half > 0 {
+        for i in 0..half {
+            lanes[i] += lanes[i + half];
+        }
+        half /= 2;
+    }
+    lanes[0]
 }
 
 #[cfg(test)]
@@ -186,6 +222,28 @@ mod tests {
                 .forward(&Tensor::from_vec(row.to_vec(), (1, cols), &Device::Cpu).unwrap())
                 .unwrap();
             assert_eq!(alone.to_vec2::<f32>().unwrap()[0], all[t], "row {t} alone");
+        }
+    }
+
+    #[test]
+    fn every_instruction_set_gives_the_same_bits() {
+        // Inexact values and a ragged tail: the order of the additions shows in the bits.
+        let a: Vec<f32> = (0..1000).map(|i| ((i * 37 % 101) as f32 - 50.3) / 7.1).collect();
+        let b: Vec<f32> = (0..1000).map(|i| ((i * 53 % 97) as f32 - 48.7) / 3.3).collect();
+        for len in [0, 1, 63, 64, 65, 576, 1000] {
+            let (a, b) = (&a[..len], &b[..len]);
+            let want = dot_lanes(a, b).to_bits();
+            for isa in Isa::available() {
+                let got = match isa {
+                    // SAFETY: `available` lists only copies this CPU runs.
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512 => unsafe { dot_avx512(a, b) },
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => unsafe { dot_avx2(a, b) },
+                    _ => dot_lanes(a, b),
+                };
+                assert_eq!(got.to_bits(), want, "{isa:?}, length {len}");
+            }
         }
     }
 
