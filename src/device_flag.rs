@@ -1,15 +1,18 @@
 //! `--device cpu | gpu | gpu:N`: where model steps are to run. The CPU is the default; a GPU is
 //! opened at startup so `serve` says which adapter it found, or why there is none, before
 //! anything else loads. Dense Llama-family models (Llama, SmolLM2, Qwen2.5), Gemma 3 and the
-//! hybrid Qwen3.5 / Qwen3.5-MoE / Qwen3-Next GGUFs run on it (hybrids without speculation).
+//! hybrid Qwen3.5 / Qwen3.5-MoE / Qwen3-Next GGUFs run on it (hybrids without speculation, their
+//! routed experts placed by `placement_flags`).
 
 use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use spindle_gpu::{Gpu, GpuHybrid, GpuLlama};
+use spindle_gpu::{Gpu, GpuHybrid, GpuLlama, ModelBytes, Placement, PlacementRequest};
 use spindle_hub::ModelFiles;
 use spindle_models::CausalLm;
+
+use crate::placement_flags::refuse_for_whole_model;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceChoice {
@@ -58,16 +61,46 @@ pub fn speculation_off_line(model: &dyn CausalLm) -> Option<String> {
     })
 }
 
+/// Where the model of `files` goes on the GPU: for a hybrid GGUF, the placement `request` asks
+/// for, planned from the file's header; `None` for a model that runs whole on the device (the
+/// placement flags that would change that are refused).
+pub fn plan_placement(
+    files: &ModelFiles,
+    request: &PlacementRequest,
+) -> anyhow::Result<Option<Placement>> {
+    let path = match files {
+        ModelFiles::Gguf(path) if spindle_models::is_hybrid_gguf(path)? => {
+            let (config, weights) = spindle_models::open_hybrid(path)?;
+            let bytes = ModelBytes::of_hybrid(&config, &weights);
+            return Ok(Some(Placement::plan(&bytes, request)?));
+        }
+        ModelFiles::Gguf(path) => path,
+        ModelFiles::Safetensors { dir } => dir,
+    };
+    let (config, _) = spindle_models::open_dense(path)?;
+    refuse_for_whole_model(request, config.num_hidden_layers)?;
+    Ok(None)
+}
+
 /// Loads the model of `files` onto `gpu`: a dense one (Llama family or Gemma 3) as `GpuLlama`,
-/// a hybrid GGUF (by its header's architecture) as `GpuHybrid`; others are refused, naming why.
+/// a hybrid GGUF (by its header's architecture) as `GpuHybrid`, its routed experts where
+/// `placement` says (all on the device without one); others are refused, naming why.
 pub fn load_on_gpu(
     gpu: &Arc<Gpu>,
     files: &ModelFiles,
+    placement: Option<&Placement>,
 ) -> spindle_models::Result<Box<dyn CausalLm>> {
     let path = match files {
         ModelFiles::Gguf(path) if spindle_models::is_hybrid_gguf(path)? => {
             let (config, mut weights) = spindle_models::open_hybrid(path)?;
-            return Ok(Box::new(GpuHybrid::load(gpu.clone(), config, &mut weights)?));
+            let on_device = Placement::on_device();
+            let placement = placement.unwrap_or(&on_device);
+            return Ok(Box::new(GpuHybrid::load_placed(
+                gpu.clone(),
+                config,
+                &mut weights,
+                placement,
+            )?));
         }
         ModelFiles::Gguf(path) => path,
         ModelFiles::Safetensors { dir } => dir,

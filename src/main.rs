@@ -10,6 +10,7 @@ mod launch;
 mod logging;
 mod memory;
 mod model_loading;
+mod placement_flags;
 mod random_hybrid;
 mod sampling_flags;
 mod serve;

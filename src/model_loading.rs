@@ -12,8 +12,9 @@ use spindle_runner::{CacheConfig, DraftModel, ModelBundle};
 use spindle_server::{LoadedModel, ServerConfig};
 
 use crate::byte_size::human_bytes;
-use crate::device_flag::load_on_gpu;
+use crate::device_flag::{load_on_gpu, plan_placement};
 use crate::kv_memory::KvMemory;
+use crate::placement_flags::placement_line;
 
 /// `sampling defaults: temperature 0.7 (generation_config.json), …`, and the thinking preset's
 /// in a line of its own where it differs.
@@ -51,6 +52,8 @@ pub struct Loading {
     pub ctx_size: Option<usize>,
     /// `--device gpu`: the model's steps run there.
     pub gpu: Option<Arc<spindle_gpu::Gpu>>,
+    /// Where on the GPU a hybrid's routed experts go (`--cpu-moe`, `--n-cpu-moe`, `--fit`, …).
+    pub placement: spindle_gpu::PlacementRequest,
 }
 
 /// A model's context, fitted to its training and the KV pool.
@@ -62,10 +65,20 @@ pub struct Fitted {
 
 impl Loading {
     /// Loads `files` (with `--chat-template` in place of the model's own), refusing a KV cache
-    /// type its attention heads cannot use.
-    pub fn bundle(&self, files: &spindle_hub::ModelFiles) -> anyhow::Result<ModelBundle> {
+    /// type its attention heads cannot use; on the GPU, with the startup line of a hybrid's
+    /// placement.
+    pub fn bundle(
+        &self,
+        files: &spindle_hub::ModelFiles,
+    ) -> anyhow::Result<(ModelBundle, Option<String>)> {
+        let placement = match &self.gpu {
+            Some(_) => plan_placement(files, &self.placement)?,
+            None => None,
+        };
         let mut bundle = crate::memory::returning_freed_memory(|| match &self.gpu {
-            Some(gpu) => ModelBundle::load_with(files, |files| load_on_gpu(gpu, files)),
+            Some(gpu) => {
+                ModelBundle::load_with(files, |files| load_on_gpu(gpu, files, placement.as_ref()))
+            }
             None => ModelBundle::load(files),
         })?;
         if let Some(path) = &self.chat_template {
@@ -85,7 +98,8 @@ impl Loading {
                 self.kv_type
             );
         }
-        Ok(bundle)
+        let line = placement.map(|p| placement_line(&p, &self.placement));
+        Ok((bundle, line))
     }
 
     /// The context: `--ctx-size`, else what the model was trained for, capped by what the KV

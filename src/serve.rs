@@ -142,6 +142,8 @@ pub struct ServeArgs {
     /// Where model steps run: cpu, gpu (the first GPU found) or gpu:N (an adapter by index).
     #[arg(long, default_value = "cpu", value_parser = str::parse::<DeviceChoice>)]
     device: DeviceChoice,
+    #[command(flatten)]
+    placement: crate::placement_flags::PlacementFlags,
 }
 
 fn parse_tool_call_parser(name: &str) -> Result<ToolCallFormat, String> {
@@ -200,6 +202,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         anyhow::bail!("--draft-model drafts for one --model; {} are served", specs.len());
     }
     let kv_bytes = args.kv_cache_memory.resolve(args.snapshot_memory);
+    let placement = args.placement.request(gpu.is_some(), kv_bytes, args.max_concurrent.max(1))?;
     let address = reserve_address(&args.host, args.port)?;
     let events = kv_events(&args, address.local_addr()?.port(), log_format)?;
     let cache = CacheConfig {
@@ -219,6 +222,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         kv_type,
         ctx_size: args.ctx_size,
         gpu: gpu.clone(),
+        placement,
     };
     let mut config = ServerConfig {
         model_id: model_id(&specs[0]),
@@ -252,7 +256,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             &spindle_hub::spindle_home(),
             spindle_hub::WhenMissing::Download,
         )?;
-        let bundle = loading.bundle(&files)?;
+        let (bundle, placement_line) = loading.bundle(&files)?;
         let speculation_off = crate::device_flag::speculation_off_line(bundle.model.as_ref());
         if let (Some(reason), Some(_)) = (&speculation_off, &args.draft_model) {
             anyhow::bail!("--draft-model: {reason}");
@@ -278,7 +282,8 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         check_guided_json(&state.config, model)?;
         // After every check that can refuse to start, so a refusal is the only line.
         announce(log_format, &summary);
-        for line in draft_summary.iter().chain(&rollback_summary).chain(&speculation_off) {
+        let lines = placement_line.iter().chain(&draft_summary).chain(&rollback_summary);
+        for line in lines.chain(&speculation_off) {
             announce(log_format, line);
         }
         for line in sampling_summary(&state.config, model) {

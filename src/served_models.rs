@@ -125,7 +125,7 @@ fn load(
 ) -> anyhow::Result<LoadedModel> {
     let home = spindle_hub::spindle_home();
     let files = spindle_hub::resolve(&entry.source, &home, WhenMissing::Download)?;
-    let bundle = loading.bundle(&files)?;
+    let (bundle, placement) = loading.bundle(&files)?;
     let mut config = config.clone();
     let (max_active, speculation) = (config.max_concurrent, &config.speculation);
     let rollback = share_rollback_memory(&bundle, &mut config.cache, max_active, speculation);
@@ -135,6 +135,9 @@ fn load(
     let model = LoadedModel::start(entry.name.clone(), fitted.ctx_size, &config, bundle)?;
     check_guided_json(&config, &model)?;
     tracing::info!("{summary}");
+    if let Some(placement) = placement {
+        tracing::info!("{placement}");
+    }
     if let Some(share) = rollback {
         tracing::info!("{}", share.summary(config.speculation.max_draft));
     }

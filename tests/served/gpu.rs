@@ -4,7 +4,8 @@
 //! the disk tier, which reads keys and values from host memory, is refused with the GPU. A
 //! tiny random hybrid GGUF runs on `GpuHybrid`: a request asking to speculate decodes plainly
 //! (the device cannot verify drafts) with the CPU server's greedy answer, and its repeat
-//! resumes from the prefix cache.
+//! resumes from the prefix cache; with its routed experts in system RAM (`--cpu-moe`) it answers
+//! and prints the placement, and `--n-gpu-layers` short of its blocks is refused.
 
 use std::process::Command;
 
@@ -116,4 +117,40 @@ fn a_hybrid_on_the_gpu_decodes_plainly_as_the_cpu_does_and_resumes_from_the_pref
     let hit = cached["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
     assert!(hit > 0, "the repeat resumed from the prefix cache: {cached}");
     assert_eq!(text(&cold), text(&cached), "the cached run answers as the cold one");
+}
+
+#[test]
+fn a_hybrid_with_its_experts_in_system_ram_answers_and_prints_the_placement() {
+    if tiny_model_with_a_gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_hybrid(dir.path());
+    let model = model.to_str().unwrap();
+    let server = LoggedServer::with_args(&["--model", model, "--device", "gpu", "--cpu-moe"]);
+    let spilled = server.post_ok("/v1/chat/completions", CHAT);
+    let log = server.stop();
+    let log = String::from_utf8_lossy(&log);
+    let line = "placement: routed experts of blocks 0-3 (4 of 4 MoE blocks";
+    assert!(log.contains(line), "no placement line in:\n{log}");
+    // The tokens against the all-GPU run are the kernel tests' (placement.rs); a random Q4_K
+    // model's near-ties would make text equality here a test of rounding.
+    assert_eq!(spilled["usage"]["completion_tokens"], 3, "{spilled}");
+}
+
+#[test]
+fn fewer_gpu_layers_than_the_hybrid_has_are_refused_naming_the_flag() {
+    if tiny_model_with_a_gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_hybrid(dir.path());
+    let output = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["serve", "--device", "gpu", "--port", "0", "--n-gpu-layers", "2", "--model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("--n-gpu-layers 2: this model has 4 blocks"), "{stderr}");
 }

@@ -18,6 +18,9 @@ pub enum GpuError {
     /// The device reported an error (validation, out of memory, device lost) for a submission.
     #[error("GPU error: {0}")]
     Device(String),
+    /// A step's part that runs on the CPU (routed experts kept in system RAM) failed.
+    #[error("{0}")]
+    Host(String),
 }
 
 pub type Result<T> = std::result::Result<T, GpuError>;

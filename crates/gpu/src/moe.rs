@@ -6,12 +6,15 @@
 //! Each token runs only the experts it chose: routing slot `j` of every token (its `j`-th
 //! chosen expert in expert order) is one gathered product per matrix, each token reading its own
 //! expert's rows out of the stacked experts, so a row's arithmetic never depends on which rows
-//! share the step, and the routing never goes back to the host mid-step.
+//! share the step, and the routing never goes back to the host mid-step. A block whose routed
+//! experts a placement left in system RAM records [`FeedForwardKernels::moe_start`], runs them on
+//! the host, and [`FeedForwardKernels::moe_end`] in the next submission.
 
 use crate::buffer::GpuTensor;
 use crate::device::Gpu;
 use crate::elementwise::Elementwise;
 use crate::error::{GpuError, Result};
+use crate::host_experts::HostExperts;
 use crate::kernel::{count, Kernel};
 use crate::loading::Products;
 use crate::matmul::{GatheredMatmul, GpuMatrix, WeightFormat};
@@ -36,9 +39,7 @@ impl GatedMlp {
 pub(crate) struct SparseMoe {
     /// `experts × hidden`.
     pub(crate) router: GpuMatrix,
-    /// Every expert's gate, up and down matrices, stacked expert after expert, as the file
-    /// stores them.
-    pub(crate) experts: GatedMlp,
+    pub(crate) experts: RoutedExperts,
     pub(crate) expert_count: usize,
     pub(crate) top_k: usize,
     pub(crate) normalize_top_k: bool,
@@ -47,11 +48,36 @@ pub(crate) struct SparseMoe {
     pub(crate) shared_gate: GpuMatrix,
 }
 
+/// Where a block's routed experts are (its [`crate::Placement`]).
+pub(crate) enum RoutedExperts {
+    /// Every expert's gate, up and down matrices on the device, stacked expert after expert,
+    /// as the file stores them.
+    Device(GatedMlp),
+    /// In system RAM, run by the CPU's kernels between two submissions of the step.
+    Host(HostExperts),
+}
+
 impl SparseMoe {
     /// The matrices the plain product kernels run (the stacks run gathered).
     pub(crate) fn matrices(&self) -> impl Iterator<Item = &GpuMatrix> {
         self.shared.matrices().into_iter().chain([&self.router, &self.shared_gate])
     }
+
+    /// The expert stacks on the device; none when the experts are in system RAM.
+    pub(crate) fn stacks(&self) -> Vec<&GpuMatrix> {
+        match &self.experts {
+            RoutedExperts::Device(stacks) => stacks.matrices().into(),
+            RoutedExperts::Host(_) => Vec::new(),
+        }
+    }
+}
+
+/// A block's work recorded before its routed experts: the router's choice, and the shared
+/// expert with its gate (which do not wait for the routed experts).
+pub(crate) struct MoeStart {
+    pub(crate) routed: Routed,
+    shared: GpuTensor,
+    shared_gate: GpuTensor,
 }
 
 /// A step's routing: per token, its `top_k` experts in expert order (u32 values in a tensor's
@@ -159,7 +185,7 @@ impl FeedForwardKernels {
         products.forward(step, &mlp.down, &mixed)
     }
 
-    /// The block's output for the rows `x` (tokens × hidden).
+    /// The block's output for the rows `x` (tokens × hidden), its routed experts on the device.
     pub(crate) fn moe(
         &self,
         step: &mut Step<'_>,
@@ -167,24 +193,53 @@ impl FeedForwardKernels {
         moe: &SparseMoe,
         x: &GpuTensor,
     ) -> Result<GpuTensor> {
+        let RoutedExperts::Device(stacks) = &moe.experts else {
+            return Err(GpuError::BadInput(
+                "routed experts in system RAM run between submissions, not in one".into(),
+            ));
+        };
+        let start = self.moe_start(step, products, moe, x)?;
         let (experts, top_k) = (moe.expert_count, moe.top_k);
-        let logits = products.forward(step, &moe.router, x)?;
-        let routed = self.route.forward(step, &logits, experts, top_k, moe.normalize_top_k)?;
-        let (width, hidden) =
-            (moe.experts.gate.rows() / experts, moe.experts.down.rows() / experts);
+        let (width, hidden) = (stacks.gate.rows() / experts, stacks.down.rows() / experts);
         // A fresh buffer is zeros: the CPU's sum starts there too.
         let mut sum = step.gpu.output(x.len());
         for slot in 0..top_k {
-            let chosen = (&routed.ids, top_k, slot);
-            let gate = self.gathered(step, (&moe.experts.gate, width), x, chosen)?;
-            let up = self.gathered(step, (&moe.experts.up, width), x, chosen)?;
+            let chosen = (&start.routed.ids, top_k, slot);
+            let gate = self.gathered(step, (&stacks.gate, width), x, chosen)?;
+            let up = self.gathered(step, (&stacks.up, width), x, chosen)?;
             let mixed = self.silu_mul.forward(step, &gate, &up)?;
-            let y = self.gathered(step, (&moe.experts.down, hidden), &mixed, chosen)?;
-            sum = scaled_add(step, &self.weighted_add, &sum, &y, &routed.weights, (top_k, slot))?;
+            let y = self.gathered(step, (&stacks.down, hidden), &mixed, chosen)?;
+            let weights = &start.routed.weights;
+            sum = scaled_add(step, &self.weighted_add, &sum, &y, weights, (top_k, slot))?;
         }
+        self.moe_end(step, &sum, &start)
+    }
+
+    /// The routing of the rows `x`, and the shared expert's output and gate on them.
+    pub(crate) fn moe_start(
+        &self,
+        step: &mut Step<'_>,
+        products: &Products,
+        moe: &SparseMoe,
+        x: &GpuTensor,
+    ) -> Result<MoeStart> {
+        let logits = products.forward(step, &moe.router, x)?;
+        let routed =
+            self.route.forward(step, &logits, moe.expert_count, moe.top_k, moe.normalize_top_k)?;
         let shared = self.mlp(step, products, &moe.shared, x)?;
-        let gate = products.forward(step, &moe.shared_gate, x)?;
-        scaled_add(step, &self.gated_add, &sum, &shared, &gate, (1, 0))
+        let shared_gate = products.forward(step, &moe.shared_gate, x)?;
+        Ok(MoeStart { routed, shared, shared_gate })
+    }
+
+    /// The block's output: the routed experts' weighted `sum`, then the shared expert's output
+    /// times its sigmoid gate.
+    pub(crate) fn moe_end(
+        &self,
+        step: &mut Step<'_>,
+        sum: &GpuTensor,
+        start: &MoeStart,
+    ) -> Result<GpuTensor> {
+        scaled_add(step, &self.gated_add, sum, &start.shared, &start.shared_gate, (1, 0))
     }
 
     /// Each token of `x` times its expert in routing slot `slot` of the stack (experts of

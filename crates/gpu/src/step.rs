@@ -116,6 +116,11 @@ pub(crate) fn rows_per_range(
 }
 
 impl Readback {
+    /// The values as the u32 words they are (expert ids), once the step that read them has run.
+    pub(crate) fn words(self) -> Result<Vec<u32>> {
+        Ok(self.values()?.into_iter().map(f32::to_bits).collect())
+    }
+
     /// The values, once the step that read them has run.
     pub fn values(self) -> Result<Vec<f32>> {
         let view = self

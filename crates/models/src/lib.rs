@@ -60,12 +60,12 @@ pub use config::{Architecture, TransformerConfig};
 pub use draft_head::{DraftHead, HeadRows};
 pub use error::{ModelError, Result};
 pub use kv_type::KvType;
-pub use qwen3_next::{HybridConfig, Mixer};
+pub use qwen3_next::{gguf_experts, HybridConfig, Mixer};
 pub use rope::RopeScaling;
 // The layers the GPU kernels are checked against.
 pub use kv_mirror::KvMirror;
-pub use layers::{RmsNorm, RopeStyle, Rotary};
-pub use moe::Routing;
+pub use layers::{GatedMlp, RmsNorm, RopeStyle, Rotary};
+pub use moe::{routed_sum, Routing};
 pub use paged_kv::{KvShape, PagedKv};
 /// The steps of the Gated DeltaNet layer on plain slices, which the GPU kernels are checked
 /// against.

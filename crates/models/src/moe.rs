@@ -74,34 +74,39 @@ impl SparseMoe {
         let routing = Routing::from_logits(&logits, self.top_k, self.normalize_top_k);
         // The routed experts run in parallel with each other and with the shared expert.
         let (routed, shared) = rayon::join(
-            || {
-                self.experts
-                    .par_iter()
-                    .zip(routing.by_expert(self.experts.len()))
-                    .filter(|(_, (ids, _))| !ids.is_empty())
-                    .map(|(expert, (ids, weights))| expert_output(expert, x, ids, weights))
-                    .collect::<Result<Vec<_>>>()
-            },
+            || routed_sum(&self.experts, x, &routing),
             || -> Result<Vec<f32>> {
                 let gate = candle_nn::ops::sigmoid(&self.shared_gate.forward(x)?)?;
                 Ok(self.shared.forward(x)?.broadcast_mul(&gate)?.flatten_all()?.to_vec1()?)
             },
         );
-        // Outputs are added in expert order, then the shared expert's, so the sum is the same
-        // whatever thread finished first.
-        let (tokens, hidden) = x.dims2()?;
-        let mut out = vec![0f32; tokens * hidden];
-        for (ids, y) in routed? {
-            for (&token, row) in ids.iter().zip(y.chunks_exact(hidden)) {
-                out[token as usize * hidden..][..hidden]
-                    .iter_mut()
-                    .zip(row)
-                    .for_each(|(o, v)| *o += v);
-            }
-        }
+        // The shared expert's output is added after the routed ones'.
+        let mut out = routed?;
         out.iter_mut().zip(shared?).for_each(|(o, s)| *o += s);
-        Ok(Tensor::from_vec(out, (tokens, hidden), &Device::Cpu)?)
+        Ok(Tensor::from_vec(out, x.dims2()?, &Device::Cpu)?)
     }
+}
+
+/// The routed experts' outputs on `x` (tokens × hidden, f32), each times its routing weight,
+/// summed per token (tokens × hidden values). Each expert runs once on the tokens routed to
+/// it; the outputs are added in expert order, so the sum is the same whatever thread finished
+/// first, and a token's does not depend on the tokens beside it. `GpuHybrid` runs the experts it
+/// leaves in host memory through this too.
+pub fn routed_sum(experts: &[GatedMlp], x: &Tensor, routing: &Routing) -> Result<Vec<f32>> {
+    let routed = experts
+        .par_iter()
+        .zip(routing.by_expert(experts.len()))
+        .filter(|(_, (ids, _))| !ids.is_empty())
+        .map(|(expert, (ids, weights))| expert_output(expert, x, ids, weights))
+        .collect::<Result<Vec<_>>>()?;
+    let (tokens, hidden) = x.dims2()?;
+    let mut out = vec![0f32; tokens * hidden];
+    for (ids, y) in routed {
+        for (&token, row) in ids.iter().zip(y.chunks_exact(hidden)) {
+            out[token as usize * hidden..][..hidden].iter_mut().zip(row).for_each(|(o, v)| *o += v);
+        }
+    }
+    Ok(out)
 }
 
 /// One expert on the rows `ids` of `x`, scaled by each row's routing weight; returns the row

@@ -219,6 +219,20 @@ impl SafetensorsWeights {
 }
 
 impl WeightSource {
+    /// A GGUF file's tensors as its header gives them, without reading their data: name,
+    /// stored type and dimensions (outermost first). Empty for a checkpoint.
+    pub fn stored_tensors(&self) -> Vec<(&str, GgmlDType, &[usize])> {
+        match self {
+            Self::Gguf(g) => g
+                .content
+                .tensor_infos
+                .iter()
+                .map(|(name, info)| (name.as_str(), info.ggml_dtype, info.shape.dims()))
+                .collect(),
+            Self::Safetensors(_) => Vec::new(),
+        }
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         match self {
             Self::Gguf(g) => g.content.tensor_infos.contains_key(name),

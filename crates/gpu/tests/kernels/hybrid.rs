@@ -17,7 +17,7 @@ use spindle_models::{BatchEntry, CausalLm, KvType, PagedKv, SequenceCache};
 use crate::harness::{gpu_or_skip, same_bits};
 use crate::model::{agreement, argmax, greedy_on_gpu};
 
-const VOCAB: usize = 256;
+pub(crate) const VOCAB: usize = 256;
 
 /// Largest logit difference between the GPU and the CPU's f32 path (measured on lavapipe over
 /// a 6-token prompt and 7 steps, logits of a few units: 1.5e-5 with the MoE, 1.9e-5 dense). The CPU runs a prompt's
@@ -25,7 +25,7 @@ const VOCAB: usize = 256;
 /// token), the device's `exp` differs in the last bits, and four layers of 256-wide sums.
 const LOGIT_TOLERANCE: f32 = 1e-4;
 
-fn tiny_hybrid(dir: &Path) -> PathBuf {
+pub(crate) fn tiny_hybrid(dir: &Path) -> PathBuf {
     write_tiny(dir, &HybridShape::TINY)
 }
 
@@ -83,7 +83,12 @@ fn shared_cache(gpu: &GpuHybrid, pool: &Arc<PagedKv>, blocks: Vec<u32>) -> Seque
 fn a_hybrid_sequence_gets_the_same_logits_alone_and_among_others() {
     let Some(device) = gpu_or_skip() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let gpu = load_on_gpu(&tiny_hybrid(dir.path()), device.clone());
+    same_alone_and_batched(&load_on_gpu(&tiny_hybrid(dir.path()), device.clone()));
+}
+
+/// A sequence's logits (prompt and two steps) and states are bitwise the same alone and in
+/// one pool with two others, on blocks out of order.
+pub(crate) fn same_alone_and_batched(gpu: &GpuHybrid) {
     let target: Vec<u32> = (0..11).map(|i| (i * 37 + 11) % VOCAB as u32).collect();
     let mut alone = gpu.new_cache(64);
     let mut want = vec![gpu.forward(&target, &mut alone).unwrap()];
@@ -91,9 +96,9 @@ fn a_hybrid_sequence_gets_the_same_logits_alone_and_among_others() {
         want.push(gpu.forward(&[token], &mut alone).unwrap());
     }
     let pool = Arc::new(PagedKv::new(&gpu.kv_shapes(), KvType::F32, 16, 8));
-    let mut mine = shared_cache(&gpu, &pool, vec![9, 2, 14]);
-    let mut other = shared_cache(&gpu, &pool, vec![0, 11, 7]);
-    let mut third = shared_cache(&gpu, &pool, vec![15, 1]);
+    let mut mine = shared_cache(gpu, &pool, vec![9, 2, 14]);
+    let mut other = shared_cache(gpu, &pool, vec![0, 11, 7]);
+    let mut third = shared_cache(gpu, &pool, vec![15, 1]);
     let other_prompt: Vec<u32> = (0..7).map(|i| (i * 5 + 1) % VOCAB as u32).collect();
     let mut got = gpu
         .forward_batch(&mut [

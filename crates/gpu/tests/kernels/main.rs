@@ -13,3 +13,4 @@ mod matmul;
 mod model;
 mod moe;
 mod norm_rope;
+mod placement;

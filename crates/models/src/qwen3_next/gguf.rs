@@ -150,11 +150,13 @@ fn delta_net(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<GatedD
     .checked()
 }
 
-fn moe(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<SparseMoe> {
+/// Block `p`'s (`blk.3`) `count` routed experts, cut out of the file's stacked tensors in their
+/// stored quantization (the GPU path loads the experts it leaves in host memory by this too).
+pub fn gguf_experts(w: &mut WeightSource, p: &str, count: usize) -> Result<Vec<GatedMlp>> {
     let gate = w.weight(&format!("{p}.ffn_gate_exps.weight"))?;
     let up = w.weight(&format!("{p}.ffn_up_exps.weight"))?;
     let down = w.weight(&format!("{p}.ffn_down_exps.weight"))?;
-    let experts = (0..cfg.num_experts)
+    (0..count)
         .map(|e| {
             GatedMlp::new(
                 gate.expert(e)?,
@@ -163,10 +165,13 @@ fn moe(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<SparseMoe> {
                 Activation::Silu,
             )
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect()
+}
+
+fn moe(cfg: &HybridConfig, w: &mut WeightSource, p: &str) -> Result<SparseMoe> {
     Ok(SparseMoe {
         router: w.linear(&format!("{p}.ffn_gate_inp"))?,
-        experts,
+        experts: gguf_experts(w, p, cfg.num_experts)?,
         top_k: cfg.num_experts_per_tok,
         normalize_top_k: cfg.normalize_top_k(),
         shared: GatedMlp::new(

@@ -28,7 +28,7 @@ use crate::weights::SafetensorsWeights;
 use crate::{advance_all, batch_rows, logit_rows, BatchEntry, CausalLm, DraftHead, RowRange};
 use attention::GatedAttention;
 pub use config::{HybridConfig, Mixer};
-pub use gguf::ARCHITECTURES as GGUF_ARCHITECTURES;
+pub use gguf::{gguf_experts, ARCHITECTURES as GGUF_ARCHITECTURES};
 
 enum TokenMixer {
     Linear(GatedDeltaNet),

@@ -4,7 +4,11 @@
 //! sparse MoE with its shared expert, or a dense MLP); the file's norms already hold the
 //! zero-centred `1 + w`. Keys and values sit in device pools that mirror the callers' `PagedKv`;
 //! the DeltaNet states go up from the caches and come back with the logits. One step of
-//! [`CausalLm::forward_batch`] is one submission.
+//! [`CausalLm::forward_batch`] is one submission, plus one for each block whose routed experts
+//! a [`Placement`] left in system RAM: the step stops before them, they run on the CPU, and the
+//! next submission goes on from their sum.
+
+mod parts;
 
 use std::sync::Arc;
 
@@ -13,23 +17,24 @@ use spindle_models::{
     Rotary, TransformerConfig, WeightSource,
 };
 
-use crate::attention::PagedRows;
 use crate::buffer::GpuTensor;
 use crate::delta_net_layer::DeltaNetLayer;
 use crate::device::Gpu;
 use crate::elementwise::Elementwise;
-use crate::error::{GpuError, Result};
 use crate::gated_attention::{AttentionKernels, GatedAttention, GatedAttentionShape};
-use crate::kv_pools::{KvPools, LayerPools};
+use crate::host_experts::HostExperts;
+use crate::kv_pools::KvPools;
 use crate::linear_attention::LinearAttention;
 use crate::linear_state::DeltaNetShape;
 use crate::loading::{model_error, upload_head, upload_matrix, upload_vector, Products};
 use crate::matmul::{Embed, GpuMatrix};
-use crate::moe::{FeedForwardKernels, GatedMlp, SparseMoe};
+use crate::moe::{FeedForwardKernels, GatedMlp, RoutedExperts, SparseMoe};
 use crate::norm::RmsNorm;
-use crate::rope::{RopeAngles, RopeTable};
-use crate::step::{rows_per_range, Step};
+use crate::placement::Placement;
+use crate::rope::RopeAngles;
+use crate::step::rows_per_range;
 use crate::step_states::StepStates;
+use parts::StepInputs;
 
 enum TokenMixer {
     Linear(DeltaNetLayer),
@@ -77,12 +82,23 @@ pub struct GpuHybrid {
 
 impl GpuHybrid {
     /// Loads the model of `cfg` from a llama.cpp file's `weights` (see
-    /// `spindle_models::open_hybrid`) onto `gpu`; what this path does not run (checkpoints,
-    /// weight formats without a kernel) is refused here.
+    /// `spindle_models::open_hybrid`) onto `gpu`, every routed expert there; what this path does
+    /// not run (checkpoints, weight formats without a kernel) is refused here.
     pub fn load(
         gpu: Arc<Gpu>,
         cfg: HybridConfig,
         weights: &mut WeightSource,
+    ) -> spindle_models::Result<Self> {
+        Self::load_placed(gpu, cfg, weights, &Placement::on_device())
+    }
+
+    /// As [`GpuHybrid::load`], with the routed experts of the blocks `placement` says in system
+    /// RAM (see [`crate::ModelBytes`] and [`Placement::plan`]).
+    pub fn load_placed(
+        gpu: Arc<Gpu>,
+        cfg: HybridConfig,
+        weights: &mut WeightSource,
+        placement: &Placement,
     ) -> spindle_models::Result<Self> {
         if !matches!(weights, WeightSource::Gguf(_)) {
             // Checkpoints store the norms as `w` and fuse the in-projections differently.
@@ -90,15 +106,8 @@ impl GpuHybrid {
                 "on the GPU: hybrid models load from llama.cpp GGUF files".into(),
             ));
         }
-        let h = cfg.delta_net_shape();
-        let linear_shape = DeltaNetShape {
-            k_heads: h.heads.k_heads,
-            v_heads: h.heads.v_heads,
-            k_dim: h.heads.k_dim,
-            v_dim: h.heads.v_dim,
-            tiled: h.heads.tiled,
-            conv_kernel: h.conv_kernel,
-        };
+        let linear_shape = delta_net_shape(&cfg);
+        let norm_eps = cfg.delta_net_shape().norm_eps as f32;
         let attention_shape = GatedAttentionShape {
             heads: cfg.num_attention_heads,
             kv_heads: cfg.num_key_value_heads,
@@ -117,7 +126,7 @@ impl GpuHybrid {
                     weights,
                     &p,
                     linear_shape,
-                    h.norm_eps as f32,
+                    norm_eps,
                 )?),
                 Mixer::Full => {
                     TokenMixer::Full(GatedAttention::load(&gpu, weights, &p, attention_shape)?)
@@ -132,7 +141,7 @@ impl GpuHybrid {
                     &format!("{p}.post_attention_norm.weight"),
                     0.0,
                 )?,
-                ffn: feed_forward(&gpu, &cfg, weights, &p, cfg.is_moe_layer(i))?,
+                ffn: feed_forward(&gpu, &cfg, weights, &p, (cfg.is_moe_layer(i), placement))?,
             });
         }
         let norm = upload_vector(&gpu, weights, "output_norm.weight", 0.0)?;
@@ -152,7 +161,7 @@ impl GpuHybrid {
             .chain(head.iter())
             .chain([&embed]);
         let stacks = layers.iter().flat_map(|l| match &l.ffn {
-            FeedForward::Moe(moe) => moe.experts.matrices().to_vec(),
+            FeedForward::Moe(moe) => moe.stacks(),
             FeedForward::Dense(_) => Vec::new(),
         });
         let kernels = (|| {
@@ -189,50 +198,6 @@ impl GpuHybrid {
 
     fn linear_layers(&self) -> usize {
         self.layers.iter().filter(|l| matches!(l.mixer, TokenMixer::Linear(_))).count()
-    }
-
-    /// Records the whole step: `ids` (every entry's tokens in order) through every layer, then
-    /// the final norm and head on the rows `wanted` (first row, rows) only.
-    fn record(
-        &self,
-        step: &mut Step<'_>,
-        ids: &[u32],
-        groups: &[(Arc<LayerPools>, PagedRows)],
-        rope: &RopeTable,
-        states: &StepStates,
-        wanted: &[(usize, usize)],
-    ) -> Result<GpuTensor> {
-        let k = &self.kernels;
-        let eps = self.cfg.rms_norm_eps as f32;
-        let mut x = k.embed.forward(step, &self.embed, ids)?;
-        let (mut linear, mut pool) = (states.layers.iter(), 0);
-        for layer in &self.layers {
-            let h = k.norm.forward(step, &x, &layer.input_norm, eps)?;
-            let mixed = match &layer.mixer {
-                TokenMixer::Linear(net) => {
-                    let layer_states = linear.next().ok_or_else(|| {
-                        GpuError::BadInput("fewer linear-attention states than layers".into())
-                    })?;
-                    let kernels = (&k.products, &k.linear);
-                    net.forward(step, kernels, &h, layer_states, &states.runs)?
-                }
-                TokenMixer::Full(attn) => {
-                    pool += 1;
-                    let place = (groups, pool - 1);
-                    k.attention.forward(step, &k.products, attn, &h, place, rope)?
-                }
-            };
-            x = k.add.forward(step, &x, &mixed)?;
-            let h = k.norm.forward(step, &x, &layer.post_attention_norm, eps)?;
-            let out = match &layer.ffn {
-                FeedForward::Moe(moe) => k.ffn.moe(step, &k.products, moe, &h)?,
-                FeedForward::Dense(mlp) => k.ffn.mlp(step, &k.products, mlp, &h)?,
-            };
-            x = k.add.forward(step, &x, &out)?;
-        }
-        let picked = step.gather_rows(&x, self.cfg.hidden_size, wanted)?;
-        let normed = k.norm.forward(step, &picked, &self.norm, eps)?;
-        k.products.forward(step, self.head.as_ref().unwrap_or(&self.embed), &normed)
     }
 }
 
@@ -279,10 +244,14 @@ impl CausalLm for GpuHybrid {
         let groups = self.pools.groups(&self.gpu, &self.kv_shapes(), batch).map_err(model_error)?;
         let (logits, read) = (|| {
             let rope = angles.upload(&self.gpu)?;
-            self.gpu.run(|step| {
-                let logits = self.record(step, &ids, &groups, &rope, &states, &wanted)?;
-                Ok((step.read(&logits), states.read(step)))
-            })
+            let inputs = StepInputs {
+                ids: &ids,
+                groups: &groups,
+                rope: &rope,
+                states: &states,
+                wanted: &wanted,
+            };
+            self.run_step(&inputs)
         })()
         .map_err(model_error)?;
         let logits = logits.values().map_err(model_error)?;
@@ -295,13 +264,14 @@ impl CausalLm for GpuHybrid {
 }
 
 /// Block `p`'s (`blk.3`) feed-forward: the sparse MoE with its shared expert (experts stacked
-/// in one tensor per matrix, as llama.cpp writes them), or a dense MLP.
+/// in one tensor per matrix, as llama.cpp writes them, on the device or in system RAM as
+/// `placement` says), or a dense MLP.
 fn feed_forward(
     gpu: &Gpu,
     cfg: &HybridConfig,
     w: &mut WeightSource,
     p: &str,
-    moe: bool,
+    (moe, placement): (bool, &Placement),
 ) -> spindle_models::Result<FeedForward> {
     let mlp = |w: &mut WeightSource, suffix: &str| -> spindle_models::Result<GatedMlp> {
         let mut matrix =
@@ -311,21 +281,26 @@ fn feed_forward(
     if !moe {
         return Ok(FeedForward::Dense(mlp(w, "")?));
     }
-    let mut stack = |name: &str| -> spindle_models::Result<GpuMatrix> {
-        let stack = upload_matrix(gpu, w.weight(&format!("{p}.{name}.weight"))?)?;
-        if cfg.num_experts == 0 || !stack.rows().is_multiple_of(cfg.num_experts) {
-            return Err(ModelError::BadConfig(format!(
-                "{p}.{name} has {} rows: no whole number of rows for each of {} experts",
-                stack.rows(),
-                cfg.num_experts
-            )));
-        }
-        Ok(stack)
-    };
-    let experts = GatedMlp {
-        gate: stack("ffn_gate_exps")?,
-        up: stack("ffn_up_exps")?,
-        down: stack("ffn_down_exps")?,
+    let block = p.strip_prefix("blk.").and_then(|b| b.parse().ok());
+    let experts = if block.is_some_and(|b| placement.experts_on_host(b)) {
+        RoutedExperts::Host(HostExperts::load(w, p, cfg.num_experts)?)
+    } else {
+        let mut stack = |name: &str| -> spindle_models::Result<GpuMatrix> {
+            let stack = upload_matrix(gpu, w.weight(&format!("{p}.{name}.weight"))?)?;
+            if cfg.num_experts == 0 || !stack.rows().is_multiple_of(cfg.num_experts) {
+                return Err(ModelError::BadConfig(format!(
+                    "{p}.{name} has {} rows: no whole number of rows for each of {} experts",
+                    stack.rows(),
+                    cfg.num_experts
+                )));
+            }
+            Ok(stack)
+        };
+        RoutedExperts::Device(GatedMlp {
+            gate: stack("ffn_gate_exps")?,
+            up: stack("ffn_up_exps")?,
+            down: stack("ffn_down_exps")?,
+        })
     };
     Ok(FeedForward::Moe(Box::new(SparseMoe {
         router: upload_matrix(gpu, w.weight(&format!("{p}.ffn_gate_inp.weight"))?)?,
@@ -336,4 +311,17 @@ fn feed_forward(
         shared: mlp(w, "_shexp")?,
         shared_gate: upload_matrix(gpu, w.weight(&format!("{p}.ffn_gate_inp_shexp.weight"))?)?,
     })))
+}
+
+/// The DeltaNet layers' shape as the device kernels take it.
+pub(crate) fn delta_net_shape(cfg: &HybridConfig) -> DeltaNetShape {
+    let h = cfg.delta_net_shape();
+    DeltaNetShape {
+        k_heads: h.heads.k_heads,
+        v_heads: h.heads.v_heads,
+        k_dim: h.heads.k_dim,
+        v_dim: h.heads.v_dim,
+        tiled: h.heads.tiled,
+        conv_kernel: h.conv_kernel,
+    }
 }

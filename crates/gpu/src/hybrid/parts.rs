@@ -1,0 +1,160 @@
+//! A step of [`GpuHybrid`] in parts: one submission from the embedding to the logits, cut
+//! before each block whose routed experts a placement left in system RAM. There the part reads
+//! back the block's normed rows and its router's choice, the CPU runs those experts, and the
+//! next part begins from their sum, uploaded; the shared expert and everything else stay on the
+//! device.
+
+use std::sync::Arc;
+
+use super::{FeedForward, GpuHybrid, TokenMixer};
+use crate::attention::PagedRows;
+use crate::buffer::GpuTensor;
+use crate::error::{GpuError, Result};
+use crate::host_experts::HostExperts;
+use crate::kv_pools::LayerPools;
+use crate::moe::{MoeStart, RoutedExperts};
+use crate::rope::RopeTable;
+use crate::step::{Readback, Step};
+use crate::step_states::{ReadStates, StepStates};
+
+impl GpuHybrid {
+    /// Records a step's part: from the embedding (`Start::Embedding`) or from a block whose
+    /// routed experts ran on the host, through the blocks until the next such block (where it
+    /// stops, reading back what the host needs) or through the final norm and the head on the
+    /// rows `inputs.wanted` (first row, rows).
+    fn record<'m>(
+        &'m self,
+        step: &mut Step<'_>,
+        inputs: &StepInputs<'_>,
+        start: Start,
+    ) -> Result<Stop<'m>> {
+        let k = &self.kernels;
+        let eps = self.cfg.rms_norm_eps as f32;
+        let (first, mut x) = match start {
+            Start::Embedding => (0, k.embed.forward(step, &self.embed, inputs.ids)?),
+            Start::After(resume) => {
+                let out = k.ffn.moe_end(step, &resume.sum, &resume.moe)?;
+                (resume.block + 1, k.add.forward(step, &resume.x, &out)?)
+            }
+        };
+        // A block's DeltaNet states and KV pool are numbered among its kind.
+        let (mut linear, mut pools) = (0, 0);
+        for (block, layer) in self.layers.iter().enumerate() {
+            let (linear_slot, pool) = (linear, pools);
+            match layer.mixer {
+                TokenMixer::Linear(_) => linear += 1,
+                TokenMixer::Full(_) => pools += 1,
+            }
+            if block < first {
+                continue;
+            }
+            let h = k.norm.forward(step, &x, &layer.input_norm, eps)?;
+            let mixed = match &layer.mixer {
+                TokenMixer::Linear(net) => {
+                    let layer_states = inputs.states.layers.get(linear_slot).ok_or_else(|| {
+                        GpuError::BadInput("fewer linear-attention states than layers".into())
+                    })?;
+                    let kernels = (&k.products, &k.linear);
+                    net.forward(step, kernels, &h, layer_states, &inputs.states.runs)?
+                }
+                TokenMixer::Full(attn) => {
+                    let place = (inputs.groups, pool);
+                    k.attention.forward(step, &k.products, attn, &h, place, inputs.rope)?
+                }
+            };
+            x = k.add.forward(step, &x, &mixed)?;
+            let h = k.norm.forward(step, &x, &layer.post_attention_norm, eps)?;
+            let out = match &layer.ffn {
+                FeedForward::Moe(moe) => match &moe.experts {
+                    RoutedExperts::Device(_) => k.ffn.moe(step, &k.products, moe, &h)?,
+                    RoutedExperts::Host(experts) => {
+                        let started = k.ffn.moe_start(step, &k.products, moe, &h)?;
+                        return Ok(Stop::HostExperts(Box::new(Paused {
+                            block,
+                            rows: step.read(&h),
+                            ids: step.read(&started.routed.ids),
+                            weights: step.read(&started.routed.weights),
+                            x,
+                            moe: started,
+                            experts,
+                            top_k: moe.top_k,
+                        })));
+                    }
+                },
+                FeedForward::Dense(mlp) => k.ffn.mlp(step, &k.products, mlp, &h)?,
+            };
+            x = k.add.forward(step, &x, &out)?;
+        }
+        let picked = step.gather_rows(&x, self.cfg.hidden_size, inputs.wanted)?;
+        let normed = k.norm.forward(step, &picked, &self.norm, eps)?;
+        let logits =
+            k.products.forward(step, self.head.as_ref().unwrap_or(&self.embed), &normed)?;
+        Ok(Stop::Logits(step.read(&logits), inputs.states.read(step)))
+    }
+
+    /// Runs a step's submissions, the routed experts in system RAM between them, to the
+    /// logits and the states as they are after the step.
+    pub(super) fn run_step(&self, inputs: &StepInputs<'_>) -> Result<(Readback, ReadStates)> {
+        let mut start = Start::Embedding;
+        loop {
+            match self.gpu.run(|step| self.record(step, inputs, start))? {
+                Stop::Logits(logits, states) => return Ok((logits, states)),
+                Stop::HostExperts(paused) => {
+                    let Paused { block, rows, ids, weights, x, moe, experts, top_k } = *paused;
+                    let (rows, ids, weights) = (rows.values()?, ids.words()?, weights.values()?);
+                    let sum = experts.forward(rows, self.cfg.hidden_size, &ids, &weights, top_k)?;
+                    let sum = self.gpu.upload(&sum)?;
+                    start = Start::After(Box::new(Resume { block, x, moe, sum }));
+                }
+            }
+        }
+    }
+}
+
+/// What every part of a step reads: the tokens, the attention layers' pools and positions, the
+/// DeltaNet states, and the rows whose logits are wanted.
+pub(super) struct StepInputs<'a> {
+    pub(super) ids: &'a [u32],
+    pub(super) groups: &'a [(Arc<LayerPools>, PagedRows)],
+    pub(super) rope: &'a RopeTable,
+    pub(super) states: &'a StepStates,
+    pub(super) wanted: &'a [(usize, usize)],
+}
+
+/// Where a step's part begins.
+enum Start {
+    Embedding,
+    After(Box<Resume>),
+}
+
+/// After block `block`'s routed experts ran on the host: the residual stream `x` before the
+/// block's feed-forward, what it recorded before them, and their `sum`, uploaded.
+struct Resume {
+    block: usize,
+    x: GpuTensor,
+    moe: MoeStart,
+    sum: GpuTensor,
+}
+
+/// Where a step's part stopped.
+enum Stop<'m> {
+    /// The step is done: its logits and states, read.
+    Logits(Readback, ReadStates),
+    /// Before a block's routed experts in system RAM.
+    HostExperts(Box<Paused<'m>>),
+}
+
+/// A step stopped before block `block`'s routed experts in system RAM.
+struct Paused<'m> {
+    block: usize,
+    /// The block's normed rows, and each row's `top_k` experts and weights, read back.
+    rows: Readback,
+    ids: Readback,
+    weights: Readback,
+    /// The residual stream before the block's feed-forward.
+    x: GpuTensor,
+    /// The block's routing, shared expert and gate, recorded.
+    moe: MoeStart,
+    experts: &'m HostExperts,
+    top_k: usize,
+}

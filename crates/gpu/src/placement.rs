@@ -1,0 +1,311 @@
+//! Where a hybrid model's routed experts live when the device cannot hold the whole model, as
+//! llama.cpp users place them: `--cpu-moe` (every block's routed experts in system RAM),
+//! `--n-cpu-moe N` (those of blocks `0..N`) and `--fit`: everything but the routed experts on
+//! the device first (embeddings, head, attention and DeltaNet mixers, norms, routers, shared
+//! experts), the KV pools and the DeltaNet states reserved, then the routed experts block by
+//! block from the last while the budget holds; the blocks left over keep theirs in system RAM
+//! and run them on the CPU's kernels. Whichever way, the blocks in system RAM are the first
+//! ones, so every placement is some `--n-cpu-moe N`, and the startup line says which.
+//!
+//! wgpu reports no device memory, so the budget is the one given (`--gpu-memory-limit`); without
+//! one `--fit` places everything on the device.
+
+use candle_core::quantized::GgmlDType;
+use spindle_models::{HybridConfig, WeightSource};
+
+/// What the placement flags ask for, and what the device must hold besides the weights.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlacementRequest {
+    /// `--cpu-moe`: every block's routed experts in system RAM.
+    pub cpu_moe: bool,
+    /// `--n-cpu-moe N`: the routed experts of blocks `0..N` in system RAM.
+    pub n_cpu_moe: usize,
+    /// `--n-gpu-layers N`; `None`: all. Every block's mixer runs on the device (its keys, values
+    /// and states live there), so fewer blocks than the model has are refused.
+    pub n_gpu_layers: Option<usize>,
+    /// `--fit`: routed experts that do not fit the budget go to system RAM.
+    pub fit: bool,
+    /// `--gpu-memory-limit`: device bytes the model may take, `None` where not given.
+    pub memory_limit: Option<u64>,
+    /// Bytes of the device's KV pools (`--kv-cache-memory`).
+    pub kv_bytes: u64,
+    /// Sequences a step runs at most, each with its DeltaNet states on the device.
+    pub sequences: usize,
+}
+
+impl Default for PlacementRequest {
+    /// Everything on the device, fitted to a budget when one is given.
+    fn default() -> Self {
+        PlacementRequest {
+            cpu_moe: false,
+            n_cpu_moe: 0,
+            n_gpu_layers: None,
+            fit: true,
+            memory_limit: None,
+            kv_bytes: 0,
+            sequences: 1,
+        }
+    }
+}
+
+/// The device bytes of a model's parts, as its file's header gives them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelBytes {
+    /// Everything the device holds but the routed experts.
+    pub dense: u64,
+    /// Per block, its routed experts (0 for a block with a dense MLP).
+    pub experts: Vec<u64>,
+    /// One sequence's DeltaNet states (convolution windows and matrices, every linear layer).
+    pub states_per_sequence: u64,
+}
+
+impl ModelBytes {
+    /// The bytes `GpuHybrid` puts on the device for the model of `cfg` in `weights`: quantized
+    /// matrices as stored, the rest as f32; the multi-token-prediction head (block
+    /// `num_hidden_layers`), which the device never runs, not at all.
+    pub fn of_hybrid(cfg: &HybridConfig, weights: &WeightSource) -> Self {
+        let blocks = cfg.num_hidden_layers;
+        let mut bytes = ModelBytes { dense: 0, experts: vec![0; blocks], states_per_sequence: 0 };
+        for (name, dtype, dims) in weights.stored_tensors() {
+            let size = device_bytes(dtype, dims);
+            match block_of(name) {
+                Some(block) if block >= blocks => {}
+                Some(block) if is_expert_stack(name) => bytes.experts[block] += size,
+                _ => bytes.dense += size,
+            }
+        }
+        let shape = crate::hybrid::delta_net_shape(cfg);
+        let linear = cfg.layer_types().into_iter().filter(|&m| m == spindle_models::Mixer::Linear);
+        let per_layer = shape.conv_state_len() + shape.recurrent_state_len();
+        bytes.states_per_sequence = (linear.count() * per_layer * 4) as u64;
+        bytes
+    }
+}
+
+/// A tensor's bytes on the device: a quantized one as stored, a float one as f32.
+fn device_bytes(dtype: GgmlDType, dims: &[usize]) -> u64 {
+    let elements: usize = dims.iter().product();
+    let bytes = match dtype {
+        GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => elements * 4,
+        quantized => elements / quantized.block_size() * quantized.type_size(),
+    };
+    bytes as u64
+}
+
+/// `3` of `blk.3.attn_norm.weight`.
+fn block_of(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
+fn is_expert_stack(name: &str) -> bool {
+    ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+        .iter()
+        .any(|stack| name.ends_with(&format!(".{stack}.weight")))
+}
+
+/// Which blocks keep their routed experts in system RAM, and the device memory that leaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Blocks `0..host_blocks` keep their routed experts in system RAM.
+    host_blocks: usize,
+    /// Blocks whose routed experts are in system RAM (blocks with experts only).
+    pub host_moe_blocks: usize,
+    /// Blocks with routed experts.
+    pub moe_blocks: usize,
+    /// Weights on the device.
+    pub device_weights: u64,
+    /// Routed experts in system RAM.
+    pub host_weights: u64,
+    /// KV pools and DeltaNet states on the device.
+    pub reserved: u64,
+    /// What the weights and the reserve may take: the limit less a sixteenth for a step's
+    /// activations and the driver's own; `None` without a limit.
+    pub budget: Option<u64>,
+}
+
+/// A placement that cannot be honoured; the message names the flag.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PlacementRefused(pub String);
+
+impl Placement {
+    /// Every routed expert on the device.
+    pub fn on_device() -> Self {
+        Placement {
+            host_blocks: 0,
+            host_moe_blocks: 0,
+            moe_blocks: 0,
+            device_weights: 0,
+            host_weights: 0,
+            reserved: 0,
+            budget: None,
+        }
+    }
+
+    /// The placement `request` asks for of a model of `bytes`.
+    pub fn plan(bytes: &ModelBytes, request: &PlacementRequest) -> Result<Self, PlacementRefused> {
+        let blocks = bytes.experts.len();
+        if let Some(n) = request.n_gpu_layers.filter(|&n| n < blocks) {
+            return Err(PlacementRefused(format!(
+                "--n-gpu-layers {n}: this model has {blocks} blocks, and on the GPU every block's \
+                 attention or DeltaNet runs there (whole blocks on the CPU are not supported); \
+                 give {blocks} or more, or keep routed experts in system RAM with --n-cpu-moe or \
+                 --cpu-moe"
+            )));
+        }
+        let moe_blocks = bytes.experts.iter().filter(|&&b| b > 0).count();
+        let asked = if request.cpu_moe { blocks } else { request.n_cpu_moe.min(blocks) };
+        if asked > 0 && moe_blocks == 0 {
+            let flag = if request.cpu_moe { "--cpu-moe" } else { "--n-cpu-moe" };
+            return Err(PlacementRefused(format!("{flag}: this model has no routed experts")));
+        }
+        let reserved = request.kv_bytes + request.sequences as u64 * bytes.states_per_sequence;
+        let fixed = bytes.dense + reserved;
+        let on_device =
+            |host_blocks: usize| fixed + bytes.experts[host_blocks..].iter().sum::<u64>();
+        let budget = request.memory_limit.map(|limit| limit - limit / 16);
+        let host_blocks = match budget {
+            None => asked,
+            Some(budget) if fixed > budget => {
+                return Err(PlacementRefused(format!(
+                    "--gpu-memory-limit {}: the device needs {} without any routed expert \
+                     (weights {}, KV cache {}, DeltaNet states {}), more than the limit less a \
+                     sixteenth kept for activations ({}); raise it, or lower --kv-cache-memory \
+                     or --max-concurrent",
+                    mib(request.memory_limit.unwrap_or(0)),
+                    mib(fixed),
+                    mib(bytes.dense),
+                    mib(request.kv_bytes),
+                    mib(reserved - request.kv_bytes),
+                    mib(budget)
+                )))
+            }
+            Some(budget) if request.fit => {
+                (asked..=blocks).find(|&n| on_device(n) <= budget).unwrap_or(blocks)
+            }
+            Some(budget) if on_device(asked) > budget => {
+                return Err(PlacementRefused(format!(
+                    "--gpu-memory-limit {}: with --fit off the placement asked for needs {} on \
+                     the device, more than the limit less a sixteenth ({}); turn --fit on, or \
+                     raise --n-cpu-moe",
+                    mib(request.memory_limit.unwrap_or(0)),
+                    mib(on_device(asked)),
+                    mib(budget)
+                )))
+            }
+            Some(_) => asked,
+        };
+        let host_weights: u64 = bytes.experts[..host_blocks].iter().sum();
+        Ok(Placement {
+            host_blocks,
+            host_moe_blocks: bytes.experts[..host_blocks].iter().filter(|&&b| b > 0).count(),
+            moe_blocks,
+            device_weights: on_device(host_blocks) - reserved,
+            host_weights,
+            reserved,
+            budget,
+        })
+    }
+
+    /// Whether block `block`'s routed experts (if it has any) run in system RAM.
+    pub fn experts_on_host(&self, block: usize) -> bool {
+        block < self.host_blocks
+    }
+
+    /// The `--n-cpu-moe` this placement is.
+    pub fn host_blocks(&self) -> usize {
+        self.host_blocks
+    }
+}
+
+/// Bytes as MiB, for the refusals.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 4 blocks of 100 expert bytes each, 1000 dense bytes, 10 state bytes a sequence.
+    fn four_blocks() -> ModelBytes {
+        ModelBytes { dense: 1000, experts: vec![100; 4], states_per_sequence: 10 }
+    }
+
+    fn limit(budget: u64) -> Option<u64> {
+        // The limit whose budget (less a sixteenth) is `budget`, to the byte.
+        (budget * 16 / 15..).find(|l| l - l / 16 >= budget)
+    }
+
+    #[test]
+    fn without_a_limit_the_flags_alone_place_the_experts() {
+        let bytes = four_blocks();
+        let all = Placement::plan(&bytes, &PlacementRequest::default()).unwrap();
+        assert_eq!((all.host_blocks(), all.device_weights, all.host_weights), (0, 1400, 0));
+        let request = PlacementRequest { n_cpu_moe: 3, ..PlacementRequest::default() };
+        let three = Placement::plan(&bytes, &request).unwrap();
+        assert_eq!((three.host_blocks(), three.device_weights, three.host_weights), (3, 1100, 300));
+        assert!(three.experts_on_host(2) && !three.experts_on_host(3));
+        let request = PlacementRequest { cpu_moe: true, ..PlacementRequest::default() };
+        let cpu = Placement::plan(&bytes, &request).unwrap();
+        assert_eq!((cpu.host_blocks(), cpu.host_moe_blocks, cpu.moe_blocks), (4, 4, 4));
+        // More blocks than the model has: all of them.
+        let request = PlacementRequest { n_cpu_moe: 9, ..PlacementRequest::default() };
+        assert_eq!(Placement::plan(&bytes, &request).unwrap().host_blocks(), 4);
+    }
+
+    #[test]
+    fn fit_reserves_the_kv_and_states_then_keeps_the_last_blocks_experts_that_fit() {
+        let bytes = four_blocks();
+        // Dense 1000 + KV 50 + 2 sequences' states 20: 1070 fixed; room for two blocks' experts.
+        let base = PlacementRequest { kv_bytes: 50, sequences: 2, ..PlacementRequest::default() };
+        let request = PlacementRequest { memory_limit: limit(1270 + 99), ..base.clone() };
+        let fitted = Placement::plan(&bytes, &request).unwrap();
+        assert_eq!((fitted.host_blocks(), fitted.reserved, fitted.device_weights), (2, 70, 1200));
+        assert!(fitted.budget.unwrap() < 1370);
+        // Exactly enough for all: nothing spills.
+        let request = PlacementRequest { memory_limit: limit(1470), ..base.clone() };
+        assert_eq!(Placement::plan(&bytes, &request).unwrap().host_blocks(), 0);
+        // --n-cpu-moe is the least that goes: fit never brings those blocks back.
+        let request = PlacementRequest { n_cpu_moe: 3, memory_limit: limit(1470), ..base.clone() };
+        assert_eq!(Placement::plan(&bytes, &request).unwrap().host_blocks(), 3);
+        // Room for the fixed part only: every block's experts in system RAM.
+        let request = PlacementRequest { memory_limit: limit(1070), ..base.clone() };
+        assert_eq!(Placement::plan(&bytes, &request).unwrap().host_blocks(), 4);
+    }
+
+    #[test]
+    fn placements_that_cannot_be_honoured_are_refused_naming_the_flag() {
+        let bytes = four_blocks();
+        let refused = |request: PlacementRequest| Placement::plan(&bytes, &request).unwrap_err().0;
+        let no_room = PlacementRequest { memory_limit: limit(999), ..PlacementRequest::default() };
+        assert!(refused(no_room).starts_with("--gpu-memory-limit"));
+        let fit_off = PlacementRequest {
+            fit: false,
+            memory_limit: limit(1200),
+            ..PlacementRequest::default()
+        };
+        assert!(refused(fit_off.clone()).contains("--fit off"));
+        // 1010 fixed (one sequence's states) and one block's experts.
+        let enough = PlacementRequest { n_cpu_moe: 3, ..fit_off };
+        assert_eq!(Placement::plan(&bytes, &enough).unwrap().host_blocks(), 3);
+        let few_layers = PlacementRequest { n_gpu_layers: Some(3), ..PlacementRequest::default() };
+        assert!(refused(few_layers).starts_with("--n-gpu-layers 3:"));
+        let all_layers = PlacementRequest { n_gpu_layers: Some(99), ..PlacementRequest::default() };
+        assert!(Placement::plan(&bytes, &all_layers).is_ok());
+        let dense = ModelBytes { experts: vec![0; 4], ..four_blocks() };
+        let cpu_moe = PlacementRequest { cpu_moe: true, ..PlacementRequest::default() };
+        let refusal = Placement::plan(&dense, &cpu_moe).unwrap_err().0;
+        assert_eq!(refusal, "--cpu-moe: this model has no routed experts");
+    }
+
+    #[test]
+    fn expert_stacks_and_blocks_are_told_apart_by_name() {
+        assert_eq!(block_of("blk.12.ffn_up_exps.weight"), Some(12));
+        assert_eq!(block_of("token_embd.weight"), None);
+        assert!(is_expert_stack("blk.0.ffn_down_exps.weight"));
+        assert!(!is_expert_stack("blk.0.ffn_down_shexp.weight"));
+        assert_eq!(device_bytes(GgmlDType::F16, &[3, 4]), 48);
+        assert_eq!(device_bytes(GgmlDType::Q8_0, &[2, 64]), 2 * 2 * 34);
+    }
+}

@@ -1,0 +1,202 @@
+//! llama.cpp's placement flags for a model on the GPU that the device cannot hold whole:
+//! `--cpu-moe`, `--n-cpu-moe N`, `--n-gpu-layers N`, `--fit` and `--gpu-memory-limit`. Routed
+//! experts left in system RAM run on Spindle's CPU kernels; everything else stays on the device
+//! (`spindle_gpu::Placement` plans it). A value Spindle cannot honour is refused, naming the
+//! flag, never ignored.
+
+use clap::Args;
+use spindle_gpu::{Placement, PlacementRequest};
+
+use crate::byte_size::{human_bytes, parse_bytes};
+
+#[derive(Args, Clone, Debug)]
+pub struct PlacementFlags {
+    /// With --device gpu: keep every block's routed experts in system RAM and run them on the
+    /// CPU (llama.cpp's --cpu-moe); attention, DeltaNet, router, shared expert and KV stay on
+    /// the device.
+    #[arg(long)]
+    cpu_moe: bool,
+    /// With --device gpu: keep the routed experts of blocks 0..N in system RAM (llama.cpp's
+    /// --n-cpu-moe).
+    #[arg(long, default_value_t = 0)]
+    n_cpu_moe: usize,
+    /// With --device gpu: blocks on the device: all (the default, also `auto` or -1) or a number
+    /// at least the model's block count; whole blocks on the CPU are not supported (keep routed
+    /// experts in system RAM with --n-cpu-moe instead).
+    #[arg(long, value_parser = parse_gpu_layers, allow_hyphen_values = true)]
+    n_gpu_layers: Option<GpuLayers>,
+    /// With --device gpu: on (the default) puts everything but the routed experts on the device,
+    /// reserves the KV cache and DeltaNet states, then routed experts block by block while
+    /// --gpu-memory-limit holds; the rest stay in system RAM. off: only --cpu-moe and
+    /// --n-cpu-moe move experts.
+    #[arg(long, default_value = "on", default_missing_value = "on", num_args = 0..=1,
+          value_parser = parse_on_off)]
+    fit: bool,
+    /// With --device gpu: device memory the model may take (e.g. 6GiB), a sixteenth of it kept
+    /// for activations. wgpu reports no device memory, so without it nothing spills by size.
+    #[arg(long, value_parser = parse_bytes)]
+    gpu_memory_limit: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GpuLayers {
+    All,
+    Count(usize),
+}
+
+fn parse_gpu_layers(text: &str) -> Result<GpuLayers, String> {
+    match text {
+        "all" | "auto" | "-1" => Ok(GpuLayers::All),
+        n => n.parse().map(GpuLayers::Count).map_err(|_| {
+            format!("--n-gpu-layers `{text}`: expected a number of blocks, all, auto or -1")
+        }),
+    }
+}
+
+fn parse_on_off(text: &str) -> Result<bool, String> {
+    match text {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("--fit `{text}`: expected on or off")),
+    }
+}
+
+impl PlacementFlags {
+    /// The request for a GPU whose KV pools take `kv_bytes` and whose steps run up to
+    /// `sequences` at once; on the CPU (`gpu` false), any placement asked for is refused.
+    pub fn request(
+        &self,
+        gpu: bool,
+        kv_bytes: usize,
+        sequences: usize,
+    ) -> anyhow::Result<PlacementRequest> {
+        let n_gpu_layers = match self.n_gpu_layers {
+            None | Some(GpuLayers::All) => None,
+            Some(GpuLayers::Count(n)) => Some(n),
+        };
+        if !gpu {
+            let asked = [
+                (self.cpu_moe, "--cpu-moe"),
+                (self.n_cpu_moe > 0, "--n-cpu-moe"),
+                (n_gpu_layers.is_some_and(|n| n > 0), "--n-gpu-layers"),
+                (self.gpu_memory_limit.is_some(), "--gpu-memory-limit"),
+            ];
+            if let Some((_, flag)) = asked.iter().find(|(asked, _)| *asked) {
+                anyhow::bail!("{flag} places a model on a GPU; add --device gpu");
+            }
+        }
+        Ok(PlacementRequest {
+            cpu_moe: self.cpu_moe,
+            n_cpu_moe: self.n_cpu_moe,
+            n_gpu_layers,
+            fit: self.fit,
+            memory_limit: self.gpu_memory_limit.map(|b| b as u64),
+            kv_bytes: kv_bytes as u64,
+            sequences,
+        })
+    }
+}
+
+/// Refuses, for a model without routed experts that runs whole on the device (the dense
+/// Llama family, Gemma 3), every placement flag that would change where something runs.
+pub fn refuse_for_whole_model(request: &PlacementRequest, blocks: usize) -> anyhow::Result<()> {
+    let asked = [
+        (request.cpu_moe, "--cpu-moe".to_string()),
+        (request.n_cpu_moe > 0, format!("--n-cpu-moe {}", request.n_cpu_moe)),
+        (request.memory_limit.is_some(), "--gpu-memory-limit".to_string()),
+    ];
+    if let Some((_, flag)) = asked.iter().find(|(asked, _)| *asked) {
+        anyhow::bail!(
+            "{flag}: this model has no routed experts to keep in system RAM (placement applies \
+             to the hybrid MoE GGUFs on the GPU)"
+        );
+    }
+    if let Some(n) = request.n_gpu_layers.filter(|&n| n < blocks) {
+        anyhow::bail!(
+            "--n-gpu-layers {n}: this model has {blocks} blocks and runs whole on the GPU \
+             (whole blocks on the CPU are not supported)"
+        );
+    }
+    Ok(())
+}
+
+/// The startup line: which blocks' routed experts are in system RAM, and the device memory the
+/// placement takes against its budget.
+pub fn placement_line(placement: &Placement, request: &PlacementRequest) -> String {
+    let spilled = match placement.host_moe_blocks {
+        0 => "every routed expert on the GPU".to_string(),
+        n => format!(
+            "routed experts of blocks 0-{} ({n} of {} MoE blocks, {}) in system RAM on the CPU, \
+             the rest on the GPU (as --n-cpu-moe {})",
+            placement.host_blocks() - 1,
+            placement.moe_blocks,
+            human_bytes(placement.host_weights as usize),
+            placement.host_blocks()
+        ),
+    };
+    let used = placement.device_weights + placement.reserved;
+    let budget = match (placement.budget, request.memory_limit) {
+        (Some(budget), Some(limit)) => format!(
+            "of {} (--gpu-memory-limit {} less a sixteenth)",
+            human_bytes(budget as usize),
+            human_bytes(limit as usize)
+        ),
+        _ => "(wgpu reports no device memory: --gpu-memory-limit sets a budget)".to_string(),
+    };
+    format!(
+        "placement: {spilled}; device memory {} planned (weights {}, KV cache and DeltaNet states \
+         {}) {budget}",
+        human_bytes(used as usize),
+        human_bytes(placement.device_weights as usize),
+        human_bytes(placement.reserved as usize)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        flags: PlacementFlags,
+    }
+
+    fn request(args: &[&str], gpu: bool) -> anyhow::Result<PlacementRequest> {
+        let cli = Cli::try_parse_from(std::iter::once("spindle").chain(args.iter().copied()))?;
+        cli.flags.request(gpu, 1024, 4)
+    }
+
+    #[test]
+    fn the_flags_parse_as_llama_cpp_users_write_them() {
+        let plain = request(&[], true).unwrap();
+        assert_eq!(plain, PlacementRequest { kv_bytes: 1024, sequences: 4, ..Default::default() });
+        let r = request(&["--n-cpu-moe", "3", "--fit", "off", "--gpu-memory-limit", "2GiB"], true)
+            .unwrap();
+        assert_eq!((r.n_cpu_moe, r.fit, r.memory_limit), (3, false, Some(2 << 30)));
+        assert!(request(&["--cpu-moe", "--fit"], true).unwrap().cpu_moe);
+        for all in ["all", "auto", "-1"] {
+            assert_eq!(request(&["--n-gpu-layers", all], true).unwrap().n_gpu_layers, None);
+        }
+        assert_eq!(request(&["--n-gpu-layers", "99"], true).unwrap().n_gpu_layers, Some(99));
+        let bad = request(&["--n-gpu-layers", "many"], true).unwrap_err().to_string();
+        assert!(bad.contains("--n-gpu-layers `many`"), "{bad}");
+        assert!(request(&["--fit", "maybe"], true).is_err());
+    }
+
+    #[test]
+    fn placement_on_the_cpu_or_of_a_whole_model_is_refused_naming_the_flag() {
+        let on_cpu = request(&["--n-cpu-moe", "2"], false).unwrap_err().to_string();
+        assert_eq!(on_cpu, "--n-cpu-moe places a model on a GPU; add --device gpu");
+        assert!(request(&["--fit", "on"], false).is_ok(), "--fit is the default anyway");
+        let dense = request(&["--cpu-moe"], true).unwrap();
+        let refusal = refuse_for_whole_model(&dense, 30).unwrap_err().to_string();
+        assert!(refusal.starts_with("--cpu-moe: this model has no routed experts"), "{refusal}");
+        let layers = request(&["--n-gpu-layers", "12"], true).unwrap();
+        let refusal = refuse_for_whole_model(&layers, 30).unwrap_err().to_string();
+        assert!(refusal.starts_with("--n-gpu-layers 12:"), "{refusal}");
+        assert!(refuse_for_whole_model(&request(&[], true).unwrap(), 30).is_ok());
+    }
+}
