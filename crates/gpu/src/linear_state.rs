@@ -27,6 +27,19 @@ pub struct DeltaNetShape {
 }
 
 impl DeltaNetShape {
+    /// A hybrid model's DeltaNet layers, as the device kernels take them.
+    pub(crate) fn of(cfg: &spindle_models::HybridConfig) -> Self {
+        let h = cfg.delta_net_shape();
+        DeltaNetShape {
+            k_heads: h.heads.k_heads,
+            v_heads: h.heads.v_heads,
+            k_dim: h.heads.k_dim,
+            v_dim: h.heads.v_dim,
+            tiled: h.heads.tiled,
+            conv_kernel: h.conv_kernel,
+        }
+    }
+
     pub fn key_dim(&self) -> usize {
         self.k_heads * self.k_dim
     }

@@ -74,7 +74,7 @@ impl ModelBytes {
                 _ => bytes.dense += size,
             }
         }
-        let shape = crate::hybrid::delta_net_shape(cfg);
+        let shape = crate::linear_state::DeltaNetShape::of(cfg);
         let linear = cfg.layer_types().into_iter().filter(|&m| m == spindle_models::Mixer::Linear);
         let per_layer = shape.conv_state_len() + shape.recurrent_state_len();
         bytes.states_per_sequence = (linear.count() * per_layer * 4) as u64;

@@ -106,7 +106,7 @@ impl GpuHybrid {
                 "on the GPU: hybrid models load from llama.cpp GGUF files".into(),
             ));
         }
-        let linear_shape = delta_net_shape(&cfg);
+        let linear_shape = DeltaNetShape::of(&cfg);
         let norm_eps = cfg.delta_net_shape().norm_eps as f32;
         let attention_shape = GatedAttentionShape {
             heads: cfg.num_attention_heads,
@@ -311,17 +311,4 @@ fn feed_forward(
         shared: mlp(w, "_shexp")?,
         shared_gate: upload_matrix(gpu, w.weight(&format!("{p}.ffn_gate_inp_shexp.weight"))?)?,
     })))
-}
-
-/// The DeltaNet layers' shape as the device kernels take it.
-pub(crate) fn delta_net_shape(cfg: &HybridConfig) -> DeltaNetShape {
-    let h = cfg.delta_net_shape();
-    DeltaNetShape {
-        k_heads: h.heads.k_heads,
-        v_heads: h.heads.v_heads,
-        k_dim: h.heads.k_dim,
-        v_dim: h.heads.v_dim,
-        tiled: h.heads.tiled,
-        conv_kernel: h.conv_kernel,
-    }
 }
