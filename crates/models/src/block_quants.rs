@@ -30,8 +30,9 @@ use crate::isa::Isa;
 const BLOCK: usize = 32;
 /// Weight rows per tile: one AVX-512 register of 32-bit sums.
 const TILE_ROWS: usize = 16;
-/// Tokens sharing one pass over a tile (each unpacked weight group serves all of them).
-const GROUP: usize = 4;
+/// Tokens sharing one pass over a tile (each unpacked weight group serves all of them): a
+/// verification pass of up to 7 draft rows reads and unpacks its weights once.
+const GROUP: usize = 8;
 /// Bytes of one group: four values of each of the tile's rows.
 const GROUP_BYTES: usize = 4 * TILE_ROWS;
 /// Products smaller than this run on the calling thread: handing them to the pool costs more
@@ -591,6 +592,44 @@ mod tests {
             let among = forward(&m, &batch, tokens);
             for (t, x) in batch.chunks(cols).enumerate() {
                 assert_eq!(forward(&m, x, 1)[0], among[t], "{format:?} token {t}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_rows_bits_in_a_pass_of_one_to_eight_rows_are_its_bits_alone() {
+        // A verification pass of k drafts is k + 1 rows: each must round as it would alone.
+        let (rows, cols) = (24, 128);
+        let batch: Vec<f32> = (0..GROUP as u32).flat_map(|t| sample(cols, 31 + t)).collect();
+        let acts = Activations::quantize(&batch, cols);
+        let bits = |s: &[f32; TILE_ROWS]| s.map(f32::to_bits);
+        for (dtype, format) in FORMATS {
+            let q = matrix(dtype, rows, cols, 17);
+            let m = BlockMatrix::new(format, rows, cols, &q.data().unwrap()).unwrap();
+            let tile_bytes = cols / BLOCK * m.layout.bytes;
+            for kernel in Isa::integer_dot_copies() {
+                for tile in 0..rows.div_ceil(TILE_ROWS) {
+                    let bytes = &m.tiles[tile * tile_bytes..][..tile_bytes];
+                    let weights = Tile { format, layout: m.layout, bytes };
+                    let pass = |first, n| {
+                        let mut sums = [[0f32; TILE_ROWS]; GROUP];
+                        tile_dot(kernel, weights, &acts, first, n, &mut sums);
+                        sums
+                    };
+                    let alone: Vec<_> = (0..GROUP).map(|t| bits(&pass(t, 1)[0])).collect();
+                    for n in 1..=GROUP {
+                        for first in 0..=GROUP - n {
+                            let sums = pass(first, n);
+                            for (t, sums) in sums[..n].iter().enumerate() {
+                                assert_eq!(
+                                    bits(sums),
+                                    alone[first + t],
+                                    "{format:?} {kernel:?} tile {tile}: row {t} of {n}"
+                                );
+                            }
+                        }
+                    }
+                }
             }
         }
     }

@@ -25,6 +25,10 @@ pub(super) unsafe fn vnni_tile_dot(
             1 => vnni::<1>(format, layout, tile, acts, first, sums),
             2 => vnni::<2>(format, layout, tile, acts, first, sums),
             3 => vnni::<3>(format, layout, tile, acts, first, sums),
+            4 => vnni::<4>(format, layout, tile, acts, first, sums),
+            5 => vnni::<5>(format, layout, tile, acts, first, sums),
+            6 => vnni::<6>(format, layout, tile, acts, first, sums),
+            7 => vnni::<7>(format, layout, tile, acts, first, sums),
             _ => vnni::<GROUP>(format, layout, tile, acts, first, sums),
         }
     }
@@ -42,13 +46,27 @@ pub(super) unsafe fn avx2_tile_dot(
     sums: &mut [[f32; TILE_ROWS]; GROUP],
 ) {
     let Tile { format, layout, bytes: tile } = tile;
+    check(layout, tile, acts, first, group);
+    let tokens = Tokens { acts, first, count: group };
+    let bias = format.bias();
     // SAFETY: the caller's promise.
     unsafe {
-        match group {
-            1 => avx2::<1>(format, layout, tile, acts, first, sums),
-            2 => avx2::<2>(format, layout, tile, acts, first, sums),
-            3 => avx2::<3>(format, layout, tile, acts, first, sums),
-            _ => avx2::<GROUP>(format, layout, tile, acts, first, sums),
+        match format {
+            BlockFormat::Q8_0 => {
+                for start in (0..group).step_by(4) {
+                    let (first, sums) = (first + start, &mut sums[start..]);
+                    match group - start {
+                        1 => avx2_q8_0::<1>(layout, tile, acts, first, sums),
+                        2 => avx2_q8_0::<2>(layout, tile, acts, first, sums),
+                        3 => avx2_q8_0::<3>(layout, tile, acts, first, sums),
+                        _ => avx2_q8_0::<4>(layout, tile, acts, first, sums),
+                    }
+                }
+            }
+            BlockFormat::Q4_0 => avx2_nibbles::<false, false>(layout, tile, bias, tokens, sums),
+            BlockFormat::Q4_1 => avx2_nibbles::<false, true>(layout, tile, bias, tokens, sums),
+            BlockFormat::Q5_0 => avx2_nibbles::<true, false>(layout, tile, bias, tokens, sums),
+            BlockFormat::Q5_1 => avx2_nibbles::<true, true>(layout, tile, bias, tokens, sums),
         }
     }
 }
@@ -135,82 +153,132 @@ unsafe fn vnni<const M: usize>(
     }
 }
 
-/// `M` tokens from `first`, rows 0..8 then 8..16. `vpmaddubsw` adds pairs of unsigned × signed
-/// byte products into 16 bits, exact here: nibble quants are below 32, and Q8_0's signed
-/// weights lend their sign to the activations (|w| ≤ 128, |a| ≤ 127).
+/// The tokens one pass over a tile serves: `first..first + count`.
+#[derive(Clone, Copy)]
+struct Tokens<'a> {
+    acts: &'a Activations,
+    first: usize,
+    count: usize,
+}
+
+/// Nibble formats on AVX2, rows 0..8 then 8..16 of each block: the half's 8 value groups are
+/// unpacked once into registers and serve every token of the pass in turn (a verification pass
+/// of a few draft rows pays the unpacking, fifth bits included, once). Per token, the four
+/// `vpmaddubsw` pair sums of the low values add up in 16 bits, as do the high ones: at most
+/// 4·2·31·127 = 31496, exact. One `vpmaddwd` per half widens them.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2<const M: usize>(
-    format: BlockFormat,
+unsafe fn avx2_nibbles<const FIFTH: bool, const MINIMUM: bool>(
     layout: TileLayout,
     tile: &[u8],
-    acts: &Activations,
-    first: usize,
+    bias: i32,
+    tokens: Tokens<'_>,
     sums: &mut [[f32; TILE_ROWS]; GROUP],
 ) {
-    check(layout, tile, acts, first, M);
-    let (fifth, minimum) = (format.has_fifth_bits(), format.has_minimum());
-    let bias = if format.nibbles() { format.bias() } else { 0 };
+    let Tokens { acts, first, count } = tokens;
     let low_nibbles = _mm256_set1_epi8(0x0F);
     let bit4 = _mm256_set1_epi8(0x10);
     let ones = _mm256_set1_epi16(1);
-    for half in 0..2 {
-        let rows_at = half * GROUP_BYTES / 2;
-        let mut acc = [_mm256_setzero_ps(); M];
-        for b in 0..acts.cols / BLOCK {
-            let tb = tile.as_ptr().add(b * layout.bytes);
-            let load = |at: usize| _mm256_loadu_si256(tb.add(at + rows_at) as *const _);
-            let quants = |m: usize| acts.quants.as_ptr().add(acts.block(first + m, b) * BLOCK);
-            let broadcast = |at: *const i8| _mm256_set1_epi32((at as *const i32).read_unaligned());
-            let mut dots = [_mm256_setzero_si256(); M];
-            if format.nibbles() {
-                let bits = if fifth { load(layout.fifth_at) } else { _mm256_setzero_si256() };
-                for g in 0..4 {
-                    let w = load(g * GROUP_BYTES);
-                    let mut low = _mm256_and_si256(w, low_nibbles);
-                    let mut high = _mm256_and_si256(_mm256_srli_epi16::<4>(w), low_nibbles);
-                    if fifth {
-                        let up = _mm256_sll_epi16(bits, _mm_cvtsi32_si128(4 - g as i32));
-                        let down = _mm256_srl_epi16(bits, _mm_cvtsi32_si128(g as i32));
-                        low = _mm256_or_si256(low, _mm256_and_si256(up, bit4));
-                        high = _mm256_or_si256(high, _mm256_and_si256(down, bit4));
-                    }
-                    for (m, dot) in dots.iter_mut().enumerate() {
-                        let q = quants(m).add(4 * g);
-                        let pairs = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(low, broadcast(q)),
-                            _mm256_maddubs_epi16(high, broadcast(q.add(16))),
-                        );
-                        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
-                    }
-                }
-            } else {
-                for g in 0..8 {
-                    let w = load(g * GROUP_BYTES);
-                    let magnitudes = _mm256_sign_epi8(w, w);
-                    for (m, dot) in dots.iter_mut().enumerate() {
-                        let signed = _mm256_sign_epi8(broadcast(quants(m).add(4 * g)), w);
-                        let pairs = _mm256_maddubs_epi16(magnitudes, signed);
-                        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
-                    }
+    let mut acc = [[_mm256_setzero_ps(); 2]; GROUP];
+    for b in 0..acts.cols / BLOCK {
+        let tb = tile.as_ptr().add(b * layout.bytes);
+        for half in 0..2 {
+            let load =
+                |at: usize| _mm256_loadu_si256(tb.add(at + half * GROUP_BYTES / 2) as *const _);
+            let bits = if FIFTH { load(layout.fifth_at) } else { _mm256_setzero_si256() };
+            // Values 4g..4g+4 (low) and 16+4g..16+4g+4 (high) of the 8 rows, unsigned.
+            let (mut low, mut high) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
+            for g in 0..4 {
+                let w = load(g * GROUP_BYTES);
+                low[g] = _mm256_and_si256(w, low_nibbles);
+                high[g] = _mm256_and_si256(_mm256_srli_epi16::<4>(w), low_nibbles);
+                if FIFTH {
+                    // Bit g (low) or 4 + g (high) moved to bit 4.
+                    let up = _mm256_sll_epi16(bits, _mm_cvtsi32_si128(4 - g as i32));
+                    let down = _mm256_srl_epi16(bits, _mm_cvtsi32_si128(g as i32));
+                    low[g] = _mm256_or_si256(low[g], _mm256_and_si256(up, bit4));
+                    high[g] = _mm256_or_si256(high[g], _mm256_and_si256(down, bit4));
                 }
             }
             let scales_of = |at: usize| {
                 _mm256_cvtph_ps(_mm_loadu_si128(tb.add(at + half * TILE_ROWS) as *const _))
             };
             let d = scales_of(layout.scales_at);
-            let minima = if minimum { scales_of(layout.minima_at) } else { _mm256_setzero_ps() };
-            for m in 0..M {
+            let minima = if MINIMUM { scales_of(layout.minima_at) } else { _mm256_setzero_ps() };
+            for (m, acc) in acc[..count].iter_mut().enumerate() {
                 let at = acts.block(first + m, b);
-                let dot = _mm256_sub_epi32(dots[m], _mm256_set1_epi32(bias * acts.sums[at]));
+                let q = acts.quants.as_ptr().add(at * BLOCK);
+                let broadcast =
+                    |i: usize| _mm256_set1_epi32((q.add(i) as *const i32).read_unaligned());
+                let mut lo = _mm256_maddubs_epi16(low[0], broadcast(0));
+                let mut hi = _mm256_maddubs_epi16(high[0], broadcast(16));
+                for g in 1..4 {
+                    lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(low[g], broadcast(4 * g)));
+                    hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(high[g], broadcast(16 + 4 * g)));
+                }
+                let dot =
+                    _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
+                let dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(bias * acts.sums[at]));
                 let scale = _mm256_mul_ps(d, _mm256_set1_ps(acts.d[at]));
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[m]);
-                if minimum {
-                    acc[m] = _mm256_fmadd_ps(minima, _mm256_set1_ps(acts.s[at]), acc[m]);
+                acc[half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[half]);
+                if MINIMUM {
+                    acc[half] = _mm256_fmadd_ps(minima, _mm256_set1_ps(acts.s[at]), acc[half]);
                 }
             }
         }
-        for m in 0..M {
-            _mm256_storeu_ps(sums[m].as_mut_ptr().add(half * TILE_ROWS / 2), acc[m]);
+    }
+    store(&acc[..count], sums);
+}
+
+/// Q8_0 on AVX2 for `M` tokens (at most 4: more sums than that would not fit in registers
+/// beside the float accumulators), rows 0..8 then 8..16: each group of weights is loaded once
+/// for all `M` tokens. `vpmaddubsw` takes the weights' magnitudes (at most 128) against
+/// activations that borrow the weights' signs (`vpsignb`, which zeroes where a weight is 0: its
+/// product is 0 either way), pair sums of at most 2·128·127, exact; each is widened by
+/// `vpmaddwd` before the next could overflow.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_q8_0<const M: usize>(
+    layout: TileLayout,
+    tile: &[u8],
+    acts: &Activations,
+    first: usize,
+    sums: &mut [[f32; TILE_ROWS]],
+) {
+    let ones = _mm256_set1_epi16(1);
+    for half in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); M];
+        for b in 0..acts.cols / BLOCK {
+            let tb = tile.as_ptr().add(b * layout.bytes);
+            let at: [usize; M] = std::array::from_fn(|m| acts.block(first + m, b));
+            let mut dots = [_mm256_setzero_si256(); M];
+            for g in 0..8 {
+                let w = tb.add(g * GROUP_BYTES + half * GROUP_BYTES / 2);
+                let w = _mm256_loadu_si256(w as *const _);
+                let magnitudes = _mm256_sign_epi8(w, w);
+                for (dot, &at) in dots.iter_mut().zip(&at) {
+                    let q = acts.quants.as_ptr().add(at * BLOCK + 4 * g) as *const i32;
+                    let a = _mm256_sign_epi8(_mm256_set1_epi32(q.read_unaligned()), w);
+                    let pairs = _mm256_maddubs_epi16(magnitudes, a);
+                    *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(pairs, ones));
+                }
+            }
+            let d = tb.add(layout.scales_at + half * TILE_ROWS);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(d as *const _));
+            for ((acc, dot), &at) in acc.iter_mut().zip(dots).zip(&at) {
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(acts.d[at]));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *acc);
+            }
         }
+        for (sums, acc) in sums.iter_mut().zip(acc) {
+            _mm256_storeu_ps(sums.as_mut_ptr().add(half * TILE_ROWS / 2), acc);
+        }
+    }
+}
+
+/// Writes each token's two halves of row sums.
+#[target_feature(enable = "avx2")]
+unsafe fn store(acc: &[[__m256; 2]], sums: &mut [[f32; TILE_ROWS]; GROUP]) {
+    for (halves, sums) in acc.iter().zip(sums.iter_mut()) {
+        _mm256_storeu_ps(sums.as_mut_ptr(), halves[0]);
+        _mm256_storeu_ps(sums.as_mut_ptr().add(TILE_ROWS / 2), halves[1]);
     }
 }
