@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use spindle_models::{
-    k_quant_kernels_run, BlockFormat, BlockMatrix, Q4KMatrix, Q6KMatrix, QuantizedMatrix,
-};
+use spindle_models::QuantizedMatrix;
+
+mod common;
+
+use common::ours;
 
 const REPEATS: usize = 9;
 
@@ -70,28 +72,6 @@ fn main() {
                 );
             }
         }
-    }
-}
-
-/// A product `x ↦ x Wᵀ`.
-type Product = Box<dyn Fn(&Tensor) -> Tensor>;
-
-/// Our kernel for `dtype`, as a product function.
-fn ours(dtype: GgmlDType, rows: usize, cols: usize, data: &[u8]) -> Option<Product> {
-    if let Some(format) = BlockFormat::of(dtype) {
-        let m = BlockMatrix::new(format, rows, cols, data).unwrap();
-        return Some(Box::new(move |x| m.forward(x).unwrap()));
-    }
-    match dtype {
-        GgmlDType::Q4K if k_quant_kernels_run() => {
-            let m = Q4KMatrix::new(rows, cols, data).unwrap();
-            Some(Box::new(move |x| m.forward(x).unwrap()))
-        }
-        GgmlDType::Q6K if k_quant_kernels_run() => {
-            let m = Q6KMatrix::new(rows, cols, data).unwrap();
-            Some(Box::new(move |x| m.forward(x).unwrap()))
-        }
-        _ => None,
     }
 }
 

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use spindle_models::{k_quant_kernels_run, BlockFormat, BlockMatrix, Q4KMatrix, Q6KMatrix};
+
+mod common;
+
+use common::ours;
 
 const REPEATS: usize = 15;
 
@@ -51,7 +54,7 @@ fn main() {
         }
         let weights = Tensor::randn(0f32, 0.05, (rows, cols), &Device::Cpu).unwrap();
         let q = QTensor::quantize(&weights, dtype).unwrap();
-        let Some(product) = product(dtype, rows, cols, &q.data().unwrap()) else {
+        let Some(product) = ours(dtype, rows, cols, &q.data().unwrap()) else {
             println!("{dtype:?}: no kernel of ours on this CPU");
             continue;
         };
@@ -79,27 +82,6 @@ fn main() {
                 median / one
             );
         }
-    }
-}
-
-/// A product `x ↦ x Wᵀ`.
-type Product = Box<dyn Fn(&Tensor) -> Tensor>;
-
-fn product(dtype: GgmlDType, rows: usize, cols: usize, data: &[u8]) -> Option<Product> {
-    if let Some(format) = BlockFormat::of(dtype) {
-        let m = BlockMatrix::new(format, rows, cols, data).unwrap();
-        return Some(Box::new(move |x| m.forward(x).unwrap()));
-    }
-    match dtype {
-        GgmlDType::Q4K if k_quant_kernels_run() => {
-            let m = Q4KMatrix::new(rows, cols, data).unwrap();
-            Some(Box::new(move |x| m.forward(x).unwrap()))
-        }
-        GgmlDType::Q6K if k_quant_kernels_run() => {
-            let m = Q6KMatrix::new(rows, cols, data).unwrap();
-            Some(Box::new(move |x| m.forward(x).unwrap()))
-        }
-        _ => None,
     }
 }
 
