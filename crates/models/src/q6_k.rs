@@ -190,17 +190,16 @@ fn tile_dot(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::for_integer_dots` chose this copy for a CPU with its features.
         Isa::Avx512 => unsafe {
-            match group {
-                1 => vnni::tile_dot::<1>(tile, acts, sub_sums, first, sums),
-                2 => vnni::tile_dot::<2>(tile, acts, sub_sums, first, sums),
-                3 => vnni::tile_dot::<3>(tile, acts, sub_sums, first, sums),
-                4 => vnni::tile_dot::<4>(tile, acts, sub_sums, first, sums),
-                // Four tokens' 16 sums of four sub-blocks fill the registers: from five, the
-                // sub-block order keeps one sum per token (faster for 5–8, slower for 1–4).
-                5 => vnni::tile_dot_by_sub_blocks::<5>(tile, acts, sub_sums, first, sums),
-                6 => vnni::tile_dot_by_sub_blocks::<6>(tile, acts, sub_sums, first, sums),
-                7 => vnni::tile_dot_by_sub_blocks::<7>(tile, acts, sub_sums, first, sums),
-                _ => vnni::tile_dot_by_sub_blocks::<8>(tile, acts, sub_sums, first, sums),
+            // Passes of at most 4 tokens: at 8 the kernel spills its 4 sums per token, and a
+            // sub-block-order kernel for 5–8 measured within the noise (~7 % at best).
+            for start in (0..group).step_by(4) {
+                let (first, sums) = (first + start, &mut sums[start..]);
+                match group - start {
+                    1 => vnni::tile_dot::<1>(tile, acts, sub_sums, first, sums),
+                    2 => vnni::tile_dot::<2>(tile, acts, sub_sums, first, sums),
+                    3 => vnni::tile_dot::<3>(tile, acts, sub_sums, first, sums),
+                    _ => vnni::tile_dot::<4>(tile, acts, sub_sums, first, sums),
+                }
             }
         },
         #[cfg(target_arch = "x86_64")]
@@ -261,7 +260,7 @@ fn dot_reference(
 mod vnni {
     use std::arch::x86_64::*;
 
-    use super::{Activations, SubBlockSums, TileBlock, TileSums, BLOCK, SUB_BLOCKS};
+    use super::{Activations, SubBlockSums, TileBlock, BLOCK, SUB_BLOCKS, TILE_ROWS};
 
     /// [`super::dot_reference`] for 16 rows and `M` tokens from `first`. A pass over value
     /// groups `g`, `g + 16`, `g + 32` and `g + 48` (sub-blocks `s`, `s + 4`, `s + 8`, `s + 12`
@@ -273,7 +272,7 @@ mod vnni {
         acts: &Activations,
         sub_sums: &SubBlockSums,
         first: usize,
-        sums: &mut TileSums,
+        sums: &mut [[f32; TILE_ROWS]],
     ) {
         let blocks = acts.cols / BLOCK;
         let nibble = _mm512_set1_epi8(0x0F);
@@ -326,72 +325,6 @@ mod vnni {
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(tb.d.as_ptr() as *const _));
             for m in 0..M {
                 let dx = _mm512_set1_ps(acts.d[(first + m) * blocks + b]);
-                acc[m] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(scaled[m]), _mm512_mul_ps(d, dx), acc[m]);
-            }
-        }
-        for m in 0..M {
-            _mm512_storeu_ps(sums[m].as_mut_ptr(), acc[m]);
-        }
-    }
-
-    /// [`super::dot_reference`] for 16 rows and `M` tokens from `first`, sub-block by
-    /// sub-block: sub-block `4k + s` holds value groups `g = 4s..4s + 4` of quant set `k`
-    /// (values `64k + 4g..64k + 4g + 4`), unpacked once for all `M` tokens. Each token's sum of
-    /// the sub-block is scaled as soon as it is complete, so what stays in registers across the
-    /// pass is one sum and one accumulator per token: 8 tokens fit beside the 4 unpacked groups.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn tile_dot_by_sub_blocks<const M: usize>(
-        tile: &[TileBlock],
-        acts: &Activations,
-        sub_sums: &SubBlockSums,
-        first: usize,
-        sums: &mut TileSums,
-    ) {
-        let blocks = acts.cols / BLOCK;
-        let nibble = _mm512_set1_epi8(0x0F);
-        let pair = _mm512_set1_epi8(0x30);
-        let mut acc = [_mm512_setzero_ps(); M];
-        for (b, tb) in tile.iter().enumerate() {
-            let block = |m: usize| (first + m) * blocks + b;
-            let load = |at: usize| _mm512_load_si512(tb.quants.as_ptr().add(at) as *const __m512i);
-            // Value group g of quant set k: a nibble joined with its high pair (bits 4–5).
-            let quants = |k: usize, g: usize| {
-                let low = load(TileBlock::low_at(g + 16 * (k & 1)));
-                let low = if k < 2 { low } else { _mm512_srli_epi16(low, 4) };
-                let high = load(TileBlock::high_at(g));
-                let high = match k {
-                    0 => _mm512_slli_epi16(high, 4),
-                    1 => _mm512_slli_epi16(high, 2),
-                    2 => high,
-                    _ => _mm512_srli_epi16(high, 2),
-                };
-                // `a | (b & c)`: the nibble, and the high pair moved to bits 4–5.
-                _mm512_ternarylogic_epi32::<0xF8>(_mm512_and_si512(low, nibble), high, pair)
-            };
-            let mut scaled = [_mm512_setzero_si512(); M];
-            for sub in 0..SUB_BLOCKS {
-                let (k, s) = (sub / 4, sub % 4);
-                let q: [__m512i; 4] = std::array::from_fn(|i| quants(k, 4 * s + i));
-                let sc = tb.scales[sub].as_ptr() as *const __m128i;
-                let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(sc));
-                for (m, scaled) in scaled.iter_mut().enumerate() {
-                    let a = acts.quants.as_ptr().add(block(m) * BLOCK + 64 * k + 16 * s);
-                    let a = a as *const i32;
-                    let mut dot = _mm512_set1_epi32(sub_sums.offsets[block(m) * SUB_BLOCKS + sub]);
-                    for (i, &q) in q.iter().enumerate() {
-                        dot = _mm512_dpbusd_epi32(
-                            dot,
-                            q,
-                            _mm512_set1_epi32(a.add(i).read_unaligned()),
-                        );
-                    }
-                    *scaled = _mm512_add_epi32(*scaled, _mm512_mullo_epi32(dot, sc));
-                }
-            }
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(tb.d.as_ptr() as *const _));
-            for m in 0..M {
-                let dx = _mm512_set1_ps(acts.d[block(m)]);
                 acc[m] =
                     _mm512_fmadd_ps(_mm512_cvtepi32_ps(scaled[m]), _mm512_mul_ps(d, dx), acc[m]);
             }
