@@ -15,8 +15,9 @@ use crate::isa::Isa;
 pub(crate) const BLOCK: usize = 256;
 /// Weight rows per tile: one AVX-512 register of 32-bit sums.
 pub(crate) const TILE_ROWS: usize = 16;
-/// Tokens sharing one pass over a tile.
-pub(crate) const GROUP: usize = 4;
+/// Tokens sharing one pass over a tile: a verification pass of up to 7 draft rows reads its
+/// weights once.
+pub(crate) const GROUP: usize = 8;
 /// Smaller matrices run on the calling thread: handing them to the pool costs more than it
 /// saves (and MoE experts already run in parallel with each other).
 const PARALLEL_MIN_WEIGHTS: usize = 1 << 21;
@@ -150,6 +151,40 @@ pub(crate) fn assert_copies_give_the_reference_in_any_batch(
         }
         for (t, want) in want.iter().enumerate() {
             assert!(run(t, 1)[0] == *want, "{kernel:?}: token {t} alone differs");
+        }
+    }
+}
+
+/// For the kernels' tests: on every kernel copy, each token of a pass of 1..=[`GROUP`] tokens
+/// at every offset in a batch of [`GROUP`] gets the bits it gets in a pass of its own (a
+/// verification pass of k drafts is k + 1 rows: each must round as it would alone).
+/// `tile_dot(kernel, acts, first, group, sums)` is one pass over one tile.
+#[cfg(test)]
+pub(crate) fn assert_a_tokens_bits_in_a_pass_are_its_bits_alone(
+    cols: usize,
+    tile_dot: impl Fn(Isa, &Activations, usize, usize, &mut TileSums),
+) {
+    let batch: Vec<f32> =
+        (0..GROUP as u32).flat_map(|t| crate::test_data::sample(cols, 31 + t)).collect();
+    let acts = Activations::quantize(&batch, cols);
+    let bits = |s: &[f32; TILE_ROWS]| s.map(f32::to_bits);
+    for kernel in Isa::integer_dot_copies() {
+        let pass = |first, group| {
+            let mut sums = [[0f32; TILE_ROWS]; GROUP];
+            tile_dot(kernel, &acts, first, group, &mut sums);
+            sums
+        };
+        let alone: Vec<_> = (0..GROUP).map(|t| bits(&pass(t, 1)[0])).collect();
+        for group in 1..=GROUP {
+            for first in 0..=GROUP - group {
+                for (t, sums) in pass(first, group)[..group].iter().enumerate() {
+                    assert_eq!(
+                        bits(sums),
+                        alone[first + t],
+                        "{kernel:?}: token {t} of {group} from {first}"
+                    );
+                }
+            }
         }
     }
 }
