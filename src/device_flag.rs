@@ -61,10 +61,12 @@ pub fn speculation_off_line(model: &dyn CausalLm) -> Option<String> {
     })
 }
 
-/// Where the model of `files` goes on the GPU: for a hybrid GGUF, the placement `request` asks
-/// for, planned from the file's header; `None` for a model that runs whole on the device (the
+/// Where the model of `files` goes on `gpu`: for a hybrid GGUF, the placement `request` asks
+/// for, planned from the file's header against the device memory `gpu` reports free now (which
+/// `--gpu-memory-limit` overrides); `None` for a model that runs whole on the device (the
 /// placement flags that would change that are refused).
 pub fn plan_placement(
+    gpu: &Gpu,
     files: &ModelFiles,
     request: &PlacementRequest,
 ) -> anyhow::Result<Option<Placement>> {
@@ -72,7 +74,8 @@ pub fn plan_placement(
         ModelFiles::Gguf(path) if spindle_models::is_hybrid_gguf(path)? => {
             let (config, weights) = spindle_models::open_hybrid(path)?;
             let bytes = ModelBytes::of_hybrid(&config, &weights);
-            return Ok(Some(Placement::plan(&bytes, request)?));
+            let request = PlacementRequest { device_memory: gpu.memory(), ..request.clone() };
+            return Ok(Some(Placement::plan(&bytes, &request)?));
         }
         ModelFiles::Gguf(path) => path,
         ModelFiles::Safetensors { dir } => dir,

@@ -72,7 +72,7 @@ impl Loading {
         files: &spindle_hub::ModelFiles,
     ) -> anyhow::Result<(ModelBundle, Option<String>)> {
         let placement = match &self.gpu {
-            Some(_) => plan_placement(files, &self.placement)?,
+            Some(gpu) => plan_placement(gpu, files, &self.placement)?,
             None => None,
         };
         let mut bundle = crate::memory::returning_freed_memory(|| match &self.gpu {
@@ -98,7 +98,7 @@ impl Loading {
                 self.kv_type
             );
         }
-        let line = placement.map(|p| placement_line(&p, &self.placement));
+        let line = placement.map(|p| placement_line(&p));
         Ok((bundle, line))
     }
 

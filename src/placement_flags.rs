@@ -27,13 +27,14 @@ pub struct PlacementFlags {
     n_gpu_layers: Option<GpuLayers>,
     /// With --device gpu: on (the default) puts everything but the routed experts on the device,
     /// reserves the KV cache and DeltaNet states, then routed experts block by block while
-    /// --gpu-memory-limit holds; the rest stay in system RAM. off: only --cpu-moe and
-    /// --n-cpu-moe move experts.
+    /// --gpu-memory-limit, or else the device memory Vulkan reports free, holds; the rest stay
+    /// in system RAM. off: only --cpu-moe and --n-cpu-moe move experts.
     #[arg(long, default_value = "on", default_missing_value = "on", num_args = 0..=1,
           value_parser = parse_on_off)]
     fit: bool,
     /// With --device gpu: device memory the model may take (e.g. 6GiB), a sixteenth of it kept
-    /// for activations. wgpu reports no device memory, so without it nothing spills by size.
+    /// for activations. Without it --fit plans against what Vulkan reports free (Metal and DX12
+    /// report nothing: there nothing spills by size).
     #[arg(long, value_parser = parse_bytes)]
     gpu_memory_limit: Option<usize>,
 }
@@ -91,6 +92,8 @@ impl PlacementFlags {
             n_gpu_layers,
             fit: self.fit,
             memory_limit: self.gpu_memory_limit.map(|b| b as u64),
+            // Asked of the device by whoever opened it (`device_flag::plan_placement`).
+            device_memory: None,
             kv_bytes: kv_bytes as u64,
             sequences,
         })
@@ -121,8 +124,8 @@ pub fn refuse_for_whole_model(request: &PlacementRequest, blocks: usize) -> anyh
 }
 
 /// The startup line: which blocks' routed experts are in system RAM, and the device memory the
-/// placement takes against its budget.
-pub fn placement_line(placement: &Placement, request: &PlacementRequest) -> String {
+/// placement takes against its budget and where that came from.
+pub fn placement_line(placement: &Placement) -> String {
     let spilled = match placement.host_moe_blocks {
         0 => "every routed expert on the GPU".to_string(),
         n => format!(
@@ -135,13 +138,13 @@ pub fn placement_line(placement: &Placement, request: &PlacementRequest) -> Stri
         ),
     };
     let used = placement.device_weights + placement.reserved;
-    let budget = match (placement.budget, request.memory_limit) {
+    let budget = match (placement.budget, placement.limit) {
         (Some(budget), Some(limit)) => format!(
-            "of {} (--gpu-memory-limit {} less a sixteenth)",
-            human_bytes(budget as usize),
-            human_bytes(limit as usize)
+            "of a budget of {} ({limit}; a sixteenth kept for activations)",
+            human_bytes(budget as usize)
         ),
-        _ => "(wgpu reports no device memory: --gpu-memory-limit sets a budget)".to_string(),
+        _ => "(no budget: no --gpu-memory-limit, and --fit off or no device memory reported)"
+            .to_string(),
     };
     format!(
         "placement: {spilled}; device memory {} planned (weights {}, KV cache and DeltaNet states \

@@ -5,7 +5,8 @@
 //! tiny random hybrid GGUF runs on `GpuHybrid`: a request asking to speculate decodes plainly
 //! (the device cannot verify drafts) with the CPU server's greedy answer, and its repeat
 //! resumes from the prefix cache; with its routed experts in system RAM (`--cpu-moe`) it answers
-//! and prints the placement, and `--n-gpu-layers` short of its blocks is refused.
+//! and prints the placement, whose budget names its source (`--gpu-memory-limit`, else the
+//! device's heap), and `--n-gpu-layers` short of its blocks is refused.
 
 use std::process::Command;
 
@@ -23,6 +24,11 @@ fn tiny_model_with_a_gpu() -> Option<String> {
         unreachable!("the tiny model is a safetensors folder")
     };
     Some(dir.to_str().unwrap().to_string())
+}
+
+/// The startup line about the placement in `log`, which must name where its budget came from.
+fn placement_line(log: &str) -> &str {
+    log.lines().find(|l| l.contains("placement: ")).unwrap_or_else(|| panic!("none in:\n{log}"))
 }
 
 /// A prompt whose cached part ends inside a block of 16 (a snapshot at the end of the system
@@ -111,6 +117,13 @@ fn a_hybrid_on_the_gpu_decodes_plainly_as_the_cpu_does_and_resumes_from_the_pref
     let log = server.stop();
     let log = String::from_utf8_lossy(&log);
     assert!(log.contains("speculation off for this model on this device"), "in:\n{log}");
+    // No --gpu-memory-limit: the budget is what the device reports free (Vulkan's heap).
+    let source = match spindle_gpu::Gpu::open(None).unwrap().memory() {
+        Some(memory) => format!("(Vulkan heap {}: ", memory.heap),
+        None => "(no budget: ".to_string(),
+    };
+    let line = placement_line(&log);
+    assert!(line.contains("every routed expert on the GPU") && line.contains(&source), "{line}");
     assert_eq!(cold["usage"]["completion_tokens"], 4, "{cold}");
     assert_eq!(text(&cold), text(&expected), "the GPU's greedy answer is the CPU's");
     assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{cold}");
@@ -127,12 +140,15 @@ fn a_hybrid_with_its_experts_in_system_ram_answers_and_prints_the_placement() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_hybrid(dir.path());
     let model = model.to_str().unwrap();
-    let server = LoggedServer::with_args(&["--model", model, "--device", "gpu", "--cpu-moe"]);
+    let args = ["--model", model, "--device", "gpu", "--cpu-moe", "--gpu-memory-limit", "1GiB"];
+    let server = LoggedServer::with_args(&args);
     let spilled = server.post_ok("/v1/chat/completions", CHAT);
     let log = server.stop();
     let log = String::from_utf8_lossy(&log);
-    let line = "placement: routed experts of blocks 0-3 (4 of 4 MoE blocks";
-    assert!(log.contains(line), "no placement line in:\n{log}");
+    let line = placement_line(&log);
+    assert!(line.contains("routed experts of blocks 0-3 (4 of 4 MoE blocks"), "{line}");
+    // The limit given is the budget, whatever the device reports.
+    assert!(line.contains("(--gpu-memory-limit 1024.0 MiB; a sixteenth kept"), "{line}");
     // The tokens against the all-GPU run are the kernel tests' (placement.rs); a random Q4_K
     // model's near-ties would make text equality here a test of rounding.
     assert_eq!(spilled["usage"]["completion_tokens"], 3, "{spilled}");

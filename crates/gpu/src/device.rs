@@ -18,6 +18,8 @@ pub struct Gpu {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     adapter: AdapterSummary,
+    /// Kept to ask its driver for the device's memory.
+    raw_adapter: wgpu::Adapter,
     limits: wgpu::Limits,
     submissions: AtomicU64,
 }
@@ -99,7 +101,14 @@ impl Gpu {
             })?;
         // Errors outside a `checked` call (none are expected) are printed, never a panic.
         device.on_uncaptured_error(std::sync::Arc::new(|e| eprintln!("GPU error: {e}")));
-        Ok(Gpu { device, queue, adapter: summary, limits, submissions: AtomicU64::new(0) })
+        Ok(Gpu {
+            device,
+            queue,
+            adapter: summary,
+            raw_adapter: adapter,
+            limits,
+            submissions: AtomicU64::new(0),
+        })
     }
 
     pub fn info(&self) -> &AdapterInfo {
@@ -109,6 +118,12 @@ impl Gpu {
     /// The opened adapter with its index, as `--device gpu:N` names it.
     pub fn adapter(&self) -> &AdapterSummary {
         &self.adapter
+    }
+
+    /// The device's largest device-local heap and what is free of it now, asked of the driver
+    /// at each call; `None` where the backend does not say (anything but Vulkan).
+    pub fn memory(&self) -> Option<crate::DeviceMemory> {
+        crate::device_memory::of(&self.raw_adapter)
     }
 
     /// Command buffers submitted so far (a model step is one).

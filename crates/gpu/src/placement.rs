@@ -7,11 +7,17 @@
 //! and run them on the CPU's kernels. Whichever way, the blocks in system RAM are the first
 //! ones, so every placement is some `--n-cpu-moe N`, and the startup line says which.
 //!
-//! wgpu reports no device memory, so the budget is the one given (`--gpu-memory-limit`); without
-//! one `--fit` places everything on the device.
+//! The budget is `--gpu-memory-limit` where given; else, with `--fit`, what the device reports
+//! free (`Gpu::memory`, which the caller asks and puts in the request, so planning stays a
+//! function of numbers); with neither, nothing spills by size. Either way a sixteenth of it is
+//! kept for a step's activations and the driver's own.
+
+use std::fmt;
 
 use candle_core::quantized::GgmlDType;
 use spindle_models::{HybridConfig, WeightSource};
+
+use crate::DeviceMemory;
 
 /// What the placement flags ask for, and what the device must hold besides the weights.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,6 +33,9 @@ pub struct PlacementRequest {
     pub fit: bool,
     /// `--gpu-memory-limit`: device bytes the model may take, `None` where not given.
     pub memory_limit: Option<u64>,
+    /// What the device reports free (`Gpu::memory`), `None` where it reports nothing; `--fit`'s
+    /// budget when no limit is given.
+    pub device_memory: Option<DeviceMemory>,
     /// Bytes of the device's KV pools (`--kv-cache-memory`).
     pub kv_bytes: u64,
     /// Sequences a step runs at most, each with its DeltaNet states on the device.
@@ -42,8 +51,49 @@ impl Default for PlacementRequest {
             n_gpu_layers: None,
             fit: true,
             memory_limit: None,
+            device_memory: None,
             kv_bytes: 0,
             sequences: 1,
+        }
+    }
+}
+
+impl PlacementRequest {
+    /// What the device may take: `--gpu-memory-limit` where given, else with `--fit` what the
+    /// device reports free; `None`: nothing spills by size.
+    pub fn limit(&self) -> Option<MemoryLimit> {
+        match (self.memory_limit, self.device_memory) {
+            (Some(bytes), _) => Some(MemoryLimit::Given(bytes)),
+            (None, Some(memory)) if self.fit => Some(MemoryLimit::Device(memory)),
+            _ => None,
+        }
+    }
+}
+
+/// Where the device memory a placement is planned against came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryLimit {
+    /// `--gpu-memory-limit`.
+    Given(u64),
+    /// What the device reported free when the placement was planned.
+    Device(DeviceMemory),
+}
+
+impl MemoryLimit {
+    pub fn bytes(&self) -> u64 {
+        match self {
+            MemoryLimit::Given(bytes) => *bytes,
+            MemoryLimit::Device(memory) => memory.available,
+        }
+    }
+}
+
+impl fmt::Display for MemoryLimit {
+    /// `--gpu-memory-limit 2048.0 MiB`, or the device's heap as `DeviceMemory` shows it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemoryLimit::Given(bytes) => write!(f, "--gpu-memory-limit {}", mib(*bytes)),
+            MemoryLimit::Device(memory) => write!(f, "{memory}"),
         }
     }
 }
@@ -121,6 +171,8 @@ pub struct Placement {
     /// What the weights and the reserve may take: the limit less a sixteenth for a step's
     /// activations and the driver's own; `None` without a limit.
     pub budget: Option<u64>,
+    /// Where the budget came from.
+    pub limit: Option<MemoryLimit>,
 }
 
 /// A placement that cannot be honoured; the message names the flag.
@@ -139,6 +191,7 @@ impl Placement {
             host_weights: 0,
             reserved: 0,
             budget: None,
+            limit: None,
         }
     }
 
@@ -163,32 +216,33 @@ impl Placement {
         let fixed = bytes.dense + reserved;
         let on_device =
             |host_blocks: usize| fixed + bytes.experts[host_blocks..].iter().sum::<u64>();
-        let budget = request.memory_limit.map(|limit| limit - limit / 16);
-        let host_blocks = match budget {
+        let limit = request.limit();
+        let budget = limit.map(|limit| limit.bytes() - limit.bytes() / 16);
+        let host_blocks = match limit.zip(budget) {
             None => asked,
-            Some(budget) if fixed > budget => {
+            Some((limit, budget)) if fixed > budget => {
+                let remedy = match limit {
+                    MemoryLimit::Given(_) => "raise it",
+                    MemoryLimit::Device(_) => "free device memory",
+                };
                 return Err(PlacementRefused(format!(
-                    "--gpu-memory-limit {}: the device needs {} without any routed expert \
-                     (weights {}, KV cache {}, DeltaNet states {}), more than the limit less a \
-                     sixteenth kept for activations ({}); raise it, or lower --kv-cache-memory \
-                     or --max-concurrent",
-                    mib(request.memory_limit.unwrap_or(0)),
+                    "{limit}: the device needs {} without any routed expert (weights {}, KV cache \
+                     {}, DeltaNet states {}), more than that less a sixteenth kept for \
+                     activations ({}); {remedy}, or lower --kv-cache-memory or --max-concurrent",
                     mib(fixed),
                     mib(bytes.dense),
                     mib(request.kv_bytes),
                     mib(reserved - request.kv_bytes),
                     mib(budget)
-                )))
+                )));
             }
-            Some(budget) if request.fit => {
+            Some((_, budget)) if request.fit => {
                 (asked..=blocks).find(|&n| on_device(n) <= budget).unwrap_or(blocks)
             }
-            Some(budget) if on_device(asked) > budget => {
+            Some((limit, budget)) if on_device(asked) > budget => {
                 return Err(PlacementRefused(format!(
-                    "--gpu-memory-limit {}: with --fit off the placement asked for needs {} on \
-                     the device, more than the limit less a sixteenth ({}); turn --fit on, or \
-                     raise --n-cpu-moe",
-                    mib(request.memory_limit.unwrap_or(0)),
+                    "{limit}: with --fit off the placement asked for needs {} on the device, more \
+                     than the limit less a sixteenth ({}); turn --fit on, or raise --n-cpu-moe",
                     mib(on_device(asked)),
                     mib(budget)
                 )))
@@ -204,6 +258,7 @@ impl Placement {
             host_weights,
             reserved,
             budget,
+            limit,
         })
     }
 
@@ -272,6 +327,42 @@ mod tests {
         // Room for the fixed part only: every block's experts in system RAM.
         let request = PlacementRequest { memory_limit: limit(1070), ..base.clone() };
         assert_eq!(Placement::plan(&bytes, &request).unwrap().host_blocks(), 4);
+    }
+
+    #[test]
+    fn the_budget_is_the_limit_given_else_what_the_device_has_free_with_fit() {
+        let bytes = four_blocks();
+        let device = |available: Option<u64>| DeviceMemory {
+            total: 1 << 30,
+            available: available.unwrap(),
+            heap: 0,
+            measured: true,
+            system_ram: false,
+        };
+        // Free device memory for the fixed 1010 and two blocks' experts: two blocks spill.
+        let free = device(limit(1210));
+        let request = PlacementRequest { device_memory: Some(free), ..PlacementRequest::default() };
+        let fitted = Placement::plan(&bytes, &request).unwrap();
+        assert_eq!((fitted.host_blocks(), fitted.limit), (2, Some(MemoryLimit::Device(free))));
+        // A limit given wins over the device's, larger or smaller.
+        let given = PlacementRequest { memory_limit: limit(1410), ..request.clone() };
+        let placed = Placement::plan(&bytes, &given).unwrap();
+        assert_eq!((placed.host_blocks(), placed.limit), (0, limit(1410).map(MemoryLimit::Given)));
+        let given = PlacementRequest { memory_limit: limit(1110), ..request.clone() };
+        assert_eq!(Placement::plan(&bytes, &given).unwrap().host_blocks(), 3);
+        // With --fit off the device's memory is no budget; without it, none either: everything
+        // on the device, as before.
+        for unbudgeted in [
+            PlacementRequest { fit: false, ..request.clone() },
+            PlacementRequest { device_memory: None, ..request.clone() },
+        ] {
+            let placed = Placement::plan(&bytes, &unbudgeted).unwrap();
+            assert_eq!((placed.host_blocks(), placed.budget, placed.limit), (0, None, None));
+        }
+        // A device without room for the fixed part refuses, naming its heap.
+        let small = PlacementRequest { device_memory: Some(device(limit(999))), ..request };
+        let refusal = Placement::plan(&bytes, &small).unwrap_err().0;
+        assert!(refusal.starts_with("Vulkan heap 0: ") && refusal.contains("free device memory"));
     }
 
     #[test]

@@ -121,3 +121,22 @@ fn a_spilled_sequence_gets_the_same_logits_alone_and_among_others() {
     assert_eq!(placement.host_moe_blocks, 3);
     same_alone_and_batched(&gpu);
 }
+
+/// A Vulkan adapter reports its largest device-local heap, what is free of it no more than its
+/// size; lavapipe's (a CPU device) is system RAM. Other backends report nothing.
+#[test]
+fn a_vulkan_adapter_reports_its_device_memory() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let info = gpu.info();
+    let memory = gpu.memory();
+    eprintln!("{} ({:?}, {:?}): {memory:?}", info.name, info.backend, info.device_type);
+    if info.backend != wgpu::Backend::Vulkan {
+        assert_eq!(memory, None);
+        return;
+    }
+    let memory = memory.expect("a Vulkan adapter reports its heaps");
+    assert!(memory.total > 0 && memory.available <= memory.total, "{memory:?}");
+    let cpu = info.device_type == wgpu::DeviceType::Cpu;
+    assert!(!cpu || memory.system_ram, "a CPU device's heap is system RAM: {memory:?}");
+    assert!(memory.to_string().starts_with(&format!("Vulkan heap {}: ", memory.heap)));
+}
