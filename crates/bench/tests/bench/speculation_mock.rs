@@ -167,18 +167,30 @@ async fn spindle_rows_with_and_without_speculation_from_metric_deltas() {
         .contains("src/config/loader.rs"));
     assert!(panel.kinds().iter().all(|&k| panel.outputs_agree(k) == Some(true)));
     let bodies = mock.bodies.lock().unwrap();
-    let flags: Vec<&Value> = bodies.iter().map(|b| &b["speculative"]).collect();
-    assert_eq!(flags[..2], [&json!(true), &json!(false)], "on before off");
+    // Each workload's calls in a round follow one call of a single token with the same prompt,
+    // without the field, that puts the prompt in the server's cache.
+    assert_eq!(bodies.len(), 2 * 3 * 3);
+    for calls in bodies.chunks(3) {
+        let (warm, measured) = (&calls[0], &calls[1..]);
+        assert_eq!((warm["max_tokens"].clone(), warm.get("speculative")), (json!(1), None));
+        assert!(measured.iter().all(|b| b["messages"] == warm["messages"]));
+        let flags: Vec<&Value> = measured.iter().map(|b| &b["speculative"]).collect();
+        assert_eq!(flags, [&json!(true), &json!(false)], "on before off");
+    }
     let prose = |b: &Value| b["messages"].to_string().contains("short story");
     for body in bodies.iter() {
         let (temperature, penalty) =
             if prose(body) { (json!(0.8), json!(0.5)) } else { (json!(0.0), Value::Null) };
         assert_eq!((body["temperature"].clone(), body["seed"].clone()), (temperature, json!(1234)));
         assert_eq!(body["frequency_penalty"], penalty);
-        assert_eq!((body["stream"].clone(), body["max_tokens"].clone()), (json!(true), json!(64)));
+        assert_eq!(body["stream"], json!(true));
         assert_eq!(body["stream_options"]["include_usage"], true);
     }
-    assert_eq!(bodies.iter().filter(|b| b.get("tools").is_some()).count(), 4);
+    assert!(bodies
+        .iter()
+        .filter(|b| b.get("speculative").is_some())
+        .all(|b| b["max_tokens"] == 64));
+    assert_eq!(bodies.iter().filter(|b| b.get("tools").is_some()).count(), 6);
 }
 
 #[tokio::test]
@@ -196,5 +208,7 @@ async fn llama_server_rows_take_acceptance_from_timings_and_send_no_flag() {
         assert!(row.decode().is_some());
     }
     assert_eq!(panel.speedup(Kind::Prose), None, "one mode: no ratio");
-    assert!(mock.bodies.lock().unwrap().iter().all(|b| b.get("speculative").is_none()));
+    let bodies = mock.bodies.lock().unwrap();
+    assert_eq!(bodies.len(), 2 * 3 * 2, "a warming call and a measured one per workload and round");
+    assert!(bodies.iter().all(|b| b.get("speculative").is_none()));
 }
