@@ -186,41 +186,37 @@ fn tile_dot(
     sums: &mut TileSums,
 ) {
     debug_assert_eq!(kernel, kernel.for_integer_dots(), "not a copy of the integer kernels");
-    match kernel {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::for_integer_dots` chose this copy for a CPU with its features.
-        Isa::Avx512 => unsafe {
-            // Passes of at most 4 tokens: at 8 the kernel spills its 4 sums per token, and a
-            // sub-block-order kernel for 5–8 measured within the noise (~7 % at best).
-            for start in (0..group).step_by(4) {
-                let (first, sums) = (first + start, &mut sums[start..]);
-                match group - start {
+    // Passes of at most 4 tokens on every copy: at 8 the AVX-512 kernel spills its 4 sums per
+    // token and the AVX2 one has no registers left for them; a sub-block-order AVX-512 kernel
+    // for 5–8 measured within the noise (~7 % at best).
+    for start in (0..group).step_by(4) {
+        let (first, sums, tokens) = (first + start, &mut sums[start..], (group - start).min(4));
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::for_integer_dots` chose this copy for a CPU with its features.
+            Isa::Avx512 => unsafe {
+                match tokens {
                     1 => vnni::tile_dot::<1>(tile, acts, sub_sums, first, sums),
                     2 => vnni::tile_dot::<2>(tile, acts, sub_sums, first, sums),
                     3 => vnni::tile_dot::<3>(tile, acts, sub_sums, first, sums),
                     _ => vnni::tile_dot::<4>(tile, acts, sub_sums, first, sums),
                 }
-            }
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe {
-            // Passes of at most 4 tokens: more sums than that do not fit in the 16 registers
-            // beside the accumulators, and 8 tokens at once measured no faster.
-            for start in (0..group).step_by(4) {
-                let (first, sums) = (first + start, &mut sums[start..]);
-                match group - start {
+            },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Isa::Avx2 => unsafe {
+                match tokens {
                     1 => avx2::tile_dot::<1>(tile, acts, sub_sums, first, sums),
                     2 => avx2::tile_dot::<2>(tile, acts, sub_sums, first, sums),
                     3 => avx2::tile_dot::<3>(tile, acts, sub_sums, first, sums),
                     _ => avx2::tile_dot::<4>(tile, acts, sub_sums, first, sums),
                 }
-            }
-        },
-        _ => {
-            for (t, row_sums) in sums[..group].iter_mut().enumerate() {
-                for (r, v) in row_sums.iter_mut().enumerate() {
-                    *v = dot_reference(tile, acts, sub_sums, first + t, r);
+            },
+            _ => {
+                for (t, row_sums) in sums[..tokens].iter_mut().enumerate() {
+                    for (r, v) in row_sums.iter_mut().enumerate() {
+                        *v = dot_reference(tile, acts, sub_sums, first + t, r);
+                    }
                 }
             }
         }

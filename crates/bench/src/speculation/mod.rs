@@ -28,7 +28,7 @@ use crate::stats::Spread;
 use crate::Client;
 use acceptance::{from_timings, Acceptance, Counters, Source};
 use stream::{streamed_chat, Streamed};
-use workloads::{fidelity, request, self_repeat, Kind};
+use workloads::{fidelity, request, self_repeat, Kind, Request};
 
 /// The sampling seed of every call (the same answer on every run of a server, prose too).
 pub const SEED: u64 = 1234;
@@ -203,7 +203,7 @@ pub async fn run_speculation(
 
 /// One call of a single token (too short to draft) that leaves the prompt in the server's cache.
 async fn warm(client: &Client, kind: Kind, variant: usize) -> Result<(), BenchError> {
-    streamed_chat(client, body(kind, Mode::Server, variant, 1)).await.map(drop)
+    streamed_chat(client, body(&request(kind, variant), Mode::Server, 1)).await.map(drop)
 }
 
 /// One call, with the server's drafting counters read around it.
@@ -216,14 +216,13 @@ async fn measure(
 ) -> Result<SpecCall, BenchError> {
     let request = request(kind, variant);
     let before = counters(client).await;
-    let streamed = streamed_chat(client, body(kind, mode, variant, max_tokens)).await?;
+    let streamed = streamed_chat(client, body(&request, mode, max_tokens)).await?;
     let after = counters(client).await;
     Ok(call_of(&streamed, before.zip(after), &request.expected, request.variant))
 }
 
-/// The chat request of `kind`'s version `variant` in `mode`.
-fn body(kind: Kind, mode: Mode, variant: usize, max_tokens: u32) -> serde_json::Value {
-    let request = request(kind, variant);
+/// The chat body of `request` in `mode`.
+fn body(request: &Request, mode: Mode, max_tokens: u32) -> serde_json::Value {
     let mut body = json!({"messages": request.messages, "temperature": request.temperature,
         "seed": SEED, "max_tokens": max_tokens});
     if request.frequency_penalty > 0.0 {
