@@ -7,5 +7,4 @@ mod hybrid_reference;
 mod mtp_head;
 mod paged_kv;
 mod safetensors;
-mod transformers_reference;
 mod yarn_reference;

@@ -2,8 +2,8 @@
 //! HF checkpoint it was converted from (HF tensor names and layouts, a config.json like the one
 //! on the Hub), loaded with `load_safetensors` and teacher-forced against transformers' float32
 //! run of the same GGUF (tests/models/common). In F32 the checkpoint holds exactly the weights
-//! transformers ran, so the tight rule of transformers_reference.rs applies; F16 and BF16 round
-//! every weight once more.
+//! transformers ran, so the tight rule of crates/runner/tests/runner/reference.rs applies; F16
+//! and BF16 round every weight once more.
 
 use crate::common;
 
@@ -13,8 +13,8 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{DType, Device, Tensor};
 use common::{Reference, Tolerance, BF16_WEIGHTS, F16_WEIGHTS, SAME_WEIGHTS};
 
-/// Prompts and steps per run: transformers_reference.rs covers the model math on the whole
-/// fixture; a wrong mapping or layout shows from the first step, and nine runs stay short.
+/// Prompts and steps per run: crates/runner/tests/runner/reference.rs covers the model math on
+/// the whole fixture; a wrong mapping or layout shows from the first step, and runs stay short.
 const PROMPTS: usize = 2;
 const STEPS: usize = 12;
 
@@ -185,13 +185,13 @@ fn smollm2_bf16_checkpoint_follows_transformers() {
 }
 
 #[test]
-#[ignore = "by hand: each dtype is read on smollm2 and gemma3, and Qwen2.5's names, biases and config by its bf16 run, in every run"]
+#[ignore = "by hand: each dtype is read on smollm2, and Qwen2.5's and gemma3's names and configs by their bf16 runs, in every run"]
 fn qwen25_coder_f32_checkpoint_matches_transformers() {
     check("qwen2.5-coder-0.5b", DType::F32, SAME_WEIGHTS);
 }
 
 #[test]
-#[ignore = "by hand: each dtype is read on smollm2 and gemma3, and Qwen2.5's names, biases and config by its bf16 run, in every run"]
+#[ignore = "by hand: each dtype is read on smollm2, and Qwen2.5's and gemma3's names and configs by their bf16 runs, in every run"]
 fn qwen25_coder_f16_checkpoint_follows_transformers() {
     check("qwen2.5-coder-0.5b", DType::F16, F16_WEIGHTS);
 }
@@ -202,11 +202,13 @@ fn qwen25_coder_bf16_checkpoint_follows_transformers() {
 }
 
 #[test]
+#[ignore = "by hand: each dtype is read on smollm2, and Qwen2.5's and gemma3's names and configs by their bf16 runs, in every run"]
 fn gemma3_f32_checkpoint_matches_transformers() {
     check("gemma3-270m", DType::F32, SAME_WEIGHTS);
 }
 
 #[test]
+#[ignore = "by hand: each dtype is read on smollm2, and Qwen2.5's and gemma3's names and configs by their bf16 runs, in every run"]
 fn gemma3_f16_checkpoint_follows_transformers() {
     check("gemma3-270m", DType::F16, F16_WEIGHTS);
 }

@@ -342,12 +342,12 @@ async fn a_server_stopped_mid_batch_leaves_it_to_the_next_one() {
     let dir = fresh_dir("restart");
     let first = start_stoppable(Setup::Default, |config| config.batch.dir = dir.clone());
     // Each request runs to its token limit (the schema needs more characters than that): the
-    // first after 8 tokens, the other four after 600, so they cannot all be done before the
-    // server is stopped. (Five of one length ran side by side and ended in the same step,
-    // between one poll and the stop.)
+    // first after 8 tokens, the other four after 200 (some seconds of steps), so they cannot all
+    // be done before the server is stopped within a poll of the first. (Five of one length ran
+    // side by side and ended in the same step, between one poll and the stop.)
     let lines: Vec<String> = (0..5)
         .map(|i| {
-            let max_tokens = if i == 0 { 8 } else { 600 };
+            let max_tokens = if i == 0 { 8 } else { 200 };
             let mut body = chat_body(&format!("Count from {i} to 1000."), max_tokens);
             body["response_format"] = unclosable_schema();
             request_line(&format!("r{i}"), body)

@@ -1,4 +1,4 @@
-//! Rewriting a GGUF file with its weights in another storage type, for the tests that check
+//! Rewriting a GGUF file with its weights in other storage types, for the tests that check
 //! how each type loads and multiplies.
 
 use std::path::Path;
@@ -11,10 +11,22 @@ use candle_core::Device;
 /// where its rows do not fit `dtype`'s blocks (dense f32 once loaded, on every load path, and
 /// half F32's bytes to write and read); vectors are kept. Returns how many are in `dtype`.
 pub fn rewrite_gguf(src: &Path, dst: &Path, dtype: GgmlDType) -> usize {
+    let types = rewrite_gguf_with(src, dst, |_, _| dtype);
+    types.iter().filter(|&&t| t == dtype).count()
+}
+
+/// Writes `src` to `dst` with each matrix in the type `choose` gives for its name and shape, or
+/// in F16 where its rows do not fit that type's blocks; vectors are kept. Returns the type each
+/// matrix was written in.
+pub fn rewrite_gguf_with(
+    src: &Path,
+    dst: &Path,
+    choose: impl Fn(&str, &[usize]) -> GgmlDType,
+) -> Vec<GgmlDType> {
     let mut file = std::fs::File::open(src).unwrap();
     // Buffered: the header is read a value at a time, and gemma3's vocabulary is 262,144 tokens.
     let content = Content::read(&mut std::io::BufReader::new(&mut file)).unwrap();
-    let mut requantized = 0;
+    let mut types = Vec::new();
     let tensors: Vec<(String, QTensor)> = content
         .tensor_infos
         .keys()
@@ -24,13 +36,14 @@ pub fn rewrite_gguf(src: &Path, dst: &Path, dtype: GgmlDType) -> usize {
             if dims.len() < 2 {
                 return (name.clone(), q);
             }
-            let fits = dims[dims.len() - 1].is_multiple_of(dtype.block_size());
-            requantized += usize::from(fits);
+            let chosen = choose(name, &dims);
+            let dtype = match dims[dims.len() - 1].is_multiple_of(chosen.block_size()) {
+                true => chosen,
+                false => GgmlDType::F16,
+            };
+            types.push(dtype);
             let w = q.dequantize(&Device::Cpu).unwrap();
-            (
-                name.clone(),
-                QTensor::quantize(&w, if fits { dtype } else { GgmlDType::F16 }).unwrap(),
-            )
+            (name.clone(), QTensor::quantize(&w, dtype).unwrap())
         })
         .collect();
     let metadata: Vec<(&str, &gguf_file::Value)> =
@@ -39,5 +52,5 @@ pub fn rewrite_gguf(src: &Path, dst: &Path, dtype: GgmlDType) -> usize {
     let mut out = std::io::BufWriter::new(std::fs::File::create(dst).unwrap());
     gguf_file::write(&mut out, &metadata, &tensors).unwrap();
     std::io::Write::flush(&mut out).unwrap();
-    requantized
+    types
 }
