@@ -44,7 +44,7 @@ fn rewritten(
     let (reference, gguf) = Reference::transformers(MODEL);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("model.gguf");
-    let types = rewrite_gguf_with(&gguf, &path, |name, _| {
+    let types = rewrite_gguf_with(&gguf, &path, |name| {
         let layer = name.strip_prefix("blk.").and_then(|rest| rest.split('.').next());
         match layer.map(|l| l.parse::<usize>().unwrap()) {
             Some(layer) => family[layer % family.len()],

@@ -11,17 +11,17 @@ use candle_core::Device;
 /// where its rows do not fit `dtype`'s blocks (dense f32 once loaded, on every load path, and
 /// half F32's bytes to write and read); vectors are kept. Returns how many are in `dtype`.
 pub fn rewrite_gguf(src: &Path, dst: &Path, dtype: GgmlDType) -> usize {
-    let types = rewrite_gguf_with(src, dst, |_, _| dtype);
+    let types = rewrite_gguf_with(src, dst, |_| dtype);
     types.iter().filter(|&&t| t == dtype).count()
 }
 
-/// Writes `src` to `dst` with each matrix in the type `choose` gives for its name and shape, or
+/// Writes `src` to `dst` with each matrix in the type `choose` gives for its name, or
 /// in F16 where its rows do not fit that type's blocks; vectors are kept. Returns the type each
 /// matrix was written in.
 pub fn rewrite_gguf_with(
     src: &Path,
     dst: &Path,
-    choose: impl Fn(&str, &[usize]) -> GgmlDType,
+    choose: impl Fn(&str) -> GgmlDType,
 ) -> Vec<GgmlDType> {
     let mut file = std::fs::File::open(src).unwrap();
     // Buffered: the header is read a value at a time, and gemma3's vocabulary is 262,144 tokens.
@@ -36,7 +36,7 @@ pub fn rewrite_gguf_with(
             if dims.len() < 2 {
                 return (name.clone(), q);
             }
-            let chosen = choose(name, &dims);
+            let chosen = choose(name);
             let dtype = match dims[dims.len() - 1].is_multiple_of(chosen.block_size()) {
                 true => chosen,
                 false => GgmlDType::F16,
