@@ -274,24 +274,31 @@ fn port_of(base_url: &str) -> anyhow::Result<u16> {
 /// (or the bench) but not the server, and has Linux stop it if this process dies without
 /// stopping it. Linux sends that signal when the *thread* that started the child ends, so a
 /// server must be started from a thread that lives as long as it should (the main thread).
+/// SIGINT, which [`ServerProcess::stop`] sends, is set back to its default: a process started as
+/// a shell's background job inherits it ignored, and a server without a handler of its own would
+/// then linger until killed.
 fn detach_from_terminal(command: &mut Command) {
     use std::os::unix::process::CommandExt;
     command.process_group(0);
     #[cfg(target_os = "linux")]
-    {
-        let parent = std::process::id();
-        // SAFETY: prctl and getppid are async-signal-safe, as pre_exec requires, and the error
-        // is built from a number, without allocating.
-        unsafe {
-            command.pre_exec(move || {
+    let parent = std::process::id();
+    // SAFETY: sigaction, prctl and getppid are async-signal-safe, as pre_exec requires, and the
+    // error is built from a number, without allocating.
+    unsafe {
+        command.pre_exec(move || {
+            let mut default: libc::sigaction = std::mem::zeroed();
+            default.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(libc::SIGINT, &default, std::ptr::null_mut());
+            #[cfg(target_os = "linux")]
+            {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
                 // A parent that died before the signal was asked for would never send it.
                 if u32::try_from(libc::getppid()).ok() != Some(parent) {
                     return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
-                Ok(())
-            });
-        }
+            }
+            Ok(())
+        });
     }
 }
 
@@ -398,6 +405,32 @@ mod tests {
         // Both runs' output is in the log.
         let log = std::fs::read_to_string(dir.path().join("serve.log")).unwrap();
         assert_eq!(log.matches("listening on").count(), 2, "{log}");
+    }
+
+    /// Started from a process that ignores SIGINT (as a shell's background job does), the
+    /// server still has SIGINT's default action, so `stop` ends it at once. The stand-in reads
+    /// its ignored signals from /proc (bit 1 is SIGINT).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_server_started_by_a_process_ignoring_sigint_does_not_ignore_it() {
+        let dir = tempfile::tempdir().unwrap();
+        // The disposition is read before the listening line, which `start` waits for.
+        let ignored = dir.path().join("ignored");
+        let listen = "printf 'listening on http://127.0.0.1:4321\\n' >&2\nexec sleep 600";
+        let then = format!("grep SigIgn /proc/$$/status > '{}'\n{listen}", ignored.display());
+        let program = stand_in(dir.path(), "", &then);
+        // SAFETY: sets and then restores this process's SIGINT disposition; children started
+        // meanwhile by other tests inherit it, which this module's own fix undoes for servers.
+        let previous = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+        let started = ServerProcess::start(command(dir.path(), program));
+        // SAFETY: as above.
+        unsafe { libc::signal(libc::SIGINT, previous) };
+        let mut server = started.unwrap();
+        server.stop();
+        let ignored = std::fs::read_to_string(ignored).unwrap();
+        let mask = u64::from_str_radix(ignored.trim().trim_start_matches("SigIgn:").trim(), 16)
+            .unwrap_or_else(|e| panic!("{ignored}: {e}"));
+        assert_eq!(mask & 0b10, 0, "SIGINT ignored by the server: {ignored}");
     }
 
     #[test]
