@@ -37,10 +37,8 @@ pub fn rewrite_gguf_with(
                 return (name.clone(), q);
             }
             let chosen = choose(name);
-            let dtype = match dims[dims.len() - 1].is_multiple_of(chosen.block_size()) {
-                true => chosen,
-                false => GgmlDType::F16,
-            };
+            let fits = dims[dims.len() - 1].is_multiple_of(chosen.block_size());
+            let dtype = if fits { chosen } else { GgmlDType::F16 };
             types.push(dtype);
             let w = q.dequantize(&Device::Cpu).unwrap();
             (name.clone(), QTensor::quantize(&w, dtype).unwrap())
