@@ -4,7 +4,9 @@
 //! macOS; DX12 on Windows). A machine without a GPU still has one when Mesa's lavapipe (a Vulkan
 //! driver that runs on the CPU) is installed, which is how CI runs every kernel.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use wgpu::{AdapterInfo, Backends, DeviceType};
 
@@ -22,6 +24,9 @@ pub struct Gpu {
     raw_adapter: wgpu::Adapter,
     limits: wgpu::Limits,
     submissions: AtomicU64,
+    /// Pipelines compiled on this device, by shader source: every model loaded on it (and every
+    /// test sharing it) compiles a kernel once; a driver may take a second to compile one.
+    pub(crate) pipelines: Mutex<HashMap<String, wgpu::ComputePipeline>>,
 }
 
 /// One adapter as a user would pick it: its index in [`Gpu::adapters`] and its description.
@@ -108,6 +113,7 @@ impl Gpu {
             raw_adapter: adapter,
             limits,
             submissions: AtomicU64::new(0),
+            pipelines: Mutex::default(),
         })
     }
 

@@ -17,24 +17,23 @@ pub(crate) struct Kernel {
 }
 
 impl Kernel {
-    /// Compiles `source`; a shader the device refuses is an `Err` naming the kernel.
+    /// Compiles `source`, or takes the pipeline this device already compiled from it; a shader
+    /// the device refuses is an `Err` naming the kernel.
     pub(crate) fn new(gpu: &Gpu, name: &'static str, source: &str) -> Result<Kernel> {
-        let pipeline = gpu
-            .checked(|| {
-                let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(name),
-                    source: wgpu::ShaderSource::Wgsl(source.into()),
-                });
-                Ok(gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(name),
-                    layout: None,
-                    module: &module,
-                    entry_point: Some("main"),
-                    compilation_options: Default::default(),
-                    cache: None,
-                }))
-            })
-            .map_err(|e| GpuError::Device(format!("kernel {name} did not compile: {e}")))?;
+        let compiled = gpu.pipelines.lock().unwrap_or_else(|e| e.into_inner()).get(source).cloned();
+        let pipeline = match compiled {
+            Some(pipeline) => pipeline,
+            // Compiled without the lock held, so that threads compile different kernels at
+            // once; two compiling the same one keep either.
+            None => {
+                let pipeline = compile(gpu, name, source)?;
+                gpu.pipelines
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(source.to_owned(), pipeline.clone());
+                pipeline
+            }
+        };
         Ok(Kernel { name, pipeline })
     }
 
@@ -77,6 +76,24 @@ impl Kernel {
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(workgroups.min(GRID_X), workgroups.div_ceil(GRID_X), z);
     }
+}
+
+fn compile(gpu: &Gpu, name: &'static str, source: &str) -> Result<wgpu::ComputePipeline> {
+    gpu.checked(|| {
+        let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        Ok(gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(name),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        }))
+    })
+    .map_err(|e| GpuError::Device(format!("kernel {name} did not compile: {e}")))
 }
 
 /// A count as a `u32` for the device, or an error naming what overflowed.

@@ -220,17 +220,17 @@ fn smollm2_against_the_cpu(steps: usize) {
     assert!(worst <= SMOLLM2_LOGIT_TOLERANCE, "logits differ by {worst}");
 }
 
-/// Lavapipe runs SmolLM2 at ~14 s a token on two busy cores (debug test build), so CI checks
-/// the prompt and one decode step; the 64-step run is `smollm2_for_64_greedy_steps`.
+/// Lavapipe runs SmolLM2 at ~1.3 s a token on two cores (test build), so CI checks the prompt
+/// and one decode step; the 64-step run is `smollm2_for_64_greedy_steps`.
 #[test]
 fn smollm2_on_the_gpu_decodes_the_cpu_paths_greedy_tokens() {
     smollm2_against_the_cpu(2);
 }
 
-/// The full check (about 30 minutes on lavapipe; minutes on a GPU): 64 greedy steps,
-/// and a sequence bitwise the same alone and among others.
+/// The full check (~1.5 minutes on lavapipe; seconds on a GPU): 64 greedy steps, and a
+/// sequence bitwise the same alone and among others.
 #[test]
-#[ignore = "30 minutes on lavapipe; run with --ignored"]
+#[ignore = "1.5 minutes on lavapipe; run with --ignored"]
 fn smollm2_for_64_greedy_steps() {
     smollm2_against_the_cpu(64);
     let Some(device) = gpu_or_skip() else { return };
@@ -248,9 +248,9 @@ fn smollm2_for_64_greedy_steps() {
 }
 
 /// Qwen2.5-Coder-0.5B (Q4_K_M: Q4_K, Q6_K and Q8_0 weights, q/k/v biases, tied embeddings)
-/// against the CPU's f32 path. About a minute a token on lavapipe, so not in CI.
+/// against the CPU's f32 path. About 20 s on lavapipe (two tokens), so not in CI.
 #[test]
-#[ignore = "minutes on lavapipe; run with --ignored"]
+#[ignore = "20 s on lavapipe; run with --ignored"]
 fn qwen25_on_the_gpu_matches_the_cpu_f32_path() {
     let Some(device) = gpu_or_skip() else { return };
     let path = spindle_hub::pull("qwen2.5-coder-0.5b", &spindle_hub::spindle_home()).unwrap();
