@@ -41,6 +41,7 @@ mod q6_k;
 mod quantized;
 mod qwen3_next;
 pub mod random_dense;
+pub mod random_gemma;
 pub mod random_hybrid;
 mod rollback;
 mod rope;

@@ -5,11 +5,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::{Device, Tensor};
-use rand::Rng;
+use spindle_models::random_gemma::{write_random_gemma, GemmaShape};
 use spindle_models::{BatchEntry, CausalLm, KvType, PagedKv, RecurrentState, SequenceCache};
 
-use crate::harness::{gpu_or_skip, rng, same_bits};
+use crate::harness::{gpu_or_skip, same_bits};
 use crate::model::{agreement, greedy_on_gpu, load_on_gpu};
 
 /// Largest logit difference on the tiny f32 Gemma (measured on lavapipe: 5.7e-6 over 13 steps;
@@ -20,54 +19,10 @@ const TINY_GEMMA_LOGIT_TOLERANCE: f32 = 1e-4;
 /// The tiny model's sliding window: the prompt alone is longer.
 const WINDOW: usize = 8;
 
-/// A random Gemma 3 checkpoint (HF layout, f32, tied head): three layers, the third global
-/// (pattern 3), two query heads over one key/value head of 64, `query_pre_attn_scalar` unlike
-/// the head width, norms of HF's `w` (a `1 + w` scale) away from 0 so a lost offset shows.
+/// A random Gemma 3 checkpoint with a window of [`WINDOW`] (`GemmaShape::tiny`: three layers,
+/// the third global, a tied 512-row head).
 fn write_tiny_gemma(dir: &Path, seed: u64) {
-    let (vocab, hidden, layers, heads, head_dim, intermediate) = (512, 64, 3, 2, 64, 128);
-    let config = format!(
-        r#"{{"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
-        "vocab_size": {vocab}, "hidden_size": {hidden}, "intermediate_size": {intermediate},
-        "num_hidden_layers": {layers}, "num_attention_heads": {heads}, "num_key_value_heads": 1,
-        "head_dim": {head_dim}, "query_pre_attn_scalar": 48, "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "sliding_window": {WINDOW},
-        "sliding_window_pattern": 3, "max_position_embeddings": 1024,
-        "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": true,
-        "torch_dtype": "float32"}}"#
-    );
-    std::fs::write(dir.join("config.json"), config).unwrap();
-    let mut rng = rng(seed);
-    let mut random = |shape: &[usize], bound: f32| {
-        let values: Vec<f32> =
-            (0..shape.iter().product()).map(|_| rng.random_range(-bound..bound)).collect();
-        Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
-    };
-    let mut tensors = std::collections::HashMap::new();
-    tensors.insert("model.embed_tokens.weight".to_string(), random(&[vocab, hidden], 1.0));
-    tensors.insert("model.norm.weight".to_string(), random(&[hidden], 0.5));
-    let (q_width, matrix) = (heads * head_dim, |cols: usize| (3.0 / cols as f32).sqrt());
-    for i in 0..layers {
-        let p = format!("model.layers.{i}");
-        let mut add = |name: &str, t: Tensor| tensors.insert(format!("{p}.{name}.weight"), t);
-        add("self_attn.q_proj", random(&[q_width, hidden], matrix(hidden)));
-        add("self_attn.k_proj", random(&[head_dim, hidden], matrix(hidden)));
-        add("self_attn.v_proj", random(&[head_dim, hidden], matrix(hidden)));
-        add("self_attn.o_proj", random(&[hidden, q_width], matrix(q_width)));
-        add("mlp.gate_proj", random(&[intermediate, hidden], matrix(hidden)));
-        add("mlp.up_proj", random(&[intermediate, hidden], matrix(hidden)));
-        add("mlp.down_proj", random(&[hidden, intermediate], matrix(intermediate)));
-        add("self_attn.q_norm", random(&[head_dim], 0.5));
-        add("self_attn.k_norm", random(&[head_dim], 0.5));
-        for norm in [
-            "input_layernorm",
-            "post_attention_layernorm",
-            "pre_feedforward_layernorm",
-            "post_feedforward_layernorm",
-        ] {
-            add(norm, random(&[hidden], 0.5));
-        }
-    }
-    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
+    write_random_gemma(dir, &GemmaShape::tiny(512, WINDOW), seed).unwrap();
 }
 
 #[test]
