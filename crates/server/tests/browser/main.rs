@@ -127,10 +127,10 @@ async fn the_chat_page_streams_stops_keeps_branches_and_sends_its_settings() {
     let page = wait_until(&client, "the model list", |p| !p.models.is_empty()).await;
     assert_eq!(page.models, [MODEL]);
     screenshot(&client, "01-empty").await;
-    // SmolLM2 can ramble to the end of its context; 256 tokens keep the run short and still
-    // leave a count of a thousand numbers long enough to stop.
+    // SmolLM2 can ramble to the end of its context; 96 tokens keep the run short and still
+    // leave a count of a thousand numbers (two seconds of it) long enough to stop.
     click(&client, "#open-settings").await;
-    type_into(&client, "#set-max_tokens", "256").await;
+    type_into(&client, "#set-max_tokens", "96").await;
     click(&client, "#close-settings").await;
 
     // A question; the answer is seen while it streams, then whole, with its statistics.
@@ -227,7 +227,7 @@ async fn the_chat_page_streams_stops_keeps_branches_and_sends_its_settings() {
         "{received:?}"
     );
     assert!(
-        received[..before].iter().all(|r| r.seed.is_none() && r.max_tokens == 256),
+        received[..before].iter().all(|r| r.seed.is_none() && r.max_tokens == 96),
         "{received:?}"
     );
     screenshot(&client, "10-with-settings").await;
