@@ -46,7 +46,7 @@ pub fn open(choice: DeviceChoice) -> anyhow::Result<Option<Arc<Gpu>>> {
 pub fn announce_line(gpu: &Gpu) -> String {
     format!(
         "GPU {}: model steps run here, keys and values in f32 on the device; a hybrid model's \
-         DeltaNet states stay in host memory and go to the device and back every step",
+         DeltaNet states stay there between steps, read back only for prefix-cache snapshots",
         gpu.adapter()
     )
 }

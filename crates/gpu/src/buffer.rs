@@ -43,6 +43,12 @@ impl Gpu {
         Ok(GpuTensor { buffer, len: values.len() })
     }
 
+    /// Overwrites `tensor`'s values from `at` on with `values`, before the next submission
+    /// runs (the caller keeps within the tensor).
+    pub(crate) fn write(&self, tensor: &GpuTensor, at: usize, values: &[f32]) {
+        self.queue.write_buffer(&tensor.buffer, (at * 4) as u64, bytemuck::cast_slice(values));
+    }
+
     /// A device tensor of `len` zeros.
     pub fn zeros(&self, len: usize) -> Result<GpuTensor> {
         self.upload(&vec![0.0; len])

@@ -47,9 +47,9 @@ mod matmul;
 mod moe;
 mod norm;
 mod placement;
+mod resident_states;
 mod rope;
 mod step;
-mod step_states;
 
 pub use attention::{
     Attention, AttentionShape, KvCache, KvPool, PagedRows, QueryPlace, MAX_HEAD_DIM,
@@ -71,5 +71,6 @@ pub use matmul::{Embed, GatheredMatmul, GpuMatrix, Matmul, WeightFormat};
 pub use moe::{MoeRoute, MAX_TOP_K};
 pub use norm::{GatedRmsNorm, L2Norm, RmsNorm};
 pub use placement::{MemoryLimit, ModelBytes, Placement, PlacementRefused, PlacementRequest};
+pub use resident_states::StateTraffic;
 pub use rope::{Rope, RopePairs, RopeShape, RopeTable};
 pub use step::{Readback, Step};

@@ -58,6 +58,11 @@ impl DeltaNetShape {
         (self.conv_kernel - 1) * self.conv_channels()
     }
 
+    /// Values one sequence keeps in a layer: its convolution window and its matrices.
+    pub fn state_len(&self) -> usize {
+        self.conv_state_len() + self.recurrent_state_len()
+    }
+
     /// Values of one sequence's delta-rule matrices, `k_dim × v_dim` per value head.
     pub fn recurrent_state_len(&self) -> usize {
         self.v_heads * self.k_dim * self.v_dim

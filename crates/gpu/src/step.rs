@@ -52,16 +52,46 @@ impl Step<'_> {
 
     /// Copies `tensor`'s values as they are at this point of the step to the host.
     pub fn read(&mut self, tensor: &GpuTensor) -> Readback {
-        let size = (tensor.len().max(1) * 4) as u64;
+        self.read_values(tensor, 0, tensor.len())
+    }
+
+    /// Copies values `from..from + len` of `tensor` as they are at this point of the step to
+    /// the host.
+    pub(crate) fn read_range(
+        &mut self,
+        tensor: &GpuTensor,
+        from: usize,
+        len: usize,
+    ) -> Result<Readback> {
+        if from + len > tensor.len() {
+            return Err(GpuError::BadInput(format!(
+                "{len} values from {from} of {}",
+                tensor.len()
+            )));
+        }
+        Ok(self.read_values(tensor, from, len))
+    }
+
+    fn read_values(&mut self, tensor: &GpuTensor, from: usize, len: usize) -> Readback {
+        let size = (len.max(1) * 4) as u64;
         let buffer = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size,
             usage: BufferUsages::MAP_READ | BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.encoder.copy_buffer_to_buffer(&tensor.buffer, 0, &buffer, 0, size);
+        if len > 0 {
+            let bytes = (len * 4) as u64;
+            self.encoder.copy_buffer_to_buffer(
+                &tensor.buffer,
+                (from * 4) as u64,
+                &buffer,
+                0,
+                bytes,
+            );
+        }
         self.readbacks.push(buffer.clone());
-        Readback { buffer, len: tensor.len() }
+        Readback { buffer, len }
     }
 
     /// Copies values `from..from + len` of `src` to `dst` from value `to` on.

@@ -3,7 +3,7 @@
 //! attention keys/values live in a [`PagedKv`], and for linear-attention layers their recurrent
 //! state.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::{Device, Tensor};
 
@@ -82,12 +82,30 @@ impl RecurrentState {
     }
 }
 
+/// A recurrent state that a model on a device moved on and still holds there: the host reads
+/// it back only when it needs it (a snapshot, the disk tier, a pass on the CPU), not after
+/// every step.
+pub trait DeviceRecurrentState: Send + Sync {
+    /// The state's numbers, laid out as [`RecurrentState::to_floats`] writes them.
+    fn floats(&self) -> Result<Vec<f32>>;
+    /// So that the model that made it knows its own.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// The device's state, and the host's copy once read.
+struct DeviceHeld {
+    state: Arc<dyn DeviceRecurrentState>,
+    read: OnceLock<RecurrentState>,
+}
+
 /// Everything a sequence has processed: positions `0..len` in the blocks of its block table,
 /// and the recurrent state after position `len - 1`.
 pub struct SequenceCache {
     kv: Arc<PagedKv>,
     blocks: Vec<u32>,
+    /// The state, unless `on_device` holds a later one (then only its shape counts).
     recurrent: RecurrentState,
+    on_device: Option<DeviceHeld>,
     /// What the recurrent layers kept of the latest pass that verified drafts.
     rollback: Rollback,
     len: usize,
@@ -110,7 +128,7 @@ impl SequenceCache {
         let kv = Arc::new(PagedKv::new(shapes, kind, blocks, STANDALONE_BLOCK));
         let rollback = Rollback::new(&recurrent.0);
         let blocks = (0..blocks as u32).collect();
-        Self { kv, blocks, recurrent, rollback, len: 0, limit, hidden: None }
+        Self { kv, blocks, recurrent, on_device: None, rollback, len: 0, limit, hidden: None }
     }
 
     /// A cache that has processed positions `0..len`, whose keys/values are in `blocks` of the
@@ -124,7 +142,7 @@ impl SequenceCache {
         limit: usize,
     ) -> Self {
         let rollback = Rollback::new(&recurrent.0);
-        Self { kv, blocks, recurrent, rollback, len, limit, hidden: None }
+        Self { kv, blocks, recurrent, on_device: None, rollback, len, limit, hidden: None }
     }
 
     /// Positions already processed.
@@ -161,8 +179,18 @@ impl SequenceCache {
         (self.len + new_tokens).div_ceil(self.kv.block_size()).saturating_sub(self.blocks.len())
     }
 
+    /// The recurrent state; one a device holds is read back on the first call after each step.
+    /// A device that cannot give it back (lost) ends the engine with the reason.
     pub fn recurrent(&self) -> &RecurrentState {
-        &self.recurrent
+        match &self.on_device {
+            None => &self.recurrent,
+            Some(held) => held.read.get_or_init(|| {
+                let read = held.state.floats().and_then(|f| self.recurrent.with_floats(&f));
+                read.unwrap_or_else(|e| {
+                    panic!("reading a recurrent state back from its device: {e}")
+                })
+            }),
+        }
     }
 
     /// Replaces the recurrent state with `floats`, laid out as
@@ -170,7 +198,30 @@ impl SequenceCache {
     /// a device, hands it back here); a state of another shape is refused.
     pub fn set_recurrent_floats(&mut self, floats: &[f32]) -> Result<()> {
         self.recurrent = self.recurrent.with_floats(floats)?;
+        self.on_device = None;
         Ok(())
+    }
+
+    /// The recurrent state is now `state`, which a device moved on and keeps: the host copy is
+    /// out of date until [`recurrent`](Self::recurrent) reads it back.
+    pub fn hold_recurrent_on_device(&mut self, state: Arc<dyn DeviceRecurrentState>) {
+        self.on_device = Some(DeviceHeld { state, read: OnceLock::new() });
+    }
+
+    /// The device's state, when a device holds the latest one.
+    pub fn recurrent_on_device(&self) -> Option<&Arc<dyn DeviceRecurrentState>> {
+        self.on_device.as_ref().map(|held| &held.state)
+    }
+
+    /// The state on the host, to move it on here: a device's is read back and let go.
+    fn host_recurrent(&mut self) -> Result<&mut RecurrentState> {
+        if let Some(held) = self.on_device.take() {
+            self.recurrent = match held.read.into_inner() {
+                Some(read) => read,
+                None => self.recurrent.with_floats(&held.state.floats()?)?,
+            };
+        }
+        Ok(&mut self.recurrent)
     }
 
     /// From the next pass on, keeps the final hidden states (what the LM head reads, after the
@@ -240,7 +291,7 @@ impl SequenceCache {
         let mut copy = Self::standalone(
             &self.kv.shapes(),
             self.kv.kv_type(),
-            self.recurrent.clone(),
+            self.recurrent().clone(),
             self.limit,
         );
         self.kv.copy_sequence(&self.blocks, self.len, &copy.kv, &copy.blocks)?;
@@ -251,6 +302,7 @@ impl SequenceCache {
     /// Linear-attention layer `layer`'s part of a pass: its recurrent state, and where it keeps
     /// the state after each position when the pass verifies drafts (`verifying`).
     pub(crate) fn linear_run(&mut self, layer: usize, verifying: bool) -> Result<LinearRun<'_>> {
+        self.host_recurrent()?;
         let state = self.recurrent.0.get_mut(layer).and_then(Option::as_mut).ok_or_else(|| {
             ModelError::BadConfig(format!("layer {layer} has no linear-attention state"))
         })?;
@@ -280,11 +332,14 @@ impl SequenceCache {
         if len >= self.len {
             return Ok(());
         }
-        if !self.recurrent.is_empty() && !self.rollback.go_back(len, &mut self.recurrent.0) {
-            return Err(ModelError::BadConfig(format!(
-                "the recurrent state cannot go back to position {len}: only to one of the \
-                 latest pass that verified drafts"
-            )));
+        if !self.recurrent.is_empty() {
+            self.host_recurrent()?;
+            if !self.rollback.go_back(len, &mut self.recurrent.0) {
+                return Err(ModelError::BadConfig(format!(
+                    "the recurrent state cannot go back to position {len}: only to one of the \
+                     latest pass that verified drafts"
+                )));
+            }
         }
         if let Some((from, rows)) = &mut self.hidden {
             let width = rows.len().checked_div(self.len - *from).unwrap_or(0);

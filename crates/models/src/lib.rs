@@ -56,7 +56,7 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file;
 
-pub use cache::{RecurrentState, SequenceCache};
+pub use cache::{DeviceRecurrentState, RecurrentState, SequenceCache};
 pub use config::{Architecture, TransformerConfig};
 pub use draft_head::{DraftHead, HeadRows};
 pub use error::{ModelError, Result};

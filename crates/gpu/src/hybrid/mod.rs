@@ -3,7 +3,8 @@
 //! mixer(norm(x))` (Gated DeltaNet or gated full attention), then `x += ffn(norm(x))` (the
 //! sparse MoE with its shared expert, or a dense MLP); the file's norms already hold the
 //! zero-centred `1 + w`. Keys and values sit in device pools that mirror the callers' `PagedKv`;
-//! the DeltaNet states go up from the caches and come back with the logits. One step of
+//! the DeltaNet states stay on the device between steps, each cache holding its slot
+//! (`resident_states`). One step of
 //! [`CausalLm::forward_batch`] is one submission, plus one for each block whose routed experts
 //! a [`Placement`] left in system RAM: the step stops before them, they run on the CPU, and the
 //! next submission goes on from their sum.
@@ -31,9 +32,9 @@ use crate::matmul::{Embed, GpuMatrix};
 use crate::moe::{FeedForwardKernels, GatedMlp, RoutedExperts, SparseMoe};
 use crate::norm::RmsNorm;
 use crate::placement::Placement;
+use crate::resident_states::{ResidentStates, StateTraffic};
 use crate::rope::RopeAngles;
 use crate::step::rows_per_range;
-use crate::step_states::StepStates;
 use parts::StepInputs;
 
 enum TokenMixer {
@@ -76,8 +77,8 @@ pub struct GpuHybrid {
     layers: Vec<Layer>,
     norm: GpuTensor,
     rotary: Rotary,
-    linear_shape: DeltaNetShape,
     pools: KvPools,
+    states: ResidentStates,
 }
 
 impl GpuHybrid {
@@ -164,6 +165,8 @@ impl GpuHybrid {
             FeedForward::Moe(moe) => moe.stacks(),
             FeedForward::Dense(_) => Vec::new(),
         });
+        let linear_layers = cfg.layer_types().iter().filter(|&&m| m == Mixer::Linear).count();
+        let states = ResidentStates::new(gpu.clone(), linear_shape, linear_layers);
         let kernels = (|| {
             Ok(Kernels {
                 products: Products::new(&gpu, matrices)?,
@@ -191,13 +194,15 @@ impl GpuHybrid {
             head,
             layers,
             norm,
-            linear_shape,
             pools: KvPools::default(),
+            states,
         })
     }
 
-    fn linear_layers(&self) -> usize {
-        self.layers.iter().filter(|l| matches!(l.mixer, TokenMixer::Linear(_))).count()
+    /// The DeltaNet states moved between the caches and the device so far: uploaded when a
+    /// sequence comes with a state the device does not hold, read back when a cache asks.
+    pub fn state_traffic(&self) -> StateTraffic {
+        self.states.traffic()
     }
 }
 
@@ -238,11 +243,9 @@ impl CausalLm for GpuHybrid {
         }
         let wanted = spindle_models::logit_rows(batch, &rows);
         let angles = RopeAngles::of_batch(&self.rotary, batch);
-        let states =
-            StepStates::upload(&self.gpu, self.linear_shape, self.linear_layers(), batch, &rows)
-                .map_err(model_error)?;
+        let states = self.states.claim(batch, &rows).map_err(model_error)?;
         let groups = self.pools.groups(&self.gpu, &self.kv_shapes(), batch).map_err(model_error)?;
-        let (logits, read) = (|| {
+        let logits = (|| {
             let rope = angles.upload(&self.gpu)?;
             let inputs = StepInputs {
                 ids: &ids,
@@ -255,7 +258,7 @@ impl CausalLm for GpuHybrid {
         })()
         .map_err(model_error)?;
         let logits = logits.values().map_err(model_error)?;
-        read.write_back(batch)?;
+        states.hand_over(batch);
         for entry in batch.iter_mut() {
             entry.cache.advance(entry.tokens.len());
         }

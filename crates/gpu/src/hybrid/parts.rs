@@ -9,13 +9,13 @@ use std::sync::Arc;
 use super::{FeedForward, GpuHybrid, TokenMixer};
 use crate::attention::PagedRows;
 use crate::buffer::GpuTensor;
-use crate::error::{GpuError, Result};
+use crate::error::Result;
 use crate::host_experts::HostExperts;
 use crate::kv_pools::LayerPools;
 use crate::moe::{MoeStart, RoutedExperts};
+use crate::resident_states::StepSlots;
 use crate::rope::RopeTable;
 use crate::step::{Readback, Step};
-use crate::step_states::{ReadStates, StepStates};
 
 impl GpuHybrid {
     /// Records a step's part: from the embedding (`Start::Embedding`) or from a block whose
@@ -51,9 +51,7 @@ impl GpuHybrid {
             let h = k.norm.forward(step, &x, &layer.input_norm, eps)?;
             let mixed = match &layer.mixer {
                 TokenMixer::Linear(net) => {
-                    let layer_states = inputs.states.layers.get(linear_slot).ok_or_else(|| {
-                        GpuError::BadInput("fewer linear-attention states than layers".into())
-                    })?;
+                    let layer_states = inputs.states.layer(linear_slot)?;
                     let kernels = (&k.products, &k.linear);
                     net.forward(step, kernels, &h, layer_states, &inputs.states.runs)?
                 }
@@ -89,16 +87,16 @@ impl GpuHybrid {
         let normed = k.norm.forward(step, &picked, &self.norm, eps)?;
         let logits =
             k.products.forward(step, self.head.as_ref().unwrap_or(&self.embed), &normed)?;
-        Ok(Stop::Logits(step.read(&logits), inputs.states.read(step)))
+        Ok(Stop::Logits(step.read(&logits)))
     }
 
     /// Runs a step's submissions, the routed experts in system RAM between them, to the
-    /// logits and the states as they are after the step.
-    pub(super) fn run_step(&self, inputs: &StepInputs<'_>) -> Result<(Readback, ReadStates)> {
+    /// logits (the states stay on the device, moved on).
+    pub(super) fn run_step(&self, inputs: &StepInputs<'_>) -> Result<Readback> {
         let mut start = Start::Embedding;
         loop {
             match self.gpu.run(|step| self.record(step, inputs, start))? {
-                Stop::Logits(logits, states) => return Ok((logits, states)),
+                Stop::Logits(logits) => return Ok(logits),
                 Stop::HostExperts(paused) => {
                     let Paused { block, rows, ids, weights, x, moe, experts, top_k } = *paused;
                     let (rows, ids, weights) = (rows.values()?, ids.words()?, weights.values()?);
@@ -117,7 +115,7 @@ pub(super) struct StepInputs<'a> {
     pub(super) ids: &'a [u32],
     pub(super) groups: &'a [(Arc<LayerPools>, PagedRows)],
     pub(super) rope: &'a RopeTable,
-    pub(super) states: &'a StepStates,
+    pub(super) states: &'a StepSlots<'a>,
     pub(super) wanted: &'a [(usize, usize)],
 }
 
@@ -138,8 +136,8 @@ struct Resume {
 
 /// Where a step's part stopped.
 enum Stop<'m> {
-    /// The step is done: its logits and states, read.
-    Logits(Readback, ReadStates),
+    /// The step is done: its logits, read.
+    Logits(Readback),
     /// Before a block's routed experts in system RAM.
     HostExperts(Box<Paused<'m>>),
 }

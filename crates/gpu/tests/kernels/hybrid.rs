@@ -163,6 +163,57 @@ fn bad_input_to_the_hybrid_is_refused_and_changes_no_cache() {
     assert_eq!(cache.recurrent(), &state, "a refused step moved a state on");
 }
 
+/// A decoding sequence's DeltaNet states stay on the device: uploaded once as it starts and
+/// read back only when its cache is asked for them (as for a snapshot), with the bits of a run
+/// whose states go to the host and back every step; a finished sequence's slot is the next
+/// one's.
+#[test]
+fn decoding_keeps_the_deltanet_states_on_the_device_until_the_host_asks() {
+    let Some(device) = gpu_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = load_on_gpu(&tiny_hybrid(dir.path()), device.clone());
+    let steps: [&[u32]; 4] = [&[1, 2, 3], &[4], &[5], &[6]];
+    let mut resident = gpu.new_cache(64);
+    let mut logits = Vec::new();
+    for tokens in &steps[..3] {
+        logits.push(gpu.forward(tokens, &mut resident).unwrap());
+    }
+    let traffic = gpu.state_traffic();
+    assert_eq!((traffic.uploads, traffic.downloads), (1, 0), "{traffic:?}");
+    // Through the host every step: the cache's state read back and set again (which lets the
+    // device's go), so each step uploads it.
+    let mut round_trips = gpu.new_cache(64);
+    for (step, tokens) in steps[..3].iter().enumerate() {
+        let got = gpu.forward(tokens, &mut round_trips).unwrap();
+        same_bits(&format!("step {step} resident and through the host"), &logits[step], &got);
+        let floats = round_trips.recurrent().to_floats();
+        round_trips.set_recurrent_floats(&floats).unwrap();
+    }
+    let traffic = gpu.state_traffic();
+    assert_eq!((traffic.uploads, traffic.downloads), (4, 3), "{traffic:?}");
+    // Asked for its state (as for a prefix-cache snapshot), the resident cache reads it back
+    // once and keeps it on the device for the next step.
+    assert_eq!(resident.recurrent(), round_trips.recurrent());
+    assert_eq!(resident.recurrent(), round_trips.recurrent());
+    let next = gpu.forward(steps[3], &mut resident).unwrap();
+    same_bits("the step after", &next, &gpu.forward(steps[3], &mut round_trips).unwrap());
+    let traffic = gpu.state_traffic();
+    assert_eq!((traffic.uploads, traffic.downloads), (5, 4), "{traffic:?}");
+    // Sequences one after another reuse the slots the finished ones held; held at once, they
+    // take more.
+    let slots = traffic.slots;
+    drop((resident, round_trips));
+    for _ in 0..2 * slots {
+        gpu.forward(&[7, 8], &mut gpu.new_cache(64)).unwrap();
+    }
+    assert_eq!(gpu.state_traffic().slots, slots, "slots of finished sequences reused");
+    let mut held: Vec<SequenceCache> = (0..slots + 1).map(|_| gpu.new_cache(64)).collect();
+    for cache in &mut held {
+        gpu.forward(&[7, 8], cache).unwrap();
+    }
+    assert!(gpu.state_traffic().slots > slots, "{:?}", gpu.state_traffic());
+}
+
 /// Largest logit difference from transformers' float32 logits on the hybrid fixtures, the
 /// CPU's own bound there (measured on lavapipe: qwen3_next 6.2e-5, qwen3_5_moe 3.6e-4, qwen3_5
 /// 7.5e-5; the CPU's 1.1e-4 to 3.0e-4; transformers' two f32 paths differ by up to 2e-4;

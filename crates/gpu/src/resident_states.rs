@@ -1,0 +1,236 @@
+//! The Gated DeltaNet states of a hybrid's sequences, kept on the device between steps. Each
+//! sequence's states sit in a slot of one buffer per layer while its cache holds a
+//! [`SlotState`] naming that slot, so a decode step moves no state across the bus (Qwen3.5-35B-A3B
+//! keeps ~60 MB a sequence). The host reads a slot back only when the cache asks for its state
+//! (a snapshot, the disk tier); a cache that comes with a state the device does not hold (a new
+//! sequence, one resumed from a snapshot) has it uploaded into a free slot. A slot is free once
+//! no cache holds it; the slots grow with the sequences held at once. A step that fails after
+//! a submission leaves its sequences' states partly moved on: the engine ends the sequences of
+//! a failed step.
+
+use std::any::Any;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use spindle_models::{BatchEntry, DeviceRecurrentState, RowRange};
+
+use crate::device::Gpu;
+use crate::error::{GpuError, Result};
+use crate::linear_state::{DeltaNetShape, LinearRun, LinearRuns, LinearStates};
+use crate::loading::model_error;
+
+/// Every linear-attention layer's states of the sequences one model holds on a device.
+pub(crate) struct ResidentStates {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    gpu: Arc<Gpu>,
+    shape: DeltaNetShape,
+    layers: usize,
+    slots: Mutex<Slots>,
+}
+
+struct Slots {
+    /// One per linear-attention layer, each with `holders.len()` slots.
+    states: Vec<LinearStates>,
+    /// The state in each slot, as its cache holds it (none left: the slot is free).
+    holders: Vec<Weak<SlotState>>,
+    /// Slots written from the host and read back to it so far.
+    traffic: StateTraffic,
+}
+
+/// The slots a model keeps states in, and the states moved between host and device (a
+/// sequence's every layer counts once).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateTraffic {
+    pub slots: usize,
+    pub uploads: u64,
+    pub downloads: u64,
+}
+
+/// A sequence's states in slot `slot` on the device, as its cache holds them.
+pub(crate) struct SlotState {
+    shared: Arc<Shared>,
+    slot: usize,
+}
+
+impl DeviceRecurrentState for SlotState {
+    fn floats(&self) -> spindle_models::Result<Vec<f32>> {
+        self.shared.download(self.slot).map_err(model_error)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A step's slots: the states' buffers (locked for the step), which slot each entry's rows
+/// continue from, and the states to hand the caches once it has run.
+pub(crate) struct StepSlots<'a> {
+    slots: MutexGuard<'a, Slots>,
+    pub(crate) runs: LinearRuns,
+    held: Vec<Arc<dyn DeviceRecurrentState>>,
+}
+
+impl StepSlots<'_> {
+    /// Linear-attention layer `layer`'s states (numbered among those layers).
+    pub(crate) fn layer(&self, layer: usize) -> Result<&LinearStates> {
+        self.slots
+            .states
+            .get(layer)
+            .ok_or_else(|| GpuError::BadInput("fewer linear-attention states than layers".into()))
+    }
+
+    /// Once the step has run: each entry's cache holds its state in its slot.
+    pub(crate) fn hand_over(self, batch: &mut [BatchEntry<'_>]) {
+        for (entry, state) in batch.iter_mut().zip(self.held) {
+            entry.cache.hold_recurrent_on_device(state);
+        }
+    }
+}
+
+impl ResidentStates {
+    /// No slots yet: the first step makes them.
+    pub(crate) fn new(gpu: Arc<Gpu>, shape: DeltaNetShape, layers: usize) -> Self {
+        let slots = Slots { states: Vec::new(), holders: Vec::new(), traffic: Default::default() };
+        ResidentStates { shared: Arc::new(Shared { gpu, shape, layers, slots: Mutex::new(slots) }) }
+    }
+
+    pub(crate) fn traffic(&self) -> StateTraffic {
+        let slots = self.shared.lock();
+        StateTraffic { slots: slots.holders.len(), ..slots.traffic }
+    }
+
+    /// A slot for each entry (`rows`: its rows of the step): the one its cache holds, or a free
+    /// one its state is uploaded into. A cache whose state has another shape (another model's)
+    /// is refused before anything changes.
+    pub(crate) fn claim<'a>(
+        &'a self,
+        batch: &[BatchEntry<'_>],
+        rows: &[RowRange],
+    ) -> Result<StepSlots<'a>> {
+        let shared = &self.shared;
+        let per_sequence = shared.layers * shared.shape.state_len();
+        // Read before the lock: a cache may hold a state another device keeps.
+        let arriving: Vec<Option<Vec<f32>>> = batch
+            .iter()
+            .map(|e| match self.slot_of(e) {
+                Some(_) => Ok(None),
+                None => {
+                    let floats = e.cache.recurrent().to_floats();
+                    if floats.len() != per_sequence {
+                        return Err(GpuError::BadInput(format!(
+                            "a cache with a recurrent state of {} numbers for a model whose {} \
+                             linear-attention layers hold {per_sequence} in all",
+                            floats.len(),
+                            shared.layers
+                        )));
+                    }
+                    Ok(Some(floats))
+                }
+            })
+            .collect::<Result<_>>()?;
+        let mut slots = shared.lock();
+        let mut claimed = Vec::with_capacity(batch.len());
+        let mut held: Vec<Arc<dyn DeviceRecurrentState>> = Vec::with_capacity(batch.len());
+        for (entry, floats) in batch.iter().zip(arriving) {
+            match (self.slot_of(entry), floats) {
+                (Some(slot), _) => {
+                    claimed.push(slot);
+                    held.push(entry.cache.recurrent_on_device().expect("held").clone());
+                }
+                (None, floats) => {
+                    let floats = floats.expect("read above");
+                    let slot = shared.free_slot(&mut slots, &claimed)?;
+                    shared.write(&mut slots, slot, &floats);
+                    let state = Arc::new(SlotState { shared: shared.clone(), slot });
+                    slots.holders[slot] = Arc::downgrade(&state);
+                    claimed.push(slot);
+                    held.push(state);
+                }
+            }
+        }
+        let runs = rows
+            .iter()
+            .zip(&claimed)
+            .map(|(&(first_row, rows), &slot)| LinearRun { first_row, rows, slot })
+            .collect();
+        Ok(StepSlots { slots, runs: LinearRuns::upload(&shared.gpu, runs)?, held })
+    }
+
+    /// The slot of the state `entry`'s cache holds here, if it holds one of these.
+    fn slot_of(&self, entry: &BatchEntry<'_>) -> Option<usize> {
+        let state = entry.cache.recurrent_on_device()?.as_any().downcast_ref::<SlotState>()?;
+        Arc::ptr_eq(&state.shared, &self.shared).then_some(state.slot)
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A slot no cache holds and no entry of this step has, growing the buffers when there is
+    /// none.
+    fn free_slot(&self, slots: &mut Slots, claimed: &[usize]) -> Result<usize> {
+        let free = (0..slots.holders.len())
+            .find(|s| slots.holders[*s].strong_count() == 0 && !claimed.contains(s));
+        if let Some(slot) = free {
+            return Ok(slot);
+        }
+        // Four at a time: a grown buffer is a copy of all the states, and placement reserves
+        // states for the sequences that run at once, not twice as many.
+        let (old, new) = (slots.holders.len(), slots.holders.len() + 4);
+        let grown = (0..self.layers)
+            .map(|_| LinearStates::zeros(&self.gpu, self.shape, new))
+            .collect::<Result<Vec<_>>>()?;
+        if old > 0 {
+            self.gpu.run(|step| {
+                for (from, to) in slots.states.iter().zip(&grown) {
+                    step.copy(&from.conv, 0, &to.conv, 0, from.conv.len())?;
+                    step.copy(&from.recurrent, 0, &to.recurrent, 0, from.recurrent.len())?;
+                }
+                Ok(())
+            })?;
+        }
+        slots.states = grown;
+        slots.holders.resize(new, Weak::new());
+        Ok(old)
+    }
+
+    /// Puts a sequence's states (every layer's window, then matrices, as
+    /// `RecurrentState::to_floats` lays them out) into `slot`.
+    fn write(&self, slots: &mut Slots, slot: usize, floats: &[f32]) {
+        let (conv_len, matrices_len) =
+            (self.shape.conv_state_len(), self.shape.recurrent_state_len());
+        for (layer, states) in floats.chunks_exact(conv_len + matrices_len).zip(&slots.states) {
+            let (conv, matrices) = layer.split_at(conv_len);
+            self.gpu.write(&states.conv, slot * conv_len, conv);
+            self.gpu.write(&states.recurrent, slot * matrices_len, matrices);
+        }
+        slots.traffic.uploads += 1;
+    }
+
+    /// Slot `slot`'s states, laid out as [`Shared::write`] takes them.
+    fn download(&self, slot: usize) -> Result<Vec<f32>> {
+        let mut slots = self.lock();
+        let (conv_len, matrices_len) =
+            (self.shape.conv_state_len(), self.shape.recurrent_state_len());
+        let reads = self.gpu.run(|step| {
+            let reads = slots.states.iter().map(|states| {
+                let conv = step.read_range(&states.conv, slot * conv_len, conv_len)?;
+                let matrices =
+                    step.read_range(&states.recurrent, slot * matrices_len, matrices_len)?;
+                Ok((conv, matrices))
+            });
+            reads.collect::<Result<Vec<_>>>()
+        })?;
+        slots.traffic.downloads += 1;
+        let mut floats = Vec::with_capacity(self.layers * (conv_len + matrices_len));
+        for (conv, matrices) in reads {
+            floats.extend(conv.values()?);
+            floats.extend(matrices.values()?);
+        }
+        Ok(floats)
+    }
+}
