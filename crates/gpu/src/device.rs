@@ -149,10 +149,20 @@ impl Gpu {
     /// Runs `work` (resource creation, submissions), waits for the device to finish it, and
     /// returns the first validation or out-of-memory error it caused as an `Err`.
     pub(crate) fn checked<T>(&self, work: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.scoped(true, work)
+    }
+
+    /// Runs `work` and returns the first validation or out-of-memory error it caused as an
+    /// `Err`, waiting for the device to finish it only when `wait` (native backends report
+    /// those errors as the work is recorded and submitted, not as it runs).
+    pub(crate) fn scoped<T>(&self, wait: bool, work: impl FnOnce() -> Result<T>) -> Result<T> {
         let memory = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let result = work();
-        let waited = self.device.poll(wgpu::PollType::wait_indefinitely());
+        let waited = match wait {
+            true => self.device.poll(wgpu::PollType::wait_indefinitely()).map(drop),
+            false => Ok(()),
+        };
         let errors = [pollster::block_on(validation.pop()), pollster::block_on(memory.pop())];
         if let Some(e) = errors.into_iter().flatten().next() {
             return Err(GpuError::Device(e.to_string()));

@@ -74,10 +74,10 @@ impl SparseMoe {
 
 /// A block's work recorded before its routed experts: the router's choice, and the shared
 /// expert with its gate (which do not wait for the routed experts).
-pub(crate) struct MoeStart {
-    pub(crate) routed: Routed,
-    shared: GpuTensor,
-    shared_gate: GpuTensor,
+/// A block's shared expert on its rows: the output and the gate's logit per row.
+pub(crate) struct SharedExpert {
+    out: GpuTensor,
+    gate: GpuTensor,
 }
 
 /// A step's routing: per token, its `top_k` experts in expert order (u32 values in a tensor's
@@ -198,37 +198,45 @@ impl FeedForwardKernels {
                 "routed experts in system RAM run between submissions, not in one".into(),
             ));
         };
-        let start = self.moe_start(step, products, moe, x)?;
+        let routed = self.route(step, products, moe, x)?;
+        let shared = self.shared(step, products, moe, x)?;
         let (experts, top_k) = (moe.expert_count, moe.top_k);
         let (width, hidden) = (stacks.gate.rows() / experts, stacks.down.rows() / experts);
         // A fresh buffer is zeros: the CPU's sum starts there too.
         let mut sum = step.gpu.output(x.len());
         for slot in 0..top_k {
-            let chosen = (&start.routed.ids, top_k, slot);
+            let chosen = (&routed.ids, top_k, slot);
             let gate = self.gathered(step, (&stacks.gate, width), x, chosen)?;
             let up = self.gathered(step, (&stacks.up, width), x, chosen)?;
             let mixed = self.silu_mul.forward(step, &gate, &up)?;
             let y = self.gathered(step, (&stacks.down, hidden), &mixed, chosen)?;
-            let weights = &start.routed.weights;
-            sum = scaled_add(step, &self.weighted_add, &sum, &y, weights, (top_k, slot))?;
+            sum = scaled_add(step, &self.weighted_add, &sum, &y, &routed.weights, (top_k, slot))?;
         }
-        self.moe_end(step, &sum, &start)
+        self.moe_end(step, &sum, &shared)
     }
 
-    /// The routing of the rows `x`, and the shared expert's output and gate on them.
-    pub(crate) fn moe_start(
+    /// The routing of the rows `x`: each row's experts and weights.
+    pub(crate) fn route(
         &self,
         step: &mut Step<'_>,
         products: &Products,
         moe: &SparseMoe,
         x: &GpuTensor,
-    ) -> Result<MoeStart> {
+    ) -> Result<Routed> {
         let logits = products.forward(step, &moe.router, x)?;
-        let routed =
-            self.route.forward(step, &logits, moe.expert_count, moe.top_k, moe.normalize_top_k)?;
-        let shared = self.mlp(step, products, &moe.shared, x)?;
-        let shared_gate = products.forward(step, &moe.shared_gate, x)?;
-        Ok(MoeStart { routed, shared, shared_gate })
+        self.route.forward(step, &logits, moe.expert_count, moe.top_k, moe.normalize_top_k)
+    }
+
+    /// The shared expert's output and gate on the rows `x`.
+    pub(crate) fn shared(
+        &self,
+        step: &mut Step<'_>,
+        products: &Products,
+        moe: &SparseMoe,
+        x: &GpuTensor,
+    ) -> Result<SharedExpert> {
+        let out = self.mlp(step, products, &moe.shared, x)?;
+        Ok(SharedExpert { out, gate: products.forward(step, &moe.shared_gate, x)? })
     }
 
     /// The block's output: the routed experts' weighted `sum`, then the shared expert's output
@@ -237,9 +245,9 @@ impl FeedForwardKernels {
         &self,
         step: &mut Step<'_>,
         sum: &GpuTensor,
-        start: &MoeStart,
+        shared: &SharedExpert,
     ) -> Result<GpuTensor> {
-        scaled_add(step, &self.gated_add, sum, &start.shared, &start.shared_gate, (1, 0))
+        scaled_add(step, &self.gated_add, sum, &shared.out, &shared.gate, (1, 0))
     }
 
     /// Each token of `x` times its expert in routing slot `slot` of the stack (experts of

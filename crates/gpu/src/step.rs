@@ -39,6 +39,25 @@ impl Gpu {
         })
     }
 
+    /// Records `work` into one command buffer and submits it without waiting: the device runs
+    /// it while the host goes on, and later submissions run after it. Errors of its making are
+    /// an `Err` as in [`Gpu::run`]; it reads nothing back (nothing would wait for it).
+    pub fn submit<T>(&self, work: impl FnOnce(&mut Step<'_>) -> Result<T>) -> Result<T> {
+        self.scoped(false, || {
+            let encoder = self.device.create_command_encoder(&Default::default());
+            let mut step = Step { gpu: self, encoder, readbacks: Vec::new() };
+            let result = work(&mut step)?;
+            if !step.readbacks.is_empty() {
+                return Err(GpuError::BadInput(
+                    "a submission nothing waits for reads nothing back".into(),
+                ));
+            }
+            self.queue.submit([step.encoder.finish()]);
+            self.count_submission();
+            Ok(result)
+        })
+    }
+
     /// Copies a device tensor back to the host (a step of its own).
     pub fn download(&self, tensor: &GpuTensor) -> Result<Vec<f32>> {
         self.run(|step| Ok(step.read(tensor)))?.values()

@@ -1,8 +1,8 @@
 //! A step of [`GpuHybrid`] in parts: one submission from the embedding to the logits, cut
 //! before each block whose routed experts a placement left in system RAM. There the part reads
-//! back the block's normed rows and its router's choice, the CPU runs those experts, and the
-//! next part begins from their sum, uploaded; the shared expert and everything else stay on the
-//! device.
+//! back the block's normed rows and its router's choice; the block's shared expert goes to the
+//! device in a submission of its own, which runs while the CPU runs the routed experts; and the
+//! next part begins from their sum, uploaded. Everything else stays on the device.
 
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use crate::buffer::GpuTensor;
 use crate::error::Result;
 use crate::host_experts::HostExperts;
 use crate::kv_pools::LayerPools;
-use crate::moe::{MoeStart, RoutedExperts};
+use crate::moe::{RoutedExperts, SharedExpert, SparseMoe};
 use crate::resident_states::StepSlots;
 use crate::rope::RopeTable;
 use crate::step::{Readback, Step};
@@ -33,7 +33,7 @@ impl GpuHybrid {
         let (first, mut x) = match start {
             Start::Embedding => (0, k.embed.forward(step, &self.embed, inputs.ids)?),
             Start::After(resume) => {
-                let out = k.ffn.moe_end(step, &resume.sum, &resume.moe)?;
+                let out = k.ffn.moe_end(step, &resume.sum, &resume.shared)?;
                 (resume.block + 1, k.add.forward(step, &resume.x, &out)?)
             }
         };
@@ -66,16 +66,16 @@ impl GpuHybrid {
                 FeedForward::Moe(moe) => match &moe.experts {
                     RoutedExperts::Device(_) => k.ffn.moe(step, &k.products, moe, &h)?,
                     RoutedExperts::Host(experts) => {
-                        let started = k.ffn.moe_start(step, &k.products, moe, &h)?;
+                        let routed = k.ffn.route(step, &k.products, moe, &h)?;
                         return Ok(Stop::HostExperts(Box::new(Paused {
                             block,
                             rows: step.read(&h),
-                            ids: step.read(&started.routed.ids),
-                            weights: step.read(&started.routed.weights),
+                            ids: step.read(&routed.ids),
+                            weights: step.read(&routed.weights),
+                            h,
                             x,
-                            moe: started,
+                            moe,
                             experts,
-                            top_k: moe.top_k,
                         })));
                     }
                 },
@@ -98,11 +98,14 @@ impl GpuHybrid {
             match self.gpu.run(|step| self.record(step, inputs, start))? {
                 Stop::Logits(logits) => return Ok(logits),
                 Stop::HostExperts(paused) => {
-                    let Paused { block, rows, ids, weights, x, moe, experts, top_k } = *paused;
+                    let Paused { block, rows, ids, weights, h, x, moe, experts } = *paused;
                     let (rows, ids, weights) = (rows.values()?, ids.words()?, weights.values()?);
-                    let sum = experts.forward(rows, self.cfg.hidden_size, &ids, &weights, top_k)?;
+                    let (ffn, products) = (&self.kernels.ffn, &self.kernels.products);
+                    let shared = self.gpu.submit(|step| ffn.shared(step, products, moe, &h))?;
+                    let hidden = self.cfg.hidden_size;
+                    let sum = experts.forward(rows, hidden, &ids, &weights, moe.top_k)?;
                     let sum = self.gpu.upload(&sum)?;
-                    start = Start::After(Box::new(Resume { block, x, moe, sum }));
+                    start = Start::After(Box::new(Resume { block, x, shared, sum }));
                 }
             }
         }
@@ -126,11 +129,12 @@ enum Start {
 }
 
 /// After block `block`'s routed experts ran on the host: the residual stream `x` before the
-/// block's feed-forward, what it recorded before them, and their `sum`, uploaded.
+/// block's feed-forward, its shared expert (submitted), and the routed experts' `sum`,
+/// uploaded.
 struct Resume {
     block: usize,
     x: GpuTensor,
-    moe: MoeStart,
+    shared: SharedExpert,
     sum: GpuTensor,
 }
 
@@ -149,10 +153,10 @@ struct Paused<'m> {
     rows: Readback,
     ids: Readback,
     weights: Readback,
+    /// The normed rows on the device, for the shared expert.
+    h: GpuTensor,
     /// The residual stream before the block's feed-forward.
     x: GpuTensor,
-    /// The block's routing, shared expert and gate, recorded.
-    moe: MoeStart,
+    moe: &'m SparseMoe,
     experts: &'m HostExperts,
-    top_k: usize,
 }
