@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use spindle_gpu::{Gpu, GpuHybrid, GpuLlama, ModelBytes, Placement, PlacementRequest};
 use spindle_hub::ModelFiles;
-use spindle_models::CausalLm;
+use spindle_models::{CausalLm, KvType};
 
 use crate::placement_flags::refuse_for_whole_model;
 
@@ -42,11 +42,13 @@ pub fn open(choice: DeviceChoice) -> anyhow::Result<Option<Arc<Gpu>>> {
     Ok(Some(Arc::new(Gpu::open(index).context("--device")?)))
 }
 
-/// The startup line about the GPU the model steps run on (once, whichever models are served).
-pub fn announce_line(gpu: &Gpu) -> String {
+/// The startup line about the GPU the model steps run on (once, whichever models are served),
+/// keys and values stored there as `kv_type`.
+pub fn announce_line(gpu: &Gpu, kv_type: KvType) -> String {
     format!(
-        "GPU {}: model steps run here, keys and values in f32 on the device; a hybrid model's \
-         DeltaNet states stay there between steps, read back only for prefix-cache snapshots",
+        "GPU {}: model steps run here, keys and values in {kv_type} on the device; a hybrid \
+         model's DeltaNet states stay there between steps, read back only for prefix-cache \
+         snapshots",
         gpu.adapter()
     )
 }

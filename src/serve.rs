@@ -177,8 +177,14 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
              host memory, and on the GPU they live on the device (not yet supported together)"
         );
     }
-    // The device pools hold f32 (the host pool, sized alike, stays unwritten).
-    let kv_type = if gpu.is_some() { KvType::F32 } else { args.kv_cache_type };
+    // The device pools hold f16 or f32 (the host pool, sized alike, stays unwritten).
+    let kv_type = args.kv_cache_type;
+    if gpu.is_some() && !matches!(kv_type, KvType::F16 | KvType::F32) {
+        anyhow::bail!(
+            "--kv-cache-type {kv_type} with --device gpu: the GPU stores keys and values as f16 \
+             (the default) or f32"
+        );
+    }
     crate::set_threads(args.threads);
     let chat_template_kwargs = match &args.chat_template_kwargs {
         Some(text) => {
@@ -308,7 +314,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         spindle_server::start_with_registry(config, models)
     };
     if let Some(gpu) = &gpu {
-        announce(log_format, &crate::device_flag::announce_line(gpu));
+        announce(log_format, &crate::device_flag::announce_line(gpu, kv_type));
     }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {

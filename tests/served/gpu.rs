@@ -49,6 +49,7 @@ fn a_request_on_the_gpu_answers_alike_cold_and_from_the_prefix_cache() {
     let log = server.stop();
     let log = String::from_utf8_lossy(&log);
     assert!(log.contains("model steps run here"), "no GPU line in:\n{log}");
+    assert!(log.contains("keys and values in f16 on the device"), "the default, in:\n{log}");
     let text = |answer: &serde_json::Value| answer["choices"][0]["message"]["content"].clone();
     assert_eq!(cold["usage"]["completion_tokens"], 3, "{cold}");
     assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{cold}");
@@ -73,6 +74,21 @@ fn the_disk_tier_is_refused_with_the_gpu_naming_both() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success(), "{stderr}");
     for needle in ["--prefix-cache-dir", "--device gpu"] {
+        assert!(stderr.contains(needle), "{needle} not in: {stderr}");
+    }
+}
+
+#[test]
+fn a_kv_cache_type_the_gpu_does_not_store_is_refused_naming_it() {
+    let Some(model) = tiny_model_with_a_gpu() else { return };
+    let output = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["serve", "--model", &model, "--device", "gpu", "--port", "0"])
+        .args(["--kv-cache-type", "q8_0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    for needle in ["--kv-cache-type q8_0", "--device gpu", "f16"] {
         assert!(stderr.contains(needle), "{needle} not in: {stderr}");
     }
 }

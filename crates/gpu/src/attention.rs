@@ -49,24 +49,74 @@ pub struct KvCache {
     pub len: usize,
 }
 
+/// How a pool stores keys and values: as f32, or as f16 two to a word (the host pool's
+/// `--kv-cache-type`, at half the memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvFormat {
+    F32,
+    F16,
+}
+
+impl KvFormat {
+    /// Values one 32-bit word holds.
+    fn per_word(self) -> usize {
+        match self {
+            KvFormat::F32 => 1,
+            KvFormat::F16 => 2,
+        }
+    }
+
+    /// The pool's bindings and how kernels read and write them, appended to theirs.
+    fn shader(self) -> &'static str {
+        match self {
+            KvFormat::F32 => include_str!("shaders/kv_f32.wgsl"),
+            KvFormat::F16 => include_str!("shaders/kv_f16.wgsl"),
+        }
+    }
+}
+
 /// One layer's keys and values of many sequences: `blocks` blocks of `block_size` slots, each
-/// slot `(kv_heads, head_dim)`.
+/// slot `(kv_heads, head_dim)`, in `format`.
 pub struct KvPool {
+    /// Words of the format, `blocks × block_size × kv_width / per_word` each.
     keys: GpuTensor,
     values: GpuTensor,
     block_size: usize,
     blocks: usize,
+    kv_width: usize,
+    format: KvFormat,
 }
 
 impl KvPool {
-    pub fn new(gpu: &Gpu, blocks: usize, block_size: usize, kv_width: usize) -> Result<Self> {
-        if blocks == 0 || block_size == 0 || kv_width == 0 {
+    /// A pool of zeros; f16 slots need an even width (two values to a word).
+    pub fn new(
+        gpu: &Gpu,
+        (blocks, block_size): (usize, usize),
+        kv_width: usize,
+        format: KvFormat,
+    ) -> Result<Self> {
+        if blocks == 0
+            || block_size == 0
+            || kv_width == 0
+            || !kv_width.is_multiple_of(format.per_word())
+        {
             return Err(GpuError::BadInput(format!(
-                "a pool of {blocks} blocks of {block_size} slots of {kv_width} values"
+                "a pool of {blocks} blocks of {block_size} slots of {kv_width} {format:?} values"
             )));
         }
-        let len = blocks * block_size * kv_width;
-        Ok(KvPool { keys: gpu.zeros(len)?, values: gpu.zeros(len)?, block_size, blocks })
+        let words = blocks * block_size * kv_width / format.per_word();
+        Ok(KvPool {
+            keys: gpu.zeros(words)?,
+            values: gpu.zeros(words)?,
+            block_size,
+            blocks,
+            kv_width,
+            format,
+        })
+    }
+
+    pub fn format(&self) -> KvFormat {
+        self.format
     }
 
     /// Copies the first `positions` slots of block `from` into block `to`, keys and values,
@@ -93,7 +143,7 @@ impl KvPool {
         Ok(())
     }
 
-    /// Values one block holds (keys or values alone).
+    /// Words one block holds (keys or values alone).
     pub(crate) fn block_len(&self) -> usize {
         self.keys.len() / self.blocks
     }
@@ -113,6 +163,7 @@ struct StoredKv<'a> {
     keys: &'a GpuTensor,
     values: &'a GpuTensor,
     block_size: usize,
+    format: KvFormat,
 }
 
 /// Rows of a step with their places, and the block tables they name, on the device.
@@ -158,16 +209,22 @@ impl PagedRows {
     }
 }
 
+/// The attention and pool-writing kernels, for each pool format.
 pub struct Attention {
-    attend: Kernel,
-    write: Kernel,
+    attend: [Kernel; 2],
+    write: [Kernel; 2],
 }
 
 impl Attention {
     pub fn new(gpu: &Gpu) -> Result<Self> {
+        let kernels = |name, source: &str| -> Result<[Kernel; 2]> {
+            let [f32, f16] =
+                [KvFormat::F32, KvFormat::F16].map(|f| format!("{source}\n{}", f.shader()));
+            Ok([Kernel::new(gpu, name, &f32)?, Kernel::new(gpu, name, &f16)?])
+        };
         Ok(Attention {
-            attend: Kernel::new(gpu, "attention", include_str!("shaders/attention.wgsl"))?,
-            write: Kernel::new(gpu, "kv_write", include_str!("shaders/kv_write.wgsl"))?,
+            attend: kernels("attention", include_str!("shaders/attention.wgsl"))?,
+            write: kernels("kv_write", include_str!("shaders/kv_write.wgsl"))?,
         })
     }
 
@@ -181,7 +238,7 @@ impl Attention {
         pool: &KvPool,
         rows: &PagedRows,
     ) -> Result<()> {
-        let width = pool.keys.len() / (pool.blocks * pool.block_size);
+        let width = pool.kv_width;
         if keys.len() != values.len() || !keys.len().is_multiple_of(width) {
             return Err(GpuError::BadInput(format!(
                 "{} keys and {} values for slots of {width}",
@@ -197,14 +254,15 @@ impl Attention {
         ];
         let buffers = [
             &keys.buffer,
-            &values.buffer,
             &pool.keys.buffer,
             &pool.values.buffer,
+            &values.buffer,
             &rows.tables_on_device.buffer,
             &rows.places_on_device.buffer,
         ];
-        let groups = count((rows.places.len() * width).div_ceil(64), "groups")?;
-        self.write.record(step, &buffers, &params, (groups, 1));
+        let words = rows.places.len() * width / pool.format.per_word();
+        let groups = count(words.div_ceil(64), "groups")?;
+        self.write[pool.format as usize].record(step, &buffers, &params, (groups, 1));
         Ok(())
     }
 
@@ -223,20 +281,22 @@ impl Attention {
         shape.check()?;
         let row = shape.heads * shape.head_dim;
         let kv_width = shape.kv_heads * shape.head_dim;
-        if !q.len().is_multiple_of(row)
-            || out.len() != q.len()
-            || pool.keys.len() != pool.blocks * pool.block_size * kv_width
-        {
+        if !q.len().is_multiple_of(row) || out.len() != q.len() || pool.kv_width != kv_width {
             return Err(GpuError::BadInput(format!(
-                "{} query values and {} outputs for rows of {row}, over a pool of {} values \
+                "{} query values and {} outputs for rows of {row}, over a pool of slots of {} \
                  for slots of {kv_width}",
                 q.len(),
                 out.len(),
-                pool.keys.len()
+                pool.kv_width
             )));
         }
         queries.check(q.len() / row, pool.blocks, pool.block_size)?;
-        let kv = StoredKv { keys: &pool.keys, values: &pool.values, block_size: pool.block_size };
+        let kv = StoredKv {
+            keys: &pool.keys,
+            values: &pool.values,
+            block_size: pool.block_size,
+            format: pool.format,
+        };
         self.dispatch(step, q, kv, queries, shape, out)
     }
 
@@ -273,7 +333,12 @@ impl Attention {
         let queries = PagedRows::upload(step.gpu, places.collect(), vec![0])?;
         let out = step.gpu.output(q.len());
         let capacity = (cache.keys.len() / kv_width).max(1);
-        let kv = StoredKv { keys: &cache.keys, values: &cache.values, block_size: capacity };
+        let kv = StoredKv {
+            keys: &cache.keys,
+            values: &cache.values,
+            block_size: capacity,
+            format: KvFormat::F32,
+        };
         self.dispatch(step, q, kv, &queries, shape, &out)?;
         Ok(out)
     }
@@ -282,7 +347,7 @@ impl Attention {
         &self,
         step: &mut Step<'_>,
         q: &GpuTensor,
-        StoredKv { keys, values, block_size }: StoredKv<'_>,
+        StoredKv { keys, values, block_size, format }: StoredKv<'_>,
         queries: &PagedRows,
         shape: AttentionShape,
         out: &GpuTensor,
@@ -305,7 +370,7 @@ impl Attention {
             &queries.places_on_device.buffer,
         ];
         let groups = count(queries.places.len() * shape.heads, "query heads")?;
-        self.attend.record(step, &buffers, &params, (groups, 1));
+        self.attend[format as usize].record(step, &buffers, &params, (groups, 1));
         Ok(())
     }
 }

@@ -6,9 +6,9 @@
 
 use std::sync::{Arc, Mutex, Weak};
 
-use spindle_models::{BatchEntry, KvMirror, KvShape, ModelError, PagedKv};
+use spindle_models::{BatchEntry, KvMirror, KvShape, KvType, ModelError, PagedKv};
 
-use crate::attention::{KvPool, PagedRows, QueryPlace};
+use crate::attention::{KvFormat, KvPool, PagedRows, QueryPlace};
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 
@@ -93,10 +93,20 @@ fn device_pools(gpu: &Gpu, shapes: &[Option<KvShape>], host: &PagedKv) -> Result
             host.shapes()
         )));
     }
+    let format = match host.kv_type() {
+        KvType::F32 => KvFormat::F32,
+        KvType::F16 => KvFormat::F16,
+        other => {
+            return Err(GpuError::BadInput(format!(
+                "keys and values in {other} on the GPU: it stores them as f16 or f32"
+            )))
+        }
+    };
+    let blocks = (host.blocks(), host.block_size());
     let layers = shapes
         .iter()
         .flatten()
-        .map(|s| KvPool::new(gpu, host.blocks(), host.block_size(), s.kv_heads * s.head_dim))
+        .map(|s| KvPool::new(gpu, blocks, s.kv_heads * s.head_dim, format))
         .collect::<Result<_>>()?;
     Ok(LayerPools { layers })
 }

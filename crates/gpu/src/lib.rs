@@ -52,7 +52,7 @@ mod rope;
 mod step;
 
 pub use attention::{
-    Attention, AttentionShape, KvCache, KvPool, PagedRows, QueryPlace, MAX_HEAD_DIM,
+    Attention, AttentionShape, KvCache, KvFormat, KvPool, PagedRows, QueryPlace, MAX_HEAD_DIM,
 };
 pub use buffer::GpuTensor;
 pub use causal_conv::{CausalConv, ConvOutputs};

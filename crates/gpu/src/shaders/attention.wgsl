@@ -21,9 +21,9 @@ struct Params {
 
 // (rows, heads, head_dim)
 @group(0) @binding(0) var<storage, read> q: array<f32>;
-// (slots, kv_heads, head_dim), each sequence's positions 0..=its query's position filled.
-@group(0) @binding(1) var<storage, read> k: array<f32>;
-@group(0) @binding(2) var<storage, read> v: array<f32>;
+// Keys and values `k` and `v` (bindings 1 and 2), (slots, kv_heads, head_dim), each sequence's
+// positions 0..=its query's position filled, read through `key_at` and `value_at`: the pool's
+// format (kv_f32.wgsl, kv_f16.wgsl) follows this file.
 // (rows, heads, head_dim); rows no query names are left as they are.
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 // Block tables, one after another.
@@ -109,7 +109,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
             let k_base = kv_base(table, key, kv_head);
             var dot = 0.0;
             for (var j = 0u; j < d; j++) {
-                dot += query[j] * k[k_base + j];
+                dot += query[j] * key_at(k_base + j);
             }
             score = dot * params.scale;
         }
@@ -128,7 +128,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
             if (j < d) {
                 var sum = acc[i] * rescale;
                 for (var c = skipped; c < keys; c++) {
-                    sum += probs[c] * v[kv_base(table, chunk + c, kv_head) + j];
+                    sum += probs[c] * value_at(kv_base(table, chunk + c, kv_head) + j);
                 }
                 acc[i] = sum;
             }

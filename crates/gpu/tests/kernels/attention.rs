@@ -2,7 +2,9 @@
 //! (`SequenceCache::attend`), for prefill chunks after a cached prefix and decode steps.
 
 use candle_core::{Device, Tensor};
-use spindle_gpu::{Attention, AttentionShape, Gpu, KvCache, KvPool, PagedRows, QueryPlace};
+use spindle_gpu::{
+    Attention, AttentionShape, Gpu, KvCache, KvFormat, KvPool, PagedRows, QueryPlace,
+};
 use spindle_models::{KvShape, KvType, RecurrentState, SequenceCache};
 
 use crate::harness::{check, computed, gpu_or_skip, rng, same_bits, uniform};
@@ -35,14 +37,22 @@ fn heads_first(x: &[f32], tokens: usize, heads: usize, d: usize) -> Tensor {
 
 /// The CPU's outputs for the last `tokens` of `positions` queries, `(tokens, heads, d)`.
 fn cpu_attention(case: &Case, q: &[f32], k: &[f32], v: &[f32], scale: f32) -> Vec<f32> {
+    cpu_attention_over(KvType::F32, case, q, k, v, scale)
+}
+
+/// [`cpu_attention`] with keys and values stored as `kind`.
+fn cpu_attention_over(
+    kind: KvType,
+    case: &Case,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    scale: f32,
+) -> Vec<f32> {
     let Case { heads, kv_heads, head_dim: d, past, tokens, window } = *case;
     let shape = KvShape { kv_heads, head_dim: d, window };
-    let mut cache = SequenceCache::standalone(
-        &[Some(shape)],
-        KvType::F32,
-        RecurrentState::none(1),
-        past + tokens,
-    );
+    let mut cache =
+        SequenceCache::standalone(&[Some(shape)], kind, RecurrentState::none(1), past + tokens);
     let (kv_row, q_row) = (kv_heads * d, heads * d);
     // The prefix goes in as one chunk whose outputs are not looked at.
     if past > 0 {
@@ -152,7 +162,7 @@ fn places_outside_their_block_tables_or_pool_are_errors() {
     let kernel = Attention::new(gpu).unwrap();
     let shape = AttentionShape { heads: 2, kv_heads: 1, head_dim: 64, scale: 1.0, window: None };
     // Two blocks of 4 slots; queries of two rows.
-    let pool = KvPool::new(gpu, 2, 4, 64).unwrap();
+    let pool = KvPool::new(gpu, (2, 4), 64, KvFormat::F32).unwrap();
     let (q, kv) = (gpu.zeros(2 * 128).unwrap(), gpu.zeros(2 * 64).unwrap());
     let out = gpu.zeros(2 * 128).unwrap();
     let place = |row, position| QueryPlace { row, position, table_start: 0 };
@@ -198,7 +208,7 @@ fn a_sliding_window_reads_no_key_or_value_further_back() {
     let (keys, values) = (poisoned(&k), poisoned(&v));
     // Ten blocks out of twelve, out of order.
     let table = vec![5, 2, 7, 0, 11, 3, 9, 1, 4, 10];
-    let pool = KvPool::new(gpu, 12, block_size, d).unwrap();
+    let pool = KvPool::new(gpu, (12, block_size), d, KvFormat::F32).unwrap();
     let place = |row, position| QueryPlace { row, position, table_start: 0 };
     let every = PagedRows::upload(gpu, (0..len).map(|p| place(p, p)).collect(), table.clone());
     let queries =
@@ -218,4 +228,46 @@ fn a_sliding_window_reads_no_key_or_value_further_back() {
     check("window 20 over poisoned rows", &got, &want, &vec![1.0; want.len()], ATTENTION_TOLERANCE);
     let unwindowed = attend(None);
     assert!(unwindowed.iter().all(|x| x.is_nan()), "without the window the poison is read");
+}
+
+/// A pool of f16 keys and values (two to a word: half the memory) attends as the CPU does over
+/// its f16 KV cache, each value rounded once as it is stored, in a paged, scattered pool.
+#[test]
+fn an_f16_pool_attends_as_the_cpus_f16_cache() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let kernel = Attention::new(gpu).unwrap();
+    let mut rng = rng(29);
+    let case = Case { heads: 4, kv_heads: 2, head_dim: 64, past: 37, tokens: 5, window: None };
+    let (d, len, block_size) = (case.head_dim, case.past + case.tokens, 8);
+    let kv_width = case.kv_heads * d;
+    let scale = 1.0 / (d as f32).sqrt();
+    let q = uniform(&mut rng, case.tokens * case.heads * d);
+    let (k, v) = (uniform(&mut rng, len * kv_width), uniform(&mut rng, len * kv_width));
+    let want = |kind| -> Vec<f64> {
+        let out = cpu_attention_over(kind, &case, &q, &k, &v, scale);
+        out.iter().map(|&x| x as f64).collect()
+    };
+    let (want_f16, want_f32) = (want(KvType::F16), want(KvType::F32));
+    let pool = KvPool::new(gpu, (8, block_size), kv_width, KvFormat::F16).unwrap();
+    assert_eq!(pool.format(), KvFormat::F16);
+    let table = vec![6, 1, 4, 7, 0, 3];
+    let place = |row, position| QueryPlace { row, position, table_start: 0 };
+    let every = PagedRows::upload(gpu, (0..len).map(|p| place(p, p)).collect(), table.clone());
+    let queries =
+        PagedRows::upload(gpu, (0..case.tokens).map(|t| place(t, case.past + t)).collect(), table);
+    let (every, queries) = (every.unwrap(), queries.unwrap());
+    let (keys, values, q) =
+        (gpu.upload(&k).unwrap(), gpu.upload(&v).unwrap(), gpu.upload(&q).unwrap());
+    let shape = AttentionShape { heads: 4, kv_heads: 2, head_dim: d, scale, window: None };
+    let got = computed(gpu, |step| {
+        kernel.write(step, &keys, &values, &pool, &every)?;
+        let out = gpu.zeros(q.len())?;
+        kernel.paged(step, &q, &pool, &queries, shape, &out)?;
+        Ok(out)
+    });
+    let ones = vec![1.0; want_f16.len()];
+    check("f16 pool against the CPU's f16 cache", &got, &want_f16, &ones, ATTENTION_TOLERANCE);
+    // And not the f32 outputs: the values were rounded.
+    let (off, _) = crate::harness::worst(&got, &want_f32, &ones);
+    assert!(off > 10.0 * ATTENTION_TOLERANCE, "as f32 within {off:e}: nothing was rounded");
 }

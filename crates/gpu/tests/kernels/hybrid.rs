@@ -163,6 +163,34 @@ fn bad_input_to_the_hybrid_is_refused_and_changes_no_cache() {
     assert_eq!(cache.recurrent(), &state, "a refused step moved a state on");
 }
 
+/// With keys and values in f16 (the served default: half a pool of f32), the GPU decodes the
+/// greedy tokens the CPU's f32 path decodes over its own f16 cache, logits within the f32
+/// bound (both round each stored value once, alike).
+#[test]
+fn with_f16_keys_and_values_the_hybrid_decodes_the_cpus_greedy_tokens() {
+    let Some(device) = gpu_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let path = tiny_hybrid(dir.path());
+    let gpu = load_on_gpu(&path, device.clone());
+    let cpu = spindle_models::load_gguf_f32(&path).unwrap();
+    let f16_cache = |model: &dyn CausalLm| {
+        let state = model.initial_recurrent_state();
+        SequenceCache::standalone(&model.kv_shapes(), KvType::F16, state, 64)
+    };
+    let (mut on_gpu, mut on_cpu) = (f16_cache(&gpu), f16_cache(cpu.as_ref()));
+    let mut fed = vec![3, 141, 59, 26, 5, 35];
+    let mut worst = 0.0f32;
+    for step in 0..8 {
+        let (got, want) =
+            (gpu.forward(&fed, &mut on_gpu).unwrap(), cpu.forward(&fed, &mut on_cpu).unwrap());
+        assert_eq!(argmax(&got), argmax(&want), "step {step}: greedy tokens differ");
+        worst = worst.max(got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0, f32::max));
+        fed = vec![argmax(&got)];
+    }
+    eprintln!("f16 keys and values: 8/8 greedy tokens agree; max logit difference {worst:.2e}");
+    assert!(worst <= LOGIT_TOLERANCE, "logits differ by {worst}");
+}
+
 /// A decoding sequence's DeltaNet states stay on the device: uploaded once as it starts and
 /// read back only when its cache is asked for them (as for a snapshot), with the bits of a run
 /// whose states go to the host and back every step; a finished sequence's slot is the next
