@@ -141,6 +141,11 @@ impl Gpu {
         self.submissions.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The alignment of a uniform binding's offset in its buffer.
+    pub(crate) fn uniform_alignment(&self) -> u64 {
+        self.limits.min_uniform_buffer_offset_alignment as u64
+    }
+
     /// The most bytes one storage binding may hold on this device.
     pub(crate) fn max_binding_bytes(&self) -> u64 {
         self.limits.max_storage_buffer_binding_size

@@ -1,7 +1,7 @@
 //! A compiled compute shader and its dispatch into a [`Step`]: storage buffers bound in order,
 //! then one uniform block of 32-bit parameters.
 
-use wgpu::util::DeviceExt;
+use std::num::NonZeroU64;
 
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
@@ -49,24 +49,16 @@ impl Kernel {
         if workgroups == 0 || z == 0 {
             return;
         }
-        let device = &step.gpu.device;
-        let mut words = params.to_vec();
-        words.resize(params.len().next_multiple_of(4), 0); // uniform blocks: 16-byte multiples
-        let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(self.name),
-            contents: bytemuck::cast_slice(&words),
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
+        let (uniform, offset, size) = step.params(params);
+        let uniform = wgpu::BufferBinding { buffer: &uniform, offset, size: NonZeroU64::new(size) };
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
-            .chain([&&uniform])
+            .map(|b| b.as_entire_binding())
+            .chain([wgpu::BindingResource::Buffer(uniform)])
             .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
+            .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource })
             .collect();
-        let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        let bind_group = step.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(self.name),
             layout: &self.pipeline.get_bind_group_layout(0),
             entries: &entries,
