@@ -350,3 +350,55 @@ impl SequenceCache {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A device's state: fixed numbers, and how often they were read back.
+    struct Held {
+        floats: Vec<f32>,
+        reads: AtomicUsize,
+    }
+
+    impl DeviceRecurrentState for Held {
+        fn floats(&self) -> Result<Vec<f32>> {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            Ok(self.floats.clone())
+        }
+
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    fn linear_cache() -> SequenceCache {
+        let state = LinearAttentionState { conv: vec![0.0; 2], recurrent: vec![0.0; 4] };
+        SequenceCache::standalone(&[None], KvType::F32, RecurrentState(vec![Some(state)]), 8)
+    }
+
+    #[test]
+    fn a_state_held_on_a_device_is_read_back_once_and_let_go_when_the_host_moves_it() {
+        let mut cache = linear_cache();
+        let held = Arc::new(Held { floats: (1..=6).map(|i| i as f32).collect(), reads: 0.into() });
+        cache.hold_recurrent_on_device(held.clone());
+        assert!(cache.recurrent_on_device().is_some());
+        for _ in 0..3 {
+            assert_eq!(cache.recurrent().to_floats(), held.floats);
+        }
+        assert_eq!(held.reads.load(Ordering::Relaxed), 1, "read back once");
+        // A pass on the host takes the state as read and lets the device's go.
+        cache.linear_run(0, false).unwrap();
+        assert!(cache.recurrent_on_device().is_none());
+        assert_eq!(cache.recurrent().to_floats(), held.floats);
+        assert_eq!(held.reads.load(Ordering::Relaxed), 1);
+        // Held again and set from the host: the host's numbers, the device's let go unread.
+        cache.hold_recurrent_on_device(held.clone());
+        cache.set_recurrent_floats(&[0.5; 6]).unwrap();
+        assert!(cache.recurrent_on_device().is_none());
+        assert_eq!(cache.recurrent().to_floats(), vec![0.5; 6]);
+        assert_eq!(held.reads.load(Ordering::Relaxed), 1);
+    }
+}
