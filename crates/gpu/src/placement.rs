@@ -173,6 +173,8 @@ pub struct Placement {
     pub budget: Option<u64>,
     /// Where the budget came from.
     pub limit: Option<MemoryLimit>,
+    /// Sequences whose DeltaNet states the reserve holds.
+    pub state_slots: usize,
 }
 
 /// A placement that cannot be honoured; the message names the flag.
@@ -192,6 +194,7 @@ impl Placement {
             reserved: 0,
             budget: None,
             limit: None,
+            state_slots: 1,
         }
     }
 
@@ -259,6 +262,7 @@ impl Placement {
             reserved,
             budget,
             limit,
+            state_slots: request.sequences.max(1),
         })
     }
 

@@ -4,7 +4,8 @@
 //! keeps ~60 MB a sequence). The host reads a slot back only when the cache asks for its state
 //! (a snapshot, the disk tier); a cache that comes with a state the device does not hold (a new
 //! sequence, one resumed from a snapshot) has it uploaded into a free slot. A slot is free once
-//! no cache holds it; the slots grow with the sequences held at once. A step that fails after
+//! no cache holds it. The slots are made for the sequences the placement reserved states for,
+//! and grow four at a time while more are held at once. A step that fails after
 //! a submission leaves its sequences' states partly moved on: the engine ends the sequences of
 //! a failed step.
 
@@ -27,6 +28,8 @@ struct Shared {
     gpu: Arc<Gpu>,
     shape: DeltaNetShape,
     layers: usize,
+    /// Slots made at the first step.
+    first_slots: usize,
     slots: Mutex<Slots>,
 }
 
@@ -90,10 +93,16 @@ impl StepSlots<'_> {
 }
 
 impl ResidentStates {
-    /// No slots yet: the first step makes them.
-    pub(crate) fn new(gpu: Arc<Gpu>, shape: DeltaNetShape, layers: usize) -> Self {
+    /// No slots yet: the first step makes `first_slots` of them.
+    pub(crate) fn new(
+        gpu: Arc<Gpu>,
+        shape: DeltaNetShape,
+        layers: usize,
+        first_slots: usize,
+    ) -> Self {
         let slots = Slots { states: Vec::new(), holders: Vec::new(), traffic: Default::default() };
-        ResidentStates { shared: Arc::new(Shared { gpu, shape, layers, slots: Mutex::new(slots) }) }
+        let (slots, first_slots) = (Mutex::new(slots), first_slots.max(1));
+        ResidentStates { shared: Arc::new(Shared { gpu, shape, layers, first_slots, slots }) }
     }
 
     pub(crate) fn traffic(&self) -> StateTraffic {
@@ -178,9 +187,9 @@ impl Shared {
         if let Some(slot) = free {
             return Ok(slot);
         }
-        // Four at a time: a grown buffer is a copy of all the states, and placement reserves
-        // states for the sequences that run at once, not twice as many.
-        let (old, new) = (slots.holders.len(), slots.holders.len() + 4);
+        // Four at a time past the reserve: a grown buffer is a copy of all the states.
+        let old = slots.holders.len();
+        let new = if old == 0 { self.first_slots } else { old + 4 };
         let grown = (0..self.layers)
             .map(|_| LinearStates::zeros(&self.gpu, self.shape, new))
             .collect::<Result<Vec<_>>>()?;

@@ -167,7 +167,8 @@ impl GpuHybrid {
             FeedForward::Dense(_) => Vec::new(),
         });
         let linear_layers = cfg.layer_types().iter().filter(|&&m| m == Mixer::Linear).count();
-        let states = ResidentStates::new(gpu.clone(), linear_shape, linear_layers);
+        let states =
+            ResidentStates::new(gpu.clone(), linear_shape, linear_layers, placement.state_slots);
         let kernels = (|| {
             Ok(Kernels {
                 products: Products::new(&gpu, matrices)?,
