@@ -74,9 +74,7 @@ pub fn write_random_dense(
         "tie_word_embeddings": false,
         "torch_dtype": "float32",
     });
-    let config_path = dir.join("config.json");
-    std::fs::write(&config_path, serde_json::to_vec_pretty(&config).expect("a JSON value"))
-        .map_err(|source| ModelError::Io { path: config_path, source })?;
+    write_config(dir, &config)?;
 
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut tensors = HashMap::new();
@@ -124,6 +122,13 @@ pub fn write_random_dense(
     }
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
     Ok(())
+}
+
+/// Writes a random model's `config.json` into `dir`.
+pub(crate) fn write_config(dir: &Path, config: &serde_json::Value) -> Result<()> {
+    let path = dir.join("config.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(config).expect("a JSON value"))
+        .map_err(|source| ModelError::Io { path, source })
 }
 
 /// Uniform values in `[-bound, bound)`.

@@ -10,7 +10,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::error::{ModelError, Result};
+use crate::error::Result;
+use crate::random_dense::write_config;
 
 /// The sizes of a random Gemma 3 model.
 #[derive(Clone, Copy, Debug)]
@@ -69,9 +70,7 @@ pub fn write_random_gemma(dir: &Path, shape: &GemmaShape, seed: u64) -> Result<(
         "tie_word_embeddings": true,
         "torch_dtype": "float32",
     });
-    let config_path = dir.join("config.json");
-    std::fs::write(&config_path, serde_json::to_vec_pretty(&config).expect("a JSON value"))
-        .map_err(|source| ModelError::Io { path: config_path, source })?;
+    write_config(dir, &config)?;
 
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut random = |shape: &[usize], bound: f32| -> Result<Tensor> {
