@@ -164,9 +164,10 @@ impl Gpu {
         let memory = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let result = work();
-        let waited = match wait {
-            true => self.device.poll(wgpu::PollType::wait_indefinitely()).map(drop),
-            false => Ok(()),
+        let waited = if wait {
+            self.device.poll(wgpu::PollType::wait_indefinitely()).map(drop)
+        } else {
+            Ok(())
         };
         let errors = [pollster::block_on(validation.pop()), pollster::block_on(memory.pop())];
         if let Some(e) = errors.into_iter().flatten().next() {

@@ -72,8 +72,6 @@ impl SparseMoe {
     }
 }
 
-/// A block's work recorded before its routed experts: the router's choice, and the shared
-/// expert with its gate (which do not wait for the routed experts).
 /// A block's shared expert on its rows: the output and the gate's logit per row.
 pub(crate) struct SharedExpert {
     out: GpuTensor,

@@ -5,9 +5,9 @@
 //! (a snapshot, the disk tier); a cache that comes with a state the device does not hold (a new
 //! sequence, one resumed from a snapshot) has it uploaded into a free slot. A slot is free once
 //! no cache holds it. The slots are made for the sequences the placement reserved states for,
-//! and grow four at a time while more are held at once. A step that fails after
-//! a submission leaves its sequences' states partly moved on: the engine ends the sequences of
-//! a failed step.
+//! and grow four at a time while more are held at once. A step that fails after a submission
+//! leaves its sequences' states partly moved on: the engine ends the sequences of a failed
+//! step.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -120,10 +120,12 @@ impl ResidentStates {
     ) -> Result<StepSlots<'a>> {
         let shared = &self.shared;
         let per_sequence = shared.layers * shared.shape.state_len();
+        let held_here: Vec<Option<usize>> = batch.iter().map(|e| self.slot_of(e)).collect();
         // Read before the lock: a cache may hold a state another device keeps.
         let arriving: Vec<Option<Vec<f32>>> = batch
             .iter()
-            .map(|e| match self.slot_of(e) {
+            .zip(&held_here)
+            .map(|(e, held)| match held {
                 Some(_) => Ok(None),
                 None => {
                     let floats = e.cache.recurrent().to_floats();
@@ -142,8 +144,8 @@ impl ResidentStates {
         let mut slots = shared.lock();
         let mut claimed = Vec::with_capacity(batch.len());
         let mut held: Vec<Arc<dyn DeviceRecurrentState>> = Vec::with_capacity(batch.len());
-        for (entry, floats) in batch.iter().zip(arriving) {
-            match (self.slot_of(entry), floats) {
+        for ((entry, held_here), floats) in batch.iter().zip(held_here).zip(arriving) {
+            match (held_here, floats) {
                 (Some(slot), _) => {
                     claimed.push(slot);
                     held.push(entry.cache.recurrent_on_device().expect("held").clone());
@@ -212,7 +214,7 @@ impl Shared {
     fn write(&self, slots: &mut Slots, slot: usize, floats: &[f32]) {
         let (conv_len, matrices_len) =
             (self.shape.conv_state_len(), self.shape.recurrent_state_len());
-        for (layer, states) in floats.chunks_exact(conv_len + matrices_len).zip(&slots.states) {
+        for (layer, states) in floats.chunks_exact(self.shape.state_len()).zip(&slots.states) {
             let (conv, matrices) = layer.split_at(conv_len);
             self.gpu.write(&states.conv, slot * conv_len, conv);
             self.gpu.write(&states.recurrent, slot * matrices_len, matrices);
@@ -235,7 +237,7 @@ impl Shared {
             reads.collect::<Result<Vec<_>>>()
         })?;
         slots.traffic.downloads += 1;
-        let mut floats = Vec::with_capacity(self.layers * (conv_len + matrices_len));
+        let mut floats = Vec::with_capacity(self.layers * self.shape.state_len());
         for (conv, matrices) in reads {
             floats.extend(conv.values()?);
             floats.extend(matrices.values()?);

@@ -4,11 +4,10 @@
 //! sparse MoE with its shared expert, or a dense MLP); the file's norms already hold the
 //! zero-centred `1 + w`. Keys and values sit in device pools that mirror the callers' `PagedKv`;
 //! the DeltaNet states stay on the device between steps, each cache holding its slot
-//! (`resident_states`). One step of
-//! [`CausalLm::forward_batch`] is one submission, plus two for each block whose routed experts
-//! a [`Placement`] left in system RAM: the step stops before them, the block's shared expert
-//! is submitted to run while they run on the CPU, and the next submission goes on from their
-//! sum.
+//! (`resident_states`). One step of [`CausalLm::forward_batch`] is one submission, plus two for
+//! each block whose routed experts a [`Placement`] left in system RAM: the step stops before
+//! them, the block's shared expert is submitted to run while they run on the CPU, and the next
+//! submission goes on from their sum.
 
 mod parts;
 
