@@ -1,8 +1,8 @@
 //! `--device cpu | gpu | gpu:N`: where model steps are to run. The CPU is the default; a GPU is
 //! opened at startup so `serve` says which adapter it found, or why there is none, before
 //! anything else loads. Dense Llama-family models (Llama, SmolLM2, Qwen2.5), Gemma 3 and the
-//! hybrid Qwen3.5 / Qwen3.5-MoE / Qwen3-Next GGUFs run on it (hybrids without speculation, their
-//! routed experts placed by `placement_flags`).
+//! hybrid Qwen3.5 / Qwen3.5-MoE / Qwen3-Next GGUFs run on it (their routed experts placed by
+//! `placement_flags`).
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -47,20 +47,10 @@ pub fn open(choice: DeviceChoice) -> anyhow::Result<Option<Arc<Gpu>>> {
 pub fn announce_line(gpu: &Gpu, kv_type: KvType) -> String {
     format!(
         "GPU {}: model steps run here, keys and values in {kv_type} on the device; a hybrid \
-         model's DeltaNet states stay there between steps, read back only for prefix-cache \
-         snapshots",
+         model's DeltaNet states stay there between steps (and go back there after rejected \
+         drafts), read back only for prefix-cache snapshots",
         gpu.adapter()
     )
-}
-
-/// The startup line for a model the engine never drafts for (a hybrid on the GPU), `None` for
-/// one it may.
-pub fn speculation_off_line(model: &dyn CausalLm) -> Option<String> {
-    (!model.verifies_drafts()).then(|| {
-        "speculation off for this model on this device: its recurrent layers keep no state per \
-         drafted position there, so drafts cannot be verified (requests decode plainly)"
-            .to_string()
-    })
 }
 
 /// Where the model of `files` goes on `gpu`: for a hybrid GGUF, the placement `request` asks

@@ -263,10 +263,6 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             spindle_hub::WhenMissing::Download,
         )?;
         let (bundle, placement_line) = loading.bundle(&files)?;
-        let speculation_off = crate::device_flag::speculation_off_line(bundle.model.as_ref());
-        if let (Some(reason), Some(_)) = (&speculation_off, &args.draft_model) {
-            anyhow::bail!("--draft-model: {reason}");
-        }
         let draft = (args.draft_model.as_deref())
             .map(|spec| load_draft(spec, &bundle, &config.model_id, &mut config.cache))
             .transpose()?;
@@ -289,7 +285,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         // After every check that can refuse to start, so a refusal is the only line.
         announce(log_format, &summary);
         let lines = placement_line.iter().chain(&draft_summary).chain(&rollback_summary);
-        for line in lines.chain(&speculation_off) {
+        for line in lines {
             announce(log_format, line);
         }
         for line in sampling_summary(&state.config, model) {

@@ -131,7 +131,6 @@ fn load(
     let rollback = share_rollback_memory(&bundle, &mut config.cache, max_active, speculation);
     let fitted = loading.fit(&bundle, &config.cache);
     let summary = loading.summary(&entry.name, &fitted, &bundle, &config.cache);
-    let speculation_off = crate::device_flag::speculation_off_line(bundle.model.as_ref());
     let model = LoadedModel::start(entry.name.clone(), fitted.ctx_size, &config, bundle)?;
     check_guided_json(&config, &model)?;
     tracing::info!("{summary}");
@@ -140,9 +139,6 @@ fn load(
     }
     if let Some(share) = rollback {
         tracing::info!("{}", share.summary(config.speculation.max_draft));
-    }
-    if let Some(line) = speculation_off {
-        tracing::info!("{line}");
     }
     for line in sampling_summary(&config, &model) {
         tracing::info!("{line}");

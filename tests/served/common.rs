@@ -35,14 +35,18 @@ impl LoggedServer {
         Self::with_args(&args)
     }
 
-    /// `spindle serve …args`, with a small KV pool and its own batch folder.
+    /// `spindle serve …args`, with a small KV pool (unless `args` size it) and its own batch
+    /// folder.
     pub fn with_args(args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("server.log");
+        let kv_memory: &[&str] =
+            if args.contains(&"--kv-cache-memory") { &[] } else { &["--kv-cache-memory", "64MiB"] };
         let mut child = Command::new(env!("CARGO_BIN_EXE_spindle"))
             .arg("serve")
             .args(args)
-            .args(["--port", "0", "--kv-cache-memory", "64MiB", "--batch-dir"])
+            .args(kv_memory)
+            .args(["--port", "0", "--batch-dir"])
             .arg(dir.path().join("batches"))
             .env("RUST_LOG", "info")
             .env_remove("NO_COLOR")

@@ -69,6 +69,7 @@ impl CausalConv {
                 &runs.on_device.buffer,
                 &outputs.qk.buffer,
                 &outputs.v.buffer,
+                &states.conv_history.buffer,
             ],
             &params,
             (count(lanes.div_ceil(64), "convolution groups")?, 1),

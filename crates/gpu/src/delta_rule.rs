@@ -79,6 +79,7 @@ impl DeltaRule {
                 &states.recurrent.buffer,
                 &runs.on_device.buffer,
                 &out.buffer,
+                &states.recurrent_history.buffer,
             ],
             &params,
             (count(lanes.div_ceil(64), "delta rule groups")?, 1),

@@ -1,12 +1,15 @@
 //! What Gated DeltaNet layers keep per sequence on the device, and which rows of a step each
 //! sequence owns: the convolution windows and the delta rule's matrices of many sequences sit
 //! in slots of one buffer each, so one dispatch runs a whole batch, each sequence reading and
-//! moving on its own slot.
+//! moving on its own slot. A sequence whose rows verify drafts also leaves its state after each
+//! of them (its last but one included) in rows of a history buffer, so that its slot can go
+//! back to any of them on the device.
 
 use crate::buffer::{GpuBytes, GpuTensor};
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 use crate::kernel::count;
+use crate::step::Step;
 
 /// Widest key head the delta rule holds (each lane keeps one column of a head's matrix).
 pub const MAX_K_DIM: usize = 256;
@@ -89,12 +92,17 @@ impl DeltaNetShape {
 
 /// One layer's states of `slots` sequences: `conv` is `slots × (conv_kernel − 1) × channels`
 /// (oldest input first, as the CPU's `LinearAttentionState::conv`), `recurrent` is
-/// `slots × v_heads × k_dim × v_dim` (as its `recurrent`).
+/// `slots × v_heads × k_dim × v_dim` (as its `recurrent`). `conv_history` and
+/// `recurrent_history` hold `history_rows` more states laid out alike, written by runs that
+/// keep their positions' states ([`LinearRun::history`]).
 pub struct LinearStates {
     pub conv: GpuTensor,
     pub recurrent: GpuTensor,
+    pub conv_history: GpuTensor,
+    pub recurrent_history: GpuTensor,
     shape: DeltaNetShape,
     slots: usize,
+    history_rows: usize,
 }
 
 impl LinearStates {
@@ -131,9 +139,45 @@ impl LinearStates {
         Ok(LinearStates {
             conv: gpu.upload(conv)?,
             recurrent: gpu.upload(recurrent)?,
+            // A binding needs a buffer: one value until a run keeps its states.
+            conv_history: gpu.upload(&[0.0])?,
+            recurrent_history: gpu.upload(&[0.0])?,
             shape,
             slots,
+            history_rows: 0,
         })
+    }
+
+    /// Room for at least `rows` states of runs that keep them; growing forgets what the rows
+    /// held (a pass's states matter only until the next pass).
+    pub fn keep_history(&mut self, gpu: &Gpu, rows: usize) -> Result<()> {
+        if rows > self.history_rows {
+            self.conv_history = gpu.upload(&vec![0.0; rows * self.shape.conv_state_len()])?;
+            self.recurrent_history =
+                gpu.upload(&vec![0.0; rows * self.shape.recurrent_state_len()])?;
+            self.history_rows = rows;
+        }
+        Ok(())
+    }
+
+    /// Puts history row `row` in slot `slot`: the state the slot's sequence had after that
+    /// row's position.
+    pub fn restore(&self, step: &mut Step<'_>, row: usize, slot: usize) -> Result<()> {
+        if row >= self.history_rows || slot >= self.slots {
+            return Err(GpuError::BadInput(format!(
+                "history row {row} of {} into slot {slot} of {}",
+                self.history_rows, self.slots
+            )));
+        }
+        let (conv, matrices) = (self.shape.conv_state_len(), self.shape.recurrent_state_len());
+        step.copy(&self.conv_history, row * conv, &self.conv, slot * conv, conv)?;
+        step.copy(
+            &self.recurrent_history,
+            row * matrices,
+            &self.recurrent,
+            slot * matrices,
+            matrices,
+        )
     }
 
     pub fn shape(&self) -> DeltaNetShape {
@@ -142,6 +186,10 @@ impl LinearStates {
 
     pub fn slots(&self) -> usize {
         self.slots
+    }
+
+    pub fn history_rows(&self) -> usize {
+        self.history_rows
     }
 }
 
@@ -152,9 +200,15 @@ pub struct LinearRun {
     pub first_row: usize,
     pub rows: usize,
     pub slot: usize,
+    /// `Some(h)`: the state after each of the run's positions but the last goes to history
+    /// rows `h..h + rows − 1` (a pass that verifies drafts).
+    pub history: Option<usize>,
 }
 
-/// A step's sequences, on the device as `(first_row, rows, slot)` triples.
+/// A run's history word on the device: none.
+const NO_HISTORY: u32 = u32::MAX;
+
+/// A step's sequences, on the device as `(first_row, rows, slot, history row or u32::MAX)`.
 pub struct LinearRuns {
     runs: Vec<LinearRun>,
     pub(crate) on_device: GpuBytes,
@@ -171,12 +225,14 @@ impl LinearRuns {
                 runs.len()
             )));
         }
-        let mut words = Vec::with_capacity(3 * runs.len());
+        let mut words = Vec::with_capacity(4 * runs.len());
         for r in &runs {
+            let history = r.history.map_or(Ok(NO_HISTORY), |h| count(h, "history row"))?;
             words.extend([
                 count(r.first_row, "first row")?,
                 count(r.rows, "rows")?,
                 count(r.slot, "slot")?,
+                history,
             ]);
         }
         let on_device = gpu.upload_indices(&words, "linear runs")?;
@@ -191,16 +247,24 @@ impl LinearRuns {
         self.runs.is_empty()
     }
 
-    /// Checks that every sequence's rows lie in a step of `tokens` rows and its slot in
-    /// `states`.
+    /// Checks that every sequence's rows lie in a step of `tokens` rows, its slot in `states`
+    /// and the states it keeps in their history.
     pub(crate) fn check(&self, tokens: usize, states: &LinearStates) -> Result<()> {
-        match self.runs.iter().find(|r| r.first_row + r.rows > tokens || r.slot >= states.slots) {
+        let outside = |r: &&LinearRun| {
+            let kept_past =
+                r.history.is_some_and(|h| h + r.rows.saturating_sub(1) > states.history_rows);
+            r.first_row + r.rows > tokens || r.slot >= states.slots || kept_past
+        };
+        match self.runs.iter().find(outside) {
             Some(r) => Err(GpuError::BadInput(format!(
-                "a sequence of rows {}..{} in slot {} of a step of {tokens} rows and {} slots",
+                "a sequence of rows {}..{} in slot {} (history from {:?}) of a step of {tokens} \
+                 rows, {} slots and {} history rows",
                 r.first_row,
                 r.first_row + r.rows,
                 r.slot,
-                states.slots
+                r.history,
+                states.slots,
+                states.history_rows
             ))),
             None => Ok(()),
         }

@@ -7,7 +7,9 @@
 //! no cache holds it. The slots are made for the sequences the placement reserved states for,
 //! and grow four at a time while more are held at once. A step that fails after a submission
 //! leaves its sequences' states partly moved on: the engine ends the sequences of a failed
-//! step.
+//! step. A sequence whose rows verify drafts leaves its state after each position in history
+//! rows the step hands out, so that its cache can go back to the last accepted draft on the
+//! device ([`DeviceRecurrentState::go_back`]) until the next step reuses the rows.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -40,6 +42,8 @@ struct Slots {
     holders: Vec<Weak<SlotState>>,
     /// Slots written from the host and read back to it so far.
     traffic: StateTraffic,
+    /// Steps claimed so far: history rows hold the latest one's positions only.
+    step: u64,
 }
 
 /// The slots a model keeps states in, and the states moved between host and device (a
@@ -49,17 +53,36 @@ pub struct StateTraffic {
     pub slots: usize,
     pub uploads: u64,
     pub downloads: u64,
+    /// Slots brought back to a position of a pass that verified drafts.
+    pub rollbacks: u64,
 }
 
 /// A sequence's states in slot `slot` on the device, as its cache holds them.
 pub(crate) struct SlotState {
     shared: Arc<Shared>,
     slot: usize,
+    /// Where its latest pass left each position's states, when that pass verified drafts.
+    kept: Mutex<Option<Kept>>,
+}
+
+/// The history rows a step gave a pass that verified drafts: `positions` states from
+/// `first_row`, valid while no later step has been claimed.
+#[derive(Clone, Copy, Debug)]
+struct Kept {
+    step: u64,
+    first_row: usize,
+    positions: usize,
 }
 
 impl DeviceRecurrentState for SlotState {
     fn floats(&self) -> spindle_models::Result<Vec<f32>> {
         self.shared.download(self.slot).map_err(model_error)
+    }
+
+    fn go_back(&self, position: usize) -> spindle_models::Result<bool> {
+        let kept = *self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(kept) = kept.filter(|k| position < k.positions) else { return Ok(false) };
+        self.shared.go_back(self.slot, kept, position).map_err(model_error)
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -68,11 +91,19 @@ impl DeviceRecurrentState for SlotState {
 }
 
 /// A step's slots: the states' buffers (locked for the step), which slot each entry's rows
-/// continue from, and the states to hand the caches once it has run.
+/// continue from, and the states to hand the caches once it has run, with the history rows of
+/// those that verify drafts.
 pub(crate) struct StepSlots<'a> {
     slots: MutexGuard<'a, Slots>,
     pub(crate) runs: LinearRuns,
-    held: Vec<Arc<dyn DeviceRecurrentState>>,
+    held: Vec<Held>,
+}
+
+/// An entry's state in a step: as its cache will hold it, its slot, and its history rows.
+struct Held {
+    state: Arc<dyn DeviceRecurrentState>,
+    slot: usize,
+    kept: Option<Kept>,
 }
 
 impl StepSlots<'_> {
@@ -84,10 +115,14 @@ impl StepSlots<'_> {
             .ok_or_else(|| GpuError::BadInput("fewer linear-attention states than layers".into()))
     }
 
-    /// Once the step has run: each entry's cache holds its state in its slot.
+    /// Once the step has run: each entry's cache holds its state in its slot, and can go back
+    /// to its positions where they verified drafts.
     pub(crate) fn hand_over(self, batch: &mut [BatchEntry<'_>]) {
-        for (entry, state) in batch.iter_mut().zip(self.held) {
-            entry.cache.hold_recurrent_on_device(state);
+        for (entry, held) in batch.iter_mut().zip(self.held) {
+            if let Some(state) = held.state.as_any().downcast_ref::<SlotState>() {
+                *state.kept.lock().unwrap_or_else(|e| e.into_inner()) = held.kept;
+            }
+            entry.cache.hold_recurrent_on_device(held.state);
         }
     }
 }
@@ -100,7 +135,8 @@ impl ResidentStates {
         layers: usize,
         first_slots: usize,
     ) -> Self {
-        let slots = Slots { states: Vec::new(), holders: Vec::new(), traffic: Default::default() };
+        let slots =
+            Slots { states: Vec::new(), holders: Vec::new(), traffic: Default::default(), step: 0 };
         let (slots, first_slots) = (Mutex::new(slots), first_slots.max(1));
         ResidentStates { shared: Arc::new(Shared { gpu, shape, layers, first_slots, slots }) }
     }
@@ -111,8 +147,9 @@ impl ResidentStates {
     }
 
     /// A slot for each entry (`rows`: its rows of the step): the one its cache holds, or a free
-    /// one its state is uploaded into. A cache whose state has another shape (another model's)
-    /// is refused before anything changes.
+    /// one its state is uploaded into; and history rows for the positions of each entry that
+    /// verifies drafts. A cache whose state has another shape (another model's) is refused
+    /// before anything changes.
     pub(crate) fn claim<'a>(
         &'a self,
         batch: &[BatchEntry<'_>],
@@ -143,28 +180,45 @@ impl ResidentStates {
             .collect::<Result<_>>()?;
         let mut slots = shared.lock();
         let mut claimed = Vec::with_capacity(batch.len());
-        let mut held: Vec<Arc<dyn DeviceRecurrentState>> = Vec::with_capacity(batch.len());
+        let mut held = Vec::with_capacity(batch.len());
         for ((entry, held_here), floats) in batch.iter().zip(held_here).zip(arriving) {
-            match (held_here, floats) {
-                (Some(slot), _) => {
-                    claimed.push(slot);
-                    held.push(entry.cache.recurrent_on_device().expect("held").clone());
-                }
+            let (state, slot): (Arc<dyn DeviceRecurrentState>, usize) = match (held_here, floats) {
+                (Some(slot), _) => (entry.cache.recurrent_on_device().expect("held").clone(), slot),
                 (None, floats) => {
                     let floats = floats.expect("read above");
                     let slot = shared.free_slot(&mut slots, &claimed)?;
                     shared.write(&mut slots, slot, &floats);
-                    let state = Arc::new(SlotState { shared: shared.clone(), slot });
+                    let kept = Mutex::new(None);
+                    let state = Arc::new(SlotState { shared: shared.clone(), slot, kept });
                     slots.holders[slot] = Arc::downgrade(&state);
-                    claimed.push(slot);
-                    held.push(state);
+                    (state, slot)
                 }
+            };
+            claimed.push(slot);
+            held.push(Held { state, slot, kept: None });
+        }
+        // History rows for the entries that verify drafts: each position but its last.
+        slots.step += 1;
+        let mut history_rows = 0;
+        for ((entry, &(_, rows)), held) in batch.iter().zip(rows).zip(&mut held) {
+            if entry.verifies() {
+                let positions = rows - 1;
+                held.kept = Some(Kept { step: slots.step, first_row: history_rows, positions });
+                history_rows += positions;
             }
+        }
+        for states in &mut slots.states {
+            states.keep_history(&shared.gpu, history_rows)?;
         }
         let runs = rows
             .iter()
-            .zip(&claimed)
-            .map(|(&(first_row, rows), &slot)| LinearRun { first_row, rows, slot })
+            .zip(&held)
+            .map(|(&(first_row, rows), held)| LinearRun {
+                first_row,
+                rows,
+                slot: held.slot,
+                history: held.kept.map(|k| k.first_row),
+            })
             .collect();
         Ok(StepSlots { slots, runs: LinearRuns::upload(&shared.gpu, runs)?, held })
     }
@@ -220,6 +274,23 @@ impl Shared {
             self.gpu.write(&states.recurrent, slot * matrices_len, matrices);
         }
         slots.traffic.uploads += 1;
+    }
+
+    /// Brings slot `slot` back to its state after position `position` of the pass that `kept`
+    /// records; false, changing nothing, once a later step has reused the history rows.
+    fn go_back(&self, slot: usize, kept: Kept, position: usize) -> Result<bool> {
+        let mut slots = self.lock();
+        if kept.step != slots.step {
+            return Ok(false);
+        }
+        self.gpu.run(|step| {
+            for states in &slots.states {
+                states.restore(step, kept.first_row + position, slot)?;
+            }
+            Ok(())
+        })?;
+        slots.traffic.rollbacks += 1;
+        Ok(true)
     }
 
     /// Slot `slot`'s states, laid out as [`Shared::write`] takes them.

@@ -88,6 +88,10 @@ impl RecurrentState {
 pub trait DeviceRecurrentState: Send + Sync {
     /// The state's numbers, laid out as [`RecurrentState::to_floats`] writes them.
     fn floats(&self) -> Result<Vec<f32>>;
+    /// Brings the state back to where it was after position `position` (counted from 0) of
+    /// the latest pass that verified drafts, not its last; false, changing nothing, where the
+    /// device no longer keeps that position's state.
+    fn go_back(&self, position: usize) -> Result<bool>;
     /// So that the model that made it knows its own.
     fn as_any(&self) -> &dyn std::any::Any;
 }
@@ -318,7 +322,7 @@ impl SequenceCache {
 
     /// Records that `n` more positions were processed by a pass that verified drafts: the
     /// cache can go back to any of them with [`truncate`](Self::truncate).
-    pub(crate) fn advance_verified(&mut self, n: usize) {
+    pub fn advance_verified(&mut self, n: usize) {
         self.rollback.verified(self.len..self.len + n);
         self.len += n;
     }
@@ -326,15 +330,26 @@ impl SequenceCache {
     /// Forgets the positions from `len` on (a speculative round's drafts that were not
     /// accepted). Their keys and values stay in the blocks until later positions overwrite
     /// them; nothing reads past `len`. Recurrent layers go back only to a position of the
-    /// latest pass that verified drafts (one they kept the state after); elsewhere this fails
-    /// and changes nothing.
+    /// latest pass that verified drafts (one they kept the state after; a state a device holds
+    /// goes back there); elsewhere this fails and changes nothing.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
         if len >= self.len {
             return Ok(());
         }
         if !self.recurrent.is_empty() {
-            self.host_recurrent()?;
-            if !self.rollback.go_back(len, &mut self.recurrent.0) {
+            let went_back = match &mut self.on_device {
+                Some(held) => match self.rollback.position_of(len) {
+                    Some(position) if held.state.go_back(position)? => {
+                        // A copy read before is of the state going back.
+                        held.read = OnceLock::new();
+                        self.rollback.went_back(len);
+                        true
+                    }
+                    _ => false,
+                },
+                None => self.rollback.go_back(len, &mut self.recurrent.0),
+            };
+            if !went_back {
                 return Err(ModelError::BadConfig(format!(
                     "the recurrent state cannot go back to position {len}: only to one of the \
                      latest pass that verified drafts"
@@ -367,6 +382,10 @@ mod tests {
         fn floats(&self) -> Result<Vec<f32>> {
             self.reads.fetch_add(1, Ordering::Relaxed);
             Ok(self.floats.clone())
+        }
+
+        fn go_back(&self, _position: usize) -> Result<bool> {
+            Ok(false)
         }
 
         fn as_any(&self) -> &dyn std::any::Any {

@@ -125,12 +125,6 @@ pub trait CausalLm: Send + Sync {
         None
     }
 
-    /// Whether a pass can verify drafts (entries with [`BatchEntry::verifies`]); a model that
-    /// cannot refuses such a pass, so the engine never drafts for it.
-    fn verifies_drafts(&self) -> bool {
-        true
-    }
-
     /// An empty cache with storage of its own for at most `context` positions (capped at the
     /// model's own limit), keeping keys and values in f32: the cache the reference checks use.
     fn new_cache(&self, context: usize) -> SequenceCache {

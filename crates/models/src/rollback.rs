@@ -95,11 +95,7 @@ impl Rollback {
     /// latest verification pass (whose end is the cache's end); false, changing nothing, when
     /// `len` is not such a position.
     pub fn go_back(&mut self, len: usize, states: &mut [Option<LinearAttentionState>]) -> bool {
-        let Some(window) = self.window.clone() else { return false };
-        if len <= window.start || len >= window.end {
-            return false;
-        }
-        let position = len - window.start - 1;
+        let Some(position) = self.position_of(len) else { return false };
         let complete = self.layers.iter().zip(states.iter()).all(|pair| match pair {
             (Some(history), Some(state)) => history.holds(position, state),
             (None, None) => true,
@@ -113,8 +109,22 @@ impl Rollback {
                 history.restore(position, state);
             }
         }
-        // The slots before `position` still hold their positions: going back further works.
-        self.window = Some(window.start..len);
+        self.went_back(len);
         true
+    }
+
+    /// Where position `len - 1` lies in the latest verification pass (0: its first), when it
+    /// is one of its positions but the last.
+    pub fn position_of(&self, len: usize) -> Option<usize> {
+        let window = self.window.as_ref()?;
+        (len > window.start && len < window.end).then(|| len - window.start - 1)
+    }
+
+    /// The states went back to after position `len - 1` (elsewhere, on a device).
+    pub fn went_back(&mut self, len: usize) {
+        // The positions before still hold their states: going back further works.
+        if let Some(window) = &mut self.window {
+            window.end = len;
+        }
     }
 }

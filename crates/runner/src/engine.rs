@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, TryRecvError};
 use std::sync::Arc;
 
-use spindle_models::{BatchEntry, CausalLm};
+use spindle_models::BatchEntry;
 use spindle_sched::{Scheduler, SchedulerConfig, SeqId, StepPlan};
 use tokio::sync::watch;
 
@@ -415,7 +415,7 @@ impl EngineState<'_> {
             }
             let Waiting { request, caller, sent } = self.waiting.remove(&id).expect("waiting");
             let speculation = &self.config.speculation;
-            let drafter = max_draft(speculation, &request, self.bundle.model.as_ref()).map(|max| {
+            let drafter = max_draft(speculation, &request).map(|max| {
                 let script = speculation.script.clone();
                 NgramDrafter::new(&request.prompt_ids, max, script, speculation.lookup)
                     .with_break_even(self.break_even)
@@ -726,15 +726,11 @@ struct Job {
 }
 
 /// Most tokens `request` drafts per round: `None` unless it speculates (by its own choice or
-/// the server's) and `model` can verify drafts (one that cannot would fail the request).
-fn max_draft(
-    speculation: &SpeculationConfig,
-    request: &SequenceRequest,
-    model: &dyn CausalLm,
-) -> Option<usize> {
+/// the server's).
+fn max_draft(speculation: &SpeculationConfig, request: &SequenceRequest) -> Option<usize> {
     let wanted = request.speculative.unwrap_or(speculation.by_default);
     let max = speculation.max_draft.min(MAX_DRAFT);
-    (wanted && max > 0 && model.verifies_drafts()).then_some(max)
+    (wanted && max > 0).then_some(max)
 }
 
 /// Runs `f` on `seq`, turning a panic into a failure of that sequence alone.

@@ -4,7 +4,8 @@
 //! sparse MoE with its shared expert, or a dense MLP); the file's norms already hold the
 //! zero-centred `1 + w`. Keys and values sit in device pools that mirror the callers' `PagedKv`;
 //! the DeltaNet states stay on the device between steps, each cache holding its slot
-//! (`resident_states`). One step of [`CausalLm::forward_batch`] is one submission, plus two for
+//! (`resident_states`); a pass that verifies drafts keeps each position's states there too, so
+//! rejected drafts are forgotten on the device. One step of [`CausalLm::forward_batch`] is one submission, plus two for
 //! each block whose routed experts a [`Placement`] left in system RAM: the step stops before
 //! them, the block's shared expert is submitted to run while they run on the CPU, and the next
 //! submission goes on from their sum.
@@ -226,22 +227,9 @@ impl CausalLm for GpuHybrid {
         self.cfg.initial_recurrent_state()
     }
 
-    /// The device keeps no DeltaNet state per position, so a pass could not go back to the
-    /// last accepted draft; [`CausalLm::forward_batch`] refuses such passes.
-    fn verifies_drafts(&self) -> bool {
-        false
-    }
-
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> spindle_models::Result<Vec<Vec<f32>>> {
         // Every entry is checked before any work, so a refusal changes no cache.
         let (rows, ids) = spindle_models::batch_rows(batch)?;
-        if batch.iter().any(BatchEntry::verifies) {
-            return Err(ModelError::BadConfig(
-                "on the GPU: the recurrent layers keep no state per position, so a pass cannot \
-                 verify drafts"
-                    .into(),
-            ));
-        }
         let wanted = spindle_models::logit_rows(batch, &rows);
         let angles = RopeAngles::of_batch(&self.rotary, batch);
         let states = self.states.claim(batch, &rows).map_err(model_error)?;
@@ -261,7 +249,11 @@ impl CausalLm for GpuHybrid {
         let logits = logits.values().map_err(model_error)?;
         states.hand_over(batch);
         for entry in batch.iter_mut() {
-            entry.cache.advance(entry.tokens.len());
+            if entry.verifies() {
+                entry.cache.advance_verified(entry.tokens.len());
+            } else {
+                entry.cache.advance(entry.tokens.len());
+            }
         }
         Ok(rows_per_range(&logits, self.cfg.vocab_size, &wanted))
     }

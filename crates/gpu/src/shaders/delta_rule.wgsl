@@ -5,7 +5,9 @@
 // Column j of S only ever meets column j (and v_j, o_j), so one lane per (sequence, value head,
 // column) runs the whole recurrence on its column, kept in private memory, with no barriers and
 // no lane depending on another: batching changes nothing. Each column's sums run over d in
-// order, as the CPU's `delta_rule::recurrent`.
+// order, as the CPU's `delta_rule::recurrent`. A run that keeps its positions' states (it
+// verifies drafts) also writes its column after each of its positions but the last to its rows
+// of `state_history`.
 
 struct Params {
     sequences: u32,
@@ -28,13 +30,16 @@ struct Params {
 @group(0) @binding(4) var<storage, read> decay: array<f32>;
 // (slots, v_heads, k_dim, v_dim).
 @group(0) @binding(5) var<storage, read_write> state: array<f32>;
-// (first row, rows, slot) per sequence.
+// (first row, rows, slot, first history row or NO_HISTORY) per sequence.
 @group(0) @binding(6) var<storage, read> runs: array<u32>;
 // (tokens, v_heads, v_dim).
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
-@group(0) @binding(8) var<uniform> params: Params;
+// (history rows, v_heads, k_dim, v_dim).
+@group(0) @binding(8) var<storage, read_write> state_history: array<f32>;
+@group(0) @binding(9) var<uniform> params: Params;
 
 const GRID_X: u32 = 32768u;
+const NO_HISTORY: u32 = 0xffffffffu;
 const MAX_K_DIM: u32 = 256u;
 
 // ln(1 + x) to f32 precision for small x too (Goldberg's trick), as the CPU's `ln_1p`.
@@ -67,11 +72,12 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     if (params.tiled == 1u) {
         kh = h % params.k_heads;
     }
-    let first = runs[3u * s];
-    let rows = runs[3u * s + 1u];
+    let first = runs[4u * s];
+    let rows = runs[4u * s + 1u];
+    let kept = runs[4u * s + 3u];
     let k_dim = params.k_dim;
     // Column j of this head's matrix: element d at base + d·v_dim.
-    let base = ((runs[3u * s + 2u] * params.v_heads + h) * k_dim) * params.v_dim + j;
+    let base = ((runs[4u * s + 2u] * params.v_heads + h) * k_dim) * params.v_dim + j;
     var column: array<f32, MAX_K_DIM>;
     for (var d = 0u; d < k_dim; d++) {
         column[d] = state[base + d * params.v_dim];
@@ -97,6 +103,12 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
             o += column[d] * qk[q_at + d];
         }
         out[(row * params.v_heads + h) * params.v_dim + j] = o;
+        if (kept != NO_HISTORY && t + 1u < rows) {
+            let at = ((kept + t) * params.v_heads + h) * k_dim * params.v_dim + j;
+            for (var d = 0u; d < k_dim; d++) {
+                state_history[at + d * params.v_dim] = column[d];
+            }
+        }
     }
     for (var d = 0u; d < k_dim; d++) {
         state[base + d * params.v_dim] = column[d];

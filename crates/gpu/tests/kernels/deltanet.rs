@@ -65,7 +65,7 @@ fn runs(batch: &[(usize, usize)]) -> Vec<LinearRun> {
     batch
         .iter()
         .map(|&(rows, slot)| {
-            let run = LinearRun { first_row, rows, slot };
+            let run = LinearRun { first_row, rows, slot, history: None };
             first_row += rows;
             run
         })
@@ -144,17 +144,18 @@ fn the_convolution_matches_the_cpu_per_sequence_and_moves_each_window_on() {
     // Two sequences on one slot would move it on at once; rows or a slot past the step's are
     // refused before anything is recorded.
     let twice = [
-        LinearRun { first_row: 0, rows: 1, slot: 0 },
-        LinearRun { first_row: 1, rows: 1, slot: 0 },
+        LinearRun { first_row: 0, rows: 1, slot: 0, history: None },
+        LinearRun { first_row: 1, rows: 1, slot: 0, history: None },
     ];
     assert!(LinearRuns::upload(gpu, twice.to_vec()).is_err());
     let s = FIXTURE;
     let states = LinearStates::zeros(gpu, s, 2).unwrap();
     let (x, w) =
         (up(gpu, &vec![0.0; 2 * s.conv_channels()]), up(gpu, &vec![0.0; s.conv_channels() * 4]));
-    for run in
-        [LinearRun { first_row: 1, rows: 2, slot: 0 }, LinearRun { first_row: 0, rows: 1, slot: 2 }]
-    {
+    for run in [
+        LinearRun { first_row: 1, rows: 2, slot: 0, history: None },
+        LinearRun { first_row: 0, rows: 1, slot: 2, history: None },
+    ] {
         let runs = LinearRuns::upload(gpu, vec![run]).unwrap();
         assert!(
             gpu.run(|step| conv.forward(step, &x, &w, &states, &runs).map(|_| ())).is_err(),
@@ -466,5 +467,79 @@ fn a_sequence_mixes_bitwise_the_same_alone_and_batched() {
             &rec_alone,
             slot(&rec_batched, 1, s.recurrent_state_len()),
         );
+    }
+}
+
+/// A run that verifies drafts (5 positions, beside a plain one) leaves its state after each
+/// position but the last in history rows: each is bitwise the state of a run of only the
+/// positions up to it, and restoring a row puts exactly that state in the slot. Keeping them
+/// changes none of the outputs.
+#[test]
+fn a_verifying_run_keeps_each_positions_state_and_its_slot_goes_back_to_any() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = rng(67);
+    for s in [DeltaNetShape { tiled: true, ..FIXTURE }, RAGGED] {
+        let layer = Layer::random(&mut rng, s);
+        let weights = layer.on(gpu);
+        let (windows, recurrent) = random_states(&mut rng, s, 2);
+        let (mine, other) = (Rows::random(&mut rng, s, 5), Rows::random(&mut rng, s, 2));
+        let both = Rows {
+            qkv: [other.qkv.clone(), mine.qkv.clone()].concat(),
+            z: [other.z.clone(), mine.z.clone()].concat(),
+            b: [other.b.clone(), mine.b.clone()].concat(),
+            a: [other.a.clone(), mine.a.clone()].concat(),
+        };
+        let mut kept = LinearStates::upload(gpu, s, &windows, &recurrent).unwrap();
+        // Rows from 2 on: another pass's would come first.
+        kept.keep_history(gpu, 2 + 4).unwrap();
+        let mut batch = runs(&[(2, 0), (5, 1)]);
+        batch[1].history = Some(2);
+        let got = both.mix_on(gpu, &weights, &kept, batch);
+        let plain = LinearStates::upload(gpu, s, &windows, &recurrent).unwrap();
+        let want = both.mix_on(gpu, &weights, &plain, runs(&[(2, 0), (5, 1)]));
+        same_bits(&format!("{s:?}: outputs keeping the states and not"), &got, &want);
+        let conv_history = gpu.download(&kept.conv_history).unwrap();
+        let recurrent_history = gpu.download(&kept.recurrent_history).unwrap();
+        let (conv_len, matrices_len) = (s.conv_state_len(), s.recurrent_state_len());
+        for position in 0..4 {
+            let what = format!("{s:?}, after position {position}");
+            let upto = LinearStates::upload(gpu, s, &windows, &recurrent).unwrap();
+            mine.part(s, 0, position + 1).mix_on(gpu, &weights, &upto, runs(&[(position + 1, 1)]));
+            let want_conv = gpu.download(&upto.conv).unwrap();
+            let want_matrices = gpu.download(&upto.recurrent).unwrap();
+            let (want_conv, want_matrices) =
+                (slot(&want_conv, 1, conv_len), slot(&want_matrices, 1, matrices_len));
+            let row = 2 + position;
+            same_bits(
+                &format!("{what}: kept window"),
+                slot(&conv_history, row, conv_len),
+                want_conv,
+            );
+            same_bits(
+                &format!("{what}: kept matrices"),
+                slot(&recurrent_history, row, matrices_len),
+                want_matrices,
+            );
+            gpu.run(|step| kept.restore(step, row, 1)).unwrap();
+            let (conv, matrices) =
+                (gpu.download(&kept.conv).unwrap(), gpu.download(&kept.recurrent).unwrap());
+            same_bits(&format!("{what}: window gone back"), slot(&conv, 1, conv_len), want_conv);
+            same_bits(
+                &format!("{what}: matrices gone back"),
+                slot(&matrices, 1, matrices_len),
+                want_matrices,
+            );
+        }
+        // Rows past the history are refused before anything runs.
+        let mut past = runs(&[(5, 1)]);
+        past[0].history = Some(3);
+        let runs = LinearRuns::upload(gpu, past).unwrap();
+        let kernels = LinearAttention::new(gpu).unwrap();
+        let (qkv, z, b, a) =
+            (up(gpu, &mine.qkv), up(gpu, &mine.z), up(gpu, &mine.b), up(gpu, &mine.a));
+        let x = Projected { qkv: &qkv, z: &z, b: &b, a: &a };
+        let refused = gpu.run(|step| kernels.forward(step, &weights, &x, &kept, &runs).map(|_| ()));
+        assert!(refused.is_err(), "history rows 3..7 of 6 were accepted");
+        assert!(gpu.run(|step| kept.restore(step, 6, 1)).is_err(), "row 6 of 6 restored");
     }
 }

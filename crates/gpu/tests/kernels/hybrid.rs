@@ -2,8 +2,8 @@
 //! MoE) against the CPU's f32 path of the same file, on a tiny random Qwen3.5-MoE GGUF (Q4_K
 //! matrices; 3 DeltaNet layers of 2 key and 4 value heads in llama.cpp's tiled order, 1
 //! attention layer; 4 experts, top 2): the same greedy tokens, logits within a recorded bound;
-//! a sequence's logits bitwise the same alone and batched; bad input refused with the caches
-//! unchanged. And the hybrid fixtures' GGUF files (Qwen3-Next, Qwen3.5-MoE, Qwen3.5) against
+//! a sequence's logits bitwise the same alone and batched; drafts verified and rejected ones
+//! forgotten on the device; bad input refused with the caches unchanged. And the hybrid fixtures' GGUF files (Qwen3-Next, Qwen3.5-MoE, Qwen3.5) against
 //! transformers' own logits.
 
 use std::path::{Path, PathBuf};
@@ -144,11 +144,6 @@ fn bad_input_to_the_hybrid_is_refused_and_changes_no_cache() {
         BatchEntry::new(&[4, past], &mut cache),
     ]);
     assert!(matches!(refused, Err(spindle_models::ModelError::Gpu(_))), "{refused:?}");
-    // A pass that verifies drafts wants the states after each position.
-    let drafts = [4, 5, 6];
-    let verifying =
-        gpu.forward_batch(&mut [BatchEntry { tokens: &drafts, cache: &mut cache, logit_rows: 3 }]);
-    assert!(verifying.is_err());
     // A cache without the model's recurrent state (another model's).
     let pool = Arc::new(PagedKv::new(&gpu.kv_shapes(), KvType::F32, 4, 8));
     let mut foreign = SequenceCache::resume(
@@ -240,6 +235,59 @@ fn decoding_keeps_the_deltanet_states_on_the_device_until_the_host_asks() {
         gpu.forward(&[7, 8], cache).unwrap();
     }
     assert!(gpu.state_traffic().slots > slots, "{:?}", gpu.state_traffic());
+}
+
+/// Speculation on the device: a pass that runs a decided token and three drafts gives each
+/// row bitwise the logits plain decoding gives; going back to any accepted draft happens on the
+/// device (no state read back), and decoding then goes on bitwise as the plain run. Only the
+/// latest pass's positions can be gone back to.
+#[test]
+fn a_pass_verifying_drafts_decodes_as_plain_steps_and_goes_back_on_the_device() {
+    let Some(device) = gpu_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = load_on_gpu(&tiny_hybrid(dir.path()), device.clone());
+    let prompt = [3, 141, 59, 26, 5, 35];
+    let round = [10, 20, 30, 40];
+    // Plain decoding: the logits after each token of the round, and after a next token 99
+    // once `accepted` drafts were kept.
+    let plain = |accepted: usize| {
+        let mut cache = gpu.new_cache(64);
+        gpu.forward(&prompt, &mut cache).unwrap();
+        let steps: Vec<Vec<f32>> =
+            round[..accepted + 1].iter().map(|&t| gpu.forward(&[t], &mut cache).unwrap()).collect();
+        (steps, gpu.forward(&[99], &mut cache).unwrap())
+    };
+    let (all_four, _) = plain(3);
+    for accepted in 0..4 {
+        let mut cache = gpu.new_cache(64);
+        gpu.forward(&prompt, &mut cache).unwrap();
+        let before = gpu.state_traffic();
+        let mut rows = gpu
+            .forward_batch(&mut [BatchEntry { tokens: &round, cache: &mut cache, logit_rows: 4 }])
+            .unwrap();
+        let rows = rows.remove(0);
+        for (position, want) in all_four.iter().enumerate() {
+            let got = &rows[position * VOCAB..][..VOCAB];
+            same_bits(&format!("verifying row {position} and plain decoding"), got, want);
+        }
+        cache.truncate(prompt.len() + 1 + accepted).unwrap();
+        let next = gpu.forward(&[99], &mut cache).unwrap();
+        let (_, want) = plain(accepted);
+        same_bits(&format!("the step after keeping {accepted} drafts"), &next, &want);
+        let traffic = gpu.state_traffic();
+        let went_back = u64::from(accepted < 3);
+        assert_eq!(traffic.downloads, before.downloads, "a state read back: {traffic:?}");
+        assert_eq!(traffic.rollbacks - before.rollbacks, went_back, "{traffic:?}");
+        // The pass before the last can no longer be gone back to.
+        assert!(cache.truncate(prompt.len() + 1).is_err(), "went back past the latest pass");
+    }
+    // Nor can a position before a pass's first, whose state it never kept.
+    let mut cache = gpu.new_cache(64);
+    gpu.forward(&prompt, &mut cache).unwrap();
+    gpu.forward_batch(&mut [BatchEntry { tokens: &round, cache: &mut cache, logit_rows: 4 }])
+        .unwrap();
+    assert!(cache.truncate(prompt.len()).is_err());
+    assert_eq!(cache.len(), prompt.len() + 4, "a refused truncation changed the length");
 }
 
 /// Largest logit difference from transformers' float32 logits on the hybrid fixtures, the

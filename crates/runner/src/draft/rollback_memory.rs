@@ -56,8 +56,7 @@ impl RollbackShare {
 /// Moves the memory of the states `bundle`'s recurrent layers keep while verifying drafts out of
 /// `cache.kv_bytes` into `cache.rollback_bytes`: enough for `max_active` sequences drafting
 /// `speculation`'s most tokens, at most an eighth of the KV memory. `None` (and nothing moved)
-/// for a model without recurrent layers or one that cannot verify drafts, or when speculation
-/// is off.
+/// for a model without recurrent layers, or when speculation is off.
 pub fn share_rollback_memory(
     bundle: &ModelBundle,
     cache: &mut CacheConfig,
@@ -66,7 +65,7 @@ pub fn share_rollback_memory(
 ) -> Option<RollbackShare> {
     let position_bytes = bundle.model.initial_recurrent_state().bytes();
     let max_draft = speculation.max_draft.min(MAX_DRAFT);
-    if position_bytes == 0 || max_draft == 0 || !bundle.model.verifies_drafts() {
+    if position_bytes == 0 || max_draft == 0 {
         return None;
     }
     let wanted = max_active.max(1) * max_draft;
