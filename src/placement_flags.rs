@@ -96,6 +96,8 @@ impl PlacementFlags {
             device_memory: None,
             kv_bytes: kv_bytes as u64,
             sequences,
+            // `--spec-mtp`'s, set beside these flags.
+            draft_head: false,
         })
     }
 }
@@ -146,9 +148,10 @@ pub fn placement_line(placement: &Placement) -> String {
         _ => "(no budget: no --gpu-memory-limit, and --fit off or no device memory reported)"
             .to_string(),
     };
+    let head = if placement.draft_head { ", MTP head included" } else { "" };
     format!(
-        "placement: {spilled}; device memory {} planned (weights {}, KV cache and DeltaNet states \
-         {}) {budget}",
+        "placement: {spilled}; device memory {} planned (weights {}{head}, KV cache and DeltaNet \
+         states {}) {budget}",
         human_bytes(used as usize),
         human_bytes(placement.device_weights as usize),
         human_bytes(placement.reserved as usize)

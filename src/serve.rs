@@ -208,7 +208,9 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         anyhow::bail!("--draft-model drafts for one --model; {} are served", specs.len());
     }
     let kv_bytes = args.kv_cache_memory.resolve(args.snapshot_memory);
-    let placement = args.placement.request(gpu.is_some(), kv_bytes, args.max_concurrent.max(1))?;
+    let mut placement =
+        args.placement.request(gpu.is_some(), kv_bytes, args.max_concurrent.max(1))?;
+    placement.draft_head = args.spec_mtp > 0;
     let address = reserve_address(&args.host, args.port)?;
     let events = kv_events(&args, address.local_addr()?.port(), log_format)?;
     let cache = CacheConfig {

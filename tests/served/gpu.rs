@@ -96,14 +96,21 @@ fn a_kv_cache_type_the_gpu_does_not_store_is_refused_naming_it() {
 /// A tiny random Qwen3.5-MoE GGUF (`HybridShape::TINY`, one block) in `dir`, with SmolLM2's
 /// tokenizer and chat template so the chat endpoint renders and decodes its tokens.
 fn tiny_hybrid(dir: &std::path::Path) -> std::path::PathBuf {
+    tiny_hybrid_shaped(dir, &spindle_models::random_hybrid::HybridShape::TINY)
+}
+
+fn tiny_hybrid_shaped(
+    dir: &std::path::Path,
+    shape: &spindle_models::random_hybrid::HybridShape,
+) -> std::path::PathBuf {
     use candle_core::quantized::gguf_file;
-    use spindle_models::random_hybrid::{write_random_hybrid, HybridShape};
+    use spindle_models::random_hybrid::write_random_hybrid;
     let mut source = std::fs::File::open(crate::common::smollm2()).unwrap();
     let content = gguf_file::Content::read(&mut source).unwrap();
     let tokenizer = content.metadata.into_iter().filter(|(k, _)| k.starts_with("tokenizer."));
-    let path = dir.join(HybridShape::TINY.file_name(1));
+    let path = dir.join(shape.file_name(1));
     let mut file = std::fs::File::create(&path).unwrap();
-    write_random_hybrid(&mut file, &HybridShape::TINY, 1, tokenizer.collect()).unwrap();
+    write_random_hybrid(&mut file, shape, 1, tokenizer.collect()).unwrap();
     path
 }
 
@@ -165,6 +172,33 @@ fn a_hybrid_on_the_gpu_speculates_to_the_cpus_plain_answer_and_resumes_from_the_
     let hit = cached["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
     assert!(hit > 0, "the repeat resumed from the prefix cache: {cached}");
     assert_eq!(text(&cold), text(&cached), "the cached run answers as the cold one");
+}
+
+/// `--spec-mtp` on the GPU: the file's MTP head goes on the device (the placement line says
+/// so) and drafts there, and the answer is the CPU server's plain greedy one.
+#[test]
+fn a_hybrid_on_the_gpu_drafts_with_its_mtp_head_to_the_cpus_plain_answer() {
+    if tiny_model_with_a_gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let shape = spindle_models::random_hybrid::HybridShape::TINY_MTP;
+    let model = tiny_hybrid_shaped(dir.path(), &shape);
+    let model = model.to_str().unwrap();
+    let text = |answer: &serde_json::Value| answer["choices"][0]["message"]["content"].clone();
+    let cpu = LoggedServer::with_args(&["--model", model, "--no-speculate"]);
+    let expected = cpu.post_ok("/v1/chat/completions", SPECULATIVE_CHAT);
+    cpu.stop();
+    let args = ["--model", model, "--device", "gpu", "--spec-mtp", "3"];
+    let server = LoggedServer::with_args(&args);
+    let answer = server.post_ok("/v1/chat/completions", SPECULATIVE_CHAT);
+    let log = server.stop();
+    let log = String::from_utf8_lossy(&log);
+    assert!(placement_line(&log).contains("MTP head included"), "{}", placement_line(&log));
+    let (drafted, accepted) = drafts_per_request(&log)[0];
+    eprintln!("drafted {drafted}, accepted {accepted}");
+    assert!(drafted > 0, "no drafts:\n{log}");
+    assert_eq!(text(&answer), text(&expected), "the GPU's greedy answer is the CPU's");
 }
 
 #[test]

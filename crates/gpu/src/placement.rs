@@ -40,6 +40,9 @@ pub struct PlacementRequest {
     pub kv_bytes: u64,
     /// Sequences a step runs at most, each with its DeltaNet states on the device.
     pub sequences: usize,
+    /// `--spec-mtp` above 0: the multi-token-prediction head, where the file has one, goes on
+    /// the device with the dense weights.
+    pub draft_head: bool,
 }
 
 impl Default for PlacementRequest {
@@ -54,6 +57,7 @@ impl Default for PlacementRequest {
             device_memory: None,
             kv_bytes: 0,
             sequences: 1,
+            draft_head: false,
         }
     }
 }
@@ -107,19 +111,26 @@ pub struct ModelBytes {
     pub experts: Vec<u64>,
     /// One sequence's DeltaNet states (convolution windows and matrices, every linear layer).
     pub states_per_sequence: u64,
+    /// The multi-token-prediction head (block `num_hidden_layers`), 0 where the file has none.
+    pub draft_head: u64,
 }
 
 impl ModelBytes {
     /// The bytes `GpuHybrid` puts on the device for the model of `cfg` in `weights`: quantized
     /// matrices as stored, the rest as f32; the multi-token-prediction head (block
-    /// `num_hidden_layers`), which the device never runs, not at all.
+    /// `num_hidden_layers`) apart, as it goes there only when asked for.
     pub fn of_hybrid(cfg: &HybridConfig, weights: &WeightSource) -> Self {
         let blocks = cfg.num_hidden_layers;
-        let mut bytes = ModelBytes { dense: 0, experts: vec![0; blocks], states_per_sequence: 0 };
+        let mut bytes = ModelBytes {
+            dense: 0,
+            experts: vec![0; blocks],
+            states_per_sequence: 0,
+            draft_head: 0,
+        };
         for (name, dtype, dims) in weights.stored_tensors() {
             let size = device_bytes(dtype, dims);
             match block_of(name) {
-                Some(block) if block >= blocks => {}
+                Some(block) if block >= blocks => bytes.draft_head += size,
                 Some(block) if is_expert_stack(name) => bytes.experts[block] += size,
                 _ => bytes.dense += size,
             }
@@ -175,6 +186,8 @@ pub struct Placement {
     pub limit: Option<MemoryLimit>,
     /// Sequences whose DeltaNet states the reserve holds.
     pub state_slots: usize,
+    /// Whether the multi-token-prediction head (where the file has one) is on the device.
+    pub draft_head: bool,
 }
 
 /// A placement that cannot be honoured; the message names the flag.
@@ -195,6 +208,7 @@ impl Placement {
             budget: None,
             limit: None,
             state_slots: 1,
+            draft_head: true,
         }
     }
 
@@ -216,7 +230,8 @@ impl Placement {
             return Err(PlacementRefused(format!("{flag}: this model has no routed experts")));
         }
         let reserved = request.kv_bytes + request.sequences as u64 * bytes.states_per_sequence;
-        let fixed = bytes.dense + reserved;
+        let head = if request.draft_head { bytes.draft_head } else { 0 };
+        let fixed = bytes.dense + head + reserved;
         let on_device =
             |host_blocks: usize| fixed + bytes.experts[host_blocks..].iter().sum::<u64>();
         let limit = request.limit();
@@ -233,7 +248,7 @@ impl Placement {
                      {}, DeltaNet states {}), more than that less a sixteenth kept for \
                      activations ({}); {remedy}, or lower --kv-cache-memory or --max-concurrent",
                     mib(fixed),
-                    mib(bytes.dense),
+                    mib(bytes.dense + head),
                     mib(request.kv_bytes),
                     mib(reserved - request.kv_bytes),
                     mib(budget)
@@ -263,6 +278,7 @@ impl Placement {
             budget,
             limit,
             state_slots: request.sequences.max(1),
+            draft_head: head > 0,
         })
     }
 
@@ -288,7 +304,7 @@ mod tests {
 
     /// 4 blocks of 100 expert bytes each, 1000 dense bytes, 10 state bytes a sequence.
     fn four_blocks() -> ModelBytes {
-        ModelBytes { dense: 1000, experts: vec![100; 4], states_per_sequence: 10 }
+        ModelBytes { dense: 1000, experts: vec![100; 4], states_per_sequence: 10, draft_head: 0 }
     }
 
     fn limit(budget: u64) -> Option<u64> {

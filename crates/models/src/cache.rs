@@ -242,12 +242,13 @@ impl SequenceCache {
         self.hidden.as_ref().map(|(from, rows)| (*from, rows.as_slice()))
     }
 
-    pub(crate) fn wants_hidden_states(&self) -> bool {
+    /// Whether [`keep_hidden_states`](Self::keep_hidden_states) asked for them.
+    pub fn wants_hidden_states(&self) -> bool {
         self.hidden.is_some()
     }
 
     /// The rows of the pass that just ran, which ended at [`len`](Self::len).
-    pub(crate) fn set_hidden_states(&mut self, rows: Vec<f32>, count: usize) {
+    pub fn set_hidden_states(&mut self, rows: Vec<f32>, count: usize) {
         self.hidden = Some((self.len - count, rows));
     }
 

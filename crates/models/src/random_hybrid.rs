@@ -100,6 +100,10 @@ impl HybridShape {
         mtp_head: false,
     };
 
+    /// [`HybridShape::TINY`] with an MTP head.
+    pub const TINY_MTP: Self =
+        Self { stem: "qwen35moe-tiny-mtp-random", mtp_head: true, ..Self::TINY };
+
     /// [`HybridShape::TINY`] as a dense Qwen3.5 (`qwen35`): an MLP of 256 in every layer.
     pub const TINY_DENSE: Self =
         Self { stem: "qwen35-tiny-random", experts: 0, experts_used: 0, ..Self::TINY };

@@ -12,6 +12,9 @@
 //! earlier (a rollback, the drafts' own verification) truncates it, and one that skips positions
 //! (a prompt served from the prefix cache, a step the sequence did not draft in) starts it afresh
 //! there; the head then attends over less context, which costs acceptance, never correctness.
+//! So does a head whose cache holds fewer positions than the target's context (on a GPU, where
+//! its keys and values take device memory per sequence): when the next rows and a round's drafts
+//! would not fit, it starts afresh at the latest rows that do.
 
 use spindle_models::{CausalLm, DraftHead, SequenceCache};
 
@@ -85,6 +88,14 @@ impl MtpDrafter {
             self.waiting = None;
         }
         hidden.extend_from_slice(rows);
+        let room = self.cache.limit().saturating_sub(self.max_length + 1);
+        if self.cache.len() + hidden.len() / width > room {
+            let skipped = (hidden.len() / width).saturating_sub(room);
+            self.cache = head.new_cache(target.limit());
+            start += skipped;
+            self.origin = start;
+            hidden.drain(..skipped * width);
+        }
         // Rows whose next token is known run now; the last may have to wait for it.
         let total = hidden.len() / width;
         let ready = total.min(tokens.len().saturating_sub(start + 1));
@@ -225,6 +236,81 @@ mod tests {
         }
         assert_eq!(drafts, expected);
         assert_eq!(all_hidden.len(), (tokens.len() - 1) * width);
+    }
+
+    /// A head that caches fewer positions than the target's context (as on a GPU).
+    struct ShortHead {
+        model: Box<dyn CausalLm>,
+        limit: usize,
+    }
+
+    impl CausalLm for ShortHead {
+        fn config(&self) -> &spindle_models::TransformerConfig {
+            self.model.config()
+        }
+
+        fn forward_batch(
+            &self,
+            batch: &mut [BatchEntry<'_>],
+        ) -> spindle_models::Result<Vec<Vec<f32>>> {
+            self.model.forward_batch(batch)
+        }
+
+        fn kv_shapes(&self) -> Vec<Option<spindle_models::KvShape>> {
+            self.model.kv_shapes()
+        }
+
+        fn initial_recurrent_state(&self) -> spindle_models::RecurrentState {
+            self.model.initial_recurrent_state()
+        }
+
+        fn draft_head(&self) -> Option<&dyn DraftHead> {
+            Some(self)
+        }
+    }
+
+    impl DraftHead for ShortHead {
+        fn new_cache(&self, context: usize) -> SequenceCache {
+            self.model.draft_head().unwrap().new_cache(context.min(self.limit))
+        }
+
+        fn predict(
+            &self,
+            hidden: &[f32],
+            tokens: &[u32],
+            cache: &mut SequenceCache,
+        ) -> spindle_models::Result<spindle_models::HeadRows> {
+            self.model.draft_head().unwrap().predict(hidden, tokens, cache)
+        }
+    }
+
+    /// A head cache of 12 positions drafting 3: a 30-token prompt leaves it room for its last 8
+    /// rows (and a round's 4), from which it drafts as a head run over just those would.
+    #[test]
+    fn a_head_with_a_short_cache_starts_afresh_at_the_rows_it_holds() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5");
+        let model = ShortHead { model: spindle_models::load_safetensors(&dir).unwrap(), limit: 12 };
+        let mut target = CausalLm::new_cache(&model, 128);
+        let mut drafter = MtpDrafter::new(&model, &mut target, 3).unwrap();
+        let mut tokens: Vec<u32> = (0..30).map(|i| (i * 53 + 7) % 500).collect();
+        model.forward(&tokens, &mut target).unwrap();
+        let width = model.config().hidden_size;
+        let kept = target.hidden_states().unwrap().1[22 * width..].to_vec();
+        drafter.observe(&model, &target, &tokens).unwrap();
+        tokens.push(11);
+        let drafts = drafter.propose(&model, &tokens, 8).unwrap();
+        // The reference: a head with room for everything over positions 22.. only.
+        let head = model.model.draft_head().unwrap();
+        let mut cache = head.new_cache(128);
+        let out = head.predict(&kept, &tokens[23..], &mut cache).unwrap();
+        let mut expected = vec![argmax(out.logits.last().unwrap()).0];
+        let mut hidden = out.hidden.last().unwrap().clone();
+        while expected.len() < 3 {
+            let out = head.predict(&hidden, &expected[expected.len() - 1..], &mut cache).unwrap();
+            expected.push(argmax(&out.logits[0]).0);
+            hidden = out.hidden[0].clone();
+        }
+        assert_eq!(drafts, expected);
     }
 
     /// Nothing to draft from before the head has seen the position before the decided token.

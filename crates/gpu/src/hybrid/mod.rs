@@ -10,13 +10,14 @@
 //! them, the block's shared expert is submitted to run while they run on the CPU, and the next
 //! submission goes on from their sum.
 
+mod mtp;
 mod parts;
 
 use std::sync::Arc;
 
 use spindle_models::{
-    BatchEntry, CausalLm, HybridConfig, KvShape, Mixer, ModelError, RecurrentState, RopeStyle,
-    Rotary, TransformerConfig, WeightSource,
+    BatchEntry, CausalLm, DraftHead, HybridConfig, KvShape, Mixer, ModelError, RecurrentState,
+    RopeStyle, Rotary, TransformerConfig, WeightSource,
 };
 
 use crate::buffer::GpuTensor;
@@ -36,6 +37,7 @@ use crate::placement::Placement;
 use crate::resident_states::{ResidentStates, StateTraffic};
 use crate::rope::RopeAngles;
 use crate::step::rows_per_range;
+use mtp::MtpHead;
 use parts::StepInputs;
 
 enum TokenMixer {
@@ -80,6 +82,8 @@ pub struct GpuHybrid {
     rotary: Rotary,
     pools: KvPools,
     states: ResidentStates,
+    /// The multi-token-prediction head, where the file has one and the placement asks for it.
+    mtp: Option<MtpHead>,
 }
 
 impl GpuHybrid {
@@ -147,6 +151,11 @@ impl GpuHybrid {
             });
         }
         let norm = upload_vector(&gpu, weights, "output_norm.weight", 0.0)?;
+        let mtp = if placement.draft_head {
+            MtpHead::load(&gpu, &cfg, weights, attention_shape)?
+        } else {
+            None
+        };
         let matrices = layers
             .iter()
             .flat_map(|l| {
@@ -161,11 +170,15 @@ impl GpuHybrid {
                 mixer.into_iter().chain(ffn)
             })
             .chain(head.iter())
-            .chain([&embed]);
-        let stacks = layers.iter().flat_map(|l| match &l.ffn {
-            FeedForward::Moe(moe) => moe.stacks(),
-            FeedForward::Dense(_) => Vec::new(),
-        });
+            .chain([&embed])
+            .chain(mtp.iter().flat_map(MtpHead::matrices));
+        let stacks = layers
+            .iter()
+            .flat_map(|l| match &l.ffn {
+                FeedForward::Moe(moe) => moe.stacks(),
+                FeedForward::Dense(_) => Vec::new(),
+            })
+            .chain(mtp.iter().flat_map(MtpHead::stacks));
         let linear_layers = cfg.layer_types().iter().filter(|&&m| m == Mixer::Linear).count();
         let states =
             ResidentStates::new(gpu.clone(), linear_shape, linear_layers, placement.state_slots);
@@ -198,6 +211,7 @@ impl GpuHybrid {
             norm,
             pools: KvPools::default(),
             states,
+            mtp,
         })
     }
 
@@ -227,6 +241,10 @@ impl CausalLm for GpuHybrid {
         self.cfg.initial_recurrent_state()
     }
 
+    fn draft_head(&self) -> Option<&dyn DraftHead> {
+        self.mtp.as_ref().map(|_| self as &dyn DraftHead)
+    }
+
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> spindle_models::Result<Vec<Vec<f32>>> {
         // Every entry is checked before any work, so a refusal changes no cache.
         let (rows, ids) = spindle_models::batch_rows(batch)?;
@@ -234,7 +252,8 @@ impl CausalLm for GpuHybrid {
         let angles = RopeAngles::of_batch(&self.rotary, batch);
         let states = self.states.claim(batch, &rows).map_err(model_error)?;
         let groups = self.pools.groups(&self.gpu, &self.kv_shapes(), batch).map_err(model_error)?;
-        let logits = (|| {
+        let keep_hidden = batch.iter().any(|e| e.cache.wants_hidden_states());
+        let (logits, hidden) = (|| {
             let rope = angles.upload(&self.gpu)?;
             let inputs = StepInputs {
                 ids: &ids,
@@ -242,17 +261,22 @@ impl CausalLm for GpuHybrid {
                 rope: &rope,
                 states: &states,
                 wanted: &wanted,
+                keep_hidden,
             };
-            self.run_step(&inputs)
+            let (logits, hidden) = self.run_step(&inputs)?;
+            Ok((logits.values()?, hidden.map(|h| h.values()).transpose()?))
         })()
         .map_err(model_error)?;
-        let logits = logits.values().map_err(model_error)?;
         states.hand_over(batch);
-        for entry in batch.iter_mut() {
+        let width = self.cfg.hidden_size;
+        for (entry, &(first, len)) in batch.iter_mut().zip(&rows) {
             if entry.verifies() {
-                entry.cache.advance_verified(entry.tokens.len());
+                entry.cache.advance_verified(len);
             } else {
-                entry.cache.advance(entry.tokens.len());
+                entry.cache.advance(len);
+            }
+            if let Some(hidden) = hidden.as_ref().filter(|_| entry.cache.wants_hidden_states()) {
+                entry.cache.set_hidden_states(hidden[first * width..][..len * width].to_vec(), len);
             }
         }
         Ok(rows_per_range(&logits, self.cfg.vocab_size, &wanted))

@@ -83,20 +83,28 @@ impl GpuHybrid {
             };
             x = k.add.forward(step, &x, &out)?;
         }
-        let picked = step.gather_rows(&x, self.cfg.hidden_size, inputs.wanted)?;
-        let normed = k.norm.forward(step, &picked, &self.norm, eps)?;
+        // Normed per row either way: all rows where a draft head wants them, else the wanted.
+        let width = self.cfg.hidden_size;
+        let (normed, all) = if inputs.keep_hidden {
+            let all = k.norm.forward(step, &x, &self.norm, eps)?;
+            (step.gather_rows(&all, width, inputs.wanted)?, Some(step.read(&all)))
+        } else {
+            let picked = step.gather_rows(&x, width, inputs.wanted)?;
+            (k.norm.forward(step, &picked, &self.norm, eps)?, None)
+        };
         let logits =
             k.products.forward(step, self.head.as_ref().unwrap_or(&self.embed), &normed)?;
-        Ok(Stop::Logits(step.read(&logits)))
+        Ok(Stop::Logits(step.read(&logits), all))
     }
 
     /// Runs a step's submissions, the routed experts in system RAM between them, to the
-    /// logits (the states stay on the device, moved on).
-    pub(super) fn run_step(&self, inputs: &StepInputs<'_>) -> Result<Readback> {
+    /// logits, and every row's final hidden state where `inputs` keeps them (the DeltaNet
+    /// states stay on the device, moved on).
+    pub(super) fn run_step(&self, inputs: &StepInputs<'_>) -> Result<(Readback, Option<Readback>)> {
         let mut start = Start::Embedding;
         loop {
             match self.gpu.run(|step| self.record(step, inputs, start))? {
-                Stop::Logits(logits) => return Ok(logits),
+                Stop::Logits(logits, hidden) => return Ok((logits, hidden)),
                 Stop::HostExperts(paused) => {
                     let Paused { block, rows, ids, weights, h, x, moe, experts } = *paused;
                     let (rows, ids, weights) = (rows.values()?, ids.words()?, weights.values()?);
@@ -120,6 +128,9 @@ pub(super) struct StepInputs<'a> {
     pub(super) rope: &'a RopeTable,
     pub(super) states: &'a StepSlots<'a>,
     pub(super) wanted: &'a [(usize, usize)],
+    /// Whether every row's final hidden state (after the final norm) is read back, for a
+    /// draft head.
+    pub(super) keep_hidden: bool,
 }
 
 /// Where a step's part begins.
@@ -140,8 +151,8 @@ struct Resume {
 
 /// Where a step's part stopped.
 enum Stop<'m> {
-    /// The step is done: its logits, read.
-    Logits(Readback),
+    /// The step is done: its logits, and every row's final hidden state where kept, read.
+    Logits(Readback, Option<Readback>),
     /// Before a block's routed experts in system RAM.
     HostExperts(Box<Paused<'m>>),
 }

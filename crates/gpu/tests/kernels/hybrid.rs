@@ -29,14 +29,14 @@ pub(crate) fn tiny_hybrid(dir: &Path) -> PathBuf {
     write_tiny(dir, &HybridShape::TINY)
 }
 
-fn write_tiny(dir: &Path, shape: &HybridShape) -> PathBuf {
+pub(crate) fn write_tiny(dir: &Path, shape: &HybridShape) -> PathBuf {
     let path = dir.join(shape.file_name(1));
     let mut file = std::fs::File::create(&path).unwrap();
     write_random_hybrid(&mut file, shape, 1, placeholder_tokenizer(VOCAB)).unwrap();
     path
 }
 
-fn load_on_gpu(path: &Path, gpu: Arc<Gpu>) -> GpuHybrid {
+pub(crate) fn load_on_gpu(path: &Path, gpu: Arc<Gpu>) -> GpuHybrid {
     let (cfg, mut weights) = spindle_models::open_hybrid(path).unwrap();
     GpuHybrid::load(gpu, cfg, &mut weights).unwrap()
 }

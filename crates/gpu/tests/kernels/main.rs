@@ -5,6 +5,7 @@
 
 mod attention;
 mod deltanet;
+mod draft_head;
 mod elementwise;
 mod gemma;
 mod harness;
