@@ -161,7 +161,7 @@ fn a_hybrid_on_the_gpu_speculates_to_the_cpus_plain_answer_and_resumes_from_the_
     eprintln!("drafted {drafted}, accepted {accepted}");
     // No --gpu-memory-limit: the budget is what the device reports free (Vulkan's heap).
     let source = match spindle_gpu::Gpu::open(None).unwrap().memory() {
-        Some(memory) => format!("(Vulkan heap {}: ", memory.heap),
+        Some(memory) => format!("({}: ", memory.source),
         None => "(no budget: ".to_string(),
     };
     let line = placement_line(&log);

@@ -1,8 +1,10 @@
-//! The device memory an adapter has, which wgpu does not report: asked of the Vulkan driver
-//! through wgpu's HAL. Of the heaps the driver lists, the largest device-local one (a discrete
-//! card's VRAM; system RAM on a CPU device such as lavapipe, or on an integrated GPU); what is
-//! free of it now where the driver has VK_EXT_memory_budget (its budget less this process's
-//! usage), else its whole size. Other backends (Metal, DX12) report nothing here: `None`.
+//! The device memory an adapter has, which wgpu does not report: asked of the driver through
+//! wgpu's HAL. On Vulkan, of the heaps the driver lists, the largest device-local one (a
+//! discrete card's VRAM; system RAM on a CPU device such as lavapipe, or on an integrated GPU);
+//! what is free of it now where the driver has VK_EXT_memory_budget (its budget less this
+//! process's usage), else its whole size. On Metal, the device's recommended working set (what
+//! macOS lets the GPU keep resident of the unified memory with good performance) less what this
+//! process has allocated on it. DX12 reports nothing here: `None`.
 
 use std::fmt;
 
@@ -14,13 +16,32 @@ pub struct DeviceMemory {
     /// Bytes free now: the driver's budget less this process's usage, or `total` without
     /// VK_EXT_memory_budget.
     pub available: u64,
-    /// The heap's index, as Vulkan numbers them.
-    pub heap: usize,
-    /// Whether `available` was measured (VK_EXT_memory_budget) rather than taken as `total`.
+    /// Where the numbers come from.
+    pub source: MemorySource,
+    /// Whether `available` was measured (VK_EXT_memory_budget, Metal) rather than taken as
+    /// `total`.
     pub measured: bool,
     /// Whether the heap is system RAM (a CPU device or an integrated GPU), so experts left in
     /// system RAM take from the same memory.
     pub system_ram: bool,
+}
+
+/// Which of the driver's numbers a [`DeviceMemory`] holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemorySource {
+    /// A Vulkan memory heap, by its index.
+    VulkanHeap(usize),
+    /// Metal's `recommendedMaxWorkingSetSize`.
+    MetalWorkingSet,
+}
+
+impl fmt::Display for MemorySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemorySource::VulkanHeap(heap) => write!(f, "Vulkan heap {heap}"),
+            MemorySource::MetalWorkingSet => write!(f, "Metal working set"),
+        }
+    }
 }
 
 impl fmt::Display for DeviceMemory {
@@ -29,8 +50,8 @@ impl fmt::Display for DeviceMemory {
         let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
         write!(
             f,
-            "Vulkan heap {}: {:.1} MiB free of {:.1} MiB",
-            self.heap,
+            "{}: {:.1} MiB free of {:.1} MiB",
+            self.source,
             mib(self.available),
             mib(self.total)
         )?;
@@ -84,14 +105,47 @@ pub(crate) fn of(adapter: &wgpu::Adapter) -> Option<DeviceMemory> {
     largest_device_local(&heaps, free, system_ram)
 }
 
-/// Metal and DX12 have no such query here.
-#[cfg(not(any(windows, target_os = "linux", target_os = "android", target_os = "freebsd")))]
+/// The working set Metal recommends for `adapter`'s device, less what this process allocated
+/// on it; `None` where the backend is not Metal.
+#[cfg(target_vendor = "apple")]
+pub(crate) fn of(adapter: &wgpu::Adapter) -> Option<DeviceMemory> {
+    use objc2_metal::MTLDevice;
+
+    // SAFETY: the HAL adapter is only read from, while `adapter` keeps it alive.
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Metal>() }?;
+    let device = hal.raw_device();
+    let total = device.recommendedMaxWorkingSetSize();
+    let allocated = device.currentAllocatedSize() as u64;
+    Some(working_set(total, allocated, device.hasUnifiedMemory()))
+}
+
+/// Other platforms have no such query here.
+#[cfg(not(any(
+    windows,
+    target_os = "linux",
+    target_os = "android",
+    target_os = "freebsd",
+    target_vendor = "apple"
+)))]
 pub(crate) fn of(_adapter: &wgpu::Adapter) -> Option<DeviceMemory> {
     None
 }
 
+/// Metal's recommended working set `total`, of which `allocated` is taken already.
+#[cfg_attr(not(target_vendor = "apple"), allow(dead_code))]
+fn working_set(total: u64, allocated: u64, unified: bool) -> DeviceMemory {
+    DeviceMemory {
+        total,
+        available: total.saturating_sub(allocated),
+        source: MemorySource::MetalWorkingSet,
+        measured: true,
+        system_ram: unified,
+    }
+}
+
 /// Of `heaps` (size, device-local), the largest device-local one; free is its budget less its
 /// usage where `budget` gives them per heap, else its size.
+#[cfg_attr(target_vendor = "apple", allow(dead_code))]
 fn largest_device_local(
     heaps: &[(u64, bool)],
     budget: Option<(&[u64], &[u64])>,
@@ -104,7 +158,8 @@ fn largest_device_local(
         Some((budgets, usages)) => budgets[heap].saturating_sub(usages[heap]).min(total),
         None => total,
     };
-    Some(DeviceMemory { total, available, heap, measured: budget.is_some(), system_ram })
+    let source = MemorySource::VulkanHeap(heap);
+    Some(DeviceMemory { total, available, source, measured: budget.is_some(), system_ram })
 }
 
 #[cfg(test)]
@@ -118,7 +173,8 @@ mod tests {
         let budget = [60 << 30, 200 << 20, 7 << 30];
         let usage = [1 << 30, 0, 2 << 30];
         let memory = largest_device_local(&heaps, Some((&budget, &usage)), false).unwrap();
-        assert_eq!((memory.heap, memory.total, memory.available), (2, 8 << 30, 5 << 30));
+        assert_eq!(memory.source, MemorySource::VulkanHeap(2));
+        assert_eq!((memory.total, memory.available), (8 << 30, 5 << 30));
         assert!(memory.measured);
         // Without VK_EXT_memory_budget, the heap's size.
         let memory = largest_device_local(&heaps, None, false).unwrap();
@@ -136,5 +192,17 @@ mod tests {
         assert_eq!(memory.unwrap().available, 8 << 30);
         assert!(memory.unwrap().to_string().ends_with(", system RAM shared with the CPU"));
         assert_eq!(largest_device_local(&[(1 << 30, false)], None, false), None);
+    }
+
+    #[test]
+    fn metals_working_set_less_what_is_allocated_is_free() {
+        let memory = working_set(48 << 30, 2 << 30, true);
+        assert_eq!((memory.total, memory.available), (48 << 30, 46 << 30));
+        assert_eq!(
+            memory.to_string(),
+            "Metal working set: 47104.0 MiB free of 49152.0 MiB, system RAM shared with the CPU"
+        );
+        // More allocated than recommended: nothing free.
+        assert_eq!(working_set(1 << 30, 3 << 30, true).available, 0);
     }
 }

@@ -58,7 +58,7 @@ pub use buffer::GpuTensor;
 pub use causal_conv::{CausalConv, ConvOutputs};
 pub use delta_rule::{DeltaRule, DeltaRuleInputs};
 pub use device::{AdapterSummary, Gpu};
-pub use device_memory::DeviceMemory;
+pub use device_memory::{DeviceMemory, MemorySource};
 pub use elementwise::{AddRows, Elementwise};
 pub use error::{GpuError, Result};
 pub use hybrid::GpuHybrid;

@@ -355,7 +355,7 @@ mod tests {
         let device = |available: Option<u64>| DeviceMemory {
             total: 1 << 30,
             available: available.unwrap(),
-            heap: 0,
+            source: crate::MemorySource::VulkanHeap(0),
             measured: true,
             system_ram: false,
         };

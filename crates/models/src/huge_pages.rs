@@ -6,6 +6,7 @@
 //! no effect and weights stay on small pages.
 
 /// Huge page size on x86-64 and most Linux targets.
+#[cfg(target_os = "linux")]
 const HUGE_PAGE: usize = 2 << 20;
 
 /// `n` items from `items` on huge pages (see [`fill`]).

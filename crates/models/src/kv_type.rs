@@ -142,6 +142,7 @@ impl<'a> KvRows<'a> {
     }
 
     /// [`Self::prefetch`] of columns `columns` of each row (rows of `d` values).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn prefetch_columns(self, d: usize, columns: Range<usize>) {
         for row in 0..self.values() / d {
             self.part(d, row, columns.clone()).prefetch();
@@ -163,6 +164,7 @@ impl<'a> KvRows<'a> {
 
     /// The values as f32: f32 rows themselves, others converted into `scratch` by the copy of
     /// the conversion for `isa`, which the CPU must run.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn to_f32_on<'s>(self, isa: Isa, scratch: &'s mut Vec<f32>) -> &'s [f32]
     where
         'a: 's,
@@ -196,6 +198,7 @@ impl<'a> KvRows<'a> {
     /// Columns `columns` of each row (rows of `d` values) as f32, `rows × columns.len()`,
     /// converted into `scratch` by the copy for `isa`, which the CPU must run: the same values
     /// as those columns of [`Self::to_f32_on`]. q8_0 columns start and end on its blocks.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn columns_to_f32_on<'s>(
         self,
         isa: Isa,
@@ -232,6 +235,7 @@ impl<'a> KvRows<'a> {
 
     /// Columns `columns` of row `row` (rows of `d` values).
     #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn part(self, d: usize, row: usize, columns: Range<usize>) -> Self {
         let at = row * d;
         match self {

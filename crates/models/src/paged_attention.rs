@@ -40,6 +40,7 @@ const TASK_ROWS: usize = 4 * wide::GROUP_ROWS;
 /// Lanes of an AVX-512 register.
 const LANES: usize = 16;
 /// How many runs ahead of the one being read a decode task prefetches ([`KvRows::prefetch`]).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const PREFETCH_RUNS: usize = 2;
 
 /// One key/value head's cached positions: per block, `(keys, values)` of `positions × head_dim`.
@@ -85,6 +86,7 @@ struct Task<'a> {
 
 impl Task<'_> {
     /// Keys of the runs.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn keys(&self, d: usize) -> usize {
         self.runs.iter().map(|(k, _)| k.values() / d).sum()
     }

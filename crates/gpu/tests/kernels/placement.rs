@@ -140,5 +140,5 @@ fn a_vulkan_adapter_reports_its_device_memory() {
     assert!(memory.total > 0 && memory.available <= memory.total, "{memory:?}");
     let cpu = info.device_type == wgpu::DeviceType::Cpu;
     assert!(!cpu || memory.system_ram, "a CPU device's heap is system RAM: {memory:?}");
-    assert!(memory.to_string().starts_with(&format!("Vulkan heap {}: ", memory.heap)));
+    assert!(memory.to_string().starts_with(&format!("{}: ", memory.source)));
 }

@@ -27,6 +27,7 @@ pub(super) const TILE: usize = 32;
 
 /// The tiles of a task's keys `0..keys`, its key 0 at position `base`: per tile, the range of
 /// task keys in it.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) fn tiles(base: usize, keys: usize) -> Vec<Range<usize>> {
     let mut tiles = Vec::with_capacity(keys / TILE + 2);
     let mut at = 0;
@@ -70,11 +71,13 @@ pub(super) fn tiled<'a>(runs: HeadRunsSlice<'a>, d: usize, base: usize) -> Tiled
 
 /// One row's running maximum and sum.
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) struct RowState {
     pub max: f32,
     pub sum: f32,
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl RowState {
     pub const START: Self = Self { max: f32::NEG_INFINITY, sum: 0.0 };
 }
@@ -83,6 +86,7 @@ impl RowState {
 /// key `from`, of a row that sees the keys `first..=last`. Replaces them by probabilities,
 /// updates `state` and returns the factor of the outputs so far (1 where none).
 #[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) fn row_step(
     scores: &mut [f32],
     from: usize,
@@ -114,6 +118,7 @@ pub(super) fn row_step(
 /// probabilities in place, each tile's factor in `factors` (one per tile of [`tiles`]);
 /// returns the sum.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) fn row_softmax(
     scores: &mut [f32],
     tiles: &[Range<usize>],

@@ -56,6 +56,7 @@ pub(super) fn add_portable(
 }
 
 /// Checks that `probs` holds a probability for every value and row.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn check(values: usize, rows: usize, probs: &[f32], (key_step, row_step): ProbSteps) {
     assert!(
         values == 0 || rows == 0 || probs.len() > (values - 1) * key_step + (rows - 1) * row_step,
