@@ -6,6 +6,7 @@ mod byte_size;
 mod device_flag;
 mod generate;
 mod kv_memory;
+mod kv_on_gpu;
 mod launch;
 mod logging;
 mod memory;

@@ -14,6 +14,7 @@ use spindle_server::{LoadedModel, ServerConfig};
 use crate::byte_size::human_bytes;
 use crate::device_flag::{load_on_gpu, plan_placement};
 use crate::kv_memory::KvMemory;
+use crate::kv_on_gpu::DeviceRoom;
 use crate::placement_flags::placement_line;
 
 /// `sampling defaults: temperature 0.7 (generation_config.json), …`, and the thinking preset's
@@ -100,6 +101,32 @@ impl Loading {
         }
         let line = placement.map(|p| placement_line(&p));
         Ok((bundle, line))
+    }
+
+    /// With `--device gpu` and `--kv-cache-memory auto`, the KV pool for the model of `files`
+    /// as [`DeviceRoom`] sizes it on the device (no more than `cache` holds already), in
+    /// `cache` and the placement request.
+    pub fn size_kv_on_gpu(
+        &mut self,
+        files: &spindle_hub::ModelFiles,
+        cache: &mut CacheConfig,
+    ) -> anyhow::Result<()> {
+        let (Some(gpu), KvMemory::Auto) = (&self.gpu, self.kv_memory) else { return Ok(()) };
+        let room = DeviceRoom::of(gpu, files, self.placement.draft_head)?;
+        cache.kv_bytes = room.auto_bytes().min(cache.kv_bytes);
+        self.placement.kv_bytes = cache.kv_bytes as u64;
+        Ok(())
+    }
+
+    /// With `--device gpu`, refuses a pool (`cache`, every share taken from it) whose layers
+    /// the device cannot bind (see [`crate::kv_on_gpu::check_binds`]).
+    pub fn check_kv_binds(&self, bundle: &ModelBundle, cache: &CacheConfig) -> anyhow::Result<()> {
+        let Some(gpu) = &self.gpu else { return Ok(()) };
+        let given = match self.kv_memory {
+            KvMemory::Bytes(bytes) => bytes,
+            KvMemory::Auto => cache.kv_bytes,
+        };
+        crate::kv_on_gpu::check_binds(gpu, bundle, cache, given)
     }
 
     /// The context: `--ctx-size`, else what the model was trained for, capped by what the KV

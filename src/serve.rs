@@ -224,7 +224,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             .map(|dir| DiskConfig { dir, bytes: args.prefix_cache_disk_size }),
         ..CacheConfig::default()
     };
-    let loading = Loading {
+    let mut loading = Loading {
         chat_template: args.chat_template.clone(),
         kv_memory: args.kv_cache_memory,
         kv_type,
@@ -264,6 +264,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             &spindle_hub::spindle_home(),
             spindle_hub::WhenMissing::Download,
         )?;
+        loading.size_kv_on_gpu(&files, &mut config.cache)?;
         let (bundle, placement_line) = loading.bundle(&files)?;
         let draft = (args.draft_model.as_deref())
             .map(|spec| load_draft(spec, &bundle, &config.model_id, &mut config.cache))
@@ -277,6 +278,7 @@ pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             &config.speculation,
         )
         .map(|share| share.summary(config.speculation.max_draft));
+        loading.check_kv_binds(&bundle, &config.cache)?;
         let fitted = loading.fit(&bundle, &config.cache);
         config.ctx_size = fitted.ctx_size;
         config.orphan_prefill_tokens = args.orphan_prefill_tokens.unwrap_or(fitted.ctx_size);

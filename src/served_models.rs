@@ -125,10 +125,12 @@ fn load(
 ) -> anyhow::Result<LoadedModel> {
     let home = spindle_hub::spindle_home();
     let files = spindle_hub::resolve(&entry.source, &home, WhenMissing::Download)?;
+    let (mut config, mut loading) = (config.clone(), loading.clone());
+    loading.size_kv_on_gpu(&files, &mut config.cache)?;
     let (bundle, placement) = loading.bundle(&files)?;
-    let mut config = config.clone();
     let (max_active, speculation) = (config.max_concurrent, &config.speculation);
     let rollback = share_rollback_memory(&bundle, &mut config.cache, max_active, speculation);
+    loading.check_kv_binds(&bundle, &config.cache)?;
     let fitted = loading.fit(&bundle, &config.cache);
     let summary = loading.summary(&entry.name, &fitted, &bundle, &config.cache);
     let model = LoadedModel::start(entry.name.clone(), fitted.ctx_size, &config, bundle)?;

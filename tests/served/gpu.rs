@@ -61,6 +61,35 @@ fn a_request_on_the_gpu_answers_alike_cold_and_from_the_prefix_cache() {
     assert_eq!(text(&cold), text(&cached), "the cached run answers as the cold one");
 }
 
+/// `--kv-cache-memory auto` (the default) sizes the pools from the device's memory and what one
+/// buffer binding holds, not from system RAM (whose 70% made lavapipe's 128 MiB bindings fail
+/// every request); a size past what the bindings hold is refused at start, naming the flag.
+#[test]
+fn the_kv_pool_on_the_gpu_is_sized_to_the_device() {
+    let Some(model) = tiny_model_with_a_gpu() else { return };
+    let args = ["--model", &model, "--device", "gpu", "--kv-cache-memory", "auto"];
+    let server = LoggedServer::with_args(&args);
+    let answer = server.post_ok("/v1/chat/completions", CHAT);
+    let log = server.stop();
+    let log = String::from_utf8_lossy(&log);
+    assert_eq!(answer["usage"]["completion_tokens"], 3, "{answer}");
+    let gpu = spindle_gpu::Gpu::open(None).unwrap();
+    let line = log.lines().find(|l| l.contains("KV cache ")).expect("the model's line");
+    eprintln!("{line}");
+    assert!(line.contains("(auto)"), "{line}");
+    let output = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["serve", "--model", &model, "--device", "gpu", "--port", "0"])
+        .args(["--kv-cache-memory", "512GiB"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    let binding = gpu.max_binding_bytes() as f64 / (1 << 20) as f64;
+    for needle in ["--kv-cache-memory 512.0 GiB", &format!("the {binding:.1} MiB"), "at most"] {
+        assert!(stderr.contains(needle), "{needle} not in: {stderr}");
+    }
+}
+
 #[test]
 fn the_disk_tier_is_refused_with_the_gpu_naming_both() {
     let Some(model) = tiny_model_with_a_gpu() else { return };

@@ -147,7 +147,7 @@ impl Gpu {
     }
 
     /// The most bytes one storage binding may hold on this device.
-    pub(crate) fn max_binding_bytes(&self) -> u64 {
+    pub fn max_binding_bytes(&self) -> u64 {
         self.limits.max_storage_buffer_binding_size
     }
 

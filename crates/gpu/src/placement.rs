@@ -143,6 +143,12 @@ impl ModelBytes {
     }
 }
 
+/// The bytes a dense model's `weights` take on the device (`GpuLlama`'s: quantized matrices as
+/// stored, the rest as f32); 0 for a checkpoint, whose header this does not read.
+pub fn dense_device_bytes(weights: &WeightSource) -> u64 {
+    weights.stored_tensors().into_iter().map(|(_, dtype, dims)| device_bytes(dtype, dims)).sum()
+}
+
 /// A tensor's bytes on the device: a quantized one as stored, a float one as f32.
 fn device_bytes(dtype: GgmlDType, dims: &[usize]) -> u64 {
     let elements: usize = dims.iter().product();
