@@ -1,8 +1,13 @@
-//! f32 tensors and raw weight bytes in device memory, and copies to and from the host.
+//! f32 tensors and raw weight bytes in device memory, and copies to and from the host. What a
+//! step makes or uploads for itself (outputs, indices, tables) comes from the device's
+//! [`BufferPool`] and goes back there when dropped; weights and states are buffers of their own.
+
+use std::sync::Arc;
 
 use wgpu::util::DeviceExt;
 use wgpu::BufferUsages;
 
+use crate::buffer_pool::{BufferKind, BufferPool};
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 
@@ -10,6 +15,20 @@ use crate::error::{GpuError, Result};
 pub struct GpuTensor {
     pub(crate) buffer: wgpu::Buffer,
     len: usize,
+    pooled: Option<Pooled>,
+}
+
+/// The pool a pooled buffer goes back to.
+struct Pooled {
+    pool: Arc<BufferPool>,
+}
+
+impl Drop for GpuTensor {
+    fn drop(&mut self) {
+        if let Some(Pooled { pool }) = self.pooled.take() {
+            pool.give_back(BufferKind::Storage, self.buffer.clone());
+        }
+    }
 }
 
 impl GpuTensor {
@@ -23,9 +42,19 @@ impl GpuTensor {
     }
 }
 
-/// Bytes as the device stores them for one binding (weights in their file layout).
+/// Bytes as the device stores them for one binding (weights in their file layout; a step's
+/// indices, pooled).
 pub(crate) struct GpuBytes {
     pub(crate) buffer: wgpu::Buffer,
+    pooled: Option<Pooled>,
+}
+
+impl Drop for GpuBytes {
+    fn drop(&mut self) {
+        if let Some(Pooled { pool }) = self.pooled.take() {
+            pool.give_back(BufferKind::Storage, self.buffer.clone());
+        }
+    }
 }
 
 /// Storage bindings are read as whole 32-bit words, so byte data is padded to a multiple of 4.
@@ -40,7 +69,14 @@ impl Gpu {
     pub fn upload(&self, values: &[f32]) -> Result<GpuTensor> {
         let bytes: &[u8] = bytemuck::cast_slice(values);
         let buffer = self.storage_with(bytes, "tensor")?;
-        Ok(GpuTensor { buffer, len: values.len() })
+        Ok(GpuTensor { buffer, len: values.len(), pooled: None })
+    }
+
+    /// Copies `values` to a device tensor for the next submissions (a step's rotation table):
+    /// a pooled buffer, filled as the next submission starts.
+    pub(crate) fn upload_for_step(&self, values: &[f32]) -> Result<GpuTensor> {
+        let (buffer, pooled) = self.filled_for_step(bytemuck::cast_slice(values), "tensor")?;
+        Ok(GpuTensor { buffer, len: values.len(), pooled: Some(pooled) })
     }
 
     /// Overwrites `tensor`'s values from `at` on with `values`, before the next submission
@@ -56,24 +92,39 @@ impl Gpu {
 
     /// A device tensor of `len` values for a kernel to fill: made without a wait, inside a
     /// [`Gpu::run`] that reports any error of its making.
+    /// Its values are whatever the pooled buffer held: kernels write every one they read.
     pub(crate) fn output(&self, len: usize) -> GpuTensor {
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("output"),
-            size: (len.max(1) * 4) as u64,
-            usage: BufferUsages::STORAGE | BufferUsages::COPY_SRC | BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        GpuTensor { buffer, len }
+        let buffer = self.pool.take(&self.device, BufferKind::Storage, (len.max(1) * 4) as u64);
+        let pooled = Pooled { pool: self.pool.clone() };
+        GpuTensor { buffer, len, pooled: Some(pooled) }
     }
 
-    /// Copies indices (token ids, block tables) to the device.
+    /// Copies a step's indices (token ids, block tables) to the device: a pooled buffer, filled
+    /// as the next submission starts.
     pub(crate) fn upload_indices(&self, indices: &[u32], what: &str) -> Result<GpuBytes> {
-        self.upload_bytes(bytemuck::cast_slice(indices), what)
+        let (buffer, pooled) = self.filled_for_step(bytemuck::cast_slice(indices), what)?;
+        Ok(GpuBytes { buffer, pooled: Some(pooled) })
     }
 
     /// Copies raw bytes (a weight in its file layout) to the device.
     pub(crate) fn upload_bytes(&self, bytes: &[u8], what: &str) -> Result<GpuBytes> {
-        Ok(GpuBytes { buffer: self.storage_with(&padded_words(bytes), what)? })
+        Ok(GpuBytes { buffer: self.storage_with(&padded_words(bytes), what)?, pooled: None })
+    }
+
+    /// A pooled buffer holding `bytes` (padded to whole words) from the next submission on.
+    fn filled_for_step(&self, bytes: &[u8], what: &str) -> Result<(wgpu::Buffer, Pooled)> {
+        let padded = padded_words(bytes);
+        let limit = self.max_binding_bytes();
+        if padded.len() as u64 > limit {
+            return Err(GpuError::TooLarge {
+                what: what.into(),
+                bytes: padded.len() as u64,
+                limit,
+            });
+        }
+        let buffer = self.pool.take(&self.device, BufferKind::Storage, padded.len() as u64);
+        self.queue.write_buffer(&buffer, 0, &padded);
+        Ok((buffer, Pooled { pool: self.pool.clone() }))
     }
 
     fn storage_with(&self, bytes: &[u8], what: &str) -> Result<wgpu::Buffer> {

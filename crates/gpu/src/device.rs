@@ -6,10 +6,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use wgpu::{AdapterInfo, Backends, DeviceType};
 
+use crate::bind_groups::{BindGroupCount, BindGroups};
+use crate::buffer_pool::BufferPool;
 use crate::error::{GpuError, Result};
 
 /// The backends searched for adapters.
@@ -27,6 +29,10 @@ pub struct Gpu {
     /// Pipelines compiled on this device, by shader source: every model loaded on it (and every
     /// test sharing it) compiles a kernel once; a driver may take a second to compile one.
     pub(crate) pipelines: Mutex<HashMap<String, wgpu::ComputePipeline>>,
+    /// Buffers the steps make for themselves, kept for the next steps.
+    pub(crate) pool: Arc<BufferPool>,
+    /// Bind groups kept across steps.
+    pub(crate) bind_groups: Mutex<BindGroups>,
 }
 
 /// One adapter as a user would pick it: its index in [`Gpu::adapters`] and its description.
@@ -114,6 +120,8 @@ impl Gpu {
             limits,
             submissions: AtomicU64::new(0),
             pipelines: Mutex::default(),
+            pool: Arc::default(),
+            bind_groups: Mutex::default(),
         })
     }
 
@@ -137,8 +145,31 @@ impl Gpu {
         self.submissions.load(Ordering::Relaxed)
     }
 
+    /// A submission went: counted, and what waited for one ([`BufferPool::submitted`],
+    /// [`BindGroups::submitted`]) moves on.
     pub(crate) fn count_submission(&self) {
         self.submissions.fetch_add(1, Ordering::Relaxed);
+        self.pool.submitted();
+        self.bind_groups().submitted();
+    }
+
+    pub(crate) fn bind_groups(&self) -> std::sync::MutexGuard<'_, BindGroups> {
+        self.bind_groups.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bind groups made and reused so far (a step in its steady state makes none).
+    pub fn bind_group_count(&self) -> BindGroupCount {
+        self.bind_groups().count()
+    }
+
+    /// Lets go of the bind groups kept, and the buffers they hold (a model unloading).
+    pub fn forget_bind_groups(&self) {
+        self.bind_groups().clear();
+    }
+
+    /// Bytes of buffers kept for the next steps.
+    pub fn pooled_bytes(&self) -> u64 {
+        self.pool.bytes()
     }
 
     /// The alignment of a uniform binding's offset in its buffer.

@@ -3,6 +3,7 @@
 
 use std::num::NonZeroU64;
 
+use crate::bind_groups::Bindings;
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 use crate::step::Step;
@@ -49,20 +50,31 @@ impl Kernel {
         if workgroups == 0 || z == 0 {
             return;
         }
-        let (uniform, offset, size) = step.params(params);
-        let uniform = wgpu::BufferBinding { buffer: &uniform, offset, size: NonZeroU64::new(size) };
-        let entries: Vec<wgpu::BindGroupEntry> = buffers
-            .iter()
-            .map(|b| b.as_entire_binding())
-            .chain([wgpu::BindingResource::Buffer(uniform)])
-            .enumerate()
-            .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource })
-            .collect();
-        let bind_group = step.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(self.name),
-            layout: &self.pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
+        let bindings = Bindings {
+            pipeline: self.pipeline.clone(),
+            storage: buffers.iter().map(|&b| b.clone()).collect(),
+            uniform: step.params(params),
+        };
+        let make = |b: &Bindings| {
+            let (uniform, offset, size) = &b.uniform;
+            let uniform = wgpu::BufferBinding {
+                buffer: uniform,
+                offset: *offset,
+                size: NonZeroU64::new(*size),
+            };
+            let entries: Vec<wgpu::BindGroupEntry> = (b.storage.iter())
+                .map(|b| b.as_entire_binding())
+                .chain([wgpu::BindingResource::Buffer(uniform)])
+                .enumerate()
+                .map(|(i, resource)| wgpu::BindGroupEntry { binding: i as u32, resource })
+                .collect();
+            step.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(self.name),
+                layout: &self.pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            })
+        };
+        let bind_group = step.gpu.bind_groups().get(bindings, make);
         let mut pass = step.encoder.begin_compute_pass(&Default::default());
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);

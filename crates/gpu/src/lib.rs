@@ -26,7 +26,9 @@
 //! ```
 
 mod attention;
+mod bind_groups;
 mod buffer;
+mod buffer_pool;
 mod causal_conv;
 mod delta_net_layer;
 mod delta_rule;
@@ -54,6 +56,7 @@ mod step;
 pub use attention::{
     Attention, AttentionShape, KvCache, KvFormat, KvPool, PagedRows, QueryPlace, MAX_HEAD_DIM,
 };
+pub use bind_groups::BindGroupCount;
 pub use buffer::GpuTensor;
 pub use causal_conv::{CausalConv, ConvOutputs};
 pub use delta_rule::{DeltaRule, DeltaRuleInputs};

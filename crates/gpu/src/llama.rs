@@ -311,6 +311,13 @@ impl GpuLlama {
     }
 }
 
+impl Drop for GpuLlama {
+    /// The device's kept bind groups hold this model's weights: they go with it.
+    fn drop(&mut self) {
+        self.gpu.forget_bind_groups();
+    }
+}
+
 impl CausalLm for GpuLlama {
     fn config(&self) -> &TransformerConfig {
         &self.cfg

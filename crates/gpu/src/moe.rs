@@ -200,8 +200,8 @@ impl FeedForwardKernels {
         let shared = self.shared(step, products, moe, x)?;
         let (experts, top_k) = (moe.expert_count, moe.top_k);
         let (width, hidden) = (stacks.gate.rows() / experts, stacks.down.rows() / experts);
-        // A fresh buffer is zeros: the CPU's sum starts there too.
-        let mut sum = step.gpu.output(x.len());
+        // From zeros, as the CPU's sum.
+        let mut sum = step.zeros(x.len());
         for slot in 0..top_k {
             let chosen = (&routed.ids, top_k, slot);
             let gate = self.gathered(step, (&stacks.gate, width), x, chosen)?;

@@ -53,7 +53,7 @@ impl RopeAngles {
     }
 
     pub(crate) fn upload(&self, gpu: &Gpu) -> Result<RopeTable> {
-        Ok(RopeTable { cos: gpu.upload(&self.cos)?, sin: gpu.upload(&self.sin)? })
+        Ok(RopeTable { cos: gpu.upload_for_step(&self.cos)?, sin: gpu.upload_for_step(&self.sin)? })
     }
 }
 

@@ -5,6 +5,7 @@
 use wgpu::BufferUsages;
 
 use crate::buffer::GpuTensor;
+use crate::buffer_pool::{BufferKind, Recording};
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 
@@ -21,6 +22,8 @@ pub struct Step<'g> {
     /// the step is submitted: a buffer made for each dispatch cost more than the dispatch's
     /// recording (36 µs of ~50 on lavapipe's host side).
     params: Vec<(wgpu::Buffer, Vec<u8>)>,
+    /// Buffers dropped meanwhile wait for the submission (`buffer_pool`).
+    _recording: Recording,
 }
 
 /// A tensor's values as they will be after the step: readable once [`Gpu::run`] returns.
@@ -69,17 +72,30 @@ impl Gpu {
 impl<'g> Step<'g> {
     fn new(gpu: &'g Gpu) -> Self {
         let encoder = gpu.device.create_command_encoder(&Default::default());
-        Step { gpu, encoder, readbacks: Vec::new(), params: Vec::new() }
+        let _recording = Recording::start();
+        Step { gpu, encoder, readbacks: Vec::new(), params: Vec::new(), _recording }
     }
 
     /// Writes the parameter blocks and submits the recorded work; the buffers to read back.
+    /// The parameter buffers go back to the pool, the first taken first again next step (so
+    /// its dispatches bind what they bound this one).
     fn submit(self) -> Vec<wgpu::Buffer> {
         for (buffer, bytes) in &self.params {
             self.gpu.queue.write_buffer(buffer, 0, bytes);
         }
         self.gpu.queue.submit([self.encoder.finish()]);
+        for (buffer, _) in self.params.into_iter().rev() {
+            self.gpu.pool.give_back(BufferKind::Uniform, buffer);
+        }
         self.gpu.count_submission();
         self.readbacks
+    }
+
+    /// A tensor of `len` zeros when the step reaches this point (a sum to add into).
+    pub(crate) fn zeros(&mut self, len: usize) -> GpuTensor {
+        let tensor = self.gpu.output(len);
+        self.encoder.clear_buffer(&tensor.buffer, 0, None);
+        tensor
     }
 }
 
@@ -99,12 +115,8 @@ impl Step<'_> {
             data.len().next_multiple_of(align) + size > PARAMS_BUFFER
         };
         if self.params.last().is_none_or(full) {
-            let buffer = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("dispatch parameters"),
-                size: PARAMS_BUFFER as u64,
-                usage: BufferUsages::UNIFORM | BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
+            let (device, kind) = (&self.gpu.device, BufferKind::Uniform);
+            let buffer = self.gpu.pool.take(device, kind, PARAMS_BUFFER as u64);
             self.params.push((buffer, Vec::new()));
         }
         let (buffer, data) = self.params.last_mut().expect("a parameter buffer");

@@ -222,6 +222,13 @@ impl GpuHybrid {
     }
 }
 
+impl Drop for GpuHybrid {
+    /// The device's kept bind groups hold this model's weights: they go with it.
+    fn drop(&mut self) {
+        self.gpu.forget_bind_groups();
+    }
+}
+
 impl CausalLm for GpuHybrid {
     fn config(&self) -> &TransformerConfig {
         &self.summary

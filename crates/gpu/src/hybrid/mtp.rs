@@ -188,7 +188,7 @@ impl DraftHead for GpuHybrid {
         let (logits, normed) = (|| {
             let groups = self.pools.groups(&self.gpu, &shapes, &batch)?;
             let rope = angles.upload(&self.gpu)?;
-            let hidden = self.gpu.upload(hidden)?;
+            let hidden = self.gpu.upload_for_step(hidden)?;
             let place = HeadPlace { pools: (&groups, 0), rope: &rope };
             let (logits, normed) = self.gpu.run(|step| {
                 let (logits, normed) = self.record_head(step, head, (&hidden, tokens), place)?;

@@ -112,7 +112,7 @@ impl GpuHybrid {
                     let shared = self.gpu.submit(|step| ffn.shared(step, products, moe, &h))?;
                     let hidden = self.cfg.hidden_size;
                     let sum = experts.forward(rows, hidden, &ids, &weights, moe.top_k)?;
-                    let sum = self.gpu.upload(&sum)?;
+                    let sum = self.gpu.upload_for_step(&sum)?;
                     start = Start::After(Box::new(Resume { block, x, shared, sum }));
                 }
             }

@@ -290,6 +290,34 @@ fn a_pass_verifying_drafts_decodes_as_plain_steps_and_goes_back_on_the_device() 
     assert_eq!(cache.len(), prompt.len() + 4, "a refused truncation changed the length");
 }
 
+/// A decode step in its steady state binds the buffers it bound the step before (outputs,
+/// indices and parameter blocks come back from the device's pool place by place), so after
+/// the first decode step it makes no bind group and reuses one for every dispatch; the pool
+/// stays bounded.
+#[test]
+fn decode_steps_reuse_their_bind_groups_and_buffers() {
+    if gpu_or_skip().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A device of its own: the other tests' steps would count too.
+    let device = Arc::new(Gpu::open(None).unwrap());
+    let gpu = load_on_gpu(&tiny_hybrid(dir.path()), device.clone());
+    let mut cache = gpu.new_cache(64);
+    gpu.forward(&[3, 141, 59, 26], &mut cache).unwrap();
+    gpu.forward(&[5], &mut cache).unwrap();
+    let before = device.bind_group_count();
+    for token in [7, 9, 11] {
+        gpu.forward(&[token], &mut cache).unwrap();
+    }
+    let after = device.bind_group_count();
+    eprintln!("3 steady steps: {:?} → {after:?}; {} bytes pooled", before, device.pooled_bytes());
+    assert_eq!(after.made, before.made, "a steady step made bind groups");
+    // 133 dispatches a step (measured).
+    assert!(after.reused >= before.reused + 3 * 100, "{before:?} → {after:?}");
+    assert!(device.pooled_bytes() < 64 << 20, "{} bytes pooled", device.pooled_bytes());
+}
+
 /// Largest logit difference from transformers' float32 logits on the hybrid fixtures, the
 /// CPU's own bound there (measured on lavapipe: qwen3_next 6.2e-5, qwen3_5_moe 3.6e-4, qwen3_5
 /// 7.5e-5; the CPU's 1.1e-4 to 3.0e-4; transformers' two f32 paths differ by up to 2e-4;
