@@ -3,7 +3,7 @@
 //! target then verifies, so they change the speed of decoding, never its output.
 
 use crate::cache::SequenceCache;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 
 /// Per row of a [`DraftHead::predict`] pass: the logits for the token after the next, and the
 /// head's own final hidden state (fed back as the hidden state to draft one more).
@@ -26,4 +26,17 @@ pub trait DraftHead: Send + Sync {
         tokens: &[u32],
         cache: &mut SequenceCache,
     ) -> Result<HeadRows>;
+}
+
+/// Refuses a [`DraftHead::predict`] call whose `hidden` is not one row of `width` per token
+/// (or that has no token).
+pub fn check_head_rows(hidden: &[f32], tokens: &[u32], width: usize) -> Result<()> {
+    if tokens.is_empty() || hidden.len() != tokens.len() * width {
+        return Err(ModelError::BadConfig(format!(
+            "{} hidden values for {} tokens of width {width}",
+            hidden.len(),
+            tokens.len()
+        )));
+    }
+    Ok(())
 }

@@ -58,7 +58,7 @@ use candle_core::quantized::gguf_file;
 
 pub use cache::{DeviceRecurrentState, RecurrentState, SequenceCache};
 pub use config::{Architecture, TransformerConfig};
-pub use draft_head::{DraftHead, HeadRows};
+pub use draft_head::{check_head_rows, DraftHead, HeadRows};
 pub use error::{ModelError, Result};
 pub use kv_type::KvType;
 pub use qwen3_next::{gguf_experts, HybridConfig, Mixer};

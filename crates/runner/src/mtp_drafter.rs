@@ -225,16 +225,7 @@ mod tests {
 
         let drafts = drafter.propose(&*model, &tokens, 8).unwrap();
         // The reference: every position at once, then the chain.
-        let mut cache = head.new_cache(128);
-        let out = head.predict(&all_hidden, &tokens[1..], &mut cache).unwrap();
-        let mut expected = vec![argmax(out.logits.last().unwrap()).0];
-        let mut hidden = out.hidden.last().unwrap().clone();
-        while expected.len() < 3 {
-            let out = head.predict(&hidden, &expected[expected.len() - 1..], &mut cache).unwrap();
-            expected.push(argmax(&out.logits[0]).0);
-            hidden = out.hidden[0].clone();
-        }
-        assert_eq!(drafts, expected);
+        assert_eq!(drafts, head_chain(head, &all_hidden, &tokens[1..], 3));
         assert_eq!(all_hidden.len(), (tokens.len() - 1) * width);
     }
 
@@ -301,16 +292,22 @@ mod tests {
         let drafts = drafter.propose(&model, &tokens, 8).unwrap();
         // The reference: a head with room for everything over positions 22.. only.
         let head = model.model.draft_head().unwrap();
+        assert_eq!(drafts, head_chain(head, &kept, &tokens[23..], 3));
+    }
+
+    /// The head's greedy chain of `drafts` tokens: run over `hidden` with `next` in a fresh
+    /// cache, then on its own output.
+    fn head_chain(head: &dyn DraftHead, hidden: &[f32], next: &[u32], drafts: usize) -> Vec<u32> {
         let mut cache = head.new_cache(128);
-        let out = head.predict(&kept, &tokens[23..], &mut cache).unwrap();
-        let mut expected = vec![argmax(out.logits.last().unwrap()).0];
+        let out = head.predict(hidden, next, &mut cache).unwrap();
+        let mut chain = vec![argmax(out.logits.last().unwrap()).0];
         let mut hidden = out.hidden.last().unwrap().clone();
-        while expected.len() < 3 {
-            let out = head.predict(&hidden, &expected[expected.len() - 1..], &mut cache).unwrap();
-            expected.push(argmax(&out.logits[0]).0);
+        while chain.len() < drafts {
+            let out = head.predict(&hidden, &chain[chain.len() - 1..], &mut cache).unwrap();
+            chain.push(argmax(&out.logits[0]).0);
             hidden = out.hidden[0].clone();
         }
-        assert_eq!(drafts, expected);
+        chain
     }
 
     /// Nothing to draft from before the head has seen the position before the decided token.

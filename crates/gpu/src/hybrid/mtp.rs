@@ -174,13 +174,7 @@ impl DraftHead for GpuHybrid {
             ModelError::BadConfig("the model has no multi-token-prediction head here".into())
         })?;
         let width = self.cfg.hidden_size;
-        if tokens.is_empty() || hidden.len() != tokens.len() * width {
-            return Err(ModelError::BadConfig(format!(
-                "{} hidden values for {} tokens of width {width}",
-                hidden.len(),
-                tokens.len()
-            )));
-        }
+        spindle_models::check_head_rows(hidden, tokens, width)?;
         let batch = [BatchEntry::new(tokens, cache)];
         batch_rows(&batch)?;
         let angles = RopeAngles::of_batch(&self.rotary, &batch);

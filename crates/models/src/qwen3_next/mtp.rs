@@ -101,13 +101,7 @@ impl DraftHead for Qwen3Next {
             ModelError::BadConfig("the checkpoint has no multi-token-prediction head".into())
         })?;
         let width = self.cfg.hidden_size;
-        if tokens.is_empty() || hidden.len() != tokens.len() * width {
-            return Err(ModelError::BadConfig(format!(
-                "{} hidden values for {} tokens of width {width}",
-                hidden.len(),
-                tokens.len()
-            )));
-        }
+        crate::check_head_rows(hidden, tokens, width)?;
         let states = Tensor::from_slice(hidden, (tokens.len(), width), &Device::Cpu)?;
         let embedded = head.embedding_norm.forward(&self.embed.forward(tokens)?)?;
         let joined = Tensor::cat(&[embedded, head.hidden_norm.forward(&states)?], 1)?;
