@@ -171,12 +171,6 @@ fn guided_json(arg: &str) -> anyhow::Result<serde_json::Value> {
 pub fn run(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     // First: a GPU asked for and missing refuses the start before anything loads.
     let gpu = crate::device_flag::open(args.device)?;
-    if gpu.is_some() && args.prefix_cache_dir.is_some() {
-        anyhow::bail!(
-            "--prefix-cache-dir with --device gpu: the disk tier writes keys and values from \
-             host memory, and on the GPU they live on the device (not yet supported together)"
-        );
-    }
     // The device pools hold f16 or f32 (the host pool, sized alike, stays unwritten).
     let kv_type = args.kv_cache_type;
     if gpu.is_some() && !matches!(kv_type, KvType::F16 | KvType::F32) {

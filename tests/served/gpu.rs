@@ -1,7 +1,8 @@
 //! `spindle serve --device gpu` on the tiny random model, on whatever adapter the machine has
 //! (Mesa's lavapipe in CI): the model's steps run on the device, a repeated request resumes
 //! from the prefix cache with the same answer (a partly filled block copied on the device), and
-//! the disk tier, which reads keys and values from host memory, is refused with the GPU. A
+//! the disk tier saves a request's snapshots from the device and resumes them there after a
+//! restart. A
 //! tiny random hybrid GGUF runs on `GpuHybrid`: a request asking to speculate, with SmolLM2
 //! drafting on the CPU, gives the CPU server's plain greedy answer (its rejected drafts
 //! forgotten on the device), and its repeat resumes from the prefix cache; with its routed experts in system RAM (`--cpu-moe`) it answers
@@ -90,21 +91,68 @@ fn the_kv_pool_on_the_gpu_is_sized_to_the_device() {
     }
 }
 
+/// [`CHAT`] with another user message: the same system prompt, so it resumes where that ends
+/// (inside a block).
+const OTHER_CHAT: &str = concat!(
+    r#"{"messages": [{"role": "system", "content": "You are a careful assistant that answers "#,
+    r#"in one word. Here is a long system prompt to share across requests."},"#,
+    r#" {"role": "user", "content": "Good morning"}], "max_tokens": 3, "temperature": 0,"#,
+    r#" "chat_template_kwargs": {"enable_thinking": false}}"#
+);
+
+/// The disk tier with the GPU: a request's snapshots are saved from the device's keys and
+/// values, and after a restart on the same folder the repeat resumes from them (read into the
+/// device) with the same answer, as does a request sharing only its system prompt (resumed
+/// inside a block) with the answer of a cold server.
 #[test]
-fn the_disk_tier_is_refused_with_the_gpu_naming_both() {
+fn the_disk_tier_resumes_requests_on_the_gpu_after_a_restart() {
     let Some(model) = tiny_model_with_a_gpu() else { return };
+    let cold_server = LoggedServer::with_args(&["--model", &model, "--device", "gpu"]);
+    let other_cold = cold_server.post_ok("/v1/chat/completions", OTHER_CHAT);
+    cold_server.stop();
     let dir = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_spindle"))
-        .args(["serve", "--model", &model, "--device", "gpu", "--port", "0"])
-        .arg("--prefix-cache-dir")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "{stderr}");
-    for needle in ["--prefix-cache-dir", "--device gpu"] {
-        assert!(stderr.contains(needle), "{needle} not in: {stderr}");
+    let folder = dir.path().to_str().unwrap();
+    let args = ["--model", &model, "--device", "gpu", "--prefix-cache-dir", folder];
+    let first = LoggedServer::with_args(&args);
+    let cold = first.post_ok("/v1/chat/completions", CHAT);
+    // The snapshots (the system prompt's end, the prompt's) go to disk in the background.
+    let snapshots = || {
+        let files = walk_files(dir.path());
+        files.iter().filter(|p| p.extension().is_some_and(|e| e == "snap")).count()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while snapshots() < 2 {
+        assert!(std::time::Instant::now() < deadline, "{} snapshot files written", snapshots());
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    first.stop();
+    let restarted = LoggedServer::with_args(&args);
+    let warm = restarted.post_ok("/v1/chat/completions", CHAT);
+    let other = restarted.post_ok("/v1/chat/completions", OTHER_CHAT);
+    restarted.stop();
+    let text = |answer: &serde_json::Value| answer["choices"][0]["message"]["content"].clone();
+    let cached = |answer: &serde_json::Value| {
+        answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+    };
+    eprintln!("resumed {} and {} tokens from the disk", cached(&warm), cached(&other));
+    assert_eq!(cached(&warm), cold["usage"]["prompt_tokens"].as_u64().unwrap(), "{warm}");
+    assert_eq!(text(&cold), text(&warm), "the resumed run answers as the cold one");
+    assert!(cached(&other) > 0 && !cached(&other).is_multiple_of(16), "{other}");
+    assert_eq!(text(&other), text(&other_cold), "resumed inside a block, as a cold server");
+}
+
+/// Every file under `dir`, at any depth.
+fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk_files(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
 }
 
 #[test]

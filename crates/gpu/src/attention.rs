@@ -6,7 +6,7 @@ use crate::buffer::{GpuBytes, GpuTensor};
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 use crate::kernel::{count, Kernel};
-use crate::step::Step;
+use crate::step::{Readback, Step};
 
 /// Widest head the kernel holds (each of its 64 lanes keeps 4 output dimensions).
 pub const MAX_HEAD_DIM: usize = 256;
@@ -146,6 +146,41 @@ impl KvPool {
     /// Words one block holds (keys or values alone).
     pub(crate) fn block_len(&self) -> usize {
         self.keys.len() / self.blocks
+    }
+
+    /// Bytes of one stored value (f16: 2, f32: 4).
+    pub(crate) fn value_bytes(&self) -> usize {
+        4 / self.format.per_word()
+    }
+
+    /// Where block `block` starts in `keys` and `values` (in words), refused past the pool.
+    fn block_start(&self, block: u32) -> Result<usize> {
+        match block as usize {
+            b if b < self.blocks => Ok(b * self.block_len()),
+            b => Err(GpuError::BadInput(format!("block {b} of a pool of {}", self.blocks))),
+        }
+    }
+
+    /// Block `block`'s keys and values as stored (words: slot after slot, `kv_width` values
+    /// each), as they are at this point of the step.
+    pub(crate) fn read_block(&self, step: &mut Step<'_>, block: u32) -> Result<[Readback; 2]> {
+        let (at, len) = (self.block_start(block)?, self.block_len());
+        Ok([step.read_range(&self.keys, at, len)?, step.read_range(&self.values, at, len)?])
+    }
+
+    /// Overwrites block `block`'s keys and values with `words`, laid out as
+    /// [`KvPool::read_block`] gives them, before the next submission runs.
+    pub(crate) fn write_block(&self, gpu: &Gpu, block: u32, words: [&[f32]; 2]) -> Result<()> {
+        let (at, len) = (self.block_start(block)?, self.block_len());
+        if words.iter().any(|w| w.len() != len) {
+            return Err(GpuError::BadInput(format!(
+                "a block of {len} words, got {:?}",
+                words.map(<[f32]>::len)
+            )));
+        }
+        gpu.write(&self.keys, at, words[0]);
+        gpu.write(&self.values, at, words[1]);
+        Ok(())
     }
 }
 

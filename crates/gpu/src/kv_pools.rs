@@ -2,7 +2,9 @@
 //! blocks, numbered alike, so block tables, shared prefixes and preemption work unchanged
 //! (the host pool itself stays unwritten, and the OS never commits its pages). The device
 //! pools are the host pool's mirror, so the prefix cache's copy of a partly filled shared
-//! block happens here. A device pool lives while its host pool does.
+//! block happens here, and the disk tier's blocks are read from and written to here (in the
+//! host pool's layout, so a file saved by a GPU server loads on a CPU one and back). A device
+//! pool lives while its host pool does.
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -16,6 +18,8 @@ use crate::error::{GpuError, Result};
 /// which keep no keys, have none).
 pub(crate) struct LayerPools {
     pub(crate) layers: Vec<KvPool>,
+    /// Each pool's heads, as the host pool's layers with keys and values.
+    shapes: Vec<KvShape>,
 }
 
 #[derive(Default)]
@@ -81,6 +85,80 @@ impl KvMirror for DeviceRows {
         });
         copied.map_err(|e| ModelError::Gpu(e.to_string()))
     }
+
+    fn read_block(&self, block: u32) -> spindle_models::Result<Vec<u8>> {
+        let read = || -> Result<Vec<u8>> {
+            let pools = &self.pools.layers;
+            let reads = self.gpu.run(|step| {
+                pools.iter().map(|pool| pool.read_block(step, block)).collect::<Result<Vec<_>>>()
+            })?;
+            let mut out = Vec::new();
+            for ((pool, shape), rows) in pools.iter().zip(&self.pools.shapes).zip(reads) {
+                let layout = RowLayout::of(pool, shape);
+                for rows in rows {
+                    layout.to_host(bytemuck::cast_slice(&rows.values()?), &mut out);
+                }
+            }
+            Ok(out)
+        };
+        read().map_err(|e| ModelError::Gpu(e.to_string()))
+    }
+
+    fn write_block(&self, block: u32, data: &[u8]) -> spindle_models::Result<()> {
+        let mut rest = data;
+        for (pool, shape) in self.pools.layers.iter().zip(&self.pools.shapes) {
+            let layout = RowLayout::of(pool, shape);
+            let [keys, values] = [0, 1].map(|_| {
+                let (part, tail) = rest.split_at(layout.bytes().min(rest.len()));
+                rest = tail;
+                layout.to_device(part)
+            });
+            pool.write_block(&self.gpu, block, [&keys, &values])
+                .map_err(|e| ModelError::Gpu(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// A block's keys (or values) of one layer: on the device slot after slot, every head's row in
+/// each; on the host (`PagedKv`) head after head, every slot's row in each.
+struct RowLayout {
+    heads: usize,
+    slots: usize,
+    /// Bytes of one head's row at one slot.
+    row: usize,
+}
+
+impl RowLayout {
+    fn of(pool: &KvPool, shape: &KvShape) -> Self {
+        let slots = pool.block_len() * 4 / (shape.kv_heads * shape.head_dim * pool.value_bytes());
+        RowLayout { heads: shape.kv_heads, slots, row: shape.head_dim * pool.value_bytes() }
+    }
+
+    fn bytes(&self) -> usize {
+        self.heads * self.slots * self.row
+    }
+
+    /// Appends `device`'s rows to `out` in the host's order.
+    fn to_host(&self, device: &[u8], out: &mut Vec<u8>) {
+        for head in 0..self.heads {
+            for slot in 0..self.slots {
+                out.extend_from_slice(&device[(slot * self.heads + head) * self.row..][..self.row]);
+            }
+        }
+    }
+
+    /// `host`'s rows in the device's order, as the 32-bit words the pool holds.
+    fn to_device(&self, host: &[u8]) -> Vec<f32> {
+        let mut device = vec![0u8; self.bytes()];
+        for head in 0..self.heads {
+            for slot in 0..self.slots {
+                let from = &host[(head * self.slots + slot) * self.row..][..self.row];
+                device[(slot * self.heads + head) * self.row..][..self.row].copy_from_slice(from);
+            }
+        }
+        device.chunks_exact(4).map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect()
+    }
 }
 
 fn device_pools(gpu: &Gpu, shapes: &[Option<KvShape>], host: &PagedKv) -> Result<LayerPools> {
@@ -108,7 +186,7 @@ fn device_pools(gpu: &Gpu, shapes: &[Option<KvShape>], host: &PagedKv) -> Result
         .flatten()
         .map(|s| KvPool::new(gpu, blocks, s.kv_heads * s.head_dim, format))
         .collect::<Result<_>>()?;
-    Ok(LayerPools { layers })
+    Ok(LayerPools { layers, shapes: shapes.iter().flatten().copied().collect() })
 }
 
 /// Places of every row of `batch` (its entries' tokens in order) in the block tables of its

@@ -12,7 +12,7 @@
 
 // Not std's: a panic while a step writes (a model fault the engine survives) must not poison
 // the storage for every later step.
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use std::sync::{Arc, OnceLock};
 
 use candle_core::Tensor;
@@ -152,6 +152,9 @@ pub struct PagedKv {
     layers: Vec<Option<LayerStore>>,
     /// Where the rows live when a device computes in this pool (the host's stay unwritten).
     mirror: OnceLock<Arc<dyn KvMirror>>,
+    /// Blocks written on the host outside a model pass (a disk import, a copy) while no mirror
+    /// held the rows: a mirror taking them over takes these along.
+    host_written: Mutex<Vec<u32>>,
 }
 
 struct LayerStore {
@@ -184,15 +187,24 @@ impl PagedKv {
                 })
             })
             .collect();
-        Self { kind, block_size, blocks, layers, mirror: OnceLock::new() }
+        let (mirror, host_written) = (OnceLock::new(), Mutex::default());
+        Self { kind, block_size, blocks, layers, mirror, host_written }
     }
 
-    /// Hands the rows to `mirror` for good: copies outside a model pass go there, and the
-    /// host's rows, never written, cannot be read out (for the disk tier) or restored.
+    /// Hands the rows to `mirror` for good: copies outside a model pass, and the disk tier's
+    /// reads and writes, go there. Blocks the host wrote before (a disk import ahead of the
+    /// first pass) are written to the mirror now.
     pub fn mirror_to(&self, mirror: Arc<dyn KvMirror>) -> Result<()> {
         self.mirror
-            .set(mirror)
-            .map_err(|_| ModelError::BadConfig("a KV pool already mirrored".into()))
+            .set(mirror.clone())
+            .map_err(|_| ModelError::BadConfig("a KV pool already mirrored".into()))?;
+        let mut written = std::mem::take(&mut *self.host_written.lock());
+        written.sort_unstable();
+        written.dedup();
+        for block in written {
+            mirror.write_block(block, &self.host_block(block))?;
+        }
+        Ok(())
     }
 
     /// Fails when the rows live in a mirror, for what reads or writes the host's rows.
@@ -430,6 +442,7 @@ impl PagedKv {
         if let Some(mirror) = self.mirror.get() {
             return mirror.copy_positions(from, to, positions);
         }
+        self.host_written.lock().push(to);
         for store in self.layers.iter().flatten() {
             for storage in [&store.keys, &store.values] {
                 let mut data = storage.write();
@@ -443,11 +456,19 @@ impl PagedKv {
         Ok(())
     }
 
-    /// The contents of `block` in every layer as stored, keys then values per layer, as
-    /// little-endian bytes (for the disk tier).
+    /// The contents of `block` in every layer as stored, keys then values per layer, each
+    /// head's rows in position order, as little-endian bytes (for the disk tier); from the
+    /// mirror where the rows live there.
     pub fn read_block(&self, block: u32) -> Result<Vec<u8>> {
         self.check_blocks(&[block])?;
-        self.host_rows("reading a block")?;
+        match self.mirror.get() {
+            Some(mirror) => mirror.read_block(block),
+            None => Ok(self.host_block(block)),
+        }
+    }
+
+    /// Block `block` as the host holds it, laid out as [`PagedKv::read_block`] gives it.
+    fn host_block(&self, block: u32) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.bytes_per_block());
         for store in self.layers.iter().flatten() {
             let units = store.shape.kv_heads * self.block_size * self.row_units(store.shape);
@@ -456,7 +477,7 @@ impl PagedKv {
                 storage.read().append_bytes(at, units, &mut out);
             }
         }
-        Ok(out)
+        out
     }
 
     /// Bytes [`read_block`](Self::read_block) returns for one block.
@@ -467,7 +488,6 @@ impl PagedKv {
     /// Overwrites `block` in every layer with what [`read_block`](Self::read_block) returned.
     pub fn write_block(&self, block: u32, data: &[u8]) -> Result<()> {
         self.check_blocks(&[block])?;
-        self.host_rows("writing a block")?;
         if data.len() != self.bytes_per_block() {
             return Err(ModelError::BadConfig(format!(
                 "a block holds {} bytes, got {}",
@@ -475,6 +495,10 @@ impl PagedKv {
                 data.len()
             )));
         }
+        if let Some(mirror) = self.mirror.get() {
+            return mirror.write_block(block, data);
+        }
+        self.host_written.lock().push(block);
         let mut from = 0;
         for store in self.layers.iter().flatten() {
             let bytes = store.shape.bytes(self.kind) * self.block_size;
@@ -646,5 +670,51 @@ mod tests {
         // Of the 2 × 32 KiB run (keys, values), at most a page at either end of each stays.
         assert!(kept <= 4 * 4096, "{kept} bytes kept");
         assert!(kv.release_window_rows(&[4]).is_err(), "outside the pool");
+    }
+
+    /// A mirror keeping the blocks written to it.
+    #[derive(Default)]
+    struct Written(Mutex<Vec<(u32, Vec<u8>)>>);
+
+    impl KvMirror for Written {
+        fn copy_positions(&self, _: u32, _: u32, _: usize) -> Result<()> {
+            Ok(())
+        }
+
+        fn read_block(&self, block: u32) -> Result<Vec<u8>> {
+            let written = self.0.lock();
+            let found = written.iter().rev().find(|(b, _)| *b == block);
+            found.map(|(_, bytes)| bytes.clone()).ok_or(ModelError::BadConfig("unwritten".into()))
+        }
+
+        fn write_block(&self, block: u32, data: &[u8]) -> Result<()> {
+            self.0.lock().push((block, data.to_vec()));
+            Ok(())
+        }
+    }
+
+    /// Blocks the host wrote before a mirror took the rows over (a disk import ahead of the
+    /// first model pass, a copy of one) go to the mirror with them; later ones go straight
+    /// there, and reading comes from there.
+    #[test]
+    fn a_mirror_takes_over_the_blocks_the_host_wrote_before_it() {
+        let kv = PagedKv::new(
+            &[Some(KvShape { kv_heads: 2, head_dim: 64, window: None })],
+            KvType::F16,
+            8,
+            4,
+        );
+        let bytes: Vec<u8> = (0..kv.bytes_per_block()).map(|i| (i * 7 % 251) as u8).collect();
+        kv.write_block(3, &bytes).unwrap();
+        kv.copy_positions(3, 5, 4).unwrap();
+        let mirror = Arc::new(Written::default());
+        kv.mirror_to(mirror.clone()).unwrap();
+        let handed: Vec<u32> = mirror.0.lock().iter().map(|(b, _)| *b).collect();
+        assert_eq!(handed, [3, 5]);
+        for block in [3, 5] {
+            assert_eq!(kv.read_block(block).unwrap(), bytes, "block {block} from the mirror");
+        }
+        kv.write_block(6, &bytes).unwrap();
+        assert_eq!(mirror.0.lock().len(), 3, "written to the mirror once it holds the rows");
     }
 }
