@@ -1,13 +1,21 @@
 //! `spindle bench`: prefill and decode speed of one or more models, as medians over repeats
 //! of `spindle_runner::speed` runs. With `--hybrid-blocks N` it also measures a random-weight
 //! model with Qwen3.5-35B-A3B's per-layer shape, and prints its speed relative to the first
-//! model measured in the same run.
+//! model measured in the same run. `--device gpu` runs them on the GPU, a hybrid's routed
+//! experts placed by the placement flags as `serve` places them; with `--bandwidth-gbs` the
+//! hybrid's decode is also given as a share of what its weights' bytes per token allow.
 
 use std::sync::Arc;
 
 use clap::Args;
+use spindle_gpu::{Gpu, ModelBytes, Placement, PlacementRequest};
+use spindle_hub::ModelFiles;
 use spindle_runner::speed::{self, SpeedRun, Speeds};
 use spindle_runner::ModelBundle;
+
+use crate::bench_roofline::TokenBytes;
+use crate::device_flag::{load_on_gpu, plan_placement, DeviceChoice};
+use crate::placement_flags::{placement_line, PlacementFlags};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -35,6 +43,18 @@ pub struct BenchArgs {
     /// Requests run at once, each with its own prompt: the figures are their aggregate speeds.
     #[arg(long, default_value_t = 1)]
     concurrent: usize,
+    /// Where the models run: cpu, gpu or gpu:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceChoice,
+    #[command(flatten)]
+    placement: PlacementFlags,
+    /// The device's memory bandwidth in GB/s (H200: 4800): the hybrid's decode is then also
+    /// printed as a share of the rate its bytes read per token allow.
+    #[arg(long)]
+    bandwidth_gbs: Option<f64>,
+    /// The host's memory bandwidth in GB/s, for the routed experts left in system RAM.
+    #[arg(long)]
+    host_bandwidth_gbs: Option<f64>,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -60,6 +80,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "{:<34} {:>28} {:>28}",
         "model", "prefill tok/s med [min-max]", "decode tok/s med [min-max]"
     );
+    let gpu = crate::device_flag::open(args.device)?;
+    if let Some(gpu) = &gpu {
+        println!("GPU {}", gpu.adapter());
+    }
+    let request = args.placement.request(gpu.is_some(), 0, args.concurrent)?;
+    let on = Device { gpu, request };
     let mut baseline: Option<(String, Speeds)> = None;
     for name in &args.models {
         let files = spindle_hub::resolve(
@@ -67,14 +93,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             &spindle_hub::spindle_home(),
             spindle_hub::WhenMissing::Download,
         )?;
-        let bundle = Arc::new(crate::memory::returning_freed_memory(|| ModelBundle::load(&files))?);
+        let bundle = Arc::new(crate::memory::returning_freed_memory(|| on.bundle(&files))?);
         let prompt = bench_prompt(&bundle, speed_run(&args).text_tokens())?;
         let speeds = report(name, &bundle, &prompt, &args)?;
         baseline.get_or_insert((name.clone(), speeds));
     }
     if args.hybrid_blocks > 0 {
         let path = crate::random_hybrid::path(args.hybrid_blocks)?;
-        let model = spindle_models::load_gguf(&path)?;
+        let (model, placement) = on.random_hybrid(&path)?;
         let vocab = model.config().vocab_size as u32;
         // Random weights: any fixed token sequence serves.
         let prompt: Vec<u32> =
@@ -82,6 +108,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let bundle = Arc::new(with_default_tokenizer(model)?);
         let name = format!("qwen3.5-moe shape, {} layers", 4 * args.hybrid_blocks);
         let speeds = report(&name, &bundle, &prompt, &args)?;
+        if let (Some(placement), Some(gbs)) = (&placement, args.bandwidth_gbs) {
+            let (cfg, weights) = spindle_models::open_hybrid(&path)?;
+            let bytes = ModelBytes::of_hybrid(&cfg, &weights);
+            let routing = (cfg.num_experts_per_tok, cfg.num_experts);
+            let token = TokenBytes::of(&bytes, placement, routing);
+            let roofline = token.roofline(gbs, args.host_bandwidth_gbs);
+            println!(
+                "{name}: decode reads {:.1} MiB a token on the device, {:.1} MiB in system RAM; \
+                 the bandwidths allow {roofline:.1} tok/s, measured {:.0}% of it",
+                token.device / (1 << 20) as f64,
+                token.host / (1 << 20) as f64,
+                100.0 * speeds.decode / roofline
+            );
+        }
         if let Some((base, b)) = &baseline {
             println!(
                 "{name} / {base}: prefill {:.2}x, decode {:.2}x",
@@ -106,6 +146,45 @@ fn report(
     let (decode, decode_text) = summary(runs.iter().map(|run| run.decode).collect());
     println!("{name:<34} {prefill_text:>28} {decode_text:>28}");
     Ok(Speeds { prefill, decode })
+}
+
+/// Where the models load: the CPU, or a GPU with the placement asked for.
+struct Device {
+    gpu: Option<Arc<Gpu>>,
+    request: PlacementRequest,
+}
+
+impl Device {
+    /// The model of `files` with its tokenizer.
+    fn bundle(&self, files: &ModelFiles) -> anyhow::Result<ModelBundle> {
+        match &self.gpu {
+            None => Ok(ModelBundle::load(files)?),
+            Some(gpu) => {
+                let placement = self.placed(gpu, files)?;
+                Ok(ModelBundle::load_with(files, |f| load_on_gpu(gpu, f, placement.as_ref()))?)
+            }
+        }
+    }
+
+    /// The random-weight hybrid at `path`, and on a GPU its placement.
+    fn random_hybrid(
+        &self,
+        path: &std::path::Path,
+    ) -> anyhow::Result<(Box<dyn spindle_models::CausalLm>, Option<Placement>)> {
+        let Some(gpu) = &self.gpu else { return Ok((spindle_models::load_gguf(path)?, None)) };
+        let files = ModelFiles::Gguf(path.to_path_buf());
+        let placement = self.placed(gpu, &files)?;
+        Ok((load_on_gpu(gpu, &files, placement.as_ref())?, placement))
+    }
+
+    /// The placement of a hybrid of `files` on `gpu` (printed), `None` for a dense model.
+    fn placed(&self, gpu: &Gpu, files: &ModelFiles) -> anyhow::Result<Option<Placement>> {
+        let placement = plan_placement(gpu, files, &self.request)?;
+        if let Some(placement) = &placement {
+            println!("{}", placement_line(placement));
+        }
+        Ok(placement)
+    }
 }
 
 /// The random-weight model has no tokenizer; the engine turns its tokens into text with the

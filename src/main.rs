@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_agent;
+mod bench_roofline;
 mod byte_size;
 mod device_flag;
 mod generate;

@@ -204,6 +204,33 @@ fn bench_measures_at_depth_and_concurrently_but_not_both_at_once() {
     );
 }
 
+/// `spindle bench --device gpu` runs the model on the GPU (lavapipe in CI; skipped without an
+/// adapter unless CI is set) and says which adapter; its speeds are positive.
+#[test]
+fn bench_runs_on_the_gpu() {
+    if let Err(e) = spindle_gpu::Gpu::open(None) {
+        assert!(std::env::var_os("CI").is_none(), "CI is set and no GPU adapter opens: {e}");
+        eprintln!("SKIPPED: {e}, and CI is unset");
+        return;
+    }
+    let spindle_hub::ModelFiles::Safetensors { dir } = spindle_testkit::tiny_model() else {
+        unreachable!("the tiny model is a safetensors folder")
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_spindle"))
+        .args(["bench", "--device", "gpu", "--models"])
+        .arg(&dir)
+        .args(["--prompt-tokens", "8", "--decode-tokens", "4", "--repeats", "1"])
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.lines().any(|l| l.starts_with("GPU [")), "{stdout}");
+    let row = stdout.lines().find(|l| l.starts_with(dir.to_str().unwrap())).expect("a row");
+    let first = row[dir.as_os_str().len()..].split_whitespace().next().unwrap();
+    assert!(first.parse::<f64>().unwrap() > 0.0, "{row}");
+}
+
 /// `spindle bench` on SmolLM2 with `args`, one thread: its row's prefill and decode tokens/s as
 /// `median [min-max]`, six numbers.
 fn bench_row(args: &[&str]) -> Vec<f64> {
