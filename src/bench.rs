@@ -67,6 +67,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         args.concurrent >= 1 && args.decode_tokens >= 2,
         "--concurrent needs 1 or more, --decode-tokens 2 or more"
     );
+    let gpu = crate::device_flag::open(args.device)?;
+    if let Some(gpu) = &gpu {
+        println!("GPU {}", gpu.adapter());
+    }
+    let request = args.placement.request(gpu.is_some(), 0, args.concurrent)?;
+    let on = Device { gpu, request };
     println!(
         "threads={} prompt={} decode={} repeats={} depth={} concurrent={}",
         args.threads,
@@ -80,12 +86,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "{:<34} {:>28} {:>28}",
         "model", "prefill tok/s med [min-max]", "decode tok/s med [min-max]"
     );
-    let gpu = crate::device_flag::open(args.device)?;
-    if let Some(gpu) = &gpu {
-        println!("GPU {}", gpu.adapter());
-    }
-    let request = args.placement.request(gpu.is_some(), 0, args.concurrent)?;
-    let on = Device { gpu, request };
     let mut baseline: Option<(String, Speeds)> = None;
     for name in &args.models {
         let files = spindle_hub::resolve(

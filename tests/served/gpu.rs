@@ -101,18 +101,27 @@ const OTHER_CHAT: &str = concat!(
 );
 
 /// The disk tier with the GPU: a request's snapshots are saved from the device's keys and
-/// values, and after a restart on the same folder the repeat resumes from them (read into the
-/// device) with the same answer, as does a request sharing only its system prompt (resumed
-/// inside a block) with the answer of a cold server.
+/// values (and a hybrid's DeltaNet states), and after a restart on the same folder the repeat
+/// resumes from them (read into the device) with the same answer, as does a request sharing
+/// only its system prompt (resumed inside a block) with the answer of a cold server. On the
+/// tiny dense model and the tiny hybrid.
 #[test]
 fn the_disk_tier_resumes_requests_on_the_gpu_after_a_restart() {
-    let Some(model) = tiny_model_with_a_gpu() else { return };
-    let cold_server = LoggedServer::with_args(&["--model", &model, "--device", "gpu"]);
+    let Some(dense) = tiny_model_with_a_gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let hybrid = tiny_hybrid(dir.path());
+    for model in [dense.as_str(), hybrid.to_str().unwrap()] {
+        disk_tier_across_a_restart(model);
+    }
+}
+
+fn disk_tier_across_a_restart(model: &str) {
+    let cold_server = LoggedServer::with_args(&["--model", model, "--device", "gpu"]);
     let other_cold = cold_server.post_ok("/v1/chat/completions", OTHER_CHAT);
     cold_server.stop();
     let dir = tempfile::tempdir().unwrap();
     let folder = dir.path().to_str().unwrap();
-    let args = ["--model", &model, "--device", "gpu", "--prefix-cache-dir", folder];
+    let args = ["--model", model, "--device", "gpu", "--prefix-cache-dir", folder];
     let first = LoggedServer::with_args(&args);
     let cold = first.post_ok("/v1/chat/completions", CHAT);
     // The snapshots (the system prompt's end, the prompt's) go to disk in the background.
@@ -134,7 +143,7 @@ fn the_disk_tier_resumes_requests_on_the_gpu_after_a_restart() {
     let cached = |answer: &serde_json::Value| {
         answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
     };
-    eprintln!("resumed {} and {} tokens from the disk", cached(&warm), cached(&other));
+    eprintln!("{model}: resumed {} and {} tokens from the disk", cached(&warm), cached(&other));
     assert_eq!(cached(&warm), cold["usage"]["prompt_tokens"].as_u64().unwrap(), "{warm}");
     assert_eq!(text(&cold), text(&warm), "the resumed run answers as the cold one");
     assert!(cached(&other) > 0 && !cached(&other).is_multiple_of(16), "{other}");
