@@ -33,8 +33,8 @@ pub struct PlacementFlags {
           value_parser = parse_on_off)]
     fit: bool,
     /// With --device gpu: device memory the model may take (e.g. 6GiB), a sixteenth of it kept
-    /// for activations. Without it --fit plans against what Vulkan reports free (Metal and DX12
-    /// report nothing: there nothing spills by size).
+    /// for activations. Without it --fit plans against what Vulkan reports free, or Metal's
+    /// recommended working set (DX12 reports nothing: there nothing spills by size).
     #[arg(long, value_parser = parse_bytes)]
     gpu_memory_limit: Option<usize>,
 }

@@ -134,8 +134,8 @@ impl Gpu {
         &self.adapter
     }
 
-    /// The device's largest device-local heap and what is free of it now, asked of the driver
-    /// at each call; `None` where the backend does not say (anything but Vulkan).
+    /// The device's memory and what is free of it now, asked of the driver at each call (see
+    /// `device_memory`); `None` where the backend does not say (DX12).
     pub fn memory(&self) -> Option<crate::DeviceMemory> {
         crate::device_memory::of(&self.raw_adapter)
     }

@@ -125,7 +125,7 @@ fn a_spilled_sequence_gets_the_same_logits_alone_and_among_others() {
 }
 
 /// A Vulkan adapter reports its largest device-local heap, what is free of it no more than its
-/// size; lavapipe's (a CPU device) is system RAM. Other backends report nothing.
+/// size; lavapipe's (a CPU device) is system RAM. Metal reports its working set, DX12 nothing.
 #[test]
 fn a_vulkan_adapter_reports_its_device_memory() {
     let Some(gpu) = gpu_or_skip() else { return };
