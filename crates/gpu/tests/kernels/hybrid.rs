@@ -290,6 +290,53 @@ fn a_pass_verifying_drafts_decodes_as_plain_steps_and_goes_back_on_the_device() 
     assert_eq!(cache.len(), prompt.len() + 4, "a refused truncation changed the length");
 }
 
+/// Several sequences verifying drafts in one pass, beside one decoding plainly, each keep their
+/// own positions' states (history rows one after another): each goes back to its own last
+/// accepted draft and decodes on bitwise as it would alone.
+#[test]
+fn sequences_verifying_drafts_together_each_go_back_to_their_own_positions() {
+    let Some(device) = gpu_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = load_on_gpu(&tiny_hybrid(dir.path()), device.clone());
+    let prompts: [&[u32]; 3] = [&[3, 141, 59], &[26, 5, 35, 8], &[97, 13]];
+    let rounds: [&[u32]; 3] = [&[10, 20, 30], &[40], &[50, 60, 70, 80]];
+    // Accepted drafts per sequence; the middle one decodes plainly.
+    let kept = [1, 0, 2];
+    let alone: Vec<Vec<f32>> = (0..3)
+        .map(|i| {
+            let mut cache = gpu.new_cache(64);
+            gpu.forward(prompts[i], &mut cache).unwrap();
+            for &t in &rounds[i][..=kept[i]] {
+                gpu.forward(&[t], &mut cache).unwrap();
+            }
+            gpu.forward(&[99], &mut cache).unwrap()
+        })
+        .collect();
+    let mut caches: Vec<SequenceCache> = (0..3).map(|_| gpu.new_cache(64)).collect();
+    for (cache, prompt) in caches.iter_mut().zip(prompts) {
+        gpu.forward(prompt, cache).unwrap();
+    }
+    {
+        let mut batch: Vec<BatchEntry> = caches
+            .iter_mut()
+            .zip(rounds)
+            .map(|(cache, round)| BatchEntry { tokens: round, cache, logit_rows: round.len() })
+            .collect();
+        gpu.forward_batch(&mut batch).unwrap();
+    }
+    for (i, cache) in caches.iter_mut().enumerate() {
+        cache.truncate(prompts[i].len() + 1 + kept[i]).unwrap();
+    }
+    let mut next = {
+        let mut batch: Vec<BatchEntry> =
+            caches.iter_mut().map(|cache| BatchEntry::new(&[99], cache)).collect();
+        gpu.forward_batch(&mut batch).unwrap()
+    };
+    for (i, want) in alone.iter().enumerate().rev() {
+        same_bits(&format!("sequence {i} after its drafts"), &next.pop().unwrap(), want);
+    }
+}
+
 /// A decode step in its steady state binds the buffers it bound the step before (outputs,
 /// indices and parameter blocks come back from the device's pool place by place), so after
 /// the first decode step it makes no bind group and reuses one for every dispatch; the pool
