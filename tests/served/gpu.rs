@@ -32,21 +32,48 @@ fn placement_line(log: &str) -> &str {
     log.lines().find(|l| l.contains("placement: ")).unwrap_or_else(|| panic!("none in:\n{log}"))
 }
 
-/// A prompt whose cached part ends inside a block of 16 (a snapshot at the end of the system
-/// message), so the repeat resumes on a copy of that block.
-const CHAT: &str = concat!(
-    r#"{"messages": [{"role": "system", "content": "You are a careful assistant that answers "#,
-    r#"in one word. Here is a long system prompt to share across requests."},"#,
-    r#" {"role": "user", "content": "Hi there"}], "max_tokens": 3, "temperature": 0,"#,
-    r#" "chat_template_kwargs": {"enable_thinking": false}}"#
-);
+/// A chat request of `max_tokens` after a system prompt whose cached part ends inside a block
+/// of 16 (a snapshot at the end of the system message), so a request sharing it resumes on a
+/// copy of that block; asking to speculate where `speculative`.
+fn chat(user: &str, max_tokens: u32, speculative: bool) -> String {
+    let mut body = serde_json::json!({
+        "messages": [
+            {"role": "system", "content": "You are a careful assistant that answers in one word. \
+                Here is a long system prompt to share across requests."},
+            {"role": "user", "content": user},
+        ],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": false},
+    });
+    if speculative {
+        body["speculative"] = true.into();
+    }
+    body.to_string()
+}
+
+/// The request most tests send.
+fn hi() -> String {
+    chat("Hi there", 3, false)
+}
+
+/// [`hi`] with another user message: the same system prompt, so it resumes where that ends
+/// (inside a block).
+fn good_morning() -> String {
+    chat("Good morning", 3, false)
+}
+
+/// [`hi`] asking to speculate, for one token more.
+fn speculative_hi() -> String {
+    chat("Hi there", 4, true)
+}
 
 #[test]
 fn a_request_on_the_gpu_answers_alike_cold_and_from_the_prefix_cache() {
     let Some(model) = tiny_model_with_a_gpu() else { return };
     let server = LoggedServer::with_args(&["--model", &model, "--device", "gpu"]);
-    let cold = server.post_ok("/v1/chat/completions", CHAT);
-    let cached = server.post_ok("/v1/chat/completions", CHAT);
+    let cold = server.post_ok("/v1/chat/completions", &hi());
+    let cached = server.post_ok("/v1/chat/completions", &hi());
     let log = server.stop();
     let log = String::from_utf8_lossy(&log);
     assert!(log.contains("model steps run here"), "no GPU line in:\n{log}");
@@ -70,7 +97,7 @@ fn the_kv_pool_on_the_gpu_is_sized_to_the_device() {
     let Some(model) = tiny_model_with_a_gpu() else { return };
     let args = ["--model", &model, "--device", "gpu", "--kv-cache-memory", "auto"];
     let server = LoggedServer::with_args(&args);
-    let answer = server.post_ok("/v1/chat/completions", CHAT);
+    let answer = server.post_ok("/v1/chat/completions", &hi());
     let log = server.stop();
     let log = String::from_utf8_lossy(&log);
     assert_eq!(answer["usage"]["completion_tokens"], 3, "{answer}");
@@ -91,15 +118,6 @@ fn the_kv_pool_on_the_gpu_is_sized_to_the_device() {
     }
 }
 
-/// [`CHAT`] with another user message: the same system prompt, so it resumes where that ends
-/// (inside a block).
-const OTHER_CHAT: &str = concat!(
-    r#"{"messages": [{"role": "system", "content": "You are a careful assistant that answers "#,
-    r#"in one word. Here is a long system prompt to share across requests."},"#,
-    r#" {"role": "user", "content": "Good morning"}], "max_tokens": 3, "temperature": 0,"#,
-    r#" "chat_template_kwargs": {"enable_thinking": false}}"#
-);
-
 /// The disk tier with the GPU: a request's snapshots are saved from the device's keys and
 /// values (and a hybrid's DeltaNet states), and after a restart on the same folder the repeat
 /// resumes from them (read into the device) with the same answer, as does a request sharing
@@ -117,13 +135,13 @@ fn the_disk_tier_resumes_requests_on_the_gpu_after_a_restart() {
 
 fn disk_tier_across_a_restart(model: &str) {
     let cold_server = LoggedServer::with_args(&["--model", model, "--device", "gpu"]);
-    let other_cold = cold_server.post_ok("/v1/chat/completions", OTHER_CHAT);
+    let other_cold = cold_server.post_ok("/v1/chat/completions", &good_morning());
     cold_server.stop();
     let dir = tempfile::tempdir().unwrap();
     let folder = dir.path().to_str().unwrap();
     let args = ["--model", model, "--device", "gpu", "--prefix-cache-dir", folder];
     let first = LoggedServer::with_args(&args);
-    let cold = first.post_ok("/v1/chat/completions", CHAT);
+    let cold = first.post_ok("/v1/chat/completions", &hi());
     // The snapshots (the system prompt's end, the prompt's) go to disk in the background.
     let snapshots = || {
         let files = walk_files(dir.path());
@@ -136,8 +154,8 @@ fn disk_tier_across_a_restart(model: &str) {
     }
     first.stop();
     let restarted = LoggedServer::with_args(&args);
-    let warm = restarted.post_ok("/v1/chat/completions", CHAT);
-    let other = restarted.post_ok("/v1/chat/completions", OTHER_CHAT);
+    let warm = restarted.post_ok("/v1/chat/completions", &hi());
+    let other = restarted.post_ok("/v1/chat/completions", &good_morning());
     restarted.stop();
     let text = |answer: &serde_json::Value| answer["choices"][0]["message"]["content"].clone();
     let cached = |answer: &serde_json::Value| {
@@ -200,14 +218,6 @@ fn tiny_hybrid_shaped(
     path
 }
 
-/// [`CHAT`] asking to speculate.
-const SPECULATIVE_CHAT: &str = concat!(
-    r#"{"messages": [{"role": "system", "content": "You are a careful assistant that answers "#,
-    r#"in one word. Here is a long system prompt to share across requests."},"#,
-    r#" {"role": "user", "content": "Hi there"}], "max_tokens": 4, "temperature": 0,"#,
-    r#" "speculative": true, "chat_template_kwargs": {"enable_thinking": false}}"#
-);
-
 /// `(drafted, accepted)` of each request's line in `log`.
 fn drafts_per_request(log: &str) -> Vec<(u64, u64)> {
     let field = |line: &str, name: &str| -> u64 {
@@ -228,7 +238,7 @@ fn a_hybrid_on_the_gpu_speculates_to_the_cpus_plain_answer_and_resumes_from_the_
     let model = model.to_str().unwrap();
     let text = |answer: &serde_json::Value| answer["choices"][0]["message"]["content"].clone();
     let cpu = LoggedServer::with_args(&["--model", model, "--no-speculate"]);
-    let expected = cpu.post_ok("/v1/chat/completions", SPECULATIVE_CHAT);
+    let expected = cpu.post_ok("/v1/chat/completions", &speculative_hi());
     cpu.stop();
     let draft = crate::common::smollm2();
     let draft = draft.to_str().unwrap();
@@ -237,8 +247,8 @@ fn a_hybrid_on_the_gpu_speculates_to_the_cpus_plain_answer_and_resumes_from_the_
     let args =
         ["--model", model, "--device", "gpu", "--draft-model", draft, "--kv-cache-memory", "1GiB"];
     let server = LoggedServer::with_args(&args);
-    let cold = server.post_ok("/v1/chat/completions", SPECULATIVE_CHAT);
-    let cached = server.post_ok("/v1/chat/completions", SPECULATIVE_CHAT);
+    let cold = server.post_ok("/v1/chat/completions", &speculative_hi());
+    let cached = server.post_ok("/v1/chat/completions", &speculative_hi());
     let log = server.stop();
     let log = String::from_utf8_lossy(&log);
     // SmolLM2 drafts for a random model: most drafts are rejected, so the states go back.
@@ -273,11 +283,11 @@ fn a_hybrid_on_the_gpu_drafts_with_its_mtp_head_to_the_cpus_plain_answer() {
     let model = model.to_str().unwrap();
     let text = |answer: &serde_json::Value| answer["choices"][0]["message"]["content"].clone();
     let cpu = LoggedServer::with_args(&["--model", model, "--no-speculate"]);
-    let expected = cpu.post_ok("/v1/chat/completions", SPECULATIVE_CHAT);
+    let expected = cpu.post_ok("/v1/chat/completions", &speculative_hi());
     cpu.stop();
     let args = ["--model", model, "--device", "gpu", "--spec-mtp", "3"];
     let server = LoggedServer::with_args(&args);
-    let answer = server.post_ok("/v1/chat/completions", SPECULATIVE_CHAT);
+    let answer = server.post_ok("/v1/chat/completions", &speculative_hi());
     let log = server.stop();
     let log = String::from_utf8_lossy(&log);
     assert!(placement_line(&log).contains("MTP head included"), "{}", placement_line(&log));
@@ -297,7 +307,7 @@ fn a_hybrid_with_its_experts_in_system_ram_answers_and_prints_the_placement() {
     let model = model.to_str().unwrap();
     let args = ["--model", model, "--device", "gpu", "--cpu-moe", "--gpu-memory-limit", "1GiB"];
     let server = LoggedServer::with_args(&args);
-    let spilled = server.post_ok("/v1/chat/completions", CHAT);
+    let spilled = server.post_ok("/v1/chat/completions", &hi());
     let log = server.stop();
     let log = String::from_utf8_lossy(&log);
     let line = placement_line(&log);

@@ -133,22 +133,30 @@ fn a_copied_partial_block_resumes_with_the_originals_logits() {
     let mut original = shared_cache(&cfg, &pool, vec![9, 2, 14]);
     gpu.forward_batch(&mut [BatchEntry::new(&prompt, &mut original)]).unwrap();
     pool.copy_positions(2, 6, 5).unwrap();
-    let limit = 3 * pool.block_size();
-    let mut resumed = SequenceCache::resume(
-        pool.clone(),
-        vec![9, 6, 12],
-        prompt.len(),
-        RecurrentState::none(cfg.num_hidden_layers),
-        limit,
-    );
-    let mut got = gpu
+    let what = "resumed on the copy and the original";
+    next_alike_when_resumed(&gpu, &pool, &mut original, vec![9, 6, 12], what);
+}
+
+/// A sequence resumed on `blocks` of `pool` at `original`'s length and `original` itself get
+/// bitwise the same logits for the same next token.
+fn next_alike_when_resumed(
+    gpu: &GpuLlama,
+    pool: &Arc<PagedKv>,
+    original: &mut SequenceCache,
+    blocks: Vec<u32>,
+    what: &str,
+) {
+    let (len, limit) = (original.len(), blocks.len() * pool.block_size());
+    let state = RecurrentState::none(gpu.config().num_hidden_layers);
+    let mut resumed = SequenceCache::resume(pool.clone(), blocks, len, state, limit);
+    let mut next = gpu
         .forward_batch(&mut [
-            BatchEntry::new(&[77], &mut original),
+            BatchEntry::new(&[77], original),
             BatchEntry::new(&[77], &mut resumed),
         ])
         .unwrap();
-    let resumed_logits = got.pop().unwrap();
-    same_bits("resumed on the copy and the original", &got[0], &resumed_logits);
+    let resumed_logits = next.pop().unwrap();
+    same_bits(what, &next[0], &resumed_logits);
 }
 
 /// Largest difference between a key or value the GPU stored and the CPU's, relative to
@@ -198,18 +206,8 @@ fn blocks_are_read_from_and_written_to_the_device_in_the_hosts_layout() {
         pools[0].write_block(to, &bytes).unwrap();
         assert_eq!(pools[0].read_block(to).unwrap(), bytes, "block {to} reads back as written");
     }
-    let limit = 3 * pools[0].block_size();
-    let state = RecurrentState::none(cfg.num_hidden_layers);
-    let mut resumed =
-        SequenceCache::resume(pools[0].clone(), vec![6, 12, 11], prompt.len(), state, limit);
-    let mut next = gpu
-        .forward_batch(&mut [
-            BatchEntry::new(&[77], &mut original),
-            BatchEntry::new(&[77], &mut resumed),
-        ])
-        .unwrap();
-    let resumed_logits = next.pop().unwrap();
-    same_bits("resumed on written blocks and the original", &next[0], &resumed_logits);
+    let what = "resumed on written blocks and the original";
+    next_alike_when_resumed(&gpu, &pools[0], &mut original, vec![6, 12, 11], what);
 }
 
 /// SmolLM2-135M (Q4_1), pulled on first use into the Spindle cache.
