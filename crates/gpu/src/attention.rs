@@ -148,6 +148,11 @@ impl KvPool {
         self.keys.len() / self.blocks
     }
 
+    /// Slots (positions) of a block.
+    pub(crate) fn block_size(&self) -> usize {
+        self.block_size
+    }
+
     /// Bytes of one stored value (f16: 2, f32: 4).
     pub(crate) fn value_bytes(&self) -> usize {
         4 / self.format.per_word()

@@ -15,19 +15,19 @@ use crate::error::{GpuError, Result};
 pub struct GpuTensor {
     pub(crate) buffer: wgpu::Buffer,
     len: usize,
-    pooled: Option<Pooled>,
+    /// Held for its drop.
+    _pooled: Option<Pooled>,
 }
 
-/// The pool a pooled buffer goes back to.
+/// A pooled buffer's way back: dropped with its tensor, it gives the buffer to its pool.
 struct Pooled {
     pool: Arc<BufferPool>,
+    buffer: wgpu::Buffer,
 }
 
-impl Drop for GpuTensor {
+impl Drop for Pooled {
     fn drop(&mut self) {
-        if let Some(Pooled { pool }) = self.pooled.take() {
-            pool.give_back(BufferKind::Storage, self.buffer.clone());
-        }
+        self.pool.give_back(BufferKind::Storage, self.buffer.clone());
     }
 }
 
@@ -46,15 +46,8 @@ impl GpuTensor {
 /// indices, pooled).
 pub(crate) struct GpuBytes {
     pub(crate) buffer: wgpu::Buffer,
-    pooled: Option<Pooled>,
-}
-
-impl Drop for GpuBytes {
-    fn drop(&mut self) {
-        if let Some(Pooled { pool }) = self.pooled.take() {
-            pool.give_back(BufferKind::Storage, self.buffer.clone());
-        }
-    }
+    /// Held for its drop.
+    _pooled: Option<Pooled>,
 }
 
 /// Storage bindings are read as whole 32-bit words, so byte data is padded to a multiple of 4.
@@ -69,14 +62,14 @@ impl Gpu {
     pub fn upload(&self, values: &[f32]) -> Result<GpuTensor> {
         let bytes: &[u8] = bytemuck::cast_slice(values);
         let buffer = self.storage_with(bytes, "tensor")?;
-        Ok(GpuTensor { buffer, len: values.len(), pooled: None })
+        Ok(GpuTensor { buffer, len: values.len(), _pooled: None })
     }
 
     /// Copies `values` to a device tensor for the next submissions (a step's rotation table):
     /// a pooled buffer, filled as the next submission starts.
     pub(crate) fn upload_for_step(&self, values: &[f32]) -> Result<GpuTensor> {
         let (buffer, pooled) = self.filled_for_step(bytemuck::cast_slice(values), "tensor")?;
-        Ok(GpuTensor { buffer, len: values.len(), pooled: Some(pooled) })
+        Ok(GpuTensor { buffer, len: values.len(), _pooled: Some(pooled) })
     }
 
     /// Overwrites `tensor`'s values from `at` on with `values`, before the next submission
@@ -95,43 +88,42 @@ impl Gpu {
     /// Its values are whatever the pooled buffer held: kernels write every one they read.
     pub(crate) fn output(&self, len: usize) -> GpuTensor {
         let buffer = self.pool.take(&self.device, BufferKind::Storage, (len.max(1) * 4) as u64);
-        let pooled = Pooled { pool: self.pool.clone() };
-        GpuTensor { buffer, len, pooled: Some(pooled) }
+        let pooled = Pooled { pool: self.pool.clone(), buffer: buffer.clone() };
+        GpuTensor { buffer, len, _pooled: Some(pooled) }
     }
 
     /// Copies a step's indices (token ids, block tables) to the device: a pooled buffer, filled
     /// as the next submission starts.
     pub(crate) fn upload_indices(&self, indices: &[u32], what: &str) -> Result<GpuBytes> {
         let (buffer, pooled) = self.filled_for_step(bytemuck::cast_slice(indices), what)?;
-        Ok(GpuBytes { buffer, pooled: Some(pooled) })
+        Ok(GpuBytes { buffer, _pooled: Some(pooled) })
     }
 
     /// Copies raw bytes (a weight in its file layout) to the device.
     pub(crate) fn upload_bytes(&self, bytes: &[u8], what: &str) -> Result<GpuBytes> {
-        Ok(GpuBytes { buffer: self.storage_with(&padded_words(bytes), what)?, pooled: None })
+        Ok(GpuBytes { buffer: self.storage_with(&padded_words(bytes), what)?, _pooled: None })
     }
 
     /// A pooled buffer holding `bytes` (padded to whole words) from the next submission on.
     fn filled_for_step(&self, bytes: &[u8], what: &str) -> Result<(wgpu::Buffer, Pooled)> {
         let padded = padded_words(bytes);
-        let limit = self.max_binding_bytes();
-        if padded.len() as u64 > limit {
-            return Err(GpuError::TooLarge {
-                what: what.into(),
-                bytes: padded.len() as u64,
-                limit,
-            });
-        }
+        self.check_binding(padded.len(), what)?;
         let buffer = self.pool.take(&self.device, BufferKind::Storage, padded.len() as u64);
         self.queue.write_buffer(&buffer, 0, &padded);
-        Ok((buffer, Pooled { pool: self.pool.clone() }))
+        Ok((buffer.clone(), Pooled { pool: self.pool.clone(), buffer }))
+    }
+
+    /// Refuses `bytes` more than one binding holds.
+    fn check_binding(&self, bytes: usize, what: &str) -> Result<()> {
+        let limit = self.max_binding_bytes();
+        if bytes as u64 > limit {
+            return Err(GpuError::TooLarge { what: what.into(), bytes: bytes as u64, limit });
+        }
+        Ok(())
     }
 
     fn storage_with(&self, bytes: &[u8], what: &str) -> Result<wgpu::Buffer> {
-        let limit = self.max_binding_bytes();
-        if bytes.len() as u64 > limit {
-            return Err(GpuError::TooLarge { what: what.into(), bytes: bytes.len() as u64, limit });
-        }
+        self.check_binding(bytes.len(), what)?;
         // An empty binding is invalid; a zero-length tensor still gets one word.
         let contents = if bytes.is_empty() { &[0u8; 4][..] } else { bytes };
         self.checked(|| {

@@ -104,16 +104,16 @@ impl KvMirror for DeviceRows {
         read().map_err(|e| ModelError::Gpu(e.to_string()))
     }
 
+    /// `data` is as long as the host pool's block (`PagedKv::write_block` checked it).
     fn write_block(&self, block: u32, data: &[u8]) -> spindle_models::Result<()> {
         let mut rest = data;
         for (pool, shape) in self.pools.layers.iter().zip(&self.pools.shapes) {
             let layout = RowLayout::of(pool, shape);
-            let [keys, values] = [0, 1].map(|_| {
-                let (part, tail) = rest.split_at(layout.bytes().min(rest.len()));
-                rest = tail;
-                layout.to_device(part)
-            });
-            pool.write_block(&self.gpu, block, [&keys, &values])
+            let (keys, tail) = rest.split_at(layout.bytes());
+            let (values, tail) = tail.split_at(layout.bytes());
+            rest = tail;
+            let words = [layout.to_device(keys), layout.to_device(values)];
+            pool.write_block(&self.gpu, block, [&words[0], &words[1]])
                 .map_err(|e| ModelError::Gpu(e.to_string()))?;
         }
         Ok(())
@@ -131,8 +131,8 @@ struct RowLayout {
 
 impl RowLayout {
     fn of(pool: &KvPool, shape: &KvShape) -> Self {
-        let slots = pool.block_len() * 4 / (shape.kv_heads * shape.head_dim * pool.value_bytes());
-        RowLayout { heads: shape.kv_heads, slots, row: shape.head_dim * pool.value_bytes() }
+        let row = shape.head_dim * pool.value_bytes();
+        RowLayout { heads: shape.kv_heads, slots: pool.block_size(), row }
     }
 
     fn bytes(&self) -> usize {
