@@ -140,19 +140,15 @@ fn disk_tier_across_a_restart(model: &str) {
     let dir = tempfile::tempdir().unwrap();
     let folder = dir.path().to_str().unwrap();
     let args = ["--model", model, "--device", "gpu", "--prefix-cache-dir", folder];
-    let first = LoggedServer::with_args(&args);
+    let mut first = LoggedServer::with_args(&args);
     let cold = first.post_ok("/v1/chat/completions", &hi());
-    // The snapshots (the system prompt's end, the prompt's) go to disk in the background.
-    let snapshots = || {
-        let files = walk_files(dir.path());
-        files.iter().filter(|p| p.extension().is_some_and(|e| e == "snap")).count()
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while snapshots() < 2 {
-        assert!(std::time::Instant::now() < deadline, "{} snapshot files written", snapshots());
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    first.stop();
+    // The snapshots go to disk in the background; a drain (SIGTERM) finishes their writes.
+    first.signal(libc::SIGTERM);
+    let status = first.wait_for_exit(std::time::Duration::from_secs(120));
+    assert!(status.success(), "{status}:\n{}", first.log());
+    let files = walk_files(dir.path());
+    let snapshots = files.iter().filter(|p| p.extension().is_some_and(|e| e == "snap"));
+    assert!(snapshots.count() >= 2, "{files:?}");
     let restarted = LoggedServer::with_args(&args);
     let warm = restarted.post_ok("/v1/chat/completions", &hi());
     let other = restarted.post_ok("/v1/chat/completions", &good_morning());
