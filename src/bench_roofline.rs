@@ -1,6 +1,6 @@
 //! What a hybrid MoE's decode can reach on a GPU at most: each token reads every dense weight
 //! and, per MoE block, its top-k experts' share of the routed experts, from wherever the
-//! placement put them. Given the device's (and the host's) memory bandwidth, that bounds the
+//! placement put them (the blocks `--n-gpu-layers` leaves on the CPU read all theirs there). Given the device's (and the host's) memory bandwidth, that bounds the
 //! tokens per second; `spindle bench --device gpu` prints the measured decode as a share of it,
 //! the figure the targets are set in (≥ 60% all on the GPU; with `--cpu-moe`, ≥ 80% of
 //! what the host's bandwidth allows for the experts).
@@ -18,7 +18,9 @@ impl TokenBytes {
     /// For a hybrid of `bytes` placed as `placement`, routing `top_k` of `experts` per block.
     pub fn of(bytes: &ModelBytes, placement: &Placement, (top_k, experts): (usize, usize)) -> Self {
         let share = top_k as f64 / experts.max(1) as f64;
-        let mut token = TokenBytes { device: bytes.dense as f64, host: 0.0 };
+        let on_cpu: u64 = bytes.block_weights[..placement.cpu_blocks].iter().sum();
+        let device = (bytes.dense - on_cpu) as f64;
+        let mut token = TokenBytes { device, host: on_cpu as f64 };
         for (block, &experts) in bytes.experts.iter().enumerate() {
             let read = experts as f64 * share;
             if placement.experts_on_host(block) {
@@ -55,6 +57,8 @@ mod tests {
             experts: vec![800; 4],
             states_per_sequence: 0,
             draft_head: 0,
+            block_weights: vec![100; 4],
+            block_mixers: vec![spindle_models::Mixer::Linear; 4],
         };
         let all = Placement::plan(&bytes, &PlacementRequest::default()).unwrap();
         let on_device = TokenBytes::of(&bytes, &all, (2, 8));
@@ -67,5 +71,10 @@ mod tests {
         assert_eq!(split, TokenBytes { device: 1200.0, host: 600.0 });
         // 1200 B at 2 GB/s and 600 B at 1 GB/s: 0.6 + 0.6 µs a token.
         assert!((split.roofline(2.0, Some(1.0)) - 1e9 / 1200.0).abs() < 1e-3);
+        // Blocks 0 and 1 on the CPU: their 100 B each and their experts' share read there.
+        let request = PlacementRequest { n_gpu_layers: Some(2), ..PlacementRequest::default() };
+        let layers = Placement::plan(&bytes, &request).unwrap();
+        let on_cpu = TokenBytes::of(&bytes, &layers, (2, 8));
+        assert_eq!(on_cpu, TokenBytes { device: 800.0 + 400.0, host: 200.0 + 400.0 });
     }
 }

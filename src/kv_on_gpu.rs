@@ -2,9 +2,11 @@
 //! attention layer for keys and one for values, so `auto` is sized from what the device reports
 //! free once the model's weights are there (not from system RAM), and any size is held to what
 //! the device binds in one buffer: a larger pool would fail every request, so it is cut (`auto`)
-//! or refused at start (a size given).
+//! or refused at start (a size given). A hybrid's blocks that `--n-gpu-layers` leaves on the
+//! CPU keep their keys and values in system RAM: `auto` sizes the device's share and gives
+//! those layers as much each.
 
-use spindle_gpu::{dense_device_bytes, Gpu, ModelBytes};
+use spindle_gpu::{dense_device_bytes, Gpu, ModelBytes, PlacementRequest};
 use spindle_hub::ModelFiles;
 use spindle_models::{KvShape, Mixer, PagedKv};
 use spindle_runner::{CacheConfig, ModelBundle};
@@ -25,40 +27,56 @@ const AUTO_MIN: u64 = 256 << 20;
 pub struct DeviceRoom {
     /// What the device reports free, `None` where it reports nothing.
     pub available: Option<u64>,
-    /// The model's weights (and DeltaNet states) on the device, all of them.
+    /// The model's weights (and DeltaNet states) on the device.
     pub weights: u64,
-    /// Layers whose keys and values the pool holds.
+    /// Layers whose keys and values the device's pools hold.
     pub attention_layers: u64,
+    /// Layers whose keys and values stay in system RAM (of the blocks on the CPU).
+    pub host_attention_layers: u64,
     /// The most one buffer binding holds.
     pub max_binding: u64,
 }
 
 impl DeviceRoom {
-    /// The model of `files` on `gpu`, with its MTP head where `draft_head`.
-    pub fn of(gpu: &Gpu, files: &ModelFiles, draft_head: bool) -> anyhow::Result<Self> {
-        let (weights, attention_layers) = match files {
+    /// The model of `files` on `gpu`, with its MTP head and its blocks on the device as
+    /// `request` asks.
+    pub fn of(gpu: &Gpu, files: &ModelFiles, request: &PlacementRequest) -> anyhow::Result<Self> {
+        let (weights, attention_layers, host_attention_layers) = match files {
             ModelFiles::Gguf(path) if spindle_models::is_hybrid_gguf(path)? => {
                 let (cfg, weights) = spindle_models::open_hybrid(path)?;
                 let bytes = ModelBytes::of_hybrid(&cfg, &weights);
-                let head = if draft_head { bytes.draft_head } else { 0 };
-                let all = bytes.dense + bytes.experts.iter().sum::<u64>() + head;
-                let full = cfg.layer_types().into_iter().filter(|&m| m == Mixer::Full).count();
-                (all + bytes.states_per_sequence, full)
+                let blocks = cfg.num_hidden_layers;
+                let on_cpu = request.n_gpu_layers.map_or(0, |n| blocks.saturating_sub(n));
+                let head = if request.draft_head { bytes.draft_head } else { 0 };
+                let cpu_weights: u64 = bytes.block_weights[..on_cpu].iter().sum();
+                let experts: u64 = bytes.experts[on_cpu..].iter().sum();
+                let mixers = cfg.layer_types();
+                let count = |mixers: &[Mixer], kind| mixers.iter().filter(|&&m| m == kind).count();
+                let linear = count(&mixers, Mixer::Linear) as u64;
+                let states = (bytes.states_per_sequence
+                    * count(&mixers[on_cpu..], Mixer::Linear) as u64)
+                    .checked_div(linear)
+                    .unwrap_or(0);
+                let device = bytes.dense - cpu_weights + experts + head + states;
+                let full =
+                    (count(&mixers[on_cpu..], Mixer::Full), count(&mixers[..on_cpu], Mixer::Full));
+                (device, full.0, full.1)
             }
             ModelFiles::Gguf(path) => {
                 let (cfg, weights) = spindle_models::open_dense(path)?;
-                (dense_device_bytes(&weights), cfg.num_hidden_layers)
+                (dense_device_bytes(&weights), cfg.num_hidden_layers, 0)
             }
             ModelFiles::Safetensors { dir } => {
                 let (cfg, _) = spindle_models::open_dense(dir)?;
                 // Float weights go up as f32: at most twice their stored (16-bit) bytes.
-                (2 * safetensors_bytes(dir)?, cfg.num_hidden_layers)
+                (2 * safetensors_bytes(dir)?, cfg.num_hidden_layers, 0)
             }
         };
         Ok(DeviceRoom {
             available: gpu.memory().map(|m| m.available),
             weights,
-            attention_layers: attention_layers.max(1) as u64,
+            attention_layers: attention_layers as u64,
+            host_attention_layers: host_attention_layers as u64,
             max_binding: gpu.max_binding_bytes(),
         })
     }
@@ -69,8 +87,20 @@ impl DeviceRoom {
     }
 
     /// `auto`'s pool: 70% of the device memory the weights leave (an eighth of the usable
-    /// memory where they do not all fit and experts spill), at most [`DeviceRoom::most`].
+    /// memory where they do not all fit and experts spill), at most [`DeviceRoom::most`], and
+    /// as much a layer again for the layers in system RAM; unbounded here where the device
+    /// holds no layer's keys (system RAM sizes the pool then).
     pub fn auto_bytes(&self) -> usize {
+        if self.attention_layers == 0 {
+            return usize::MAX;
+        }
+        let on_device = self.device_auto_bytes();
+        let layers = self.attention_layers + self.host_attention_layers;
+        (on_device as u128 * layers as u128 / self.attention_layers as u128) as usize
+    }
+
+    /// The device's share of `auto`'s pool.
+    fn device_auto_bytes(&self) -> u64 {
         let auto = match self.available {
             None => UNKNOWN_DEVICE,
             Some(free) => {
@@ -82,7 +112,7 @@ impl DeviceRoom {
                 }
             }
         };
-        auto.max(AUTO_MIN).min(self.most()) as usize
+        auto.max(AUTO_MIN).min(self.most())
     }
 }
 
@@ -133,7 +163,14 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     fn room(available: Option<u64>, weights: u64) -> DeviceRoom {
-        DeviceRoom { available, weights, attention_layers: 10, max_binding: 2 * GIB }
+        let max_binding = 2 * GIB;
+        DeviceRoom {
+            available,
+            weights,
+            attention_layers: 10,
+            host_attention_layers: 0,
+            max_binding,
+        }
     }
 
     #[test]
@@ -148,5 +185,12 @@ mod tests {
         // No layer gets more than one binding: 10 layers, keys and values, 128 MiB each.
         let small = DeviceRoom { max_binding: 128 << 20, ..room(Some(80 * GIB), GIB) };
         assert_eq!(small.auto_bytes() as u64, 20 * (128 << 20));
+        // 10 layers on the device, 5 in system RAM: the pool is half again the device's share.
+        let split =
+            DeviceRoom { host_attention_layers: 5, ..room(Some(24 * GIB), 12 * GIB + GIB / 2) };
+        assert_eq!(split.auto_bytes() as u64, 10 * GIB / 10 * 7 * 15 / 10);
+        // No layer's keys on the device: nothing here bounds the pool.
+        let none = DeviceRoom { attention_layers: 0, host_attention_layers: 15, ..split };
+        assert_eq!(none.auto_bytes(), usize::MAX);
     }
 }

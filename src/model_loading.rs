@@ -112,7 +112,7 @@ impl Loading {
         cache: &mut CacheConfig,
     ) -> anyhow::Result<()> {
         let (Some(gpu), KvMemory::Auto) = (&self.gpu, self.kv_memory) else { return Ok(()) };
-        let room = DeviceRoom::of(gpu, files, self.placement.draft_head)?;
+        let room = DeviceRoom::of(gpu, files, &self.placement)?;
         cache.kv_bytes = room.auto_bytes().min(cache.kv_bytes);
         self.placement.kv_bytes = cache.kv_bytes as u64;
         Ok(())

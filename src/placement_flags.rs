@@ -1,8 +1,8 @@
 //! llama.cpp's placement flags for a model on the GPU that the device cannot hold whole:
 //! `--cpu-moe`, `--n-cpu-moe N`, `--n-gpu-layers N`, `--fit` and `--gpu-memory-limit`. Routed
-//! experts left in system RAM run on Spindle's CPU kernels; everything else stays on the device
-//! (`spindle_gpu::Placement` plans it). A value Spindle cannot honour is refused, naming the
-//! flag, never ignored.
+//! experts left in system RAM, and the blocks `--n-gpu-layers` leaves off the device, run on
+//! Spindle's CPU kernels; everything else stays on the device (`spindle_gpu::Placement` plans
+//! it). A value Spindle cannot honour is refused, naming the flag, never ignored.
 
 use clap::Args;
 use spindle_gpu::{Placement, PlacementRequest};
@@ -20,9 +20,9 @@ pub struct PlacementFlags {
     /// --n-cpu-moe).
     #[arg(long, default_value_t = 0)]
     n_cpu_moe: usize,
-    /// With --device gpu: blocks on the device: all (the default, also `auto` or -1) or a number
-    /// at least the model's block count; whole blocks on the CPU are not supported (keep routed
-    /// experts in system RAM with --n-cpu-moe instead).
+    /// With --device gpu: blocks on the device: all (the default, also `auto` or -1) or N, the
+    /// last N blocks of a hybrid MoE model, the first ones running whole on the CPU (weights,
+    /// keys, values and DeltaNet states in system RAM). Dense models run whole on the GPU.
     #[arg(long, value_parser = parse_gpu_layers, allow_hyphen_values = true)]
     n_gpu_layers: Option<GpuLayers>,
     /// With --device gpu: on (the default) puts everything but the routed experts on the device,
@@ -125,19 +125,33 @@ pub fn refuse_for_whole_model(request: &PlacementRequest, blocks: usize) -> anyh
     Ok(())
 }
 
-/// The startup line: which blocks' routed experts are in system RAM, and the device memory the
-/// placement takes against its budget and where that came from.
+/// The startup line: which blocks run whole on the CPU, which blocks' routed experts are in
+/// system RAM, and the device memory the placement takes against its budget and where that
+/// came from.
 pub fn placement_line(placement: &Placement) -> String {
-    let spilled = match placement.host_moe_blocks {
-        0 => "every routed expert on the GPU".to_string(),
+    let cpu = match placement.cpu_blocks {
+        0 => String::new(),
         n => format!(
-            "routed experts of blocks 0-{} ({n} of {} MoE blocks, {}) in system RAM on the CPU, \
-             the rest on the GPU (as --n-cpu-moe {})",
-            placement.host_blocks() - 1,
-            placement.moe_blocks,
-            human_bytes(placement.host_weights as usize),
-            placement.host_blocks()
+            "blocks 0-{} whole on the CPU, the last {} on the GPU (as --n-gpu-layers {}); ",
+            n - 1,
+            placement.blocks - n,
+            placement.blocks - n
         ),
+    };
+    let (first, host) = (placement.cpu_blocks, placement.host_blocks());
+    let experts = match (host - first, placement.host_moe_blocks) {
+        (_, 0) => "every routed expert on the GPU".to_string(),
+        (0, _) => "every routed expert of the GPU's blocks on the GPU".to_string(),
+        (_, n) => format!(
+            "routed experts of blocks {first}-{} ({n} of {} MoE blocks) in system RAM on the \
+             CPU, the rest on the GPU (as --n-cpu-moe {host})",
+            host - 1,
+            placement.moe_blocks,
+        ),
+    };
+    let in_ram = match placement.host_weights {
+        0 => String::new(),
+        bytes => format!("; {} of weights in system RAM", human_bytes(bytes as usize)),
     };
     let used = placement.device_weights + placement.reserved;
     let budget = match (placement.budget, placement.limit) {
@@ -150,7 +164,7 @@ pub fn placement_line(placement: &Placement) -> String {
     };
     let head = if placement.draft_head { ", MTP head included" } else { "" };
     format!(
-        "placement: {spilled}; device memory {} planned (weights {}{head}, KV cache and DeltaNet \
+        "placement: {cpu}{experts}{in_ram}; device memory {} planned (weights {}{head}, KV cache and DeltaNet \
          states {}) {budget}",
         human_bytes(used as usize),
         human_bytes(placement.device_weights as usize),
@@ -203,6 +217,7 @@ mod tests {
         let layers = request(&["--n-gpu-layers", "12"], true).unwrap();
         let refusal = refuse_for_whole_model(&layers, 30).unwrap_err().to_string();
         assert!(refusal.starts_with("--n-gpu-layers 12:"), "{refusal}");
+        assert!(refuse_for_whole_model(&layers, 12).is_ok());
         assert!(refuse_for_whole_model(&request(&[], true).unwrap(), 30).is_ok());
     }
 }

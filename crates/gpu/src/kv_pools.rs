@@ -4,7 +4,8 @@
 //! pools are the host pool's mirror, so the prefix cache's copy of a partly filled shared
 //! block happens here, and the disk tier's blocks are read from and written to here (in the
 //! host pool's layout, so a file saved by a GPU server loads on a CPU one and back). A device
-//! pool lives while its host pool does.
+//! pool lives while its host pool does. Where a model's first blocks run on the CPU, their
+//! layers' rows stay in the host pool and the device mirrors the later layers only.
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -14,8 +15,8 @@ use crate::attention::{KvFormat, KvPool, PagedRows, QueryPlace};
 use crate::device::Gpu;
 use crate::error::{GpuError, Result};
 
-/// One device pool per softmax-attention layer, in layer order (linear-attention layers,
-/// which keep no keys, have none).
+/// One device pool per softmax-attention layer on the device, in layer order (linear-attention
+/// layers, which keep no keys, have none).
 pub(crate) struct LayerPools {
     pub(crate) layers: Vec<KvPool>,
     /// Each pool's heads, as the host pool's layers with keys and values.
@@ -24,10 +25,17 @@ pub(crate) struct LayerPools {
 
 #[derive(Default)]
 pub(crate) struct KvPools {
+    /// The first layer on the device: the host pool keeps the rows of those before.
+    first_layer: usize,
     by_host: Mutex<Vec<(Weak<PagedKv>, Arc<LayerPools>)>>,
 }
 
 impl KvPools {
+    /// Pools of the layers from `first_layer` on.
+    pub(crate) fn from_layer(first_layer: usize) -> Self {
+        KvPools { first_layer, by_host: Mutex::default() }
+    }
+
     /// The entries of `batch` grouped by the storage their caches use, each group with its
     /// device pools (made on first sight, as large as the host's) and its rows' places.
     pub(crate) fn groups(
@@ -46,8 +54,9 @@ impl KvPools {
             let pools = match found {
                 Some((_, pools)) => pools.clone(),
                 None => {
-                    let pools = Arc::new(device_pools(gpu, shapes, host)?);
-                    let mirror = DeviceRows { gpu: gpu.clone(), pools: pools.clone() };
+                    let pools = Arc::new(device_pools(gpu, shapes, host, self.first_layer)?);
+                    let first_layer = self.first_layer;
+                    let mirror = DeviceRows { gpu: gpu.clone(), pools: pools.clone(), first_layer };
                     host.mirror_to(Arc::new(mirror))
                         .map_err(|e| GpuError::BadInput(e.to_string()))?;
                     by_host.push((Arc::downgrade(host), pools.clone()));
@@ -67,13 +76,18 @@ impl KvPools {
     }
 }
 
-/// A host pool's rows on the device.
+/// A host pool's rows on the device, of the layers from `first_layer` on.
 struct DeviceRows {
     gpu: Arc<Gpu>,
     pools: Arc<LayerPools>,
+    first_layer: usize,
 }
 
 impl KvMirror for DeviceRows {
+    fn holds(&self, layer: usize) -> bool {
+        layer >= self.first_layer
+    }
+
     fn copy_positions(&self, from: u32, to: u32, positions: usize) -> spindle_models::Result<()> {
         let block = self.pools.layers.iter().map(KvPool::block_len).max().unwrap_or(0);
         let staging = self.gpu.output(block);
@@ -161,7 +175,12 @@ impl RowLayout {
     }
 }
 
-fn device_pools(gpu: &Gpu, shapes: &[Option<KvShape>], host: &PagedKv) -> Result<LayerPools> {
+fn device_pools(
+    gpu: &Gpu,
+    shapes: &[Option<KvShape>],
+    host: &PagedKv,
+    first_layer: usize,
+) -> Result<LayerPools> {
     // A sliding-window layer keeps every block of the host's numbering too (the host only
     // gives the memory of blocks out of every window back, and the kernel never reads
     // positions out of a query's window), so every layer's pool is the host's size.
@@ -181,12 +200,12 @@ fn device_pools(gpu: &Gpu, shapes: &[Option<KvShape>], host: &PagedKv) -> Result
         }
     };
     let blocks = (host.blocks(), host.block_size());
-    let layers = shapes
+    let on_device: Vec<KvShape> = shapes.iter().skip(first_layer).flatten().copied().collect();
+    let layers = on_device
         .iter()
-        .flatten()
         .map(|s| KvPool::new(gpu, blocks, s.kv_heads * s.head_dim, format))
         .collect::<Result<_>>()?;
-    Ok(LayerPools { layers, shapes: shapes.iter().flatten().copied().collect() })
+    Ok(LayerPools { layers, shapes: on_device })
 }
 
 /// Places of every row of `batch` (its entries' tokens in order) in the block tables of its

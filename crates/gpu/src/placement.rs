@@ -6,6 +6,8 @@
 //! block from the last while the budget holds; the blocks left over keep theirs in system RAM
 //! and run them on the CPU's kernels. Whichever way, the blocks in system RAM are the first
 //! ones, so every placement is some `--n-cpu-moe N`, and the startup line says which.
+//! `--n-gpu-layers N` short of the block count runs the first blocks whole on the CPU (their
+//! weights, keys, values and DeltaNet states in system RAM) and the last `N` on the device.
 //!
 //! The budget is `--gpu-memory-limit` where given; else, with `--fit`, what the device reports
 //! free (`Gpu::memory`, which the caller asks and puts in the request, so planning stays a
@@ -15,7 +17,7 @@
 use std::fmt;
 
 use candle_core::quantized::GgmlDType;
-use spindle_models::{HybridConfig, WeightSource};
+use spindle_models::{HybridConfig, Mixer, WeightSource};
 
 use crate::DeviceMemory;
 
@@ -26,8 +28,8 @@ pub struct PlacementRequest {
     pub cpu_moe: bool,
     /// `--n-cpu-moe N`: the routed experts of blocks `0..N` in system RAM.
     pub n_cpu_moe: usize,
-    /// `--n-gpu-layers N`; `None`: all. Every block's mixer runs on the device (its keys, values
-    /// and states live there), so fewer blocks than the model has are refused.
+    /// `--n-gpu-layers N`: the last `N` blocks on the device, the others whole on the CPU;
+    /// `None`: all.
     pub n_gpu_layers: Option<usize>,
     /// `--fit`: routed experts that do not fit the budget go to system RAM.
     pub fit: bool,
@@ -113,6 +115,10 @@ pub struct ModelBytes {
     pub states_per_sequence: u64,
     /// The multi-token-prediction head (block `num_hidden_layers`), 0 where the file has none.
     pub draft_head: u64,
+    /// Per block, its weights but the routed experts (counted in `dense` too).
+    pub block_weights: Vec<u64>,
+    /// Per block, how it mixes tokens: attention keeps keys and values, DeltaNet states.
+    pub block_mixers: Vec<Mixer>,
 }
 
 impl ModelBytes {
@@ -126,13 +132,19 @@ impl ModelBytes {
             experts: vec![0; blocks],
             states_per_sequence: 0,
             draft_head: 0,
+            block_weights: vec![0; blocks],
+            block_mixers: cfg.layer_types(),
         };
         for (name, dtype, dims) in weights.stored_tensors() {
             let size = device_bytes(dtype, dims);
             match block_of(name) {
                 Some(block) if block >= blocks => bytes.draft_head += size,
                 Some(block) if is_expert_stack(name) => bytes.experts[block] += size,
-                _ => bytes.dense += size,
+                Some(block) => {
+                    bytes.block_weights[block] += size;
+                    bytes.dense += size;
+                }
+                None => bytes.dense += size,
             }
         }
         let shape = crate::linear_state::DeltaNetShape::of(cfg);
@@ -170,10 +182,15 @@ fn is_expert_stack(name: &str) -> bool {
         .any(|stack| name.ends_with(&format!(".{stack}.weight")))
 }
 
-/// Which blocks keep their routed experts in system RAM, and the device memory that leaves.
+/// Which blocks run whole on the CPU, which keep their routed experts in system RAM, and the
+/// device memory that leaves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
-    /// Blocks `0..host_blocks` keep their routed experts in system RAM.
+    /// The model's blocks.
+    pub blocks: usize,
+    /// Blocks `0..cpu_blocks` run whole on the CPU.
+    pub cpu_blocks: usize,
+    /// Blocks `0..host_blocks` keep their routed experts in system RAM (at least the CPU's).
     host_blocks: usize,
     /// Blocks whose routed experts are in system RAM (blocks with experts only).
     pub host_moe_blocks: usize,
@@ -181,7 +198,7 @@ pub struct Placement {
     pub moe_blocks: usize,
     /// Weights on the device.
     pub device_weights: u64,
-    /// Routed experts in system RAM.
+    /// Weights in system RAM: the CPU blocks' and the routed experts there.
     pub host_weights: u64,
     /// KV pools and DeltaNet states on the device.
     pub reserved: u64,
@@ -205,6 +222,8 @@ impl Placement {
     /// Every routed expert on the device.
     pub fn on_device() -> Self {
         Placement {
+            blocks: 0,
+            cpu_blocks: 0,
             host_blocks: 0,
             host_moe_blocks: 0,
             moe_blocks: 0,
@@ -221,23 +240,27 @@ impl Placement {
     /// The placement `request` asks for of a model of `bytes`.
     pub fn plan(bytes: &ModelBytes, request: &PlacementRequest) -> Result<Self, PlacementRefused> {
         let blocks = bytes.experts.len();
-        if let Some(n) = request.n_gpu_layers.filter(|&n| n < blocks) {
-            return Err(PlacementRefused(format!(
-                "--n-gpu-layers {n}: this model has {blocks} blocks, and on the GPU every block's \
-                 attention or DeltaNet runs there (whole blocks on the CPU are not supported); \
-                 give {blocks} or more, or keep routed experts in system RAM with --n-cpu-moe or \
-                 --cpu-moe"
-            )));
-        }
+        let cpu_blocks = request.n_gpu_layers.map_or(0, |n| blocks.saturating_sub(n));
         let moe_blocks = bytes.experts.iter().filter(|&&b| b > 0).count();
         let asked = if request.cpu_moe { blocks } else { request.n_cpu_moe.min(blocks) };
         if asked > 0 && moe_blocks == 0 {
             let flag = if request.cpu_moe { "--cpu-moe" } else { "--n-cpu-moe" };
             return Err(PlacementRefused(format!("{flag}: this model has no routed experts")));
         }
-        let reserved = request.kv_bytes + request.sequences as u64 * bytes.states_per_sequence;
+        // The CPU blocks' experts are in system RAM with the rest of those blocks.
+        let asked = asked.max(cpu_blocks);
+        let on_device_share = |bytes_of_all: u64, mixer: Mixer| {
+            let of_kind = |blocks: &[Mixer]| blocks.iter().filter(|&&m| m == mixer).count() as u64;
+            let (all, device) =
+                (of_kind(&bytes.block_mixers), of_kind(&bytes.block_mixers[cpu_blocks..]));
+            (bytes_of_all * device).checked_div(all).unwrap_or(0)
+        };
+        let kv_bytes = on_device_share(request.kv_bytes, Mixer::Full);
+        let states = on_device_share(bytes.states_per_sequence, Mixer::Linear);
+        let reserved = kv_bytes + request.sequences as u64 * states;
         let head = if request.draft_head { bytes.draft_head } else { 0 };
-        let fixed = bytes.dense + head + reserved;
+        let cpu_weights: u64 = bytes.block_weights[..cpu_blocks].iter().sum();
+        let fixed = bytes.dense - cpu_weights + head + reserved;
         let on_device =
             |host_blocks: usize| fixed + bytes.experts[host_blocks..].iter().sum::<u64>();
         let limit = request.limit();
@@ -252,11 +275,12 @@ impl Placement {
                 return Err(PlacementRefused(format!(
                     "{limit}: the device needs {} without any routed expert (weights {}, KV cache \
                      {}, DeltaNet states {}), more than that less a sixteenth kept for \
-                     activations ({}); {remedy}, or lower --kv-cache-memory or --max-concurrent",
+                     activations ({}); {remedy}, or lower --kv-cache-memory, --max-concurrent \
+                     or --n-gpu-layers",
                     mib(fixed),
-                    mib(bytes.dense + head),
-                    mib(request.kv_bytes),
-                    mib(reserved - request.kv_bytes),
+                    mib(fixed - reserved),
+                    mib(kv_bytes),
+                    mib(reserved - kv_bytes),
                     mib(budget)
                 )));
             }
@@ -273,8 +297,10 @@ impl Placement {
             }
             Some(_) => asked,
         };
-        let host_weights: u64 = bytes.experts[..host_blocks].iter().sum();
+        let host_weights = bytes.experts[..host_blocks].iter().sum::<u64>() + cpu_weights;
         Ok(Placement {
+            blocks,
+            cpu_blocks,
             host_blocks,
             host_moe_blocks: bytes.experts[..host_blocks].iter().filter(|&&b| b > 0).count(),
             moe_blocks,
@@ -308,9 +334,17 @@ fn mib(bytes: u64) -> String {
 mod tests {
     use super::*;
 
-    /// 4 blocks of 100 expert bytes each, 1000 dense bytes, 10 state bytes a sequence.
+    /// 4 blocks of 100 expert bytes and 200 other bytes each (three DeltaNet blocks, then one
+    /// attention block), 1000 dense bytes in all, 10 state bytes a sequence.
     fn four_blocks() -> ModelBytes {
-        ModelBytes { dense: 1000, experts: vec![100; 4], states_per_sequence: 10, draft_head: 0 }
+        ModelBytes {
+            dense: 1000,
+            experts: vec![100; 4],
+            states_per_sequence: 10,
+            draft_head: 0,
+            block_weights: vec![200; 4],
+            block_mixers: [[Mixer::Linear; 3].as_slice(), &[Mixer::Full]].concat(),
+        }
     }
 
     fn limit(budget: u64) -> Option<u64> {
@@ -406,14 +440,43 @@ mod tests {
         // 1010 fixed (one sequence's states) and one block's experts.
         let enough = PlacementRequest { n_cpu_moe: 3, ..fit_off };
         assert_eq!(Placement::plan(&bytes, &enough).unwrap().host_blocks(), 3);
-        let few_layers = PlacementRequest { n_gpu_layers: Some(3), ..PlacementRequest::default() };
-        assert!(refused(few_layers).starts_with("--n-gpu-layers 3:"));
         let all_layers = PlacementRequest { n_gpu_layers: Some(99), ..PlacementRequest::default() };
         assert!(Placement::plan(&bytes, &all_layers).is_ok());
         let dense = ModelBytes { experts: vec![0; 4], ..four_blocks() };
         let cpu_moe = PlacementRequest { cpu_moe: true, ..PlacementRequest::default() };
         let refusal = Placement::plan(&dense, &cpu_moe).unwrap_err().0;
         assert_eq!(refusal, "--cpu-moe: this model has no routed experts");
+    }
+
+    /// `--n-gpu-layers 2` of 4 blocks: blocks 0 and 1 whole on the CPU (their weights and
+    /// experts in system RAM, their DeltaNet states and no keys there); the device reserves
+    /// the states of its one DeltaNet block and the keys of the attention block.
+    #[test]
+    fn the_first_blocks_run_on_the_cpu_short_of_n_gpu_layers() {
+        let bytes = four_blocks();
+        let base = PlacementRequest { kv_bytes: 60, sequences: 3, ..PlacementRequest::default() };
+        let two = PlacementRequest { n_gpu_layers: Some(2), ..base.clone() };
+        let placed = Placement::plan(&bytes, &two).unwrap();
+        assert_eq!((placed.cpu_blocks, placed.host_blocks(), placed.host_moe_blocks), (2, 2, 2));
+        assert!(placed.experts_on_host(1) && !placed.experts_on_host(2));
+        // 1000 - 2 × 200 dense, 2 × 100 experts on the device; 2 × 300 in system RAM.
+        assert_eq!((placed.device_weights, placed.host_weights), (800, 600));
+        // The KV pool's one layer is on the device; one of three DeltaNet layers' states.
+        let all = Placement::plan(&bytes, &base).unwrap();
+        assert_eq!((all.reserved, placed.reserved), (60 + 3 * 10, 60 + 3 * 3));
+        // --n-cpu-moe past the CPU blocks moves more experts; --fit fits the rest.
+        let three = PlacementRequest { n_cpu_moe: 3, ..two.clone() };
+        assert_eq!(Placement::plan(&bytes, &three).unwrap().host_blocks(), 3);
+        let fitted = PlacementRequest { memory_limit: limit(600 + 69 + 100), ..two.clone() };
+        let fitted = Placement::plan(&bytes, &fitted).unwrap();
+        assert_eq!((fitted.cpu_blocks, fitted.host_blocks()), (2, 3));
+        // One block on the device: it holds no DeltaNet state but the pool's keys.
+        let one = PlacementRequest { n_gpu_layers: Some(1), ..base.clone() };
+        assert_eq!(Placement::plan(&bytes, &one).unwrap().reserved, 60);
+        // None: the KV pool and every state stay in system RAM.
+        let none = PlacementRequest { n_gpu_layers: Some(0), ..base };
+        let placed = Placement::plan(&bytes, &none).unwrap();
+        assert_eq!((placed.cpu_blocks, placed.reserved, placed.device_weights), (4, 0, 200));
     }
 
     #[test]

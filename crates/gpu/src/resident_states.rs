@@ -29,6 +29,9 @@ pub(crate) struct ResidentStates {
 struct Shared {
     gpu: Arc<Gpu>,
     shape: DeltaNetShape,
+    /// The model's first layer on the device: the caches keep the states of those before.
+    first_layer: usize,
+    /// Linear-attention layers on the device.
     layers: usize,
     /// Slots made at the first step.
     first_slots: usize,
@@ -75,6 +78,10 @@ struct Kept {
 }
 
 impl DeviceRecurrentState for SlotState {
+    fn first_layer(&self) -> usize {
+        self.shared.first_layer
+    }
+
     fn floats(&self) -> spindle_models::Result<Vec<f32>> {
         self.shared.download(self.slot).map_err(model_error)
     }
@@ -128,17 +135,19 @@ impl StepSlots<'_> {
 }
 
 impl ResidentStates {
-    /// No slots yet: the first step makes `first_slots` of them.
+    /// No slots yet: the first step makes `first_slots` of them, for the `layers`
+    /// linear-attention layers from the model's layer `first_layer` on.
     pub(crate) fn new(
         gpu: Arc<Gpu>,
         shape: DeltaNetShape,
-        layers: usize,
+        (first_layer, layers): (usize, usize),
         first_slots: usize,
     ) -> Self {
         let slots =
             Slots { states: Vec::new(), holders: Vec::new(), traffic: Default::default(), step: 0 };
         let (slots, first_slots) = (Mutex::new(slots), first_slots.max(1));
-        ResidentStates { shared: Arc::new(Shared { gpu, shape, layers, first_slots, slots }) }
+        let shared = Shared { gpu, shape, first_layer, layers, first_slots, slots };
+        ResidentStates { shared: Arc::new(shared) }
     }
 
     pub(crate) fn traffic(&self) -> StateTraffic {
@@ -165,7 +174,7 @@ impl ResidentStates {
             .map(|(e, held)| match held {
                 Some(_) => Ok(None),
                 None => {
-                    let floats = e.cache.recurrent().to_floats();
+                    let floats = e.cache.recurrent().to_floats_from(shared.first_layer);
                     if floats.len() != per_sequence {
                         return Err(GpuError::BadInput(format!(
                             "a cache with a recurrent state of {} numbers for a model whose {} \

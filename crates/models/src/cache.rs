@@ -36,17 +36,26 @@ impl RecurrentState {
     }
 
     pub fn bytes(&self) -> usize {
-        self.floats() * std::mem::size_of::<f32>()
+        self.floats_from(0) * std::mem::size_of::<f32>()
     }
 
-    fn floats(&self) -> usize {
-        self.0.iter().flatten().map(|s| s.conv.len() + s.recurrent.len()).sum()
+    /// How many numbers the layers from `first_layer` on hold.
+    fn floats_from(&self, first_layer: usize) -> usize {
+        let layers = self.0.iter().skip(first_layer).flatten();
+        layers.map(|s| s.conv.len() + s.recurrent.len()).sum()
     }
 
     /// All numbers, layer after layer (convolution window, then matrices), for the disk tier.
     pub fn to_floats(&self) -> Vec<f32> {
-        let mut out = Vec::with_capacity(self.floats());
-        for state in self.0.iter().flatten() {
+        self.to_floats_from(0)
+    }
+
+    /// The numbers of the layers from `first_layer` on, laid out as
+    /// [`to_floats`](Self::to_floats) lays out all of them (what a device that holds only those
+    /// layers takes).
+    pub fn to_floats_from(&self, first_layer: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.floats_from(first_layer));
+        for state in self.0.iter().skip(first_layer).flatten() {
             out.extend_from_slice(&state.conv);
             out.extend_from_slice(&state.recurrent);
         }
@@ -55,10 +64,16 @@ impl RecurrentState {
 
     /// A state shaped like `self` holding `floats` (as [`to_floats`](Self::to_floats) wrote them).
     pub fn with_floats(&self, floats: &[f32]) -> Result<Self> {
-        if floats.len() != self.floats() {
+        self.with_floats_from(0, floats)
+    }
+
+    /// `self` with the layers from `first_layer` on holding `floats` (as
+    /// [`to_floats_from`](Self::to_floats_from) wrote them); the layers before stay as they are.
+    pub fn with_floats_from(&self, first_layer: usize, floats: &[f32]) -> Result<Self> {
+        if floats.len() != self.floats_from(first_layer) {
             return Err(ModelError::BadConfig(format!(
                 "a recurrent state holds {} numbers, got {}",
-                self.floats(),
+                self.floats_from(first_layer),
                 floats.len()
             )));
         }
@@ -71,11 +86,13 @@ impl RecurrentState {
         let layers = self
             .0
             .iter()
-            .map(|s| {
-                s.as_ref().map(|s| LinearAttentionState {
+            .enumerate()
+            .map(|(layer, s)| match s {
+                Some(s) if layer >= first_layer => Some(LinearAttentionState {
                     conv: take(s.conv.len()),
                     recurrent: take(s.recurrent.len()),
-                })
+                }),
+                kept => kept.clone(),
             })
             .collect();
         Ok(Self(layers))
@@ -86,7 +103,11 @@ impl RecurrentState {
 /// it back only when it needs it (a snapshot, the disk tier, a pass on the CPU), not after
 /// every step.
 pub trait DeviceRecurrentState: Send + Sync {
-    /// The state's numbers, laid out as [`RecurrentState::to_floats`] writes them.
+    /// The first layer whose state the device holds: the layers before it keep theirs on the
+    /// host, in the cache (a model whose first blocks run on the CPU), and move on there.
+    fn first_layer(&self) -> usize;
+    /// The numbers of the layers from [`first_layer`](Self::first_layer) on, laid out as
+    /// [`RecurrentState::to_floats_from`] writes them.
     fn floats(&self) -> Result<Vec<f32>>;
     /// Brings the state back to where it was after position `position` (counted from 0) of
     /// the latest pass that verified drafts, not its last; false, changing nothing, where the
@@ -107,7 +128,8 @@ struct DeviceHeld {
 pub struct SequenceCache {
     kv: Arc<PagedKv>,
     blocks: Vec<u32>,
-    /// The state, unless `on_device` holds a later one (then only its shape counts).
+    /// The state, but for the layers `on_device` holds a later one of (of those only the
+    /// shape counts).
     recurrent: RecurrentState,
     on_device: Option<DeviceHeld>,
     /// What the recurrent layers kept of the latest pass that verified drafts.
@@ -189,7 +211,9 @@ impl SequenceCache {
         match &self.on_device {
             None => &self.recurrent,
             Some(held) => held.read.get_or_init(|| {
-                let read = held.state.floats().and_then(|f| self.recurrent.with_floats(&f));
+                let first = held.state.first_layer();
+                let read =
+                    held.state.floats().and_then(|f| self.recurrent.with_floats_from(first, &f));
                 read.unwrap_or_else(|e| {
                     panic!("reading a recurrent state back from its device: {e}")
                 })
@@ -217,13 +241,22 @@ impl SequenceCache {
         self.on_device.as_ref().map(|held| &held.state)
     }
 
-    /// The state on the host, to move it on here: a device's is read back and let go.
-    fn host_recurrent(&mut self) -> Result<&mut RecurrentState> {
-        if let Some(held) = self.on_device.take() {
-            self.recurrent = match held.read.into_inner() {
-                Some(read) => read,
-                None => self.recurrent.with_floats(&held.state.floats()?)?,
-            };
+    /// The state on the host, to move layer `layer`'s on here: where a device holds that
+    /// layer's, the device's is read back and let go; where the host holds it already, a copy
+    /// read before is of the state before the move.
+    fn host_recurrent(&mut self, layer: usize) -> Result<&mut RecurrentState> {
+        match self.on_device.take() {
+            Some(held) if layer >= held.state.first_layer() => {
+                let first = held.state.first_layer();
+                self.recurrent = match held.read.into_inner() {
+                    Some(read) => read,
+                    None => self.recurrent.with_floats_from(first, &held.state.floats()?)?,
+                };
+            }
+            Some(held) => {
+                self.on_device = Some(DeviceHeld { state: held.state, read: OnceLock::new() })
+            }
+            None => {}
         }
         Ok(&mut self.recurrent)
     }
@@ -307,7 +340,7 @@ impl SequenceCache {
     /// Linear-attention layer `layer`'s part of a pass: its recurrent state, and where it keeps
     /// the state after each position when the pass verifies drafts (`verifying`).
     pub(crate) fn linear_run(&mut self, layer: usize, verifying: bool) -> Result<LinearRun<'_>> {
-        self.host_recurrent()?;
+        self.host_recurrent(layer)?;
         let state = self.recurrent.0.get_mut(layer).and_then(Option::as_mut).ok_or_else(|| {
             ModelError::BadConfig(format!("layer {layer} has no linear-attention state"))
         })?;
@@ -340,13 +373,20 @@ impl SequenceCache {
         if !self.recurrent.is_empty() {
             let went_back = match &mut self.on_device {
                 Some(held) => match self.rollback.position_of(len) {
-                    Some(position) if held.state.go_back(position)? => {
-                        // A copy read before is of the state going back.
-                        held.read = OnceLock::new();
-                        self.rollback.went_back(len);
-                        true
+                    Some(position) => {
+                        // The layers the host holds go back with the device's, or none does.
+                        let host = &mut self.recurrent.0[..held.state.first_layer()];
+                        let back =
+                            self.rollback.holds(position, host) && held.state.go_back(position)?;
+                        if back {
+                            self.rollback.restore(position, host);
+                            // A copy read before is of the state going back.
+                            held.read = OnceLock::new();
+                            self.rollback.went_back(len);
+                        }
+                        back
                     }
-                    _ => false,
+                    None => false,
                 },
                 None => self.rollback.go_back(len, &mut self.recurrent.0),
             };
@@ -373,13 +413,19 @@ mod tests {
 
     use super::*;
 
-    /// A device's state: fixed numbers, and how often they were read back.
+    /// A device's state of the layers from `first_layer` on: fixed numbers, and how often they
+    /// were read back.
     struct Held {
+        first_layer: usize,
         floats: Vec<f32>,
         reads: AtomicUsize,
     }
 
     impl DeviceRecurrentState for Held {
+        fn first_layer(&self) -> usize {
+            self.first_layer
+        }
+
         fn floats(&self) -> Result<Vec<f32>> {
             self.reads.fetch_add(1, Ordering::Relaxed);
             Ok(self.floats.clone())
@@ -402,7 +448,8 @@ mod tests {
     #[test]
     fn a_state_held_on_a_device_is_read_back_once_and_let_go_when_the_host_moves_it() {
         let mut cache = linear_cache();
-        let held = Arc::new(Held { floats: (1..=6).map(|i| i as f32).collect(), reads: 0.into() });
+        let floats = (1..=6).map(|i| i as f32).collect();
+        let held = Arc::new(Held { first_layer: 0, floats, reads: 0.into() });
         cache.hold_recurrent_on_device(held.clone());
         assert!(cache.recurrent_on_device().is_some());
         for _ in 0..3 {
@@ -420,5 +467,33 @@ mod tests {
         assert!(cache.recurrent_on_device().is_none());
         assert_eq!(cache.recurrent().to_floats(), vec![0.5; 6]);
         assert_eq!(held.reads.load(Ordering::Relaxed), 1);
+    }
+
+    /// A model whose first block runs on the CPU: the device holds layer 1's state only, the
+    /// cache layer 0's, which the host moves on without reading the device's back.
+    #[test]
+    fn a_device_holding_the_later_layers_leaves_the_first_ones_to_the_host() {
+        let state = || Some(LinearAttentionState { conv: vec![0.0; 2], recurrent: vec![0.0; 4] });
+        let recurrent = RecurrentState(vec![state(), None, state()]);
+        let mut cache = SequenceCache::standalone(&[None; 3], KvType::F32, recurrent, 8);
+        let floats: Vec<f32> = (1..=6).map(|i| i as f32).collect();
+        let held = Arc::new(Held { first_layer: 1, floats: floats.clone(), reads: 0.into() });
+        cache.hold_recurrent_on_device(held.clone());
+        let merged = [vec![0.0; 6], floats.clone()].concat();
+        assert_eq!(cache.recurrent().to_floats(), merged);
+        assert_eq!(cache.recurrent().to_floats_from(1), floats);
+        cache.linear_run(0, false).unwrap().state.conv[0] = 9.0;
+        assert!(cache.recurrent_on_device().is_some(), "the device keeps layer 2's state");
+        let mut moved = merged.clone();
+        moved[0] = 9.0;
+        assert_eq!(cache.recurrent().to_floats(), moved, "a copy read before the move is gone");
+        assert_eq!(held.reads.load(Ordering::Relaxed), 2);
+        // Moving the device's layer on the host takes its state back and lets the device go.
+        cache.linear_run(2, false).unwrap();
+        assert!(cache.recurrent_on_device().is_none());
+        assert_eq!(cache.recurrent().to_floats(), moved);
+        assert_eq!(held.reads.load(Ordering::Relaxed), 2, "taken as read");
+        let wrong = RecurrentState(vec![state(), None, state()]).with_floats_from(1, &merged);
+        assert!(wrong.is_err(), "layer 2 holds 6 numbers, not 12");
     }
 }

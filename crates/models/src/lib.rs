@@ -61,7 +61,7 @@ pub use config::{Architecture, TransformerConfig};
 pub use draft_head::{check_head_rows, DraftHead, HeadRows};
 pub use error::{ModelError, Result};
 pub use kv_type::KvType;
-pub use qwen3_next::{gguf_experts, HybridConfig, Mixer};
+pub use qwen3_next::{gguf_experts, FirstBlocks, HybridConfig, Mixer};
 pub use rope::RopeScaling;
 // The layers the GPU kernels are checked against.
 pub use kv_mirror::KvMirror;

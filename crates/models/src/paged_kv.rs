@@ -202,9 +202,26 @@ impl PagedKv {
         written.sort_unstable();
         written.dedup();
         for block in written {
-            mirror.write_block(block, &self.host_block(block))?;
+            let mut rows = Vec::new();
+            for (_, store) in self.stores().filter(|(layer, _)| mirror.holds(*layer)) {
+                self.append_host_rows(store, block, &mut rows);
+            }
+            mirror.write_block(block, &rows)?;
         }
         Ok(())
+    }
+
+    /// The layers with keys and values, numbered among all layers.
+    fn stores(&self) -> impl Iterator<Item = (usize, &LayerStore)> {
+        self.layers.iter().enumerate().filter_map(|(i, store)| Some((i, store.as_ref()?)))
+    }
+
+    /// The layers whose rows the host holds: all without a mirror, else those it does not.
+    fn host_stores(&self) -> impl Iterator<Item = &LayerStore> {
+        let mirror = self.mirror.get();
+        self.stores()
+            .filter(move |(layer, _)| !mirror.is_some_and(|m| m.holds(*layer)))
+            .map(|(_, store)| store)
     }
 
     /// Fails when the rows live in a mirror, for what reads or writes the host's rows.
@@ -439,11 +456,11 @@ impl PagedKv {
     /// (a sequence taking over a partly filled shared block before writing past it).
     pub fn copy_positions(&self, from: u32, to: u32, positions: usize) -> Result<()> {
         self.check_blocks(&[from, to])?;
-        if let Some(mirror) = self.mirror.get() {
-            return mirror.copy_positions(from, to, positions);
+        match self.mirror.get() {
+            Some(mirror) => mirror.copy_positions(from, to, positions)?,
+            None => self.host_written.lock().push(to),
         }
-        self.host_written.lock().push(to);
-        for store in self.layers.iter().flatten() {
+        for store in self.host_stores() {
             for storage in [&store.keys, &store.values] {
                 let mut data = storage.write();
                 for head in 0..store.shape.kv_heads {
@@ -461,23 +478,38 @@ impl PagedKv {
     /// mirror where the rows live there.
     pub fn read_block(&self, block: u32) -> Result<Vec<u8>> {
         self.check_blocks(&[block])?;
-        match self.mirror.get() {
-            Some(mirror) => mirror.read_block(block),
-            None => Ok(self.host_block(block)),
+        let mirrored = match self.mirror.get() {
+            Some(mirror) => Some((mirror, mirror.read_block(block)?)),
+            None => None,
+        };
+        let mut out = Vec::with_capacity(self.bytes_per_block());
+        let mut from_mirror = 0;
+        for (layer, store) in self.stores() {
+            match &mirrored {
+                Some((mirror, rows)) if mirror.holds(layer) => {
+                    let bytes = self.layer_block_bytes(store);
+                    out.extend_from_slice(&rows[from_mirror..from_mirror + bytes]);
+                    from_mirror += bytes;
+                }
+                _ => self.append_host_rows(store, block, &mut out),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Appends a layer's keys and values of `block` as the host holds them, laid out as
+    /// [`PagedKv::read_block`] gives them.
+    fn append_host_rows(&self, store: &LayerStore, block: u32, out: &mut Vec<u8>) {
+        let units = store.shape.kv_heads * self.block_size * self.row_units(store.shape);
+        let at = self.offset(store.shape, block, 0, 0);
+        for storage in [&store.keys, &store.values] {
+            storage.read().append_bytes(at, units, out);
         }
     }
 
-    /// Block `block` as the host holds it, laid out as [`PagedKv::read_block`] gives it.
-    fn host_block(&self, block: u32) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.bytes_per_block());
-        for store in self.layers.iter().flatten() {
-            let units = store.shape.kv_heads * self.block_size * self.row_units(store.shape);
-            let at = self.offset(store.shape, block, 0, 0);
-            for storage in [&store.keys, &store.values] {
-                storage.read().append_bytes(at, units, &mut out);
-            }
-        }
-        out
+    /// Bytes of a layer's keys and values in one block.
+    fn layer_block_bytes(&self, store: &LayerStore) -> usize {
+        2 * store.shape.bytes(self.kind) * self.block_size
     }
 
     /// Bytes [`read_block`](Self::read_block) returns for one block.
@@ -495,20 +527,28 @@ impl PagedKv {
                 data.len()
             )));
         }
-        if let Some(mirror) = self.mirror.get() {
-            return mirror.write_block(block, data);
+        let mirror = self.mirror.get();
+        if mirror.is_none() {
+            self.host_written.lock().push(block);
         }
-        self.host_written.lock().push(block);
-        let mut from = 0;
-        for store in self.layers.iter().flatten() {
-            let bytes = store.shape.bytes(self.kind) * self.block_size;
-            let at = self.offset(store.shape, block, 0, 0);
-            for storage in [&store.keys, &store.values] {
-                storage.write().set_bytes(at, &data[from..from + bytes]);
-                from += bytes;
+        let (mut from, mut mirrored) = (0, Vec::new());
+        for (layer, store) in self.stores() {
+            let bytes = self.layer_block_bytes(store);
+            let rows = &data[from..from + bytes];
+            from += bytes;
+            if mirror.is_some_and(|m| m.holds(layer)) {
+                mirrored.extend_from_slice(rows);
+                continue;
             }
+            let (keys, values) = rows.split_at(bytes / 2);
+            let at = self.offset(store.shape, block, 0, 0);
+            store.keys.write().set_bytes(at, keys);
+            store.values.write().set_bytes(at, values);
         }
-        Ok(())
+        match mirror {
+            Some(mirror) => mirror.write_block(block, &mirrored),
+            None => Ok(()),
+        }
     }
 }
 
@@ -672,23 +712,33 @@ mod tests {
         assert!(kv.release_window_rows(&[4]).is_err(), "outside the pool");
     }
 
-    /// A mirror keeping the blocks written to it.
+    /// A mirror of the layers from `first_layer` on, keeping the blocks written to it and the
+    /// copies asked of it.
     #[derive(Default)]
-    struct Written(Mutex<Vec<(u32, Vec<u8>)>>);
+    struct Written {
+        first_layer: usize,
+        blocks: Mutex<Vec<(u32, Vec<u8>)>>,
+        copies: Mutex<Vec<(u32, u32, usize)>>,
+    }
 
     impl KvMirror for Written {
-        fn copy_positions(&self, _: u32, _: u32, _: usize) -> Result<()> {
+        fn holds(&self, layer: usize) -> bool {
+            layer >= self.first_layer
+        }
+
+        fn copy_positions(&self, from: u32, to: u32, positions: usize) -> Result<()> {
+            self.copies.lock().push((from, to, positions));
             Ok(())
         }
 
         fn read_block(&self, block: u32) -> Result<Vec<u8>> {
-            let written = self.0.lock();
+            let written = self.blocks.lock();
             let found = written.iter().rev().find(|(b, _)| *b == block);
             found.map(|(_, bytes)| bytes.clone()).ok_or(ModelError::BadConfig("unwritten".into()))
         }
 
         fn write_block(&self, block: u32, data: &[u8]) -> Result<()> {
-            self.0.lock().push((block, data.to_vec()));
+            self.blocks.lock().push((block, data.to_vec()));
             Ok(())
         }
     }
@@ -709,12 +759,42 @@ mod tests {
         kv.copy_positions(3, 5, 4).unwrap();
         let mirror = Arc::new(Written::default());
         kv.mirror_to(mirror.clone()).unwrap();
-        let handed: Vec<u32> = mirror.0.lock().iter().map(|(b, _)| *b).collect();
+        let handed: Vec<u32> = mirror.blocks.lock().iter().map(|(b, _)| *b).collect();
         assert_eq!(handed, [3, 5]);
         for block in [3, 5] {
             assert_eq!(kv.read_block(block).unwrap(), bytes, "block {block} from the mirror");
         }
         kv.write_block(6, &bytes).unwrap();
-        assert_eq!(mirror.0.lock().len(), 3, "written to the mirror once it holds the rows");
+        assert_eq!(mirror.blocks.lock().len(), 3, "written to the mirror once it holds the rows");
+    }
+
+    /// Where the first blocks run on the CPU, a mirror holds only the later layers' rows: a
+    /// block's bytes split between host and mirror, and join again, in the host's layout;
+    /// copies of positions happen in both; attention reads the host's layers where they are.
+    #[test]
+    fn a_mirror_of_the_later_layers_leaves_the_first_ones_on_the_host() {
+        let shape = Some(KvShape { kv_heads: 2, head_dim: 64, window: None });
+        let kv = PagedKv::new(&[shape, None, shape, shape], KvType::F16, 8, 4);
+        let mirror = Arc::new(Written { first_layer: 2, ..Written::default() });
+        kv.mirror_to(mirror.clone()).unwrap();
+        let bytes: Vec<u8> = (0..kv.bytes_per_block()).map(|i| (i * 7 % 251) as u8).collect();
+        kv.write_block(3, &bytes).unwrap();
+        let third = bytes.len() / 3;
+        let handed = mirror.blocks.lock().clone();
+        assert_eq!(handed, [(3, bytes[third..].to_vec())], "the mirror gets layers 2 and 3");
+        assert_eq!(kv.read_block(3).unwrap(), bytes, "host rows then the mirror's");
+        // Layer 0's first two positions of head 1, as attention reads them from the host.
+        let first_two = |block: u32| {
+            let (keys, values) = read(&kv, &[block], 2, 1);
+            [keys, values].map(|rows| rows.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+        };
+        let written = first_two(3);
+        assert!(written.iter().flatten().any(|&x| x != 0));
+        kv.copy_positions(3, 5, 2).unwrap();
+        assert_eq!(*mirror.copies.lock(), [(3, 5, 2)]);
+        assert_eq!(first_two(5), written, "the host copied its layer's positions");
+        let moved = kv.read_block(5);
+        assert!(moved.is_err(), "block 5 was never written to the mirror: {moved:?}");
+        assert_eq!(kv.bytes_per_block(), 3 * (2 * 2 * 64 * 2 * 4));
     }
 }

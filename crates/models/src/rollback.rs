@@ -96,21 +96,32 @@ impl Rollback {
     /// `len` is not such a position.
     pub fn go_back(&mut self, len: usize, states: &mut [Option<LinearAttentionState>]) -> bool {
         let Some(position) = self.position_of(len) else { return false };
-        let complete = self.layers.iter().zip(states.iter()).all(|pair| match pair {
+        if !self.holds(position, states) {
+            return false;
+        }
+        self.restore(position, states);
+        self.went_back(len);
+        true
+    }
+
+    /// Whether every layer of `states` (the first layers, or all) kept what bringing it back
+    /// to position `position` of the latest verification pass takes.
+    pub fn holds(&self, position: usize, states: &[Option<LinearAttentionState>]) -> bool {
+        self.layers.iter().zip(states).all(|pair| match pair {
             (Some(history), Some(state)) => history.holds(position, state),
             (None, None) => true,
             _ => false,
-        });
-        if !complete {
-            return false;
-        }
+        })
+    }
+
+    /// Brings every layer of `states` back to position `position`, which
+    /// [`holds`](Self::holds) found kept.
+    pub fn restore(&mut self, position: usize, states: &mut [Option<LinearAttentionState>]) {
         for (history, state) in self.layers.iter_mut().zip(states.iter_mut()) {
             if let (Some(history), Some(state)) = (history, state) {
                 history.restore(position, state);
             }
         }
-        self.went_back(len);
-        true
     }
 
     /// Where position `len - 1` lies in the latest verification pass (0: its first), when it

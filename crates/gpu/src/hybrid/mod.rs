@@ -8,7 +8,10 @@
 //! rejected drafts are forgotten on the device. One step of [`CausalLm::forward_batch`] is one submission, plus two for
 //! each block whose routed experts a [`Placement`] left in system RAM: the step stops before
 //! them, the block's shared expert is submitted to run while they run on the CPU, and the next
-//! submission goes on from their sum.
+//! submission goes on from their sum. Where the placement runs the first blocks whole on the
+//! CPU (`--n-gpu-layers` short of the block count), a step runs them there first, with
+//! `spindle_models`' kernels, their keys and values in the host pool and their DeltaNet states
+//! in the caches, and the device goes on from the residual stream they hand over.
 
 mod mtp;
 mod parts;
@@ -16,8 +19,8 @@ mod parts;
 use std::sync::Arc;
 
 use spindle_models::{
-    BatchEntry, CausalLm, DraftHead, HybridConfig, KvShape, Mixer, ModelError, RecurrentState,
-    RopeStyle, Rotary, TransformerConfig, WeightSource,
+    BatchEntry, CausalLm, DraftHead, FirstBlocks, HybridConfig, KvShape, Mixer, ModelError,
+    RecurrentState, RopeStyle, Rotary, TransformerConfig, WeightSource,
 };
 
 use crate::buffer::GpuTensor;
@@ -77,6 +80,9 @@ pub struct GpuHybrid {
     embed: GpuMatrix,
     /// `None`: tied to the embedding table.
     head: Option<GpuMatrix>,
+    /// The blocks the placement runs on the CPU, before those on the device.
+    first_blocks: Option<FirstBlocks>,
+    /// The blocks on the device, after the CPU's.
     layers: Vec<Layer>,
     norm: GpuTensor,
     rotary: Rotary,
@@ -123,8 +129,13 @@ impl GpuHybrid {
         };
         let embed = upload_matrix(&gpu, weights.weight("token_embd.weight")?)?;
         let head = upload_head(&gpu, weights)?;
+        let cpu_blocks = placement.cpu_blocks;
+        let first_blocks = match cpu_blocks {
+            0 => None,
+            blocks => Some(FirstBlocks::load_gguf(&cfg, weights, blocks)?),
+        };
         let mut layers = Vec::new();
-        for (i, kind) in cfg.layer_types().into_iter().enumerate() {
+        for (i, kind) in cfg.layer_types().into_iter().enumerate().skip(cpu_blocks) {
             let p = format!("blk.{i}");
             let mixer = match kind {
                 Mixer::Linear => TokenMixer::Linear(DeltaNetLayer::load(
@@ -179,9 +190,14 @@ impl GpuHybrid {
                 FeedForward::Dense(_) => Vec::new(),
             })
             .chain(mtp.iter().flat_map(MtpHead::stacks));
-        let linear_layers = cfg.layer_types().iter().filter(|&&m| m == Mixer::Linear).count();
-        let states =
-            ResidentStates::new(gpu.clone(), linear_shape, linear_layers, placement.state_slots);
+        let linear_layers =
+            cfg.layer_types().iter().skip(cpu_blocks).filter(|&&m| m == Mixer::Linear).count();
+        let states = ResidentStates::new(
+            gpu.clone(),
+            linear_shape,
+            (cpu_blocks, linear_layers),
+            placement.state_slots,
+        );
         let kernels = (|| {
             Ok(Kernels {
                 products: Products::new(&gpu, matrices)?,
@@ -207,9 +223,10 @@ impl GpuHybrid {
             kernels,
             embed,
             head,
+            first_blocks,
             layers,
             norm,
-            pools: KvPools::default(),
+            pools: KvPools::from_layer(cpu_blocks),
             states,
             mtp,
         })
@@ -240,8 +257,8 @@ impl CausalLm for GpuHybrid {
             head_dim: self.cfg.head_dim,
             window: None,
         };
-        let full = |l: &Layer| matches!(l.mixer, TokenMixer::Full(_));
-        self.layers.iter().map(|l| full(l).then_some(shape)).collect()
+        let kinds = self.cfg.layer_types().into_iter();
+        kinds.map(|kind| (kind == Mixer::Full).then_some(shape)).collect()
     }
 
     fn initial_recurrent_state(&self) -> RecurrentState {
@@ -260,10 +277,13 @@ impl CausalLm for GpuHybrid {
         let states = self.states.claim(batch, &rows).map_err(model_error)?;
         let groups = self.pools.groups(&self.gpu, &self.kv_shapes(), batch).map_err(model_error)?;
         let keep_hidden = batch.iter().any(|e| e.cache.wants_hidden_states());
+        let on_cpu =
+            self.first_blocks.as_ref().map(|b| b.forward(batch, &rows, &ids)).transpose()?;
         let (logits, hidden) = (|| {
             let rope = angles.upload(&self.gpu)?;
             let inputs = StepInputs {
                 ids: &ids,
+                from_cpu: on_cpu.as_deref(),
                 groups: &groups,
                 rope: &rope,
                 states: &states,

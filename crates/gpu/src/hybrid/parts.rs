@@ -18,8 +18,9 @@ use crate::rope::RopeTable;
 use crate::step::{Readback, Step};
 
 impl GpuHybrid {
-    /// Records a step's part: from the embedding (`Start::Embedding`) or from a block whose
-    /// routed experts ran on the host, through the blocks until the next such block (where it
+    /// Records a step's part: from the embedding (`Start::Embedding`), from the residual
+    /// stream of the blocks on the CPU, or from a block whose routed experts ran on the host,
+    /// through the blocks until the next such block (where it
     /// stops, reading back what the host needs) or through the final norm and the head on the
     /// rows `inputs.wanted` (first row, rows).
     fn record<'m>(
@@ -32,6 +33,7 @@ impl GpuHybrid {
         let eps = self.cfg.rms_norm_eps as f32;
         let (first, mut x) = match start {
             Start::Embedding => (0, k.embed.forward(step, &self.embed, inputs.ids)?),
+            Start::FromCpu(x) => (0, x),
             Start::After(resume) => {
                 let out = k.ffn.moe_end(step, &resume.sum, &resume.shared)?;
                 (resume.block + 1, k.add.forward(step, &resume.x, &out)?)
@@ -101,7 +103,10 @@ impl GpuHybrid {
     /// logits, and every row's final hidden state where `inputs` keeps them (the DeltaNet
     /// states stay on the device, moved on).
     pub(super) fn run_step(&self, inputs: &StepInputs<'_>) -> Result<(Readback, Option<Readback>)> {
-        let mut start = Start::Embedding;
+        let mut start = match inputs.from_cpu {
+            Some(x) => Start::FromCpu(self.gpu.upload_for_step(x)?),
+            None => Start::Embedding,
+        };
         loop {
             match self.gpu.run(|step| self.record(step, inputs, start))? {
                 Stop::Logits(logits, hidden) => return Ok((logits, hidden)),
@@ -124,6 +129,8 @@ impl GpuHybrid {
 /// DeltaNet states, and the rows whose logits are wanted.
 pub(super) struct StepInputs<'a> {
     pub(super) ids: &'a [u32],
+    /// The residual stream the blocks on the CPU handed over, where the placement runs some.
+    pub(super) from_cpu: Option<&'a [f32]>,
     pub(super) groups: &'a [(Arc<LayerPools>, PagedRows)],
     pub(super) rope: &'a RopeTable,
     pub(super) states: &'a StepSlots<'a>,
@@ -136,6 +143,8 @@ pub(super) struct StepInputs<'a> {
 /// Where a step's part begins.
 enum Start {
     Embedding,
+    /// The residual stream after the blocks on the CPU.
+    FromCpu(GpuTensor),
     After(Box<Resume>),
 }
 

@@ -245,7 +245,14 @@ fn decoding_keeps_the_deltanet_states_on_the_device_until_the_host_asks() {
 fn a_pass_verifying_drafts_decodes_as_plain_steps_and_goes_back_on_the_device() {
     let Some(device) = gpu_or_skip() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let gpu = load_on_gpu(&tiny_hybrid(dir.path()), device.clone());
+    verifying_decodes_as_plain_steps(&load_on_gpu(&tiny_hybrid(dir.path()), device.clone()));
+}
+
+/// A decided token and 3 drafts in one pass: each row bitwise plain decoding's logits; after
+/// keeping 0 to 3 drafts the next step bitwise the plain run's, with no state read back from
+/// the device and one rollback there per rejection; no going back past the latest pass.
+pub(crate) fn verifying_decodes_as_plain_steps(gpu: &GpuHybrid) {
+    let vocab = gpu.config().vocab_size;
     let prompt = [3, 141, 59, 26, 5, 35];
     let round = [10, 20, 30, 40];
     // Plain decoding: the logits after each token of the round, and after a next token 99
@@ -267,7 +274,7 @@ fn a_pass_verifying_drafts_decodes_as_plain_steps_and_goes_back_on_the_device() 
             .unwrap();
         let rows = rows.remove(0);
         for (position, want) in all_four.iter().enumerate() {
-            let got = &rows[position * VOCAB..][..VOCAB];
+            let got = &rows[position * vocab..][..vocab];
             same_bits(&format!("verifying row {position} and plain decoding"), got, want);
         }
         cache.truncate(prompt.len() + 1 + accepted).unwrap();

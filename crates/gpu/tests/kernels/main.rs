@@ -7,6 +7,7 @@ mod attention;
 mod deltanet;
 mod draft_head;
 mod elementwise;
+mod first_blocks;
 mod gemma;
 mod harness;
 mod hybrid;

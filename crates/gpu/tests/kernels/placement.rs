@@ -18,7 +18,7 @@ use crate::model::{agreement, greedy_on_gpu};
 
 /// Largest logit difference between routed experts on the CPU and on the GPU with f32 weights:
 /// both multiply in f32, in other orders (measured on lavapipe: see the README's GPU section).
-const F32_TOLERANCE: f32 = 1e-4;
+pub(crate) const F32_TOLERANCE: f32 = 1e-4;
 
 /// The same with Q4_K experts: the CPU's quantized kernels round each row of activations to 8
 /// bits (Q8_K) before the product, the device multiplies in f32 (measured on lavapipe over a
@@ -30,11 +30,15 @@ const PROMPT: [u32; 6] = [3, 141, 59, 26, 5, 35];
 const STEPS: usize = 8;
 
 /// The qwen3_5_moe fixture's F32 GGUF (tests/data/hybrid).
-fn f32_fixture() -> PathBuf {
+pub(crate) fn f32_fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/hybrid/qwen3_5_moe/model.gguf")
 }
 
-fn placed(path: &Path, gpu: Arc<Gpu>, request: &PlacementRequest) -> (GpuHybrid, Placement) {
+pub(crate) fn placed(
+    path: &Path,
+    gpu: Arc<Gpu>,
+    request: &PlacementRequest,
+) -> (GpuHybrid, Placement) {
     let (cfg, mut weights) = spindle_models::open_hybrid(path).unwrap();
     let placement = Placement::plan(&ModelBytes::of_hybrid(&cfg, &weights), request).unwrap();
     (GpuHybrid::load_placed(gpu, cfg, &mut weights, &placement).unwrap(), placement)

@@ -55,7 +55,12 @@ impl Qwen3Next {
     }
 }
 
-fn layer(cfg: &HybridConfig, w: &mut WeightSource, i: usize, kind: Mixer) -> Result<Layer> {
+pub(super) fn layer(
+    cfg: &HybridConfig,
+    w: &mut WeightSource,
+    i: usize,
+    kind: Mixer,
+) -> Result<Layer> {
     let p = format!("blk.{i}");
     let mixer = match kind {
         Mixer::Full => TokenMixer::Full(attention(cfg, w, &p)?),

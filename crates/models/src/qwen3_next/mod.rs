@@ -8,6 +8,7 @@
 
 mod attention;
 mod config;
+mod first_blocks;
 mod gguf;
 mod mtp;
 
@@ -28,6 +29,7 @@ use crate::weights::SafetensorsWeights;
 use crate::{advance_all, batch_rows, logit_rows, BatchEntry, CausalLm, DraftHead, RowRange};
 use attention::GatedAttention;
 pub use config::{HybridConfig, Mixer};
+pub use first_blocks::FirstBlocks;
 pub use gguf::{gguf_experts, ARCHITECTURES as GGUF_ARCHITECTURES};
 
 enum TokenMixer {
@@ -111,25 +113,8 @@ impl CausalLm for Qwen3Next {
 
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>> {
         let (rows, ids) = batch_rows(batch)?;
-        let mut x = self.embed.forward(&ids)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_norm.forward(&x)?;
-            let mixed = match &layer.mixer {
-                TokenMixer::Linear(net) => {
-                    let mut states = batch
-                        .iter_mut()
-                        .map(|e| {
-                            let verifying = e.verifies();
-                            e.cache.linear_run(i, verifying)
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    net.forward(&h, &rows, &mut states)?
-                }
-                TokenMixer::Full(attn) => attn.forward(&h, i, &self.rotary, batch, &rows)?,
-            };
-            x = (x + mixed)?;
-            x = (&x + layer.ffn.forward(&layer.post_attention_norm.forward(&x)?)?)?;
-        }
+        let x = self.embed.forward(&ids)?;
+        let x = run_blocks(&self.layers, x, &self.rotary, batch, &rows)?;
         advance_all(batch);
         self.keep_hidden_states(&x, batch, &rows)?;
         layers::logits_of_rows(&x, &logit_rows(batch, &rows), &self.norm, &self.head)
@@ -155,6 +140,36 @@ impl CausalLm for Qwen3Next {
     fn initial_recurrent_state(&self) -> RecurrentState {
         self.cfg.initial_recurrent_state()
     }
+}
+
+/// Runs the residual stream `x` of `batch`'s rows through `layers`, blocks `0..layers.len()`,
+/// moving on their keys, values and states in the entries' caches.
+fn run_blocks(
+    layers: &[Layer],
+    mut x: Tensor,
+    rotary: &Rotary,
+    batch: &mut [BatchEntry<'_>],
+    rows: &[RowRange],
+) -> Result<Tensor> {
+    for (i, layer) in layers.iter().enumerate() {
+        let h = layer.input_norm.forward(&x)?;
+        let mixed = match &layer.mixer {
+            TokenMixer::Linear(net) => {
+                let mut states = batch
+                    .iter_mut()
+                    .map(|e| {
+                        let verifying = e.verifies();
+                        e.cache.linear_run(i, verifying)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                net.forward(&h, rows, &mut states)?
+            }
+            TokenMixer::Full(attn) => attn.forward(&h, i, rotary, batch, rows)?,
+        };
+        x = (x + mixed)?;
+        x = (&x + layer.ffn.forward(&layer.post_attention_norm.forward(&x)?)?)?;
+    }
+    Ok(x)
 }
 
 impl Qwen3Next {
