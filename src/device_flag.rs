@@ -12,7 +12,7 @@ use spindle_gpu::{Gpu, GpuHybrid, GpuLlama, ModelBytes, Placement, PlacementRequ
 use spindle_hub::ModelFiles;
 use spindle_models::{CausalLm, KvType};
 
-use crate::placement_flags::refuse_for_whole_model;
+use crate::placement_flags::refuse_for_checkpoint;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceChoice {
@@ -53,33 +53,37 @@ pub fn announce_line(gpu: &Gpu, kv_type: KvType) -> String {
     )
 }
 
-/// Where the model of `files` goes on `gpu`: for a hybrid GGUF, the placement `request` asks
-/// for, planned from the file's header against the device memory `gpu` reports free now (which
-/// `--gpu-memory-limit` overrides); `None` for a model that runs whole on the device (the
-/// placement flags that would change that are refused).
+/// Where the model of a GGUF `files` goes on `gpu`: the placement `request` asks for, planned
+/// from the file's header against the device memory `gpu` reports free now (which
+/// `--gpu-memory-limit` overrides); `None` for a checkpoint folder, which runs whole on the
+/// device (the placement flags that would change that are refused).
 pub fn plan_placement(
     gpu: &Gpu,
     files: &ModelFiles,
     request: &PlacementRequest,
 ) -> anyhow::Result<Option<Placement>> {
-    let path = match files {
+    let bytes = match files {
         ModelFiles::Gguf(path) if spindle_models::is_hybrid_gguf(path)? => {
             let (config, weights) = spindle_models::open_hybrid(path)?;
-            let bytes = ModelBytes::of_hybrid(&config, &weights);
-            let request = PlacementRequest { device_memory: gpu.memory(), ..request.clone() };
-            return Ok(Some(Placement::plan(&bytes, &request)?));
+            ModelBytes::of_hybrid(&config, &weights)
         }
-        ModelFiles::Gguf(path) => path,
-        ModelFiles::Safetensors { dir } => dir,
+        ModelFiles::Gguf(path) => {
+            let (config, weights) = spindle_models::open_dense(path)?;
+            ModelBytes::of_dense(config.num_hidden_layers, &weights)
+        }
+        ModelFiles::Safetensors { dir } => {
+            let (config, _) = spindle_models::open_dense(dir)?;
+            refuse_for_checkpoint(request, config.num_hidden_layers)?;
+            return Ok(None);
+        }
     };
-    let (config, _) = spindle_models::open_dense(path)?;
-    refuse_for_whole_model(request, config.num_hidden_layers)?;
-    Ok(None)
+    let request = PlacementRequest { device_memory: gpu.memory(), ..request.clone() };
+    Ok(Some(Placement::plan(&bytes, &request)?))
 }
 
 /// Loads the model of `files` onto `gpu`: a dense one (Llama family or Gemma 3) as `GpuLlama`,
-/// a hybrid GGUF (by its header's architecture) as `GpuHybrid`, its routed experts where
-/// `placement` says (all on the device without one); others are refused, naming why.
+/// a hybrid GGUF (by its header's architecture) as `GpuHybrid`, its blocks and routed experts
+/// where `placement` says (all on the device without one); others are refused, naming why.
 pub fn load_on_gpu(
     gpu: &Arc<Gpu>,
     files: &ModelFiles,
@@ -101,7 +105,8 @@ pub fn load_on_gpu(
         ModelFiles::Safetensors { dir } => dir,
     };
     let (config, mut weights) = spindle_models::open_dense(path)?;
-    Ok(Box::new(GpuLlama::load(gpu.clone(), config, &mut weights)?))
+    let cpu_blocks = placement.map_or(0, |p| p.cpu_blocks);
+    Ok(Box::new(GpuLlama::load_placed(gpu.clone(), config, &mut weights, cpu_blocks)?))
 }
 
 /// Mesa's device-select layer, loaded with any Mesa Vulkan driver, asks the display server

@@ -6,7 +6,7 @@
 //! CPU keep their keys and values in system RAM: `auto` sizes the device's share and gives
 //! those layers as much each.
 
-use spindle_gpu::{dense_device_bytes, Gpu, ModelBytes, PlacementRequest};
+use spindle_gpu::{Gpu, ModelBytes, PlacementRequest};
 use spindle_hub::ModelFiles;
 use spindle_models::{KvShape, Mixer, PagedKv};
 use spindle_runner::{CacheConfig, ModelBundle};
@@ -44,27 +44,11 @@ impl DeviceRoom {
         let (weights, attention_layers, host_attention_layers) = match files {
             ModelFiles::Gguf(path) if spindle_models::is_hybrid_gguf(path)? => {
                 let (cfg, weights) = spindle_models::open_hybrid(path)?;
-                let bytes = ModelBytes::of_hybrid(&cfg, &weights);
-                let blocks = cfg.num_hidden_layers;
-                let on_cpu = request.n_gpu_layers.map_or(0, |n| blocks.saturating_sub(n));
-                let head = if request.draft_head { bytes.draft_head } else { 0 };
-                let cpu_weights: u64 = bytes.block_weights[..on_cpu].iter().sum();
-                let experts: u64 = bytes.experts[on_cpu..].iter().sum();
-                let mixers = cfg.layer_types();
-                let count = |mixers: &[Mixer], kind| mixers.iter().filter(|&&m| m == kind).count();
-                let linear = count(&mixers, Mixer::Linear) as u64;
-                let states = (bytes.states_per_sequence
-                    * count(&mixers[on_cpu..], Mixer::Linear) as u64)
-                    .checked_div(linear)
-                    .unwrap_or(0);
-                let device = bytes.dense - cpu_weights + experts + head + states;
-                let full =
-                    (count(&mixers[on_cpu..], Mixer::Full), count(&mixers[..on_cpu], Mixer::Full));
-                (device, full.0, full.1)
+                on_device(&ModelBytes::of_hybrid(&cfg, &weights), request)
             }
             ModelFiles::Gguf(path) => {
                 let (cfg, weights) = spindle_models::open_dense(path)?;
-                (dense_device_bytes(&weights), cfg.num_hidden_layers, 0)
+                on_device(&ModelBytes::of_dense(cfg.num_hidden_layers, &weights), request)
             }
             ModelFiles::Safetensors { dir } => {
                 let (cfg, _) = spindle_models::open_dense(dir)?;
@@ -114,6 +98,23 @@ impl DeviceRoom {
         };
         auto.max(AUTO_MIN).min(self.most())
     }
+}
+
+/// A model of `bytes` placed as `request` asks: its weights and one sequence's states on the
+/// device, its attention layers there, and those on the CPU.
+fn on_device(bytes: &ModelBytes, request: &PlacementRequest) -> (u64, usize, usize) {
+    let blocks = bytes.experts.len();
+    let on_cpu = request.n_gpu_layers.map_or(0, |n| blocks.saturating_sub(n));
+    let head = if request.draft_head { bytes.draft_head } else { 0 };
+    let cpu_weights: u64 = bytes.block_weights[..on_cpu].iter().sum();
+    let experts: u64 = bytes.experts[on_cpu..].iter().sum();
+    let mixers = &bytes.block_mixers;
+    let count = |mixers: &[Mixer], kind| mixers.iter().filter(|&&m| m == kind).count();
+    let states = (bytes.states_per_sequence * count(&mixers[on_cpu..], Mixer::Linear) as u64)
+        .checked_div(count(mixers, Mixer::Linear) as u64)
+        .unwrap_or(0);
+    let weights = bytes.dense - cpu_weights + experts + head + states;
+    (weights, count(&mixers[on_cpu..], Mixer::Full), count(&mixers[..on_cpu], Mixer::Full))
 }
 
 /// Refuses a pool (`cache`, sized for `bundle`'s model once every share is taken from it: a

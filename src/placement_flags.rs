@@ -102,24 +102,19 @@ impl PlacementFlags {
     }
 }
 
-/// Refuses, for a model without routed experts that runs whole on the device (the dense
-/// Llama family, Gemma 3), every placement flag that would change where something runs.
-pub fn refuse_for_whole_model(request: &PlacementRequest, blocks: usize) -> anyhow::Result<()> {
+/// Refuses, for a checkpoint folder (whose bytes the placement does not read: it runs whole on
+/// the device), every placement flag that would change where something runs.
+pub fn refuse_for_checkpoint(request: &PlacementRequest, blocks: usize) -> anyhow::Result<()> {
     let asked = [
         (request.cpu_moe, "--cpu-moe".to_string()),
         (request.n_cpu_moe > 0, format!("--n-cpu-moe {}", request.n_cpu_moe)),
         (request.memory_limit.is_some(), "--gpu-memory-limit".to_string()),
+        (request.n_gpu_layers.is_some_and(|n| n < blocks), "--n-gpu-layers".to_string()),
     ];
     if let Some((_, flag)) = asked.iter().find(|(asked, _)| *asked) {
         anyhow::bail!(
-            "{flag}: this model has no routed experts to keep in system RAM (placement applies \
-             to the hybrid MoE GGUFs on the GPU)"
-        );
-    }
-    if let Some(n) = request.n_gpu_layers.filter(|&n| n < blocks) {
-        anyhow::bail!(
-            "--n-gpu-layers {n}: this model has {blocks} blocks and runs whole on the GPU \
-             (whole blocks on the CPU are not supported)"
+            "{flag}: a checkpoint folder runs whole on the GPU (placement reads a GGUF file's \
+             header: give the model as a GGUF file)"
         );
     }
     Ok(())
@@ -132,22 +127,29 @@ pub fn placement_line(placement: &Placement) -> String {
     let cpu = match placement.cpu_blocks {
         0 => String::new(),
         n => format!(
-            "blocks 0-{} whole on the CPU, the last {} on the GPU (as --n-gpu-layers {}); ",
+            "blocks 0-{} whole on the CPU, the last {} on the GPU (as --n-gpu-layers {})",
             n - 1,
             placement.blocks - n,
             placement.blocks - n
         ),
     };
     let (first, host) = (placement.cpu_blocks, placement.host_blocks());
-    let experts = match (host - first, placement.host_moe_blocks) {
-        (_, 0) => "every routed expert on the GPU".to_string(),
-        (0, _) => "every routed expert of the GPU's blocks on the GPU".to_string(),
-        (_, n) => format!(
-            "routed experts of blocks {first}-{} ({n} of {} MoE blocks) in system RAM on the \
+    let experts = match (placement.moe_blocks, host - first, first) {
+        (0, _, 0) => "every block on the GPU".to_string(),
+        (0, _, _) => String::new(),
+        (_, 0, 0) => "every routed expert on the GPU".to_string(),
+        (_, 0, _) => "every routed expert of the GPU's blocks on the GPU".to_string(),
+        (_, _, _) => format!(
+            "routed experts of blocks {first}-{} ({} of {} MoE blocks) in system RAM on the \
              CPU, the rest on the GPU (as --n-cpu-moe {host})",
             host - 1,
+            placement.host_moe_blocks,
             placement.moe_blocks,
         ),
+    };
+    let cpu = match (cpu.is_empty(), experts.is_empty()) {
+        (false, false) => format!("{cpu}; "),
+        _ => cpu,
     };
     let in_ram = match placement.host_weights {
         0 => String::new(),
@@ -164,8 +166,8 @@ pub fn placement_line(placement: &Placement) -> String {
     };
     let head = if placement.draft_head { ", MTP head included" } else { "" };
     format!(
-        "placement: {cpu}{experts}{in_ram}; device memory {} planned (weights {}{head}, KV cache and DeltaNet \
-         states {}) {budget}",
+        "placement: {cpu}{experts}{in_ram}; device memory {} planned (weights {}{head}, KV \
+         cache and DeltaNet states {}) {budget}",
         human_bytes(used as usize),
         human_bytes(placement.device_weights as usize),
         human_bytes(placement.reserved as usize)
@@ -206,18 +208,47 @@ mod tests {
         assert!(request(&["--fit", "maybe"], true).is_err());
     }
 
+    /// What the startup line says of a dense model and a hybrid, whole or split.
     #[test]
-    fn placement_on_the_cpu_or_of_a_whole_model_is_refused_naming_the_flag() {
+    fn the_placement_line_names_the_blocks_on_the_cpu_and_the_experts_in_ram() {
+        use spindle_gpu::ModelBytes;
+        use spindle_models::Mixer;
+        let model = |experts: u64| ModelBytes {
+            dense: 4000,
+            experts: vec![experts; 4],
+            states_per_sequence: 0,
+            draft_head: 0,
+            block_weights: vec![1000; 4],
+            block_mixers: vec![Mixer::Full; 4],
+        };
+        let line = |bytes: &ModelBytes, args: &[&str]| {
+            placement_line(&Placement::plan(bytes, &request(args, true).unwrap()).unwrap())
+        };
+        let dense = line(&model(0), &[]);
+        assert!(dense.starts_with("placement: every block on the GPU; device memory"), "{dense}");
+        let split = line(&model(0), &["--n-gpu-layers", "1"]);
+        let cpu = "blocks 0-2 whole on the CPU, the last 1 on the GPU (as --n-gpu-layers 1)";
+        assert!(split.starts_with(&format!("placement: {cpu}; 2.9 KiB of weights")), "{split}");
+        let hybrid = line(&model(500), &["--n-gpu-layers", "3", "--n-cpu-moe", "2"]);
+        let experts = "routed experts of blocks 1-1 (2 of 4 MoE blocks) in system RAM on the CPU, \
+                       the rest on the GPU (as --n-cpu-moe 2)";
+        assert!(hybrid.contains(&format!("(as --n-gpu-layers 3); {experts}; ")), "{hybrid}");
+        let whole = line(&model(500), &["--n-gpu-layers", "3"]);
+        assert!(whole.contains("; every routed expert of the GPU's blocks on the GPU"), "{whole}");
+    }
+
+    #[test]
+    fn placement_on_the_cpu_or_of_a_checkpoint_is_refused_naming_the_flag() {
         let on_cpu = request(&["--n-cpu-moe", "2"], false).unwrap_err().to_string();
         assert_eq!(on_cpu, "--n-cpu-moe places a model on a GPU; add --device gpu");
         assert!(request(&["--fit", "on"], false).is_ok(), "--fit is the default anyway");
-        let dense = request(&["--cpu-moe"], true).unwrap();
-        let refusal = refuse_for_whole_model(&dense, 30).unwrap_err().to_string();
-        assert!(refusal.starts_with("--cpu-moe: this model has no routed experts"), "{refusal}");
+        let experts = request(&["--cpu-moe"], true).unwrap();
+        let refusal = refuse_for_checkpoint(&experts, 30).unwrap_err().to_string();
+        assert!(refusal.starts_with("--cpu-moe: a checkpoint folder runs whole"), "{refusal}");
         let layers = request(&["--n-gpu-layers", "12"], true).unwrap();
-        let refusal = refuse_for_whole_model(&layers, 30).unwrap_err().to_string();
-        assert!(refusal.starts_with("--n-gpu-layers 12:"), "{refusal}");
-        assert!(refuse_for_whole_model(&layers, 12).is_ok());
-        assert!(refuse_for_whole_model(&request(&[], true).unwrap(), 30).is_ok());
+        let refusal = refuse_for_checkpoint(&layers, 30).unwrap_err().to_string();
+        assert!(refusal.starts_with("--n-gpu-layers: a checkpoint folder"), "{refusal}");
+        assert!(refuse_for_checkpoint(&layers, 12).is_ok());
+        assert!(refuse_for_checkpoint(&request(&[], true).unwrap(), 30).is_ok());
     }
 }

@@ -73,9 +73,7 @@ pub use llama::GpuLlama;
 pub use matmul::{Embed, GatheredMatmul, GpuMatrix, Matmul, WeightFormat};
 pub use moe::{MoeRoute, MAX_TOP_K};
 pub use norm::{GatedRmsNorm, L2Norm, RmsNorm};
-pub use placement::{
-    dense_device_bytes, MemoryLimit, ModelBytes, Placement, PlacementRefused, PlacementRequest,
-};
+pub use placement::{MemoryLimit, ModelBytes, Placement, PlacementRefused, PlacementRequest};
 pub use resident_states::StateTraffic;
 pub use rope::{Rope, RopePairs, RopeShape, RopeTable};
 pub use step::{Readback, Step};

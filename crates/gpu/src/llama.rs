@@ -2,7 +2,9 @@
 //! GPU: the same models as `spindle_models`' CPU `Llama` and `Gemma3`, from the kernels of this
 //! crate, with keys and values in device pools that mirror the callers' `PagedKv` block for
 //! block. One step of [`CausalLm::forward_batch`] is one submission; only its logits come back
-//! to the host.
+//! to the host. Where the placement runs the first blocks whole on the CPU (`--n-gpu-layers`
+//! short of the block count), a step runs them there first (`spindle_models::FirstBlocks`, their
+//! keys and values in the host pool) and the device goes on from the residual stream.
 //!
 //! Gemma 3 is the Llama layer with: embeddings scaled by `sqrt(hidden)`; RMSNorm by `1 + w`
 //! (llama.cpp's files store `1 + w`, HF checkpoints `w`: folded in at load); each head's q and
@@ -13,8 +15,8 @@
 use std::sync::Arc;
 
 use spindle_models::{
-    Architecture, BatchEntry, CausalLm, KvShape, ModelError, RopeScaling, RopeStyle, Rotary,
-    TransformerConfig, WeightSource,
+    Architecture, BatchEntry, CausalLm, FirstBlocks, KvShape, ModelError, RopeScaling, RopeStyle,
+    Rotary, TransformerConfig, WeightSource,
 };
 
 use crate::attention::{Attention, AttentionShape, PagedRows};
@@ -94,6 +96,9 @@ pub struct GpuLlama {
     embed: GpuMatrix,
     /// `None`: tied to the embedding table.
     head: Option<GpuMatrix>,
+    /// The blocks the placement runs on the CPU, before those on the device.
+    first_blocks: Option<Box<dyn FirstBlocks>>,
+    /// The blocks on the device, after the CPU's.
     layers: Vec<Layer>,
     norm: GpuTensor,
     rotary: Rotary,
@@ -113,6 +118,16 @@ impl GpuLlama {
         gpu: Arc<Gpu>,
         cfg: TransformerConfig,
         weights: &mut WeightSource,
+    ) -> spindle_models::Result<Self> {
+        Self::load_placed(gpu, cfg, weights, 0)
+    }
+
+    /// As [`GpuLlama::load`], with blocks `0..cpu_blocks` whole on the CPU.
+    pub fn load_placed(
+        gpu: Arc<Gpu>,
+        cfg: TransformerConfig,
+        weights: &mut WeightSource,
+        cpu_blocks: usize,
     ) -> spindle_models::Result<Self> {
         let refused = |what: String| ModelError::BadConfig(format!("on the GPU: {what}"));
         let gemma = match cfg.architecture {
@@ -141,8 +156,12 @@ impl GpuLlama {
         });
         let embed = upload_matrix(&gpu, weights.weight("token_embd.weight")?)?;
         let head = upload_head(&gpu, weights)?;
+        let first_blocks = match cpu_blocks {
+            0 => None,
+            blocks => Some(spindle_models::dense_first_blocks(&cfg, weights, blocks)?),
+        };
         let mut layers = Vec::new();
-        for i in 0..cfg.num_hidden_layers {
+        for i in cpu_blocks..cfg.num_hidden_layers {
             let mut projection = |name: &str| -> spindle_models::Result<Projection> {
                 let bias = format!("blk.{i}.{name}.bias");
                 let bias = if weights.contains(&bias) {
@@ -176,8 +195,6 @@ impl GpuLlama {
             } else {
                 None
             };
-            // As the CPU's Gemma 3: every `sliding_window_pattern`-th layer is global.
-            let global = !gemma || (i + 1) % cfg.sliding_window_pattern.max(1) == 0;
             layers.push(Layer {
                 q,
                 k,
@@ -189,7 +206,7 @@ impl GpuLlama {
                 attn_norm: norm("attn_norm")?,
                 ffn_norm: norm("ffn_norm")?,
                 gemma: gemma_norms,
-                window: if global { None } else { cfg.sliding_window },
+                window: window_of(&cfg, i),
             });
         }
         let norm = upload_vector(&gpu, weights, "output_norm.weight", norm_offset)?;
@@ -227,13 +244,14 @@ impl GpuLlama {
             kernels,
             embed,
             head,
+            first_blocks,
             layers,
             norm,
             rotary,
             local_rotary,
             pairs,
             embed_scale,
-            pools: KvPools::default(),
+            pools: KvPools::from_layer(cpu_blocks),
         })
     }
 
@@ -253,12 +271,13 @@ impl GpuLlama {
         }
     }
 
-    /// Records the whole step: `ids` (every entry's tokens in order) through every layer, then
+    /// Records the whole step: `ids` (every entry's tokens in order), or the residual stream
+    /// the blocks on the CPU handed over (`from_cpu`), through every layer on the device, then
     /// the final norm and head on the rows `wanted` (first row, rows) only.
     fn record(
         &self,
         step: &mut Step<'_>,
-        ids: &[u32],
+        (ids, from_cpu): (&[u32], Option<GpuTensor>),
         groups: &[(Arc<LayerPools>, PagedRows)],
         [global_rope, local_rope]: [&RopeTable; 2],
         wanted: &[(usize, usize)],
@@ -267,8 +286,11 @@ impl GpuLlama {
         let eps = self.cfg.rms_norm_eps as f32;
         let d = self.cfg.head_dim();
         let turn = |heads| RopeShape { heads, head_dim: d, rotary_dim: d, pairs: self.pairs };
-        let mut x = k.embed.forward(step, &self.embed, ids)?;
-        if let Some(scale) = &self.embed_scale {
+        let mut x = match from_cpu {
+            Some(x) => x,
+            None => k.embed.forward(step, &self.embed, ids)?,
+        };
+        if let (Some(scale), None) = (&self.embed_scale, &self.first_blocks) {
             x = k.mul.forward_rows(step, &x, scale)?;
         }
         for (i, layer) in self.layers.iter().enumerate() {
@@ -324,8 +346,9 @@ impl CausalLm for GpuLlama {
     }
 
     fn kv_shapes(&self) -> Vec<Option<KvShape>> {
-        let (kv_heads, head_dim) = (self.cfg.num_kv_heads(), self.cfg.head_dim());
-        self.layers.iter().map(|l| Some(KvShape { kv_heads, head_dim, window: l.window })).collect()
+        let (cfg, kv_heads, head_dim) = (&self.cfg, self.cfg.num_kv_heads(), self.cfg.head_dim());
+        let shape = |layer| Some(KvShape { kv_heads, head_dim, window: window_of(cfg, layer) });
+        (0..cfg.num_hidden_layers).map(shape).collect()
     }
 
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> spindle_models::Result<Vec<Vec<f32>>> {
@@ -335,13 +358,16 @@ impl CausalLm for GpuLlama {
         let global = RopeAngles::of_batch(&self.rotary, batch);
         let local = self.local_rotary.as_ref().map(|rotary| RopeAngles::of_batch(rotary, batch));
         let groups = self.pools.groups(&self.gpu, &self.kv_shapes(), batch).map_err(model_error)?;
+        let on_cpu =
+            self.first_blocks.as_ref().map(|b| b.forward(batch, &rows, &ids)).transpose()?;
         let logits = (|| {
             let global = global.upload(&self.gpu)?;
             let local = local.as_ref().map(|angles| angles.upload(&self.gpu)).transpose()?;
             let ropes = [&global, local.as_ref().unwrap_or(&global)];
+            let from_cpu = on_cpu.as_deref().map(|x| self.gpu.upload_for_step(x)).transpose()?;
             self.gpu
                 .run(|step| {
-                    let logits = self.record(step, &ids, &groups, ropes, &wanted)?;
+                    let logits = self.record(step, (&ids, from_cpu), &groups, ropes, &wanted)?;
                     Ok(step.read(&logits))
                 })?
                 .values()
@@ -351,5 +377,17 @@ impl CausalLm for GpuLlama {
             entry.cache.advance(entry.tokens.len());
         }
         Ok(rows_per_range(&logits, self.cfg.vocab_size, &wanted))
+    }
+}
+
+/// Layer `layer`'s sliding window: as the CPU's Gemma 3, every `sliding_window_pattern`-th
+/// layer is global; the Llama family's are all global.
+fn window_of(cfg: &TransformerConfig, layer: usize) -> Option<usize> {
+    let global = cfg.architecture != Architecture::Gemma3
+        || (layer + 1).is_multiple_of(cfg.sliding_window_pattern.max(1));
+    if global {
+        None
+    } else {
+        cfg.sliding_window
     }
 }

@@ -155,10 +155,28 @@ impl ModelBytes {
     }
 }
 
-/// The bytes a dense model's `weights` take on the device (`GpuLlama`'s: quantized matrices as
-/// stored, the rest as f32); 0 for a checkpoint, whose header this does not read.
-pub fn dense_device_bytes(weights: &WeightSource) -> u64 {
-    weights.stored_tensors().into_iter().map(|(_, dtype, dims)| device_bytes(dtype, dims)).sum()
+impl ModelBytes {
+    /// The bytes `GpuLlama` puts on the device for a dense model of `blocks` blocks in
+    /// `weights` (quantized matrices as stored, the rest as f32); nothing for a checkpoint,
+    /// whose header this does not read.
+    pub fn of_dense(blocks: usize, weights: &WeightSource) -> Self {
+        let mut bytes = ModelBytes {
+            dense: 0,
+            experts: vec![0; blocks],
+            states_per_sequence: 0,
+            draft_head: 0,
+            block_weights: vec![0; blocks],
+            block_mixers: vec![Mixer::Full; blocks],
+        };
+        for (name, dtype, dims) in weights.stored_tensors() {
+            let size = device_bytes(dtype, dims);
+            bytes.dense += size;
+            if let Some(block) = block_of(name).filter(|&b| b < blocks) {
+                bytes.block_weights[block] += size;
+            }
+        }
+        bytes
+    }
 }
 
 /// A tensor's bytes on the device: a quantized one as stored, a float one as f32.

@@ -10,11 +10,12 @@ use candle_core::Tensor;
 use crate::activation::Activation;
 use crate::config::TransformerConfig;
 use crate::error::Result;
+use crate::first_blocks::FirstBlocks;
 use crate::layers::{self, AttentionShape, GatedMlp, RmsNorm, RopeStyle, Rotary};
 use crate::linear::{Embedding, Linear};
 use crate::rope::RopeScaling;
 use crate::weights::WeightSource;
-use crate::{advance_all, batch_rows, logit_rows, BatchEntry, CausalLm, KvShape};
+use crate::{advance_all, batch_rows, logit_rows, BatchEntry, CausalLm, KvShape, RowRange};
 
 struct Layer {
     input_norm: RmsNorm,
@@ -33,36 +34,58 @@ struct Layer {
 }
 
 pub struct Gemma3 {
+    stack: Stack,
+    norm: RmsNorm,
+    head: Linear,
+}
+
+/// The scaled embedding and the blocks: the whole model's, or the first ones of a model whose
+/// later blocks run on a GPU.
+pub(crate) struct Stack {
     cfg: TransformerConfig,
     embed: Embedding,
     embed_scale: f64,
     layers: Vec<Layer>,
-    norm: RmsNorm,
-    head: Linear,
     local_rotary: Rotary,
     global_rotary: Rotary,
 }
 
+/// An RMSNorm of `w`'s tensor `name`: HF checkpoints store `w` for a `1 + w` scale,
+/// llama.cpp's converter stores `1 + w`.
+fn norm(w: &mut WeightSource, name: &str, eps: f64) -> Result<RmsNorm> {
+    let t = w.dense(name)?;
+    match w {
+        WeightSource::Safetensors(_) => RmsNorm::new_offset_by_one(t, eps),
+        _ => Ok(RmsNorm::new(t, eps)),
+    }
+}
+
 impl Gemma3 {
     pub fn load(cfg: TransformerConfig, w: &mut WeightSource) -> Result<Self> {
-        let eps = cfg.rms_norm_eps;
-        // HF checkpoints store `w` for a `1 + w` scale; llama.cpp's converter stores `1 + w`.
-        let from_hf = matches!(w, WeightSource::Safetensors(_));
-        let norm = |w: &mut WeightSource, name: String| -> Result<RmsNorm> {
-            let t = w.dense(&name)?;
-            if from_hf {
-                RmsNorm::new_offset_by_one(t, eps)
-            } else {
-                Ok(RmsNorm::new(t, eps))
-            }
-        };
         // The largest tensor first, while little else is in memory: loading it briefly needs
         // twice its size (the file's bytes, then candle's copy) and then its tiles.
         let (embed, head) = w.embedding_and_head()?;
+        let blocks = cfg.num_hidden_layers;
+        let stack = Stack::load(cfg, w, embed, blocks)?;
+        let norm = norm(w, "output_norm.weight", stack.cfg.rms_norm_eps)?;
+        Ok(Self { stack, norm, head })
+    }
+}
+
+impl Stack {
+    /// The blocks `0..blocks` of the model of `cfg` in `w`, after `embed`.
+    pub(crate) fn load(
+        cfg: TransformerConfig,
+        w: &mut WeightSource,
+        embed: Embedding,
+        blocks: usize,
+    ) -> Result<Self> {
+        let eps = cfg.rms_norm_eps;
+        let norm = |w: &mut WeightSource, name: String| norm(w, &name, eps);
         // No capacity from the header: a damaged block count would be allocated before the
         // first missing layer is found.
         let mut layers = Vec::new();
-        for i in 0..cfg.num_hidden_layers {
+        for i in 0..blocks.min(cfg.num_hidden_layers) {
             let b = format!("blk.{i}");
             let global = (i + 1) % cfg.sliding_window_pattern == 0;
             layers.push(Layer {
@@ -85,7 +108,6 @@ impl Gemma3 {
                 window: if global { None } else { cfg.sliding_window },
             });
         }
-        let norm = norm(w, "output_norm.weight".to_string())?;
         let hd = cfg.head_dim();
         Ok(Self {
             embed_scale: (cfg.hidden_size as f64).sqrt(),
@@ -99,9 +121,24 @@ impl Gemma3 {
             cfg,
             embed,
             layers,
-            norm,
-            head,
         })
+    }
+
+    /// The residual stream of `batch`'s tokens `ids` (`rows`: each entry's) after the blocks.
+    fn residual_stream(
+        &self,
+        batch: &mut [BatchEntry<'_>],
+        rows: &[RowRange],
+        ids: &[u32],
+    ) -> Result<Tensor> {
+        let mut x = (self.embed.forward(ids)? * self.embed_scale)?;
+        for (i, l) in self.layers.iter().enumerate() {
+            let attn = self.attention(i, &l.input_norm.forward(&x)?, batch, rows)?;
+            x = (&x + l.post_attn_norm.forward(&attn)?)?;
+            let mlp = l.mlp.forward(&l.pre_ffn_norm.forward(&x)?)?;
+            x = (&x + l.post_ffn_norm.forward(&mlp)?)?;
+        }
+        Ok(x)
     }
 
     /// Attention of layer `i` for the batch's rows `x`: projections and per-head norms over all
@@ -133,25 +170,36 @@ impl Gemma3 {
     }
 }
 
+impl FirstBlocks for Stack {
+    fn blocks(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn forward(
+        &self,
+        batch: &mut [BatchEntry<'_>],
+        rows: &[RowRange],
+        ids: &[u32],
+    ) -> Result<Vec<f32>> {
+        Ok(self.residual_stream(batch, rows, ids)?.flatten_all()?.to_vec1()?)
+    }
+}
+
 impl CausalLm for Gemma3 {
     fn config(&self) -> &TransformerConfig {
-        &self.cfg
+        &self.stack.cfg
     }
 
     fn kv_shapes(&self) -> Vec<Option<KvShape>> {
-        let (kv_heads, head_dim) = (self.cfg.num_kv_heads(), self.cfg.head_dim());
-        self.layers.iter().map(|l| Some(KvShape { kv_heads, head_dim, window: l.window })).collect()
+        let cfg = &self.stack.cfg;
+        let (kv_heads, head_dim) = (cfg.num_kv_heads(), cfg.head_dim());
+        let layers = self.stack.layers.iter();
+        layers.map(|l| Some(KvShape { kv_heads, head_dim, window: l.window })).collect()
     }
 
     fn forward_batch(&self, batch: &mut [BatchEntry<'_>]) -> Result<Vec<Vec<f32>>> {
         let (rows, ids) = batch_rows(batch)?;
-        let mut x = (self.embed.forward(&ids)? * self.embed_scale)?;
-        for (i, l) in self.layers.iter().enumerate() {
-            let attn = self.attention(i, &l.input_norm.forward(&x)?, batch, &rows)?;
-            x = (&x + l.post_attn_norm.forward(&attn)?)?;
-            let mlp = l.mlp.forward(&l.pre_ffn_norm.forward(&x)?)?;
-            x = (&x + l.post_ffn_norm.forward(&mlp)?)?;
-        }
+        let x = self.stack.residual_stream(batch, &rows, &ids)?;
         advance_all(batch);
         layers::logits_of_rows(&x, &logit_rows(batch, &rows), &self.norm, &self.head)
     }

@@ -20,6 +20,7 @@ mod delta_rule;
 mod dense;
 mod draft_head;
 mod error;
+mod first_blocks;
 mod gated_deltanet;
 mod gemma3;
 mod gguf_metadata;
@@ -60,8 +61,9 @@ pub use cache::{DeviceRecurrentState, RecurrentState, SequenceCache};
 pub use config::{Architecture, TransformerConfig};
 pub use draft_head::{check_head_rows, DraftHead, HeadRows};
 pub use error::{ModelError, Result};
+pub use first_blocks::{dense_first_blocks, FirstBlocks};
 pub use kv_type::KvType;
-pub use qwen3_next::{gguf_experts, FirstBlocks, HybridConfig, Mixer};
+pub use qwen3_next::{gguf_experts, HybridConfig, HybridFirstBlocks, Mixer};
 pub use rope::RopeScaling;
 // The layers the GPU kernels are checked against.
 pub use kv_mirror::KvMirror;

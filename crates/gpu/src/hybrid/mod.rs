@@ -19,8 +19,8 @@ mod parts;
 use std::sync::Arc;
 
 use spindle_models::{
-    BatchEntry, CausalLm, DraftHead, FirstBlocks, HybridConfig, KvShape, Mixer, ModelError,
-    RecurrentState, RopeStyle, Rotary, TransformerConfig, WeightSource,
+    BatchEntry, CausalLm, DraftHead, FirstBlocks, HybridConfig, HybridFirstBlocks, KvShape, Mixer,
+    ModelError, RecurrentState, RopeStyle, Rotary, TransformerConfig, WeightSource,
 };
 
 use crate::buffer::GpuTensor;
@@ -81,7 +81,7 @@ pub struct GpuHybrid {
     /// `None`: tied to the embedding table.
     head: Option<GpuMatrix>,
     /// The blocks the placement runs on the CPU, before those on the device.
-    first_blocks: Option<FirstBlocks>,
+    first_blocks: Option<HybridFirstBlocks>,
     /// The blocks on the device, after the CPU's.
     layers: Vec<Layer>,
     norm: GpuTensor,
@@ -132,7 +132,7 @@ impl GpuHybrid {
         let cpu_blocks = placement.cpu_blocks;
         let first_blocks = match cpu_blocks {
             0 => None,
-            blocks => Some(FirstBlocks::load_gguf(&cfg, weights, blocks)?),
+            blocks => Some(HybridFirstBlocks::load_gguf(&cfg, weights, blocks)?),
         };
         let mut layers = Vec::new();
         for (i, kind) in cfg.layer_types().into_iter().enumerate().skip(cpu_blocks) {

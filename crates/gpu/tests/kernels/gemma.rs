@@ -9,7 +9,7 @@ use spindle_models::random_gemma::{write_random_gemma, GemmaShape};
 use spindle_models::{BatchEntry, CausalLm, KvType, PagedKv, RecurrentState, SequenceCache};
 
 use crate::harness::{gpu_or_skip, same_bits};
-use crate::model::{agreement, greedy_on_gpu, load_on_gpu};
+use crate::model::{agreement, greedy_on_gpu, load_on_gpu, placed_on_gpu};
 
 /// Largest logit difference on the tiny f32 Gemma (measured on lavapipe: 5.7e-6 over 13 steps;
 /// logits of a few units through three layers; with the window left off the GPU's attention,
@@ -42,6 +42,18 @@ fn a_tiny_gemma_on_the_gpu_decodes_the_cpu_engines_greedy_tokens_past_its_window
     eprintln!("tiny gemma: {agreed}/13 greedy tokens agree; max logit difference {worst:.2e}");
     assert_eq!(agreed, 13, "greedy tokens differ");
     assert!(worst <= TINY_GEMMA_LOGIT_TOLERANCE, "logits differ by {worst}");
+    // Its sliding-window layers whole on the CPU (keys in the host pool), then all three.
+    for cpu_blocks in [2, 3] {
+        let split = placed_on_gpu(dir.path(), device.clone(), cpu_blocks);
+        assert_eq!(split.kv_shapes(), cpu.kv_shapes(), "the CPU's cache shapes");
+        let (agreed, worst) = agreement(cpu.as_ref(), &greedy_on_gpu(&split, &prompt, 13));
+        eprintln!(
+            "tiny gemma, {cpu_blocks} blocks on the CPU: {agreed}/13 greedy tokens agree; max \
+             logit difference {worst:.2e}"
+        );
+        assert_eq!(agreed, 13, "{cpu_blocks} blocks on the CPU: greedy tokens differ");
+        assert!(worst <= TINY_GEMMA_LOGIT_TOLERANCE, "{cpu_blocks}: logits differ by {worst}");
+    }
 }
 
 /// In a shared pool of 4-position blocks (scattered), a sequence past its window gets the bits

@@ -22,8 +22,13 @@ pub(crate) fn argmax(logits: &[f32]) -> u32 {
 }
 
 pub(crate) fn load_on_gpu(path: &Path, gpu: Arc<Gpu>) -> GpuLlama {
+    placed_on_gpu(path, gpu, 0)
+}
+
+/// The model at `path` with blocks `0..cpu_blocks` whole on the CPU, the rest on `gpu`.
+pub(crate) fn placed_on_gpu(path: &Path, gpu: Arc<Gpu>, cpu_blocks: usize) -> GpuLlama {
     let (cfg, mut weights) = spindle_models::open_dense(path).unwrap();
-    GpuLlama::load(gpu, cfg, &mut weights).unwrap()
+    GpuLlama::load_placed(gpu, cfg, &mut weights, cpu_blocks).unwrap()
 }
 
 fn tiny_model(dir: &Path) -> DenseShape {
@@ -32,6 +37,8 @@ fn tiny_model(dir: &Path) -> DenseShape {
     shape
 }
 
+/// All on the GPU, and with its first block, then both, whole on the CPU (`--n-gpu-layers` 1
+/// and 0): the CPU engine's greedy tokens, one submission a step.
 #[test]
 fn the_tiny_model_on_the_gpu_decodes_the_cpu_engines_greedy_tokens() {
     if gpu_or_skip().is_none() {
@@ -42,14 +49,19 @@ fn the_tiny_model_on_the_gpu_decodes_the_cpu_engines_greedy_tokens() {
     let cpu = spindle_models::load_safetensors(dir.path()).unwrap();
     // A device of its own: the other tests' submissions would mix into its count.
     let device = Arc::new(Gpu::open(None).unwrap());
-    let gpu = load_on_gpu(dir.path(), device.clone());
-    let before = device.submissions();
-    let run = greedy_on_gpu(&gpu, &[3, 141, 59, 26, 5], 24);
-    let (agreed, worst) = agreement(cpu.as_ref(), &run);
-    eprintln!("tiny model: {agreed}/24 greedy tokens agree; max logit difference {worst:.2e}");
-    assert_eq!(agreed, 24, "greedy tokens differ");
-    assert!(worst <= TINY_LOGIT_TOLERANCE, "logits differ by {worst}");
-    assert_eq!(device.submissions() - before, 24, "one submission a step");
+    for cpu_blocks in [0, 1, 2] {
+        let gpu = placed_on_gpu(dir.path(), device.clone(), cpu_blocks);
+        let before = device.submissions();
+        let run = greedy_on_gpu(&gpu, &[3, 141, 59, 26, 5], 24);
+        let (agreed, worst) = agreement(cpu.as_ref(), &run);
+        eprintln!(
+            "tiny model, {cpu_blocks} blocks on the CPU: {agreed}/24 greedy tokens agree; max \
+             logit difference {worst:.2e}"
+        );
+        assert_eq!(agreed, 24, "{cpu_blocks} blocks on the CPU: greedy tokens differ");
+        assert!(worst <= TINY_LOGIT_TOLERANCE, "{cpu_blocks} on the CPU: logits differ by {worst}");
+        assert_eq!(device.submissions() - before, 24, "one submission a step");
+    }
 }
 
 /// A cache in a pool shared with other sequences, on the blocks given (out of order, so the
@@ -65,14 +77,20 @@ fn shared_cache(cfg: &TransformerConfig, pool: &Arc<PagedKv>, blocks: Vec<u32>) 
     )
 }
 
+/// All on the GPU, and with the first block on the CPU.
 #[test]
 fn a_sequence_gets_the_same_logits_alone_and_among_others_in_a_shared_pool() {
-    if gpu_or_skip().is_none() {
-        return;
-    }
+    let Some(device) = gpu_or_skip() else { return };
     let dir = tempfile::tempdir().unwrap();
     tiny_model(dir.path());
-    let gpu = load_on_gpu(dir.path(), gpu_or_skip().unwrap().clone());
+    for cpu_blocks in [0, 1] {
+        same_alone_and_among_others(&placed_on_gpu(dir.path(), device.clone(), cpu_blocks));
+    }
+}
+
+/// A prompt and two steps bitwise the same alone and in a pool shared with two others; a step
+/// that does not fit is refused, changing no cache.
+fn same_alone_and_among_others(gpu: &GpuLlama) {
     let cfg = gpu.config().clone();
     let target: Vec<u32> = (0..21).map(|i| (i * 37 + 11) % 512).collect();
     // Alone, in a standalone cache: a prompt, then two decode steps.

@@ -29,7 +29,7 @@ use crate::weights::SafetensorsWeights;
 use crate::{advance_all, batch_rows, logit_rows, BatchEntry, CausalLm, DraftHead, RowRange};
 use attention::GatedAttention;
 pub use config::{HybridConfig, Mixer};
-pub use first_blocks::FirstBlocks;
+pub use first_blocks::HybridFirstBlocks;
 pub use gguf::{gguf_experts, ARCHITECTURES as GGUF_ARCHITECTURES};
 
 enum TokenMixer {
