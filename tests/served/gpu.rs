@@ -376,3 +376,52 @@ fn a_dense_model_with_its_first_blocks_on_the_cpu_answers_alike_cold_and_cached(
         "{stderr}"
     );
 }
+
+/// Same seed ⇒ same bytes on the GPU, whatever else runs: a sampled request (seed, log
+/// probabilities) alone and cold, then again among 1, 4 and 16 other requests at once (each its
+/// own user text, cold) while it is served from the prefix cache: the same text and the same
+/// log probabilities every time. On the tiny dense model and the tiny hybrid.
+#[test]
+fn a_seeded_request_on_the_gpu_answers_alike_alone_and_among_up_to_16_others() {
+    let Some(dense) = tiny_model_with_a_gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let hybrid = tiny_hybrid(dir.path());
+    let mut seeded: serde_json::Value = serde_json::from_str(&chat("Hi there", 6, false)).unwrap();
+    seeded["temperature"] = 0.9.into();
+    seeded["seed"] = 1234.into();
+    seeded["logprobs"] = true.into();
+    let seeded = seeded.to_string();
+    let answer = |reply: &serde_json::Value| {
+        let choice = &reply["choices"][0];
+        (choice["message"]["content"].clone(), choice["logprobs"].clone())
+    };
+    for model in [dense.as_str(), hybrid.to_str().unwrap()] {
+        let args = ["--model", model, "--device", "gpu", "--max-concurrent", "17"];
+        let server = LoggedServer::with_args(&args);
+        let cold = server.post_ok("/v1/chat/completions", &seeded);
+        let prompt_tokens = cold["usage"]["prompt_tokens"].clone();
+        assert!(answer(&cold).1["content"].as_array().is_some_and(|t| t.len() == 6), "{cold}");
+        for others in [1, 4, 16] {
+            let replies: Vec<serde_json::Value> = std::thread::scope(|scope| {
+                let server = &server;
+                let seeded = &seeded;
+                let mine = scope.spawn(move || server.post_ok("/v1/chat/completions", seeded));
+                let theirs: Vec<_> = (0..others)
+                    .map(|i| {
+                        let user = format!("Question {i}: {}", "why? ".repeat(i % 5));
+                        let body = chat(&user, 4 + i as u32 % 3, false);
+                        scope.spawn(move || server.post_ok("/v1/chat/completions", &body))
+                    })
+                    .collect();
+                let mut replies = vec![mine.join().unwrap()];
+                replies.extend(theirs.into_iter().map(|t| t.join().unwrap()));
+                replies
+            });
+            let mine = &replies[0];
+            assert_eq!(answer(mine), answer(&cold), "{model}: among {others} others");
+            let cached = &mine["usage"]["prompt_tokens_details"]["cached_tokens"];
+            assert_eq!(cached, &prompt_tokens, "{model}: served from the cache in full: {mine}");
+        }
+        server.stop();
+    }
+}
