@@ -41,7 +41,7 @@ pub(crate) fn load_on_gpu(path: &Path, gpu: Arc<Gpu>) -> GpuHybrid {
     GpuHybrid::load(gpu, cfg, &mut weights).unwrap()
 }
 
-/// `shape` on the GPU for 8 greedy steps against the CPU's f32 path of the same file.
+/// `shape` on the GPU for 64 greedy steps against the CPU's f32 path of the same file.
 fn greedy_against_the_cpu(shape: &HybridShape, what: &str) {
     if gpu_or_skip().is_none() {
         return;
@@ -51,7 +51,7 @@ fn greedy_against_the_cpu(shape: &HybridShape, what: &str) {
     // A device of its own: the other tests' submissions would mix into its count.
     let device = Arc::new(Gpu::open(None).unwrap());
     let gpu = load_on_gpu(&path, device.clone());
-    let steps = 8;
+    let steps = 64;
     let before = device.submissions();
     let run = greedy_on_gpu(&gpu, &[3, 141, 59, 26, 5, 35], steps);
     assert_eq!(device.submissions() - before, steps as u64, "one submission a step");
