@@ -28,7 +28,8 @@ pub struct PlacementFlags {
     /// With --device gpu: on (the default) puts everything but the routed experts on the device,
     /// reserves the KV cache and DeltaNet states, then routed experts block by block while
     /// --gpu-memory-limit, or else the device memory Vulkan reports free, holds; the rest stay
-    /// in system RAM. off: only --cpu-moe and --n-cpu-moe move experts.
+    /// in system RAM. Where even that does not fit (and --n-gpu-layers is not given), the first
+    /// blocks run whole on the CPU. off: only the flags move anything.
     #[arg(long, default_value = "on", default_missing_value = "on", num_args = 0..=1,
           value_parser = parse_on_off)]
     fit: bool,

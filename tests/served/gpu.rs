@@ -341,24 +341,25 @@ fn a_hybrid_with_its_first_blocks_on_the_cpu_answers_and_resumes_from_disk() {
     assert_eq!(cold["usage"]["completion_tokens"], 3, "{cold}");
 }
 
-/// SmolLM2's GGUF with `--n-gpu-layers 20` of its 30 blocks: the first 10 run whole on the CPU
-/// (the placement line says so, and the device memory its 20 take), and a repeat resumes from
-/// the prefix cache with the same answer. A checkpoint folder, whose bytes the placement does
-/// not read, refuses the flag, naming it.
+/// SmolLM2's GGUF under `--gpu-memory-limit 80MiB` (--fit, the default): everything but its
+/// blocks and the KV pool's share fit only with 20 of its 30 blocks whole on the CPU, which
+/// the placement line says as the `--n-gpu-layers` it is; a repeat resumes from the prefix
+/// cache with the same answer. A checkpoint folder, whose bytes the placement does not read,
+/// refuses the flag, naming it.
 #[test]
-fn a_dense_model_with_its_first_blocks_on_the_cpu_answers_alike_cold_and_cached() {
+fn a_dense_model_fitted_with_its_first_blocks_on_the_cpu_answers_alike_cold_and_cached() {
     let Some(checkpoint) = tiny_model_with_a_gpu() else { return };
     let model = crate::common::smollm2();
-    let args = ["--model", model.to_str().unwrap(), "--device", "gpu", "--n-gpu-layers", "20"];
+    let model = model.to_str().unwrap();
+    let args = ["--model", model, "--device", "gpu", "--gpu-memory-limit", "80MiB"];
     let server = LoggedServer::with_args(&args);
     let cold = server.post_ok("/v1/chat/completions", &hi());
     let cached = server.post_ok("/v1/chat/completions", &hi());
     let log = server.stop();
     let log = String::from_utf8_lossy(&log);
     let line = placement_line(&log);
-    let split =
-        "placement: blocks 0-9 whole on the CPU, the last 20 on the GPU (as --n-gpu-layers \
-                 20); ";
+    let split = "placement: blocks 0-19 whole on the CPU, the last 10 on the GPU (as \
+                 --n-gpu-layers 10); ";
     assert!(line.contains(split), "{line}");
     let text = |answer: &serde_json::Value| answer["choices"][0]["message"]["content"].clone();
     let hit = cached["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();

@@ -7,7 +7,9 @@
 //! and run them on the CPU's kernels. Whichever way, the blocks in system RAM are the first
 //! ones, so every placement is some `--n-cpu-moe N`, and the startup line says which.
 //! `--n-gpu-layers N` short of the block count runs the first blocks whole on the CPU (their
-//! weights, keys, values and DeltaNet states in system RAM) and the last `N` on the device.
+//! weights, keys, values and DeltaNet states in system RAM) and the last `N` on the device;
+//! without it, `--fit` runs the fewest first blocks on the CPU that leave the device room for
+//! everything but the routed experts (experts spill first: they are cheap to run on the CPU).
 //!
 //! The budget is `--gpu-memory-limit` where given; else, with `--fit`, what the device reports
 //! free (`Gpu::memory`, which the caller asks and puts in the request, so planning stays a
@@ -258,31 +260,30 @@ impl Placement {
     /// The placement `request` asks for of a model of `bytes`.
     pub fn plan(bytes: &ModelBytes, request: &PlacementRequest) -> Result<Self, PlacementRefused> {
         let blocks = bytes.experts.len();
-        let cpu_blocks = request.n_gpu_layers.map_or(0, |n| blocks.saturating_sub(n));
         let moe_blocks = bytes.experts.iter().filter(|&&b| b > 0).count();
         let asked = if request.cpu_moe { blocks } else { request.n_cpu_moe.min(blocks) };
         if asked > 0 && moe_blocks == 0 {
             let flag = if request.cpu_moe { "--cpu-moe" } else { "--n-cpu-moe" };
             return Err(PlacementRefused(format!("{flag}: this model has no routed experts")));
         }
-        // The CPU blocks' experts are in system RAM with the rest of those blocks.
-        let asked = asked.max(cpu_blocks);
-        let on_device_share = |bytes_of_all: u64, mixer: Mixer| {
-            let of_kind = |blocks: &[Mixer]| blocks.iter().filter(|&&m| m == mixer).count() as u64;
-            let (all, device) =
-                (of_kind(&bytes.block_mixers), of_kind(&bytes.block_mixers[cpu_blocks..]));
-            (bytes_of_all * device).checked_div(all).unwrap_or(0)
-        };
-        let kv_bytes = on_device_share(request.kv_bytes, Mixer::Full);
-        let states = on_device_share(bytes.states_per_sequence, Mixer::Linear);
-        let reserved = kv_bytes + request.sequences as u64 * states;
-        let head = if request.draft_head { bytes.draft_head } else { 0 };
-        let cpu_weights: u64 = bytes.block_weights[..cpu_blocks].iter().sum();
-        let fixed = bytes.dense - cpu_weights + head + reserved;
-        let on_device =
-            |host_blocks: usize| fixed + bytes.experts[host_blocks..].iter().sum::<u64>();
         let limit = request.limit();
         let budget = limit.map(|limit| limit.bytes() - limit.bytes() / 16);
+        let cpu_blocks = match (request.n_gpu_layers, budget) {
+            (Some(n), _) => blocks.saturating_sub(n),
+            // --fit without --n-gpu-layers: the fewest blocks on the CPU that leave the rest
+            // room without any routed expert (none that does: refused below).
+            (None, Some(budget)) if request.fit => (0..=blocks)
+                .find(|&cpu| FixedPart::of(bytes, request, cpu).bytes <= budget)
+                .unwrap_or(0),
+            _ => 0,
+        };
+        // The CPU blocks' experts are in system RAM with the rest of those blocks.
+        let asked = asked.max(cpu_blocks);
+        let FixedPart { bytes: fixed, kv_bytes, reserved, cpu_weights } =
+            FixedPart::of(bytes, request, cpu_blocks);
+        let head = if request.draft_head { bytes.draft_head } else { 0 };
+        let on_device =
+            |host_blocks: usize| fixed + bytes.experts[host_blocks..].iter().sum::<u64>();
         let host_blocks = match limit.zip(budget) {
             None => asked,
             Some((limit, budget)) if fixed > budget => {
@@ -340,6 +341,36 @@ impl Placement {
     /// The `--n-cpu-moe` this placement is.
     pub fn host_blocks(&self) -> usize {
         self.host_blocks
+    }
+}
+
+/// What the device holds of a model whose first blocks run on the CPU, routed experts aside.
+struct FixedPart {
+    /// The device's weights but routed experts, with the reserve.
+    bytes: u64,
+    /// The device's share of the KV pools.
+    kv_bytes: u64,
+    /// The KV pools' and the DeltaNet states' share on the device.
+    reserved: u64,
+    /// The weights of the blocks on the CPU.
+    cpu_weights: u64,
+}
+
+impl FixedPart {
+    fn of(bytes: &ModelBytes, request: &PlacementRequest, cpu_blocks: usize) -> Self {
+        let on_device_share = |bytes_of_all: u64, mixer: Mixer| {
+            let of_kind = |blocks: &[Mixer]| blocks.iter().filter(|&&m| m == mixer).count() as u64;
+            let (all, device) =
+                (of_kind(&bytes.block_mixers), of_kind(&bytes.block_mixers[cpu_blocks..]));
+            (bytes_of_all * device).checked_div(all).unwrap_or(0)
+        };
+        let kv_bytes = on_device_share(request.kv_bytes, Mixer::Full);
+        let states = on_device_share(bytes.states_per_sequence, Mixer::Linear);
+        let reserved = kv_bytes + request.sequences as u64 * states;
+        let head = if request.draft_head { bytes.draft_head } else { 0 };
+        let cpu_weights: u64 = bytes.block_weights[..cpu_blocks].iter().sum();
+        let bytes = bytes.dense - cpu_weights + head + reserved;
+        FixedPart { bytes, kv_bytes, reserved, cpu_weights }
     }
 }
 
@@ -438,7 +469,7 @@ mod tests {
             assert_eq!((placed.host_blocks(), placed.budget, placed.limit), (0, None, None));
         }
         // A device without room for the fixed part refuses, naming its heap.
-        let small = PlacementRequest { device_memory: Some(device(limit(999))), ..request };
+        let small = PlacementRequest { device_memory: Some(device(limit(199))), ..request };
         let refusal = Placement::plan(&bytes, &small).unwrap_err().0;
         assert!(refusal.starts_with("Vulkan heap 0: ") && refusal.contains("free device memory"));
     }
@@ -447,7 +478,8 @@ mod tests {
     fn placements_that_cannot_be_honoured_are_refused_naming_the_flag() {
         let bytes = four_blocks();
         let refused = |request: PlacementRequest| Placement::plan(&bytes, &request).unwrap_err().0;
-        let no_room = PlacementRequest { memory_limit: limit(999), ..PlacementRequest::default() };
+        // 200 bytes outside the blocks: no room even with every block on the CPU.
+        let no_room = PlacementRequest { memory_limit: limit(199), ..PlacementRequest::default() };
         assert!(refused(no_room).starts_with("--gpu-memory-limit"));
         let fit_off = PlacementRequest {
             fit: false,
@@ -495,6 +527,33 @@ mod tests {
         let none = PlacementRequest { n_gpu_layers: Some(0), ..base };
         let placed = Placement::plan(&bytes, &none).unwrap();
         assert_eq!((placed.cpu_blocks, placed.reserved, placed.device_weights), (4, 0, 200));
+    }
+
+    /// With --fit and no --n-gpu-layers, the first blocks go to the CPU only when the rest
+    /// cannot hold everything but the routed experts: experts spill first.
+    #[test]
+    fn fit_runs_the_first_blocks_on_the_cpu_when_the_rest_does_not_fit_without_experts() {
+        let bytes = four_blocks();
+        let base = PlacementRequest { kv_bytes: 60, sequences: 3, ..PlacementRequest::default() };
+        // 1000 + 60 + 30 fixed: fits with two blocks' experts spilled, no block on the CPU.
+        let roomy = PlacementRequest { memory_limit: limit(1090 + 200), ..base.clone() };
+        let placed = Placement::plan(&bytes, &roomy).unwrap();
+        assert_eq!((placed.cpu_blocks, placed.host_blocks()), (0, 2));
+        // 1089: not even the fixed part; block 0 on the CPU leaves 800 + 60 + 3 × 6 = 878, and
+        // blocks 2 and 3's experts (200) fit beside it.
+        let tight = PlacementRequest { memory_limit: limit(1089), ..base.clone() };
+        let placed = Placement::plan(&bytes, &tight).unwrap();
+        assert_eq!((placed.cpu_blocks, placed.host_blocks()), (1, 2));
+        assert_eq!(placed.device_weights + placed.reserved, 1078);
+        // 470: three blocks on the CPU (400 + 60, the attention block's states none; two
+        // would take 600 + 60 + 3 × 3).
+        let small = PlacementRequest { memory_limit: limit(470), ..base.clone() };
+        assert_eq!(Placement::plan(&bytes, &small).unwrap().cpu_blocks, 3);
+        // --n-gpu-layers given: that many, or refused; --fit off: refused.
+        let given = PlacementRequest { n_gpu_layers: Some(4), ..tight.clone() };
+        assert!(Placement::plan(&bytes, &given).unwrap_err().0.contains("--n-gpu-layers"));
+        let off = PlacementRequest { fit: false, ..tight };
+        assert!(Placement::plan(&bytes, &off).is_err());
     }
 
     #[test]
