@@ -11,9 +11,6 @@ use crate::weights::WeightSource;
 use crate::{gemma3, llama, BatchEntry, RowRange};
 
 pub trait FirstBlocks: Send + Sync {
-    /// How many blocks run here.
-    fn blocks(&self) -> usize;
-
     /// The residual stream after the last of these blocks, one row of the hidden width per
     /// token of `ids` (the batch's tokens in order; `rows`: each entry's first row and rows).
     fn forward(

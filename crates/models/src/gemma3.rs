@@ -171,10 +171,6 @@ impl Stack {
 }
 
 impl FirstBlocks for Stack {
-    fn blocks(&self) -> usize {
-        self.layers.len()
-    }
-
     fn forward(
         &self,
         batch: &mut [BatchEntry<'_>],

@@ -45,10 +45,6 @@ impl HybridFirstBlocks {
 }
 
 impl FirstBlocks for HybridFirstBlocks {
-    fn blocks(&self) -> usize {
-        self.layers.len()
-    }
-
     fn forward(
         &self,
         batch: &mut [BatchEntry<'_>],
