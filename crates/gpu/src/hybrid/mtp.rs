@@ -20,7 +20,7 @@ use crate::buffer::GpuTensor;
 use crate::device::Gpu;
 use crate::error::Result;
 use crate::gated_attention::{GatedAttention, GatedAttentionShape};
-use crate::kv_pools::LayerPools;
+use crate::kv_pools::{KvPools, LayerPools};
 use crate::loading::{model_error, upload_matrix, upload_vector};
 use crate::matmul::GpuMatrix;
 use crate::placement::Placement;
@@ -41,6 +41,9 @@ pub(super) struct MtpHead {
     post_attention_norm: GpuTensor,
     ffn: FeedForward,
     norm: GpuTensor,
+    /// The device's copies of the head's caches (pools of their own, one layer each, whatever
+    /// blocks of the target run on the CPU).
+    pools: KvPools,
 }
 
 impl MtpHead {
@@ -80,6 +83,7 @@ impl MtpHead {
             post_attention_norm,
             ffn: feed_forward(gpu, cfg, w, &p, (moe, &Placement::on_device()))?,
             norm: head_norm,
+            pools: KvPools::default(),
         }))
     }
 
@@ -180,7 +184,7 @@ impl DraftHead for GpuHybrid {
         let angles = RopeAngles::of_batch(&self.rotary, &batch);
         let shapes = [Some(self.head_kv_shape())];
         let (logits, normed) = (|| {
-            let groups = self.pools.groups(&self.gpu, &shapes, &batch)?;
+            let groups = head.pools.groups(&self.gpu, &shapes, &batch)?;
             let rope = angles.upload(&self.gpu)?;
             let hidden = self.gpu.upload_for_step(hidden)?;
             let place = HeadPlace { pools: (&groups, 0), rope: &rope };

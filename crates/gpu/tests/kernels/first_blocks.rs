@@ -95,3 +95,34 @@ fn a_split_state_reads_back_whole_and_goes_on_from_the_host() {
     assert_eq!(gpu.state_traffic().uploads, uploads + 1, "the device's layers went up again");
     assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "logits differ");
 }
+
+/// The MTP head (on the device, with pools of its own) drafts alike whichever blocks of the
+/// target run on the CPU: from the same hidden states and tokens, its logits bitwise the same
+/// on the split model as on the all-GPU one.
+#[test]
+fn the_mtp_head_of_a_split_model_drafts_as_the_all_gpu_ones() {
+    let Some(device) = gpu_or_skip() else { return };
+    let with_head = |n_gpu_layers| PlacementRequest {
+        n_gpu_layers,
+        draft_head: true,
+        ..PlacementRequest::default()
+    };
+    let (all_gpu, _) = placed(&f32_fixture(), device.clone(), &with_head(None));
+    let (gpu, placement) = placed(&f32_fixture(), device.clone(), &with_head(Some(5)));
+    assert!(placement.draft_head && placement.cpu_blocks == 3, "{placement:?}");
+    let mut cache = gpu.new_cache(64);
+    cache.keep_hidden_states();
+    gpu.forward(&PROMPT, &mut cache).unwrap();
+    let (_, hidden) = cache.hidden_states().expect("kept");
+    let tokens = [141, 59, 26, 5, 35, 8];
+    let drafts = |model: &GpuHybrid| {
+        let head = model.draft_head().expect("the fixture has an MTP head");
+        let mut head_cache = head.new_cache(64);
+        head.predict(hidden, &tokens, &mut head_cache).unwrap().logits
+    };
+    let (want, got) = (drafts(&all_gpu), drafts(&gpu));
+    assert_eq!(want.len(), tokens.len());
+    for (row, (a, b)) in want.iter().zip(&got).enumerate() {
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "row {row} differs");
+    }
+}
