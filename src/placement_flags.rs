@@ -166,12 +166,16 @@ pub fn placement_line(placement: &Placement) -> String {
             .to_string(),
     };
     let head = if placement.draft_head { ", MTP head included" } else { "" };
+    let kv = format!("KV cache {}", human_bytes(placement.kv_bytes as usize));
+    let reserve = match placement.reserved - placement.kv_bytes {
+        0 => kv,
+        states => format!("{kv}, DeltaNet states {}", human_bytes(states as usize)),
+    };
     format!(
-        "placement: {cpu}{experts}{in_ram}; device memory {} planned (weights {}{head}, KV \
-         cache and DeltaNet states {}) {budget}",
+        "placement: {cpu}{experts}{in_ram}; device memory {} planned (weights {}{head}, \
+         {reserve}) {budget}",
         human_bytes(used as usize),
         human_bytes(placement.device_weights as usize),
-        human_bytes(placement.reserved as usize)
     )
 }
 
@@ -227,6 +231,14 @@ mod tests {
         };
         let dense = line(&model(0), &[]);
         assert!(dense.starts_with("placement: every block on the GPU; device memory"), "{dense}");
+        assert!(dense.contains("B, KV cache 1.0 KiB) (no budget") && !dense.contains("DeltaNet"));
+        let recurrent = ModelBytes {
+            states_per_sequence: 40,
+            block_mixers: vec![Mixer::Linear, Mixer::Linear, Mixer::Linear, Mixer::Full],
+            ..model(0)
+        };
+        let hybrid = line(&recurrent, &[]);
+        assert!(hybrid.contains(", KV cache 1.0 KiB, DeltaNet states 160.0 B)"), "{hybrid}");
         let split = line(&model(0), &["--n-gpu-layers", "1"]);
         let cpu = "blocks 0-2 whole on the CPU, the last 1 on the GPU (as --n-gpu-layers 1)";
         assert!(split.starts_with(&format!("placement: {cpu}; 2.9 KiB of weights")), "{split}");

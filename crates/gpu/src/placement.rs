@@ -222,6 +222,8 @@ pub struct Placement {
     pub host_weights: u64,
     /// KV pools and DeltaNet states on the device.
     pub reserved: u64,
+    /// The KV pools' share of `reserved`.
+    pub kv_bytes: u64,
     /// What the weights and the reserve may take: the limit less a sixteenth for a step's
     /// activations and the driver's own; `None` without a limit.
     pub budget: Option<u64>,
@@ -250,6 +252,7 @@ impl Placement {
             device_weights: 0,
             host_weights: 0,
             reserved: 0,
+            kv_bytes: 0,
             budget: None,
             limit: None,
             state_slots: 1,
@@ -326,6 +329,7 @@ impl Placement {
             device_weights: on_device(host_blocks) - reserved,
             host_weights,
             reserved,
+            kv_bytes,
             budget,
             limit,
             state_slots: request.sequences.max(1),
