@@ -18,7 +18,7 @@ impl TokenBytes {
     /// For a hybrid of `bytes` placed as `placement`, routing `top_k` of `experts` per block.
     pub fn of(bytes: &ModelBytes, placement: &Placement, (top_k, experts): (usize, usize)) -> Self {
         let share = top_k as f64 / experts.max(1) as f64;
-        let on_cpu: u64 = bytes.block_weights[..placement.cpu_blocks].iter().sum();
+        let on_cpu = bytes.cpu_weights(placement.cpu_blocks);
         let device = (bytes.dense - on_cpu) as f64;
         let mut token = TokenBytes { device, host: on_cpu as f64 };
         for (block, &experts) in bytes.experts.iter().enumerate() {

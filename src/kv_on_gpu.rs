@@ -106,15 +106,11 @@ fn on_device(bytes: &ModelBytes, request: &PlacementRequest) -> (u64, usize, usi
     let blocks = bytes.experts.len();
     let on_cpu = request.n_gpu_layers.map_or(0, |n| blocks.saturating_sub(n));
     let head = if request.draft_head { bytes.draft_head } else { 0 };
-    let cpu_weights: u64 = bytes.block_weights[..on_cpu].iter().sum();
     let experts: u64 = bytes.experts[on_cpu..].iter().sum();
-    let mixers = &bytes.block_mixers;
-    let count = |mixers: &[Mixer], kind| mixers.iter().filter(|&&m| m == kind).count();
-    let states = (bytes.states_per_sequence * count(&mixers[on_cpu..], Mixer::Linear) as u64)
-        .checked_div(count(mixers, Mixer::Linear) as u64)
-        .unwrap_or(0);
-    let weights = bytes.dense - cpu_weights + experts + head + states;
-    (weights, count(&mixers[on_cpu..], Mixer::Full), count(&mixers[..on_cpu], Mixer::Full))
+    let states = bytes.device_share(bytes.states_per_sequence, Mixer::Linear, on_cpu);
+    let weights = bytes.dense - bytes.cpu_weights(on_cpu) + experts + head + states;
+    let full = |mixers: &[Mixer]| mixers.iter().filter(|&&m| m == Mixer::Full).count();
+    (weights, full(&bytes.block_mixers[on_cpu..]), full(&bytes.block_mixers[..on_cpu]))
 }
 
 /// Refuses a pool (`cache`, sized for `bundle`'s model once every share is taken from it: a

@@ -158,6 +158,21 @@ impl ModelBytes {
 }
 
 impl ModelBytes {
+    /// Of `bytes_of_all` spread evenly over the blocks that mix tokens as `mixer` (a KV pool
+    /// over the attention blocks, DeltaNet states over the others), the share of the blocks
+    /// from `cpu_blocks` on: the device's.
+    pub fn device_share(&self, bytes_of_all: u64, mixer: Mixer, cpu_blocks: usize) -> u64 {
+        let of_kind = |blocks: &[Mixer]| blocks.iter().filter(|&&m| m == mixer).count() as u64;
+        let (all, device) =
+            (of_kind(&self.block_mixers), of_kind(&self.block_mixers[cpu_blocks..]));
+        (bytes_of_all * device).checked_div(all).unwrap_or(0)
+    }
+
+    /// The weights of blocks `0..cpu_blocks`, routed experts aside.
+    pub fn cpu_weights(&self, cpu_blocks: usize) -> u64 {
+        self.block_weights[..cpu_blocks].iter().sum()
+    }
+
     /// The bytes `GpuLlama` puts on the device for a dense model of `blocks` blocks in
     /// `weights` (quantized matrices as stored, the rest as f32); nothing for a checkpoint,
     /// whose header this does not read.
@@ -362,17 +377,11 @@ struct FixedPart {
 
 impl FixedPart {
     fn of(bytes: &ModelBytes, request: &PlacementRequest, cpu_blocks: usize) -> Self {
-        let on_device_share = |bytes_of_all: u64, mixer: Mixer| {
-            let of_kind = |blocks: &[Mixer]| blocks.iter().filter(|&&m| m == mixer).count() as u64;
-            let (all, device) =
-                (of_kind(&bytes.block_mixers), of_kind(&bytes.block_mixers[cpu_blocks..]));
-            (bytes_of_all * device).checked_div(all).unwrap_or(0)
-        };
-        let kv_bytes = on_device_share(request.kv_bytes, Mixer::Full);
-        let states = on_device_share(bytes.states_per_sequence, Mixer::Linear);
+        let kv_bytes = bytes.device_share(request.kv_bytes, Mixer::Full, cpu_blocks);
+        let states = bytes.device_share(bytes.states_per_sequence, Mixer::Linear, cpu_blocks);
         let reserved = kv_bytes + request.sequences as u64 * states;
         let head = if request.draft_head { bytes.draft_head } else { 0 };
-        let cpu_weights: u64 = bytes.block_weights[..cpu_blocks].iter().sum();
+        let cpu_weights = bytes.cpu_weights(cpu_blocks);
         let bytes = bytes.dense - cpu_weights + head + reserved;
         FixedPart { bytes, kv_bytes, reserved, cpu_weights }
     }
