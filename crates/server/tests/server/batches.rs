@@ -340,15 +340,21 @@ async fn a_restarted_server_finishes_a_batch_without_redoing_answered_requests()
 #[tokio::test]
 async fn a_server_stopped_mid_batch_leaves_it_to_the_next_one() {
     let dir = fresh_dir("restart");
-    let first = start_stoppable(Setup::Default, |config| config.batch.dir = dir.clone());
     // Each request runs to its token limit (the schema needs more characters than that): the
-    // first after 8 tokens, the other four after 200 (some seconds of steps), so they cannot all
-    // be done before the server is stopped within a poll of the first. (Five of one length ran
-    // side by side and ended in the same step, between one poll and the stop.)
+    // first after 8 tokens, the other four, which name none, when the context is full. The
+    // first server's context leaves each of them ~8,000 steps, so the stop that follows a poll
+    // of the first answer comes long before the batch could be done, however loaded the
+    // machine (with 200 tokens each, a stalled test thread once saw all five answered and the
+    // batch closed); the second server's leaves ~230, to finish the batch soon.
+    let first = start_stoppable(Setup::Default, |config| {
+        (config.batch.dir, config.ctx_size) = (dir.clone(), 8192)
+    });
     let lines: Vec<String> = (0..5)
         .map(|i| {
-            let max_tokens = if i == 0 { 8 } else { 200 };
-            let mut body = chat_body(&format!("Count from {i} to 1000."), max_tokens);
+            let mut body = chat_body(&format!("Count from {i} to 1000."), 8);
+            if i > 0 {
+                body.as_object_mut().unwrap().remove("max_tokens");
+            }
             body["response_format"] = unclosable_schema();
             request_line(&format!("r{i}"), body)
         })
@@ -369,7 +375,9 @@ async fn a_server_stopped_mid_batch_leaves_it_to_the_next_one() {
     let before: Vec<Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert!((1..5).contains(&before.len()), "stopped after {} of 5 answers", before.len());
 
-    let second = start_with(Setup::Default, |config| config.batch.dir = dir.clone());
+    let second = start_with(Setup::Default, |config| {
+        (config.batch.dir, config.ctx_size) = (dir.clone(), 256)
+    });
     let done = wait_for(&second, &id, "completed").await;
     assert_eq!(done["request_counts"], json!({"total": 5, "completed": 5, "failed": 0}));
     let output = content(&second, done["output_file_id"].as_str().unwrap()).await;
