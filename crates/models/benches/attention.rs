@@ -3,7 +3,8 @@
 //! public cache API (16-position blocks of the shared KV pool, as the server stores them).
 //! Prints the achieved GFLOP/s (4·d per query row and key it sees: the scores' and the values'
 //! multiply-adds) and its share of the FMA peak measured here on the same threads.
-//! Run: `cargo bench -p spindle-models --bench attention [-- --depth 8192 --rows 1024 --kv f16]`
+//! Run: `cargo bench -p spindle-models --bench attention [-- --depth 8192 --rows 1024 --kv f16
+//! --repeats 5]` (the median of the repeats, with the slowest and fastest)
 //! (`SPINDLE_ISA=avx2` measures the AVX2 copy, and its peak, on an AVX-512 CPU).
 
 use std::sync::Arc;
@@ -12,7 +13,6 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use spindle_models::{KvShape, KvType, PagedKv, RecurrentState, SequenceCache};
 
-const REPEATS: usize = 5;
 const BLOCK: usize = 16;
 
 /// A model's attention shape: query heads, key/value heads, head size.
@@ -34,6 +34,7 @@ fn main() {
     let mut depth = 8192;
     let mut rows = 1024;
     let mut kind = KvType::F16;
+    let mut repeats = 5;
     let mut only = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -41,6 +42,7 @@ fn main() {
             "--depth" => depth = args.next().and_then(|v| v.parse().ok()).expect("--depth N"),
             "--rows" => rows = args.next().and_then(|v| v.parse().ok()).expect("--rows N"),
             "--kv" => kind = args.next().and_then(|v| v.parse().ok()).expect("--kv TYPE"),
+            "--repeats" => repeats = args.next().and_then(|v| v.parse().ok()).expect("--repeats N"),
             "--bench" => {}
             name => only.push(name.to_string()),
         }
@@ -57,7 +59,7 @@ fn main() {
             || Tensor::randn(0f32, 1.0, (1, shape.kv_heads, rows, shape.d), &Device::Cpu).unwrap();
         let (k, v) = (kv(), kv());
         let mut seconds = Vec::new();
-        for _ in 0..REPEATS {
+        for _ in 0..repeats.max(1) {
             let start = Instant::now();
             cache.attend(0, [&q, &k, &v], 0.125, None, threads).unwrap();
             seconds.push(start.elapsed().as_secs_f64());
@@ -70,11 +72,11 @@ fn main() {
         println!(
             "{:14} {:7.1} GFLOP/s [{:.1}-{:.1}] = {:4.1}% of peak; {:.1} ms per chunk",
             shape.name,
-            rate(seconds[REPEATS / 2]),
-            rate(seconds[REPEATS - 1]),
+            rate(seconds[seconds.len() / 2]),
+            rate(seconds[seconds.len() - 1]),
             rate(seconds[0]),
-            100.0 * rate(seconds[REPEATS / 2]) / peak,
-            seconds[REPEATS / 2] * 1e3,
+            100.0 * rate(seconds[seconds.len() / 2]) / peak,
+            seconds[seconds.len() / 2] * 1e3,
         );
     }
 }

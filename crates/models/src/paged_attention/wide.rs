@@ -105,20 +105,24 @@ impl Lanes {
     #[inline(always)]
     fn fold_max(&self, scores: &mut [f32], from: usize, max: &mut LaneScores) {
         let keys = scores.len() / GROUP_ROWS;
+        // In registers: through `max` in memory, each key would wait for the last one's store.
+        let mut running = *max;
         if self.sees_all(from, from + keys) {
             for s in by_key(scores).iter() {
                 for r in 0..GROUP_ROWS {
-                    max[r] = max[r].max(s[r]);
+                    running[r] = larger(running[r], s[r]);
                 }
             }
-            return;
-        }
-        for (j, s) in (from as i32..).zip(by_key(scores).iter()) {
-            let seen = self.seen(j);
-            for r in 0..GROUP_ROWS {
-                max[r] = max[r].max(if seen[r] { s[r] } else { f32::NEG_INFINITY });
+        } else {
+            for (j, s) in (from as i32..).zip(by_key(scores).iter()) {
+                let seen = self.seen(j);
+                for r in 0..GROUP_ROWS {
+                    let s = if seen[r] { s[r] } else { f32::NEG_INFINITY };
+                    running[r] = larger(running[r], s);
+                }
             }
         }
+        *max = running;
     }
 
     /// Replaces the scores (`keys × GROUP_ROWS`, the first being key `from`) by
@@ -142,9 +146,9 @@ impl Lanes {
         for s in by_key(middle) {
             for r in 0..GROUP_ROWS {
                 s[r] = exp_nonpositive(s[r] - max[r]);
-                sum[r] += s[r];
             }
         }
+        add_keys(middle, sum);
         self.masked_exponentials(tail, from + end, max, sum);
     }
 
@@ -161,9 +165,34 @@ impl Lanes {
             for r in 0..GROUP_ROWS {
                 let e = exp_nonpositive(s[r] - max[r]);
                 s[r] = if seen[r] { e } else { 0.0 };
-                sum[r] += s[r];
             }
         }
+        add_keys(scores, sum);
+    }
+}
+
+/// Adds the probabilities `probs` (`keys × GROUP_ROWS`) to each lane's sum in key order, in a
+/// loop of its own: beside the exponentials, the sums went through memory, each key waiting
+/// for the last one's store.
+#[inline(always)]
+fn add_keys(probs: &mut [f32], sum: &mut LaneScores) {
+    let mut running = *sum;
+    for p in by_key(probs).iter() {
+        for r in 0..GROUP_ROWS {
+            running[r] += p[r];
+        }
+    }
+    *sum = running;
+}
+
+/// The larger of `a` and `b`, in one instruction (`f32::max` adds a NaN check per lane; scores
+/// are not NaN, and which of ±0 it keeps changes no probability).
+#[inline(always)]
+fn larger(a: f32, b: f32) -> f32 {
+    if b > a {
+        b
+    } else {
+        a
     }
 }
 
@@ -345,6 +374,13 @@ macro_rules! score_kernel {
                 unsafe { $name::<KEYS>(keys, queries, d, scale, scores, j) };
                 j += KEYS;
             }
+            // The last keys in blocks too: one key at a time is one chain of `d` dependent
+            // multiply-adds, latency-bound (with blocks of 12, the 8 keys a tile of 32 left
+            // took as long as the 24 before them).
+            if n - j >= 8 {
+                unsafe { $name::<8>(keys, queries, d, scale, scores, j) };
+                j += 8;
+            }
             unsafe {
                 match n - j {
                     0 => {}
@@ -353,11 +389,8 @@ macro_rules! score_kernel {
                     3 => $name::<3>(keys, queries, d, scale, scores, j),
                     4 => $name::<4>(keys, queries, d, scale, scores, j),
                     5 => $name::<5>(keys, queries, d, scale, scores, j),
-                    rest => {
-                        for at in j..j + rest {
-                            $name::<1>(keys, queries, d, scale, scores, at)
-                        }
-                    }
+                    6 => $name::<6>(keys, queries, d, scale, scores, j),
+                    _ => $name::<7>(keys, queries, d, scale, scores, j),
                 }
             }
         }
@@ -432,8 +465,9 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    /// Keys per block: 12 chains, more than two FMA units' latency needs.
-    const KEYS: usize = 12;
+    /// Keys per block: 16 chains (more than two FMA units' latency needs) in 16 of the 32
+    /// registers, and a tile of 32 keys is two whole blocks.
+    const KEYS: usize = 16;
 
     score_kernel!(
         scores_of,
@@ -457,7 +491,7 @@ mod tests {
     #[test]
     fn every_copy_scores_in_the_portable_order() {
         for d in [8, 40, 64, 96, 256] {
-            for n in [1, 5, 6, 7, 12, 13, 25, 64] {
+            for n in [1, 5, 6, 7, 8, 12, 13, 15, 16, 23, 25, 31, 32, 64] {
                 let keys = sample(n * d, n as u32);
                 let queries = sample(d * GROUP_ROWS, 3);
                 let mut want = vec![0f32; n * GROUP_ROWS];
