@@ -175,9 +175,9 @@ impl Lanes {
 /// loop of its own: beside the exponentials, the sums went through memory, each key waiting
 /// for the last one's store.
 #[inline(always)]
-fn add_keys(probs: &mut [f32], sum: &mut LaneScores) {
+fn add_keys(probs: &[f32], sum: &mut LaneScores) {
     let mut running = *sum;
-    for p in by_key(probs).iter() {
+    for p in probs.as_chunks::<GROUP_ROWS>().0 {
         for r in 0..GROUP_ROWS {
             running[r] += p[r];
         }
@@ -390,6 +390,7 @@ macro_rules! score_kernel {
                     4 => $name::<4>(keys, queries, d, scale, scores, j),
                     5 => $name::<5>(keys, queries, d, scale, scores, j),
                     6 => $name::<6>(keys, queries, d, scale, scores, j),
+                    // Fewer than 8 keys are left (no copy takes blocks of more than 16).
                     _ => $name::<7>(keys, queries, d, scale, scores, j),
                 }
             }
